@@ -1,0 +1,429 @@
+package cache
+
+import (
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Resource is one resource as the relay stores and sends it. It is immutable
+// once handed to the cache: its bytes are shared by every stream.
+type Resource struct {
+	Name    string
+	Version string
+	// Any is the encoded google.protobuf.Any, as a SotW response carries it.
+	Any []byte
+	// Wire is the encoded envoy.service.discovery.v3.Resource (name,
+	// version, resource, aliases, ttl), as a delta response carries it.
+	Wire []byte
+	// Aliases are the resource's aliases (VHDS), if any.
+	Aliases []string
+	// TTL is the resource's time to live as upstream set it, zero if none.
+	TTL time.Duration
+}
+
+// Lookup is the state of one name in the cache.
+type Lookup struct {
+	Name string
+	// Resource is nil when the name is not present.
+	Resource *Resource
+	// Absent is true when upstream has said the resource does not exist.
+	// A name that is neither present nor absent is still being fetched.
+	Absent bool
+}
+
+// Interest is the union of what a group wants of one type: what the upstream
+// subscription for that type must be.
+type Interest struct {
+	Wildcard bool
+	Names    []string // sorted
+}
+
+// Options configure a Cache.
+type Options struct {
+	// Retention is how long a resource nobody watches any more stays
+	// subscribed and cached ("Union of interests" in DESIGN.md).
+	Retention time.Duration
+	// Now returns the current time; time.Now if nil.
+	Now func() time.Time
+}
+
+// Cache is one group's namespace: resources by type and name, and who watches
+// them. It is safe for concurrent use.
+type Cache struct {
+	// Read-only after New.
+	retention time.Duration
+	now       func() time.Time
+	interest  chan struct{} // capacity 1: the union of interests changed
+
+	mu    sync.RWMutex
+	seq   uint64                // guarded by mu
+	types map[string]*typeState // guarded by mu
+}
+
+type typeState struct {
+	version  uint64 // bumped on every change of this type
+	entries  map[string]*entry
+	wildcard map[*Watch]struct{} // wildcard watchers
+
+	wantWildcard bool      // wildcard is part of the interest
+	wildcardIdle time.Time // when the last wildcard watcher left
+	synced       bool      // upstream has answered the wildcard subscription
+}
+
+type entry struct {
+	res      *Resource
+	absent   bool
+	watchers map[*Watch]struct{}
+	wanted   bool      // explicitly part of the interest
+	idle     time.Time // when the last watcher left, while wanted
+}
+
+// New returns an empty cache.
+func New(opts Options) *Cache {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Cache{
+		retention: opts.Retention,
+		now:       opts.Now,
+		interest:  make(chan struct{}, 1),
+		types:     make(map[string]*typeState),
+	}
+}
+
+// InterestChanged is signalled whenever the union of interests changes.
+func (c *Cache) InterestChanged() <-chan struct{} { return c.interest }
+
+func (c *Cache) signalInterest() {
+	select {
+	case c.interest <- struct{}{}:
+	default:
+	}
+}
+
+func (c *Cache) typeLocked(typeURL string) *typeState {
+	t := c.types[typeURL]
+	if t == nil {
+		t = &typeState{entries: make(map[string]*entry), wildcard: make(map[*Watch]struct{})}
+		c.types[typeURL] = t
+	}
+	return t
+}
+
+func (w *Watch) regLocked(typeURL string) *reg {
+	r := w.regs[typeURL]
+	if r == nil {
+		r = &reg{names: make(map[string]struct{})}
+		w.regs[typeURL] = r
+	}
+	return r
+}
+
+// Watch registers w for the named resources of typeURL.
+func (c *Cache) Watch(w *Watch, typeURL string, names ...string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := c.typeLocked(typeURL)
+	r := w.regLocked(typeURL)
+	changed := false
+	for _, n := range names {
+		e := t.entries[n]
+		if e == nil {
+			e = &entry{}
+			t.entries[n] = e
+		}
+		if e.watchers == nil {
+			e.watchers = make(map[*Watch]struct{})
+		}
+		e.watchers[w] = struct{}{}
+		if !e.wanted {
+			e.wanted = true
+			changed = true
+		}
+		r.names[n] = struct{}{}
+	}
+	if changed {
+		c.signalInterest()
+	}
+}
+
+// Unwatch removes w's registration for the named resources of typeURL. The
+// names stay in the interest for the retention period.
+func (c *Cache) Unwatch(w *Watch, typeURL string, names ...string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.unwatchLocked(w, typeURL, names)
+}
+
+func (c *Cache) unwatchLocked(w *Watch, typeURL string, names []string) {
+	t := c.types[typeURL]
+	r := w.regs[typeURL]
+	if t == nil || r == nil {
+		return
+	}
+	now := c.now()
+	for _, n := range names {
+		delete(r.names, n)
+		e := t.entries[n]
+		if e == nil {
+			continue
+		}
+		delete(e.watchers, w)
+		if len(e.watchers) == 0 {
+			e.idle = now
+		}
+	}
+}
+
+// WatchWildcard registers w for every resource of typeURL.
+func (c *Cache) WatchWildcard(w *Watch, typeURL string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := c.typeLocked(typeURL)
+	t.wildcard[w] = struct{}{}
+	w.regLocked(typeURL).wildcard = true
+	if !t.wantWildcard {
+		t.wantWildcard = true
+		c.signalInterest()
+	}
+}
+
+// UnwatchWildcard removes w's wildcard registration for typeURL.
+func (c *Cache) UnwatchWildcard(w *Watch, typeURL string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.unwatchWildcardLocked(w, typeURL)
+}
+
+func (c *Cache) unwatchWildcardLocked(w *Watch, typeURL string) {
+	t := c.types[typeURL]
+	if t == nil {
+		return
+	}
+	if r := w.regs[typeURL]; r != nil {
+		r.wildcard = false
+	}
+	if _, ok := t.wildcard[w]; !ok {
+		return
+	}
+	delete(t.wildcard, w)
+	if len(t.wildcard) == 0 {
+		t.wildcardIdle = c.now()
+	}
+}
+
+// Release removes every registration of w.
+func (c *Cache) Release(w *Watch) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for typeURL, r := range w.regs {
+		if r.wildcard {
+			c.unwatchWildcardLocked(w, typeURL)
+		}
+		c.unwatchLocked(w, typeURL, slices.Collect(maps.Keys(r.names)))
+	}
+	clear(w.regs)
+}
+
+// Get looks up names of typeURL.
+func (c *Cache) Get(typeURL string, names []string) []Lookup {
+	out := make([]Lookup, len(names))
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	t := c.types[typeURL]
+	for i, n := range names {
+		out[i].Name = n
+		if t == nil {
+			continue
+		}
+		if e := t.entries[n]; e != nil {
+			out[i].Resource, out[i].Absent = e.res, e.absent
+		}
+	}
+	return out
+}
+
+// All returns every present resource of typeURL sorted by name, and whether
+// upstream has answered the wildcard subscription for it (only then is the
+// list the complete state of the world).
+func (c *Cache) All(typeURL string) (rs []*Resource, synced bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	t := c.types[typeURL]
+	if t == nil {
+		return nil, false
+	}
+	rs = make([]*Resource, 0, len(t.entries))
+	for _, e := range t.entries {
+		if e.res != nil {
+			rs = append(rs, e.res)
+		}
+	}
+	slices.SortFunc(rs, func(a, b *Resource) int { return strings.Compare(a.Name, b.Name) })
+	return rs, t.synced
+}
+
+// Version returns the type's version: it changes whenever a resource of the
+// type changes.
+func (c *Cache) Version(typeURL string) uint64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if t := c.types[typeURL]; t != nil {
+		return t.version
+	}
+	return 0
+}
+
+// Update applies one upstream response for typeURL: upserts replace or add
+// resources, removed names are marked absent. Watchers of the changed names,
+// and wildcard watchers of the type, are marked dirty after the lock is
+// released.
+func (c *Cache) Update(typeURL string, upserts []*Resource, removed []string) {
+	marks := make(map[*Watch][]string)
+	c.mu.Lock()
+	c.seq++
+	seq := c.seq
+	t := c.typeLocked(typeURL)
+	changed := make([]string, 0, len(upserts)+len(removed))
+	for _, r := range upserts {
+		e := t.entries[r.Name]
+		if e == nil {
+			if !t.wantWildcard {
+				continue // nobody asked for it (an unsubscribe in flight)
+			}
+			e = &entry{}
+			t.entries[r.Name] = e
+		}
+		if e.res != nil && e.res.Version == r.Version && string(e.res.Wire) == string(r.Wire) {
+			continue
+		}
+		e.res, e.absent = r, false
+		changed = append(changed, r.Name)
+		for w := range e.watchers {
+			marks[w] = append(marks[w], r.Name)
+		}
+	}
+	for _, n := range removed {
+		e := t.entries[n]
+		if e == nil || e.absent {
+			continue
+		}
+		if !e.wanted && e.res != nil && t.wantWildcard {
+			// Only the wildcard held it: forget it entirely.
+			delete(t.entries, n)
+		} else {
+			e.res, e.absent = nil, true
+		}
+		changed = append(changed, n)
+		for w := range e.watchers {
+			marks[w] = append(marks[w], n)
+		}
+	}
+	if len(changed) > 0 {
+		t.version++
+		for w := range t.wildcard {
+			marks[w] = changed
+		}
+	}
+	c.mu.Unlock()
+	for w, names := range marks {
+		w.Mark(typeURL, seq, names...)
+	}
+}
+
+// MarkSynced records that upstream has answered the wildcard subscription of
+// typeURL: from now on All returns the complete state of the world. Wildcard
+// watchers are woken so that they can answer clients that were waiting.
+func (c *Cache) MarkSynced(typeURL string) {
+	c.mu.Lock()
+	t := c.typeLocked(typeURL)
+	if t.synced || !t.wantWildcard {
+		c.mu.Unlock()
+		return
+	}
+	t.synced = true
+	c.seq++
+	seq := c.seq
+	ws := slices.Collect(maps.Keys(t.wildcard))
+	c.mu.Unlock()
+	for _, w := range ws {
+		w.Mark(typeURL, seq)
+	}
+}
+
+// Interest returns the union of interests by type URL: what is watched now
+// and what is still retained.
+func (c *Cache) Interest() map[string]Interest {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make(map[string]Interest, len(c.types))
+	for typeURL, t := range c.types {
+		in := Interest{Wildcard: t.wantWildcard}
+		for n, e := range t.entries {
+			if e.wanted {
+				in.Names = append(in.Names, n)
+			}
+		}
+		slices.Sort(in.Names)
+		if in.Wildcard || len(in.Names) > 0 {
+			out[typeURL] = in
+		}
+	}
+	return out
+}
+
+// Versions returns the version of every present resource of typeURL, as an
+// upstream stream resuming reports them in initial_resource_versions.
+func (c *Cache) Versions(typeURL string) map[string]string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	t := c.types[typeURL]
+	if t == nil {
+		return nil
+	}
+	out := make(map[string]string, len(t.entries))
+	for n, e := range t.entries {
+		if e.res != nil {
+			out[n] = e.res.Version
+		}
+	}
+	return out
+}
+
+// Sweep ends the retention of names and wildcards nobody has watched for the
+// retention period, dropping their resources. It reports whether the cache
+// is now empty of interest (nothing watched, nothing retained).
+func (c *Cache) Sweep() (empty bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.now()
+	changed := false
+	empty = true
+	for typeURL, t := range c.types {
+		if t.wantWildcard && len(t.wildcard) == 0 && now.Sub(t.wildcardIdle) >= c.retention {
+			t.wantWildcard, t.synced = false, false
+			changed = true
+		}
+		for n, e := range t.entries {
+			if e.wanted && len(e.watchers) == 0 && now.Sub(e.idle) >= c.retention {
+				e.wanted = false
+				changed = true
+			}
+			if !e.wanted && len(e.watchers) == 0 && !t.wantWildcard {
+				delete(t.entries, n)
+			}
+		}
+		if t.wantWildcard || len(t.entries) > 0 {
+			empty = false
+		} else if len(t.wildcard) == 0 {
+			delete(c.types, typeURL)
+		}
+	}
+	if changed {
+		c.signalInterest()
+	}
+	return empty
+}

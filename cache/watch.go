@@ -1,0 +1,78 @@
+package cache
+
+import "sync"
+
+// Dirty is what changed for one type since a watcher last looked.
+type Dirty struct {
+	// Seq is the sequence number of the earliest change recorded here; the
+	// order of Seq across types is the order in which upstream sent them.
+	Seq uint64
+	// Names are the changed resource names.
+	Names map[string]struct{}
+}
+
+// Watch is one downstream stream's registration with a cache. The cache marks
+// it dirty and wakes it; the stream drains it with Take when it is ready.
+// A slow stream only accumulates names in its dirty set: the cache never
+// waits for it.
+type Watch struct {
+	wake chan struct{}
+
+	mu    sync.Mutex
+	dirty map[string]*Dirty // by type URL; guarded by mu
+
+	// regs records what this watch is registered for: guarded by the
+	// owning Cache's mu, not by w.mu.
+	regs map[string]*reg
+}
+
+type reg struct {
+	wildcard bool
+	names    map[string]struct{}
+}
+
+// NewWatch returns a watch with nothing registered.
+func NewWatch() *Watch {
+	return &Watch{
+		wake:  make(chan struct{}, 1),
+		dirty: make(map[string]*Dirty),
+		regs:  make(map[string]*reg),
+	}
+}
+
+// Ready is signalled when the watch has become dirty since the last Take.
+func (w *Watch) Ready() <-chan struct{} { return w.wake }
+
+// Take returns and clears the dirty sets, by type URL.
+func (w *Watch) Take() map[string]*Dirty {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.dirty) == 0 {
+		return nil
+	}
+	d := w.dirty
+	w.dirty = make(map[string]*Dirty, len(d))
+	return d
+}
+
+// Mark records names of typeURL as dirty at seq and wakes the watch. It is
+// what the cache calls on a change; a stream may also call it to schedule
+// work for itself (a new subscription, for instance).
+func (w *Watch) Mark(typeURL string, seq uint64, names ...string) {
+	w.mu.Lock()
+	d := w.dirty[typeURL]
+	if d == nil {
+		d = &Dirty{Seq: seq, Names: make(map[string]struct{}, len(names))}
+		w.dirty[typeURL] = d
+	} else if seq < d.Seq {
+		d.Seq = seq
+	}
+	for _, n := range names {
+		d.Names[n] = struct{}{}
+	}
+	w.mu.Unlock()
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}

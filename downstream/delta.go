@@ -1,0 +1,285 @@
+package downstream
+
+import (
+	"log/slog"
+	"maps"
+	"slices"
+
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// deltaType is an incremental stream's state for one resource type.
+type deltaType struct {
+	names    map[string]struct{} // explicitly subscribed names
+	wildcard bool
+	// sent is what the client has: name → version, or absent for a name it
+	// was told does not exist.
+	sent map[string]string
+	// answer holds names that need an answer even if the client seems to
+	// have them: re-subscribed names, and the wildcard-plus-name exception.
+	answer    map[string]struct{}
+	responded bool
+	all       bool // the next flush considers everything subscribed
+}
+
+type deltaStream struct {
+	srv    *Server
+	st     grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
+	fixed  string
+	log    *slog.Logger
+	cache  *cache.Cache
+	watch  *cache.Watch
+	nonces nonces
+	types  map[string]*deltaType
+}
+
+func (s *Server) serveDelta(st grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse], fixed, variant string) error {
+	ctx := st.Context()
+	reqs, errc := receive(ctx, st.Recv)
+	var first *discoverypb.DeltaDiscoveryRequest
+	select {
+	case first = <-reqs:
+		if first == nil {
+			return recvError(errc)
+		}
+	case <-s.drain:
+		return errDraining
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	c, release, err := s.join(first.GetNode())
+	if err != nil {
+		return err
+	}
+	defer release()
+	s.streams.With(variant).Inc()
+	defer s.streams.With(variant).Dec()
+
+	ds := &deltaStream{
+		srv: s, st: st, fixed: fixed, cache: c, watch: cache.NewWatch(),
+		types: make(map[string]*deltaType),
+		log:   s.log.With("node", first.GetNode().GetId(), "variant", variant),
+	}
+	defer c.Release(ds.watch)
+	if err := ds.handle(first); err != nil {
+		return err
+	}
+	for {
+		select {
+		case req := <-reqs:
+			if req == nil {
+				return recvError(errc)
+			}
+			if err := ds.handle(req); err != nil {
+				return err
+			}
+		case <-ds.watch.Ready():
+			if err := ds.flush(); err != nil {
+				return err
+			}
+		case <-s.drain:
+			return errDraining
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (ds *deltaStream) handle(req *discoverypb.DeltaDiscoveryRequest) error {
+	typeURL, err := resolveType(req.GetTypeUrl(), ds.fixed)
+	if err != nil {
+		return err
+	}
+	short := xds.ShortName(typeURL)
+	ds.srv.requests.With(short).Inc()
+	// "Incremental xDS": the nonce pairs an ACK or NACK with a response, but
+	// subscription changes are honoured whatever the nonce.
+	if d := req.GetErrorDetail(); d != nil {
+		ds.srv.nacks.With(short).Inc()
+		ds.log.Warn("client rejected a response", "type", short, "nonce", req.GetResponseNonce(), "error", d.GetMessage())
+	}
+	t := ds.types[typeURL]
+	if t == nil {
+		// The first request of a type: initial_resource_versions is what
+		// the client already has ("Incremental reconnect example"), and an
+		// empty subscribe list is the legacy wildcard ("How the client
+		// specifies what resources to return").
+		t = &deltaType{names: map[string]struct{}{}, answer: map[string]struct{}{}, all: true}
+		t.sent = maps.Clone(req.GetInitialResourceVersions())
+		if t.sent == nil {
+			t.sent = map[string]string{}
+		}
+		ds.types[typeURL] = t
+		if len(req.GetResourceNamesSubscribe()) == 0 {
+			ds.subscribeWildcard(typeURL, t)
+		}
+		ds.subscribe(typeURL, t, req.GetResourceNamesSubscribe(), true)
+	} else {
+		ds.subscribe(typeURL, t, req.GetResourceNamesSubscribe(), false)
+	}
+	ds.unsubscribe(typeURL, t, req.GetResourceNamesUnsubscribe())
+	if t.all || len(t.answer) > 0 {
+		ds.watch.Mark(typeURL, 0, slices.Collect(maps.Keys(t.answer))...)
+	}
+	return nil
+}
+
+func (ds *deltaStream) subscribeWildcard(typeURL string, t *deltaType) {
+	if !t.wildcard {
+		t.wildcard, t.all = true, true
+		ds.cache.WatchWildcard(ds.watch, typeURL)
+	}
+}
+
+// subscribe adds names. A name subscribed again is answered even if the
+// client seems to have it ("Subscribing to Resources": it may have
+// forgotten it), except on the first request, where
+// initial_resource_versions says what the client has.
+func (ds *deltaStream) subscribe(typeURL string, t *deltaType, names []string, first bool) {
+	var added []string
+	for _, n := range names {
+		if n == "*" {
+			ds.subscribeWildcard(typeURL, t)
+			continue
+		}
+		if _, ok := t.names[n]; !ok {
+			t.names[n] = struct{}{}
+			added = append(added, n)
+		}
+		if !first {
+			delete(t.sent, n)
+			t.answer[n] = struct{}{}
+		}
+	}
+	if len(added) > 0 {
+		ds.cache.Watch(ds.watch, typeURL, added...)
+		for _, n := range added {
+			t.answer[n] = struct{}{}
+		}
+	}
+}
+
+// unsubscribe removes names; names the client was not subscribed to are
+// ignored ("Unsubscribing from Resources": phantom unsubscriptions). When a
+// wildcard subscriber drops a name, it is told whether the wildcard still
+// covers it (the exception in "Unsubscribing from Resources").
+func (ds *deltaStream) unsubscribe(typeURL string, t *deltaType, names []string) {
+	var removed []string
+	for _, n := range names {
+		if n == "*" {
+			if t.wildcard {
+				t.wildcard = false
+				ds.cache.UnwatchWildcard(ds.watch, typeURL)
+				maps.DeleteFunc(t.sent, func(n, _ string) bool { _, ok := t.names[n]; return !ok })
+			}
+			continue
+		}
+		if _, ok := t.names[n]; !ok {
+			continue
+		}
+		delete(t.names, n)
+		delete(t.sent, n)
+		delete(t.answer, n)
+		removed = append(removed, n)
+		if t.wildcard {
+			t.answer[n] = struct{}{}
+		}
+	}
+	if len(removed) > 0 {
+		ds.cache.Unwatch(ds.watch, typeURL, removed...)
+	}
+}
+
+// flush sends what changed, type by type in the order upstream sent it.
+func (ds *deltaStream) flush() error {
+	dirty := ds.watch.Take()
+	for _, typeURL := range ordered(dirty) {
+		if t := ds.types[typeURL]; t != nil {
+			if err := ds.flushType(typeURL, t, dirty[typeURL].Names); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// candidates are the names a flush looks at.
+func (ds *deltaStream) candidates(typeURL string, t *deltaType, dirty map[string]struct{}) (names []string, synced bool) {
+	names = slices.Collect(maps.Keys(t.answer))
+	if t.all {
+		names = append(names, slices.Collect(maps.Keys(t.names))...)
+		names = append(names, slices.Collect(maps.Keys(t.sent))...)
+	}
+	if t.wildcard {
+		var all []*cache.Resource
+		all, synced = ds.cache.All(typeURL)
+		if t.all {
+			for _, r := range all {
+				names = append(names, r.Name)
+			}
+		}
+	}
+	for n := range dirty {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return slices.Compact(names), synced
+}
+
+func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty map[string]struct{}) error {
+	names, synced := ds.candidates(typeURL, t, dirty)
+	var out []*cache.Resource
+	var removed []string
+	for _, l := range ds.cache.Get(typeURL, names) {
+		_, named := t.names[l.Name]
+		_, mustAnswer := t.answer[l.Name]
+		have, had := t.sent[l.Name]
+		switch {
+		case !named && !t.wildcard && !mustAnswer:
+			// Not (or no longer) subscribed.
+		case l.Resource != nil:
+			if have != l.Resource.Version {
+				out = append(out, l.Resource)
+				t.sent[l.Name] = l.Resource.Version
+			}
+		case had && have != absent && (l.Absent || t.wildcard && synced || !named):
+			// Removed upstream, or gone from the wildcard set.
+			removed = append(removed, l.Name)
+			t.sent[l.Name] = absent
+		case !had && named && l.Absent:
+			// "Knowing When a Requested Resource Does Not Exist".
+			removed = append(removed, l.Name)
+			t.sent[l.Name] = absent
+		case mustAnswer && !named && !had:
+			// Dropped by name and not covered by the wildcard.
+			removed = append(removed, l.Name)
+		}
+		if l.Resource != nil || l.Absent || !named {
+			delete(t.answer, l.Name)
+		}
+	}
+	for n, v := range t.sent {
+		if _, named := t.names[n]; v == absent && !named {
+			delete(t.sent, n)
+		}
+	}
+	first := !t.responded && t.wildcard && synced
+	// Until the wildcard is synced, what the client has cannot be compared
+	// with the complete set: look at everything again next time.
+	t.all = t.wildcard && !synced
+	if len(out) == 0 && len(removed) == 0 && !first {
+		return nil
+	}
+	t.responded = true
+	nonce := ds.nonces.next()
+	msg := xds.DeltaResponse(ds.cache.Version(typeURL), typeURL, nonce, out, removed)
+	if err := ds.st.SendMsg(msg); err != nil {
+		return err
+	}
+	ds.srv.pushes.With(xds.ShortName(typeURL)).Inc()
+	return nil
+}

@@ -1,0 +1,167 @@
+package downstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/metrics"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// Groups places a client in its group. The relay implements it; the
+// downstream package only needs the group's cache.
+type Groups interface {
+	// Join returns the cache of the group the node belongs to and a
+	// function to call when the stream ends.
+	Join(node *corepb.Node) (c *cache.Cache, release func(), err error)
+}
+
+// Options configure a Server.
+type Options struct {
+	Groups  Groups            // required
+	Metrics *metrics.Registry // required
+	Logger  *slog.Logger      // slog.Default() if nil
+}
+
+// Server implements the xDS services on top of the groups' caches.
+type Server struct {
+	discoverypb.UnimplementedAggregatedDiscoveryServiceServer
+
+	// Read-only after New.
+	groups Groups
+	log    *slog.Logger
+	drain  chan struct{} // closed by Drain
+
+	drainOnce sync.Once
+
+	streams  *metrics.Vec
+	pushes   *metrics.Vec
+	requests *metrics.Vec
+	nacks    *metrics.Vec
+}
+
+// New returns a server; register it on a grpc.Server with Register.
+func New(opts Options) (*Server, error) {
+	if opts.Groups == nil {
+		return nil, errors.New("downstream: Options.Groups is required")
+	}
+	if opts.Metrics == nil {
+		return nil, errors.New("downstream: Options.Metrics is required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	m := opts.Metrics
+	return &Server{
+		groups:   opts.Groups,
+		log:      opts.Logger.With("component", "downstream"),
+		drain:    make(chan struct{}),
+		streams:  m.Gauge("xdsrelay_downstream_streams", "Open downstream xDS streams.", "variant"),
+		pushes:   m.Counter("xdsrelay_downstream_pushes_total", "Responses sent to downstream clients.", "type"),
+		requests: m.Counter("xdsrelay_downstream_requests_total", "Requests received from downstream clients.", "type"),
+		nacks:    m.Counter("xdsrelay_downstream_nacks_total", "Responses rejected (NACKed) by downstream clients.", "type"),
+	}, nil
+}
+
+// ServerOptions are the grpc.ServerOptions the downstream server needs: the
+// codec that writes pre-encoded responses.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.ForceServerCodecV2(xds.Codec{})}
+}
+
+// Register registers the xDS services on g.
+func (s *Server) Register(g *grpc.Server) {
+	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, s)
+}
+
+// Drain asks every stream to end with UNAVAILABLE, so that clients reconnect
+// (to another replica) while the process shuts down.
+func (s *Server) Drain() {
+	s.drainOnce.Do(func() { close(s.drain) })
+}
+
+// StreamAggregatedResources serves SotW ADS.
+func (s *Server) StreamAggregatedResources(st grpc.BidiStreamingServer[discoverypb.DiscoveryRequest, discoverypb.DiscoveryResponse]) error {
+	return s.serveSotW(st, "", "sotw-ads")
+}
+
+// DeltaAggregatedResources serves incremental ADS.
+func (s *Server) DeltaAggregatedResources(st grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]) error {
+	return s.serveDelta(st, "", "delta-ads")
+}
+
+// receive turns a stream's Recv into a channel, closed when Recv fails; the
+// error is then on errc. The goroutine ends when gRPC ends the stream, which
+// it does as the handler returns.
+func receive[T any](ctx context.Context, recv func() (*T, error)) (<-chan *T, <-chan error) {
+	out := make(chan *T)
+	errc := make(chan error, 1)
+	go func() {
+		defer close(out)
+		for {
+			m, err := recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case out <- m:
+			case <-ctx.Done():
+				errc <- ctx.Err()
+				return
+			}
+		}
+	}()
+	return out, errc
+}
+
+// recvError is the handler's result once Recv has failed: a client that
+// closed its side ends the stream cleanly.
+func recvError(errc <-chan error) error {
+	err := <-errc
+	if errors.Is(err, io.EOF) {
+		return nil
+	}
+	return err
+}
+
+// resolveType checks a request's type URL against the stream's service.
+func resolveType(typeURL, fixed string) (string, error) {
+	switch {
+	case fixed != "" && typeURL == "":
+		return fixed, nil
+	case fixed != "" && typeURL != fixed:
+		return "", status.Errorf(codes.InvalidArgument, "xdsrelay: type_url %q on a stream for %s", typeURL, fixed)
+	case typeURL == "":
+		return "", status.Error(codes.InvalidArgument, "xdsrelay: type_url is required on an ADS stream")
+	case !xds.Known(typeURL):
+		return "", status.Errorf(codes.InvalidArgument, "xdsrelay: unknown resource type %q", typeURL)
+	}
+	return typeURL, nil
+}
+
+// join places the stream's node in its group ("Basic Protocol Overview": the
+// node is read from the first request only).
+func (s *Server) join(node *corepb.Node) (*cache.Cache, func(), error) {
+	if node == nil {
+		return nil, nil, status.Error(codes.InvalidArgument, "xdsrelay: the first request on a stream must carry the node")
+	}
+	c, release, err := s.groups.Join(node)
+	if err != nil {
+		return nil, nil, status.Error(codes.Unavailable, fmt.Sprintf("xdsrelay: %v", err))
+	}
+	return c, release, nil
+}
+
+var errDraining = status.Error(codes.Unavailable, "xdsrelay: shutting down, reconnect")

@@ -1,0 +1,274 @@
+package downstream
+
+import (
+	"log/slog"
+	"maps"
+	"slices"
+
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// sotwType is a SotW stream's state for one resource type.
+type sotwType struct {
+	names    map[string]struct{} // explicitly subscribed names
+	wildcard bool
+	// explicit is set once a request named resources: from then on an
+	// empty resource_names is not the legacy wildcard.
+	explicit  bool
+	nonce     string            // of the last response
+	sent      map[string]string // name → version the client was sent
+	responded bool
+	all       bool // the next flush considers every subscribed name
+}
+
+// subscription applies the SotW rules of "How the client specifies what
+// resources to return" to a request's resource_names: an empty list before
+// any name was ever given is the legacy wildcard; "*" is the wildcard.
+func (t *sotwType) subscription(names []string) (wildcard bool, named map[string]struct{}) {
+	if !t.explicit && len(names) == 0 {
+		return true, map[string]struct{}{}
+	}
+	t.explicit = true
+	named = set(names)
+	_, wildcard = named["*"]
+	delete(named, "*")
+	return wildcard, named
+}
+
+type sotwStream struct {
+	srv    *Server
+	st     grpc.BidiStreamingServer[discoverypb.DiscoveryRequest, discoverypb.DiscoveryResponse]
+	fixed  string
+	log    *slog.Logger
+	cache  *cache.Cache
+	watch  *cache.Watch
+	nonces nonces
+	types  map[string]*sotwType
+}
+
+func (s *Server) serveSotW(st grpc.BidiStreamingServer[discoverypb.DiscoveryRequest, discoverypb.DiscoveryResponse], fixed, variant string) error {
+	ctx := st.Context()
+	reqs, errc := receive(ctx, st.Recv)
+	var first *discoverypb.DiscoveryRequest
+	select {
+	case first = <-reqs:
+		if first == nil {
+			return recvError(errc)
+		}
+	case <-s.drain:
+		return errDraining
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	c, release, err := s.join(first.GetNode())
+	if err != nil {
+		return err
+	}
+	defer release()
+	s.streams.With(variant).Inc()
+	defer s.streams.With(variant).Dec()
+
+	ss := &sotwStream{
+		srv: s, st: st, fixed: fixed, cache: c, watch: cache.NewWatch(),
+		types: make(map[string]*sotwType),
+		log:   s.log.With("node", first.GetNode().GetId(), "variant", variant),
+	}
+	defer c.Release(ss.watch)
+	if err := ss.handle(first); err != nil {
+		return err
+	}
+	for {
+		select {
+		case req := <-reqs:
+			if req == nil {
+				return recvError(errc)
+			}
+			if err := ss.handle(req); err != nil {
+				return err
+			}
+		case <-ss.watch.Ready():
+			if err := ss.flush(); err != nil {
+				return err
+			}
+		case <-s.drain:
+			return errDraining
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
+	typeURL, err := resolveType(req.GetTypeUrl(), ss.fixed)
+	if err != nil {
+		return err
+	}
+	short := xds.ShortName(typeURL)
+	ss.srv.requests.With(short).Inc()
+	t := ss.types[typeURL]
+	if t == nil {
+		t = &sotwType{names: map[string]struct{}{}, sent: map[string]string{}}
+		ss.types[typeURL] = t
+	}
+	// "EDS update race motivates nonces": a request carrying a nonce older
+	// than the last response of its type is stale and not answered.
+	if t.nonce != "" && req.GetResponseNonce() != t.nonce {
+		return nil
+	}
+	// "ACK/NACK and resource type instance version": error_detail is a NACK.
+	// What was NACKed stays recorded as sent, so it is not sent again; the
+	// next change is.
+	if d := req.GetErrorDetail(); d != nil {
+		ss.srv.nacks.With(short).Inc()
+		ss.log.Warn("client rejected a response", "type", short, "nonce", req.GetResponseNonce(),
+			"version", req.GetVersionInfo(), "error", d.GetMessage())
+	}
+	ss.resubscribe(typeURL, t, req.GetResourceNames())
+	return nil
+}
+
+// resubscribe moves the type's subscription to what the request names and
+// schedules an answer for what it newly asks for: "the server must resend
+// any newly requested resources, even if it previously sent those
+// resources ... and the resources have not changed".
+func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) {
+	wildcard, named := t.subscription(names)
+	added, removed := diff(t.names, named), diff(named, t.names)
+	if len(removed) > 0 {
+		ss.cache.Unwatch(ss.watch, typeURL, removed...)
+		for _, n := range removed {
+			delete(t.sent, n)
+		}
+	}
+	if len(added) > 0 {
+		ss.cache.Watch(ss.watch, typeURL, added...)
+		for _, n := range added {
+			delete(t.sent, n)
+		}
+	}
+	switch {
+	case wildcard && !t.wildcard:
+		ss.cache.WatchWildcard(ss.watch, typeURL)
+		t.all = true
+		clear(t.sent)
+	case !wildcard && t.wildcard:
+		ss.cache.UnwatchWildcard(ss.watch, typeURL)
+		maps.DeleteFunc(t.sent, func(n, _ string) bool { _, ok := named[n]; return !ok })
+	}
+	t.names, t.wildcard = named, wildcard
+	if t.all || len(added) > 0 {
+		ss.watch.Mark(typeURL, 0, added...)
+	}
+}
+
+// flush sends what changed, type by type in the order upstream sent it.
+func (ss *sotwStream) flush() error {
+	dirty := ss.watch.Take()
+	for _, typeURL := range ordered(dirty) {
+		t := ss.types[typeURL]
+		if t == nil {
+			continue
+		}
+		var err error
+		if xds.FullState(typeURL) {
+			err = ss.flushFull(typeURL, t)
+		} else {
+			err = ss.flushChanged(typeURL, t, dirty[typeURL].Names)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// flushFull sends the complete state of a Listener or Cluster subscription
+// when any part of it differs from what the client has ("Grouping Resources
+// into Responses": omission means deletion).
+func (ss *sotwStream) flushFull(typeURL string, t *sotwType) error {
+	t.all = false
+	var want []*cache.Resource
+	ready := t.responded
+	if t.wildcard {
+		all, synced := ss.cache.All(typeURL)
+		want, ready = all, ready || synced
+	} else {
+		for _, l := range ss.cache.Get(typeURL, slices.Sorted(maps.Keys(t.names))) {
+			if l.Resource != nil {
+				want = append(want, l.Resource)
+			}
+			ready = ready || l.Resource != nil
+		}
+	}
+	if !ready {
+		return nil
+	}
+	changed := !t.responded || len(want) != len(t.sent)
+	for _, r := range want {
+		if v, ok := t.sent[r.Name]; !ok || v != r.Version {
+			changed = true
+		}
+	}
+	if !changed {
+		return nil
+	}
+	clear(t.sent)
+	for _, r := range want {
+		t.sent[r.Name] = r.Version
+	}
+	return ss.send(typeURL, t, want)
+}
+
+// flushChanged sends, for the other types, only the subscribed resources
+// whose version differs from what the client was sent.
+func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty map[string]struct{}) error {
+	var names []string
+	if t.all {
+		names = slices.Collect(maps.Keys(t.names))
+		t.all = false
+		if t.wildcard {
+			all, synced := ss.cache.All(typeURL)
+			for _, r := range all {
+				names = append(names, r.Name)
+			}
+			t.all = !synced
+		}
+	} else {
+		for n := range dirty {
+			if _, ok := t.names[n]; ok || t.wildcard {
+				names = append(names, n)
+			}
+		}
+	}
+	slices.Sort(names)
+	names = slices.Compact(names)
+	var out []*cache.Resource
+	for _, l := range ss.cache.Get(typeURL, names) {
+		switch {
+		case l.Resource != nil && t.sent[l.Name] != l.Resource.Version:
+			out = append(out, l.Resource)
+			t.sent[l.Name] = l.Resource.Version
+		case l.Resource == nil:
+			delete(t.sent, l.Name)
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return ss.send(typeURL, t, out)
+}
+
+func (ss *sotwStream) send(typeURL string, t *sotwType, rs []*cache.Resource) error {
+	t.nonce = ss.nonces.next()
+	t.responded = true
+	msg := xds.SotWResponse(ss.cache.Version(typeURL), typeURL, t.nonce, rs)
+	if err := ss.st.SendMsg(msg); err != nil {
+		return err
+	}
+	ss.srv.pushes.With(xds.ShortName(typeURL)).Inc()
+	return nil
+}

@@ -1,0 +1,60 @@
+package downstream
+
+import (
+	"maps"
+	"slices"
+	"strconv"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// absent marks, in what a delta client was sent, a name it was told does not
+// exist. No version is the empty string with a NUL in it.
+const absent = "\x00"
+
+// ordered returns the dirty types in the order their changes arrived from
+// upstream, make-before-break among changes that arrived together
+// ("Eventual consistency considerations").
+func ordered(dirty map[string]*cache.Dirty) []string {
+	types := slices.Collect(maps.Keys(dirty))
+	slices.SortFunc(types, func(a, b string) int {
+		if sa, sb := dirty[a].Seq, dirty[b].Seq; sa != sb {
+			if sa < sb {
+				return -1
+			}
+			return 1
+		}
+		return xds.Rank(a) - xds.Rank(b)
+	})
+	return types
+}
+
+// nonces hands out a stream's response nonces: fresh for every response,
+// valid only on the stream ("Basic Protocol Overview").
+type nonces uint64
+
+func (n *nonces) next() string {
+	*n++
+	return strconv.FormatUint(uint64(*n), 10)
+}
+
+// diff returns what is in b and not in a.
+func diff(a, b map[string]struct{}) []string {
+	var out []string
+	for k := range b {
+		if _, ok := a[k]; !ok {
+			out = append(out, k)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func set(names []string) map[string]struct{} {
+	m := make(map[string]struct{}, len(names))
+	for _, n := range names {
+		m[n] = struct{}{}
+	}
+	return m
+}

@@ -1,0 +1,32 @@
+package xds
+
+import (
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
+)
+
+// Codec is gRPC's proto codec, except that a *Message is written as the bytes
+// it already holds. Install it on a server with grpc.ForceServerCodecV2 and
+// send a *Message with the stream's SendMsg.
+type Codec struct{}
+
+var protoCodec = encoding.GetCodecV2(proto.Name)
+
+// Marshal implements encoding.CodecV2.
+func (Codec) Marshal(v any) (mem.BufferSlice, error) {
+	if m, ok := v.(*Message); ok {
+		out := make(mem.BufferSlice, len(m.Parts))
+		for i, p := range m.Parts {
+			out[i] = mem.SliceBuffer(p)
+		}
+		return out, nil
+	}
+	return protoCodec.Marshal(v)
+}
+
+// Unmarshal implements encoding.CodecV2.
+func (Codec) Unmarshal(data mem.BufferSlice, v any) error { return protoCodec.Unmarshal(data, v) }
+
+// Name implements encoding.CodecV2.
+func (Codec) Name() string { return proto.Name }

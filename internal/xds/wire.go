@@ -1,0 +1,144 @@
+package xds
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"time"
+
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+)
+
+// Field numbers of the response messages, read from their descriptors so
+// that nothing here restates the protos.
+var (
+	sotwVersion   = field(&discoverypb.DiscoveryResponse{}, "version_info")
+	sotwResources = field(&discoverypb.DiscoveryResponse{}, "resources")
+	sotwTypeURL   = field(&discoverypb.DiscoveryResponse{}, "type_url")
+	sotwNonce     = field(&discoverypb.DiscoveryResponse{}, "nonce")
+
+	deltaVersion   = field(&discoverypb.DeltaDiscoveryResponse{}, "system_version_info")
+	deltaResources = field(&discoverypb.DeltaDiscoveryResponse{}, "resources")
+	deltaTypeURL   = field(&discoverypb.DeltaDiscoveryResponse{}, "type_url")
+	deltaRemoved   = field(&discoverypb.DeltaDiscoveryResponse{}, "removed_resources")
+	deltaNonce     = field(&discoverypb.DeltaDiscoveryResponse{}, "nonce")
+)
+
+func field(m proto.Message, name protoreflect.Name) protowire.Number {
+	fd := m.ProtoReflect().Descriptor().Fields().ByName(name)
+	if fd == nil {
+		panic(fmt.Sprintf("xds: %s has no field %s", m.ProtoReflect().Descriptor().FullName(), name))
+	}
+	return fd.Number()
+}
+
+var marshal = proto.MarshalOptions{Deterministic: true}
+
+// Encode decodes a resource received as an Any (so that a resource the relay
+// cannot decode is caught here and NACKed) and encodes it once into the
+// bytes that SotW and delta responses carry. An empty version is replaced by
+// a hash of the resource's bytes.
+func Encode(name, version string, a *anypb.Any, ttl *durationpb.Duration, aliases []string) (*cache.Resource, error) {
+	if name == "" {
+		return nil, fmt.Errorf("resource of type %s has no name", a.GetTypeUrl())
+	}
+	if _, err := a.UnmarshalNew(); err != nil {
+		return nil, fmt.Errorf("resource %q: cannot decode %s: %w", name, a.GetTypeUrl(), err)
+	}
+	anyBytes, err := marshal.Marshal(a)
+	if err != nil {
+		return nil, fmt.Errorf("resource %q: %w", name, err)
+	}
+	if version == "" {
+		sum := sha256.Sum256(anyBytes)
+		version = hex.EncodeToString(sum[:8])
+	}
+	wire, err := marshal.Marshal(&discoverypb.Resource{
+		Name: name, Version: version, Resource: a, Ttl: ttl, Aliases: aliases,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("resource %q: %w", name, err)
+	}
+	r := &cache.Resource{
+		Name:    name,
+		Version: version,
+		Any:     protowire.AppendBytes(protowire.AppendTag(nil, sotwResources, protowire.BytesType), anyBytes),
+		Wire:    protowire.AppendBytes(protowire.AppendTag(nil, deltaResources, protowire.BytesType), wire),
+		Aliases: aliases,
+	}
+	if ttl != nil {
+		r.TTL = ttl.AsDuration()
+	}
+	return r, nil
+}
+
+// Message is a response already in wire form: a short header and the shared,
+// pre-encoded resource fields. The Codec writes it without marshalling.
+type Message struct {
+	Parts [][]byte
+}
+
+// Size is the encoded size of the message.
+func (m *Message) Size() int {
+	n := 0
+	for _, p := range m.Parts {
+		n += len(p)
+	}
+	return n
+}
+
+// SotWResponse assembles a DiscoveryResponse from resources' encoded Any
+// fields.
+func SotWResponse(version uint64, typeURL, nonce string, rs []*cache.Resource) *Message {
+	h := make([]byte, 0, 64+len(typeURL))
+	h = protowire.AppendTag(h, sotwVersion, protowire.BytesType)
+	h = protowire.AppendString(h, strconv.FormatUint(version, 10))
+	h = protowire.AppendTag(h, sotwTypeURL, protowire.BytesType)
+	h = protowire.AppendString(h, typeURL)
+	h = protowire.AppendTag(h, sotwNonce, protowire.BytesType)
+	h = protowire.AppendString(h, nonce)
+	parts := make([][]byte, 0, 1+len(rs))
+	parts = append(parts, h)
+	for _, r := range rs {
+		parts = append(parts, r.Any)
+	}
+	return &Message{Parts: parts}
+}
+
+// DeltaResponse assembles a DeltaDiscoveryResponse from resources' encoded
+// Resource fields and the names of removed resources.
+func DeltaResponse(version uint64, typeURL, nonce string, rs []*cache.Resource, removed []string) *Message {
+	h := make([]byte, 0, 64+len(typeURL))
+	h = protowire.AppendTag(h, deltaVersion, protowire.BytesType)
+	h = protowire.AppendString(h, strconv.FormatUint(version, 10))
+	h = protowire.AppendTag(h, deltaTypeURL, protowire.BytesType)
+	h = protowire.AppendString(h, typeURL)
+	h = protowire.AppendTag(h, deltaNonce, protowire.BytesType)
+	h = protowire.AppendString(h, nonce)
+	for _, n := range removed {
+		h = protowire.AppendTag(h, deltaRemoved, protowire.BytesType)
+		h = protowire.AppendString(h, n)
+	}
+	parts := make([][]byte, 0, 1+len(rs))
+	parts = append(parts, h)
+	for _, r := range rs {
+		parts = append(parts, r.Wire)
+	}
+	return &Message{Parts: parts}
+}
+
+// Duration converts a TTL for a Resource message; nil for zero.
+func Duration(d time.Duration) *durationpb.Duration {
+	if d == 0 {
+		return nil
+	}
+	return durationpb.New(d)
+}
