@@ -1,0 +1,156 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/viper"
+
+	"github.com/xdsrelay/xdsrelay/relay"
+)
+
+// Options are what the configuration gives the binary: the relay's own
+// configuration and how to log.
+type Options struct {
+	Relay    relay.Config
+	LogLevel slog.Level
+}
+
+// keys are every configuration key, with its default. Each can be set in
+// the file or by XDSRELAY_<KEY> (dots become underscores).
+var keys = func() map[string]any {
+	d := relay.Default()
+	return map[string]any{
+		"upstream.address":   d.Upstream.Address,
+		"upstream.group_by":  d.Upstream.GroupBy,
+		"downstream.address": d.Downstream.Address,
+		"admin.address":      d.Admin.Address,
+		"cache.retention":    d.Cache.Retention.String(),
+		"shutdown_timeout":   d.ShutdownTimeout.String(),
+		"log.level":          "info",
+	}
+}()
+
+// loadConfig reads the file (if any) and the environment. An error names the
+// key at fault.
+func loadConfig(file string, env func(string) (string, bool)) (Options, error) {
+	v := viper.New()
+	v.SetEnvPrefix("XDSRELAY")
+	v.SetEnvKeyReplacer(strings.NewReplacer(".", "_"))
+	for k, d := range keys {
+		v.SetDefault(k, d)
+		envName := "XDSRELAY_" + strings.ToUpper(strings.ReplaceAll(k, ".", "_"))
+		if val, ok := env(envName); ok {
+			v.Set(k, val)
+		}
+	}
+	if file != "" {
+		v.SetConfigFile(file)
+		v.SetConfigType("yaml")
+		if err := v.ReadInConfig(); err != nil {
+			return Options{}, fmt.Errorf("config %s: %w", file, err)
+		}
+		if err := checkKeys(file, v); err != nil {
+			return Options{}, err
+		}
+	}
+	var o Options
+	o.Relay = relay.Default()
+	var errs []error
+	str := func(key string, dst *string) {
+		s, err := getString(v, key)
+		errs = append(errs, err)
+		*dst = s
+	}
+	dur := func(key string, dst *time.Duration) {
+		s, err := getString(v, key)
+		if err == nil {
+			*dst, err = time.ParseDuration(s)
+			if err != nil {
+				err = fmt.Errorf("%s: %q is not a duration (e.g. 30s, 5m)", key, s)
+			}
+		}
+		errs = append(errs, err)
+	}
+	str("upstream.address", &o.Relay.Upstream.Address)
+	o.Relay.Upstream.GroupBy, errs = getList(v, "upstream.group_by"), append(errs, nil)
+	str("downstream.address", &o.Relay.Downstream.Address)
+	str("admin.address", &o.Relay.Admin.Address)
+	dur("cache.retention", &o.Relay.Cache.Retention)
+	dur("shutdown_timeout", &o.Relay.ShutdownTimeout)
+	var level string
+	str("log.level", &level)
+	if err := errors.Join(errs...); err != nil {
+		return Options{}, err
+	}
+	if err := o.LogLevel.UnmarshalText([]byte(level)); err != nil {
+		return Options{}, fmt.Errorf("log.level: %q is not one of debug, info, warn, error", level)
+	}
+	if err := o.Relay.Validate(); err != nil {
+		return Options{}, err
+	}
+	return o, nil
+}
+
+// checkKeys rejects keys the relay does not know: a typo must not silently
+// leave a default in place.
+func checkKeys(file string, v *viper.Viper) error {
+	for _, k := range slices.Sorted(maps.Keys(flatten("", v.AllSettings()))) {
+		if _, ok := keys[k]; !ok {
+			return fmt.Errorf("config %s: unknown key %q", file, k)
+		}
+	}
+	return nil
+}
+
+func flatten(prefix string, m map[string]any) map[string]any {
+	out := map[string]any{}
+	for k, val := range m {
+		if sub, ok := val.(map[string]any); ok && len(sub) > 0 {
+			maps.Copy(out, flatten(prefix+k+".", sub))
+			continue
+		}
+		out[prefix+k] = val
+	}
+	return out
+}
+
+func getString(v *viper.Viper, key string) (string, error) {
+	switch val := v.Get(key).(type) {
+	case string:
+		return val, nil
+	case nil:
+		return "", nil
+	default:
+		return "", fmt.Errorf("%s: want a string, got %v", key, val)
+	}
+}
+
+// getList reads a list from YAML, or a comma-separated string from the
+// environment.
+func getList(v *viper.Viper, key string) []string {
+	switch val := v.Get(key).(type) {
+	case string:
+		var out []string
+		for _, s := range strings.Split(val, ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				out = append(out, s)
+			}
+		}
+		return out
+	case []string:
+		return val
+	case []any:
+		out := make([]string, 0, len(val))
+		for _, s := range val {
+			out = append(out, fmt.Sprint(s))
+		}
+		return out
+	}
+	return nil
+}

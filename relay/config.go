@@ -1,0 +1,100 @@
+package relay
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"time"
+)
+
+// Config is the relay's configuration, filled by the binary from YAML and
+// the environment. Field comments name the configuration keys.
+type Config struct {
+	Upstream struct {
+		// Address is upstream.address: the control plane's host:port, or
+		// file://DIR to serve a directory of resource files.
+		Address string
+		// GroupBy is upstream.group_by: the node fields that form the
+		// group key (id, cluster, locality.region, locality.zone,
+		// locality.sub_zone, metadata.<key>); empty for one group.
+		GroupBy []string
+	}
+	Downstream struct {
+		// Address is downstream.address: where xDS clients connect.
+		Address string
+	}
+	Admin struct {
+		// Address is admin.address: /healthz, /readyz, /metrics; empty
+		// to disable.
+		Address string
+	}
+	Cache struct {
+		// Retention is cache.retention: how long a resource nobody
+		// watches stays subscribed and cached.
+		Retention time.Duration
+	}
+	// ShutdownTimeout is shutdown_timeout: how long Shutdown waits for
+	// streams to end before closing them.
+	ShutdownTimeout time.Duration
+}
+
+// Default returns the default configuration, as config.example.yaml
+// documents it.
+func Default() Config {
+	var c Config
+	c.Upstream.Address = "127.0.0.1:18000"
+	c.Upstream.GroupBy = []string{"cluster"}
+	c.Downstream.Address = "0.0.0.0:18001"
+	c.Admin.Address = "127.0.0.1:9901"
+	c.Cache.Retention = 5 * time.Minute
+	c.ShutdownTimeout = 10 * time.Second
+	return c
+}
+
+// FilePrefix marks an upstream address that is a directory of resource files.
+const FilePrefix = "file://"
+
+// Validate checks the configuration; an error names the key at fault.
+func (c *Config) Validate() error {
+	if dir, ok := strings.CutPrefix(c.Upstream.Address, FilePrefix); ok {
+		if dir == "" {
+			return fmt.Errorf("upstream.address: %q names no directory", c.Upstream.Address)
+		}
+	} else if err := checkHostPort(c.Upstream.Address); err != nil {
+		return fmt.Errorf("upstream.address: %w", err)
+	}
+	for _, f := range c.Upstream.GroupBy {
+		if err := checkGroupField(f); err != nil {
+			return fmt.Errorf("upstream.group_by: %w", err)
+		}
+	}
+	if err := checkHostPort(c.Downstream.Address); err != nil {
+		return fmt.Errorf("downstream.address: %w", err)
+	}
+	if c.Admin.Address != "" {
+		if err := checkHostPort(c.Admin.Address); err != nil {
+			return fmt.Errorf("admin.address: %w", err)
+		}
+	}
+	if c.Cache.Retention < 0 {
+		return fmt.Errorf("cache.retention: must not be negative, got %s", c.Cache.Retention)
+	}
+	if c.ShutdownTimeout <= 0 {
+		return fmt.Errorf("shutdown_timeout: must be positive, got %s", c.ShutdownTimeout)
+	}
+	return nil
+}
+
+func checkHostPort(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port: %w", addr, err)
+	}
+	if _, err := net.LookupPort("tcp", port); err != nil || port == "" {
+		return fmt.Errorf("%q has no valid port", addr)
+	}
+	if strings.ContainsAny(host, " /") {
+		return fmt.Errorf("%q has an invalid host", addr)
+	}
+	return nil
+}

@@ -1,0 +1,314 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/downstream"
+	"github.com/xdsrelay/xdsrelay/internal/metrics"
+	"github.com/xdsrelay/xdsrelay/upstream"
+)
+
+// maxUpstreamMessage bounds an upstream response: control planes send large
+// CDS responses, well above gRPC's 4 MiB default.
+const maxUpstreamMessage = 256 << 20
+
+// Relay is a running relay.
+type Relay struct {
+	// Read-only after New.
+	cfg     Config
+	log     *slog.Logger
+	metrics *metrics.Registry
+	upm     *upstream.Metrics
+	down    *downstream.Server
+	grpc    *grpc.Server
+	conn    *grpc.ClientConn // nil when serving files
+	file    *upstream.File   // nil when relaying a control plane
+	ctx     context.Context  // ends the groups' upstreams
+	cancel  context.CancelFunc
+	ready   atomic.Bool
+	groupsG *metrics.Value
+
+	mu     sync.Mutex
+	groups map[string]*group // guarded by mu
+
+	wg       sync.WaitGroup // every goroutine the relay starts
+	listener net.Listener
+	admin    *http.Server
+	adminLn  net.Listener
+}
+
+// group is one group of clients: a cache and the upstream that fills it.
+type group struct {
+	key     string
+	cache   *cache.Cache
+	clients int // guarded by Relay.mu
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// New validates cfg and prepares a relay; Start runs it.
+func New(cfg Config, logger *slog.Logger) (*Relay, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	r := &Relay{
+		cfg:     cfg,
+		log:     logger,
+		metrics: &metrics.Registry{},
+		groups:  make(map[string]*group),
+	}
+	r.upm = upstream.NewMetrics(r.metrics)
+	r.groupsG = r.metrics.Gauge("xdsrelay_groups", "Groups of downstream clients, each with its own upstream stream.").With()
+	if dir, ok := strings.CutPrefix(cfg.Upstream.Address, FilePrefix); ok {
+		f, err := upstream.NewFile(dir, logger)
+		if err != nil {
+			return nil, fmt.Errorf("upstream.address: %w", err)
+		}
+		r.file = f
+	} else {
+		conn, err := grpc.NewClient(cfg.Upstream.Address,
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxUpstreamMessage)),
+			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		)
+		if err != nil {
+			return nil, fmt.Errorf("upstream.address: %w", err)
+		}
+		r.conn = conn
+	}
+	down, err := downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	r.down = down
+	opts := append(downstream.ServerOptions(),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+	)
+	r.grpc = grpc.NewServer(opts...)
+	down.Register(r.grpc)
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	return r, nil
+}
+
+// Start listens and serves; it returns once the relay accepts clients.
+func (r *Relay) Start() error {
+	ln, err := net.Listen("tcp", r.cfg.Downstream.Address)
+	if err != nil {
+		return fmt.Errorf("downstream.address: %w", err)
+	}
+	r.listener = ln
+	if r.cfg.Admin.Address != "" {
+		aln, err := net.Listen("tcp", r.cfg.Admin.Address)
+		if err != nil {
+			ln.Close()
+			return fmt.Errorf("admin.address: %w", err)
+		}
+		r.adminLn = aln
+		r.admin = &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
+		r.goRun(func() {
+			if err := r.admin.Serve(aln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				r.log.Error("admin server", "error", err)
+			}
+		})
+	}
+	if r.file != nil {
+		r.goRun(func() {
+			if err := r.file.Run(r.ctx); err != nil {
+				r.log.Error("resource files", "error", err)
+			}
+		})
+	}
+	r.goRun(r.sweep)
+	r.goRun(func() {
+		if err := r.grpc.Serve(ln); err != nil {
+			r.log.Error("downstream server", "error", err)
+		}
+	})
+	r.ready.Store(true)
+	r.log.Info("relay serving", "downstream", ln.Addr().String(), "upstream", r.cfg.Upstream.Address,
+		"admin", r.AdminAddr())
+	return nil
+}
+
+func (r *Relay) goRun(f func()) {
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		f()
+	}()
+}
+
+// Addr is the downstream listener's address.
+func (r *Relay) Addr() string { return r.listener.Addr().String() }
+
+// AdminAddr is the admin listener's address, empty if disabled.
+func (r *Relay) AdminAddr() string {
+	if r.adminLn == nil {
+		return ""
+	}
+	return r.adminLn.Addr().String()
+}
+
+// Shutdown drains the relay: it stops accepting, asks every stream to end
+// (clients reconnect elsewhere), waits for them until ctx is done, then
+// closes what is left and the upstream.
+func (r *Relay) Shutdown(ctx context.Context) error {
+	r.ready.Store(false)
+	r.down.Drain()
+	stopped := make(chan struct{})
+	go func() {
+		r.grpc.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		r.grpc.Stop()
+		<-stopped
+	}
+	r.cancel()
+	r.mu.Lock()
+	groups := r.groups
+	r.groups = make(map[string]*group)
+	r.mu.Unlock()
+	for _, g := range groups {
+		<-g.done
+	}
+	var err error
+	if r.admin != nil {
+		err = r.admin.Shutdown(ctx)
+	}
+	if r.conn != nil {
+		err = errors.Join(err, r.conn.Close())
+	}
+	r.wg.Wait()
+	return err
+}
+
+var _ downstream.Groups = (*Relay)(nil)
+
+// Join implements downstream.Groups: it places node in its group, creating
+// the group (and its upstream stream, presenting this node) if it is the
+// first.
+func (r *Relay) Join(node *corepb.Node) (*cache.Cache, func(), error) {
+	key := GroupKey(node, r.cfg.Upstream.GroupBy)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ctx.Err() != nil {
+		return nil, nil, errors.New("relay is shutting down")
+	}
+	g := r.groups[key]
+	if g == nil {
+		var err error
+		if g, err = r.startGroupLocked(key, node); err != nil {
+			return nil, nil, err
+		}
+	}
+	g.clients++
+	var once sync.Once
+	return g.cache, func() {
+		once.Do(func() {
+			r.mu.Lock()
+			g.clients--
+			r.mu.Unlock()
+		})
+	}, nil
+}
+
+func (r *Relay) startGroupLocked(key string, node *corepb.Node) (*group, error) {
+	ctx, cancel := context.WithCancel(r.ctx)
+	g := &group{
+		key:    key,
+		cache:  cache.New(cache.Options{Retention: r.cfg.Cache.Retention}),
+		cancel: cancel,
+		done:   make(chan struct{}),
+	}
+	var run func()
+	if r.file != nil {
+		run = func() { r.file.Serve(ctx, g.cache) }
+	} else {
+		up, err := upstream.New(upstream.Options{
+			Conn: r.conn, Node: node, Cache: g.cache, Group: key, Metrics: r.upm, Logger: r.log,
+		})
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		run = func() { up.Run(ctx) }
+	}
+	go func() {
+		defer close(g.done)
+		run()
+	}()
+	r.groups[key] = g
+	r.groupsG.Set(int64(len(r.groups)))
+	r.log.Info("group started", "group", key, "node", node.GetId())
+	return g, nil
+}
+
+// sweep ends retention periods and, once a group has no clients and
+// retains nothing, closes its upstream stream.
+func (r *Relay) sweep() {
+	every := min(max(r.cfg.Cache.Retention/4, 10*time.Millisecond), time.Second)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-t.C:
+		}
+		var ended []*group
+		r.mu.Lock()
+		for key, g := range r.groups {
+			if g.cache.Sweep() && g.clients == 0 {
+				delete(r.groups, key)
+				ended = append(ended, g)
+			}
+		}
+		r.groupsG.Set(int64(len(r.groups)))
+		r.mu.Unlock()
+		for _, g := range ended {
+			g.cancel()
+			<-g.done
+			r.log.Info("group ended", "group", g.key)
+		}
+	}
+}
+
+func (r *Relay) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !r.ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		r.metrics.WriteTo(w)
+	})
+	return mux
+}

@@ -1,0 +1,177 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/metrics"
+)
+
+// Metrics are the upstream families, shared by every group's client.
+type Metrics struct {
+	Streams   *metrics.Vec // gauge, by group: 1 while the stream is up
+	Responses *metrics.Vec // counter, by type
+	NACKs     *metrics.Vec // counter, by type: responses the relay rejected
+}
+
+// NewMetrics registers the upstream families on r.
+func NewMetrics(r *metrics.Registry) *Metrics {
+	return &Metrics{
+		Streams:   r.Gauge("xdsrelay_upstream_connected", "1 while the group's upstream delta-ADS stream is up.", "group"),
+		Responses: r.Counter("xdsrelay_upstream_responses_total", "Responses received from the control plane.", "type"),
+		NACKs:     r.Counter("xdsrelay_upstream_nacks_total", "Upstream responses the relay rejected (NACKed).", "type"),
+	}
+}
+
+// Options configure a Client.
+type Options struct {
+	Conn    grpc.ClientConnInterface // the control plane; required
+	Node    *corepb.Node             // presented upstream; required
+	Cache   *cache.Cache             // the group's cache; required
+	Group   string                   // the group key, for logs and metrics
+	Metrics *Metrics                 // required
+	Logger  *slog.Logger             // slog.Default() if nil
+	Backoff backoff.Config           // backoff.DefaultConfig if zero
+}
+
+// Client is one group's upstream: a delta-ADS stream, re-established with
+// exponential backoff whenever it fails.
+type Client struct {
+	// Read-only after New.
+	opts Options
+	ads  discoverypb.AggregatedDiscoveryServiceClient
+	log  *slog.Logger
+}
+
+// New returns a client; Run starts it.
+func New(opts Options) (*Client, error) {
+	switch {
+	case opts.Conn == nil:
+		return nil, errors.New("upstream: Options.Conn is required")
+	case opts.Node == nil:
+		return nil, errors.New("upstream: Options.Node is required")
+	case opts.Cache == nil:
+		return nil, errors.New("upstream: Options.Cache is required")
+	case opts.Metrics == nil:
+		return nil, errors.New("upstream: Options.Metrics is required")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Backoff == (backoff.Config{}) {
+		opts.Backoff = backoff.DefaultConfig
+	}
+	opts.Node = proto.Clone(opts.Node).(*corepb.Node)
+	return &Client{
+		opts: opts,
+		ads:  discoverypb.NewAggregatedDiscoveryServiceClient(opts.Conn),
+		log:  opts.Logger.With("component", "upstream", "group", opts.Group),
+	}, nil
+}
+
+// Run keeps the stream up until ctx is done.
+func (c *Client) Run(ctx context.Context) {
+	defer c.opts.Metrics.Streams.Delete(c.opts.Group)
+	for attempt := 0; ; attempt++ {
+		healthy, err := c.session(ctx)
+		c.opts.Metrics.Streams.With(c.opts.Group).Set(0)
+		if ctx.Err() != nil {
+			return
+		}
+		if healthy {
+			attempt = 0 // the stream had worked: start the backoff again
+		}
+		delay := backoffDelay(c.opts.Backoff, attempt)
+		c.log.Warn("upstream stream ended; reconnecting", "error", err, "in", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// backoffDelay is gRPC's connection backoff: exponential with jitter,
+// capped (gRPC's connection-backoff.md, with grpc/backoff's parameters).
+func backoffDelay(cfg backoff.Config, retries int) time.Duration {
+	if retries == 0 {
+		return cfg.BaseDelay
+	}
+	d, limit := float64(cfg.BaseDelay), float64(cfg.MaxDelay)
+	for d < limit && retries > 0 {
+		d *= cfg.Multiplier
+		retries--
+	}
+	d = min(d, limit)
+	d *= 1 + cfg.Jitter*(rand.Float64()*2-1)
+	return time.Duration(max(d, 0))
+}
+
+// session runs one stream. healthy reports whether the control plane
+// answered on it.
+func (c *Client) session(ctx context.Context) (healthy bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.ads.DeltaAggregatedResources(ctx)
+	if err != nil {
+		return false, fmt.Errorf("upstream: open stream: %w", err)
+	}
+	s := &session{c: c, st: st, subs: make(map[string]*subscription)}
+	resps := make(chan *discoverypb.DeltaDiscoveryResponse)
+	errc := make(chan error, 1)
+	done := make(chan struct{})
+	defer func() { cancel(); <-done }() // cancelling the stream ends Recv
+	go func() {
+		defer close(done)
+		defer close(resps)
+		for {
+			r, err := st.Recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case resps <- r:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	if err := s.sync(); err != nil {
+		return false, err
+	}
+	for {
+		select {
+		case r := <-resps:
+			if r == nil {
+				return healthy, fmt.Errorf("upstream: %w", <-errc)
+			}
+			if !healthy {
+				healthy = true
+				c.opts.Metrics.Streams.With(c.opts.Group).Set(1)
+			}
+			if err := s.handle(r); err != nil {
+				return healthy, err
+			}
+		case <-c.opts.Cache.InterestChanged():
+			if err := s.sync(); err != nil {
+				return healthy, err
+			}
+		case <-ctx.Done():
+			return healthy, ctx.Err()
+		}
+	}
+}

@@ -1,0 +1,152 @@
+package upstream
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// subscription is what the stream has subscribed to for one type.
+type subscription struct {
+	wildcard bool
+	names    map[string]struct{}
+	// awaitingWildcard is set from the wildcard subscribe until the first
+	// response of the type: that response is the complete state.
+	awaitingWildcard bool
+}
+
+// session is one upstream stream's state: owned by the session loop, the
+// only caller of Send.
+type session struct {
+	c        *Client
+	st       grpc.BidiStreamingClient[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
+	subs     map[string]*subscription
+	sentNode bool
+}
+
+func (s *session) send(req *discoverypb.DeltaDiscoveryRequest) error {
+	if !s.sentNode {
+		// "Basic Protocol Overview": the node goes on the first request.
+		req.Node, s.sentNode = s.c.opts.Node, true
+	}
+	if err := s.st.Send(req); err != nil {
+		return fmt.Errorf("upstream: send: %w", err)
+	}
+	return nil
+}
+
+// sync moves the stream's subscriptions to the cache's union of interests.
+// A type's first request carries initial_resource_versions from the cache,
+// so that a resumed stream is sent only what changed ("Incremental
+// reconnect example"). The wildcard is always subscribed explicitly as "*",
+// never by the legacy empty list, since names may be subscribed beside it.
+func (s *session) sync() error {
+	interest := s.c.opts.Cache.Interest()
+	types := slices.Sorted(maps.Keys(interest))
+	for t := range s.subs {
+		if _, ok := interest[t]; !ok {
+			types = append(types, t)
+		}
+	}
+	for _, typeURL := range types {
+		if err := s.syncType(typeURL, interest[typeURL]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *session) syncType(typeURL string, in cache.Interest) error {
+	sub := s.subs[typeURL]
+	first := sub == nil
+	if first {
+		if !in.Wildcard && len(in.Names) == 0 {
+			return nil
+		}
+		sub = &subscription{names: make(map[string]struct{})}
+		s.subs[typeURL] = sub
+	}
+	req := &discoverypb.DeltaDiscoveryRequest{TypeUrl: typeURL}
+	if in.Wildcard && !sub.wildcard {
+		req.ResourceNamesSubscribe = append(req.ResourceNamesSubscribe, "*")
+		sub.awaitingWildcard = true
+	}
+	if !in.Wildcard && sub.wildcard {
+		req.ResourceNamesUnsubscribe = append(req.ResourceNamesUnsubscribe, "*")
+	}
+	sub.wildcard = in.Wildcard
+	want := make(map[string]struct{}, len(in.Names))
+	for _, n := range in.Names {
+		want[n] = struct{}{}
+		if _, ok := sub.names[n]; !ok {
+			req.ResourceNamesSubscribe = append(req.ResourceNamesSubscribe, n)
+			sub.names[n] = struct{}{}
+		}
+	}
+	for n := range sub.names {
+		if _, ok := want[n]; !ok {
+			req.ResourceNamesUnsubscribe = append(req.ResourceNamesUnsubscribe, n)
+			delete(sub.names, n)
+		}
+	}
+	if len(req.ResourceNamesSubscribe) == 0 && len(req.ResourceNamesUnsubscribe) == 0 {
+		return nil
+	}
+	if first {
+		req.InitialResourceVersions = s.c.opts.Cache.Versions(typeURL)
+	}
+	slices.Sort(req.ResourceNamesUnsubscribe)
+	return s.send(req)
+}
+
+// handle applies a response to the cache and ACKs it, or NACKs it naming the
+// resources that could not be decoded; those keep their last good version,
+// the others are applied ("ACK/NACK and resource type instance version").
+func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
+	typeURL := r.GetTypeUrl()
+	short := xds.ShortName(typeURL)
+	s.c.opts.Metrics.Responses.With(short).Inc()
+	var upserts []*cache.Resource
+	var problems []string
+	for _, res := range r.GetResources() {
+		if res.GetResource() == nil {
+			continue // a TTL heartbeat: nothing changed
+		}
+		if got := res.GetResource().GetTypeUrl(); got != typeURL {
+			problems = append(problems, fmt.Sprintf("resource %q has type %s in a %s response", res.GetName(), got, short))
+			continue
+		}
+		enc, err := xds.Encode(res.GetName(), res.GetVersion(), res.GetResource(), res.GetTtl(), res.GetAliases())
+		if err != nil {
+			problems = append(problems, err.Error())
+			continue
+		}
+		upserts = append(upserts, enc)
+	}
+	if xds.Known(typeURL) {
+		s.c.opts.Cache.Update(typeURL, upserts, r.GetRemovedResources())
+		if sub := s.subs[typeURL]; sub != nil && sub.awaitingWildcard {
+			sub.awaitingWildcard = false
+			s.c.opts.Cache.MarkSynced(typeURL)
+		}
+	} else {
+		problems = append(problems, fmt.Sprintf("unknown resource type %q", typeURL))
+	}
+	ack := &discoverypb.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: r.GetNonce()}
+	if len(problems) > 0 {
+		s.c.opts.Metrics.NACKs.With(short).Inc()
+		msg := strings.Join(problems, "; ")
+		s.c.log.Warn("rejecting upstream resources", "type", short, "error", msg)
+		ack.ErrorDetail = &status.Status{Code: int32(codes.InvalidArgument), Message: "xdsrelay: " + msg}
+	}
+	return s.send(ack)
+}
