@@ -262,4 +262,3 @@ func resourceName(m protoreflect.Message) string {
 	}
 	return ""
 }
-
