@@ -1,0 +1,203 @@
+// Package testcp runs a real go-control-plane server for tests: the control
+// plane the relay is proven against. It also builds the resources a gRPC xDS
+// client needs (listener → route → cluster → endpoints).
+package testcp
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointpb "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerpb "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routepb "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	routerpb "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmpb "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// ClusterHash keys snapshots by node.cluster.
+type ClusterHash struct{}
+
+// ID implements cachev3.NodeHash.
+func (ClusterHash) ID(node *corepb.Node) string { return node.GetCluster() }
+
+// ControlPlane is a go-control-plane server on 127.0.0.1:0 with a snapshot
+// cache keyed by node.cluster.
+type ControlPlane struct {
+	Addr  string
+	Cache cachev3.SnapshotCache
+
+	// Counters, from the server's callbacks.
+	DeltaStreams  atomic.Int64 // delta streams opened
+	SotWStreams   atomic.Int64 // SotW streams opened
+	DeltaRequests atomic.Int64 // delta requests received
+
+	mu    sync.Mutex
+	nodes []*corepb.Node // first request's node of each delta stream
+	reqs  []*discoverypb.DeltaDiscoveryRequest
+}
+
+// Start runs a control plane until the test ends.
+func Start(t testing.TB) *ControlPlane {
+	t.Helper()
+	cp := &ControlPlane{Cache: cachev3.NewSnapshotCache(false, ClusterHash{}, nil)}
+	cb := serverv3.CallbackFuncs{
+		DeltaStreamOpenFunc: func(context.Context, int64, string) error {
+			cp.DeltaStreams.Add(1)
+			return nil
+		},
+		StreamOpenFunc: func(context.Context, int64, string) error {
+			cp.SotWStreams.Add(1)
+			return nil
+		},
+		StreamDeltaRequestFunc: func(_ int64, r *discoverypb.DeltaDiscoveryRequest) error {
+			cp.DeltaRequests.Add(1)
+			cp.mu.Lock()
+			if r.GetNode() != nil {
+				cp.nodes = append(cp.nodes, r.GetNode())
+			}
+			cp.reqs = append(cp.reqs, r)
+			cp.mu.Unlock()
+			return nil
+		},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	srv := serverv3.NewServer(ctx, cp.Cache, cb)
+	g := grpc.NewServer()
+	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, srv)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp.Addr = ln.Addr().String()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = g.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		g.Stop()
+		cancel()
+		<-done
+	})
+	return cp
+}
+
+// Nodes returns the node of every delta stream's first request.
+func (cp *ControlPlane) Nodes() []*corepb.Node {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	return append([]*corepb.Node(nil), cp.nodes...)
+}
+
+// Requests returns every delta request received.
+func (cp *ControlPlane) Requests() []*discoverypb.DeltaDiscoveryRequest {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	return append([]*discoverypb.DeltaDiscoveryRequest(nil), cp.reqs...)
+}
+
+// Set publishes a snapshot for the nodes of cluster.
+func (cp *ControlPlane) Set(t testing.TB, cluster, version string, rs ...types.Resource) {
+	t.Helper()
+	byType := map[resourcev3.Type][]types.Resource{}
+	for _, r := range rs {
+		a, err := anypb.New(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byType[a.GetTypeUrl()] = append(byType[a.GetTypeUrl()], r)
+	}
+	snap, err := cachev3.NewSnapshot(version, byType)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.Cache.SetSnapshot(context.Background(), cluster, snap); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func adsSource() *corepb.ConfigSource {
+	return &corepb.ConfigSource{
+		ResourceApiVersion:    corepb.ApiVersion_V3,
+		ConfigSourceSpecifier: &corepb.ConfigSource_Ads{Ads: &corepb.AggregatedConfigSource{}},
+	}
+}
+
+// Listener is an API listener, as a gRPC client dialing xds:///name wants,
+// whose routes come from RDS.
+func Listener(name, route string) *listenerpb.Listener {
+	router, _ := anypb.New(&routerpb.Router{})
+	hcm, _ := anypb.New(&hcmpb.HttpConnectionManager{
+		RouteSpecifier: &hcmpb.HttpConnectionManager_Rds{Rds: &hcmpb.Rds{
+			RouteConfigName: route, ConfigSource: adsSource(),
+		}},
+		HttpFilters: []*hcmpb.HttpFilter{{
+			Name: "router", ConfigType: &hcmpb.HttpFilter_TypedConfig{TypedConfig: router},
+		}},
+	})
+	return &listenerpb.Listener{Name: name, ApiListener: &listenerpb.ApiListener{ApiListener: hcm}}
+}
+
+// Route sends everything to cluster.
+func Route(name, cluster string) *routepb.RouteConfiguration {
+	return &routepb.RouteConfiguration{
+		Name: name,
+		VirtualHosts: []*routepb.VirtualHost{{
+			Name: name, Domains: []string{"*"},
+			Routes: []*routepb.Route{{
+				Match:  &routepb.RouteMatch{PathSpecifier: &routepb.RouteMatch_Prefix{Prefix: "/"}},
+				Action: &routepb.Route_Route{Route: &routepb.RouteAction{ClusterSpecifier: &routepb.RouteAction_Cluster{Cluster: cluster}}},
+			}},
+		}},
+	}
+}
+
+// Cluster is an EDS cluster whose endpoints come over ADS.
+func Cluster(name string) *clusterpb.Cluster {
+	return &clusterpb.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &clusterpb.Cluster_Type{Type: clusterpb.Cluster_EDS},
+		EdsClusterConfig:     &clusterpb.Cluster_EdsClusterConfig{EdsConfig: adsSource()},
+		ConnectTimeout:       durationpb.New(1e9),
+		LbPolicy:             clusterpb.Cluster_ROUND_ROBIN,
+	}
+}
+
+// Endpoints places addrs ("host:port") in one locality of cluster.
+func Endpoints(cluster string, addrs ...string) *endpointpb.ClusterLoadAssignment {
+	var lbs []*endpointpb.LbEndpoint
+	for _, a := range addrs {
+		host, portStr, _ := net.SplitHostPort(a)
+		port, _ := strconv.Atoi(portStr)
+		lbs = append(lbs, &endpointpb.LbEndpoint{
+			HostIdentifier: &endpointpb.LbEndpoint_Endpoint{Endpoint: &endpointpb.Endpoint{
+				Address: &corepb.Address{Address: &corepb.Address_SocketAddress{SocketAddress: &corepb.SocketAddress{
+					Address: host, PortSpecifier: &corepb.SocketAddress_PortValue{PortValue: uint32(port)},
+				}}},
+			}},
+		})
+	}
+	return &endpointpb.ClusterLoadAssignment{
+		ClusterName: cluster,
+		Endpoints: []*endpointpb.LocalityLbEndpoints{{
+			Locality:            &corepb.Locality{Region: "test"},
+			LbEndpoints:         lbs,
+			LoadBalancingWeight: wrapperspb.UInt32(1),
+		}},
+	}
+}

@@ -1,0 +1,167 @@
+package relay
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// wait bounds every wait in these tests.
+const wait = 10 * time.Second
+
+func testLogger() *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// startRelay runs a relay in front of upstream until the test ends.
+func startRelay(t *testing.T, upstream string, mutate ...func(*Config)) *Relay {
+	t.Helper()
+	cfg := Default()
+	cfg.Upstream.Address = upstream
+	cfg.Downstream.Address = "127.0.0.1:0"
+	cfg.Admin.Address = "127.0.0.1:0"
+	cfg.Cache.Retention = time.Minute
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	r, err := New(cfg, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		if err := r.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	})
+	return r
+}
+
+func dial(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// stream is a client stream whose responses arrive on a channel, so that a
+// test can wait for one with a bound, or prove that none comes.
+type stream[Req, Resp any] struct {
+	t      *testing.T
+	st     grpc.BidiStreamingClient[Req, Resp]
+	resps  chan *Resp
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func newStream[Req, Resp any](t *testing.T, open func(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[Req, Resp], error)) *stream[Req, Resp] {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := open(ctx)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	s := &stream[Req, Resp]{t: t, st: st, resps: make(chan *Resp, 100), cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		defer close(s.resps)
+		for {
+			r, err := st.Recv()
+			if err != nil {
+				return
+			}
+			s.resps <- r
+		}
+	}()
+	t.Cleanup(s.close)
+	return s
+}
+
+func (s *stream[Req, Resp]) close() {
+	s.cancel()
+	<-s.done
+}
+
+func (s *stream[Req, Resp]) send(r *Req) {
+	s.t.Helper()
+	if err := s.st.Send(r); err != nil {
+		s.t.Fatalf("send: %v", err)
+	}
+}
+
+// recv returns the next response, failing the test if none comes in time.
+func (s *stream[Req, Resp]) recv() *Resp {
+	s.t.Helper()
+	select {
+	case r, ok := <-s.resps:
+		if !ok {
+			s.t.Fatal("stream ended while waiting for a response")
+		}
+		return r
+	case <-time.After(wait):
+		s.t.Fatal("no response in time")
+	}
+	return nil
+}
+
+// quiet fails the test if a response arrives within d.
+func (s *stream[Req, Resp]) quiet(d time.Duration) {
+	s.t.Helper()
+	select {
+	case r, ok := <-s.resps:
+		if ok {
+			s.t.Fatalf("unexpected response: %v", r)
+		}
+	case <-time.After(d):
+	}
+}
+
+type (
+	deltaStream = stream[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
+	sotwStream  = stream[discoverypb.DiscoveryRequest, discoverypb.DiscoveryResponse]
+)
+
+func openDelta(t *testing.T, addr string) *deltaStream {
+	return newStream(t, discoverypb.NewAggregatedDiscoveryServiceClient(dial(t, addr)).DeltaAggregatedResources)
+}
+
+func openSotW(t *testing.T, addr string) *sotwStream {
+	return newStream(t, discoverypb.NewAggregatedDiscoveryServiceClient(dial(t, addr)).StreamAggregatedResources)
+}
+
+func node(id, cluster string) *corepb.Node { return &corepb.Node{Id: id, Cluster: cluster} }
+
+// eventually polls cond until it holds, failing the test after wait.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
