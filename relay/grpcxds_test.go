@@ -1,0 +1,101 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/xds"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+)
+
+// backend is a real gRPC server that answers with its own name.
+type backend struct {
+	testgrpc.UnimplementedTestServiceServer
+	name string
+}
+
+func (b *backend) UnaryCall(context.Context, *testgrpc.SimpleRequest) (*testgrpc.SimpleResponse, error) {
+	return &testgrpc.SimpleResponse{Hostname: b.name}, nil
+}
+
+func startBackend(t *testing.T, name string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	testgrpc.RegisterTestServiceServer(s, &backend{name: name})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = s.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		s.Stop()
+		<-done
+	})
+	return ln.Addr().String()
+}
+
+// A gRPC client that resolves xds:///greeter through the relay gets its
+// listener, route, cluster and endpoints, makes real RPCs to a real backend,
+// and follows an upstream EDS change to another backend.
+func TestGRPCClientThroughRelay(t *testing.T) {
+	cp := testcp.Start(t)
+	b1, b2 := startBackend(t, "backend-1"), startBackend(t, "backend-2")
+	cp.Set(t, "greeters", "1",
+		testcp.Listener("greeter", "greeter-route"), testcp.Route("greeter-route", "greeter-cluster"),
+		testcp.Cluster("greeter-cluster"), testcp.Endpoints("greeter-cluster", b1))
+	r := startRelay(t, cp.Addr)
+
+	bootstrap := fmt.Sprintf(`{
+		"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}],
+		"node": {"id": "grpc-client-1", "cluster": "greeters"}
+	}`, r.Addr())
+	resolver, err := xds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient("xds:///greeter", grpc.WithResolvers(resolver), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	client := testgrpc.NewTestServiceClient(cc)
+
+	callUntil := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(wait)
+		var last string
+		var lastErr error
+		for time.Now().Before(deadline) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			resp, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true))
+			cancel()
+			if err == nil && resp.GetHostname() == want {
+				return
+			}
+			last, lastErr = resp.GetHostname(), err
+			time.Sleep(10 * time.Millisecond)
+		}
+		t.Fatalf("RPCs never reached %s (last reached %q, error %v)", want, last, lastErr)
+	}
+	callUntil("backend-1")
+
+	cp.Set(t, "greeters", "2",
+		testcp.Listener("greeter", "greeter-route"), testcp.Route("greeter-route", "greeter-cluster"),
+		testcp.Cluster("greeter-cluster"), testcp.Endpoints("greeter-cluster", b2))
+	callUntil("backend-2")
+
+	if n := cp.DeltaStreams.Load(); n != 1 {
+		t.Fatalf("control plane saw %d streams, want 1", n)
+	}
+}
