@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -85,8 +84,10 @@ func loadConfig(file string, env func(string) (string, bool)) (Options, error) {
 	dur("shutdown_timeout", &o.Relay.ShutdownTimeout)
 	var level string
 	str("log.level", &level)
-	if err := errors.Join(errs...); err != nil {
-		return Options{}, err
+	for _, err := range errs {
+		if err != nil {
+			return Options{}, err // one clear line: the first key at fault
+		}
 	}
 	if err := o.LogLevel.UnmarshalText([]byte(level)); err != nil {
 		return Options{}, fmt.Errorf("log.level: %q is not one of debug, info, warn, error", level)
