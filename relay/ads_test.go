@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -22,6 +23,17 @@ func deltaNames(r *discoverypb.DeltaDiscoveryResponse) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// collectDelta receives until n distinct resources have arrived.
+func collectDelta(s *deltaStream, n int) []string {
+	seen := map[string]bool{}
+	for len(seen) < n {
+		for _, name := range deltaNames(s.recv()) {
+			seen[name] = true
+		}
+	}
+	return slices.Sorted(maps.Keys(seen))
 }
 
 func sotwClusters(t *testing.T, r *discoverypb.DiscoveryResponse) []string {

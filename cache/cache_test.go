@@ -1,0 +1,167 @@
+package cache
+
+import (
+	"slices"
+	"testing"
+	"time"
+)
+
+const eds = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time { return c.t }
+
+func res(name, version string) *Resource {
+	return &Resource{Name: name, Version: version, Any: []byte(name + version), Wire: []byte(name + version)}
+}
+
+func interest(c *Cache) Interest { return c.Interest()[eds] }
+
+func taken(w *Watch) map[string][]string {
+	out := map[string][]string{}
+	for typeURL, d := range w.Take() {
+		names := make([]string, 0, len(d.Names))
+		for n := range d.Names {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+		out[typeURL] = names
+	}
+	return out
+}
+
+func signalled(c *Cache) bool {
+	select {
+	case <-c.InterestChanged():
+		return true
+	default:
+		return false
+	}
+}
+
+func TestWatchersAreMarkedForWhatTheyWatch(t *testing.T) {
+	c := New(Options{Retention: time.Minute})
+	a, b, wc := NewWatch(), NewWatch(), NewWatch()
+	c.Watch(a, eds, "x")
+	c.Watch(b, eds, "y")
+	c.WatchWildcard(wc, eds)
+	c.Update(eds, []*Resource{res("x", "1")}, nil)
+
+	if got := taken(a); !slices.Equal(got[eds], []string{"x"}) {
+		t.Errorf("watcher of x: %v", got)
+	}
+	if got := taken(b); len(got) != 0 {
+		t.Errorf("watcher of y was marked: %v", got)
+	}
+	if got := taken(wc); !slices.Equal(got[eds], []string{"x"}) {
+		t.Errorf("wildcard watcher: %v", got)
+	}
+	// The same version again is not a change.
+	c.Update(eds, []*Resource{res("x", "1")}, nil)
+	if got := taken(a); len(got) != 0 {
+		t.Errorf("an unchanged resource marked its watcher: %v", got)
+	}
+	c.Update(eds, nil, []string{"x"})
+	if got := c.Get(eds, []string{"x"}); got[0].Resource != nil || !got[0].Absent {
+		t.Errorf("after removal: %+v", got[0])
+	}
+}
+
+func TestUnionOfInterestsAndRetention(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	c := New(Options{Retention: time.Minute, Now: clk.now})
+	a, b := NewWatch(), NewWatch()
+	c.Watch(a, eds, "x", "y")
+	c.Watch(b, eds, "y", "z")
+	if !signalled(c) {
+		t.Fatal("new names did not signal an interest change")
+	}
+	if got := interest(c).Names; !slices.Equal(got, []string{"x", "y", "z"}) {
+		t.Fatalf("union: %v", got)
+	}
+	c.Update(eds, []*Resource{res("x", "1")}, nil)
+
+	c.Release(a)
+	if signalled(c) {
+		t.Fatal("releasing a watcher changed the interest before retention ended")
+	}
+	clk.t = clk.t.Add(30 * time.Second)
+	c.Sweep()
+	if got := interest(c).Names; !slices.Equal(got, []string{"x", "y", "z"}) {
+		t.Fatalf("within retention: %v", got)
+	}
+	// A client coming back within retention finds x at once.
+	if got := c.Get(eds, []string{"x"}); got[0].Resource == nil {
+		t.Fatal("x was dropped within retention")
+	}
+	clk.t = clk.t.Add(31 * time.Second)
+	if empty := c.Sweep(); empty {
+		t.Fatal("cache reported empty while b still watches")
+	}
+	if !signalled(c) {
+		t.Fatal("end of retention did not signal an interest change")
+	}
+	if got := interest(c).Names; !slices.Equal(got, []string{"y", "z"}) {
+		t.Fatalf("after retention: %v", got)
+	}
+	if got := c.Get(eds, []string{"x"}); got[0].Resource != nil {
+		t.Fatal("x still cached after retention")
+	}
+	c.Release(b)
+	clk.t = clk.t.Add(2 * time.Minute)
+	if !c.Sweep() {
+		t.Fatal("cache not empty after every retention ended")
+	}
+}
+
+func TestWildcardRetention(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	c := New(Options{Retention: time.Second, Now: clk.now})
+	w := NewWatch()
+	c.WatchWildcard(w, eds)
+	if !interest(c).Wildcard {
+		t.Fatal("wildcard not in the interest")
+	}
+	c.Update(eds, []*Resource{res("x", "1"), res("y", "1")}, nil)
+	c.MarkSynced(eds)
+	if all, synced := c.All(eds); len(all) != 2 || !synced {
+		t.Fatalf("All: %d resources, synced %v", len(all), synced)
+	}
+	c.UnwatchWildcard(w, eds)
+	clk.t = clk.t.Add(2 * time.Second)
+	c.Sweep()
+	if _, ok := c.Interest()[eds]; ok {
+		t.Fatal("wildcard still wanted after retention")
+	}
+	if all, synced := c.All(eds); len(all) != 0 || synced {
+		t.Fatalf("after retention: %d resources, synced %v", len(all), synced)
+	}
+}
+
+func TestUpdateIgnoresUnwantedResources(t *testing.T) {
+	c := New(Options{Retention: time.Minute})
+	c.Update(eds, []*Resource{res("x", "1")}, nil)
+	if got := c.Get(eds, []string{"x"}); got[0].Resource != nil {
+		t.Fatal("a resource nobody wants was cached")
+	}
+}
+
+func TestWatchCoalesces(t *testing.T) {
+	w := NewWatch()
+	w.Mark(eds, 5, "a")
+	w.Mark(eds, 3, "b")
+	w.Mark(eds, 9, "a")
+	select {
+	case <-w.Ready():
+	default:
+		t.Fatal("not woken")
+	}
+	d := w.Take()[eds]
+	if d.Seq != 3 || len(d.Names) != 2 {
+		t.Fatalf("dirty: seq %d names %v", d.Seq, d.Names)
+	}
+	if w.Take() != nil {
+		t.Fatal("Take did not clear")
+	}
+}
