@@ -1,0 +1,99 @@
+package upstream
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+)
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func cluster(name, timeout string) string {
+	return `"@type": type.googleapis.com/envoy.config.cluster.v3.Cluster
+name: ` + name + `
+connect_timeout: ` + timeout + "\n"
+}
+
+func waitVersion(t *testing.T, c *cache.Cache, name string, not string) string {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if l := c.Get(resourcev3.ClusterType, []string{name})[0]; l.Resource != nil && l.Resource.Version != not {
+			return l.Resource.Version
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatalf("%s never got a version other than %q", name, not)
+	return ""
+}
+
+// The file source serves what a group wants, says what does not exist,
+// follows changes to the files, and keeps serving the last good files when a
+// change does not load.
+func TestFileSource(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "a.yaml"), cluster("a", "1s"))
+	writeFile(t, filepath.Join(dir, "notes.txt"), "not a resource")
+	f, err := NewFile(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c := cache.New(cache.Options{Retention: time.Minute})
+	w := cache.NewWatch()
+	c.Watch(w, resourcev3.ClusterType, "a", "missing")
+	done := make(chan struct{}, 2)
+	go func() { f.Run(ctx); done <- struct{}{} }()
+	go func() { f.Serve(ctx, c); done <- struct{}{} }()
+	defer func() { cancel(); <-done; <-done }()
+
+	v1 := waitVersion(t, c, "a", "")
+	if l := c.Get(resourcev3.ClusterType, []string{"missing"})[0]; !l.Absent {
+		t.Errorf("missing: %+v, want absent", l)
+	}
+	writeFile(t, filepath.Join(dir, "a.yaml"), cluster("a", "2s"))
+	v2 := waitVersion(t, c, "a", v1)
+
+	// A broken change is ignored; a later good one is served.
+	writeFile(t, filepath.Join(dir, "a.yaml"), "\"@type\": type.googleapis.com/envoy.config.cluster.v3.Cluster\nname: a\nconnect_timeout: [\n")
+	time.Sleep(300 * time.Millisecond) // the reload settles after 100ms
+	if l := c.Get(resourcev3.ClusterType, []string{"a"})[0]; l.Resource == nil || l.Resource.Version != v2 {
+		t.Fatalf("after a broken change: %+v, want version %s kept", l.Resource, v2)
+	}
+	writeFile(t, filepath.Join(dir, "a.yaml"), cluster("a", "3s"))
+	waitVersion(t, c, "a", v2)
+}
+
+func TestFileSourceErrorsNameTheFile(t *testing.T) {
+	for name, content := range map[string]string{
+		"unknown type":   "\"@type\": type.googleapis.com/google.protobuf.Duration\nvalue: 1s\n",
+		"bad field":      "\"@type\": type.googleapis.com/envoy.config.cluster.v3.Cluster\nnmae: x\n",
+		"no name":        "\"@type\": type.googleapis.com/envoy.config.cluster.v3.Cluster\nconnect_timeout: 1s\n",
+		"not yaml":       "{{{",
+		"duplicate name": cluster("x", "1s") + "---\n" + cluster("x", "2s"),
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeFile(t, filepath.Join(dir, "broken.yaml"), content)
+			_, err := NewFile(dir, nil)
+			if err == nil || !strings.Contains(err.Error(), "broken.yaml") {
+				t.Fatalf("error %v, want one naming broken.yaml", err)
+			}
+		})
+	}
+	if _, err := NewFile(filepath.Join(t.TempDir(), "nope"), nil); err == nil {
+		t.Fatal("a missing directory loaded")
+	}
+}
