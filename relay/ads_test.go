@@ -197,3 +197,69 @@ func TestAggregation(t *testing.T) {
 		}
 	}
 }
+
+// Incremental wildcard: the legacy empty subscribe is a wildcard; additions
+// and removals upstream arrive as resources and removed_resources; a client
+// reconnecting with initial_resource_versions is sent only what changed
+// ("Incremental reconnect example").
+func TestDeltaWildcardAndReconnect(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("x"), testcp.Cluster("y"))
+	r := startRelay(t, cp.Addr)
+
+	s := openDelta(t, r.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.ClusterType})
+	resp := s.recv()
+	if got := deltaNames(resp); !slices.Equal(got, []string{"x", "y"}) {
+		t.Fatalf("wildcard got %v", got)
+	}
+	versions := map[string]string{}
+	for _, res := range resp.GetResources() {
+		versions[res.GetName()] = res.GetVersion()
+	}
+	s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: resp.GetNonce()})
+
+	cp.Set(t, "c1", "2", testcp.Cluster("x"))
+	resp = s.recv()
+	if len(resp.GetResources()) != 0 || !slices.Equal(resp.GetRemovedResources(), []string{"y"}) {
+		t.Fatalf("after removing y: resources %v removed %v", deltaNames(resp), resp.GetRemovedResources())
+	}
+	s.close()
+
+	// While the client is away: x changes, z appears.
+	changed := testcp.Cluster("x")
+	changed.ConnectTimeout.Seconds = 7
+	cp.Set(t, "c1", "3", changed, testcp.Cluster("z"))
+	eventually(t, "the relay to see version 3", func() bool {
+		all, _ := r.groupCache("cluster=c1").All(resourcev3.ClusterType)
+		return len(all) == 2
+	})
+
+	s = openDelta(t, r.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.ClusterType,
+		InitialResourceVersions: versions}) // x and y, as the client last had them
+	seen := map[string]bool{}
+	var removed []string
+	for len(seen) < 2 || len(removed) < 1 {
+		resp := s.recv()
+		for _, n := range deltaNames(resp) {
+			seen[n] = true
+		}
+		removed = append(removed, resp.GetRemovedResources()...)
+	}
+	if !seen["x"] || !seen["z"] || !slices.Equal(removed, []string{"y"}) {
+		t.Fatalf("on reconnect: sent %v removed %v, want x and z sent and y removed", seen, removed)
+	}
+
+	// Unchanged resources are not re-sent on reconnect.
+	s2 := openDelta(t, r.Addr())
+	now := map[string]string{}
+	for n, v := range r.groupCache("cluster=c1").Versions(resourcev3.ClusterType) {
+		now[n] = v
+	}
+	s2.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n2", "c1"), TypeUrl: resourcev3.ClusterType, InitialResourceVersions: now})
+	if resp := s2.recv(); len(resp.GetResources())+len(resp.GetRemovedResources()) != 0 {
+		t.Fatalf("a client with current versions was sent %v, removed %v", deltaNames(resp), resp.GetRemovedResources())
+	}
+	s2.quiet(200 * time.Millisecond)
+}

@@ -12,6 +12,8 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/xdsrelay/xdsrelay/cache"
 )
 
 func TestMain(m *testing.M) {
@@ -164,4 +166,14 @@ func eventually(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// groupCache returns the cache of the group with key, nil if there is none.
+func (r *Relay) groupCache(key string) *cache.Cache {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if g := r.groups[key]; g != nil {
+		return g.cache
+	}
+	return nil
 }

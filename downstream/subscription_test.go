@@ -1,0 +1,56 @@
+package downstream
+
+import (
+	"maps"
+	"slices"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// The four-step SotW example of "How the client specifies what resources to
+// return".
+func TestSotWSubscriptionRules(t *testing.T) {
+	steps := []struct {
+		names        []string
+		wantWildcard bool
+		wantNames    []string
+	}{
+		{names: nil, wantWildcard: true},                                          // unset: subscription to *
+		{names: []string{"*", "A"}, wantWildcard: true, wantNames: []string{"A"}}, // * and A
+		{names: []string{"A"}, wantNames: []string{"A"}},                          // unsubscribes *, keeps A
+		{names: nil}, // unsubscribes A: not the legacy wildcard any more
+	}
+	var ts sotwType
+	for i, s := range steps {
+		wildcard, named := ts.subscription(s.names)
+		if got := slices.Sorted(maps.Keys(named)); wildcard != s.wantWildcard || !slices.Equal(got, s.wantNames) {
+			t.Errorf("step %d (%v): wildcard %v names %v, want %v %v", i+1, s.names, wildcard, got, s.wantWildcard, s.wantNames)
+		}
+	}
+}
+
+func TestOrderedIsUpstreamOrderThenMakeBeforeBreak(t *testing.T) {
+	const (
+		cds = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+		eds = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+		lds = "type.googleapis.com/envoy.config.listener.v3.Listener"
+		rds = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+	)
+	got := ordered(map[string]*cache.Dirty{
+		rds: {Seq: 2}, lds: {Seq: 2}, eds: {Seq: 2}, cds: {Seq: 2},
+	})
+	if want := []string{cds, eds, lds, rds}; !slices.Equal(got, want) {
+		t.Errorf("changes that arrived together: %v, want %v", got, want)
+	}
+	got = ordered(map[string]*cache.Dirty{rds: {Seq: 1}, cds: {Seq: 3}})
+	if want := []string{rds, cds}; !slices.Equal(got, want) {
+		t.Errorf("changes in upstream order: %v, want %v", got, want)
+	}
+}

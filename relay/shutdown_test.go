@@ -1,0 +1,54 @@
+package relay
+
+import (
+	"context"
+	"testing"
+
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+)
+
+// Shutdown asks open streams to end with UNAVAILABLE (so clients reconnect
+// elsewhere), stops accepting, and closes the upstream stream.
+func TestShutdownDrains(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("x"))
+	cfg := Default()
+	cfg.Upstream.Address = cp.Addr
+	cfg.Downstream.Address = "127.0.0.1:0"
+	cfg.Admin.Address = ""
+	r, err := New(cfg, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cc := dial(t, r.Addr())
+	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discoverypb.DiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if err := r.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.Recv()
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("stream ended with %v, want UNAVAILABLE", err)
+	}
+	if _, _, err := r.Join(node("late", "c1")); err == nil {
+		t.Fatal("a group was joined after shutdown")
+	}
+}
