@@ -1,6 +1,7 @@
 package downstream
 
 import (
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"log/slog"
 	"maps"
 	"slices"
@@ -35,6 +36,7 @@ type deltaStream struct {
 	watch  *cache.Watch
 	nonces nonces
 	types  map[string]*deltaType
+	node   *corepb.Node // from the first request
 }
 
 func (s *Server) serveDelta(st grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse], fixed, variant string) error {
@@ -61,8 +63,8 @@ func (s *Server) serveDelta(st grpc.BidiStreamingServer[discoverypb.DeltaDiscove
 
 	ds := &deltaStream{
 		srv: s, st: st, fixed: fixed, cache: c, watch: cache.NewWatch(),
-		types: make(map[string]*deltaType),
-		log:   s.log.With("node", first.GetNode().GetId(), "variant", variant),
+		types: make(map[string]*deltaType), node: first.GetNode(),
+		log: s.log.With("node", first.GetNode().GetId(), "variant", variant),
 	}
 	defer c.Release(ds.watch)
 	if err := ds.handle(first); err != nil {
@@ -92,6 +94,12 @@ func (s *Server) serveDelta(st grpc.BidiStreamingServer[discoverypb.DeltaDiscove
 func (ds *deltaStream) handle(req *discoverypb.DeltaDiscoveryRequest) error {
 	typeURL, err := resolveType(req.GetTypeUrl(), ds.fixed)
 	if err != nil {
+		return err
+	}
+	if err := checkNode(ds.node, req.GetNode()); err != nil {
+		return err
+	}
+	if err := checkNames(req.GetResourceNamesSubscribe()); err != nil {
 		return err
 	}
 	short := xds.ShortName(typeURL)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -32,6 +33,9 @@ type Options struct {
 	Groups  Groups            // required
 	Metrics *metrics.Registry // required
 	Logger  *slog.Logger      // slog.Default() if nil
+	// PollTimeout is how long a REST-JSON or gRPC Fetch poll is held when
+	// nothing changes; 30s if zero.
+	PollTimeout time.Duration
 }
 
 // Server implements the xDS services on top of the groups' caches.
@@ -39,9 +43,10 @@ type Server struct {
 	discoverypb.UnimplementedAggregatedDiscoveryServiceServer
 
 	// Read-only after New.
-	groups Groups
-	log    *slog.Logger
-	drain  chan struct{} // closed by Drain
+	groups      Groups
+	log         *slog.Logger
+	drain       chan struct{} // closed by Drain
+	pollTimeout time.Duration
 
 	drainOnce sync.Once
 
@@ -62,15 +67,19 @@ func New(opts Options) (*Server, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.PollTimeout <= 0 {
+		opts.PollTimeout = defaultPollTimeout
+	}
 	m := opts.Metrics
 	return &Server{
-		groups:   opts.Groups,
-		log:      opts.Logger.With("component", "downstream"),
-		drain:    make(chan struct{}),
-		streams:  m.Gauge("xdsrelay_downstream_streams", "Open downstream xDS streams.", "variant"),
-		pushes:   m.Counter("xdsrelay_downstream_pushes_total", "Responses sent to downstream clients.", "type"),
-		requests: m.Counter("xdsrelay_downstream_requests_total", "Requests received from downstream clients.", "type"),
-		nacks:    m.Counter("xdsrelay_downstream_nacks_total", "Responses rejected (NACKed) by downstream clients.", "type"),
+		groups:      opts.Groups,
+		log:         opts.Logger.With("component", "downstream"),
+		drain:       make(chan struct{}),
+		pollTimeout: opts.PollTimeout,
+		streams:     m.Gauge("xdsrelay_downstream_streams", "Open downstream xDS streams.", "variant"),
+		pushes:      m.Counter("xdsrelay_downstream_pushes_total", "Responses sent to downstream clients.", "type"),
+		requests:    m.Counter("xdsrelay_downstream_requests_total", "Requests received from downstream clients.", "type"),
+		nacks:       m.Counter("xdsrelay_downstream_nacks_total", "Responses rejected (NACKed) by downstream clients.", "type"),
 	}, nil
 }
 
@@ -80,25 +89,10 @@ func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.ForceServerCodecV2(xds.Codec{})}
 }
 
-// Register registers the xDS services on g.
-func (s *Server) Register(g *grpc.Server) {
-	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, s)
-}
-
-// Drain asks every stream to end with UNAVAILABLE, so that clients reconnect
-// (to another replica) while the process shuts down.
+// Drain asks every stream and poll to end with UNAVAILABLE, so that clients
+// reconnect (to another replica) while the process shuts down.
 func (s *Server) Drain() {
 	s.drainOnce.Do(func() { close(s.drain) })
-}
-
-// StreamAggregatedResources serves SotW ADS.
-func (s *Server) StreamAggregatedResources(st grpc.BidiStreamingServer[discoverypb.DiscoveryRequest, discoverypb.DiscoveryResponse]) error {
-	return s.serveSotW(st, "", "sotw-ads")
-}
-
-// DeltaAggregatedResources serves incremental ADS.
-func (s *Server) DeltaAggregatedResources(st grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]) error {
-	return s.serveDelta(st, "", "delta-ads")
 }
 
 // receive turns a stream's Recv into a channel, closed when Recv fails; the

@@ -1,6 +1,7 @@
 package downstream
 
 import (
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"log/slog"
 	"maps"
 	"slices"
@@ -48,6 +49,7 @@ type sotwStream struct {
 	watch  *cache.Watch
 	nonces nonces
 	types  map[string]*sotwType
+	node   *corepb.Node // from the first request
 }
 
 func (s *Server) serveSotW(st grpc.BidiStreamingServer[discoverypb.DiscoveryRequest, discoverypb.DiscoveryResponse], fixed, variant string) error {
@@ -74,8 +76,8 @@ func (s *Server) serveSotW(st grpc.BidiStreamingServer[discoverypb.DiscoveryRequ
 
 	ss := &sotwStream{
 		srv: s, st: st, fixed: fixed, cache: c, watch: cache.NewWatch(),
-		types: make(map[string]*sotwType),
-		log:   s.log.With("node", first.GetNode().GetId(), "variant", variant),
+		types: make(map[string]*sotwType), node: first.GetNode(),
+		log: s.log.With("node", first.GetNode().GetId(), "variant", variant),
 	}
 	defer c.Release(ss.watch)
 	if err := ss.handle(first); err != nil {
@@ -105,6 +107,12 @@ func (s *Server) serveSotW(st grpc.BidiStreamingServer[discoverypb.DiscoveryRequ
 func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 	typeURL, err := resolveType(req.GetTypeUrl(), ss.fixed)
 	if err != nil {
+		return err
+	}
+	if err := checkNode(ss.node, req.GetNode()); err != nil {
+		return err
+	}
+	if err := checkNames(req.GetResourceNames()); err != nil {
 		return err
 	}
 	short := xds.ShortName(typeURL)

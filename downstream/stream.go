@@ -1,9 +1,14 @@
 package downstream
 
 import (
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/protobuf/proto"
 	"maps"
 	"slices"
 	"strconv"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
@@ -57,4 +62,24 @@ func set(names []string) map[string]struct{} {
 		m[n] = struct{}{}
 	}
 	return m
+}
+
+// checkNames rejects malformed resource names: an empty name names nothing.
+func checkNames(names []string) error {
+	for _, n := range names {
+		if n == "" {
+			return status.Error(codes.InvalidArgument, "xdsrelay: empty resource name")
+		}
+	}
+	return nil
+}
+
+// checkNode rejects a request whose node differs from the first request's:
+// "The node identifier should always be identical if present more than once
+// on the stream" ("Basic Protocol Overview").
+func checkNode(first, n *corepb.Node) error {
+	if n != nil && n != first && !proto.Equal(n, first) {
+		return status.Errorf(codes.InvalidArgument, "xdsrelay: node changed mid-stream (from %q to %q)", first.GetId(), n.GetId())
+	}
+	return nil
 }

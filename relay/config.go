@@ -22,6 +22,12 @@ type Config struct {
 	Downstream struct {
 		// Address is downstream.address: where xDS clients connect.
 		Address string
+		// RESTAddress is downstream.rest_address: REST-JSON polling
+		// (POST /v3/discovery:<type>); empty to disable.
+		RESTAddress string
+		// PollTimeout is downstream.poll_timeout: how long a REST-JSON or
+		// gRPC Fetch poll is held when nothing changes.
+		PollTimeout time.Duration
 	}
 	Admin struct {
 		// Address is admin.address: /healthz, /readyz, /metrics; empty
@@ -45,6 +51,7 @@ func Default() Config {
 	c.Upstream.Address = "127.0.0.1:18000"
 	c.Upstream.GroupBy = []string{"cluster"}
 	c.Downstream.Address = "0.0.0.0:18001"
+	c.Downstream.PollTimeout = 30 * time.Second
 	c.Admin.Address = "127.0.0.1:9901"
 	c.Cache.Retention = 5 * time.Minute
 	c.ShutdownTimeout = 10 * time.Second
@@ -70,6 +77,14 @@ func (c *Config) Validate() error {
 	}
 	if err := checkHostPort(c.Downstream.Address); err != nil {
 		return fmt.Errorf("downstream.address: %w", err)
+	}
+	if c.Downstream.RESTAddress != "" {
+		if err := checkHostPort(c.Downstream.RESTAddress); err != nil {
+			return fmt.Errorf("downstream.rest_address: %w", err)
+		}
+	}
+	if c.Downstream.PollTimeout <= 0 {
+		return fmt.Errorf("downstream.poll_timeout: must be positive, got %s", c.Downstream.PollTimeout)
 	}
 	if c.Admin.Address != "" {
 		if err := checkHostPort(c.Admin.Address); err != nil {

@@ -50,6 +50,8 @@ type Relay struct {
 	listener net.Listener
 	admin    *http.Server
 	adminLn  net.Listener
+	rest     *http.Server
+	restLn   net.Listener
 }
 
 // group is one group of clients: a cache and the upstream that fills it.
@@ -94,7 +96,8 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 		}
 		r.conn = conn
 	}
-	down, err := downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: logger})
+	down, err := downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: logger,
+		PollTimeout: cfg.Downstream.PollTimeout})
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +121,7 @@ func (r *Relay) Start() error {
 	if r.cfg.Admin.Address != "" {
 		aln, err := net.Listen("tcp", r.cfg.Admin.Address)
 		if err != nil {
-			ln.Close()
+			r.closeListeners()
 			return fmt.Errorf("admin.address: %w", err)
 		}
 		r.adminLn = aln
@@ -126,6 +129,20 @@ func (r *Relay) Start() error {
 		r.goRun(func() {
 			if err := r.admin.Serve(aln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				r.log.Error("admin server", "error", err)
+			}
+		})
+	}
+	if r.cfg.Downstream.RESTAddress != "" {
+		rln, err := net.Listen("tcp", r.cfg.Downstream.RESTAddress)
+		if err != nil {
+			r.closeListeners()
+			return fmt.Errorf("downstream.rest_address: %w", err)
+		}
+		r.restLn = rln
+		r.rest = &http.Server{Handler: r.down.RESTHandler(), ReadHeaderTimeout: 5 * time.Second}
+		r.goRun(func() {
+			if err := r.rest.Serve(rln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				r.log.Error("REST server", "error", err)
 			}
 		})
 	}
@@ -154,6 +171,22 @@ func (r *Relay) goRun(f func()) {
 		defer r.wg.Done()
 		f()
 	}()
+}
+
+func (r *Relay) closeListeners() {
+	for _, ln := range []net.Listener{r.listener, r.adminLn, r.restLn} {
+		if ln != nil {
+			ln.Close()
+		}
+	}
+}
+
+// RESTAddr is the REST-JSON listener's address, empty if disabled.
+func (r *Relay) RESTAddr() string {
+	if r.restLn == nil {
+		return ""
+	}
+	return r.restLn.Addr().String()
 }
 
 // Addr is the downstream listener's address.
@@ -193,8 +226,10 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 		<-g.done
 	}
 	var err error
-	if r.admin != nil {
-		err = r.admin.Shutdown(ctx)
+	for _, h := range []*http.Server{r.rest, r.admin} {
+		if h != nil {
+			err = errors.Join(err, h.Shutdown(ctx))
+		}
 	}
 	if r.conn != nil {
 		err = errors.Join(err, r.conn.Close())

@@ -25,13 +25,15 @@ type Options struct {
 var keys = func() map[string]any {
 	d := relay.Default()
 	return map[string]any{
-		"upstream.address":   d.Upstream.Address,
-		"upstream.group_by":  d.Upstream.GroupBy,
-		"downstream.address": d.Downstream.Address,
-		"admin.address":      d.Admin.Address,
-		"cache.retention":    d.Cache.Retention.String(),
-		"shutdown_timeout":   d.ShutdownTimeout.String(),
-		"log.level":          "info",
+		"upstream.address":        d.Upstream.Address,
+		"upstream.group_by":       d.Upstream.GroupBy,
+		"downstream.address":      d.Downstream.Address,
+		"downstream.rest_address": d.Downstream.RESTAddress,
+		"downstream.poll_timeout": d.Downstream.PollTimeout.String(),
+		"admin.address":           d.Admin.Address,
+		"cache.retention":         d.Cache.Retention.String(),
+		"shutdown_timeout":        d.ShutdownTimeout.String(),
+		"log.level":               "info",
 	}
 }()
 
@@ -79,6 +81,8 @@ func loadConfig(file string, env func(string) (string, bool)) (Options, error) {
 	str("upstream.address", &o.Relay.Upstream.Address)
 	o.Relay.Upstream.GroupBy, errs = getList(v, "upstream.group_by"), append(errs, nil)
 	str("downstream.address", &o.Relay.Downstream.Address)
+	str("downstream.rest_address", &o.Relay.Downstream.RESTAddress)
+	dur("downstream.poll_timeout", &o.Relay.Downstream.PollTimeout)
 	str("admin.address", &o.Relay.Admin.Address)
 	dur("cache.retention", &o.Relay.Cache.Retention)
 	dur("shutdown_timeout", &o.Relay.ShutdownTimeout)

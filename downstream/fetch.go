@@ -1,0 +1,209 @@
+package downstream
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// errNotModified ends a long poll whose resources did not change before its
+// deadline.
+var errNotModified = errors.New("not modified")
+
+// restPaths maps REST-JSON paths to the types they serve ("REST-JSON polling
+// subscriptions"; ADS and incremental-only types are not available there).
+var restPaths = map[string]string{
+	resourcev3.FetchListeners:        resourcev3.ListenerType,
+	resourcev3.FetchRoutes:           resourcev3.RouteType,
+	resourcev3.FetchScopedRoutes:     resourcev3.ScopedRouteType,
+	resourcev3.FetchClusters:         resourcev3.ClusterType,
+	resourcev3.FetchEndpoints:        resourcev3.EndpointType,
+	resourcev3.FetchSecrets:          resourcev3.SecretType,
+	resourcev3.FetchRuntimes:         resourcev3.RuntimeType,
+	resourcev3.FetchExtensionConfigs: resourcev3.ExtensionConfigType,
+}
+
+// maxRESTBody bounds a REST-JSON request body.
+const maxRESTBody = 1 << 20
+
+// fetch answers one polling request, REST-JSON or a gRPC Fetch: every
+// requested resource (or all, for a wildcard), once the cache knows them.
+// The version_info is a digest of the names and versions it carries; when
+// the request already has that version the poll is held until something
+// changes or ctx ends, and an unchanged set is never answered ("REST-JSON
+// polling subscriptions").
+func (s *Server) fetch(ctx context.Context, req *discoverypb.DiscoveryRequest, typeURL string) (*discoverypb.DiscoveryResponse, error) {
+	if req.GetTypeUrl() != "" && req.GetTypeUrl() != typeURL {
+		return nil, status.Errorf(codes.InvalidArgument, "xdsrelay: type_url %q on a %s request", req.GetTypeUrl(), xds.ShortName(typeURL))
+	}
+	if err := checkNames(req.GetResourceNames()); err != nil {
+		return nil, err
+	}
+	c, release, err := s.join(req.GetNode())
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	s.requests.With(xds.ShortName(typeURL)).Inc()
+	w := cache.NewWatch()
+	defer c.Release(w)
+	names := slices.Clone(req.GetResourceNames())
+	wildcard := len(names) == 0 || slices.Contains(names, "*")
+	names = slices.DeleteFunc(names, func(n string) bool { return n == "*" })
+	if wildcard {
+		c.WatchWildcard(w, typeURL)
+	}
+	c.Watch(w, typeURL, names...)
+	for {
+		rs, ready := pollState(c, typeURL, wildcard, names)
+		if ready {
+			if v := digest(rs); v != req.GetVersionInfo() {
+				s.pushes.With(xds.ShortName(typeURL)).Inc()
+				return pollResponse(typeURL, v, rs)
+			}
+		}
+		select {
+		case <-w.Ready():
+			w.Take()
+		case <-s.drain:
+			return nil, errDraining
+		case <-ctx.Done():
+			return nil, errNotModified
+		}
+	}
+}
+
+// pollState is what a poll would answer now, and whether the cache knows
+// enough to answer: the wildcard's complete state, or every requested name.
+func pollState(c *cache.Cache, typeURL string, wildcard bool, names []string) ([]*cache.Resource, bool) {
+	if wildcard {
+		rs, synced := c.All(typeURL)
+		return rs, synced
+	}
+	var rs []*cache.Resource
+	ready := true
+	for _, l := range c.Get(typeURL, names) {
+		if l.Resource != nil {
+			rs = append(rs, l.Resource)
+		}
+		ready = ready && (l.Resource != nil || l.Absent)
+	}
+	slices.SortFunc(rs, func(a, b *cache.Resource) int { return strings.Compare(a.Name, b.Name) })
+	return rs, ready
+}
+
+// digest identifies a set of resource versions.
+func digest(rs []*cache.Resource) string {
+	h := sha256.New()
+	for _, r := range rs {
+		fmt.Fprintf(h, "%s\x00%s\x00", r.Name, r.Version)
+	}
+	return hex.EncodeToString(h.Sum(nil)[:12])
+}
+
+// pollResponse decodes the assembled bytes into a message, which REST needs
+// for JSON and a unary gRPC method for its return value.
+func pollResponse(typeURL, version string, rs []*cache.Resource) (*discoverypb.DiscoveryResponse, error) {
+	msg := xds.SotWResponse(0, typeURL, version, rs)
+	var b []byte
+	for _, p := range msg.Parts {
+		b = append(b, p...)
+	}
+	out := &discoverypb.DiscoveryResponse{}
+	if err := proto.Unmarshal(b, out); err != nil {
+		return nil, status.Errorf(codes.Internal, "xdsrelay: %v", err)
+	}
+	out.VersionInfo = version
+	return out, nil
+}
+
+// fetchGRPC is fetch for the gRPC Fetch methods: an unchanged poll that
+// reaches its deadline ends with DEADLINE_EXCEEDED.
+func (s *Server) fetchGRPC(ctx context.Context, req *discoverypb.DiscoveryRequest, typeURL string) (*discoverypb.DiscoveryResponse, error) {
+	ctx, cancel := s.pollContext(ctx)
+	defer cancel()
+	resp, err := s.fetch(ctx, req, typeURL)
+	if errors.Is(err, errNotModified) {
+		return nil, status.Error(codes.DeadlineExceeded, "xdsrelay: no change before the poll deadline; poll again")
+	}
+	return resp, err
+}
+
+func (s *Server) pollContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, s.pollTimeout)
+}
+
+// RESTHandler serves REST-JSON polling: POST /v3/discovery:<type> with the
+// proto3 JSON form of a DiscoveryRequest. An unchanged poll answers 304 Not
+// Modified at its deadline.
+func (s *Server) RESTHandler() http.Handler {
+	mux := http.NewServeMux()
+	for _, path := range slices.Sorted(maps.Keys(restPaths)) {
+		typeURL := restPaths[path]
+		mux.HandleFunc("POST "+path, func(w http.ResponseWriter, r *http.Request) { s.serveREST(w, r, typeURL) })
+	}
+	return mux
+}
+
+func (s *Server) serveREST(w http.ResponseWriter, r *http.Request, typeURL string) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRESTBody))
+	if err != nil {
+		http.Error(w, fmt.Sprintf("xdsrelay: request body: %v", err), http.StatusRequestEntityTooLarge)
+		return
+	}
+	req := &discoverypb.DiscoveryRequest{}
+	if err := protojson.Unmarshal(body, req); err != nil {
+		http.Error(w, fmt.Sprintf("xdsrelay: not a DiscoveryRequest in proto3 JSON: %v", err), http.StatusBadRequest)
+		return
+	}
+	ctx, cancel := s.pollContext(r.Context())
+	defer cancel()
+	resp, err := s.fetch(ctx, req, typeURL)
+	switch {
+	case errors.Is(err, errNotModified):
+		w.WriteHeader(http.StatusNotModified)
+		return
+	case err != nil:
+		http.Error(w, status.Convert(err).Message(), httpStatus(status.Code(err)))
+		return
+	}
+	js, err := protojson.Marshal(resp)
+	if err != nil {
+		http.Error(w, fmt.Sprintf("xdsrelay: %v", err), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(js)
+}
+
+func httpStatus(c codes.Code) int {
+	switch c {
+	case codes.InvalidArgument:
+		return http.StatusBadRequest
+	case codes.Unavailable:
+		return http.StatusServiceUnavailable
+	default:
+		return http.StatusInternalServerError
+	}
+}
+
+// defaultPollTimeout is how long a poll is held when nothing changes.
+const defaultPollTimeout = 30 * time.Second
