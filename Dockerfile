@@ -1,0 +1,23 @@
+# syntax=docker/dockerfile:1
+
+FROM golang:1.26-bookworm AS build
+ARG VERSION=dev
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/xdsrelay ./cmd/xdsrelay
+
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/xdsrelay /xdsrelay
+COPY config.example.yaml /etc/xdsrelay/config.yaml
+COPY examples/resources /etc/xdsrelay/resources
+# Serve the example resources by default; set XDSRELAY_UPSTREAM_ADDRESS=host:port
+# to relay a control plane. The admin endpoint listens on all interfaces so
+# that probes reach it.
+ENV XDSRELAY_UPSTREAM_ADDRESS=file:///etc/xdsrelay/resources \
+    XDSRELAY_ADMIN_ADDRESS=0.0.0.0:9901
+EXPOSE 18001 9901
+USER nonroot:nonroot
+ENTRYPOINT ["/xdsrelay"]
+CMD ["--config", "/etc/xdsrelay/config.yaml"]
