@@ -1,0 +1,173 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	clustersvc "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	endpointsvc "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
+	listenersvc "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
+	routesvc "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/stats"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// maxMessage bounds a response: state-of-the-world responses get large.
+const maxMessage = 256 << 20
+
+type (
+	sotwStream  = grpc.BidiStreamingClient[discoverypb.DiscoveryRequest, discoverypb.DiscoveryResponse]
+	deltaStream = grpc.BidiStreamingClient[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
+)
+
+// xdsClients runs xDS clients against cfg.Target.
+type xdsClients struct {
+	// Read-only after creation.
+	cfg  *Config
+	kind kind
+
+	bytes byteCounter
+}
+
+// run runs client i until ctx ends or its stream fails: it subscribes,
+// records what each response brings and ACKs it.
+func (x *xdsClients) run(ctx context.Context, i int, tr *tracker) error {
+	conn, err := grpc.NewClient(x.cfg.Target,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithStatsHandler(&x.bytes),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessage)))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	node := &corepb.Node{Id: "xdsload-" + strconv.Itoa(i), Cluster: x.cfg.NodeCluster}
+	if x.cfg.Variant == VariantDelta {
+		s, err := openDelta(ctx, conn, x.cfg.Type, x.cfg.ADS)
+		if err != nil {
+			return err
+		}
+		return x.delta(s, node, i, tr)
+	}
+	s, err := openSotW(ctx, conn, x.cfg.Type, x.cfg.ADS)
+	if err != nil {
+		return err
+	}
+	return x.sotw(s, node, i, tr)
+}
+
+// sotw follows "ACK/NACK and resource type instance version": each ACK
+// carries the response's version_info and nonce, and the same names.
+func (x *xdsClients) sotw(s sotwStream, node *corepb.Node, i int, tr *tracker) error {
+	err := s.Send(&discoverypb.DiscoveryRequest{Node: node, TypeUrl: x.kind.typeURL, ResourceNames: x.cfg.Names})
+	if err != nil {
+		return err
+	}
+	tr.established(i)
+	for {
+		resp, err := s.Recv()
+		if err != nil {
+			return err
+		}
+		tr.observe(i, x.newest(resp.GetResources()), time.Now())
+		err = s.Send(&discoverypb.DiscoveryRequest{
+			TypeUrl: x.kind.typeURL, VersionInfo: resp.GetVersionInfo(),
+			ResponseNonce: resp.GetNonce(), ResourceNames: x.cfg.Names,
+		})
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// delta follows "Incremental xDS": names subscribed in the first request
+// (none: wildcard), each response ACKed by its nonce.
+func (x *xdsClients) delta(s deltaStream, node *corepb.Node, i int, tr *tracker) error {
+	err := s.Send(&discoverypb.DeltaDiscoveryRequest{Node: node, TypeUrl: x.kind.typeURL, ResourceNamesSubscribe: x.cfg.Names})
+	if err != nil {
+		return err
+	}
+	tr.established(i)
+	for {
+		resp, err := s.Recv()
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		newest := 0
+		for _, r := range resp.GetResources() {
+			newest = max(newest, x.kind.seqOf(r.GetResource()))
+		}
+		tr.observe(i, newest, now)
+		if err := s.Send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: x.kind.typeURL, ResponseNonce: resp.GetNonce()}); err != nil {
+			return err
+		}
+	}
+}
+
+// newest is the highest sequence number among resources, 0 if none has one.
+func (x *xdsClients) newest(resources []*anypb.Any) int {
+	newest := 0
+	for _, a := range resources {
+		newest = max(newest, x.kind.seqOf(a))
+	}
+	return newest
+}
+
+func openSotW(ctx context.Context, conn *grpc.ClientConn, typ string, ads bool) (sotwStream, error) {
+	if ads {
+		return discoverypb.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	}
+	switch typ {
+	case "eds":
+		return endpointsvc.NewEndpointDiscoveryServiceClient(conn).StreamEndpoints(ctx)
+	case "cds":
+		return clustersvc.NewClusterDiscoveryServiceClient(conn).StreamClusters(ctx)
+	case "lds":
+		return listenersvc.NewListenerDiscoveryServiceClient(conn).StreamListeners(ctx)
+	case "rds":
+		return routesvc.NewRouteDiscoveryServiceClient(conn).StreamRoutes(ctx)
+	}
+	return nil, fmt.Errorf("unknown type %q", typ)
+}
+
+func openDelta(ctx context.Context, conn *grpc.ClientConn, typ string, ads bool) (deltaStream, error) {
+	if ads {
+		return discoverypb.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	}
+	switch typ {
+	case "eds":
+		return endpointsvc.NewEndpointDiscoveryServiceClient(conn).DeltaEndpoints(ctx)
+	case "cds":
+		return clustersvc.NewClusterDiscoveryServiceClient(conn).DeltaClusters(ctx)
+	case "lds":
+		return listenersvc.NewListenerDiscoveryServiceClient(conn).DeltaListeners(ctx)
+	case "rds":
+		return routesvc.NewRouteDiscoveryServiceClient(conn).DeltaRoutes(ctx)
+	}
+	return nil, fmt.Errorf("unknown type %q", typ)
+}
+
+// byteCounter counts the bytes of every message received, gRPC framing
+// included, on every connection it is installed on.
+type byteCounter struct{ n atomic.Int64 }
+
+var _ stats.Handler = (*byteCounter)(nil)
+
+func (b *byteCounter) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context { return ctx }
+func (b *byteCounter) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return ctx
+}
+func (b *byteCounter) HandleConn(context.Context, stats.ConnStats) {}
+
+func (b *byteCounter) HandleRPC(_ context.Context, s stats.RPCStats) {
+	if p, ok := s.(*stats.InPayload); ok {
+		b.n.Add(int64(p.WireLength))
+	}
+}

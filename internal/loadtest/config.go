@@ -1,0 +1,120 @@
+package loadtest
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+)
+
+// Protocol variants.
+const (
+	VariantDelta = "delta"
+	VariantSotW  = "sotw"
+)
+
+// Control-plane caches.
+const (
+	CacheSnapshot = "snapshot"
+	CacheLinear   = "linear"
+)
+
+// Config describes one run. The zero value of a field takes the default
+// that Defaults documents.
+type Config struct {
+	Target      string        `json:"target"`       // xDS server host:port; empty: the ServeCP control plane
+	Clients     int           `json:"clients"`      // downstream clients, one gRPC connection each
+	Rate        float64       `json:"rate"`         // streams opened per second at most; 0: no limit
+	Variant     string        `json:"variant"`      // VariantDelta or VariantSotW
+	ADS         bool          `json:"ads"`          // aggregated service, else the per-type service
+	Type        string        `json:"type"`         // eds, cds, lds or rds
+	Names       []string      `json:"names"`        // subscriptions; empty: wildcard
+	NodeCluster string        `json:"node_cluster"` // node.cluster sent by every client
+	PID         int           `json:"pid"`          // server process whose RSS is sampled; 0: none
+	Timeout     time.Duration `json:"timeout_ns"`   // bound on the whole run
+
+	ServeCP     string        `json:"serve_cp"`        // run a control plane on this address
+	CPCache     string        `json:"cp_cache"`        // CacheSnapshot or CacheLinear
+	Resources   int           `json:"resources"`       // resources the control plane serves
+	Endpoints   int           `json:"endpoints"`       // endpoints per ClusterLoadAssignment
+	UpdateEvery time.Duration `json:"update_every_ns"` // pause before each update
+	Updates     int           `json:"updates"`         // updates published, one resource each
+
+	Floor bool `json:"floor"` // measure the socket floor instead of an xDS server
+
+	Progress      io.Writer     `json:"-"` // a progress line every ProgressEvery; nil: none
+	ProgressEvery time.Duration `json:"-"`
+}
+
+// Defaults returns cfg with the zero fields that have one set to their
+// default: 100 clients, delta, eds, node cluster "load", a 2m timeout, the
+// snapshot cache with 10 resources of 200 endpoints, progress every second.
+// A zero Rate means no limit, zero Updates none, a zero UpdateEvery back to
+// back; ADS is left as it is.
+func (cfg Config) Defaults() Config {
+	setDefault(&cfg.Clients, 100)
+	setDefault(&cfg.Variant, VariantDelta)
+	setDefault(&cfg.Type, "eds")
+	setDefault(&cfg.NodeCluster, "load")
+	setDefault(&cfg.Timeout, 2*time.Minute)
+	setDefault(&cfg.CPCache, CacheSnapshot)
+	setDefault(&cfg.Resources, 10)
+	setDefault(&cfg.Endpoints, 200)
+	setDefault(&cfg.ProgressEvery, time.Second)
+	return cfg
+}
+
+func setDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+// maxUpdates keeps the sequence number inside the field that carries it
+// (a port, for endpoints).
+const maxUpdates = 50000
+
+// Validate reports the first problem with a defaulted cfg.
+func (cfg *Config) Validate() error {
+	switch {
+	case cfg.Clients < 1:
+		return errors.New("clients must be at least 1")
+	case cfg.Rate < 0:
+		return errors.New("rate must not be negative")
+	case cfg.Variant != VariantDelta && cfg.Variant != VariantSotW:
+		return fmt.Errorf("variant %q: want %s or %s", cfg.Variant, VariantDelta, VariantSotW)
+	case kinds[cfg.Type].typeURL == "":
+		return fmt.Errorf("type %q: want eds, cds, lds or rds", cfg.Type)
+	case cfg.CPCache != CacheSnapshot && cfg.CPCache != CacheLinear:
+		return fmt.Errorf("cp-cache %q: want %s or %s", cfg.CPCache, CacheSnapshot, CacheLinear)
+	case cfg.Resources < 1 || cfg.Endpoints < 1:
+		return errors.New("resources and endpoints must be at least 1")
+	case cfg.Updates < 0 || cfg.Updates > maxUpdates:
+		return fmt.Errorf("updates must be between 0 and %d", maxUpdates)
+	case cfg.Timeout <= 0 || cfg.UpdateEvery < 0:
+		return errors.New("timeout must be positive and update-every not negative")
+	case !cfg.Floor && cfg.ServeCP == "" && cfg.Target == "":
+		return errors.New("give a target, serve a control plane (serve-cp) or measure the floor")
+	}
+	return cfg.validateNames()
+}
+
+// validateNames checks, when the tool serves the resources, that every
+// subscribed name is one of them.
+func (cfg *Config) validateNames() error {
+	if cfg.ServeCP == "" && !cfg.Floor {
+		return nil
+	}
+	served := resourceNames(kinds[cfg.Type], cfg.Resources)
+	for _, n := range cfg.Names {
+		if !slices.Contains(served, n) {
+			return fmt.Errorf("name %q is not served: the names are %s0..%s%d", n, kinds[cfg.Type].prefix, kinds[cfg.Type].prefix, cfg.Resources-1)
+		}
+	}
+	return nil
+}
+
+// updating reports whether the run publishes updates.
+func (cfg *Config) updating() bool { return cfg.ServeCP != "" || cfg.Floor }

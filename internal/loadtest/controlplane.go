@@ -1,0 +1,132 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	clustersvc "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	endpointsvc "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
+	listenersvc "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
+	routesvc "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"google.golang.org/grpc"
+)
+
+// clusterHash keys snapshots by node.cluster.
+type clusterHash struct{}
+
+// ID implements cachev3.NodeHash.
+func (clusterHash) ID(node *corepb.Node) string { return node.GetCluster() }
+
+// ControlPlane is a go-control-plane server that serves the resources of
+// one kind and publishes numbered updates to them, one resource at a time.
+type ControlPlane struct {
+	// Read-only after StartControlPlane.
+	Addr      string
+	kind      kind
+	cfg       *Config
+	rotation  []string       // the resources updated, in turn
+	index     map[string]int // resource name → position in resources
+	snapshots cachev3.SnapshotCache
+	linear    *cachev3.LinearCache
+	grpc      *grpc.Server
+	cancel    context.CancelFunc
+	done      chan struct{}
+
+	// Owned by the publishing goroutine.
+	resources []types.Resource
+}
+
+// StartControlPlane serves cfg.Resources resources of cfg.Type on
+// cfg.ServeCP from the cache cfg.CPCache names, on the aggregated and the
+// per-type services.
+func StartControlPlane(cfg *Config) (*ControlPlane, error) {
+	cp := &ControlPlane{kind: kinds[cfg.Type], cfg: cfg, index: map[string]int{}, done: make(chan struct{})}
+	names := resourceNames(cp.kind, cfg.Resources)
+	cp.rotation = names
+	if len(cfg.Names) > 0 {
+		cp.rotation = cfg.Names
+	}
+	for i, n := range names {
+		cp.index[n] = i
+		cp.resources = append(cp.resources, cp.kind.build(n, i, 0, cfg.Endpoints))
+	}
+	cache, err := cp.newCache()
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", cfg.ServeCP)
+	if err != nil {
+		return nil, fmt.Errorf("control plane: %w", err)
+	}
+	cp.Addr = ln.Addr().String()
+	cp.serve(ln, cache)
+	return cp, nil
+}
+
+// newCache makes the cache and fills it with the initial resources.
+func (cp *ControlPlane) newCache() (cachev3.Cache, error) {
+	if cp.cfg.CPCache == CacheLinear {
+		initial := make(map[string]types.Resource, len(cp.resources))
+		for n, i := range cp.index {
+			initial[n] = cp.resources[i]
+		}
+		cp.linear = cachev3.NewLinearCache(cp.kind.typeURL, cachev3.WithInitialResources(initial))
+		return cp.linear, nil
+	}
+	cp.snapshots = cachev3.NewSnapshotCache(false, clusterHash{}, nil)
+	return cp.snapshots, cp.setSnapshot(0)
+}
+
+func (cp *ControlPlane) setSnapshot(seq int) error {
+	snap, err := cachev3.NewSnapshot(strconv.Itoa(seq), map[string][]types.Resource{cp.kind.typeURL: cp.resources})
+	if err != nil {
+		return fmt.Errorf("control plane: %w", err)
+	}
+	return cp.snapshots.SetSnapshot(context.Background(), cp.cfg.NodeCluster, snap)
+}
+
+func (cp *ControlPlane) serve(ln net.Listener, cache cachev3.Cache) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cp.cancel = cancel
+	srv := serverv3.NewServer(ctx, cache, nil)
+	cp.grpc = grpc.NewServer()
+	discoverypb.RegisterAggregatedDiscoveryServiceServer(cp.grpc, srv)
+	endpointsvc.RegisterEndpointDiscoveryServiceServer(cp.grpc, srv)
+	clustersvc.RegisterClusterDiscoveryServiceServer(cp.grpc, srv)
+	listenersvc.RegisterListenerDiscoveryServiceServer(cp.grpc, srv)
+	routesvc.RegisterRouteDiscoveryServiceServer(cp.grpc, srv)
+	go func() {
+		defer close(cp.done)
+		_ = cp.grpc.Serve(ln)
+	}()
+}
+
+// Publish replaces one resource with a version that carries seq, and
+// returns the moment it handed it to the cache. Calls must not overlap.
+func (cp *ControlPlane) Publish(seq int) (time.Time, error) {
+	name := cp.rotation[(seq-1)%len(cp.rotation)]
+	i := cp.index[name]
+	res := cp.kind.build(name, i, seq, cp.cfg.Endpoints)
+	if cp.linear != nil {
+		t := time.Now()
+		return t, cp.linear.UpdateResource(name, res)
+	}
+	cp.resources[i] = res
+	t := time.Now()
+	return t, cp.setSnapshot(seq)
+}
+
+// Stop closes every stream and waits for the server to end.
+func (cp *ControlPlane) Stop() {
+	cp.grpc.Stop()
+	cp.cancel()
+	<-cp.done
+}

@@ -1,0 +1,11 @@
+// Package loadtest drives load against an xDS server and measures how it
+// copes: many downstream clients, each on its own gRPC connection, that
+// subscribe, ACK every response and record when each update reaches them.
+//
+// It can also run the control plane itself (a go-control-plane server with
+// numbered updates, so that clients recognise each update by the sequence
+// number carried in the resource), and the socket floor: the same bytes
+// written to as many plain TCP connections, for comparison.
+//
+// Run is the entry point; cmd/xdsload is its command line.
+package loadtest

@@ -1,0 +1,201 @@
+package loadtest
+
+import (
+	"fmt"
+	"strconv"
+
+	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointpb "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerpb "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routepb "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	routerpb "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmpb "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// kind is one resource type the tool loads: how its resources are named
+// and built, and which numeric field carries the update sequence number, as
+// seqBase+seq, so that a client can tell which update it has received.
+type kind struct {
+	typeURL string
+	prefix  string // resource i is named prefix+i
+	build   func(name string, i, seq, endpoints int) types.Resource
+	seqPath []protowire.Number
+	seqBase uint64
+}
+
+// Bases of the sequence number: a port for endpoints, a byte size otherwise.
+const (
+	portBase = 10000
+	sizeBase = 1 << 20
+)
+
+var kinds = map[string]kind{
+	"eds": {resourcev3.EndpointType, "cla-", buildEndpoints, fieldPath(&endpointpb.ClusterLoadAssignment{},
+		"endpoints", "lb_endpoints", "endpoint", "address", "socket_address", "port_value"), portBase},
+	"cds": {resourcev3.ClusterType, "cluster-", buildCluster, fieldPath(&clusterpb.Cluster{},
+		"per_connection_buffer_limit_bytes", "value"), sizeBase},
+	"lds": {resourcev3.ListenerType, "listener-", buildListener, fieldPath(&listenerpb.Listener{},
+		"per_connection_buffer_limit_bytes", "value"), sizeBase},
+	"rds": {resourcev3.RouteType, "route-", buildRoute, fieldPath(&routepb.RouteConfiguration{},
+		"max_direct_response_body_size_bytes", "value"), sizeBase},
+}
+
+// resourceNames names the k resources of a kind.
+func resourceNames(kd kind, k int) []string {
+	names := make([]string, k)
+	for i := range names {
+		names[i] = kd.prefix + strconv.Itoa(i)
+	}
+	return names
+}
+
+// fieldPath turns field names, each one of the previous field's message,
+// into field numbers.
+func fieldPath(m proto.Message, names ...protoreflect.Name) []protowire.Number {
+	md := m.ProtoReflect().Descriptor()
+	var path []protowire.Number
+	for _, n := range names {
+		fd := md.Fields().ByName(n)
+		if fd == nil {
+			panic(fmt.Sprintf("loadtest: %s has no field %s", md.FullName(), n))
+		}
+		path = append(path, fd.Number())
+		md = fd.Message()
+	}
+	return path
+}
+
+// seqOf returns the update sequence number that a resource carries, or -1.
+func (kd kind) seqOf(a *anypb.Any) int {
+	if a.GetTypeUrl() != kd.typeURL {
+		return -1
+	}
+	v, ok := varintAt(a.GetValue(), kd.seqPath)
+	if !ok || v < kd.seqBase {
+		return -1
+	}
+	return int(v - kd.seqBase)
+}
+
+// varintAt reads the varint at path in an encoded message, following the
+// first occurrence of each field, without decoding anything else.
+func varintAt(b []byte, path []protowire.Number) (uint64, bool) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return 0, false
+		}
+		b = b[n:]
+		if num == path[0] && len(path) == 1 && typ == protowire.VarintType {
+			v, m := protowire.ConsumeVarint(b)
+			return v, m >= 0
+		}
+		if num == path[0] && len(path) > 1 && typ == protowire.BytesType {
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return 0, false
+			}
+			return varintAt(v, path[1:])
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			return 0, false
+		}
+		b = b[m:]
+	}
+	return 0, false
+}
+
+// buildEndpoints is a ClusterLoadAssignment of loopback endpoints; the
+// first one's port is portBase+seq.
+func buildEndpoints(name string, i, seq, endpoints int) types.Resource {
+	lbs := make([]*endpointpb.LbEndpoint, endpoints)
+	for j := range lbs {
+		port := 20000 + j%40000
+		if j == 0 {
+			port = portBase + seq
+		}
+		lbs[j] = lbEndpoint(fmt.Sprintf("127.%d.%d.%d", i%256, j/256%256, j%256), port)
+	}
+	return &endpointpb.ClusterLoadAssignment{
+		ClusterName: name,
+		Endpoints: []*endpointpb.LocalityLbEndpoints{{
+			Locality:            &corepb.Locality{Region: "load", Zone: "load-a"},
+			LbEndpoints:         lbs,
+			LoadBalancingWeight: wrapperspb.UInt32(1),
+		}},
+	}
+}
+
+func lbEndpoint(host string, port int) *endpointpb.LbEndpoint {
+	addr := &corepb.SocketAddress{Address: host, PortSpecifier: &corepb.SocketAddress_PortValue{PortValue: uint32(port)}}
+	return &endpointpb.LbEndpoint{
+		HostIdentifier: &endpointpb.LbEndpoint_Endpoint{Endpoint: &endpointpb.Endpoint{
+			Address: &corepb.Address{Address: &corepb.Address_SocketAddress{SocketAddress: addr}},
+		}},
+		LoadBalancingWeight: wrapperspb.UInt32(1),
+	}
+}
+
+func adsSource() *corepb.ConfigSource {
+	return &corepb.ConfigSource{
+		ResourceApiVersion:    corepb.ApiVersion_V3,
+		ConfigSourceSpecifier: &corepb.ConfigSource_Ads{Ads: &corepb.AggregatedConfigSource{}},
+	}
+}
+
+// buildCluster is an EDS cluster whose endpoints come over ADS.
+func buildCluster(name string, i, seq, _ int) types.Resource {
+	return &clusterpb.Cluster{
+		Name:                          name,
+		ClusterDiscoveryType:          &clusterpb.Cluster_Type{Type: clusterpb.Cluster_EDS},
+		EdsClusterConfig:              &clusterpb.Cluster_EdsClusterConfig{EdsConfig: adsSource(), ServiceName: "cla-" + strconv.Itoa(i)},
+		ConnectTimeout:                durationpb.New(1e9),
+		LbPolicy:                      clusterpb.Cluster_ROUND_ROBIN,
+		PerConnectionBufferLimitBytes: wrapperspb.UInt32(uint32(sizeBase + seq)),
+	}
+}
+
+// buildListener is an API listener whose routes come from RDS.
+func buildListener(name string, i, seq, _ int) types.Resource {
+	router, _ := anypb.New(&routerpb.Router{})
+	hcm, _ := anypb.New(&hcmpb.HttpConnectionManager{
+		StatPrefix: name,
+		RouteSpecifier: &hcmpb.HttpConnectionManager_Rds{Rds: &hcmpb.Rds{
+			RouteConfigName: "route-" + strconv.Itoa(i), ConfigSource: adsSource(),
+		}},
+		HttpFilters: []*hcmpb.HttpFilter{{Name: "router", ConfigType: &hcmpb.HttpFilter_TypedConfig{TypedConfig: router}}},
+	})
+	return &listenerpb.Listener{
+		Name:                          name,
+		ApiListener:                   &listenerpb.ApiListener{ApiListener: hcm},
+		PerConnectionBufferLimitBytes: wrapperspb.UInt32(uint32(sizeBase + seq)),
+	}
+}
+
+// buildRoute sends everything to one cluster.
+func buildRoute(name string, i, seq, _ int) types.Resource {
+	action := &routepb.Route_Route{Route: &routepb.RouteAction{
+		ClusterSpecifier: &routepb.RouteAction_Cluster{Cluster: "cluster-" + strconv.Itoa(i)},
+	}}
+	return &routepb.RouteConfiguration{
+		Name: name,
+		VirtualHosts: []*routepb.VirtualHost{{
+			Name: name, Domains: []string{"*"},
+			Routes: []*routepb.Route{{
+				Match:  &routepb.RouteMatch{PathSpecifier: &routepb.RouteMatch_Prefix{Prefix: "/"}},
+				Action: action,
+			}},
+		}},
+		MaxDirectResponseBodySizeBytes: wrapperspb.UInt32(uint32(sizeBase + seq)),
+	}
+}

@@ -1,0 +1,58 @@
+package loadtest
+
+import (
+	"testing"
+
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+func TestSeqRoundTrip(t *testing.T) {
+	for typ, kd := range kinds {
+		for _, seq := range []int{0, 1, 127, 128, maxUpdates} {
+			a, err := anypb.New(kd.build(kd.prefix+"3", 3, seq, 5))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := kd.seqOf(a); got != seq {
+				t.Errorf("%s: seqOf(build(seq %d)) = %d", typ, seq, got)
+			}
+		}
+	}
+}
+
+func TestSeqOfForeignResource(t *testing.T) {
+	a, err := anypb.New(buildCluster("c", 0, 4, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := kinds["eds"].seqOf(a); got != -1 {
+		t.Errorf("eds seqOf(a Cluster) = %d, want -1", got)
+	}
+	a.Value = []byte{0xff}
+	if got := kinds["cds"].seqOf(a); got != -1 {
+		t.Errorf("seqOf(garbage) = %d, want -1", got)
+	}
+}
+
+func TestTrackerCoalescedUpdates(t *testing.T) {
+	tr := newTracker(2, 3)
+	t0 := tr.clients[0].started
+	tr.observe(0, 0, t0)
+	tr.observe(0, 3, t0) // updates 1 and 2 coalesced into 3
+	tr.observe(1, 1, t0) // the first response already has update 1
+	for s, want := range []int64{0, 2, 1, 1} {
+		if s > 0 && tr.delivered[s].Load() != want {
+			t.Errorf("update %d delivered to %d clients, want %d", s, tr.delivered[s].Load(), want)
+		}
+	}
+	if got := tr.settledFirst.Load(); got != 2 {
+		t.Errorf("settledFirst = %d, want 2", got)
+	}
+	if got := tr.settledLast.Load(); got != 1 {
+		t.Errorf("settledLast = %d, want 1", got)
+	}
+	tr.fail(1, errTest)
+	if got := tr.settledLast.Load(); got != 2 {
+		t.Errorf("after a failure settledLast = %d, want 2", got)
+	}
+}

@@ -1,0 +1,204 @@
+package loadtest
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Result is what a run measured. Latencies are from a client's start (first
+// config) or from the moment an update was published (fan-out).
+type Result struct {
+	Config     Config        `json:"config"`
+	Elapsed    time.Duration `json:"elapsed_ns"`
+	Connected  int           `json:"connected"`  // streams established
+	Configured int           `json:"configured"` // clients that got a first config
+	Failed     int           `json:"failed"`     // clients whose stream failed
+	FirstError string        `json:"first_error,omitempty"`
+
+	// Per second, from the start to the last client established/configured.
+	EstablishedPerSec float64 `json:"established_per_sec"`
+	ConfiguredPerSec  float64 `json:"configured_per_sec"`
+
+	FirstConfig Summary  `json:"first_config"`     // time to first config, over clients
+	FanOutLast  Summary  `json:"fan_out_last"`     // time to the last client, over updates
+	FanOutAll   Summary  `json:"fan_out_receipts"` // every client's receipt of every update
+	Updates     []Update `json:"updates"`
+
+	BytesReceived int64 `json:"bytes_received"`
+	RSS           RSS   `json:"rss"`
+}
+
+// Update is how one update reached the clients.
+type Update struct {
+	Seq       int           `json:"seq"`
+	Published time.Duration `json:"published_ns"` // since the run started
+	Received  int           `json:"received"`     // clients that got it
+	P50       time.Duration `json:"p50_ns"`
+	P99       time.Duration `json:"p99_ns"`
+	Last      time.Duration `json:"last_ns"` // to the last client that got it
+}
+
+// RSS is the server's resident set size, in bytes, before the clients, once
+// they are all configured, and at the end; zero without a PID.
+type RSS struct {
+	Start      int64 `json:"start"`
+	Configured int64 `json:"configured"`
+	End        int64 `json:"end"`
+}
+
+// fill computes the results from what tr recorded; the clients and the
+// publisher have stopped.
+func (r *Result) fill(tr *tracker, start time.Time, bytes int64) {
+	r.Elapsed = time.Since(start)
+	r.Failed = int(tr.failed.Load())
+	if tr.firstErr != nil {
+		r.FirstError = tr.firstErr.Error()
+	}
+	r.BytesReceived = bytes
+	var ttfc []time.Duration
+	var lastEst, lastConf time.Time
+	for i := range tr.clients {
+		c := &tr.clients[i]
+		if !c.established.IsZero() {
+			r.Connected++
+			lastEst = later(lastEst, c.established)
+		}
+		if !c.configured.IsZero() {
+			r.Configured++
+			lastConf = later(lastConf, c.configured)
+			ttfc = append(ttfc, c.configured.Sub(c.started))
+		}
+	}
+	r.EstablishedPerSec = perSecond(r.Connected, lastEst.Sub(start))
+	r.ConfiguredPerSec = perSecond(r.Configured, lastConf.Sub(start))
+	r.FirstConfig = Summarize(ttfc)
+	r.fillUpdates(tr, start)
+}
+
+func (r *Result) fillUpdates(tr *tracker, start time.Time) {
+	var lasts, all []time.Duration
+	for s := 1; s <= int(tr.published.Load()); s++ {
+		var lat []time.Duration
+		for i := range tr.clients {
+			if t := tr.clients[i].recv[s]; !t.IsZero() {
+				lat = append(lat, t.Sub(tr.pub[s]))
+			}
+		}
+		sum := Summarize(lat)
+		r.Updates = append(r.Updates, Update{
+			Seq: s, Published: tr.pub[s].Sub(start), Received: sum.N,
+			P50: sum.P50, P99: sum.P99, Last: sum.Max,
+		})
+		if sum.N > 0 {
+			lasts = append(lasts, sum.Max)
+		}
+		all = append(all, lat...)
+	}
+	r.FanOutLast = Summarize(lasts)
+	r.FanOutAll = Summarize(all)
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+func perSecond(n int, d time.Duration) float64 {
+	if n == 0 || d <= 0 {
+		return 0
+	}
+	return float64(n) / d.Seconds()
+}
+
+// WriteTable prints the results as tables.
+func (r *Result) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	c := &r.Config
+	fmt.Fprintf(w, "%s\n\n", r.describe())
+	fmt.Fprintf(tw, "clients\tconnected\tconfigured\tfailed\testablished/s\tconfigured/s\telapsed\t\n")
+	fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%.1f\t%.1f\t%s\t\n\n", c.Clients, r.Connected, r.Configured, r.Failed,
+		r.EstablishedPerSec, r.ConfiguredPerSec, r.Elapsed.Round(time.Millisecond))
+	fmt.Fprintf(tw, "latency (ms)\tn\tp50\tp90\tp99\tmax\t\n")
+	summaryRow(tw, "time to first config", r.FirstConfig)
+	if c.Updates > 0 {
+		summaryRow(tw, "fan-out, last client", r.FanOutLast)
+		summaryRow(tw, "fan-out, every receipt", r.FanOutAll)
+	}
+	fmt.Fprintln(tw)
+	if c.Updates > 0 {
+		fmt.Fprintf(tw, "update\tpublished (s)\treceived\tp50 (ms)\tp99 (ms)\tlast (ms)\t\n")
+		for _, u := range r.Updates {
+			fmt.Fprintf(tw, "%d\t%.3f\t%d/%d\t%s\t%s\t%s\t\n", u.Seq, u.Published.Seconds(), u.Received, c.Clients, ms(u.P50), ms(u.P99), ms(u.Last))
+		}
+		fmt.Fprintln(tw)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return r.writeFooter(w)
+}
+
+func (r *Result) describe() string {
+	c := &r.Config
+	api := "per-type"
+	if c.ADS {
+		api = "ADS"
+	}
+	s := fmt.Sprintf("xdsload: %d %s %s %s clients → %s, node cluster %q", c.Clients, c.Variant, api, c.Type, c.Target, c.NodeCluster)
+	if c.Floor {
+		s = fmt.Sprintf("xdsload floor: %d TCP connections, frames sized as %s %s responses", c.Clients, c.Variant, c.Type)
+	}
+	if c.updating() {
+		s += fmt.Sprintf("; %d resources", c.Resources)
+		if c.Type == "eds" {
+			s += fmt.Sprintf(" × %d endpoints", c.Endpoints)
+		}
+		s += fmt.Sprintf(", %d updates every %s", c.Updates, c.UpdateEvery)
+	}
+	if c.ServeCP != "" {
+		s += fmt.Sprintf(", %s cache", c.CPCache)
+	}
+	if len(c.Names) > 0 {
+		s += ", names " + strings.Join(c.Names, ",")
+	}
+	return s
+}
+
+func (r *Result) writeFooter(w io.Writer) error {
+	n := int64(max(r.Config.Clients, 1))
+	fmt.Fprintf(w, "bytes received: %s (%s per client)\n", size(r.BytesReceived), size(r.BytesReceived/n))
+	if r.Config.PID > 0 {
+		fmt.Fprintf(w, "server RSS (pid %d): start %s, configured %s (%s per client), end %s (%s per client since configured)\n",
+			r.Config.PID, size(r.RSS.Start), size(r.RSS.Configured), size((r.RSS.Configured-r.RSS.Start)/n),
+			size(r.RSS.End), size((r.RSS.End-r.RSS.Configured)/n))
+	}
+	if r.FirstError != "" {
+		fmt.Fprintf(w, "first client error: %s\n", r.FirstError)
+	}
+	return nil
+}
+
+func summaryRow(w io.Writer, name string, s Summary) {
+	fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%s\t\n", name, s.N, ms(s.P50), ms(s.P90), ms(s.P99), ms(s.Max))
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.3f", float64(d)/float64(time.Millisecond)) }
+
+// size formats a byte count with a binary unit; negative counts keep their sign.
+func size(b int64) string {
+	const unit = 1024
+	v, units := float64(b), []string{"B", "KiB", "MiB", "GiB", "TiB"}
+	i := 0
+	for ; i < len(units)-1 && (v >= unit || v <= -unit); i++ {
+		v /= unit
+	}
+	if i == 0 {
+		return fmt.Sprintf("%d B", b)
+	}
+	return fmt.Sprintf("%.1f %s", v, units[i])
+}

@@ -1,0 +1,188 @@
+package loadtest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// backend is what a run drives: clients and, when it publishes updates,
+// the server that sends them.
+type backend interface {
+	run(ctx context.Context, i int, tr *tracker) error // client i, until ctx ends
+	publish(seq int) (time.Time, error)
+	bytesReceived() int64
+	stop()
+}
+
+// xdsBackend is xDS clients against a target, and the control plane when
+// the tool serves one.
+type xdsBackend struct {
+	*xdsClients
+	cp *ControlPlane // nil against an outside server
+}
+
+func (b *xdsBackend) publish(seq int) (time.Time, error) { return b.cp.Publish(seq) }
+func (b *xdsBackend) bytesReceived() int64               { return b.bytes.n.Load() }
+
+func (b *xdsBackend) stop() {
+	if b.cp != nil {
+		b.cp.Stop()
+	}
+}
+
+// Run runs the load that cfg describes and returns what it measured. It
+// stops by itself after cfg.Timeout; on a timeout, a failed publish or ctx
+// ending, it returns the results so far with the error.
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	cfg = cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if !cfg.updating() {
+		cfg.Updates = 0
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	b, err := startBackend(&cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer b.stop()
+	tr := newTracker(cfg.Clients, cfg.Updates)
+	res := &Result{Config: cfg}
+	if cfg.PID > 0 {
+		if res.RSS.Start, err = ReadRSS(cfg.PID); err != nil {
+			return nil, err
+		}
+	}
+	start := time.Now()
+	stopProgress := progress(&cfg, tr, start)
+	err = drive(ctx, &cfg, tr, b, res)
+	stopProgress()
+	res.fill(tr, start, b.bytesReceived())
+	if err == nil && res.Failed > 0 {
+		err = fmt.Errorf("%d of %d clients failed; %s", res.Failed, cfg.Clients, res.FirstError)
+	}
+	return res, err
+}
+
+func startBackend(cfg *Config) (backend, error) {
+	if cfg.Floor {
+		return startFloor(cfg)
+	}
+	b := &xdsBackend{xdsClients: &xdsClients{cfg: cfg, kind: kinds[cfg.Type]}}
+	if cfg.ServeCP != "" {
+		cp, err := StartControlPlane(cfg)
+		if err != nil {
+			return nil, err
+		}
+		b.cp = cp
+		if cfg.Target == "" {
+			cfg.Target = cp.Addr
+		}
+	}
+	return b, nil
+}
+
+// drive opens the clients, waits for their first config, publishes the
+// updates and waits for them to reach every client; then it stops the
+// clients and waits for them.
+func drive(ctx context.Context, cfg *Config, tr *tracker, b backend, res *Result) error {
+	cctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer stop()
+	launch(cctx, cfg.Clients, cfg.Rate, func(i int) {
+		tr.started(i)
+		wg.Go(func() {
+			if err := b.run(cctx, i, tr); err != nil && cctx.Err() == nil {
+				tr.fail(i, err)
+			}
+		})
+	})
+	if err := tr.wait(ctx, &tr.settledFirst); err != nil {
+		return fmt.Errorf("waiting for every client's first config: %w", err)
+	}
+	res.RSS.Configured = sampleRSS(cfg.PID)
+	if err := publishAll(ctx, cfg, tr, b); err != nil {
+		return err
+	}
+	if cfg.Updates > 0 {
+		if err := tr.wait(ctx, &tr.settledLast); err != nil {
+			return fmt.Errorf("waiting for update %d to reach every client: %w", cfg.Updates, err)
+		}
+	}
+	res.RSS.End = sampleRSS(cfg.PID)
+	return nil
+}
+
+// launch calls start for clients 0..n-1, at most rate a second (0: no
+// limit), until ctx ends.
+func launch(ctx context.Context, n int, rate float64, start func(i int)) {
+	var tick <-chan time.Time
+	if rate > 0 {
+		t := time.NewTicker(max(time.Duration(float64(time.Second)/rate), 1))
+		defer t.Stop()
+		tick = t.C
+	}
+	for i := range n {
+		if i > 0 && tick != nil {
+			select {
+			case <-tick:
+			case <-ctx.Done():
+				return
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		start(i)
+	}
+}
+
+// publishAll publishes updates 1..cfg.Updates, cfg.UpdateEvery apart.
+func publishAll(ctx context.Context, cfg *Config, tr *tracker, b backend) error {
+	for seq := 1; seq <= cfg.Updates; seq++ {
+		timer := time.NewTimer(cfg.UpdateEvery)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			return fmt.Errorf("before update %d: %w", seq, ctx.Err())
+		}
+		t, err := b.publish(seq)
+		if err != nil {
+			return fmt.Errorf("update %d: %w", seq, err)
+		}
+		tr.publish(seq, t)
+	}
+	return nil
+}
+
+// progress writes a progress line every cfg.ProgressEvery until the
+// returned func, which waits for it to stop, is called.
+func progress(cfg *Config, tr *tracker, start time.Time) (stop func()) {
+	if cfg.Progress == nil {
+		return func() {}
+	}
+	done, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		t := time.NewTicker(cfg.ProgressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				fmt.Fprintln(cfg.Progress, tr.progressLine(time.Since(start)))
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-exited
+	}
+}
