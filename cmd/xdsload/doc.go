@@ -1,0 +1,73 @@
+// Command xdsload is a load tool for xDS servers: a control plane, or a
+// relay such as xdsrelay in front of one.
+//
+// It opens --clients downstream xDS clients against --target, each on its
+// own gRPC connection (insecure) with one stream, at most --rate streams a
+// second. Client i sends node.id "xdsload-<i>" and node.cluster
+// --node-cluster, subscribes to --names of --type (wildcard when empty) with
+// the --variant protocol on the aggregated service (--ads) or the per-type
+// one, and ACKs every response: SotW with the response's version_info and
+// nonce and the same resource_names, delta with the response's nonce.
+//
+// With --serve-cp it also runs the control plane: a go-control-plane server
+// on that address whose cache (--cp-cache: a snapshot cache keyed by
+// node.cluster, or a linear cache) holds --resources resources of --type
+// (eds: ClusterLoadAssignments cla-0..cla-K-1 of --endpoints loopback
+// endpoints each; cds: cluster-i; lds: listener-i; rds: route-i). Once every
+// client has its first config it updates one resource every --update-every,
+// --updates times, in turn over --names (or every resource). Each update
+// carries its sequence number seq in the resource (eds: the port of the
+// first endpoint is 10000+seq; the others: per_connection_buffer_limit_bytes
+// or max_direct_response_body_size_bytes is 1048576+seq), so a client knows
+// when it has update seq, or a later one. --target defaults to this control
+// plane; point it at a relay in front of it to load the relay.
+//
+// With --floor it measures the socket floor instead: as many plain TCP
+// connections on loopback, to which a server writes, for the initial config
+// and for each update, a length-prefixed frame as large as the xDS response
+// that carries it (as go-control-plane's snapshot cache builds it: SotW
+// sends every subscribed resource, delta only the changed one).
+//
+// It reports, as tables on stdout (and as JSON with --json FILE):
+//   - connect rate: streams established, and clients configured, per second
+//     from the start to the last one;
+//   - time to first config, from a client's start to its first response:
+//     p50, p90, p99 and max over clients;
+//   - update fan-out latency, from the moment the control plane publishes an
+//     update to the moment the last client has it, over updates, and the
+//     distribution of every client's receipt of every update; per update,
+//     p50, p99 and the last client;
+//   - bytes received by all clients (gRPC messages with their framing);
+//   - with --pid PID (or "self"), the server's VmRSS before the clients,
+//     once they are all configured and at the end, and the growth per client.
+//
+// A progress line goes to stderr every second. Every wait is bounded by
+// --timeout: the run stops by itself, and prints what it measured so far.
+//
+// Flags:
+//
+//	--target host:port   xDS server (default: the --serve-cp control plane)
+//	--clients N          clients, one gRPC connection each (default 100)
+//	--rate R             streams opened per second at most; 0: no limit (default 1000)
+//	--variant delta|sotw protocol variant (default delta)
+//	--ads                aggregated service; --ads=false: per-type services (default true)
+//	--type eds|cds|lds|rds resource type (default eds)
+//	--names a,b,c        subscriptions; empty: wildcard
+//	--node-cluster name  node.cluster (default "load")
+//	--pid PID|self       server process whose RSS is sampled
+//	--timeout D          bound on the whole run (default 2m)
+//	--serve-cp addr      serve a go-control-plane control plane and publish updates
+//	--cp-cache snapshot|linear  its cache (default snapshot)
+//	--resources K        resources served (default 10)
+//	--endpoints E        endpoints per ClusterLoadAssignment (default 200)
+//	--update-every D     pause before each update (default 500ms)
+//	--updates U          updates published, with --serve-cp or --floor (default 10)
+//	--floor              measure the plain TCP socket floor instead
+//	--json FILE          also write the results as JSON
+//
+// Examples, on loopback:
+//
+//	xdsload --serve-cp 127.0.0.1:0 --clients 200 --pid self
+//	xdsload --serve-cp 127.0.0.1:18000 --target 127.0.0.1:18001 --clients 1000 --variant sotw
+//	xdsload --floor --clients 200
+package main

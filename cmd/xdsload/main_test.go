@@ -1,0 +1,72 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/xdsrelay/xdsrelay/internal/loadtest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestRunAgainstOwnControlPlane(t *testing.T) {
+	jsonFile := filepath.Join(t.TempDir(), "out.json")
+	var stdout, stderr strings.Builder
+	code := run(t.Context(), []string{
+		"--serve-cp", "127.0.0.1:0", "--clients", "4", "--variant", "sotw", "--ads=false",
+		"--resources", "3", "--endpoints", "5", "--updates", "2", "--update-every", "10ms",
+		"--names", "cla-0,cla-2", "--pid", "self", "--timeout", "30s", "--json", jsonFile,
+	}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
+	}
+	for _, want := range []string{"time to first config", "fan-out, last client", "4/4", "server RSS"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	b, err := os.ReadFile(jsonFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res loadtest.Result
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Configured != 4 || len(res.Updates) != 2 || res.Updates[1].Received != 4 || res.Config.Variant != "sotw" {
+		t.Errorf("JSON results: %+v", res)
+	}
+}
+
+func TestFlagErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"help", []string{"--help"}, 0, "--serve-cp"},
+		{"unknown flag", []string{"--bogus"}, 2, "bogus"},
+		{"nothing to load", []string{"--clients", "3"}, 2, "target"},
+		{"bad variant", []string{"--floor", "--variant", "rest"}, 2, "variant"},
+		{"bad pid", []string{"--floor", "--pid", "me"}, 2, "pid"},
+		{"no clients", []string{"--floor", "--clients", "0"}, 2, "clients"},
+		{"stray argument", []string{"--floor", "extra"}, 2, "extra"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr strings.Builder
+			if code := run(t.Context(), tt.args, &stdout, &stderr); code != tt.code {
+				t.Errorf("exit %d, want %d", code, tt.code)
+			}
+			if !strings.Contains(stderr.String(), tt.want) {
+				t.Errorf("stderr lacks %q:\n%s", tt.want, stderr.String())
+			}
+		})
+	}
+}
