@@ -16,11 +16,13 @@
 // endpoints each; cds: cluster-i; lds: listener-i; rds: route-i). Once every
 // client has its first config it updates one resource every --update-every,
 // --updates times, in turn over --names (or every resource). Each update
-// carries its sequence number seq in the resource (eds: the port of the
-// first endpoint is 10000+seq; the others: per_connection_buffer_limit_bytes
-// or max_direct_response_body_size_bytes is 1048576+seq), so a client knows
-// when it has update seq, or a later one. --target defaults to this control
-// plane; point it at a relay in front of it to load the relay.
+// carries its sequence number seq in the resource as B+seq (eds: in the
+// port of the first endpoint; cds and lds: per_connection_buffer_limit_bytes;
+// rds: max_direct_response_body_size_bytes), so a client knows when it has
+// update seq, or a later one. B is drawn for each run and printed, so that
+// resources a relay still holds from an earlier run are not taken for this
+// run's. --target defaults to this control plane; point it at a relay in
+// front of it to load the relay.
 //
 // With --floor it measures the socket floor instead: as many plain TCP
 // connections on loopback, to which a server writes, for the initial config

@@ -30,8 +30,8 @@ type (
 // xdsClients runs xDS clients against cfg.Target.
 type xdsClients struct {
 	// Read-only after creation.
-	cfg  *Config
-	kind kind
+	cfg    *Config
+	coding seqCoding
 
 	bytes byteCounter
 }
@@ -65,7 +65,7 @@ func (x *xdsClients) run(ctx context.Context, i int, tr *tracker) error {
 // sotw follows "ACK/NACK and resource type instance version": each ACK
 // carries the response's version_info and nonce, and the same names.
 func (x *xdsClients) sotw(s sotwStream, node *corepb.Node, i int, tr *tracker) error {
-	err := s.Send(&discoverypb.DiscoveryRequest{Node: node, TypeUrl: x.kind.typeURL, ResourceNames: x.cfg.Names})
+	err := s.Send(&discoverypb.DiscoveryRequest{Node: node, TypeUrl: x.coding.kind.typeURL, ResourceNames: x.cfg.Names})
 	if err != nil {
 		return err
 	}
@@ -77,7 +77,7 @@ func (x *xdsClients) sotw(s sotwStream, node *corepb.Node, i int, tr *tracker) e
 		}
 		tr.observe(i, x.newest(resp.GetResources()), time.Now())
 		err = s.Send(&discoverypb.DiscoveryRequest{
-			TypeUrl: x.kind.typeURL, VersionInfo: resp.GetVersionInfo(),
+			TypeUrl: x.coding.kind.typeURL, VersionInfo: resp.GetVersionInfo(),
 			ResponseNonce: resp.GetNonce(), ResourceNames: x.cfg.Names,
 		})
 		if err != nil {
@@ -89,7 +89,7 @@ func (x *xdsClients) sotw(s sotwStream, node *corepb.Node, i int, tr *tracker) e
 // delta follows "Incremental xDS": names subscribed in the first request
 // (none: wildcard), each response ACKed by its nonce.
 func (x *xdsClients) delta(s deltaStream, node *corepb.Node, i int, tr *tracker) error {
-	err := s.Send(&discoverypb.DeltaDiscoveryRequest{Node: node, TypeUrl: x.kind.typeURL, ResourceNamesSubscribe: x.cfg.Names})
+	err := s.Send(&discoverypb.DeltaDiscoveryRequest{Node: node, TypeUrl: x.coding.kind.typeURL, ResourceNamesSubscribe: x.cfg.Names})
 	if err != nil {
 		return err
 	}
@@ -102,10 +102,10 @@ func (x *xdsClients) delta(s deltaStream, node *corepb.Node, i int, tr *tracker)
 		now := time.Now()
 		newest := 0
 		for _, r := range resp.GetResources() {
-			newest = max(newest, x.kind.seqOf(r.GetResource()))
+			newest = max(newest, x.coding.seqOf(r.GetResource()))
 		}
 		tr.observe(i, newest, now)
-		if err := s.Send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: x.kind.typeURL, ResponseNonce: resp.GetNonce()}); err != nil {
+		if err := s.Send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: x.coding.kind.typeURL, ResponseNonce: resp.GetNonce()}); err != nil {
 			return err
 		}
 	}
@@ -115,7 +115,7 @@ func (x *xdsClients) delta(s deltaStream, node *corepb.Node, i int, tr *tracker)
 func (x *xdsClients) newest(resources []*anypb.Any) int {
 	newest := 0
 	for _, a := range resources {
-		newest = max(newest, x.kind.seqOf(a))
+		newest = max(newest, x.coding.seqOf(a))
 	}
 	return newest
 }

@@ -25,12 +25,12 @@ type clusterHash struct{}
 // ID implements cachev3.NodeHash.
 func (clusterHash) ID(node *corepb.Node) string { return node.GetCluster() }
 
-// ControlPlane is a go-control-plane server that serves the resources of
+// controlPlane is a go-control-plane server that serves the resources of
 // one kind and publishes numbered updates to them, one resource at a time.
-type ControlPlane struct {
-	// Read-only after StartControlPlane.
-	Addr      string
-	kind      kind
+type controlPlane struct {
+	// Read-only after startControlPlane.
+	addr      string
+	coding    seqCoding
 	cfg       *Config
 	rotation  []string       // the resources updated, in turn
 	index     map[string]int // resource name → position in resources
@@ -44,19 +44,19 @@ type ControlPlane struct {
 	resources []types.Resource
 }
 
-// StartControlPlane serves cfg.Resources resources of cfg.Type on
+// startControlPlane serves cfg.Resources resources of cfg.Type on
 // cfg.ServeCP from the cache cfg.CPCache names, on the aggregated and the
 // per-type services.
-func StartControlPlane(cfg *Config) (*ControlPlane, error) {
-	cp := &ControlPlane{kind: kinds[cfg.Type], cfg: cfg, index: map[string]int{}, done: make(chan struct{})}
-	names := resourceNames(cp.kind, cfg.Resources)
+func startControlPlane(cfg *Config, coding seqCoding) (*controlPlane, error) {
+	cp := &controlPlane{coding: coding, cfg: cfg, index: map[string]int{}, done: make(chan struct{})}
+	names := resourceNames(coding.kind, cfg.Resources)
 	cp.rotation = names
 	if len(cfg.Names) > 0 {
 		cp.rotation = cfg.Names
 	}
 	for i, n := range names {
 		cp.index[n] = i
-		cp.resources = append(cp.resources, cp.kind.build(n, i, 0, cfg.Endpoints))
+		cp.resources = append(cp.resources, coding.resource(n, i, 0, cfg.Endpoints))
 	}
 	cache, err := cp.newCache()
 	if err != nil {
@@ -66,34 +66,34 @@ func StartControlPlane(cfg *Config) (*ControlPlane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("control plane: %w", err)
 	}
-	cp.Addr = ln.Addr().String()
+	cp.addr = ln.Addr().String()
 	cp.serve(ln, cache)
 	return cp, nil
 }
 
 // newCache makes the cache and fills it with the initial resources.
-func (cp *ControlPlane) newCache() (cachev3.Cache, error) {
+func (cp *controlPlane) newCache() (cachev3.Cache, error) {
 	if cp.cfg.CPCache == CacheLinear {
 		initial := make(map[string]types.Resource, len(cp.resources))
 		for n, i := range cp.index {
 			initial[n] = cp.resources[i]
 		}
-		cp.linear = cachev3.NewLinearCache(cp.kind.typeURL, cachev3.WithInitialResources(initial))
+		cp.linear = cachev3.NewLinearCache(cp.coding.kind.typeURL, cachev3.WithInitialResources(initial))
 		return cp.linear, nil
 	}
 	cp.snapshots = cachev3.NewSnapshotCache(false, clusterHash{}, nil)
 	return cp.snapshots, cp.setSnapshot(0)
 }
 
-func (cp *ControlPlane) setSnapshot(seq int) error {
-	snap, err := cachev3.NewSnapshot(strconv.Itoa(seq), map[string][]types.Resource{cp.kind.typeURL: cp.resources})
+func (cp *controlPlane) setSnapshot(seq int) error {
+	snap, err := cachev3.NewSnapshot(strconv.Itoa(seq), map[string][]types.Resource{cp.coding.kind.typeURL: cp.resources})
 	if err != nil {
 		return fmt.Errorf("control plane: %w", err)
 	}
 	return cp.snapshots.SetSnapshot(context.Background(), cp.cfg.NodeCluster, snap)
 }
 
-func (cp *ControlPlane) serve(ln net.Listener, cache cachev3.Cache) {
+func (cp *controlPlane) serve(ln net.Listener, cache cachev3.Cache) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cp.cancel = cancel
 	srv := serverv3.NewServer(ctx, cache, nil)
@@ -109,12 +109,12 @@ func (cp *ControlPlane) serve(ln net.Listener, cache cachev3.Cache) {
 	}()
 }
 
-// Publish replaces one resource with a version that carries seq, and
+// publish replaces one resource with a version that carries seq, and
 // returns the moment it handed it to the cache. Calls must not overlap.
-func (cp *ControlPlane) Publish(seq int) (time.Time, error) {
+func (cp *controlPlane) publish(seq int) (time.Time, error) {
 	name := cp.rotation[(seq-1)%len(cp.rotation)]
 	i := cp.index[name]
-	res := cp.kind.build(name, i, seq, cp.cfg.Endpoints)
+	res := cp.coding.resource(name, i, seq, cp.cfg.Endpoints)
 	if cp.linear != nil {
 		t := time.Now()
 		return t, cp.linear.UpdateResource(name, res)
@@ -124,8 +124,8 @@ func (cp *ControlPlane) Publish(seq int) (time.Time, error) {
 	return t, cp.setSnapshot(seq)
 }
 
-// Stop closes every stream and waits for the server to end.
-func (cp *ControlPlane) Stop() {
+// stop closes every stream and waits for the server to end.
+func (cp *controlPlane) stop() {
 	cp.grpc.Stop()
 	cp.cancel()
 	<-cp.done

@@ -168,7 +168,7 @@ func responseSizes(cfg *Config) (initial, update int, err error) {
 	}
 	var all []*anypb.Any
 	for i, n := range names {
-		a, err := anypb.New(kd.build(n, i, 0, cfg.Endpoints))
+		a, err := anypb.New(kd.build(n, i, kd.markMin, cfg.Endpoints))
 		if err != nil {
 			return 0, 0, err
 		}

@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 
 	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -22,31 +23,57 @@ import (
 )
 
 // kind is one resource type the tool loads: how its resources are named
-// and built, and which numeric field carries the update sequence number, as
-// seqBase+seq, so that a client can tell which update it has received.
+// and built, and which numeric field, the mark, carries the update sequence
+// number (see seqCoding).
 type kind struct {
-	typeURL string
-	prefix  string // resource i is named prefix+i
-	build   func(name string, i, seq, endpoints int) types.Resource
-	seqPath []protowire.Number
-	seqBase uint64
+	typeURL  string
+	prefix   string // resource i is named prefix+i
+	build    func(name string, i int, mark uint32, endpoints int) types.Resource
+	markPath []protowire.Number
+	markMin  uint32 // the range of marks that the field can hold
+	markMax  uint32
 }
-
-// Bases of the sequence number: a port for endpoints, a byte size otherwise.
-const (
-	portBase = 10000
-	sizeBase = 1 << 20
-)
 
 var kinds = map[string]kind{
 	"eds": {resourcev3.EndpointType, "cla-", buildEndpoints, fieldPath(&endpointpb.ClusterLoadAssignment{},
-		"endpoints", "lb_endpoints", "endpoint", "address", "socket_address", "port_value"), portBase},
+		"endpoints", "lb_endpoints", "endpoint", "address", "socket_address", "port_value"), 10000, 65535},
 	"cds": {resourcev3.ClusterType, "cluster-", buildCluster, fieldPath(&clusterpb.Cluster{},
-		"per_connection_buffer_limit_bytes", "value"), sizeBase},
+		"per_connection_buffer_limit_bytes", "value"), 1 << 20, 1 << 30},
 	"lds": {resourcev3.ListenerType, "listener-", buildListener, fieldPath(&listenerpb.Listener{},
-		"per_connection_buffer_limit_bytes", "value"), sizeBase},
+		"per_connection_buffer_limit_bytes", "value"), 1 << 20, 1 << 30},
 	"rds": {resourcev3.RouteType, "route-", buildRoute, fieldPath(&routepb.RouteConfiguration{},
-		"max_direct_response_body_size_bytes", "value"), sizeBase},
+		"max_direct_response_body_size_bytes", "value"), 1 << 20, 1 << 30},
+}
+
+// seqCoding carries update sequence numbers in resources of one kind: the
+// mark is base+seq, base drawn for each run, so that resources left from an
+// earlier run (in a relay's cache, say) are not taken for this run's.
+type seqCoding struct {
+	kind    kind
+	base    uint32
+	updates int
+}
+
+func newSeqCoding(kd kind, updates int) seqCoding {
+	span := kd.markMax - kd.markMin - uint32(updates)
+	return seqCoding{kind: kd, base: kd.markMin + rand.Uint32N(span), updates: updates}
+}
+
+// resource builds resource i, named name, as of update seq.
+func (c seqCoding) resource(name string, i, seq, endpoints int) types.Resource {
+	return c.kind.build(name, i, c.base+uint32(seq), endpoints)
+}
+
+// seqOf returns the update sequence number that a resource carries, or -1.
+func (c seqCoding) seqOf(a *anypb.Any) int {
+	if a.GetTypeUrl() != c.kind.typeURL {
+		return -1
+	}
+	v, ok := varintAt(a.GetValue(), c.kind.markPath)
+	if !ok || v < uint64(c.base) || v > uint64(c.base)+uint64(c.updates) {
+		return -1
+	}
+	return int(v - uint64(c.base))
 }
 
 // resourceNames names the k resources of a kind.
@@ -72,18 +99,6 @@ func fieldPath(m proto.Message, names ...protoreflect.Name) []protowire.Number {
 		md = fd.Message()
 	}
 	return path
-}
-
-// seqOf returns the update sequence number that a resource carries, or -1.
-func (kd kind) seqOf(a *anypb.Any) int {
-	if a.GetTypeUrl() != kd.typeURL {
-		return -1
-	}
-	v, ok := varintAt(a.GetValue(), kd.seqPath)
-	if !ok || v < kd.seqBase {
-		return -1
-	}
-	return int(v - kd.seqBase)
 }
 
 // varintAt reads the varint at path in an encoded message, following the
@@ -116,13 +131,13 @@ func varintAt(b []byte, path []protowire.Number) (uint64, bool) {
 }
 
 // buildEndpoints is a ClusterLoadAssignment of loopback endpoints; the
-// first one's port is portBase+seq.
-func buildEndpoints(name string, i, seq, endpoints int) types.Resource {
+// first one's port is the mark.
+func buildEndpoints(name string, i int, mark uint32, endpoints int) types.Resource {
 	lbs := make([]*endpointpb.LbEndpoint, endpoints)
 	for j := range lbs {
 		port := 20000 + j%40000
 		if j == 0 {
-			port = portBase + seq
+			port = int(mark)
 		}
 		lbs[j] = lbEndpoint(fmt.Sprintf("127.%d.%d.%d", i%256, j/256%256, j%256), port)
 	}
@@ -154,19 +169,19 @@ func adsSource() *corepb.ConfigSource {
 }
 
 // buildCluster is an EDS cluster whose endpoints come over ADS.
-func buildCluster(name string, i, seq, _ int) types.Resource {
+func buildCluster(name string, i int, mark uint32, _ int) types.Resource {
 	return &clusterpb.Cluster{
 		Name:                          name,
 		ClusterDiscoveryType:          &clusterpb.Cluster_Type{Type: clusterpb.Cluster_EDS},
 		EdsClusterConfig:              &clusterpb.Cluster_EdsClusterConfig{EdsConfig: adsSource(), ServiceName: "cla-" + strconv.Itoa(i)},
 		ConnectTimeout:                durationpb.New(1e9),
 		LbPolicy:                      clusterpb.Cluster_ROUND_ROBIN,
-		PerConnectionBufferLimitBytes: wrapperspb.UInt32(uint32(sizeBase + seq)),
+		PerConnectionBufferLimitBytes: wrapperspb.UInt32(mark),
 	}
 }
 
 // buildListener is an API listener whose routes come from RDS.
-func buildListener(name string, i, seq, _ int) types.Resource {
+func buildListener(name string, i int, mark uint32, _ int) types.Resource {
 	router, _ := anypb.New(&routerpb.Router{})
 	hcm, _ := anypb.New(&hcmpb.HttpConnectionManager{
 		StatPrefix: name,
@@ -178,12 +193,12 @@ func buildListener(name string, i, seq, _ int) types.Resource {
 	return &listenerpb.Listener{
 		Name:                          name,
 		ApiListener:                   &listenerpb.ApiListener{ApiListener: hcm},
-		PerConnectionBufferLimitBytes: wrapperspb.UInt32(uint32(sizeBase + seq)),
+		PerConnectionBufferLimitBytes: wrapperspb.UInt32(mark),
 	}
 }
 
 // buildRoute sends everything to one cluster.
-func buildRoute(name string, i, seq, _ int) types.Resource {
+func buildRoute(name string, i int, mark uint32, _ int) types.Resource {
 	action := &routepb.Route_Route{Route: &routepb.RouteAction{
 		ClusterSpecifier: &routepb.RouteAction_Cluster{Cluster: "cluster-" + strconv.Itoa(i)},
 	}}
@@ -196,6 +211,6 @@ func buildRoute(name string, i, seq, _ int) types.Resource {
 				Action: action,
 			}},
 		}},
-		MaxDirectResponseBodySizeBytes: wrapperspb.UInt32(uint32(sizeBase + seq)),
+		MaxDirectResponseBodySizeBytes: wrapperspb.UInt32(mark),
 	}
 }

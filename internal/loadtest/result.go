@@ -29,6 +29,13 @@ type Result struct {
 
 	BytesReceived int64 `json:"bytes_received"`
 	RSS           RSS   `json:"rss"`
+
+	// SeqBase is what the served resources' mark field holds before any
+	// update: update seq makes it SeqBase+seq.
+	SeqBase uint32 `json:"seq_base,omitempty"`
+	// Early counts responses that carried an update before it was published:
+	// none unless the resources come from somewhere else too.
+	Early int64 `json:"early_responses,omitempty"`
 }
 
 // Update is how one update reached the clients.
@@ -58,6 +65,7 @@ func (r *Result) fill(tr *tracker, start time.Time, bytes int64) {
 		r.FirstError = tr.firstErr.Error()
 	}
 	r.BytesReceived = bytes
+	r.Early = tr.early.Load()
 	var ttfc []time.Duration
 	var lastEst, lastConf time.Time
 	for i := range tr.clients {
@@ -160,7 +168,7 @@ func (r *Result) describe() string {
 		}
 		s += fmt.Sprintf(", %d updates every %s", c.Updates, c.UpdateEvery)
 	}
-	if c.ServeCP != "" {
+	if c.ServeCP != "" && !c.Floor {
 		s += fmt.Sprintf(", %s cache", c.CPCache)
 	}
 	if len(c.Names) > 0 {
@@ -177,10 +185,23 @@ func (r *Result) writeFooter(w io.Writer) error {
 			r.Config.PID, size(r.RSS.Start), size(r.RSS.Configured), size((r.RSS.Configured-r.RSS.Start)/n),
 			size(r.RSS.End), size((r.RSS.End-r.RSS.Configured)/n))
 	}
+	if r.SeqBase > 0 {
+		fmt.Fprintf(w, "update seq is marked in the resources as %d+seq (%s)\n", r.SeqBase, markField[r.Config.Type])
+	}
+	if r.Early > 0 {
+		fmt.Fprintf(w, "warning: %d responses carried an update before it was published: does another control plane feed the target?\n", r.Early)
+	}
 	if r.FirstError != "" {
 		fmt.Fprintf(w, "first client error: %s\n", r.FirstError)
 	}
 	return nil
+}
+
+var markField = map[string]string{
+	"eds": "the first endpoint's port",
+	"cds": "per_connection_buffer_limit_bytes",
+	"lds": "per_connection_buffer_limit_bytes",
+	"rds": "max_direct_response_body_size_bytes",
 }
 
 func summaryRow(w io.Writer, name string, s Summary) {

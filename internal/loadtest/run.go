@@ -20,15 +20,15 @@ type backend interface {
 // the tool serves one.
 type xdsBackend struct {
 	*xdsClients
-	cp *ControlPlane // nil against an outside server
+	cp *controlPlane // nil against an outside server
 }
 
-func (b *xdsBackend) publish(seq int) (time.Time, error) { return b.cp.Publish(seq) }
+func (b *xdsBackend) publish(seq int) (time.Time, error) { return b.cp.publish(seq) }
 func (b *xdsBackend) bytesReceived() int64               { return b.bytes.n.Load() }
 
 func (b *xdsBackend) stop() {
 	if b.cp != nil {
-		b.cp.Stop()
+		b.cp.stop()
 	}
 }
 
@@ -45,13 +45,17 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	b, err := startBackend(&cfg)
+	coding := newSeqCoding(kinds[cfg.Type], cfg.Updates)
+	b, err := startBackend(&cfg, coding)
 	if err != nil {
 		return nil, err
 	}
 	defer b.stop()
 	tr := newTracker(cfg.Clients, cfg.Updates)
 	res := &Result{Config: cfg}
+	if cfg.ServeCP != "" && !cfg.Floor {
+		res.SeqBase = coding.base
+	}
 	if cfg.PID > 0 {
 		if res.RSS.Start, err = ReadRSS(cfg.PID); err != nil {
 			return nil, err
@@ -68,19 +72,19 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	return res, err
 }
 
-func startBackend(cfg *Config) (backend, error) {
+func startBackend(cfg *Config, coding seqCoding) (backend, error) {
 	if cfg.Floor {
 		return startFloor(cfg)
 	}
-	b := &xdsBackend{xdsClients: &xdsClients{cfg: cfg, kind: kinds[cfg.Type]}}
+	b := &xdsBackend{xdsClients: &xdsClients{cfg: cfg, coding: coding}}
 	if cfg.ServeCP != "" {
-		cp, err := StartControlPlane(cfg)
+		cp, err := startControlPlane(cfg, coding)
 		if err != nil {
 			return nil, err
 		}
 		b.cp = cp
 		if cfg.Target == "" {
-			cfg.Target = cp.Addr
+			cfg.Target = cp.addr
 		}
 	}
 	return b, nil
@@ -152,11 +156,12 @@ func publishAll(ctx context.Context, cfg *Config, tr *tracker, b backend) error 
 			timer.Stop()
 			return fmt.Errorf("before update %d: %w", seq, ctx.Err())
 		}
+		tr.announce(seq)
 		t, err := b.publish(seq)
 		if err != nil {
 			return fmt.Errorf("update %d: %w", seq, err)
 		}
-		tr.publish(seq, t)
+		tr.pub[seq] = t
 	}
 	return nil
 }

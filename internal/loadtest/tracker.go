@@ -25,7 +25,8 @@ type tracker struct {
 	connected  atomic.Int64
 	configured atomic.Int64
 	failed     atomic.Int64
-	published  atomic.Int64
+	published  atomic.Int64   // updates announced, before they are sent
+	early      atomic.Int64   // responses with an update not yet published
 	delivered  []atomic.Int64 // per seq: clients that have it
 	// Clients that have the first config (or the last update) or failed:
 	// what the driver waits on.
@@ -75,9 +76,15 @@ func (tr *tracker) established(i int) {
 }
 
 // observe records that client i received, at t, a response whose newest
-// resource carries seq: it has every update up to seq.
+// resource carries seq: it has every update up to seq. A seq that is not
+// published yet counts as the last one that is: such a resource cannot come
+// from this run.
 func (tr *tracker) observe(i, seq int, t time.Time) {
 	c := &tr.clients[i]
+	if p := int(tr.published.Load()); seq > p {
+		tr.early.Add(1)
+		seq = p
+	}
 	if c.seq < 0 {
 		c.configured, c.seq = t, 0
 		tr.configured.Add(1)
@@ -113,10 +120,9 @@ func (tr *tracker) fail(i int, err error) {
 	tr.poke()
 }
 
-func (tr *tracker) publish(seq int, t time.Time) {
-	tr.pub[seq] = t
-	tr.published.Store(int64(seq))
-}
+// announce lets clients accept update seq; it comes before the update is
+// sent, so that no client can have it earlier.
+func (tr *tracker) announce(seq int) { tr.published.Store(int64(seq)) }
 
 // wait returns once every client has settled, as count tells.
 func (tr *tracker) wait(ctx context.Context, count *atomic.Int64) error {
