@@ -43,6 +43,9 @@
 //   - with --pid PID (or "self"), the server's VmRSS before the clients,
 //     once they are all configured and at the end, and the growth per client.
 //
+// Against a server it does not serve itself (no --serve-cp), there are no
+// updates to follow: the run ends once every client has its first config.
+//
 // A progress line goes to stderr every second. Every wait is bounded by
 // --timeout: the run stops by itself, and prints what it measured so far.
 //
