@@ -40,8 +40,9 @@
 //     distribution of every client's receipt of every update; per update,
 //     p50, p99 and the last client;
 //   - bytes received by all clients (gRPC messages with their framing);
-//   - with --pid PID (or "self"), the server's VmRSS before the clients,
-//     once they are all configured and at the end, and the growth per client.
+//   - with --pid PID, the server's VmRSS before the clients, once they are
+//     all configured and at the end, and the growth per client ("self" is
+//     this process: the --serve-cp control plane and the clients together).
 //
 // Against a server it does not serve itself (no --serve-cp), there are no
 // updates to follow: the run ends once every client has its first config.

@@ -77,7 +77,7 @@ func (f *flags) define(fs *flag.FlagSet) {
 	fs.StringVar(&c.Type, "type", "eds", "resource type: eds, cds, lds or rds")
 	fs.StringVar(&f.names, "names", "", "comma-separated resource `names` to subscribe to; empty: wildcard")
 	fs.StringVar(&c.NodeCluster, "node-cluster", "load", "node.cluster sent by every client (node.id is xdsload-<i>)")
-	fs.StringVar(&f.pid, "pid", "", "sample the VmRSS of server process `PID` (or \"self\") at the start, once every client is configured, and at the end")
+	fs.StringVar(&f.pid, "pid", "", "sample the VmRSS of server process `PID` at the start, once every client is configured, and at the end; \"self\": this process, clients included")
 	fs.DurationVar(&c.Timeout, "timeout", 2*time.Minute, "bound on the whole run, which stops by itself then")
 	fs.StringVar(&c.ServeCP, "serve-cp", "", "serve a go-control-plane control plane on `addr` and publish updates")
 	fs.StringVar(&c.CPCache, "cp-cache", loadtest.CacheSnapshot, "control-plane cache: snapshot (keyed by node.cluster) or linear")
