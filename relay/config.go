@@ -44,8 +44,8 @@ type Config struct {
 	ShutdownTimeout time.Duration
 }
 
-// Default returns the default configuration, as config.example.yaml
-// documents it.
+// Default returns the default configuration: what the binary uses for a key
+// that neither the file nor the environment sets.
 func Default() Config {
 	var c Config
 	c.Upstream.Address = "127.0.0.1:18000"

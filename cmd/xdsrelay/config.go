@@ -131,6 +131,11 @@ func getString(v *viper.Viper, key string) (string, error) {
 		return val, nil
 	case nil:
 		return "", nil
+	case int:
+		if val == 0 {
+			return "0s", nil // a bare 0 is the one duration that needs no unit
+		}
+		return "", fmt.Errorf("%s: want a string, got %v (durations need a unit, e.g. %ds)", key, val, val)
 	default:
 		return "", fmt.Errorf("%s: want a string, got %v", key, val)
 	}

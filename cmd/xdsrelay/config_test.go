@@ -72,6 +72,15 @@ func TestLoadConfig(t *testing.T) {
 		{name: "malformed downstream address", env: map[string]string{"XDSRELAY_DOWNSTREAM_ADDRESS": "1.2.3.4:port"}, wantErr: "downstream.address"},
 		{name: "malformed duration", yaml: "cache:\n  retention: 5 minutes\n", wantErr: "cache.retention"},
 		{name: "duration without unit", yaml: "shutdown_timeout: 10\n", wantErr: "shutdown_timeout"},
+		{
+			name: "zero retention",
+			yaml: "cache:\n  retention: 0\n",
+			check: func(t *testing.T, o Options) {
+				if o.Relay.Cache.Retention != 0 {
+					t.Errorf("retention %s", o.Relay.Cache.Retention)
+				}
+			},
+		},
 		{name: "unknown group field", yaml: "upstream:\n  group_by: [colour]\n", wantErr: "upstream.group_by"},
 		{name: "bad log level", yaml: "log:\n  level: loud\n", wantErr: "log.level"},
 		{name: "address as a list", yaml: "admin:\n  address: [a, b]\n", wantErr: "admin.address"},
