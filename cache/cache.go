@@ -266,6 +266,21 @@ func (c *Cache) All(typeURL string) (rs []*Resource, synced bool) {
 	return rs, t.synced
 }
 
+// Len returns how many resources the cache holds.
+func (c *Cache) Len() int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	n := 0
+	for _, t := range c.types {
+		for _, e := range t.entries {
+			if e.res != nil {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 // Version returns the type's version: it changes whenever a resource of the
 // type changes.
 func (c *Cache) Version(typeURL string) uint64 {

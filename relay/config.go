@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -18,6 +19,21 @@ type Config struct {
 		// group key (id, cluster, locality.region, locality.zone,
 		// locality.sub_zone, metadata.<key>); empty for one group.
 		GroupBy []string
+		// Addresses is upstream.addresses: more control planes, tried
+		// in turn with upstream.address when one fails.
+		Addresses []string
+		// ReconnectBaseDelay and ReconnectMaxDelay are
+		// upstream.reconnect.base_delay and .max_delay: the exponential
+		// backoff (with jitter) between attempts to reach the control plane.
+		ReconnectBaseDelay time.Duration
+		ReconnectMaxDelay  time.Duration
+		// MaxMessageBytes is upstream.max_message_bytes: the largest
+		// response accepted from the control plane.
+		MaxMessageBytes int
+		// KeepaliveTime and KeepaliveTimeout are upstream.keepalive.time
+		// and .timeout: HTTP/2 pings on the upstream connection.
+		KeepaliveTime    time.Duration
+		KeepaliveTimeout time.Duration
 	}
 	Downstream struct {
 		// Address is downstream.address: where xDS clients connect.
@@ -50,6 +66,11 @@ func Default() Config {
 	var c Config
 	c.Upstream.Address = "127.0.0.1:18000"
 	c.Upstream.GroupBy = []string{"cluster"}
+	c.Upstream.ReconnectBaseDelay = 500 * time.Millisecond
+	c.Upstream.ReconnectMaxDelay = 30 * time.Second
+	c.Upstream.MaxMessageBytes = 256 << 20
+	c.Upstream.KeepaliveTime = 30 * time.Second
+	c.Upstream.KeepaliveTimeout = 10 * time.Second
 	c.Downstream.Address = "0.0.0.0:18001"
 	c.Downstream.PollTimeout = 30 * time.Second
 	c.Admin.Address = "127.0.0.1:9901"
@@ -69,6 +90,26 @@ func (c *Config) Validate() error {
 		}
 	} else if err := checkHostPort(c.Upstream.Address); err != nil {
 		return fmt.Errorf("upstream.address: %w", err)
+	}
+	for _, a := range c.Upstream.Addresses {
+		if err := checkHostPort(a); err != nil {
+			return fmt.Errorf("upstream.addresses: %w", err)
+		}
+	}
+	if len(c.Upstream.Addresses) > 0 && strings.HasPrefix(c.Upstream.Address, FilePrefix) {
+		return errors.New("upstream.addresses: cannot be combined with a file:// upstream.address")
+	}
+	switch {
+	case c.Upstream.ReconnectBaseDelay <= 0:
+		return fmt.Errorf("upstream.reconnect.base_delay: must be positive, got %s", c.Upstream.ReconnectBaseDelay)
+	case c.Upstream.ReconnectMaxDelay < c.Upstream.ReconnectBaseDelay:
+		return fmt.Errorf("upstream.reconnect.max_delay: %s is below base_delay %s", c.Upstream.ReconnectMaxDelay, c.Upstream.ReconnectBaseDelay)
+	case c.Upstream.MaxMessageBytes < 1<<20:
+		return fmt.Errorf("upstream.max_message_bytes: %d is below 1 MiB", c.Upstream.MaxMessageBytes)
+	case c.Upstream.KeepaliveTime < 10*time.Second:
+		return fmt.Errorf("upstream.keepalive.time: %s is below gRPC's minimum of 10s", c.Upstream.KeepaliveTime)
+	case c.Upstream.KeepaliveTimeout <= 0:
+		return fmt.Errorf("upstream.keepalive.timeout: must be positive, got %s", c.Upstream.KeepaliveTimeout)
 	}
 	for _, f := range c.Upstream.GroupBy {
 		if err := checkGroupField(f); err != nil {

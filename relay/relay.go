@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,7 +15,6 @@ import (
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/xdsrelay/xdsrelay/cache"
@@ -22,10 +22,6 @@ import (
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/upstream"
 )
-
-// maxUpstreamMessage bounds an upstream response: control planes send large
-// CDS responses, well above gRPC's 4 MiB default.
-const maxUpstreamMessage = 256 << 20
 
 // Relay is a running relay.
 type Relay struct {
@@ -58,6 +54,7 @@ type Relay struct {
 type group struct {
 	key     string
 	cache   *cache.Cache
+	status  func() upstream.Status
 	clients int // guarded by Relay.mu
 	cancel  context.CancelFunc
 	done    chan struct{}
@@ -79,6 +76,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	}
 	r.upm = upstream.NewMetrics(r.metrics)
 	r.groupsG = r.metrics.Gauge("xdsrelay_groups", "Groups of downstream clients, each with its own upstream stream.").With()
+	r.registerGroupMetrics()
 	if dir, ok := strings.CutPrefix(cfg.Upstream.Address, FilePrefix); ok {
 		f, err := upstream.NewFile(dir, logger)
 		if err != nil {
@@ -86,13 +84,9 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 		}
 		r.file = f
 	} else {
-		conn, err := grpc.NewClient(cfg.Upstream.Address,
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxUpstreamMessage)),
-			grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
-		)
+		conn, err := dialUpstream(cfg)
 		if err != nil {
-			return nil, fmt.Errorf("upstream.address: %w", err)
+			return nil, err
 		}
 		r.conn = conn
 	}
@@ -279,15 +273,18 @@ func (r *Relay) startGroupLocked(key string, node *corepb.Node) (*group, error) 
 	var run func()
 	if r.file != nil {
 		run = func() { r.file.Serve(ctx, g.cache) }
+		g.status = r.file.Status
 	} else {
 		up, err := upstream.New(upstream.Options{
 			Conn: r.conn, Node: node, Cache: g.cache, Group: key, Metrics: r.upm, Logger: r.log,
+			Backoff: reconnectBackoff(r.cfg),
 		})
 		if err != nil {
 			cancel()
 			return nil, err
 		}
 		run = func() { up.Run(ctx) }
+		g.status = up.Status
 	}
 	go func() {
 		defer close(g.done)
@@ -339,11 +336,75 @@ func (r *Relay) adminHandler() http.Handler {
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
 			return
 		}
+		// Ready while serving, whatever the control plane does: clients are
+		// served from the cache ("outages are not outages"). Each group's
+		// upstream state follows, for people.
 		fmt.Fprintln(w, "ready")
+		for _, g := range r.snapshotGroups() {
+			fmt.Fprintf(w, "group %q: %s\n", g.key, describe(g.status(), g.cache.Len()))
+		}
 	})
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		r.metrics.WriteTo(w)
 	})
 	return mux
+}
+
+func (r *Relay) snapshotGroups() []*group {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	gs := make([]*group, 0, len(r.groups))
+	for _, g := range r.groups {
+		gs = append(gs, g)
+	}
+	slices.SortFunc(gs, func(a, b *group) int { return strings.Compare(a.key, b.key) })
+	return gs
+}
+
+func describe(s upstream.Status, resources int) string {
+	state := "upstream connected"
+	if !s.Connected {
+		state = "upstream DOWN, serving from cache"
+		if s.LastError != "" {
+			state += " (" + s.LastError + ")"
+		}
+	}
+	age := "no response yet"
+	if !s.LastResponse.IsZero() {
+		age = "last response " + time.Since(s.LastResponse).Round(time.Second).String() + " ago"
+	}
+	return fmt.Sprintf("%s; %d resources cached; %s", state, resources, age)
+}
+
+// registerGroupMetrics sets, at each scrape, the gauges computed from the
+// groups: how old each cache is (since its last upstream response) and how
+// many resources it holds.
+func (r *Relay) registerGroupMetrics() {
+	age := r.metrics.Gauge("xdsrelay_cache_age_seconds", "Seconds since the group's last upstream response (-1 before the first).", "group")
+	size := r.metrics.Gauge("xdsrelay_cache_resources", "Resources cached for the group.", "group")
+	var mu sync.Mutex
+	var last []string // guarded by mu: scrapes may overlap
+	r.metrics.OnScrape(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		var keys []string
+		for _, g := range r.snapshotGroups() {
+			s := g.status()
+			a := int64(-1)
+			if !s.LastResponse.IsZero() {
+				a = int64(time.Since(s.LastResponse).Seconds())
+			}
+			age.With(g.key).Set(a)
+			size.With(g.key).Set(int64(g.cache.Len()))
+			keys = append(keys, g.key)
+		}
+		for _, k := range last {
+			if !slices.Contains(keys, k) {
+				age.Delete(k)
+				size.Delete(k)
+			}
+		}
+		last = keys
+	})
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -52,6 +53,29 @@ type Client struct {
 	opts Options
 	ads  discoverypb.AggregatedDiscoveryServiceClient
 	log  *slog.Logger
+
+	mu     sync.Mutex
+	status Status // guarded by mu
+}
+
+// Status is what the admin endpoint shows of a group's upstream.
+type Status struct {
+	Connected    bool      // the stream is up and the control plane has answered on it
+	LastResponse time.Time // of the last response received; zero if none yet
+	LastError    string    // why the last stream ended
+}
+
+// Status returns the upstream's current status.
+func (c *Client) Status() Status {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.status
+}
+
+func (c *Client) setStatus(f func(*Status)) {
+	c.mu.Lock()
+	f(&c.status)
+	c.mu.Unlock()
 }
 
 // New returns a client; Run starts it.
@@ -86,6 +110,7 @@ func (c *Client) Run(ctx context.Context) {
 	for attempt := 0; ; attempt++ {
 		healthy, err := c.session(ctx)
 		c.opts.Metrics.Streams.With(c.opts.Group).Set(0)
+		c.setStatus(func(s *Status) { s.Connected, s.LastError = false, fmt.Sprint(err) })
 		if ctx.Err() != nil {
 			return
 		}
@@ -163,6 +188,7 @@ func (c *Client) session(ctx context.Context) (healthy bool, err error) {
 				healthy = true
 				c.opts.Metrics.Streams.With(c.opts.Group).Set(1)
 			}
+			c.setStatus(func(s *Status) { s.Connected, s.LastResponse = true, time.Now() })
 			if err := s.handle(r); err != nil {
 				return healthy, err
 			}

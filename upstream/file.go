@@ -38,6 +38,15 @@ type File struct {
 	mu        sync.Mutex
 	resources map[string]map[string]*cache.Resource // type → name → resource; replaced whole, never mutated
 	wakes     map[chan struct{}]struct{}
+	loaded    time.Time // when the files last loaded
+}
+
+// Status reports the files as a connected upstream whose last response is
+// the last successful load.
+func (f *File) Status() Status {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return Status{Connected: true, LastResponse: f.loaded}
 }
 
 // NewFile loads dir; an error names the file that does not load.
@@ -50,7 +59,7 @@ func NewFile(dir string, logger *slog.Logger) (*File, error) {
 	if err != nil {
 		return nil, err
 	}
-	f.resources = rs
+	f.resources, f.loaded = rs, time.Now()
 	return f, nil
 }
 
@@ -99,7 +108,7 @@ func (f *File) reload() {
 		return
 	}
 	f.mu.Lock()
-	f.resources = rs
+	f.resources, f.loaded = rs, time.Now()
 	for w := range f.wakes {
 		select {
 		case w <- struct{}{}:

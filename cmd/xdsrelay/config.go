@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,15 +26,21 @@ type Options struct {
 var keys = func() map[string]any {
 	d := relay.Default()
 	return map[string]any{
-		"upstream.address":        d.Upstream.Address,
-		"upstream.group_by":       d.Upstream.GroupBy,
-		"downstream.address":      d.Downstream.Address,
-		"downstream.rest_address": d.Downstream.RESTAddress,
-		"downstream.poll_timeout": d.Downstream.PollTimeout.String(),
-		"admin.address":           d.Admin.Address,
-		"cache.retention":         d.Cache.Retention.String(),
-		"shutdown_timeout":        d.ShutdownTimeout.String(),
-		"log.level":               "info",
+		"upstream.address":              d.Upstream.Address,
+		"upstream.group_by":             d.Upstream.GroupBy,
+		"upstream.addresses":            []string{},
+		"upstream.reconnect.base_delay": d.Upstream.ReconnectBaseDelay.String(),
+		"upstream.reconnect.max_delay":  d.Upstream.ReconnectMaxDelay.String(),
+		"upstream.max_message_bytes":    d.Upstream.MaxMessageBytes,
+		"upstream.keepalive.time":       d.Upstream.KeepaliveTime.String(),
+		"upstream.keepalive.timeout":    d.Upstream.KeepaliveTimeout.String(),
+		"downstream.address":            d.Downstream.Address,
+		"downstream.rest_address":       d.Downstream.RESTAddress,
+		"downstream.poll_timeout":       d.Downstream.PollTimeout.String(),
+		"admin.address":                 d.Admin.Address,
+		"cache.retention":               d.Cache.Retention.String(),
+		"shutdown_timeout":              d.ShutdownTimeout.String(),
+		"log.level":                     "info",
 	}
 }()
 
@@ -78,8 +85,19 @@ func loadConfig(file string, env func(string) (string, bool)) (Options, error) {
 		}
 		errs = append(errs, err)
 	}
+	integer := func(key string, dst *int) {
+		n, err := getInt(v, key)
+		errs = append(errs, err)
+		*dst = n
+	}
 	str("upstream.address", &o.Relay.Upstream.Address)
 	o.Relay.Upstream.GroupBy, errs = getList(v, "upstream.group_by"), append(errs, nil)
+	o.Relay.Upstream.Addresses = getList(v, "upstream.addresses")
+	dur("upstream.reconnect.base_delay", &o.Relay.Upstream.ReconnectBaseDelay)
+	dur("upstream.reconnect.max_delay", &o.Relay.Upstream.ReconnectMaxDelay)
+	integer("upstream.max_message_bytes", &o.Relay.Upstream.MaxMessageBytes)
+	dur("upstream.keepalive.time", &o.Relay.Upstream.KeepaliveTime)
+	dur("upstream.keepalive.timeout", &o.Relay.Upstream.KeepaliveTimeout)
 	str("downstream.address", &o.Relay.Downstream.Address)
 	str("downstream.rest_address", &o.Relay.Downstream.RESTAddress)
 	dur("downstream.poll_timeout", &o.Relay.Downstream.PollTimeout)
@@ -125,7 +143,16 @@ func flatten(prefix string, m map[string]any) map[string]any {
 	return out
 }
 
+// known panics on a key missing from keys: a programming error that the
+// tests catch, since such a key could not be set from the environment.
+func known(key string) {
+	if _, ok := keys[key]; !ok {
+		panic("config: key " + key + " is not registered")
+	}
+}
+
 func getString(v *viper.Viper, key string) (string, error) {
+	known(key)
 	switch val := v.Get(key).(type) {
 	case string:
 		return val, nil
@@ -144,6 +171,7 @@ func getString(v *viper.Viper, key string) (string, error) {
 // getList reads a list from YAML, or a comma-separated string from the
 // environment.
 func getList(v *viper.Viper, key string) []string {
+	known(key)
 	switch val := v.Get(key).(type) {
 	case string:
 		var out []string
@@ -163,4 +191,20 @@ func getList(v *viper.Viper, key string) []string {
 		return out
 	}
 	return nil
+}
+
+func getInt(v *viper.Viper, key string) (int, error) {
+	known(key)
+	switch val := v.Get(key).(type) {
+	case int:
+		return val, nil
+	case string: // from the environment
+		n, err := strconv.Atoi(strings.TrimSpace(val))
+		if err != nil {
+			return 0, fmt.Errorf("%s: %q is not a whole number", key, val)
+		}
+		return n, nil
+	default:
+		return 0, fmt.Errorf("%s: want a whole number, got %v", key, val)
+	}
 }

@@ -15,7 +15,16 @@ import (
 // Registry holds metric families in registration order.
 type Registry struct {
 	mu       sync.Mutex
-	families []*Vec // guarded by mu
+	families []*Vec   // guarded by mu
+	collect  []func() // guarded by mu; run before every write
+}
+
+// OnScrape registers f to run before the metrics are written, to set gauges
+// that are computed rather than kept (ages, sizes).
+func (r *Registry) OnScrape(f func()) {
+	r.mu.Lock()
+	r.collect = append(r.collect, f)
+	r.mu.Unlock()
 }
 
 // Vec is a metric family: one value per combination of label values.
@@ -99,7 +108,11 @@ func (r *Registry) WriteTo(w io.Writer) (int64, error) {
 	var b strings.Builder
 	r.mu.Lock()
 	families := slices.Clone(r.families)
+	collect := slices.Clone(r.collect)
 	r.mu.Unlock()
+	for _, f := range collect {
+		f()
+	}
 	for _, f := range families {
 		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s %s\n", f.name, f.help, f.name, f.kind)
 		f.mu.RLock()

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -46,9 +47,13 @@ type ControlPlane struct {
 	SotWStreams   atomic.Int64 // SotW streams opened
 	DeltaRequests atomic.Int64 // delta requests received
 
+	srv serverv3.Server
+	t   testing.TB
+
 	mu    sync.Mutex
 	nodes []*corepb.Node // first request's node of each delta stream
 	reqs  []*discoverypb.DeltaDiscoveryRequest
+	stop  func() // stops the serving gRPC server; nil while stopped
 }
 
 // Start runs a control plane until the test ends.
@@ -76,25 +81,60 @@ func Start(t testing.TB) *ControlPlane {
 		},
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	srv := serverv3.NewServer(ctx, cp.Cache, cb)
-	g := grpc.NewServer()
-	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, srv)
+	cp.srv, cp.t = serverv3.NewServer(ctx, cp.Cache, cb), t
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	cp.Addr = ln.Addr().String()
+	cp.serve(ln)
+	t.Cleanup(func() {
+		cp.Stop()
+		cancel()
+	})
+	return cp
+}
+
+func (cp *ControlPlane) serve(ln net.Listener) {
+	g := grpc.NewServer()
+	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, cp.srv)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		_ = g.Serve(ln)
 	}()
-	t.Cleanup(func() {
-		g.Stop()
-		cancel()
-		<-done
-	})
-	return cp
+	cp.mu.Lock()
+	cp.stop = func() { g.Stop(); <-done }
+	cp.mu.Unlock()
+}
+
+// Stop kills the control plane: its connections are closed and its address
+// refuses new ones, as in an outage. The snapshots are kept.
+func (cp *ControlPlane) Stop() {
+	cp.mu.Lock()
+	stop := cp.stop
+	cp.stop = nil
+	cp.mu.Unlock()
+	if stop != nil {
+		stop()
+	}
+}
+
+// Restart brings a stopped control plane back on the same address.
+func (cp *ControlPlane) Restart() {
+	cp.t.Helper()
+	var ln net.Listener
+	var err error
+	for range 100 { // the port may take a moment to be free again
+		if ln, err = net.Listen("tcp", cp.Addr); err == nil {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil {
+		cp.t.Fatalf("restart control plane: %v", err)
+	}
+	cp.serve(ln)
 }
 
 // Nodes returns the node of every delta stream's first request.
