@@ -1,0 +1,166 @@
+package relay
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+)
+
+func fastReconnect(c *Config) {
+	c.Upstream.ReconnectBaseDelay = 20 * time.Millisecond
+	c.Upstream.ReconnectMaxDelay = 100 * time.Millisecond
+}
+
+func readyz(t *testing.T, r *Relay) string {
+	t.Helper()
+	resp, err := http.Get("http://" + r.AdminAddr() + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/readyz: %d %s", resp.StatusCode, b)
+	}
+	return string(b)
+}
+
+// Outages are not outages: with the control plane killed, clients keep their
+// streams and configuration and new clients are served from the cache; when
+// it comes back with a changed and a deleted resource, the relay resumes with
+// initial_resource_versions and clients get exactly the difference.
+func TestUpstreamOutage(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("x"), testcp.Cluster("y"), testcp.Cluster("keep"))
+	r := startRelay(t, cp.Addr, fastReconnect)
+
+	old := openDelta(t, r.Addr())
+	old.send(&discoverypb.DeltaDiscoveryRequest{Node: node("old", "c1"), TypeUrl: resourcev3.ClusterType})
+	if got := deltaNames(old.recv()); !slices.Equal(got, []string{"keep", "x", "y"}) {
+		t.Fatalf("before the outage: %v", got)
+	}
+
+	cp.Stop()
+	eventually(t, "the relay to notice the outage", func() bool {
+		return strings.Contains(readyz(t, r), "upstream DOWN")
+	})
+	if m := getMetrics(t, r); !strings.Contains(m, `xdsrelay_upstream_connected{group="cluster=c1"} 0`) {
+		t.Errorf("/metrics does not show the group's upstream down:\n%s", m)
+	}
+	old.quiet(100 * time.Millisecond) // the stream stays open, nothing is taken away
+
+	late := openSotW(t, r.Addr())
+	late.send(&discoverypb.DiscoveryRequest{Node: node("late", "c1"), TypeUrl: resourcev3.ClusterType})
+	if got := sotwClusters(t, late.recv()); !slices.Equal(got, []string{"keep", "x", "y"}) {
+		t.Fatalf("a new client during the outage got %v", got)
+	}
+
+	changed := testcp.Cluster("x")
+	changed.ConnectTimeout.Seconds = 42
+	cp.Set(t, "c1", "2", changed, testcp.Cluster("keep"))
+	streamsBefore := cp.DeltaStreams.Load()
+	cp.Restart()
+
+	var sent, removed []string
+	for !slices.Contains(sent, "x") || !slices.Contains(removed, "y") {
+		resp := old.recv()
+		sent = append(sent, deltaNames(resp)...)
+		removed = append(removed, resp.GetRemovedResources()...)
+	}
+	if slices.Contains(sent, "keep") {
+		t.Errorf("the unchanged resource was re-sent: %v", sent)
+	}
+	if got := sotwClusters(t, late.recv()); !slices.Equal(got, []string{"keep", "x"}) {
+		t.Errorf("SotW client after the outage: %v", got)
+	}
+	eventually(t, "the relay to see the control plane again", func() bool {
+		return strings.Contains(readyz(t, r), "upstream connected")
+	})
+	if n := cp.DeltaStreams.Load() - streamsBefore; n != 1 {
+		t.Errorf("%d upstream streams after the restart, want 1", n)
+	}
+	// The resumed stream told the control plane what the relay had.
+	var resumed *discoverypb.DeltaDiscoveryRequest
+	for _, req := range cp.Requests() {
+		if len(req.GetInitialResourceVersions()) > 0 {
+			resumed = req
+		}
+	}
+	if resumed == nil || len(resumed.GetInitialResourceVersions()) != 3 {
+		t.Fatalf("resumed without the cached versions: %v", resumed)
+	}
+}
+
+// Updates keep flowing while the control plane flaps: clients end at its
+// final state.
+func TestUpstreamFlapping(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "0", testcp.Endpoints("a", "10.0.0.0:80"))
+	r := startRelay(t, cp.Addr, fastReconnect)
+	s := openDelta(t, r.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{"a"}})
+	s.recv()
+	for i := 1; i <= 5; i++ {
+		cp.Stop()
+		cp.Set(t, "c1", fmt.Sprint(i), testcp.Endpoints("a", fmt.Sprintf("10.0.0.%d:80", i)))
+		time.Sleep(30 * time.Millisecond) // let the relay see the outage
+		cp.Restart()
+		cp.Set(t, "c1", fmt.Sprint(i)+"b", testcp.Endpoints("a", fmt.Sprintf("10.0.1.%d:80", i)))
+	}
+	want := r.groupCache("cluster=c1")
+	eventually(t, "the client to reach the final state", func() bool {
+		l := want.Get(resourcev3.EndpointType, []string{"a"})[0]
+		return l.Resource != nil && strings.Contains(string(l.Resource.Any), "10.0.1.5")
+	})
+	final := want.Get(resourcev3.EndpointType, []string{"a"})[0].Resource.Version
+	for {
+		resp := s.recv()
+		if len(resp.GetResources()) == 1 && resp.GetResources()[0].GetVersion() == final {
+			break
+		}
+	}
+}
+
+// A reconnect storm costs the control plane nothing: hundreds of clients
+// dropping and coming back open no upstream stream and subscribe nothing.
+func TestReconnectStorm(t *testing.T) {
+	const clients = 200
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("x"), testcp.Endpoints("a", "10.0.0.1:80"))
+	r := startRelay(t, cp.Addr)
+	connect := func() []*deltaStream {
+		var ss []*deltaStream
+		for i := range clients {
+			s := openDelta(t, r.Addr())
+			s.send(&discoverypb.DeltaDiscoveryRequest{Node: node(fmt.Sprint("n", i), "c1"), TypeUrl: resourcev3.ClusterType})
+			s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{"a"}})
+			ss = append(ss, s)
+		}
+		for _, s := range ss {
+			s.recv()
+			s.recv()
+		}
+		return ss
+	}
+	first := connect()
+	streams, requests := cp.DeltaStreams.Load(), cp.DeltaRequests.Load()
+	for _, s := range first {
+		s.close()
+	}
+	connect()
+	if n := cp.DeltaStreams.Load(); n != streams {
+		t.Errorf("the storm opened %d upstream streams", n-streams)
+	}
+	if n := cp.DeltaRequests.Load(); n != requests {
+		t.Errorf("the storm sent %d upstream requests", n-requests)
+	}
+}
