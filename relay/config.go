@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"time"
 )
@@ -54,6 +55,12 @@ type Config struct {
 		// Retention is cache.retention: how long a resource nobody
 		// watches stays subscribed and cached.
 		Retention time.Duration
+		// PersistDir is cache.persist_dir: where the caches are saved
+		// (atomically) and restored from on start; empty disables it.
+		PersistDir string
+		// PersistInterval is cache.persist_interval: how often changed
+		// caches are saved (and once more on shutdown).
+		PersistInterval time.Duration
 	}
 	// ShutdownTimeout is shutdown_timeout: how long Shutdown waits for
 	// streams to end before closing them.
@@ -75,6 +82,7 @@ func Default() Config {
 	c.Downstream.PollTimeout = 30 * time.Second
 	c.Admin.Address = "127.0.0.1:9901"
 	c.Cache.Retention = 5 * time.Minute
+	c.Cache.PersistInterval = 10 * time.Second
 	c.ShutdownTimeout = 10 * time.Second
 	return c
 }
@@ -134,6 +142,14 @@ func (c *Config) Validate() error {
 	}
 	if c.Cache.Retention < 0 {
 		return fmt.Errorf("cache.retention: must not be negative, got %s", c.Cache.Retention)
+	}
+	if c.Cache.PersistDir != "" {
+		if st, err := os.Stat(c.Cache.PersistDir); err != nil || !st.IsDir() {
+			return fmt.Errorf("cache.persist_dir: %q is not a directory", c.Cache.PersistDir)
+		}
+		if c.Cache.PersistInterval <= 0 {
+			return fmt.Errorf("cache.persist_interval: must be positive, got %s", c.Cache.PersistInterval)
+		}
 	}
 	if c.ShutdownTimeout <= 0 {
 		return fmt.Errorf("shutdown_timeout: must be positive, got %s", c.ShutdownTimeout)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -48,14 +49,29 @@ func startRelay(t *testing.T, upstream string, mutate ...func(*Config)) *Relay {
 	if err := r.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), wait)
-		defer cancel()
-		if err := r.Shutdown(ctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-	})
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			if err := r.Shutdown(ctx); err != nil {
+				t.Errorf("shutdown: %v", err)
+			}
+		})
+	}
+	shutdowns.Store(r, stop)
+	t.Cleanup(stop)
 	return r
+}
+
+// shutdowns holds, for each relay started by startRelay, its one shutdown.
+var shutdowns sync.Map
+
+// shutdown stops a relay started by startRelay before the test ends.
+func shutdown(t *testing.T, r *Relay) {
+	t.Helper()
+	stop, _ := shutdowns.Load(r)
+	stop.(func())()
 }
 
 func dial(t *testing.T, addr string) *grpc.ClientConn {

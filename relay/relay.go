@@ -53,6 +53,7 @@ type Relay struct {
 // group is one group of clients: a cache and the upstream that fills it.
 type group struct {
 	key     string
+	node    *corepb.Node // presented upstream; read-only
 	cache   *cache.Cache
 	status  func() upstream.Status
 	clients int // guarded by Relay.mu
@@ -107,6 +108,9 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 
 // Start listens and serves; it returns once the relay accepts clients.
 func (r *Relay) Start() error {
+	if r.cfg.Cache.PersistDir != "" {
+		r.restore()
+	}
 	ln, err := net.Listen("tcp", r.cfg.Downstream.Address)
 	if err != nil {
 		return fmt.Errorf("downstream.address: %w", err)
@@ -148,6 +152,9 @@ func (r *Relay) Start() error {
 		})
 	}
 	r.goRun(r.sweep)
+	if r.cfg.Cache.PersistDir != "" {
+		r.goRun(func() { r.persist(r.cfg.Cache.PersistInterval) })
+	}
 	r.goRun(func() {
 		if err := r.grpc.Serve(ln); err != nil {
 			r.log.Error("downstream server", "error", err)
@@ -211,24 +218,20 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 		r.grpc.Stop()
 		<-stopped
 	}
-	r.cancel()
-	r.mu.Lock()
-	groups := r.groups
-	r.groups = make(map[string]*group)
-	r.mu.Unlock()
-	for _, g := range groups {
-		<-g.done
-	}
 	var err error
 	for _, h := range []*http.Server{r.rest, r.admin} {
 		if h != nil {
 			err = errors.Join(err, h.Shutdown(ctx))
 		}
 	}
+	r.cancel() // ends the upstreams, the sweeper and, after a last write, the persister
+	for _, g := range r.snapshotGroups() {
+		<-g.done
+	}
+	r.wg.Wait()
 	if r.conn != nil {
 		err = errors.Join(err, r.conn.Close())
 	}
-	r.wg.Wait()
 	return err
 }
 
@@ -247,7 +250,7 @@ func (r *Relay) Join(node *corepb.Node) (*cache.Cache, func(), error) {
 	g := r.groups[key]
 	if g == nil {
 		var err error
-		if g, err = r.startGroupLocked(key, node); err != nil {
+		if g, err = r.startGroupLocked(key, node, nil); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -262,13 +265,19 @@ func (r *Relay) Join(node *corepb.Node) (*cache.Cache, func(), error) {
 	}, nil
 }
 
-func (r *Relay) startGroupLocked(key string, node *corepb.Node) (*group, error) {
+// startGroupLocked creates a group, its cache filled with saved (restored)
+// contents if any, and starts its upstream presenting node.
+func (r *Relay) startGroupLocked(key string, node *corepb.Node, saved []cache.TypeState) (*group, error) {
 	ctx, cancel := context.WithCancel(r.ctx)
 	g := &group{
 		key:    key,
+		node:   node,
 		cache:  cache.New(cache.Options{Retention: r.cfg.Cache.Retention}),
 		cancel: cancel,
 		done:   make(chan struct{}),
+	}
+	if saved != nil {
+		g.cache.Import(saved)
 	}
 	var run func()
 	if r.file != nil {

@@ -1,0 +1,76 @@
+package cache
+
+import (
+	"slices"
+	"strings"
+)
+
+// TypeState is one type's contents, as a warm restart saves and restores
+// them.
+type TypeState struct {
+	TypeURL string
+	// Wildcard is set when the wildcard is part of the interest, Synced when
+	// upstream had answered it: the resources are then the complete state.
+	Wildcard, Synced bool
+	Resources        []*Resource // sorted by name
+	Absent           []string    // names upstream said do not exist
+}
+
+// Export returns the cache's contents by type, sorted by type URL, and the
+// cache's generation (see Generation).
+func (c *Cache) Export() ([]TypeState, uint64) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make([]TypeState, 0, len(c.types))
+	for typeURL, t := range c.types {
+		ts := TypeState{TypeURL: typeURL, Wildcard: t.wantWildcard, Synced: t.synced}
+		for n, e := range t.entries {
+			switch {
+			case e.res != nil:
+				ts.Resources = append(ts.Resources, e.res)
+			case e.absent && e.wanted:
+				ts.Absent = append(ts.Absent, n)
+			}
+		}
+		if len(ts.Resources) == 0 && len(ts.Absent) == 0 && !ts.Wildcard {
+			continue
+		}
+		slices.SortFunc(ts.Resources, func(a, b *Resource) int { return strings.Compare(a.Name, b.Name) })
+		slices.Sort(ts.Absent)
+		out = append(out, ts)
+	}
+	slices.SortFunc(out, func(a, b TypeState) int { return strings.Compare(a.TypeURL, b.TypeURL) })
+	return out, c.seq
+}
+
+// Generation changes whenever the cache's contents do.
+func (c *Cache) Generation() uint64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.seq
+}
+
+// Import fills an empty cache with saved contents. What it restores is held
+// as if its last watcher had just left: it stays for the retention period
+// unless a client watches it, and is in the interest meanwhile, so that the
+// upstream stream resumes with it.
+func (c *Cache) Import(states []TypeState) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.now()
+	for _, ts := range states {
+		t := c.typeLocked(ts.TypeURL)
+		if ts.Wildcard {
+			t.wantWildcard, t.synced, t.wildcardIdle = true, ts.Synced, now
+		}
+		for _, r := range ts.Resources {
+			t.entries[r.Name] = &entry{res: r, wanted: !ts.Wildcard, idle: now}
+		}
+		for _, n := range ts.Absent {
+			t.entries[n] = &entry{absent: true, wanted: true, idle: now}
+		}
+		t.version++
+	}
+	c.seq++
+	c.signalInterest()
+}
