@@ -2,10 +2,13 @@ package cache
 
 import (
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
 // Resource is one resource as the relay stores and sends it. It is immutable
@@ -48,6 +51,10 @@ type Options struct {
 	Retention time.Duration
 	// Now returns the current time; time.Now if nil.
 	Now func() time.Time
+	// MaxResources bounds how many resources the cache holds; 0 for no
+	// bound. Past it, the least recently used resources nobody watches are
+	// dropped (and unsubscribed upstream); a watched resource never is.
+	MaxResources int
 }
 
 // Cache is one group's namespace: resources by type and name, and who watches
@@ -58,9 +65,21 @@ type Cache struct {
 	now       func() time.Time
 	interest  chan struct{} // capacity 1: the union of interests changed
 
-	mu    sync.RWMutex
-	seq   uint64                // guarded by mu
-	types map[string]*typeState // guarded by mu
+	max int
+
+	mu        sync.RWMutex
+	seq       uint64                            // guarded by mu
+	types     map[string]*typeState             // guarded by mu
+	size      int                               // present resources; guarded by mu
+	idle      *simplelru.LRU[idleKey, struct{}] // what nobody watches, least recently used first; guarded by mu
+	evictions uint64                            // guarded by mu
+}
+
+// idleKey names what may be evicted: a retained name, or a type's retained
+// wildcard (with the resources only it holds).
+type idleKey struct {
+	typeURL, name string
+	wildcard      bool
 }
 
 type typeState struct {
@@ -86,11 +105,14 @@ func New(opts Options) *Cache {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
+	idle, _ := simplelru.NewLRU[idleKey, struct{}](math.MaxInt, nil)
 	return &Cache{
 		retention: opts.Retention,
 		now:       opts.Now,
+		max:       opts.MaxResources,
 		interest:  make(chan struct{}, 1),
 		types:     make(map[string]*typeState),
+		idle:      idle,
 	}
 }
 
@@ -139,6 +161,7 @@ func (c *Cache) Watch(w *Watch, typeURL string, names ...string) {
 			e.watchers = make(map[*Watch]struct{})
 		}
 		e.watchers[w] = struct{}{}
+		c.idle.Remove(idleKey{typeURL: typeURL, name: n})
 		if !e.wanted {
 			e.wanted = true
 			changed = true
@@ -174,6 +197,9 @@ func (c *Cache) unwatchLocked(w *Watch, typeURL string, names []string) {
 		delete(e.watchers, w)
 		if len(e.watchers) == 0 {
 			e.idle = now
+			if e.wanted {
+				c.idle.Add(idleKey{typeURL: typeURL, name: n}, struct{}{})
+			}
 		}
 	}
 }
@@ -185,6 +211,7 @@ func (c *Cache) WatchWildcard(w *Watch, typeURL string) {
 	t := c.typeLocked(typeURL)
 	t.wildcard[w] = struct{}{}
 	w.regLocked(typeURL).wildcard = true
+	c.idle.Remove(idleKey{typeURL: typeURL, wildcard: true})
 	if !t.wantWildcard {
 		t.wantWildcard = true
 		c.signalInterest()
@@ -212,6 +239,7 @@ func (c *Cache) unwatchWildcardLocked(w *Watch, typeURL string) {
 	delete(t.wildcard, w)
 	if len(t.wildcard) == 0 {
 		t.wildcardIdle = c.now()
+		c.idle.Add(idleKey{typeURL: typeURL, wildcard: true}, struct{}{})
 	}
 }
 
@@ -270,15 +298,65 @@ func (c *Cache) All(typeURL string) (rs []*Resource, synced bool) {
 func (c *Cache) Len() int {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	n := 0
-	for _, t := range c.types {
-		for _, e := range t.entries {
-			if e.res != nil {
-				n++
+	return c.size
+}
+
+// Evictions returns how many times the bound has made the cache drop
+// something nobody watched.
+func (c *Cache) Evictions() uint64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.evictions
+}
+
+func (c *Cache) setLocked(e *entry, r *Resource) {
+	switch {
+	case e.res == nil && r != nil:
+		c.size++
+	case e.res != nil && r == nil:
+		c.size--
+	}
+	e.res = r
+}
+
+func (c *Cache) deleteLocked(t *typeState, typeURL, name string) {
+	if e := t.entries[name]; e != nil {
+		c.setLocked(e, nil)
+		delete(t.entries, name)
+		c.idle.Remove(idleKey{typeURL: typeURL, name: name})
+	}
+}
+
+// evictLocked drops the least recently used things nobody watches until the
+// cache is within its bound. It reports whether the interest changed.
+func (c *Cache) evictLocked() bool {
+	changed := false
+	for c.max > 0 && c.size > c.max {
+		k, _, ok := c.idle.RemoveOldest()
+		if !ok {
+			break // everything left is watched
+		}
+		t := c.types[k.typeURL]
+		if t == nil {
+			continue
+		}
+		if k.wildcard {
+			t.wantWildcard, t.synced = false, false
+			for n, e := range t.entries {
+				if !e.wanted && len(e.watchers) == 0 {
+					c.deleteLocked(t, k.typeURL, n)
+				}
+			}
+		} else if e := t.entries[k.name]; e != nil && len(e.watchers) == 0 {
+			e.wanted = false
+			if !t.wantWildcard || e.res == nil {
+				c.deleteLocked(t, k.typeURL, k.name)
 			}
 		}
+		c.evictions++
+		changed = true
 	}
-	return n
+	return changed
 }
 
 // Version returns the type's version: it changes whenever a resource of the
@@ -315,7 +393,8 @@ func (c *Cache) Update(typeURL string, upserts []*Resource, removed []string) {
 		if e.res != nil && e.res.Version == r.Version && string(e.res.Wire) == string(r.Wire) {
 			continue
 		}
-		e.res, e.absent = r, false
+		c.setLocked(e, r)
+		e.absent = false
 		changed = append(changed, r.Name)
 		for w := range e.watchers {
 			marks[w] = append(marks[w], r.Name)
@@ -328,9 +407,10 @@ func (c *Cache) Update(typeURL string, upserts []*Resource, removed []string) {
 		}
 		if !e.wanted && e.res != nil && t.wantWildcard {
 			// Only the wildcard held it: forget it entirely.
-			delete(t.entries, n)
+			c.deleteLocked(t, typeURL, n)
 		} else {
-			e.res, e.absent = nil, true
+			c.setLocked(e, nil)
+			e.absent = true
 		}
 		changed = append(changed, n)
 		for w := range e.watchers {
@@ -342,6 +422,9 @@ func (c *Cache) Update(typeURL string, upserts []*Resource, removed []string) {
 		for w := range t.wildcard {
 			marks[w] = changed
 		}
+	}
+	if c.evictLocked() {
+		c.signalInterest()
 	}
 	c.mu.Unlock()
 	for w, names := range marks {
@@ -420,15 +503,17 @@ func (c *Cache) Sweep() (empty bool) {
 	for typeURL, t := range c.types {
 		if t.wantWildcard && len(t.wildcard) == 0 && now.Sub(t.wildcardIdle) >= c.retention {
 			t.wantWildcard, t.synced = false, false
+			c.idle.Remove(idleKey{typeURL: typeURL, wildcard: true})
 			changed = true
 		}
 		for n, e := range t.entries {
 			if e.wanted && len(e.watchers) == 0 && now.Sub(e.idle) >= c.retention {
 				e.wanted = false
+				c.idle.Remove(idleKey{typeURL: typeURL, name: n})
 				changed = true
 			}
 			if !e.wanted && len(e.watchers) == 0 && !t.wantWildcard {
-				delete(t.entries, n)
+				c.deleteLocked(t, typeURL, n)
 			}
 		}
 		if t.wantWildcard || len(t.entries) > 0 {

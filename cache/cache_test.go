@@ -165,3 +165,39 @@ func TestWatchCoalesces(t *testing.T) {
 		t.Fatal("Take did not clear")
 	}
 }
+
+// The bound evicts the least recently used resources nobody watches, never a
+// watched one, and takes them out of the interest.
+func TestMaxResourcesEvictsIdleLRU(t *testing.T) {
+	c := New(Options{Retention: time.Hour, MaxResources: 2})
+	a, b := NewWatch(), NewWatch()
+	c.Watch(a, eds, "x", "y")
+	c.Watch(b, eds, "z")
+	c.Update(eds, []*Resource{res("x", "1"), res("y", "1"), res("z", "1")}, nil)
+	if c.Len() != 3 || c.Evictions() != 0 {
+		t.Fatalf("watched resources were evicted: len %d, evictions %d", c.Len(), c.Evictions())
+	}
+	signalled(c)
+	c.Unwatch(a, eds, "x")
+	c.Unwatch(a, eds, "y")
+	c.Update(eds, []*Resource{res("z", "2")}, nil) // any update applies the bound
+	if got := interest(c).Names; !slices.Equal(got, []string{"y", "z"}) {
+		t.Fatalf("after eviction the interest is %v, want [y z] (x was idle longest)", got)
+	}
+	if !signalled(c) || c.Len() != 2 || c.Evictions() != 1 {
+		t.Fatalf("len %d, evictions %d", c.Len(), c.Evictions())
+	}
+	// Watching y again protects it; z's watcher leaving makes z the only
+	// candidate.
+	c.Watch(a, eds, "y")
+	c.Watch(a, eds, "w")
+	c.Update(eds, []*Resource{res("w", "1")}, nil)
+	if got := c.Get(eds, []string{"w", "y", "z"}); got[0].Resource == nil || got[1].Resource == nil || got[2].Resource == nil {
+		t.Fatalf("watched resources evicted: %+v", got)
+	}
+	c.Release(b)
+	c.Update(eds, []*Resource{res("w", "2")}, nil)
+	if got := c.Get(eds, []string{"z"}); got[0].Resource != nil {
+		t.Fatal("z, idle and over the bound, was kept")
+	}
+}

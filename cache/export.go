@@ -62,15 +62,23 @@ func (c *Cache) Import(states []TypeState) {
 		t := c.typeLocked(ts.TypeURL)
 		if ts.Wildcard {
 			t.wantWildcard, t.synced, t.wildcardIdle = true, ts.Synced, now
+			c.idle.Add(idleKey{typeURL: ts.TypeURL, wildcard: true}, struct{}{})
 		}
 		for _, r := range ts.Resources {
-			t.entries[r.Name] = &entry{res: r, wanted: !ts.Wildcard, idle: now}
+			e := &entry{wanted: !ts.Wildcard, idle: now}
+			c.setLocked(e, r)
+			t.entries[r.Name] = e
+			if e.wanted {
+				c.idle.Add(idleKey{typeURL: ts.TypeURL, name: r.Name}, struct{}{})
+			}
 		}
 		for _, n := range ts.Absent {
 			t.entries[n] = &entry{absent: true, wanted: true, idle: now}
+			c.idle.Add(idleKey{typeURL: ts.TypeURL, name: n}, struct{}{})
 		}
 		t.version++
 	}
 	c.seq++
+	c.evictLocked()
 	c.signalInterest()
 }

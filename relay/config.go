@@ -55,6 +55,10 @@ type Config struct {
 		// Retention is cache.retention: how long a resource nobody
 		// watches stays subscribed and cached.
 		Retention time.Duration
+		// MaxResources is cache.max_resources: per group, past this many
+		// resources the least recently used unwatched ones are dropped;
+		// 0 for no bound.
+		MaxResources int
 		// PersistDir is cache.persist_dir: where the caches are saved
 		// (atomically) and restored from on start; empty disables it.
 		PersistDir string
@@ -83,6 +87,7 @@ func Default() Config {
 	c.Admin.Address = "127.0.0.1:9901"
 	c.Cache.Retention = 5 * time.Minute
 	c.Cache.PersistInterval = 10 * time.Second
+	c.Cache.MaxResources = 100000
 	c.ShutdownTimeout = 10 * time.Second
 	return c
 }
@@ -142,6 +147,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Cache.Retention < 0 {
 		return fmt.Errorf("cache.retention: must not be negative, got %s", c.Cache.Retention)
+	}
+	if c.Cache.MaxResources < 0 {
+		return fmt.Errorf("cache.max_resources: must not be negative, got %d", c.Cache.MaxResources)
 	}
 	if c.Cache.PersistDir != "" {
 		if st, err := os.Stat(c.Cache.PersistDir); err != nil || !st.IsDir() {

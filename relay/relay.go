@@ -272,7 +272,7 @@ func (r *Relay) startGroupLocked(key string, node *corepb.Node, saved []cache.Ty
 	g := &group{
 		key:    key,
 		node:   node,
-		cache:  cache.New(cache.Options{Retention: r.cfg.Cache.Retention}),
+		cache:  cache.New(cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources}),
 		cancel: cancel,
 		done:   make(chan struct{}),
 	}
@@ -392,6 +392,7 @@ func describe(s upstream.Status, resources int) string {
 func (r *Relay) registerGroupMetrics() {
 	age := r.metrics.Gauge("xdsrelay_cache_age_seconds", "Seconds since the group's last upstream response (-1 before the first).", "group")
 	size := r.metrics.Gauge("xdsrelay_cache_resources", "Resources cached for the group.", "group")
+	evicted := r.metrics.Counter("xdsrelay_cache_evictions_total", "Unwatched resources dropped to keep the group's cache within cache.max_resources.", "group")
 	var mu sync.Mutex
 	var last []string // guarded by mu: scrapes may overlap
 	r.metrics.OnScrape(func() {
@@ -406,12 +407,14 @@ func (r *Relay) registerGroupMetrics() {
 			}
 			age.With(g.key).Set(a)
 			size.With(g.key).Set(int64(g.cache.Len()))
+			evicted.With(g.key).Set(int64(g.cache.Evictions()))
 			keys = append(keys, g.key)
 		}
 		for _, k := range last {
 			if !slices.Contains(keys, k) {
 				age.Delete(k)
 				size.Delete(k)
+				evicted.Delete(k)
 			}
 		}
 		last = keys

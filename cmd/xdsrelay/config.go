@@ -39,6 +39,7 @@ var keys = func() map[string]any {
 		"downstream.poll_timeout":       d.Downstream.PollTimeout.String(),
 		"admin.address":                 d.Admin.Address,
 		"cache.retention":               d.Cache.Retention.String(),
+		"cache.max_resources":           d.Cache.MaxResources,
 		"cache.persist_dir":             d.Cache.PersistDir,
 		"cache.persist_interval":        d.Cache.PersistInterval.String(),
 		"shutdown_timeout":              d.ShutdownTimeout.String(),
@@ -105,6 +106,7 @@ func loadConfig(file string, env func(string) (string, bool)) (Options, error) {
 	dur("downstream.poll_timeout", &o.Relay.Downstream.PollTimeout)
 	str("admin.address", &o.Relay.Admin.Address)
 	dur("cache.retention", &o.Relay.Cache.Retention)
+	integer("cache.max_resources", &o.Relay.Cache.MaxResources)
 	str("cache.persist_dir", &o.Relay.Cache.PersistDir)
 	dur("cache.persist_interval", &o.Relay.Cache.PersistInterval)
 	dur("shutdown_timeout", &o.Relay.ShutdownTimeout)
