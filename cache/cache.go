@@ -83,6 +83,7 @@ type idleKey struct {
 }
 
 type typeState struct {
+	state    *State // the complete state at version, built on demand; nil when stale
 	version  uint64 // bumped on every change of this type
 	entries  map[string]*entry
 	wildcard map[*Watch]struct{} // wildcard watchers
@@ -274,24 +275,60 @@ func (c *Cache) Get(typeURL string, names []string) []Lookup {
 	return out
 }
 
-// All returns every present resource of typeURL sorted by name, and whether
-// upstream has answered the wildcard subscription for it (only then is the
-// list the complete state of the world).
-func (c *Cache) All(typeURL string) (rs []*Resource, synced bool) {
+// State is a type's complete state of the world at one version: built once
+// and shared by every stream that sends it, never modified.
+type State struct {
+	Version uint64
+	// Synced is set once upstream has answered the wildcard subscription:
+	// only then are the resources the complete state.
+	Synced    bool
+	Resources []*Resource // present resources, sorted by name
+	// SotW is the resources' encoded Any fields, concatenated: the body of
+	// a full-state SotW response after its header.
+	SotW []byte
+}
+
+// State returns the type's complete state, building it if it changed since
+// it was last built.
+func (c *Cache) State(typeURL string) *State {
 	c.mu.RLock()
-	defer c.mu.RUnlock()
 	t := c.types[typeURL]
 	if t == nil {
-		return nil, false
+		c.mu.RUnlock()
+		return &State{}
 	}
-	rs = make([]*Resource, 0, len(t.entries))
-	for _, e := range t.entries {
-		if e.res != nil {
-			rs = append(rs, e.res)
+	if st := t.state; st != nil {
+		c.mu.RUnlock()
+		return st
+	}
+	c.mu.RUnlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t.state == nil {
+		st := &State{Version: t.version, Synced: t.synced}
+		n := 0
+		for _, e := range t.entries {
+			if e.res != nil {
+				st.Resources = append(st.Resources, e.res)
+				n += len(e.res.Any)
+			}
 		}
+		slices.SortFunc(st.Resources, func(a, b *Resource) int { return strings.Compare(a.Name, b.Name) })
+		st.SotW = make([]byte, 0, n)
+		for _, r := range st.Resources {
+			st.SotW = append(st.SotW, r.Any...)
+		}
+		t.state = st
 	}
-	slices.SortFunc(rs, func(a, b *Resource) int { return strings.Compare(a.Name, b.Name) })
-	return rs, t.synced
+	return t.state
+}
+
+// All returns every present resource of typeURL sorted by name, and whether
+// upstream has answered the wildcard subscription for it (only then is the
+// list the complete state of the world). The slice is shared: do not modify.
+func (c *Cache) All(typeURL string) (rs []*Resource, synced bool) {
+	st := c.State(typeURL)
+	return st.Resources, st.Synced
 }
 
 // Len returns how many resources the cache holds.
@@ -321,6 +358,10 @@ func (c *Cache) setLocked(e *entry, r *Resource) {
 
 func (c *Cache) deleteLocked(t *typeState, typeURL, name string) {
 	if e := t.entries[name]; e != nil {
+		if e.res != nil {
+			t.version++
+			t.state = nil
+		}
 		c.setLocked(e, nil)
 		delete(t.entries, name)
 		c.idle.Remove(idleKey{typeURL: typeURL, name: name})
@@ -341,7 +382,7 @@ func (c *Cache) evictLocked() bool {
 			continue
 		}
 		if k.wildcard {
-			t.wantWildcard, t.synced = false, false
+			t.wantWildcard, t.synced, t.state = false, false, nil
 			for n, e := range t.entries {
 				if !e.wanted && len(e.watchers) == 0 {
 					c.deleteLocked(t, k.typeURL, n)
@@ -419,6 +460,7 @@ func (c *Cache) Update(typeURL string, upserts []*Resource, removed []string) {
 	}
 	if len(changed) > 0 {
 		t.version++
+		t.state = nil
 		for w := range t.wildcard {
 			marks[w] = changed
 		}
@@ -443,6 +485,7 @@ func (c *Cache) MarkSynced(typeURL string) {
 		return
 	}
 	t.synced = true
+	t.state = nil
 	c.seq++
 	seq := c.seq
 	ws := slices.Collect(maps.Keys(t.wildcard))
@@ -502,7 +545,7 @@ func (c *Cache) Sweep() (empty bool) {
 	empty = true
 	for typeURL, t := range c.types {
 		if t.wantWildcard && len(t.wildcard) == 0 && now.Sub(t.wildcardIdle) >= c.retention {
-			t.wantWildcard, t.synced = false, false
+			t.wantWildcard, t.synced, t.state = false, false, nil
 			c.idle.Remove(idleKey{typeURL: typeURL, wildcard: true})
 			changed = true
 		}

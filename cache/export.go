@@ -77,6 +77,7 @@ func (c *Cache) Import(states []TypeState) {
 			c.idle.Add(idleKey{typeURL: ts.TypeURL, name: n}, struct{}{})
 		}
 		t.version++
+		t.state = nil
 	}
 	c.seq++
 	c.evictLocked()

@@ -19,9 +19,12 @@ type sotwType struct {
 	wildcard bool
 	// explicit is set once a request named resources: from then on an
 	// empty resource_names is not the legacy wildcard.
-	explicit  bool
-	nonce     string            // of the last response
-	sent      map[string]string // name → version the client was sent
+	explicit bool
+	nonce    string            // of the last response
+	sent     map[string]string // name → version the client was sent, unless sentState holds it
+	// sentState is the shared complete state last sent to a wildcard-only
+	// subscription, which then keeps no per-name record (sent is stale).
+	sentState *cache.State
 	responded bool
 	all       bool // the next flush considers every subscribed name
 }
@@ -144,6 +147,7 @@ func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 // any newly requested resources, even if it previously sent those
 // resources ... and the resources have not changed".
 func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) {
+	t.materialize()
 	wildcard, named := t.subscription(names)
 	added, removed := diff(t.names, named), diff(named, t.names)
 	if len(removed) > 0 {
@@ -199,6 +203,10 @@ func (ss *sotwStream) flush() error {
 // into Responses": omission means deletion).
 func (ss *sotwStream) flushFull(typeURL string, t *sotwType) error {
 	t.all = false
+	if t.wildcard && len(t.names) == 0 {
+		return ss.flushWildcard(typeURL, t)
+	}
+	t.materialize()
 	var want []*cache.Resource
 	ready := t.responded
 	if t.wildcard {
@@ -229,6 +237,39 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType) error {
 		t.sent[r.Name] = r.Version
 	}
 	return ss.send(typeURL, t, want)
+}
+
+// flushWildcard is flushFull for a wildcard-only subscription, the common
+// case of Envoy's LDS and CDS: the complete state is built once per version
+// and shared by every such client, so this costs a comparison and a write.
+func (ss *sotwStream) flushWildcard(typeURL string, t *sotwType) error {
+	st := ss.cache.State(typeURL)
+	if !t.responded && !st.Synced {
+		return nil
+	}
+	if t.sentState != nil && t.sentState.Version == st.Version && t.responded {
+		return nil
+	}
+	t.sentState = st
+	t.nonce = ss.nonces.next()
+	t.responded = true
+	if err := ss.st.SendMsg(xds.SotWFullState(st.Version, typeURL, t.nonce, st.SotW)); err != nil {
+		return err
+	}
+	ss.srv.pushes.With(xds.ShortName(typeURL)).Inc()
+	return nil
+}
+
+// materialize turns a shared sent state back into the per-name record.
+func (t *sotwType) materialize() {
+	if t.sentState == nil {
+		return
+	}
+	clear(t.sent)
+	for _, r := range t.sentState.Resources {
+		t.sent[r.Name] = r.Version
+	}
+	t.sentState = nil
 }
 
 // flushChanged sends, for the other types, only the subscribed resources

@@ -113,6 +113,14 @@ func SotWResponse(version uint64, typeURL, nonce string, rs []*cache.Resource) *
 	return &Message{Parts: parts}
 }
 
+// SotWFullState assembles a DiscoveryResponse from a body of concatenated
+// Any fields built once for many clients (cache.State.SotW).
+func SotWFullState(version uint64, typeURL, nonce string, body []byte) *Message {
+	m := SotWResponse(version, typeURL, nonce, nil)
+	m.Parts = append(m.Parts, body)
+	return m
+}
+
 // DeltaResponse assembles a DeltaDiscoveryResponse from resources' encoded
 // Resource fields and the names of removed resources.
 func DeltaResponse(version uint64, typeURL, nonce string, rs []*cache.Resource, removed []string) *Message {
