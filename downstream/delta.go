@@ -29,7 +29,7 @@ type deltaType struct {
 
 type deltaStream struct {
 	srv    *Server
-	st     grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
+	send   func(any) error // the stream's SendMsg, guarded against stuck clients
 	fixed  string
 	log    *slog.Logger
 	cache  *cache.Cache
@@ -57,38 +57,40 @@ func (s *Server) serveDelta(st grpc.BidiStreamingServer[discoverypb.DeltaDiscove
 	if err != nil {
 		return err
 	}
-	defer release()
-	s.streams.With(variant).Inc()
-	defer s.streams.With(variant).Dec()
+	return s.guard(st.SendMsg, func(send func(any) error) error {
+		defer release()
+		s.streams.With(variant).Inc()
+		defer s.streams.With(variant).Dec()
 
-	ds := &deltaStream{
-		srv: s, st: st, fixed: fixed, cache: c, watch: cache.NewWatch(),
-		types: make(map[string]*deltaType), node: first.GetNode(),
-		log: s.log.With("node", first.GetNode().GetId(), "variant", variant),
-	}
-	defer c.Release(ds.watch)
-	if err := ds.handle(first); err != nil {
-		return err
-	}
-	for {
-		select {
-		case req := <-reqs:
-			if req == nil {
-				return recvError(errc)
-			}
-			if err := ds.handle(req); err != nil {
-				return err
-			}
-		case <-ds.watch.Ready():
-			if err := ds.flush(); err != nil {
-				return err
-			}
-		case <-s.drain:
-			return errDraining
-		case <-ctx.Done():
-			return ctx.Err()
+		ds := &deltaStream{
+			srv: s, send: send, fixed: fixed, cache: c, watch: cache.NewWatch(),
+			types: make(map[string]*deltaType), node: first.GetNode(),
+			log: s.log.With("node", first.GetNode().GetId(), "variant", variant),
 		}
-	}
+		defer c.Release(ds.watch)
+		if err := ds.handle(first); err != nil {
+			return err
+		}
+		for {
+			select {
+			case req := <-reqs:
+				if req == nil {
+					return recvError(errc)
+				}
+				if err := ds.handle(req); err != nil {
+					return err
+				}
+			case <-ds.watch.Ready():
+				if err := ds.flush(); err != nil {
+					return err
+				}
+			case <-s.drain:
+				return errDraining
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	})
 }
 
 func (ds *deltaStream) handle(req *discoverypb.DeltaDiscoveryRequest) error {
@@ -285,7 +287,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty map[string]
 	t.responded = true
 	nonce := ds.nonces.next()
 	msg := xds.DeltaResponse(ds.cache.Version(typeURL), typeURL, nonce, out, removed)
-	if err := ds.st.SendMsg(msg); err != nil {
+	if err := ds.send(msg); err != nil {
 		return err
 	}
 	ds.srv.pushes.With(xds.ShortName(typeURL)).Inc()

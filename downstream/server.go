@@ -36,6 +36,9 @@ type Options struct {
 	// PollTimeout is how long a REST-JSON or gRPC Fetch poll is held when
 	// nothing changes; 30s if zero.
 	PollTimeout time.Duration
+	// SendTimeout is how long a send may stay blocked (the client reads
+	// nothing) before the stream is closed; 30s if zero.
+	SendTimeout time.Duration
 }
 
 // Server implements the xDS services on top of the groups' caches.
@@ -47,6 +50,7 @@ type Server struct {
 	log         *slog.Logger
 	drain       chan struct{} // closed by Drain
 	pollTimeout time.Duration
+	sendTimeout time.Duration
 
 	drainOnce sync.Once
 
@@ -54,6 +58,7 @@ type Server struct {
 	pushes   *metrics.Vec
 	requests *metrics.Vec
 	nacks    *metrics.Vec
+	stuck    *metrics.Value
 }
 
 // New returns a server; register it on a grpc.Server with Register.
@@ -70,12 +75,17 @@ func New(opts Options) (*Server, error) {
 	if opts.PollTimeout <= 0 {
 		opts.PollTimeout = defaultPollTimeout
 	}
+	if opts.SendTimeout <= 0 {
+		opts.SendTimeout = 30 * time.Second
+	}
 	m := opts.Metrics
 	return &Server{
 		groups:      opts.Groups,
 		log:         opts.Logger.With("component", "downstream"),
 		drain:       make(chan struct{}),
 		pollTimeout: opts.PollTimeout,
+		sendTimeout: opts.SendTimeout,
+		stuck:       m.Counter("xdsrelay_downstream_stuck_total", "Streams closed because the client read nothing for downstream.send_timeout.").With(),
 		streams:     m.Gauge("xdsrelay_downstream_streams", "Open downstream xDS streams.", "variant"),
 		pushes:      m.Counter("xdsrelay_downstream_pushes_total", "Responses sent to downstream clients.", "type"),
 		requests:    m.Counter("xdsrelay_downstream_requests_total", "Requests received from downstream clients.", "type"),
@@ -159,3 +169,28 @@ func (s *Server) join(node *corepb.Node) (*cache.Cache, func(), error) {
 }
 
 var errDraining = status.Error(codes.Unavailable, "xdsrelay: shutting down, reconnect")
+
+// guard runs a stream's loop, handing it a send that cannot block the stream
+// forever: if a send stays blocked for the send timeout (the client reads
+// nothing) the handler returns, gRPC closes the stream, and the blocked send
+// fails. A client that does not read hurts only itself ("A slow or hostile
+// client hurts only itself").
+func (s *Server) guard(sendMsg func(any) error, loop func(send func(any) error) error) error {
+	stuck := make(chan struct{})
+	var once sync.Once
+	send := func(m any) error {
+		t := time.AfterFunc(s.sendTimeout, func() { once.Do(func() { close(stuck) }) })
+		defer t.Stop()
+		return sendMsg(m)
+	}
+	done := make(chan error, 1)
+	go func() { done <- loop(send) }()
+	select {
+	case err := <-done:
+		return err
+	case <-stuck:
+		s.stuck.Inc()
+		s.log.Warn("closing the stream of a client that reads nothing", "after", s.sendTimeout)
+		return status.Errorf(codes.Unavailable, "xdsrelay: the client read nothing for %s; closing its stream", s.sendTimeout)
+	}
+}

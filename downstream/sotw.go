@@ -45,7 +45,7 @@ func (t *sotwType) subscription(names []string) (wildcard bool, named map[string
 
 type sotwStream struct {
 	srv    *Server
-	st     grpc.BidiStreamingServer[discoverypb.DiscoveryRequest, discoverypb.DiscoveryResponse]
+	send   func(any) error // the stream's SendMsg, guarded against stuck clients
 	fixed  string
 	log    *slog.Logger
 	cache  *cache.Cache
@@ -73,38 +73,40 @@ func (s *Server) serveSotW(st grpc.BidiStreamingServer[discoverypb.DiscoveryRequ
 	if err != nil {
 		return err
 	}
-	defer release()
-	s.streams.With(variant).Inc()
-	defer s.streams.With(variant).Dec()
+	return s.guard(st.SendMsg, func(send func(any) error) error {
+		defer release()
+		s.streams.With(variant).Inc()
+		defer s.streams.With(variant).Dec()
 
-	ss := &sotwStream{
-		srv: s, st: st, fixed: fixed, cache: c, watch: cache.NewWatch(),
-		types: make(map[string]*sotwType), node: first.GetNode(),
-		log: s.log.With("node", first.GetNode().GetId(), "variant", variant),
-	}
-	defer c.Release(ss.watch)
-	if err := ss.handle(first); err != nil {
-		return err
-	}
-	for {
-		select {
-		case req := <-reqs:
-			if req == nil {
-				return recvError(errc)
-			}
-			if err := ss.handle(req); err != nil {
-				return err
-			}
-		case <-ss.watch.Ready():
-			if err := ss.flush(); err != nil {
-				return err
-			}
-		case <-s.drain:
-			return errDraining
-		case <-ctx.Done():
-			return ctx.Err()
+		ss := &sotwStream{
+			srv: s, send: send, fixed: fixed, cache: c, watch: cache.NewWatch(),
+			types: make(map[string]*sotwType), node: first.GetNode(),
+			log: s.log.With("node", first.GetNode().GetId(), "variant", variant),
 		}
-	}
+		defer c.Release(ss.watch)
+		if err := ss.handle(first); err != nil {
+			return err
+		}
+		for {
+			select {
+			case req := <-reqs:
+				if req == nil {
+					return recvError(errc)
+				}
+				if err := ss.handle(req); err != nil {
+					return err
+				}
+			case <-ss.watch.Ready():
+				if err := ss.flush(); err != nil {
+					return err
+				}
+			case <-s.drain:
+				return errDraining
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	})
 }
 
 func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
@@ -236,7 +238,7 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType) error {
 	for _, r := range want {
 		t.sent[r.Name] = r.Version
 	}
-	return ss.send(typeURL, t, want)
+	return ss.respond(typeURL, t, want)
 }
 
 // flushWildcard is flushFull for a wildcard-only subscription, the common
@@ -253,7 +255,7 @@ func (ss *sotwStream) flushWildcard(typeURL string, t *sotwType) error {
 	t.sentState = st
 	t.nonce = ss.nonces.next()
 	t.responded = true
-	if err := ss.st.SendMsg(xds.SotWFullState(st.Version, typeURL, t.nonce, st.SotW)); err != nil {
+	if err := ss.send(xds.SotWFullState(st.Version, typeURL, t.nonce, st.SotW)); err != nil {
 		return err
 	}
 	ss.srv.pushes.With(xds.ShortName(typeURL)).Inc()
@@ -308,14 +310,14 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty map[string
 	if len(out) == 0 {
 		return nil
 	}
-	return ss.send(typeURL, t, out)
+	return ss.respond(typeURL, t, out)
 }
 
-func (ss *sotwStream) send(typeURL string, t *sotwType, rs []*cache.Resource) error {
+func (ss *sotwStream) respond(typeURL string, t *sotwType, rs []*cache.Resource) error {
 	t.nonce = ss.nonces.next()
 	t.responded = true
 	msg := xds.SotWResponse(ss.cache.Version(typeURL), typeURL, t.nonce, rs)
-	if err := ss.st.SendMsg(msg); err != nil {
+	if err := ss.send(msg); err != nil {
 		return err
 	}
 	ss.srv.pushes.With(xds.ShortName(typeURL)).Inc()

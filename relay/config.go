@@ -45,6 +45,12 @@ type Config struct {
 		// PollTimeout is downstream.poll_timeout: how long a REST-JSON or
 		// gRPC Fetch poll is held when nothing changes.
 		PollTimeout time.Duration
+		// SendTimeout is downstream.send_timeout: a client that reads
+		// nothing for this long while a response waits is disconnected.
+		SendTimeout time.Duration
+		// MaxRequestBytes is downstream.max_request_bytes: the largest
+		// request accepted from a client.
+		MaxRequestBytes int
 	}
 	Admin struct {
 		// Address is admin.address: /healthz, /readyz, /metrics; empty
@@ -84,6 +90,8 @@ func Default() Config {
 	c.Upstream.KeepaliveTimeout = 10 * time.Second
 	c.Downstream.Address = "0.0.0.0:18001"
 	c.Downstream.PollTimeout = 30 * time.Second
+	c.Downstream.SendTimeout = 30 * time.Second
+	c.Downstream.MaxRequestBytes = 4 << 20
 	c.Admin.Address = "127.0.0.1:9901"
 	c.Cache.Retention = 5 * time.Minute
 	c.Cache.PersistInterval = 10 * time.Second
@@ -136,6 +144,12 @@ func (c *Config) Validate() error {
 		if err := checkHostPort(c.Downstream.RESTAddress); err != nil {
 			return fmt.Errorf("downstream.rest_address: %w", err)
 		}
+	}
+	if c.Downstream.SendTimeout <= 0 {
+		return fmt.Errorf("downstream.send_timeout: must be positive, got %s", c.Downstream.SendTimeout)
+	}
+	if c.Downstream.MaxRequestBytes < 64<<10 {
+		return fmt.Errorf("downstream.max_request_bytes: %d is below 64 KiB", c.Downstream.MaxRequestBytes)
 	}
 	if c.Downstream.PollTimeout <= 0 {
 		return fmt.Errorf("downstream.poll_timeout: must be positive, got %s", c.Downstream.PollTimeout)

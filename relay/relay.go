@@ -92,13 +92,20 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 		r.conn = conn
 	}
 	down, err := downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: logger,
-		PollTimeout: cfg.Downstream.PollTimeout})
+		PollTimeout: cfg.Downstream.PollTimeout, SendTimeout: cfg.Downstream.SendTimeout})
 	if err != nil {
 		return nil, err
 	}
 	r.down = down
 	opts := append(downstream.ServerOptions(),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.MaxRecvMsgSize(cfg.Downstream.MaxRequestBytes),
+		// Lean idle streams: a connection's write buffer is taken from a
+		// pool only while it writes, and its read buffer is small (requests
+		// are small). Throughput per connection is not what bounds a relay.
+		grpc.SharedWriteBuffer(true),
+		grpc.ReadBufferSize(8<<10),
+		grpc.WriteBufferSize(32<<10),
 	)
 	r.grpc = grpc.NewServer(opts...)
 	down.Register(r.grpc)

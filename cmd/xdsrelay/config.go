@@ -37,6 +37,8 @@ var keys = func() map[string]any {
 		"downstream.address":            d.Downstream.Address,
 		"downstream.rest_address":       d.Downstream.RESTAddress,
 		"downstream.poll_timeout":       d.Downstream.PollTimeout.String(),
+		"downstream.send_timeout":       d.Downstream.SendTimeout.String(),
+		"downstream.max_request_bytes":  d.Downstream.MaxRequestBytes,
 		"admin.address":                 d.Admin.Address,
 		"cache.retention":               d.Cache.Retention.String(),
 		"cache.max_resources":           d.Cache.MaxResources,
@@ -104,6 +106,8 @@ func loadConfig(file string, env func(string) (string, bool)) (Options, error) {
 	str("downstream.address", &o.Relay.Downstream.Address)
 	str("downstream.rest_address", &o.Relay.Downstream.RESTAddress)
 	dur("downstream.poll_timeout", &o.Relay.Downstream.PollTimeout)
+	dur("downstream.send_timeout", &o.Relay.Downstream.SendTimeout)
+	integer("downstream.max_request_bytes", &o.Relay.Downstream.MaxRequestBytes)
 	str("admin.address", &o.Relay.Admin.Address)
 	dur("cache.retention", &o.Relay.Cache.Retention)
 	integer("cache.max_resources", &o.Relay.Cache.MaxResources)
