@@ -24,7 +24,21 @@ type Resource struct {
 	// Aliases are the resource's aliases (VHDS), if any.
 	Aliases []string
 	// TTL is the resource's time to live as upstream set it, zero if none.
-	TTL time.Duration
+	// With a TTL the resource is also encoded for clients that do not
+	// support TTLs (WireNoTTL) and, wrapped in a Resource, for SotW clients
+	// that do (SotWWrapped); without one those are nil.
+	TTL         time.Duration
+	WireNoTTL   []byte
+	SotWWrapped []byte
+}
+
+// Heartbeat refreshes a resource's TTL without changing it ("TTL"): the
+// resource's name and version, its new TTL, and its encodings for delta
+// (Wire) and SotW (SotW, wrapped in a Resource) clients.
+type Heartbeat struct {
+	Name, Version string
+	TTL           time.Duration
+	Wire, SotW    []byte
 }
 
 // Lookup is the state of one name in the cache.
@@ -35,6 +49,8 @@ type Lookup struct {
 	// Absent is true when upstream has said the resource does not exist.
 	// A name that is neither present nor absent is still being fetched.
 	Absent bool
+	// Heartbeat is the last heartbeat of the present version, if any.
+	Heartbeat *Heartbeat
 }
 
 // Interest is the union of what a group wants of one type: what the upstream
@@ -95,6 +111,8 @@ type typeState struct {
 
 type entry struct {
 	res      *Resource
+	hb       *Heartbeat // last heartbeat of res's version
+	expires  time.Time  // when res's TTL runs out; zero without a TTL
 	absent   bool
 	watchers map[*Watch]struct{}
 	wanted   bool      // explicitly part of the interest
@@ -269,7 +287,7 @@ func (c *Cache) Get(typeURL string, names []string) []Lookup {
 			continue
 		}
 		if e := t.entries[n]; e != nil {
-			out[i].Resource, out[i].Absent = e.res, e.absent
+			out[i].Resource, out[i].Absent, out[i].Heartbeat = e.res, e.absent, e.hb
 		}
 	}
 	return out
@@ -435,7 +453,10 @@ func (c *Cache) Update(typeURL string, upserts []*Resource, removed []string) {
 			continue
 		}
 		c.setLocked(e, r)
-		e.absent = false
+		e.absent, e.hb, e.expires = false, nil, time.Time{}
+		if r.TTL > 0 {
+			e.expires = c.now().Add(r.TTL)
+		}
 		changed = append(changed, r.Name)
 		for w := range e.watchers {
 			marks[w] = append(marks[w], r.Name)
@@ -472,6 +493,78 @@ func (c *Cache) Update(typeURL string, upserts []*Resource, removed []string) {
 	for w, names := range marks {
 		w.Mark(typeURL, seq, names...)
 	}
+}
+
+// Heartbeat applies heartbeats: each refreshes the TTL of the resource it
+// names if that is still the present version ("TTL": a heartbeat is not an
+// update), and marks the resource's watchers so that they can pass it on.
+func (c *Cache) Heartbeat(typeURL string, hbs []*Heartbeat) {
+	marks := make(map[*Watch][]string)
+	c.mu.Lock()
+	c.seq++
+	seq := c.seq
+	t := c.typeLocked(typeURL)
+	for _, hb := range hbs {
+		e := t.entries[hb.Name]
+		if e == nil || e.res == nil || e.res.Version != hb.Version {
+			continue
+		}
+		e.hb = hb
+		e.expires = time.Time{}
+		if hb.TTL > 0 {
+			e.expires = c.now().Add(hb.TTL)
+		}
+		for w := range e.watchers {
+			marks[w] = append(marks[w], hb.Name)
+		}
+		for w := range t.wildcard {
+			marks[w] = append(marks[w], hb.Name)
+		}
+	}
+	c.mu.Unlock()
+	for w, names := range marks {
+		w.MarkHeartbeat(typeURL, seq, names...)
+	}
+}
+
+// expireLocked removes the resources whose TTL ran out without a heartbeat,
+// as if upstream had removed them, and returns the watchers to mark.
+func (c *Cache) expireLocked(now time.Time) (marks map[*Watch]map[string][]string, seq uint64) {
+	for typeURL, t := range c.types {
+		var expired []string
+		for n, e := range t.entries {
+			if e.res != nil && !e.expires.IsZero() && now.After(e.expires) {
+				expired = append(expired, n)
+			}
+		}
+		if len(expired) == 0 {
+			continue
+		}
+		if marks == nil {
+			c.seq++
+			seq, marks = c.seq, make(map[*Watch]map[string][]string)
+		}
+		mark := func(w *Watch, names ...string) {
+			if marks[w] == nil {
+				marks[w] = make(map[string][]string)
+			}
+			marks[w][typeURL] = append(marks[w][typeURL], names...)
+		}
+		for _, n := range expired {
+			e := t.entries[n]
+			c.setLocked(e, nil)
+			e.absent, e.hb, e.expires = true, nil, time.Time{}
+			for w := range e.watchers {
+				mark(w, n)
+			}
+		}
+		t.version++
+		t.state = nil
+		for w := range t.wildcard {
+			mark(w, expired...)
+		}
+	}
+	return marks, seq
 }
 
 // MarkSynced records that upstream has answered the wildcard subscription of
@@ -534,13 +627,22 @@ func (c *Cache) Versions(typeURL string) map[string]string {
 	return out
 }
 
-// Sweep ends the retention of names and wildcards nobody has watched for the
+// Sweep removes resources whose TTL ran out, and ends the retention of
+// names and wildcards nobody has watched for the
 // retention period, dropping their resources. It reports whether the cache
 // is now empty of interest (nothing watched, nothing retained).
 func (c *Cache) Sweep() (empty bool) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	now := c.now()
+	expired, seq := c.expireLocked(now)
+	defer func() {
+		c.mu.Unlock()
+		for w, byType := range expired {
+			for typeURL, names := range byType {
+				w.Mark(typeURL, seq, names...)
+			}
+		}
+	}()
 	changed := false
 	empty = true
 	for typeURL, t := range c.types {

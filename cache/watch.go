@@ -9,6 +9,8 @@ type Dirty struct {
 	Seq uint64
 	// Names are the changed resource names.
 	Names map[string]struct{}
+	// Heartbeats are names whose TTL was refreshed without a change.
+	Heartbeats map[string]struct{}
 }
 
 // Watch is one downstream stream's registration with a cache. The cache marks
@@ -59,6 +61,16 @@ func (w *Watch) Take() map[string]*Dirty {
 // what the cache calls on a change; a stream may also call it to schedule
 // work for itself (a new subscription, for instance).
 func (w *Watch) Mark(typeURL string, seq uint64, names ...string) {
+	w.mark(typeURL, seq, false, names)
+}
+
+// MarkHeartbeat records heartbeats of names of typeURL at seq and wakes the
+// watch.
+func (w *Watch) MarkHeartbeat(typeURL string, seq uint64, names ...string) {
+	w.mark(typeURL, seq, true, names)
+}
+
+func (w *Watch) mark(typeURL string, seq uint64, heartbeat bool, names []string) {
 	w.mu.Lock()
 	d := w.dirty[typeURL]
 	if d == nil {
@@ -67,8 +79,15 @@ func (w *Watch) Mark(typeURL string, seq uint64, names ...string) {
 	} else if seq < d.Seq {
 		d.Seq = seq
 	}
+	set := d.Names
+	if heartbeat {
+		if d.Heartbeats == nil {
+			d.Heartbeats = make(map[string]struct{}, len(names))
+		}
+		set = d.Heartbeats
+	}
 	for _, n := range names {
-		d.Names[n] = struct{}{}
+		set[n] = struct{}{}
 	}
 	w.mu.Unlock()
 	select {

@@ -37,6 +37,7 @@ type deltaStream struct {
 	nonces nonces
 	types  map[string]*deltaType
 	node   *corepb.Node // from the first request
+	ttl    bool         // the client supports TTLs (xds.config.supports-resource-ttl)
 }
 
 func (s *Server) serveDelta(st grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse], fixed, variant string) error {
@@ -65,6 +66,7 @@ func (s *Server) serveDelta(st grpc.BidiStreamingServer[discoverypb.DeltaDiscove
 		ds := &deltaStream{
 			srv: s, send: send, fixed: fixed, cache: c, watch: cache.NewWatch(),
 			types: make(map[string]*deltaType), node: first.GetNode(),
+			ttl: hasFeature(first.GetNode(), featureResourceTTL),
 			log: s.log.With("node", first.GetNode().GetId(), "variant", variant),
 		}
 		defer c.Release(ds.watch)
@@ -209,7 +211,12 @@ func (ds *deltaStream) flush() error {
 	dirty := ds.watch.Take()
 	for _, typeURL := range ordered(dirty) {
 		if t := ds.types[typeURL]; t != nil {
-			if err := ds.flushType(typeURL, t, dirty[typeURL].Names); err != nil {
+			d := dirty[typeURL]
+			hbs := d.Heartbeats
+			if !ds.ttl {
+				hbs = nil // heartbeats only refresh TTLs, which this client ignores
+			}
+			if err := ds.flushType(typeURL, t, d.Names, hbs); err != nil {
 				return err
 			}
 		}
@@ -240,9 +247,14 @@ func (ds *deltaStream) candidates(typeURL string, t *deltaType, dirty map[string
 	return slices.Compact(names), synced
 }
 
-func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty map[string]struct{}) error {
+func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[string]struct{}) error {
 	names, synced := ds.candidates(typeURL, t, dirty)
-	var out []*cache.Resource
+	for n := range hbs {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	names = slices.Compact(names)
+	var out [][]byte
 	var removed []string
 	for _, l := range ds.cache.Get(typeURL, names) {
 		_, named := t.names[l.Name]
@@ -252,9 +264,14 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty map[string]
 		case !named && !t.wildcard && !mustAnswer:
 			// Not (or no longer) subscribed.
 		case l.Resource != nil:
-			if have != l.Resource.Version {
-				out = append(out, l.Resource)
+			_, beat := hbs[l.Name]
+			switch {
+			case have != l.Resource.Version:
+				out = append(out, ds.field(l.Resource))
 				t.sent[l.Name] = l.Resource.Version
+			case beat && l.Heartbeat != nil:
+				// "TTL": the heartbeat refreshes the client's TTL.
+				out = append(out, l.Heartbeat.Wire)
 			}
 		case had && have != absent && (l.Absent || t.wildcard && synced || !named):
 			// Removed upstream, or gone from the wildcard set.
@@ -286,10 +303,19 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty map[string]
 	}
 	t.responded = true
 	nonce := ds.nonces.next()
-	msg := xds.DeltaResponse(ds.cache.Version(typeURL), typeURL, nonce, out, removed)
+	msg := xds.DeltaFields(ds.cache.Version(typeURL), typeURL, nonce, out, removed)
 	if err := ds.send(msg); err != nil {
 		return err
 	}
 	ds.srv.pushes.With(xds.ShortName(typeURL)).Inc()
 	return nil
+}
+
+// field is how this client is sent a resource: with its TTL only if the
+// client supports TTLs ("TTL").
+func (ds *deltaStream) field(r *cache.Resource) []byte {
+	if !ds.ttl && r.WireNoTTL != nil {
+		return r.WireNoTTL
+	}
+	return r.Wire
 }

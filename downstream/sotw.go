@@ -53,6 +53,10 @@ type sotwStream struct {
 	nonces nonces
 	types  map[string]*sotwType
 	node   *corepb.Node // from the first request
+	// ttl is set for clients that take resources wrapped in a Resource
+	// with their TTL: both xds.config.supports-resource-in-sotw and
+	// xds.config.supports-resource-ttl ("TTL").
+	ttl bool
 }
 
 func (s *Server) serveSotW(st grpc.BidiStreamingServer[discoverypb.DiscoveryRequest, discoverypb.DiscoveryResponse], fixed, variant string) error {
@@ -81,6 +85,7 @@ func (s *Server) serveSotW(st grpc.BidiStreamingServer[discoverypb.DiscoveryRequ
 		ss := &sotwStream{
 			srv: s, send: send, fixed: fixed, cache: c, watch: cache.NewWatch(),
 			types: make(map[string]*sotwType), node: first.GetNode(),
+			ttl: hasFeature(first.GetNode(), featureResourceInSotW) && hasFeature(first.GetNode(), featureResourceTTL),
 			log: s.log.With("node", first.GetNode().GetId(), "variant", variant),
 		}
 		defer c.Release(ss.watch)
@@ -188,10 +193,15 @@ func (ss *sotwStream) flush() error {
 			continue
 		}
 		var err error
+		d := dirty[typeURL]
+		hbs := d.Heartbeats
+		if !ss.ttl {
+			hbs = nil // heartbeats only refresh TTLs, which this client ignores
+		}
 		if xds.FullState(typeURL) {
-			err = ss.flushFull(typeURL, t)
+			err = ss.flushFull(typeURL, t, hbs)
 		} else {
-			err = ss.flushChanged(typeURL, t, dirty[typeURL].Names)
+			err = ss.flushChanged(typeURL, t, d.Names, hbs)
 		}
 		if err != nil {
 			return err
@@ -203,42 +213,75 @@ func (ss *sotwStream) flush() error {
 // flushFull sends the complete state of a Listener or Cluster subscription
 // when any part of it differs from what the client has ("Grouping Resources
 // into Responses": omission means deletion).
-func (ss *sotwStream) flushFull(typeURL string, t *sotwType) error {
+//
+// A heartbeat of a resource the client has goes out as the complete state
+// with that resource as a heartbeat, so that the response still omits
+// nothing ("TTL").
+func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs map[string]struct{}) error {
 	t.all = false
-	if t.wildcard && len(t.names) == 0 {
+	if t.wildcard && len(t.names) == 0 && !ss.ttl {
 		return ss.flushWildcard(typeURL, t)
 	}
 	t.materialize()
-	var want []*cache.Resource
+	var want []cache.Lookup
 	ready := t.responded
 	if t.wildcard {
 		all, synced := ss.cache.All(typeURL)
-		want, ready = all, ready || synced
+		want = ss.cache.Get(typeURL, names(all))
+		ready = ready || synced
 	} else {
 		for _, l := range ss.cache.Get(typeURL, slices.Sorted(maps.Keys(t.names))) {
 			if l.Resource != nil {
-				want = append(want, l.Resource)
+				want = append(want, l)
 			}
 			ready = ready || l.Resource != nil
 		}
 	}
+	want = slices.DeleteFunc(want, func(l cache.Lookup) bool { return l.Resource == nil })
 	if !ready {
 		return nil
 	}
 	changed := !t.responded || len(want) != len(t.sent)
-	for _, r := range want {
-		if v, ok := t.sent[r.Name]; !ok || v != r.Version {
+	beat := false
+	for _, l := range want {
+		if v, ok := t.sent[l.Name]; !ok || v != l.Resource.Version {
 			changed = true
+		} else if _, ok := hbs[l.Name]; ok && l.Heartbeat != nil {
+			beat = true
 		}
 	}
-	if !changed {
+	if !changed && !beat {
 		return nil
 	}
 	clear(t.sent)
-	for _, r := range want {
-		t.sent[r.Name] = r.Version
+	fields := make([][]byte, 0, len(want))
+	for _, l := range want {
+		t.sent[l.Name] = l.Resource.Version
+		_, hb := hbs[l.Name]
+		fields = append(fields, ss.field(l, hb && !changed))
 	}
-	return ss.respond(typeURL, t, want)
+	return ss.respond(typeURL, t, fields)
+}
+
+// field is how this client is sent a resource: wrapped in a Resource with
+// its TTL for clients that take TTLs in SotW ("TTL"), as a heartbeat if
+// heartbeat, or as the plain Any.
+func (ss *sotwStream) field(l cache.Lookup, heartbeat bool) []byte {
+	switch {
+	case heartbeat && l.Heartbeat != nil:
+		return l.Heartbeat.SotW
+	case ss.ttl && l.Resource.SotWWrapped != nil:
+		return l.Resource.SotWWrapped
+	}
+	return l.Resource.Any
+}
+
+func names(rs []*cache.Resource) []string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.Name
+	}
+	return out
 }
 
 // flushWildcard is flushFull for a wildcard-only subscription, the common
@@ -276,7 +319,7 @@ func (t *sotwType) materialize() {
 
 // flushChanged sends, for the other types, only the subscribed resources
 // whose version differs from what the client was sent.
-func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty map[string]struct{}) error {
+func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs map[string]struct{}) error {
 	var names []string
 	if t.all {
 		names = slices.Collect(maps.Keys(t.names))
@@ -288,8 +331,9 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty map[string
 			}
 			t.all = !synced
 		}
-	} else {
-		for n := range dirty {
+	}
+	for _, set := range []map[string]struct{}{dirty, hbs} {
+		for n := range set {
 			if _, ok := t.names[n]; ok || t.wildcard {
 				names = append(names, n)
 			}
@@ -297,12 +341,15 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty map[string
 	}
 	slices.Sort(names)
 	names = slices.Compact(names)
-	var out []*cache.Resource
+	var out [][]byte
 	for _, l := range ss.cache.Get(typeURL, names) {
+		_, hb := hbs[l.Name]
 		switch {
 		case l.Resource != nil && t.sent[l.Name] != l.Resource.Version:
-			out = append(out, l.Resource)
+			out = append(out, ss.field(l, false))
 			t.sent[l.Name] = l.Resource.Version
+		case l.Resource != nil && hb && l.Heartbeat != nil:
+			out = append(out, ss.field(l, true))
 		case l.Resource == nil:
 			delete(t.sent, l.Name)
 		}
@@ -313,10 +360,10 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty map[string
 	return ss.respond(typeURL, t, out)
 }
 
-func (ss *sotwStream) respond(typeURL string, t *sotwType, rs []*cache.Resource) error {
+func (ss *sotwStream) respond(typeURL string, t *sotwType, fields [][]byte) error {
 	t.nonce = ss.nonces.next()
 	t.responded = true
-	msg := xds.SotWResponse(ss.cache.Version(typeURL), typeURL, t.nonce, rs)
+	msg := xds.SotWFields(ss.cache.Version(typeURL), typeURL, t.nonce, fields)
 	if err := ss.send(msg); err != nil {
 		return err
 	}

@@ -83,3 +83,13 @@ func checkNode(first, n *corepb.Node) error {
 	}
 	return nil
 }
+
+// Client features that change what a client is sent ("TTL").
+const (
+	featureResourceTTL    = "xds.config.supports-resource-ttl"
+	featureResourceInSotW = "xds.config.supports-resource-in-sotw"
+)
+
+func hasFeature(n *corepb.Node, feature string) bool {
+	return slices.Contains(n.GetClientFeatures(), feature)
+}

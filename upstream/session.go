@@ -116,10 +116,18 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 	short := xds.ShortName(typeURL)
 	s.c.opts.Metrics.Responses.With(short).Inc()
 	var upserts []*cache.Resource
+	var heartbeats []*cache.Heartbeat
 	var problems []string
 	for _, res := range r.GetResources() {
 		if res.GetResource() == nil {
-			continue // a TTL heartbeat: nothing changed
+			// A heartbeat: the TTL is refreshed, nothing changed ("TTL").
+			hb, err := xds.EncodeHeartbeat(res.GetName(), res.GetVersion(), res.GetTtl())
+			if err != nil {
+				problems = append(problems, err.Error())
+				continue
+			}
+			heartbeats = append(heartbeats, hb)
+			continue
 		}
 		if got := res.GetResource().GetTypeUrl(); got != typeURL {
 			problems = append(problems, fmt.Sprintf("resource %q has type %s in a %s response", res.GetName(), got, short))
@@ -134,6 +142,9 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 	}
 	if xds.Known(typeURL) {
 		s.c.opts.Cache.Update(typeURL, upserts, r.GetRemovedResources())
+		if len(heartbeats) > 0 {
+			s.c.opts.Cache.Heartbeat(typeURL, heartbeats)
+		}
 		if sub := s.subs[typeURL]; sub != nil && sub.awaitingWildcard {
 			sub.awaitingWildcard = false
 			s.c.opts.Cache.MarkSynced(typeURL)

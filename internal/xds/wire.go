@@ -74,10 +74,41 @@ func Encode(name, version string, a *anypb.Any, ttl *durationpb.Duration, aliase
 		Wire:    protowire.AppendBytes(protowire.AppendTag(nil, deltaResources, protowire.BytesType), wire),
 		Aliases: aliases,
 	}
-	if ttl != nil {
+	if ttl != nil && ttl.AsDuration() > 0 {
 		r.TTL = ttl.AsDuration()
+		noTTL, err := marshal.Marshal(&discoverypb.Resource{Name: name, Version: version, Resource: a, Aliases: aliases})
+		if err != nil {
+			return nil, fmt.Errorf("resource %q: %w", name, err)
+		}
+		r.WireNoTTL = protowire.AppendBytes(protowire.AppendTag(nil, deltaResources, protowire.BytesType), noTTL)
+		r.SotWWrapped = wrapSotW(wire)
 	}
 	return r, nil
+}
+
+// resourceTypeURL is the type of a Resource wrapped in an Any, as SotW
+// carries resources with a TTL ("TTL").
+const resourceTypeURL = "type.googleapis.com/envoy.service.discovery.v3.Resource"
+
+// wrapSotW makes a SotW resources field of an encoded Resource wrapped in an
+// Any.
+func wrapSotW(resource []byte) []byte {
+	a, _ := marshal.Marshal(&anypb.Any{TypeUrl: resourceTypeURL, Value: resource})
+	return protowire.AppendBytes(protowire.AppendTag(nil, sotwResources, protowire.BytesType), a)
+}
+
+// EncodeHeartbeat encodes a heartbeat: the resource unset, its version, and
+// the TTL it refreshes ("TTL").
+func EncodeHeartbeat(name, version string, ttl *durationpb.Duration) (*cache.Heartbeat, error) {
+	b, err := marshal.Marshal(&discoverypb.Resource{Name: name, Version: version, Ttl: ttl})
+	if err != nil {
+		return nil, err
+	}
+	return &cache.Heartbeat{
+		Name: name, Version: version, TTL: ttl.AsDuration(),
+		Wire: protowire.AppendBytes(protowire.AppendTag(nil, deltaResources, protowire.BytesType), b),
+		SotW: wrapSotW(b),
+	}, nil
 }
 
 // Message is a response already in wire form: a short header and the shared,
@@ -98,6 +129,16 @@ func (m *Message) Size() int {
 // SotWResponse assembles a DiscoveryResponse from resources' encoded Any
 // fields.
 func SotWResponse(version uint64, typeURL, nonce string, rs []*cache.Resource) *Message {
+	fields := make([][]byte, len(rs))
+	for i, r := range rs {
+		fields[i] = r.Any
+	}
+	return SotWFields(version, typeURL, nonce, fields)
+}
+
+// SotWFields assembles a DiscoveryResponse from encoded resources fields
+// (Resource.Any, Resource.SotWWrapped, Heartbeat.SotW).
+func SotWFields(version uint64, typeURL, nonce string, fields [][]byte) *Message {
 	h := make([]byte, 0, 64+len(typeURL))
 	h = protowire.AppendTag(h, sotwVersion, protowire.BytesType)
 	h = protowire.AppendString(h, strconv.FormatUint(version, 10))
@@ -105,25 +146,29 @@ func SotWResponse(version uint64, typeURL, nonce string, rs []*cache.Resource) *
 	h = protowire.AppendString(h, typeURL)
 	h = protowire.AppendTag(h, sotwNonce, protowire.BytesType)
 	h = protowire.AppendString(h, nonce)
-	parts := make([][]byte, 0, 1+len(rs))
-	parts = append(parts, h)
-	for _, r := range rs {
-		parts = append(parts, r.Any)
-	}
-	return &Message{Parts: parts}
+	return &Message{Parts: append([][]byte{h}, fields...)}
 }
 
 // SotWFullState assembles a DiscoveryResponse from a body of concatenated
 // Any fields built once for many clients (cache.State.SotW).
 func SotWFullState(version uint64, typeURL, nonce string, body []byte) *Message {
-	m := SotWResponse(version, typeURL, nonce, nil)
-	m.Parts = append(m.Parts, body)
-	return m
+	return SotWFields(version, typeURL, nonce, [][]byte{body})
 }
 
 // DeltaResponse assembles a DeltaDiscoveryResponse from resources' encoded
 // Resource fields and the names of removed resources.
 func DeltaResponse(version uint64, typeURL, nonce string, rs []*cache.Resource, removed []string) *Message {
+	fields := make([][]byte, len(rs))
+	for i, r := range rs {
+		fields[i] = r.Wire
+	}
+	return DeltaFields(version, typeURL, nonce, fields, removed)
+}
+
+// DeltaFields assembles a DeltaDiscoveryResponse from encoded resources
+// fields (Resource.Wire, Resource.WireNoTTL, Heartbeat.Wire) and the names
+// of removed resources.
+func DeltaFields(version uint64, typeURL, nonce string, fields [][]byte, removed []string) *Message {
 	h := make([]byte, 0, 64+len(typeURL))
 	h = protowire.AppendTag(h, deltaVersion, protowire.BytesType)
 	h = protowire.AppendString(h, strconv.FormatUint(version, 10))
@@ -135,12 +180,7 @@ func DeltaResponse(version uint64, typeURL, nonce string, rs []*cache.Resource, 
 		h = protowire.AppendTag(h, deltaRemoved, protowire.BytesType)
 		h = protowire.AppendString(h, n)
 	}
-	parts := make([][]byte, 0, 1+len(rs))
-	parts = append(parts, h)
-	for _, r := range rs {
-		parts = append(parts, r.Wire)
-	}
-	return &Message{Parts: parts}
+	return &Message{Parts: append([][]byte{h}, fields...)}
 }
 
 // Duration converts a TTL for a Resource message; nil for zero.

@@ -1,0 +1,87 @@
+package relay
+
+import (
+	"testing"
+	"time"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+)
+
+func ttlNode(id string, features ...string) *corepb.Node {
+	return &corepb.Node{Id: id, Cluster: "c1", ClientFeatures: features}
+}
+
+// "TTL": resources keep their upstream TTL downstream (Resource.ttl in
+// incremental; wrapped in a Resource in SotW for clients advertising
+// xds.config.supports-resource-in-sotw and -ttl); heartbeats refresh it and
+// are not updates; with no heartbeat the resource is removed when the TTL
+// runs out. go-control-plane sends no TTL over delta, so the control plane
+// here is scripted.
+func TestTTLAndHeartbeats(t *testing.T) {
+	up := testcp.StartScripted(t)
+	r := startRelay(t, up.Addr, func(c *Config) { c.Cache.Retention = 40 * time.Millisecond })
+
+	ttlDelta := openDelta(t, r.Addr())
+	ttlDelta.send(&discoverypb.DeltaDiscoveryRequest{Node: ttlNode("d-ttl", "xds.config.supports-resource-ttl"),
+		TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{"a"}})
+	st := up.Stream(t)
+	if req := st.Recv(); len(req.GetResourceNamesSubscribe()) != 1 {
+		t.Fatalf("upstream subscribe: %v", req)
+	}
+	cla, _ := anypb.New(testcp.Endpoints("a", "10.0.0.1:80"))
+	const ttl = 300 * time.Millisecond
+	st.Send(&discoverypb.DeltaDiscoveryResponse{TypeUrl: resourcev3.EndpointType, Nonce: "1",
+		Resources: []*discoverypb.Resource{{Name: "a", Version: "v1", Resource: cla, Ttl: durationpb.New(ttl)}}})
+	st.Recv() // ACK
+	got := ttlDelta.recv().GetResources()[0]
+	if got.GetTtl().AsDuration() != ttl || got.GetResource() == nil {
+		t.Fatalf("TTL client got %v", got)
+	}
+
+	plainDelta := openDelta(t, r.Addr())
+	plainDelta.send(&discoverypb.DeltaDiscoveryRequest{Node: ttlNode("d-plain"), TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{"a"}})
+	if got := plainDelta.recv().GetResources()[0]; got.GetTtl() != nil {
+		t.Fatalf("a client without TTL support got a TTL: %v", got)
+	}
+	ttlSotW := openSotW(t, r.Addr())
+	ttlSotW.send(&discoverypb.DiscoveryRequest{Node: ttlNode("s-ttl", "xds.config.supports-resource-ttl", "xds.config.supports-resource-in-sotw"),
+		TypeUrl: resourcev3.EndpointType, ResourceNames: []string{"a"}})
+	wrapped := &discoverypb.Resource{}
+	if a := ttlSotW.recv().GetResources()[0]; a.UnmarshalTo(wrapped) != nil || wrapped.GetTtl().AsDuration() != ttl {
+		t.Fatalf("SotW TTL client got %v, want a Resource with the TTL", a)
+	}
+	plainSotW := openSotW(t, r.Addr())
+	plainSotW.send(&discoverypb.DiscoveryRequest{Node: ttlNode("s-plain"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{"a"}})
+	if a := plainSotW.recv().GetResources()[0]; a.GetTypeUrl() != resourcev3.EndpointType {
+		t.Fatalf("plain SotW client got a %s", a.GetTypeUrl())
+	}
+
+	// Heartbeats: passed on to TTL clients as heartbeats, to no one else.
+	for i := range 3 {
+		time.Sleep(ttl / 2)
+		st.Send(&discoverypb.DeltaDiscoveryResponse{TypeUrl: resourcev3.EndpointType, Nonce: "hb",
+			Resources: []*discoverypb.Resource{{Name: "a", Version: "v1", Ttl: durationpb.New(ttl)}}})
+		st.Recv() // ACK
+		hb := ttlDelta.recv().GetResources()[0]
+		if hb.GetResource() != nil || hb.GetVersion() != "v1" || hb.GetTtl().AsDuration() != ttl {
+			t.Fatalf("heartbeat %d reached the TTL client as %v", i, hb)
+		}
+		ttlSotW.recv()
+	}
+	plainDelta.quiet(10 * time.Millisecond)
+	plainSotW.quiet(10 * time.Millisecond)
+
+	// No heartbeat: the resource expires and is removed.
+	for _, s := range []*deltaStream{ttlDelta, plainDelta} {
+		resp := s.recv()
+		if len(resp.GetRemovedResources()) != 1 || resp.GetRemovedResources()[0] != "a" {
+			t.Fatalf("after the TTL: %v", resp)
+		}
+	}
+}
