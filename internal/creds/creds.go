@@ -1,0 +1,147 @@
+package creds
+
+import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+)
+
+// TLS describes one side's TLS settings, as the configuration gives them.
+type TLS struct {
+	// CertFile and KeyFile hold our certificate: the server certificate
+	// downstream, the client certificate (mTLS) upstream.
+	CertFile, KeyFile string
+	// CAFile is the CA bundle that verifies the peer: upstream, the control
+	// plane's CA (the system roots when empty); downstream, the CA of client
+	// certificates, which are then required (mTLS).
+	CAFile string
+	// ServerName, upstream only, overrides the name verified in the server
+	// certificate (and the authority gRPC sends).
+	ServerName string
+	// Insecure, upstream only, skips verifying the server. For tests and
+	// development; the caller logs it loudly.
+	Insecure bool
+}
+
+// Enabled reports whether any TLS setting is given.
+func (t TLS) Enabled() bool { return t != TLS{} }
+
+func (t TLS) validate() error {
+	switch {
+	case !t.Enabled():
+		return errors.New("creds: no TLS settings")
+	case (t.CertFile == "") != (t.KeyFile == ""):
+		return errors.New("creds: a certificate file and a key file go together")
+	case t.Insecure && t.CAFile != "":
+		return errors.New("creds: insecure skips verification, so a CA file would be ignored")
+	}
+	return nil
+}
+
+// material is what the files held at one load; immutable once stored.
+type material struct {
+	cert *tls.Certificate // nil without CertFile
+	pool *x509.CertPool   // nil without CAFile
+	raw  [3][]byte        // certificate, key and CA files as read, to tell a change from a touch
+}
+
+func (m *material) same(o *material) bool {
+	for i := range m.raw {
+		if !bytes.Equal(m.raw[i], o.raw[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// load reads every file t names; an error names the file that does not load.
+func load(t TLS) (*material, error) {
+	m := &material{}
+	if t.CertFile != "" {
+		cert, certPEM, keyPEM, err := loadKeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, err
+		}
+		m.cert, m.raw[0], m.raw[1] = cert, certPEM, keyPEM
+	}
+	if t.CAFile != "" {
+		caPEM, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("creds: CA: %w", err)
+		}
+		certs, err := parseCerts(caPEM)
+		if err != nil {
+			return nil, fmt.Errorf("creds: CA %s: %w", t.CAFile, err)
+		}
+		m.pool = x509.NewCertPool()
+		for _, c := range certs {
+			m.pool.AddCert(c)
+		}
+		m.raw[2] = caPEM
+	}
+	return m, nil
+}
+
+func loadKeyPair(certFile, keyFile string) (_ *tls.Certificate, certPEM, keyPEM []byte, _ error) {
+	certPEM, err := os.ReadFile(certFile)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("creds: certificate: %w", err)
+	}
+	if _, err := parseCerts(certPEM); err != nil {
+		return nil, nil, nil, fmt.Errorf("creds: certificate %s: %w", certFile, err)
+	}
+	keyPEM, err = os.ReadFile(keyFile)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("creds: key: %w", err)
+	}
+	if !hasKey(keyPEM) {
+		return nil, nil, nil, fmt.Errorf("creds: key %s: no PEM private key", keyFile)
+	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("creds: key %s for certificate %s: %w", keyFile, certFile, err)
+	}
+	return &cert, certPEM, keyPEM, nil
+}
+
+// parseCerts returns every certificate in data, which must hold at least one.
+func parseCerts(data []byte) ([]*x509.Certificate, error) {
+	var certs []*x509.Certificate
+	for {
+		var b *pem.Block
+		b, data = pem.Decode(data)
+		if b == nil {
+			break
+		}
+		if b.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return nil, err
+		}
+		certs = append(certs, c)
+	}
+	if len(certs) == 0 {
+		return nil, errors.New("no PEM certificate")
+	}
+	return certs, nil
+}
+
+func hasKey(data []byte) bool {
+	for {
+		var b *pem.Block
+		b, data = pem.Decode(data)
+		if b == nil {
+			return false
+		}
+		if b.Type == "PRIVATE KEY" || strings.HasSuffix(b.Type, " PRIVATE KEY") {
+			return true
+		}
+	}
+}
