@@ -99,8 +99,9 @@ type idleKey struct {
 }
 
 type typeState struct {
-	state    *State // the complete state at version, built on demand; nil when stale
-	version  uint64 // bumped on every change of this type
+	aliases  map[string]string // alias → resource name
+	state    *State            // the complete state at version, built on demand; nil when stale
+	version  uint64            // bumped on every change of this type
 	entries  map[string]*entry
 	wildcard map[*Watch]struct{} // wildcard watchers
 
@@ -286,7 +287,11 @@ func (c *Cache) Get(typeURL string, names []string) []Lookup {
 		if t == nil {
 			continue
 		}
-		if e := t.entries[n]; e != nil {
+		e := t.entries[n]
+		if target, ok := t.aliases[n]; ok && (e == nil || e.res == nil) {
+			e = t.entries[target] // the name is an alias ("Resource names")
+		}
+		if e != nil {
 			out[i].Resource, out[i].Absent, out[i].Heartbeat = e.res, e.absent, e.hb
 		}
 	}
@@ -443,11 +448,24 @@ func (c *Cache) Update(typeURL string, upserts []*Resource, removed []string) {
 	for _, r := range upserts {
 		e := t.entries[r.Name]
 		if e == nil {
-			if !t.wantWildcard {
+			if !t.wantWildcard && !t.aliasWantedLocked(r) {
 				continue // nobody asked for it (an unsubscribe in flight)
 			}
 			e = &entry{}
 			t.entries[r.Name] = e
+		}
+		// "Resource names": a resource may be known by an alias (VHDS);
+		// those who watch the alias watch the resource.
+		for _, a := range r.Aliases {
+			if t.aliases == nil {
+				t.aliases = make(map[string]string)
+			}
+			t.aliases[a] = r.Name
+			if ae := t.entries[a]; ae != nil && a != r.Name {
+				for w := range ae.watchers {
+					marks[w] = append(marks[w], a)
+				}
+			}
 		}
 		if e.res != nil && e.res.Version == r.Version && string(e.res.Wire) == string(r.Wire) {
 			continue
@@ -477,6 +495,17 @@ func (c *Cache) Update(typeURL string, upserts []*Resource, removed []string) {
 		changed = append(changed, n)
 		for w := range e.watchers {
 			marks[w] = append(marks[w], n)
+		}
+		for a, target := range t.aliases {
+			if target != n {
+				continue
+			}
+			delete(t.aliases, a)
+			if ae := t.entries[a]; ae != nil {
+				for w := range ae.watchers {
+					marks[w] = append(marks[w], a)
+				}
+			}
 		}
 	}
 	if len(changed) > 0 {
@@ -565,6 +594,16 @@ func (c *Cache) expireLocked(now time.Time) (marks map[*Watch]map[string][]strin
 		}
 	}
 	return marks, seq
+}
+
+// aliasWantedLocked reports whether someone wants r by one of its aliases.
+func (t *typeState) aliasWantedLocked(r *Resource) bool {
+	for _, a := range r.Aliases {
+		if e := t.entries[a]; e != nil && e.wanted {
+			return true
+		}
+	}
+	return false
 }
 
 // MarkSynced records that upstream has answered the wildcard subscription of
@@ -657,7 +696,7 @@ func (c *Cache) Sweep() (empty bool) {
 				c.idle.Remove(idleKey{typeURL: typeURL, name: n})
 				changed = true
 			}
-			if !e.wanted && len(e.watchers) == 0 && !t.wantWildcard {
+			if !e.wanted && len(e.watchers) == 0 && !t.wantWildcard && (e.res == nil || !t.aliasWantedLocked(e.res)) {
 				c.deleteLocked(t, typeURL, n)
 			}
 		}
