@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/xdsrelay/xdsrelay/internal/creds"
 )
 
 // Config is the relay's configuration, filled by the binary from YAML and
@@ -35,6 +37,15 @@ type Config struct {
 		// and .timeout: HTTP/2 pings on the upstream connection.
 		KeepaliveTime    time.Duration
 		KeepaliveTimeout time.Duration
+		// TLS is upstream.tls.{cert_file,key_file,ca_file,server_name,
+		// insecure_skip_verify}: TLS to the control plane, mTLS with a
+		// client certificate. TLSEnabled (upstream.tls.enabled) turns TLS on
+		// with the system roots when no file is given.
+		TLS        creds.TLS
+		TLSEnabled bool
+		// Headers is upstream.headers: metadata sent on every upstream RPC
+		// (an authorization token, say).
+		Headers map[string]string
 	}
 	Downstream struct {
 		// Address is downstream.address: where xDS clients connect.
@@ -51,6 +62,9 @@ type Config struct {
 		// MaxRequestBytes is downstream.max_request_bytes: the largest
 		// request accepted from a client.
 		MaxRequestBytes int
+		// TLS is downstream.tls.{cert_file,key_file,client_ca_file}: TLS
+		// for clients (gRPC and REST), mTLS when client_ca_file is set.
+		TLS creds.TLS
 	}
 	Admin struct {
 		// Address is admin.address: /healthz, /readyz, /metrics; empty
@@ -144,6 +158,9 @@ func (c *Config) Validate() error {
 		if err := checkHostPort(c.Downstream.RESTAddress); err != nil {
 			return fmt.Errorf("downstream.rest_address: %w", err)
 		}
+	}
+	if t := c.Downstream.TLS; t.Enabled() && (t.CertFile == "" || t.KeyFile == "") {
+		return errors.New("downstream.tls: cert_file and key_file are both required")
 	}
 	if c.Downstream.SendTimeout <= 0 {
 		return fmt.Errorf("downstream.send_timeout: must be positive, got %s", c.Downstream.SendTimeout)

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,10 +16,12 @@ import (
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/downstream"
+	"github.com/xdsrelay/xdsrelay/internal/creds"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/upstream"
 )
@@ -48,6 +51,15 @@ type Relay struct {
 	adminLn  net.Listener
 	rest     *http.Server
 	restLn   net.Listener
+	restTLS  *tls.Config // nil without downstream TLS
+
+	reloaders []*creds.Reloader // certificate watchers, closed on shutdown
+}
+
+func (r *Relay) closeReloaders() {
+	for _, rl := range r.reloaders {
+		rl.Close()
+	}
 }
 
 // group is one group of clients: a cache and the upstream that fills it.
@@ -78,25 +90,42 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	r.upm = upstream.NewMetrics(r.metrics)
 	r.groupsG = r.metrics.Gauge("xdsrelay_groups", "Groups of downstream clients, each with its own upstream stream.").With()
 	r.registerGroupMetrics()
-	if dir, ok := strings.CutPrefix(cfg.Upstream.Address, FilePrefix); ok {
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	ok := false
+	defer func() {
+		if !ok {
+			r.cancel()
+			r.closeReloaders()
+		}
+	}()
+	if dir, isFile := strings.CutPrefix(cfg.Upstream.Address, FilePrefix); isFile {
 		f, err := upstream.NewFile(dir, logger)
 		if err != nil {
 			return nil, fmt.Errorf("upstream.address: %w", err)
 		}
 		r.file = f
 	} else {
-		conn, err := dialUpstream(cfg)
+		var tc credentials.TransportCredentials
+		up, err := upstreamTLS(r.ctx, cfg, logger)
+		if err != nil {
+			return nil, err
+		}
+		if up != nil {
+			tc = up.ClientCredentials()
+			r.reloaders = append(r.reloaders, up)
+		}
+		conn, err := dialUpstream(cfg, tc)
 		if err != nil {
 			return nil, err
 		}
 		r.conn = conn
 	}
-	down, err := downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: logger,
+	ds, err := downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: logger,
 		PollTimeout: cfg.Downstream.PollTimeout, SendTimeout: cfg.Downstream.SendTimeout})
 	if err != nil {
 		return nil, err
 	}
-	r.down = down
+	r.down = ds
 	opts := append(downstream.ServerOptions(),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(cfg.Downstream.MaxRequestBytes),
@@ -107,9 +136,18 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 		grpc.ReadBufferSize(8<<10),
 		grpc.WriteBufferSize(32<<10),
 	)
+	down, err := downstreamTLS(r.ctx, cfg, logger)
+	if err != nil {
+		return nil, err
+	}
+	if down != nil {
+		r.reloaders = append(r.reloaders, down)
+		opts = append(opts, grpc.Creds(down.ServerCredentials()))
+		r.restTLS = down.ServerConfig()
+	}
 	r.grpc = grpc.NewServer(opts...)
-	down.Register(r.grpc)
-	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.down.Register(r.grpc)
+	ok = true
 	return r, nil
 }
 
@@ -144,7 +182,10 @@ func (r *Relay) Start() error {
 			return fmt.Errorf("downstream.rest_address: %w", err)
 		}
 		r.restLn = rln
-		r.rest = &http.Server{Handler: r.down.RESTHandler(), ReadHeaderTimeout: 5 * time.Second}
+		r.rest = &http.Server{Handler: r.down.RESTHandler(), ReadHeaderTimeout: 5 * time.Second, TLSConfig: r.restTLS}
+		if r.restTLS != nil {
+			rln = tls.NewListener(rln, r.restTLS)
+		}
 		r.goRun(func() {
 			if err := r.rest.Serve(rln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				r.log.Error("REST server", "error", err)
@@ -239,6 +280,7 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 	if r.conn != nil {
 		err = errors.Join(err, r.conn.Close())
 	}
+	r.closeReloaders()
 	return err
 }
 

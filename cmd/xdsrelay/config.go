@@ -26,26 +26,36 @@ type Options struct {
 var keys = func() map[string]any {
 	d := relay.Default()
 	return map[string]any{
-		"upstream.address":              d.Upstream.Address,
-		"upstream.group_by":             d.Upstream.GroupBy,
-		"upstream.addresses":            []string{},
-		"upstream.reconnect.base_delay": d.Upstream.ReconnectBaseDelay.String(),
-		"upstream.reconnect.max_delay":  d.Upstream.ReconnectMaxDelay.String(),
-		"upstream.max_message_bytes":    d.Upstream.MaxMessageBytes,
-		"upstream.keepalive.time":       d.Upstream.KeepaliveTime.String(),
-		"upstream.keepalive.timeout":    d.Upstream.KeepaliveTimeout.String(),
-		"downstream.address":            d.Downstream.Address,
-		"downstream.rest_address":       d.Downstream.RESTAddress,
-		"downstream.poll_timeout":       d.Downstream.PollTimeout.String(),
-		"downstream.send_timeout":       d.Downstream.SendTimeout.String(),
-		"downstream.max_request_bytes":  d.Downstream.MaxRequestBytes,
-		"admin.address":                 d.Admin.Address,
-		"cache.retention":               d.Cache.Retention.String(),
-		"cache.max_resources":           d.Cache.MaxResources,
-		"cache.persist_dir":             d.Cache.PersistDir,
-		"cache.persist_interval":        d.Cache.PersistInterval.String(),
-		"shutdown_timeout":              d.ShutdownTimeout.String(),
-		"log.level":                     "info",
+		"upstream.address":                  d.Upstream.Address,
+		"upstream.group_by":                 d.Upstream.GroupBy,
+		"upstream.addresses":                []string{},
+		"upstream.reconnect.base_delay":     d.Upstream.ReconnectBaseDelay.String(),
+		"upstream.reconnect.max_delay":      d.Upstream.ReconnectMaxDelay.String(),
+		"upstream.max_message_bytes":        d.Upstream.MaxMessageBytes,
+		"upstream.keepalive.time":           d.Upstream.KeepaliveTime.String(),
+		"upstream.keepalive.timeout":        d.Upstream.KeepaliveTimeout.String(),
+		"upstream.tls.enabled":              false,
+		"upstream.tls.cert_file":            "",
+		"upstream.tls.key_file":             "",
+		"upstream.tls.ca_file":              "",
+		"upstream.tls.server_name":          "",
+		"upstream.tls.insecure_skip_verify": false,
+		"upstream.headers":                  map[string]any{},
+		"downstream.tls.cert_file":          "",
+		"downstream.tls.key_file":           "",
+		"downstream.tls.client_ca_file":     "",
+		"downstream.address":                d.Downstream.Address,
+		"downstream.rest_address":           d.Downstream.RESTAddress,
+		"downstream.poll_timeout":           d.Downstream.PollTimeout.String(),
+		"downstream.send_timeout":           d.Downstream.SendTimeout.String(),
+		"downstream.max_request_bytes":      d.Downstream.MaxRequestBytes,
+		"admin.address":                     d.Admin.Address,
+		"cache.retention":                   d.Cache.Retention.String(),
+		"cache.max_resources":               d.Cache.MaxResources,
+		"cache.persist_dir":                 d.Cache.PersistDir,
+		"cache.persist_interval":            d.Cache.PersistInterval.String(),
+		"shutdown_timeout":                  d.ShutdownTimeout.String(),
+		"log.level":                         "info",
 	}
 }()
 
@@ -90,6 +100,12 @@ func loadConfig(file string, env func(string) (string, bool)) (Options, error) {
 		}
 		errs = append(errs, err)
 	}
+	boolean := func(key string, dst *bool) {
+		b, err := getBool(v, key)
+		errs = append(errs, err)
+		*dst = b
+	}
+	var err error
 	integer := func(key string, dst *int) {
 		n, err := getInt(v, key)
 		errs = append(errs, err)
@@ -103,6 +119,17 @@ func loadConfig(file string, env func(string) (string, bool)) (Options, error) {
 	integer("upstream.max_message_bytes", &o.Relay.Upstream.MaxMessageBytes)
 	dur("upstream.keepalive.time", &o.Relay.Upstream.KeepaliveTime)
 	dur("upstream.keepalive.timeout", &o.Relay.Upstream.KeepaliveTimeout)
+	boolean("upstream.tls.enabled", &o.Relay.Upstream.TLSEnabled)
+	str("upstream.tls.cert_file", &o.Relay.Upstream.TLS.CertFile)
+	str("upstream.tls.key_file", &o.Relay.Upstream.TLS.KeyFile)
+	str("upstream.tls.ca_file", &o.Relay.Upstream.TLS.CAFile)
+	str("upstream.tls.server_name", &o.Relay.Upstream.TLS.ServerName)
+	boolean("upstream.tls.insecure_skip_verify", &o.Relay.Upstream.TLS.Insecure)
+	o.Relay.Upstream.Headers, err = getMap(v, "upstream.headers")
+	errs = append(errs, err)
+	str("downstream.tls.cert_file", &o.Relay.Downstream.TLS.CertFile)
+	str("downstream.tls.key_file", &o.Relay.Downstream.TLS.KeyFile)
+	str("downstream.tls.client_ca_file", &o.Relay.Downstream.TLS.CAFile)
 	str("downstream.address", &o.Relay.Downstream.Address)
 	str("downstream.rest_address", &o.Relay.Downstream.RESTAddress)
 	dur("downstream.poll_timeout", &o.Relay.Downstream.PollTimeout)
@@ -144,6 +171,10 @@ func checkKeys(file string, v *viper.Viper) error {
 func flatten(prefix string, m map[string]any) map[string]any {
 	out := map[string]any{}
 	for k, val := range m {
+		if _, isKey := keys[prefix+k]; isKey {
+			out[prefix+k] = val // a key whose value is a map (upstream.headers)
+			continue
+		}
 		if sub, ok := val.(map[string]any); ok && len(sub) > 0 {
 			maps.Copy(out, flatten(prefix+k+".", sub))
 			continue
@@ -217,4 +248,52 @@ func getInt(v *viper.Viper, key string) (int, error) {
 	default:
 		return 0, fmt.Errorf("%s: want a whole number, got %v", key, val)
 	}
+}
+
+func getBool(v *viper.Viper, key string) (bool, error) {
+	known(key)
+	switch val := v.Get(key).(type) {
+	case bool:
+		return val, nil
+	case string: // from the environment
+		b, err := strconv.ParseBool(strings.TrimSpace(val))
+		if err != nil {
+			return false, fmt.Errorf("%s: %q is not true or false", key, val)
+		}
+		return b, nil
+	default:
+		return false, fmt.Errorf("%s: want true or false, got %v", key, val)
+	}
+}
+
+// getMap reads a map of strings from YAML, or name=value pairs separated by
+// commas from the environment.
+func getMap(v *viper.Viper, key string) (map[string]string, error) {
+	known(key)
+	out := map[string]string{}
+	switch val := v.Get(key).(type) {
+	case map[string]any:
+		for k, x := range val {
+			s, ok := x.(string)
+			if !ok {
+				return nil, fmt.Errorf("%s.%s: want a string, got %v", key, k, x)
+			}
+			out[k] = s
+		}
+	case string:
+		for _, kv := range strings.Split(val, ",") {
+			if kv = strings.TrimSpace(kv); kv == "" {
+				continue
+			}
+			k, x, ok := strings.Cut(kv, "=")
+			if !ok {
+				return nil, fmt.Errorf("%s: %q is not name=value", key, kv)
+			}
+			out[strings.TrimSpace(k)] = strings.TrimSpace(x)
+		}
+	case nil:
+	default:
+		return nil, fmt.Errorf("%s: want a map of names to values, got %v", key, val)
+	}
+	return out, nil
 }

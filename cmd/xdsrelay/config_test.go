@@ -66,6 +66,22 @@ func TestLoadConfig(t *testing.T) {
 				}
 			},
 		},
+		{
+			name: "TLS both ways and upstream headers",
+			yaml: "upstream:\n  tls:\n    ca_file: /ca.pem\n    server_name: cp.internal\n  headers:\n    authorization: Bearer abc\ndownstream:\n  tls:\n    cert_file: /tls.crt\n    key_file: /tls.key\n    client_ca_file: /clients.pem\n",
+			env:  map[string]string{"XDSRELAY_UPSTREAM_TLS_INSECURE_SKIP_VERIFY": "false"},
+			check: func(t *testing.T, o Options) {
+				u, d := o.Relay.Upstream, o.Relay.Downstream
+				if u.TLS.CAFile != "/ca.pem" || u.TLS.ServerName != "cp.internal" || u.Headers["authorization"] != "Bearer abc" {
+					t.Errorf("upstream: %+v %v", u.TLS, u.Headers)
+				}
+				if d.TLS.CertFile != "/tls.crt" || d.TLS.KeyFile != "/tls.key" || d.TLS.CAFile != "/clients.pem" {
+					t.Errorf("downstream: %+v", d.TLS)
+				}
+			},
+		},
+		{name: "downstream TLS without a key", yaml: "downstream:\n  tls:\n    cert_file: /tls.crt\n", wantErr: "downstream.tls"},
+		{name: "bad bool", env: map[string]string{"XDSRELAY_UPSTREAM_TLS_ENABLED": "yes please"}, wantErr: "upstream.tls.enabled"},
 		{name: "unknown key", yaml: "upstream:\n  adress: x:1\n", wantErr: `unknown key "upstream.adress"`},
 		{name: "unknown section", yaml: "tracing:\n  endpoint: x\n", wantErr: `unknown key "tracing.endpoint"`},
 		{name: "malformed upstream address", yaml: "upstream:\n  address: nowhere\n", wantErr: "upstream.address"},

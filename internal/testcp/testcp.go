@@ -47,8 +47,9 @@ type ControlPlane struct {
 	SotWStreams   atomic.Int64 // SotW streams opened
 	DeltaRequests atomic.Int64 // delta requests received
 
-	srv serverv3.Server
-	t   testing.TB
+	srv  serverv3.Server
+	t    testing.TB
+	opts []grpc.ServerOption
 
 	mu    sync.Mutex
 	nodes []*corepb.Node // first request's node of each delta stream
@@ -58,6 +59,12 @@ type ControlPlane struct {
 
 // Start runs a control plane until the test ends.
 func Start(t testing.TB) *ControlPlane {
+	t.Helper()
+	return StartWith(t)
+}
+
+// StartWith runs a control plane with server options (credentials, say).
+func StartWith(t testing.TB, opts ...grpc.ServerOption) *ControlPlane {
 	t.Helper()
 	cp := &ControlPlane{Cache: cachev3.NewSnapshotCache(false, ClusterHash{}, nil)}
 	cb := serverv3.CallbackFuncs{
@@ -81,7 +88,7 @@ func Start(t testing.TB) *ControlPlane {
 		},
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	cp.srv, cp.t = serverv3.NewServer(ctx, cp.Cache, cb), t
+	cp.srv, cp.t, cp.opts = serverv3.NewServer(ctx, cp.Cache, cb), t, opts
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -96,7 +103,7 @@ func Start(t testing.TB) *ControlPlane {
 }
 
 func (cp *ControlPlane) serve(ln net.Listener) {
-	g := grpc.NewServer()
+	g := grpc.NewServer(cp.opts...)
 	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, cp.srv)
 	done := make(chan struct{})
 	go func() {
