@@ -164,3 +164,18 @@ func TestReconnectStorm(t *testing.T) {
 		t.Errorf("the storm sent %d upstream requests", n-requests)
 	}
 }
+
+// Several control planes: with the first address refusing connections the
+// relay is served by the next one (upstream.addresses, gRPC pick_first).
+func TestUpstreamFailover(t *testing.T) {
+	dead := testcp.Start(t)
+	dead.Stop() // its address now refuses connections
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("x"))
+	r := startRelay(t, dead.Addr, fastReconnect, func(c *Config) { c.Upstream.Addresses = []string{cp.Addr} })
+	s := openDelta(t, r.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType})
+	if got := deltaNames(s.recv()); !slices.Equal(got, []string{"x"}) {
+		t.Fatalf("through the second control plane: %v", got)
+	}
+}
