@@ -41,6 +41,13 @@ type Heartbeat struct {
 	Wire, SotW    []byte
 }
 
+// ResourceError is upstream's error for one resource, encoded once for the
+// resource_errors field of delta (Delta) and SotW (SotW) responses.
+type ResourceError struct {
+	Name        string
+	Delta, SotW []byte
+}
+
 // Lookup is the state of one name in the cache.
 type Lookup struct {
 	Name string
@@ -51,6 +58,9 @@ type Lookup struct {
 	Absent bool
 	// Heartbeat is the last heartbeat of the present version, if any.
 	Heartbeat *Heartbeat
+	// Error is upstream's last error for the name, until it next sends
+	// or removes the resource.
+	Error *ResourceError
 }
 
 // Interest is the union of what a group wants of one type: what the upstream
@@ -112,8 +122,9 @@ type typeState struct {
 
 type entry struct {
 	res      *Resource
-	hb       *Heartbeat // last heartbeat of res's version
-	expires  time.Time  // when res's TTL runs out; zero without a TTL
+	hb       *Heartbeat     // last heartbeat of res's version
+	err      *ResourceError // upstream's error for the name, until it is sent again
+	expires  time.Time      // when res's TTL runs out; zero without a TTL
 	absent   bool
 	watchers map[*Watch]struct{}
 	wanted   bool      // explicitly part of the interest
@@ -292,7 +303,14 @@ func (c *Cache) Get(typeURL string, names []string) []Lookup {
 			e = t.entries[target] // the name is an alias ("Resource names")
 		}
 		if e != nil {
-			out[i].Resource, out[i].Absent, out[i].Heartbeat = e.res, e.absent, e.hb
+			out[i].Resource, out[i].Absent, out[i].Heartbeat, out[i].Error = e.res, e.absent, e.hb, e.err
+		}
+		// Once upstream has answered the wildcard, the complete set of the
+		// type is here: a name that is not is known not to exist ("Knowing
+		// When a Requested Resource Does Not Exist"). Should upstream send
+		// it after all, it is added as usual.
+		if out[i].Resource == nil && t.synced {
+			out[i].Absent = true
 		}
 	}
 	return out
@@ -471,7 +489,7 @@ func (c *Cache) Update(typeURL string, upserts []*Resource, removed []string) {
 			continue
 		}
 		c.setLocked(e, r)
-		e.absent, e.hb, e.expires = false, nil, time.Time{}
+		e.absent, e.hb, e.expires, e.err = false, nil, time.Time{}, nil
 		if r.TTL > 0 {
 			e.expires = c.now().Add(r.TTL)
 		}
@@ -490,7 +508,7 @@ func (c *Cache) Update(typeURL string, upserts []*Resource, removed []string) {
 			c.deleteLocked(t, typeURL, n)
 		} else {
 			c.setLocked(e, nil)
-			e.absent = true
+			e.absent, e.err = true, nil
 		}
 		changed = append(changed, n)
 		for w := range e.watchers {
@@ -517,6 +535,33 @@ func (c *Cache) Update(typeURL string, upserts []*Resource, removed []string) {
 	}
 	if c.evictLocked() {
 		c.signalInterest()
+	}
+	c.mu.Unlock()
+	for w, names := range marks {
+		w.Mark(typeURL, seq, names...)
+	}
+}
+
+// Errors records upstream's per-resource errors and marks the watchers of
+// those names, so that the errors are passed on.
+func (c *Cache) Errors(typeURL string, errs []*ResourceError) {
+	marks := make(map[*Watch][]string)
+	c.mu.Lock()
+	c.seq++
+	seq := c.seq
+	t := c.typeLocked(typeURL)
+	for _, re := range errs {
+		e := t.entries[re.Name]
+		if e == nil {
+			continue // nobody here asked for it
+		}
+		e.err = re
+		for w := range e.watchers {
+			marks[w] = append(marks[w], re.Name)
+		}
+		for w := range t.wildcard {
+			marks[w] = append(marks[w], re.Name)
+		}
 	}
 	c.mu.Unlock()
 	for w, names := range marks {

@@ -23,6 +23,7 @@ type deltaType struct {
 	// answer holds names that need an answer even if the client seems to
 	// have them: re-subscribed names, and the wildcard-plus-name exception.
 	answer    map[string]struct{}
+	errSent   map[string]*cache.ResourceError // upstream errors passed on
 	responded bool
 	all       bool // the next flush considers everything subscribed
 }
@@ -284,6 +285,13 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[st
 		case mustAnswer && !named && !had:
 			// Dropped by name and not covered by the wildcard.
 			removed = append(removed, l.Name)
+		}
+		if l.Error != nil && (named || t.wildcard) && t.errSent[l.Name] != l.Error {
+			if t.errSent == nil {
+				t.errSent = make(map[string]*cache.ResourceError)
+			}
+			t.errSent[l.Name] = l.Error
+			out = append(out, l.Error.Delta) // "The upstream's ... per-resource errors are passed on"
 		}
 		if l.Resource != nil || l.Absent || !named {
 			delete(t.answer, l.Name)

@@ -26,7 +26,8 @@ type sotwType struct {
 	// subscription, which then keeps no per-name record (sent is stale).
 	sentState *cache.State
 	responded bool
-	all       bool // the next flush considers every subscribed name
+	all       bool                            // the next flush considers every subscribed name
+	errSent   map[string]*cache.ResourceError // upstream errors passed on
 }
 
 // subscription applies the SotW rules of "How the client specifies what
@@ -352,6 +353,13 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs map[s
 			out = append(out, ss.field(l, true))
 		case l.Resource == nil:
 			delete(t.sent, l.Name)
+		}
+		if l.Error != nil && t.errSent[l.Name] != l.Error {
+			if t.errSent == nil {
+				t.errSent = make(map[string]*cache.ResourceError)
+			}
+			t.errSent[l.Name] = l.Error
+			out = append(out, l.Error.SotW)
 		}
 	}
 	if len(out) == 0 {

@@ -296,6 +296,37 @@ func TestDeltaNotFound(t *testing.T) {
 	}
 }
 
+// With go-control-plane upstream, a name that does not exist is known once
+// the group's wildcard is synced (the wildcard is the complete set), and is
+// answered in removed_resources.
+func TestDeltaNotFoundFromTheWildcardSet(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("x"))
+	r := startRelay(t, cp.Addr)
+	envoy := openDelta(t, r.Addr())
+	envoy.send(&discoverypb.DeltaDiscoveryRequest{Node: node("envoy", "c1"), TypeUrl: resourcev3.ClusterType})
+	envoy.recv()
+	grpcClient := openDelta(t, r.Addr())
+	grpcClient.send(&discoverypb.DeltaDiscoveryRequest{Node: node("grpc", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"x", "missing"}})
+	seen, removed := map[string]bool{}, []string{}
+	for !seen["x"] || len(removed) == 0 {
+		resp := grpcClient.recv()
+		for _, n := range deltaNames(resp) {
+			seen[n] = true
+		}
+		removed = append(removed, resp.GetRemovedResources()...)
+	}
+	if !slices.Equal(removed, []string{"missing"}) {
+		t.Fatalf("removed %v, want [missing]", removed)
+	}
+	cp.Set(t, "c1", "2", testcp.Cluster("x"), testcp.Cluster("missing"))
+	for {
+		if got := deltaNames(grpcClient.recv()); slices.Contains(got, "missing") {
+			break
+		}
+	}
+}
+
 // Bad input ends only the offending stream, with INVALID_ARGUMENT and a
 // message; other clients keep being served.
 func TestBadInputEndsOnlyThatStream(t *testing.T) {

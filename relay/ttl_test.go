@@ -7,6 +7,8 @@ import (
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -83,5 +85,31 @@ func TestTTLAndHeartbeats(t *testing.T) {
 		if len(resp.GetRemovedResources()) != 1 || resp.GetRemovedResources()[0] != "a" {
 			t.Fatalf("after the TTL: %v", resp)
 		}
+	}
+}
+
+// Per-resource errors from upstream are passed on ("Not found": the
+// upstream's removed_resources and per-resource errors are passed on).
+func TestUpstreamResourceErrorsPassedOn(t *testing.T) {
+	up := testcp.StartScripted(t)
+	r := startRelay(t, up.Addr)
+	d := openDelta(t, r.Addr())
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{"broken"}})
+	st := up.Stream(t)
+	st.Recv()
+	st.Send(&discoverypb.DeltaDiscoveryResponse{TypeUrl: resourcev3.EndpointType, Nonce: "1",
+		ResourceErrors: []*discoverypb.ResourceError{{
+			ResourceName: &discoverypb.ResourceName{Name: "broken"},
+			ErrorDetail:  &status.Status{Code: int32(codes.NotFound), Message: "no such cluster"},
+		}}})
+	resp := d.recv()
+	if errs := resp.GetResourceErrors(); len(errs) != 1 || errs[0].GetResourceName().GetName() != "broken" ||
+		errs[0].GetErrorDetail().GetMessage() != "no such cluster" {
+		t.Fatalf("delta client got %v", resp)
+	}
+	s := openSotW(t, r.Addr())
+	s.send(&discoverypb.DiscoveryRequest{Node: node("n2", "c1"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{"broken"}})
+	if errs := s.recv().GetResourceErrors(); len(errs) != 1 || errs[0].GetErrorDetail().GetCode() != int32(codes.NotFound) {
+		t.Fatalf("SotW client got %v", errs)
 	}
 }

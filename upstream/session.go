@@ -145,6 +145,15 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 		if len(heartbeats) > 0 {
 			s.c.opts.Cache.Heartbeat(typeURL, heartbeats)
 		}
+		if re := r.GetResourceErrors(); len(re) > 0 {
+			var errs []*cache.ResourceError
+			for _, e := range re {
+				if enc, err := xds.EncodeError(e); err == nil {
+					errs = append(errs, enc)
+				}
+			}
+			s.c.opts.Cache.Errors(typeURL, errs)
+		}
 		if sub := s.subs[typeURL]; sub != nil && sub.awaitingWildcard {
 			sub.awaitingWildcard = false
 			s.c.opts.Cache.MarkSynced(typeURL)

@@ -30,7 +30,23 @@ var (
 	deltaTypeURL   = field(&discoverypb.DeltaDiscoveryResponse{}, "type_url")
 	deltaRemoved   = field(&discoverypb.DeltaDiscoveryResponse{}, "removed_resources")
 	deltaNonce     = field(&discoverypb.DeltaDiscoveryResponse{}, "nonce")
+	deltaErrors    = field(&discoverypb.DeltaDiscoveryResponse{}, "resource_errors")
+	sotwErrors     = field(&discoverypb.DiscoveryResponse{}, "resource_errors")
 )
+
+// EncodeError encodes a per-resource error from upstream once, as the
+// resource_errors field of delta and SotW responses.
+func EncodeError(e *discoverypb.ResourceError) (*cache.ResourceError, error) {
+	b, err := marshal.Marshal(e)
+	if err != nil {
+		return nil, err
+	}
+	return &cache.ResourceError{
+		Name:  e.GetResourceName().GetName(),
+		Delta: protowire.AppendBytes(protowire.AppendTag(nil, deltaErrors, protowire.BytesType), b),
+		SotW:  protowire.AppendBytes(protowire.AppendTag(nil, sotwErrors, protowire.BytesType), b),
+	}, nil
+}
 
 func field(m proto.Message, name protoreflect.Name) protowire.Number {
 	fd := m.ProtoReflect().Descriptor().Fields().ByName(name)
