@@ -86,6 +86,10 @@ type Config struct {
 		// caches are saved (and once more on shutdown).
 		PersistInterval time.Duration
 	}
+	// Tracing installs OpenTelemetry instrumentation (gRPC stats handlers on
+	// both edges) on the global tracer provider; the binary sets it when
+	// tracing.otlp_endpoint is configured.
+	Tracing bool
 	// ShutdownTimeout is shutdown_timeout: how long Shutdown waits for
 	// streams to end before closing them.
 	ShutdownTimeout time.Duration

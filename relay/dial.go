@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
@@ -40,6 +41,9 @@ func dialUpstream(cfg Config, tc credentials.TransportCredentials) (*grpc.Client
 			Time: cfg.Upstream.KeepaliveTime, Timeout: cfg.Upstream.KeepaliveTimeout, PermitWithoutStream: true,
 		}),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: reconnectBackoff(cfg), MinConnectTimeout: 5 * time.Second}),
+	}
+	if cfg.Tracing {
+		opts = append(opts, grpc.WithStatsHandler(otelgrpc.NewClientHandler()))
 	}
 	if len(cfg.Upstream.Headers) > 0 {
 		opts = append(opts, grpc.WithPerRPCCredentials(creds.Headers(cfg.Upstream.Headers)))

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
@@ -136,6 +137,9 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 		grpc.ReadBufferSize(8<<10),
 		grpc.WriteBufferSize(32<<10),
 	)
+	if cfg.Tracing {
+		opts = append(opts, grpc.StatsHandler(otelgrpc.NewServerHandler()))
+	}
 	down, err := downstreamTLS(r.ctx, cfg, logger)
 	if err != nil {
 		return nil, err

@@ -10,6 +10,11 @@ import (
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"go.opentelemetry.io/otel"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace/noop"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
@@ -62,6 +67,9 @@ func recvReq(t *testing.T, st grpc.BidiStreamingServer[discoverypb.DeltaDiscover
 // it; the others in the response are applied, and the last good version of
 // the bad one stays served ("ACK/NACK and resource type instance version").
 func TestNACKKeepsLastGood(t *testing.T) {
+	spans := tracetest.NewSpanRecorder()
+	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)))
+	defer otel.SetTracerProvider(noop.NewTracerProvider())
 	srv := &scripted{streams: make(chan grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse], 1)}
 	g := grpc.NewServer()
 	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, srv)
@@ -127,6 +135,20 @@ func TestNACKKeepsLastGood(t *testing.T) {
 	}
 	if got[1].Resource == nil || got[1].Resource.Version != "1" {
 		t.Errorf("bad: %+v, want the last good version 1", got[1].Resource)
+	}
+	// Each upstream response is a span; the NACKed one is marked.
+	var ok, nacked int
+	for _, s := range spans.Ended() {
+		if s.Name() == "upstream.response" {
+			if s.Status().Code == otelcodes.Error {
+				nacked++
+			} else {
+				ok++
+			}
+		}
+	}
+	if ok != 1 || nacked != 1 {
+		t.Errorf("spans: %d ok and %d NACKed, want 1 and 1", ok, nacked)
 	}
 }
 

@@ -7,13 +7,21 @@ import (
 	"strings"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
+	grpccodes "google.golang.org/grpc/codes"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
+
+// tracerName names the upstream's spans; the tracer is looked up from the
+// global provider at use, so that a provider installed later is used.
+const tracerName = "github.com/xdsrelay/xdsrelay/upstream"
 
 // subscription is what the stream has subscribed to for one type.
 type subscription struct {
@@ -114,6 +122,13 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 	typeURL := r.GetTypeUrl()
 	short := xds.ShortName(typeURL)
+	// A span per upstream response: the stage from upstream receipt to the
+	// cache update that fans it out.
+	_, span := otel.Tracer(tracerName).Start(s.st.Context(), "upstream.response", trace.WithAttributes(
+		attribute.String("xds.type", short), attribute.String("xds.group", s.c.opts.Group),
+		attribute.Int("xds.resources", len(r.GetResources())), attribute.Int("xds.removed", len(r.GetRemovedResources())),
+	))
+	defer span.End()
 	s.c.opts.Metrics.Responses.With(short).Inc()
 	var upserts []*cache.Resource
 	var heartbeats []*cache.Heartbeat
@@ -163,10 +178,11 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 	}
 	ack := &discoverypb.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: r.GetNonce()}
 	if len(problems) > 0 {
+		span.SetStatus(codes.Error, "NACKed")
 		s.c.opts.Metrics.NACKs.With(short).Inc()
 		msg := strings.Join(problems, "; ")
 		s.c.log.Warn("rejecting upstream resources", "type", short, "error", msg)
-		ack.ErrorDetail = &status.Status{Code: int32(codes.InvalidArgument), Message: "xdsrelay: " + msg}
+		ack.ErrorDetail = &status.Status{Code: int32(grpccodes.InvalidArgument), Message: "xdsrelay: " + msg}
 	}
 	return s.send(ack)
 }

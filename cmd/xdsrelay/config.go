@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 type Options struct {
 	Relay    relay.Config
 	LogLevel slog.Level
+	Tracing  TracingOptions
 }
 
 // keys are every configuration key, with its default. Each can be set in
@@ -56,6 +58,9 @@ var keys = func() map[string]any {
 		"cache.persist_interval":            d.Cache.PersistInterval.String(),
 		"shutdown_timeout":                  d.ShutdownTimeout.String(),
 		"log.level":                         "info",
+		"tracing.otlp_endpoint":             "",
+		"tracing.insecure":                  false,
+		"tracing.sample_ratio":              0.01,
 	}
 }()
 
@@ -143,6 +148,10 @@ func loadConfig(file string, env func(string) (string, bool)) (Options, error) {
 	dur("shutdown_timeout", &o.Relay.ShutdownTimeout)
 	var level string
 	str("log.level", &level)
+	str("tracing.otlp_endpoint", &o.Tracing.Endpoint)
+	boolean("tracing.insecure", &o.Tracing.Insecure)
+	o.Tracing.SampleRatio, err = getRatio(v, "tracing.sample_ratio")
+	errs = append(errs, err)
 	for _, err := range errs {
 		if err != nil {
 			return Options{}, err // one clear line: the first key at fault
@@ -150,6 +159,12 @@ func loadConfig(file string, env func(string) (string, bool)) (Options, error) {
 	}
 	if err := o.LogLevel.UnmarshalText([]byte(level)); err != nil {
 		return Options{}, fmt.Errorf("log.level: %q is not one of debug, info, warn, error", level)
+	}
+	if o.Tracing.Endpoint != "" {
+		if _, _, err := net.SplitHostPort(o.Tracing.Endpoint); err != nil {
+			return Options{}, fmt.Errorf("tracing.otlp_endpoint: %q is not host:port", o.Tracing.Endpoint)
+		}
+		o.Relay.Tracing = true
 	}
 	if err := o.Relay.Validate(); err != nil {
 		return Options{}, err
@@ -296,4 +311,26 @@ func getMap(v *viper.Viper, key string) (map[string]string, error) {
 		return nil, fmt.Errorf("%s: want a map of names to values, got %v", key, val)
 	}
 	return out, nil
+}
+
+func getRatio(v *viper.Viper, key string) (float64, error) {
+	known(key)
+	var f float64
+	switch val := v.Get(key).(type) {
+	case float64:
+		f = val
+	case int:
+		f = float64(val)
+	case string: // from the environment
+		var err error
+		if f, err = strconv.ParseFloat(strings.TrimSpace(val), 64); err != nil {
+			return 0, fmt.Errorf("%s: %q is not a number", key, val)
+		}
+	default:
+		return 0, fmt.Errorf("%s: want a number from 0 to 1, got %v", key, val)
+	}
+	if f < 0 || f > 1 {
+		return 0, fmt.Errorf("%s: %v is not between 0 and 1", key, f)
+	}
+	return f, nil
 }
