@@ -364,6 +364,15 @@ func (c *Cache) State(typeURL string) *State {
 	return t.state
 }
 
+// Synced reports whether upstream has answered the wildcard subscription of
+// typeURL.
+func (c *Cache) Synced(typeURL string) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	t := c.types[typeURL]
+	return t != nil && t.synced
+}
+
 // All returns every present resource of typeURL sorted by name, and whether
 // upstream has answered the wildcard subscription for it (only then is the
 // list the complete state of the world). The slice is shared: do not modify.

@@ -232,14 +232,15 @@ func (ds *deltaStream) candidates(typeURL string, t *deltaType, dirty map[string
 		names = append(names, slices.Collect(maps.Keys(t.names))...)
 		names = append(names, slices.Collect(maps.Keys(t.sent))...)
 	}
-	if t.wildcard {
+	if t.wildcard && t.all {
 		var all []*cache.Resource
 		all, synced = ds.cache.All(typeURL)
-		if t.all {
-			for _, r := range all {
-				names = append(names, r.Name)
-			}
+		for _, r := range all {
+			names = append(names, r.Name)
 		}
+	} else if t.wildcard {
+		// Only what changed: no walk of the whole type per change.
+		synced = ds.cache.Synced(typeURL)
 	}
 	for n := range dirty {
 		names = append(names, n)
