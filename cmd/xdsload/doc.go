@@ -24,6 +24,21 @@
 // run's. --target defaults to this control plane; point it at a relay in
 // front of it to load the relay.
 //
+// With --relay it also starts xdsrelay in this process (package relay, its
+// defaults, clients grouped by node.cluster, no admin endpoint) in front of
+// the --serve-cp control plane, and the clients load the relay.
+//
+// With --compare it runs four setups one after the other, with the same
+// clients, resources and updates, in this process: clients through
+// xdsrelay (whose upstream is a control plane with --cp-cache, linear unless
+// given), directly on go-control-plane with its linear cache, with its
+// snapshot cache, and the socket floor. It prints a row per setup (last
+// client's fan-out latency min/p50/max over the updates, time to first
+// config p50/p99, established and configured streams per second, this
+// process's RSS growth per client, clients included) and the relay's
+// figures divided by each other setup's. --timeout then bounds each setup,
+// and memory is returned to the system before each.
+//
 // With --floor it measures the socket floor instead: as many plain TCP
 // connections on loopback, to which a server writes, for the initial config
 // and for each update, a length-prefixed frame as large as the xDS response
@@ -34,7 +49,7 @@
 //   - connect rate: streams established, and clients configured, per second
 //     from the start to the last one;
 //   - time to first config, from a client's start to its first response:
-//     p50, p90, p99 and max over clients;
+//     min, p50, p90, p99 and max over clients;
 //   - update fan-out latency, from the moment the control plane publishes an
 //     update to the moment the last client has it, over updates, and the
 //     distribution of every client's receipt of every update; per update,
@@ -69,6 +84,8 @@
 //	--update-every D     pause before each update (default 500ms)
 //	--updates U          updates published, with --serve-cp or --floor (default 10)
 //	--floor              measure the plain TCP socket floor instead
+//	--relay              start xdsrelay in this process in front of --serve-cp and load it
+//	--compare            relay, linear, snapshot and floor side by side
 //	--json FILE          also write the results as JSON
 //
 // Examples, on loopback:
@@ -76,4 +93,5 @@
 //	xdsload --serve-cp 127.0.0.1:0 --clients 200 --pid self
 //	xdsload --serve-cp 127.0.0.1:18000 --target 127.0.0.1:18001 --clients 1000 --variant sotw
 //	xdsload --floor --clients 200
+//	xdsload --compare --clients 2000 --names cla-0 --rate 0 --update-every 2s
 package main

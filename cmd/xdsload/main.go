@@ -26,6 +26,9 @@ Usage:
   xdsload --serve-cp 127.0.0.1:18000 [flags]  serve a control plane and load it,
                                               or --target a relay in front of it
   xdsload --floor [flags]                     the plain TCP socket floor
+  xdsload --compare [flags]                   xdsrelay, go-control-plane's linear
+                                              and snapshot caches, and the floor,
+                                              one after the other, side by side
 
 Flags:
 `
@@ -38,18 +41,29 @@ func main() {
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cfg, jsonFile, err := parseFlags(args, stderr)
+	f, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
 	}
 	if err != nil {
 		return 2
 	}
-	res, err := loadtest.Run(ctx, cfg)
-	if res != nil {
-		_ = res.WriteTable(stdout)
-		if jsonFile != "" {
-			err = errors.Join(err, writeJSON(jsonFile, res))
+	var out interface{ WriteTable(io.Writer) error }
+	if f.compare {
+		var cmp *loadtest.Comparison
+		if cmp, err = loadtest.Compare(ctx, f.cfg); cmp != nil {
+			out = cmp
+		}
+	} else {
+		var res *loadtest.Result
+		if res, err = loadtest.Run(ctx, f.cfg); res != nil {
+			out = res
+		}
+	}
+	if out != nil {
+		_ = out.WriteTable(stdout)
+		if f.json != "" {
+			err = errors.Join(err, writeJSON(f.json, out))
 		}
 	}
 	if err != nil {
@@ -61,10 +75,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // flags are the command line: a Config and what it is built from.
 type flags struct {
-	cfg   loadtest.Config
-	names string
-	pid   string
-	json  string
+	cfg     loadtest.Config
+	names   string
+	pid     string
+	json    string
+	compare bool
 }
 
 func (f *flags) define(fs *flag.FlagSet) {
@@ -86,12 +101,13 @@ func (f *flags) define(fs *flag.FlagSet) {
 	fs.DurationVar(&c.UpdateEvery, "update-every", 500*time.Millisecond, "pause `D` before each update")
 	fs.IntVar(&c.Updates, "updates", 10, "updates `U` published, one resource each (with --serve-cp or --floor)")
 	fs.BoolVar(&c.Floor, "floor", false, "measure the socket floor: the same bytes to as many plain TCP connections on loopback")
+	fs.BoolVar(&c.Relay, "relay", false, "start xdsrelay in this process in front of the --serve-cp control plane and load it")
+	fs.BoolVar(&f.compare, "compare", false, "run, one after the other with the same flags, clients through xdsrelay (in this process, its upstream a control plane with --cp-cache), directly on go-control-plane's linear cache, on its snapshot cache, and the socket floor; print them side by side with the relay's ratios (--cp-cache is then the relay's upstream, default linear; --timeout bounds each setup)")
 	fs.StringVar(&f.json, "json", "", "also write the results as JSON to `file`")
 }
 
-// parseFlags returns the run's Config and the JSON file, if any. It reports
-// its errors on stderr.
-func parseFlags(args []string, stderr io.Writer) (loadtest.Config, string, error) {
+// parseFlags returns the command line. It reports its errors on stderr.
+func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	fs := flag.NewFlagSet("xdsload", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
@@ -101,14 +117,21 @@ func parseFlags(args []string, stderr io.Writer) (loadtest.Config, string, error
 	var f flags
 	f.define(fs)
 	if err := fs.Parse(args); err != nil {
-		return f.cfg, "", err
+		return &f, err
+	}
+	set := map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if f.compare && !set["cp-cache"] {
+		// The relay's upstream is then the leaner of go-control-plane's
+		// caches, so that the relay's figures are the relay's.
+		f.cfg.CPCache = loadtest.CacheLinear
 	}
 	err := f.finish(fs.Args())
 	if err != nil {
 		fmt.Fprintln(stderr, "xdsload:", err)
 	}
 	f.cfg.Progress = stderr
-	return f.cfg, f.json, err
+	return &f, err
 }
 
 // finish fills the Config from the string flags and checks it.
@@ -122,6 +145,13 @@ func (f *flags) finish(rest []string) error {
 	}
 	if f.names != "" {
 		f.cfg.Names = strings.Split(f.names, ",")
+	}
+	if f.compare {
+		if f.cfg.ServeCP == "" {
+			f.cfg.ServeCP = "127.0.0.1:0"
+		}
+		cfg := f.cfg.Defaults()
+		return cfg.ValidateCompare()
 	}
 	return f.cfg.Validate()
 }
@@ -141,7 +171,7 @@ func parsePID(s string) (int, error) {
 	return pid, nil
 }
 
-func writeJSON(file string, res *loadtest.Result) error {
+func writeJSON(file string, res any) error {
 	b, err := json.MarshalIndent(res, "", "  ")
 	if err != nil {
 		return err

@@ -43,6 +43,34 @@ func TestRunAgainstOwnControlPlane(t *testing.T) {
 	}
 }
 
+func TestCompare(t *testing.T) {
+	jsonFile := filepath.Join(t.TempDir(), "compare.json")
+	var stdout, stderr strings.Builder
+	code := run(t.Context(), []string{
+		"--compare", "--clients", "3", "--names", "cla-1", "--resources", "3", "--endpoints", "5",
+		"--updates", "2", "--update-every", "10ms", "--timeout", "30s", "--json", jsonFile,
+	}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
+	}
+	for _, want := range []string{"relay ÷", "linear", "snapshot", "floor", "upstream: go-control-plane linear cache"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	b, err := os.ReadFile(jsonFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cmp loadtest.Comparison
+	if err := json.Unmarshal(b, &cmp); err != nil {
+		t.Fatal(err)
+	}
+	if len(cmp.Setups) != 4 || len(cmp.Ratios) != 3 || cmp.Setups[0].Result.Configured != 3 {
+		t.Errorf("JSON comparison: %+v", cmp)
+	}
+}
+
 func TestFlagErrors(t *testing.T) {
 	tests := []struct {
 		name string
@@ -57,6 +85,8 @@ func TestFlagErrors(t *testing.T) {
 		{"bad pid", []string{"--floor", "--pid", "me"}, 2, "pid"},
 		{"no clients", []string{"--floor", "--clients", "0"}, 2, "clients"},
 		{"stray argument", []string{"--floor", "extra"}, 2, "extra"},
+		{"compare with a target", []string{"--compare", "--target", "127.0.0.1:1"}, 2, "compare"},
+		{"relay without a control plane", []string{"--relay", "--target", "127.0.0.1:1"}, 2, "relay"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

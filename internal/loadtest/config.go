@@ -42,6 +42,9 @@ type Config struct {
 	Updates     int           `json:"updates"`         // updates published, one resource each
 
 	Floor bool `json:"floor"` // measure the socket floor instead of an xDS server
+	// Relay starts xdsrelay in this process in front of the ServeCP
+	// control plane, and the clients load the relay.
+	Relay bool `json:"relay,omitempty"`
 
 	Progress      io.Writer     `json:"-"` // a progress line every ProgressEvery; nil: none
 	ProgressEvery time.Duration `json:"-"`
@@ -97,6 +100,8 @@ func (cfg *Config) Validate() error {
 		return errors.New("timeout must be positive and update-every not negative")
 	case !cfg.Floor && cfg.ServeCP == "" && cfg.Target == "":
 		return errors.New("give a target, serve a control plane (serve-cp) or measure the floor")
+	case cfg.Relay && (cfg.ServeCP == "" || cfg.Target != "" || cfg.Floor):
+		return errors.New("relay runs in front of the serve-cp control plane: give serve-cp, and neither target nor floor")
 	}
 	return cfg.validateNames()
 }

@@ -131,7 +131,7 @@ func (r *Result) WriteTable(w io.Writer) error {
 	fmt.Fprintf(tw, "clients\tconnected\tconfigured\tfailed\testablished/s\tconfigured/s\telapsed\t\n")
 	fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%.1f\t%.1f\t%s\t\n\n", c.Clients, r.Connected, r.Configured, r.Failed,
 		r.EstablishedPerSec, r.ConfiguredPerSec, r.Elapsed.Round(time.Millisecond))
-	fmt.Fprintf(tw, "latency (ms)\tn\tp50\tp90\tp99\tmax\t\n")
+	fmt.Fprintf(tw, "latency (ms)\tn\tmin\tp50\tp90\tp99\tmax\t\n")
 	summaryRow(tw, "time to first config", r.FirstConfig)
 	if c.Updates > 0 {
 		summaryRow(tw, "fan-out, last client", r.FanOutLast)
@@ -171,6 +171,9 @@ func (r *Result) describe() string {
 	if c.ServeCP != "" && !c.Floor {
 		s += fmt.Sprintf(", %s cache", c.CPCache)
 	}
+	if c.Relay {
+		s += ", through xdsrelay in this process"
+	}
 	if len(c.Names) > 0 {
 		s += ", names " + strings.Join(c.Names, ",")
 	}
@@ -205,7 +208,7 @@ var markField = map[string]string{
 }
 
 func summaryRow(w io.Writer, name string, s Summary) {
-	fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%s\t\n", name, s.N, ms(s.P50), ms(s.P90), ms(s.P99), ms(s.Max))
+	fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", name, s.N, ms(s.Min), ms(s.P50), ms(s.P90), ms(s.P99), ms(s.Max))
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.3f", float64(d)/float64(time.Millisecond)) }

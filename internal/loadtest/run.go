@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/xdsrelay/xdsrelay/relay"
 )
 
 // backend is what a run drives: clients and, when it publishes updates,
@@ -17,16 +19,20 @@ type backend interface {
 }
 
 // xdsBackend is xDS clients against a target, and the control plane when
-// the tool serves one.
+// the tool serves one, and the relay in front of it when the tool runs one.
 type xdsBackend struct {
 	*xdsClients
-	cp *controlPlane // nil against an outside server
+	cp    *controlPlane // nil against an outside server
+	relay *relay.Relay  // nil unless cfg.Relay
 }
 
 func (b *xdsBackend) publish(seq int) (time.Time, error) { return b.cp.publish(seq) }
 func (b *xdsBackend) bytesReceived() int64               { return b.bytes.n.Load() }
 
 func (b *xdsBackend) stop() {
+	if b.relay != nil {
+		stopRelay(b.relay)
+	}
 	if b.cp != nil {
 		b.cp.stop()
 	}
@@ -86,6 +92,15 @@ func startBackend(cfg *Config, coding seqCoding) (backend, error) {
 		if cfg.Target == "" {
 			cfg.Target = cp.addr
 		}
+	}
+	if cfg.Relay {
+		r, err := startRelay(b.cp.addr, cfg.Progress)
+		if err != nil {
+			b.cp.stop()
+			return nil, err
+		}
+		b.relay = r
+		cfg.Target = r.Addr()
 	}
 	return b, nil
 }

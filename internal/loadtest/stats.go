@@ -9,6 +9,7 @@ import (
 // Summary is the distribution of a set of durations.
 type Summary struct {
 	N   int           `json:"n"`
+	Min time.Duration `json:"min_ns"`
 	P50 time.Duration `json:"p50_ns"`
 	P90 time.Duration `json:"p90_ns"`
 	P99 time.Duration `json:"p99_ns"`
@@ -33,6 +34,7 @@ func Summarize(ds []time.Duration) Summary {
 	slices.Sort(s)
 	return Summary{
 		N:   len(s),
+		Min: Percentile(s, 0),
 		P50: Percentile(s, 50),
 		P90: Percentile(s, 90),
 		P99: Percentile(s, 99),

@@ -56,7 +56,7 @@ func TestPercentileOfHundred(t *testing.T) {
 func TestSummarize(t *testing.T) {
 	in := []time.Duration{5, 1, 4, 2, 3}
 	got := Summarize(in)
-	want := Summary{N: 5, P50: 3, P90: 5, P99: 5, Max: 5}
+	want := Summary{N: 5, Min: 1, P50: 3, P90: 5, P99: 5, Max: 5}
 	if got != want {
 		t.Errorf("Summarize(%v) = %+v, want %+v", in, got, want)
 	}

@@ -1,0 +1,83 @@
+package loadtest
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestRunThroughRelay(t *testing.T) {
+	for _, variant := range []string{VariantDelta, VariantSotW} {
+		t.Run(variant, func(t *testing.T) {
+			res, err := Run(t.Context(), smallLoad(func(c *Config) {
+				c.Relay, c.Variant, c.Names = true, variant, []string{"cla-0"}
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkDelivered(t, res)
+			if res.Config.Target == "" || !strings.Contains(res.describe(), "xdsrelay") {
+				t.Errorf("target %q, description %q", res.Config.Target, res.describe())
+			}
+		})
+	}
+}
+
+func TestCompare(t *testing.T) {
+	cmp, err := Compare(t.Context(), smallLoad(func(c *Config) {
+		c.ServeCP, c.Names, c.CPCache = "", []string{"cla-0"}, CacheLinear
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range cmp.Setups {
+		names = append(names, s.Name)
+		checkDelivered(t, s.Result)
+		if s.Error != "" || s.Result.RSS.Configured <= 0 {
+			t.Errorf("%s: error %q, RSS %+v", s.Name, s.Error, s.Result.RSS)
+		}
+	}
+	if got := strings.Join(names, ","); got != "relay,linear,snapshot,floor" {
+		t.Errorf("setups %s", got)
+	}
+	if len(cmp.Ratios) != 3 {
+		t.Fatalf("ratios %+v, want 3", cmp.Ratios)
+	}
+	for _, q := range cmp.Ratios {
+		if q.FanOutLastP50 <= 0 || q.FirstConfigP50 <= 0 || q.ConfiguredPerSec <= 0 {
+			t.Errorf("ratios versus %s: %+v, want positive", q.Versus, q)
+		}
+	}
+	relay, linear := cmp.Setups[0].Result.Config, cmp.Setups[1].Result.Config
+	if !relay.Relay || relay.CPCache != CacheLinear || linear.Relay || linear.CPCache != CacheLinear ||
+		cmp.Setups[2].Result.Config.CPCache != CacheSnapshot || !cmp.Setups[3].Result.Config.Floor {
+		t.Errorf("setup configs: %+v", cmp.Setups)
+	}
+	var table strings.Builder
+	if err := cmp.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"relay ÷", "snapshot", "floor", "fan-out last"} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, table.String())
+		}
+	}
+}
+
+func TestValidateCompare(t *testing.T) {
+	for _, mod := range []func(*Config){
+		func(c *Config) { c.Target = "127.0.0.1:1" },
+		func(c *Config) { c.Floor = true },
+		func(c *Config) { c.Relay = true },
+		func(c *Config) { c.Names = []string{"nope"} },
+	} {
+		cfg := smallLoad(mod).Defaults()
+		if err := cfg.ValidateCompare(); err == nil {
+			t.Errorf("ValidateCompare(%+v) = nil, want an error", cfg)
+		}
+	}
+	ok := smallLoad(func(*Config) {}).Defaults()
+	if err := ok.ValidateCompare(); err != nil {
+		t.Errorf("ValidateCompare(small load) = %v", err)
+	}
+}
