@@ -87,6 +87,8 @@
 //	--relay              start xdsrelay in this process in front of --serve-cp and load it
 //	--compare            relay, linear, snapshot and floor side by side
 //	--json FILE          also write the results as JSON
+//	--cpuprofile FILE    CPU profile of this process while the updates fan out
+//	                     (with --compare: FILE.relay, FILE.linear, ...)
 //
 // Examples, on loopback:
 //

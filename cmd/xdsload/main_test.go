@@ -44,11 +44,13 @@ func TestRunAgainstOwnControlPlane(t *testing.T) {
 }
 
 func TestCompare(t *testing.T) {
-	jsonFile := filepath.Join(t.TempDir(), "compare.json")
+	dir := t.TempDir()
+	jsonFile := filepath.Join(dir, "compare.json")
 	var stdout, stderr strings.Builder
 	code := run(t.Context(), []string{
 		"--compare", "--clients", "3", "--names", "cla-1", "--resources", "3", "--endpoints", "5",
 		"--updates", "2", "--update-every", "10ms", "--timeout", "30s", "--json", jsonFile,
+		"--cpuprofile", filepath.Join(dir, "cpu"),
 	}, &stdout, &stderr)
 	if code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
@@ -68,6 +70,11 @@ func TestCompare(t *testing.T) {
 	}
 	if len(cmp.Setups) != 4 || len(cmp.Ratios) != 3 || cmp.Setups[0].Result.Configured != 3 {
 		t.Errorf("JSON comparison: %+v", cmp)
+	}
+	for _, setup := range []string{"relay", "linear", "snapshot", "floor"} {
+		if fi, err := os.Stat(filepath.Join(dir, "cpu."+setup)); err != nil || fi.Size() == 0 {
+			t.Errorf("CPU profile of %s: %v", setup, err)
+		}
 	}
 }
 

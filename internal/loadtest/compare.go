@@ -19,6 +19,8 @@ const (
 	SetupFloor    = "floor"    // the same bytes to as many plain TCP connections
 )
 
+var setupNames = []string{SetupRelay, SetupLinear, SetupSnapshot, SetupFloor}
+
 // Comparison is the four setups run with the same parameters, and how the
 // relay compares with each of the others.
 type Comparison struct {
@@ -60,7 +62,13 @@ func setupConfigs(cfg Config) []Config {
 	linear.CPCache = CacheLinear
 	snapshot.CPCache = CacheSnapshot
 	floor.ServeCP, floor.Floor = "", true
-	return []Config{relayCfg, linear, snapshot, floor}
+	setups := []Config{relayCfg, linear, snapshot, floor}
+	if cfg.CPUProfile != "" {
+		for i, name := range setupNames {
+			setups[i].CPUProfile = cfg.CPUProfile + "." + name
+		}
+	}
+	return setups
 }
 
 // ValidateCompare reports the first problem with a defaulted cfg for
@@ -91,7 +99,7 @@ func Compare(ctx context.Context, cfg Config) (*Comparison, error) {
 	cmp := &Comparison{}
 	var errs error
 	for i, c := range setupConfigs(cfg) {
-		name := []string{SetupRelay, SetupLinear, SetupSnapshot, SetupFloor}[i]
+		name := setupNames[i]
 		if ctx.Err() != nil {
 			errs = errors.Join(errs, fmt.Errorf("%s: %w", name, ctx.Err()))
 			break

@@ -46,6 +46,12 @@ type Config struct {
 	// control plane, and the clients load the relay.
 	Relay bool `json:"relay,omitempty"`
 
+	// CPUProfile, if set, is a file that receives a CPU profile of this
+	// process while the updates fan out: from every client configured to
+	// the last update delivered (or the run's end). Compare writes one per
+	// setup, the setup's name appended (FILE.relay, FILE.linear, ...).
+	CPUProfile string `json:"cpu_profile,omitempty"`
+
 	Progress      io.Writer     `json:"-"` // a progress line every ProgressEvery; nil: none
 	ProgressEvery time.Duration `json:"-"`
 }

@@ -3,6 +3,8 @@ package loadtest
 import (
 	"context"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"sync"
 	"time"
 
@@ -125,6 +127,23 @@ func drive(ctx context.Context, cfg *Config, tr *tracker, b backend, res *Result
 		return fmt.Errorf("waiting for every client's first config: %w", err)
 	}
 	res.RSS.Configured = sampleRSS(cfg.PID)
+	if err := fanOut(ctx, cfg, tr, b); err != nil {
+		return err
+	}
+	res.RSS.End = sampleRSS(cfg.PID)
+	return nil
+}
+
+// fanOut publishes the updates and waits for them to reach every client,
+// under cfg.CPUProfile if set.
+func fanOut(ctx context.Context, cfg *Config, tr *tracker, b backend) error {
+	if cfg.CPUProfile != "" {
+		stop, err := startCPUProfile(cfg.CPUProfile)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
 	if err := publishAll(ctx, cfg, tr, b); err != nil {
 		return err
 	}
@@ -133,7 +152,6 @@ func drive(ctx context.Context, cfg *Config, tr *tracker, b backend, res *Result
 			return fmt.Errorf("waiting for update %d to reach every client: %w", cfg.Updates, err)
 		}
 	}
-	res.RSS.End = sampleRSS(cfg.PID)
 	return nil
 }
 
@@ -159,6 +177,22 @@ func launch(ctx context.Context, n int, rate float64, start func(i int)) {
 		}
 		start(i)
 	}
+}
+
+// startCPUProfile profiles this process into file until stop is called.
+func startCPUProfile(file string) (stop func(), err error) {
+	f, err := os.Create(file)
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }
 
 // publishAll publishes updates 1..cfg.Updates, cfg.UpdateEvery apart.
