@@ -42,56 +42,12 @@ type deltaStream struct {
 }
 
 func (s *Server) serveDelta(st grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse], fixed, variant string) error {
-	ctx := st.Context()
-	reqs, errc := receive(ctx, st.Recv)
-	var first *discoverypb.DeltaDiscoveryRequest
-	select {
-	case first = <-reqs:
-		if first == nil {
-			return recvError(errc)
-		}
-	case <-s.drain:
-		return errDraining
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	c, release, err := s.join(first.GetNode())
-	if err != nil {
-		return err
-	}
-	return s.guard(st.SendMsg, func(send func(any) error) error {
-		defer release()
-		s.streams.With(variant).Inc()
-		defer s.streams.With(variant).Dec()
-
-		ds := &deltaStream{
+	return serve(s, st, variant, func(c *cache.Cache, first *discoverypb.DeltaDiscoveryRequest, send func(any) error) protocol[discoverypb.DeltaDiscoveryRequest] {
+		return &deltaStream{
 			srv: s, send: send, fixed: fixed, cache: c, watch: cache.NewWatch(),
 			types: make(map[string]*deltaType), node: first.GetNode(),
 			ttl: hasFeature(first.GetNode(), featureResourceTTL),
 			log: s.log.With("node", first.GetNode().GetId(), "variant", variant),
-		}
-		defer c.Release(ds.watch)
-		if err := ds.handle(first); err != nil {
-			return err
-		}
-		for {
-			select {
-			case req := <-reqs:
-				if req == nil {
-					return recvError(errc)
-				}
-				if err := ds.handle(req); err != nil {
-					return err
-				}
-			case <-ds.watch.Ready():
-				if err := ds.flush(); err != nil {
-					return err
-				}
-			case <-s.drain:
-				return errDraining
-			case <-ctx.Done():
-				return ctx.Err()
-			}
 		}
 	})
 }

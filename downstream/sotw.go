@@ -61,56 +61,12 @@ type sotwStream struct {
 }
 
 func (s *Server) serveSotW(st grpc.BidiStreamingServer[discoverypb.DiscoveryRequest, discoverypb.DiscoveryResponse], fixed, variant string) error {
-	ctx := st.Context()
-	reqs, errc := receive(ctx, st.Recv)
-	var first *discoverypb.DiscoveryRequest
-	select {
-	case first = <-reqs:
-		if first == nil {
-			return recvError(errc)
-		}
-	case <-s.drain:
-		return errDraining
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	c, release, err := s.join(first.GetNode())
-	if err != nil {
-		return err
-	}
-	return s.guard(st.SendMsg, func(send func(any) error) error {
-		defer release()
-		s.streams.With(variant).Inc()
-		defer s.streams.With(variant).Dec()
-
-		ss := &sotwStream{
+	return serve(s, st, variant, func(c *cache.Cache, first *discoverypb.DiscoveryRequest, send func(any) error) protocol[discoverypb.DiscoveryRequest] {
+		return &sotwStream{
 			srv: s, send: send, fixed: fixed, cache: c, watch: cache.NewWatch(),
 			types: make(map[string]*sotwType), node: first.GetNode(),
 			ttl: hasFeature(first.GetNode(), featureResourceInSotW) && hasFeature(first.GetNode(), featureResourceTTL),
 			log: s.log.With("node", first.GetNode().GetId(), "variant", variant),
-		}
-		defer c.Release(ss.watch)
-		if err := ss.handle(first); err != nil {
-			return err
-		}
-		for {
-			select {
-			case req := <-reqs:
-				if req == nil {
-					return recvError(errc)
-				}
-				if err := ss.handle(req); err != nil {
-					return err
-				}
-			case <-ss.watch.Ready():
-				if err := ss.flush(); err != nil {
-					return err
-				}
-			case <-s.drain:
-				return errDraining
-			case <-ctx.Done():
-				return ctx.Err()
-			}
 		}
 	})
 }

@@ -2,6 +2,7 @@ package downstream
 
 import (
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"maps"
 	"slices"
@@ -92,4 +93,71 @@ const (
 
 func hasFeature(n *corepb.Node, feature string) bool {
 	return slices.Contains(n.GetClientFeatures(), feature)
+}
+
+// protocol is what differs between a SotW and an incremental stream.
+type protocol[Req any] interface {
+	handle(*Req) error // a request from the client
+	flush() error      // send what changed
+	watcher() *cache.Watch
+}
+
+func (ss *sotwStream) watcher() *cache.Watch  { return ss.watch }
+func (ds *deltaStream) watcher() *cache.Watch { return ds.watch }
+
+// noded is a request that may carry the node.
+type noded interface{ GetNode() *corepb.Node }
+
+// serve runs one stream: its first request places it in a group, then one
+// loop handles requests and flushes changes, the only sender on the stream.
+func serve[Req any, Resp any, PReq interface {
+	*Req
+	noded
+}](s *Server, st grpc.BidiStreamingServer[Req, Resp], variant string, open func(*cache.Cache, PReq, func(any) error) protocol[Req]) error {
+	ctx := st.Context()
+	reqs, errc := receive(ctx, st.Recv)
+	var first *Req
+	select {
+	case first = <-reqs:
+		if first == nil {
+			return recvError(errc)
+		}
+	case <-s.drain:
+		return errDraining
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	c, release, err := s.join(PReq(first).GetNode())
+	if err != nil {
+		return err
+	}
+	return s.guard(st.SendMsg, func(send func(any) error) error {
+		defer release()
+		s.streams.With(variant).Inc()
+		defer s.streams.With(variant).Dec()
+		p := open(c, PReq(first), send)
+		defer c.Release(p.watcher())
+		if err := p.handle(first); err != nil {
+			return err
+		}
+		for {
+			select {
+			case req := <-reqs:
+				if req == nil {
+					return recvError(errc)
+				}
+				if err := p.handle(req); err != nil {
+					return err
+				}
+			case <-p.watcher().Ready():
+				if err := p.flush(); err != nil {
+					return err
+				}
+			case <-s.drain:
+				return errDraining
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	})
 }
