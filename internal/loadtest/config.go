@@ -50,6 +50,8 @@ type Config struct {
 	// process while the updates fan out: from every client configured to
 	// the last update delivered (or the run's end). Compare writes one per
 	// setup, the setup's name appended (FILE.relay, FILE.linear, ...).
+	// Samples are labelled side=clients (the load clients) or side=server
+	// (control plane, relay, floor server, publisher).
 	CPUProfile string `json:"cpu_profile,omitempty"`
 
 	Progress      io.Writer     `json:"-"` // a progress line every ProgressEvery; nil: none

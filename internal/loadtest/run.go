@@ -54,7 +54,11 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	coding := newSeqCoding(kinds[cfg.Type], cfg.Updates)
-	b, err := startBackend(&cfg, coding)
+	var b backend
+	var err error
+	// Profile labels tell the servers' CPU from the clients': goroutines
+	// inherit the labels of the goroutine that starts them.
+	pprof.Do(ctx, pprof.Labels("side", "server"), func(context.Context) { b, err = startBackend(&cfg, coding) })
 	if err != nil {
 		return nil, err
 	}
@@ -118,9 +122,11 @@ func drive(ctx context.Context, cfg *Config, tr *tracker, b backend, res *Result
 	launch(cctx, cfg.Clients, cfg.Rate, func(i int) {
 		tr.started(i)
 		wg.Go(func() {
-			if err := b.run(cctx, i, tr); err != nil && cctx.Err() == nil {
-				tr.fail(i, err)
-			}
+			pprof.Do(cctx, pprof.Labels("side", "clients"), func(ctx context.Context) {
+				if err := b.run(ctx, i, tr); err != nil && ctx.Err() == nil {
+					tr.fail(i, err)
+				}
+			})
 		})
 	})
 	if err := tr.wait(ctx, &tr.settledFirst); err != nil {
@@ -144,7 +150,9 @@ func fanOut(ctx context.Context, cfg *Config, tr *tracker, b backend) error {
 		}
 		defer stop()
 	}
-	if err := publishAll(ctx, cfg, tr, b); err != nil {
+	var err error
+	pprof.Do(ctx, pprof.Labels("side", "server"), func(ctx context.Context) { err = publishAll(ctx, cfg, tr, b) })
+	if err != nil {
 		return err
 	}
 	if cfg.Updates > 0 {
