@@ -34,6 +34,7 @@ Flags:
 `
 
 func main() {
+	loadtest.ServerSideMain() // the server side of a --split run
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
@@ -102,6 +103,7 @@ func (f *flags) define(fs *flag.FlagSet) {
 	fs.IntVar(&c.Updates, "updates", 10, "updates `U` published, one resource each (with --serve-cp or --floor)")
 	fs.BoolVar(&c.Floor, "floor", false, "measure the socket floor: the same bytes to as many plain TCP connections on loopback")
 	fs.BoolVar(&c.Relay, "relay", false, "start xdsrelay in this process in front of the --serve-cp control plane and load it")
+	fs.BoolVar(&c.Split, "split", false, "run the server side (control plane, relay, floor server) in a child process: clients and server then each have the whole open-file limit, and RSS is the server's alone")
 	fs.BoolVar(&f.compare, "compare", false, "run, one after the other with the same flags, clients through xdsrelay (in this process, its upstream a control plane with --cp-cache), directly on go-control-plane's linear cache, on its snapshot cache, and the socket floor; print them side by side with the relay's ratios (--cp-cache is then the relay's upstream, default linear; --timeout bounds each setup)")
 	fs.StringVar(&f.json, "json", "", "also write the results as JSON to `file`")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (the clients, and the control plane and relay it serves) while the updates fan out to `file`; with --compare, one per setup, named file.<setup>")

@@ -36,6 +36,8 @@ type xdsClients struct {
 	bytes byteCounter
 }
 
+func (x *xdsClients) bytesReceived() int64 { return x.bytes.n.Load() }
+
 // run runs client i until ctx ends or its stream fails: it subscribes,
 // records what each response brings and ACKs it.
 func (x *xdsClients) run(ctx context.Context, i int, tr *tracker) error {

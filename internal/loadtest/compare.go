@@ -54,7 +54,7 @@ func setupConfigs(cfg Config) []Config {
 	if cfg.ServeCP == "" {
 		cfg.ServeCP = "127.0.0.1:0"
 	}
-	if cfg.PID == 0 {
+	if cfg.PID == 0 && !cfg.Split {
 		cfg.PID = os.Getpid()
 	}
 	relayCfg, linear, snapshot, floor := cfg, cfg, cfg, cfg
@@ -90,7 +90,8 @@ func (cfg *Config) ValidateCompare() error {
 // plane with cfg.CPCache), clients directly on go-control-plane with its
 // LinearCache, then with its SnapshotCache, and the socket floor. cfg.Timeout
 // bounds each setup. The RSS sampled is this process's (cfg.PID if set),
-// clients included; memory is returned to the system before each setup.
+// clients included, or with cfg.Split the server side's, each setup's in a
+// process of its own; memory is returned to the system before each setup.
 func Compare(ctx context.Context, cfg Config) (*Comparison, error) {
 	cfg = cfg.Defaults()
 	if err := cfg.ValidateCompare(); err != nil {
@@ -192,7 +193,11 @@ func (cmp *Comparison) WriteTable(w io.Writer) error {
 		return err
 	}
 	fmt.Fprintln(w, "latency ratios below 1: the relay is faster; configured/s above 1: the relay admits faster.")
-	fmt.Fprintln(w, "RSS/client: growth of this process's RSS from before the clients to all configured, clients included.")
+	if c.Split {
+		fmt.Fprintln(w, "RSS/client: growth of the server process's RSS (relay and control plane; control plane; floor server) from before the clients to all configured.")
+	} else {
+		fmt.Fprintln(w, "RSS/client: growth of this process's RSS from before the clients to all configured, clients included.")
+	}
 	for _, s := range cmp.Setups {
 		if s.Error != "" {
 			fmt.Fprintf(w, "%s: %s\n", s.Name, s.Error)

@@ -45,6 +45,11 @@ type Config struct {
 	// Relay starts xdsrelay in this process in front of the ServeCP
 	// control plane, and the clients load the relay.
 	Relay bool `json:"relay,omitempty"`
+	// Split runs what serves the clients (the control plane, the relay in
+	// front of it, or the floor's server) in a child process of its own:
+	// the clients and the server then each have a whole open-file limit,
+	// and the RSS sampled (unless PID is given) is the server's alone.
+	Split bool `json:"split,omitempty"`
 
 	// CPUProfile, if set, is a file that receives a CPU profile of this
 	// process while the updates fan out: from every client configured to
@@ -110,6 +115,8 @@ func (cfg *Config) Validate() error {
 		return errors.New("give a target, serve a control plane (serve-cp) or measure the floor")
 	case cfg.Relay && (cfg.ServeCP == "" || cfg.Target != "" || cfg.Floor):
 		return errors.New("relay runs in front of the serve-cp control plane: give serve-cp, and neither target nor floor")
+	case cfg.Split && (cfg.Target != "" || !cfg.updating()):
+		return errors.New("split runs the tool's own server in a child process: give serve-cp or floor, and no target")
 	}
 	return cfg.validateNames()
 }

@@ -24,9 +24,10 @@ import (
 // payload whose first 4 bytes are the sequence number.
 type floor struct {
 	// Read-only after startFloor.
-	ln         net.Listener
-	initial    []byte // the initial config's frame
-	updateSize int    // an update's payload size
+	ln         net.Listener // nil on the clients' side of a split run
+	addr       string       // where the clients dial
+	initial    []byte       // the initial config's frame
+	updateSize int          // an update's payload size
 	timeout    time.Duration
 	acceptDone chan struct{}
 
@@ -45,7 +46,7 @@ func startFloor(cfg *Config) (*floor, error) {
 	if err != nil {
 		return nil, fmt.Errorf("floor: %w", err)
 	}
-	f := &floor{ln: ln, initial: frame(0, initial), updateSize: update, timeout: cfg.Timeout, acceptDone: make(chan struct{})}
+	f := &floor{ln: ln, addr: ln.Addr().String(), initial: frame(0, initial), updateSize: update, timeout: cfg.Timeout, acceptDone: make(chan struct{})}
 	go f.accept()
 	return f, nil
 }
@@ -103,7 +104,7 @@ func (f *floor) publish(seq int) (time.Time, error) {
 // run is floor client i: it reads frames until ctx ends.
 func (f *floor) run(ctx context.Context, i int, tr *tracker) error {
 	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", f.ln.Addr().String())
+	conn, err := d.DialContext(ctx, "tcp", f.addr)
 	if err != nil {
 		return err
 	}
@@ -130,6 +131,9 @@ func (f *floor) run(ctx context.Context, i int, tr *tracker) error {
 func (f *floor) bytesReceived() int64 { return f.bytes.Load() }
 
 func (f *floor) stop() {
+	if f.ln == nil {
+		return
+	}
 	f.ln.Close()
 	<-f.acceptDone
 	f.mu.Lock()

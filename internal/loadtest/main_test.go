@@ -6,4 +6,7 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	ServerSideMain() // split runs start this test binary as their server side
+	goleak.VerifyTestMain(m)
+}

@@ -171,8 +171,14 @@ func (r *Result) describe() string {
 	if c.ServeCP != "" && !c.Floor {
 		s += fmt.Sprintf(", %s cache", c.CPCache)
 	}
-	if c.Relay {
+	switch {
+	case c.Relay && c.Split:
+		s += ", through xdsrelay"
+	case c.Relay:
 		s += ", through xdsrelay in this process"
+	}
+	if c.Split {
+		s += "; server side in a child process"
 	}
 	if len(c.Names) > 0 {
 		s += ", names " + strings.Join(c.Names, ",")

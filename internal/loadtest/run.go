@@ -29,7 +29,6 @@ type xdsBackend struct {
 }
 
 func (b *xdsBackend) publish(seq int) (time.Time, error) { return b.cp.publish(seq) }
-func (b *xdsBackend) bytesReceived() int64               { return b.bytes.n.Load() }
 
 func (b *xdsBackend) stop() {
 	if b.relay != nil {
@@ -85,9 +84,18 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 }
 
 func startBackend(cfg *Config, coding seqCoding) (backend, error) {
-	if cfg.Floor {
+	switch {
+	case cfg.Split:
+		return startSplit(cfg, coding)
+	case cfg.Floor:
 		return startFloor(cfg)
 	}
+	return startXDSBackend(cfg, coding)
+}
+
+// startXDSBackend starts the control plane if cfg.ServeCP, and the relay
+// in front of it if cfg.Relay; cfg.Target is then where they serve.
+func startXDSBackend(cfg *Config, coding seqCoding) (*xdsBackend, error) {
 	b := &xdsBackend{xdsClients: &xdsClients{cfg: cfg, coding: coding}}
 	if cfg.ServeCP != "" {
 		cp, err := startControlPlane(cfg, coding)
@@ -149,6 +157,13 @@ func fanOut(ctx context.Context, cfg *Config, tr *tracker, b backend) error {
 			return err
 		}
 		defer stop()
+		if s, ok := b.(*splitBackend); ok {
+			stop, err := s.startProfile(cfg.CPUProfile + ".server")
+			if err != nil {
+				return err
+			}
+			defer stop()
+		}
 	}
 	var err error
 	pprof.Do(ctx, pprof.Labels("side", "server"), func(ctx context.Context) { err = publishAll(ctx, cfg, tr, b) })

@@ -1,0 +1,284 @@
+package loadtest
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"time"
+)
+
+// A split run (Config.Split) runs the server side in a child process: the
+// same executable, started with serverSideEnv set, which serves what the
+// parent describes and publishes updates when told. Parent and child speak
+// JSON lines over the child's stdin and stdout; the child's stderr is the
+// parent's progress output.
+//
+// Both sides run on one machine, so the publish time the child reports
+// (wall clock) and the receipt times the parent records are on one clock.
+
+// serverSideEnv, set in a process's environment, makes ServerSideMain serve.
+const serverSideEnv = "XDSLOAD_SERVER_SIDE"
+
+// childHello is the parent's first line: what to serve.
+type childHello struct {
+	Config Config `json:"config"`
+	Base   uint32 `json:"seq_base"`
+}
+
+// childReady is the child's first line: where it serves, or why it cannot.
+type childReady struct {
+	Target string `json:"target"`
+	PID    int    `json:"pid"`
+	Error  string `json:"error,omitempty"`
+}
+
+// childCommand is a later line from the parent.
+type childCommand struct {
+	Op   string `json:"op"` // "publish", "profile" (start) or "profile-stop"
+	Seq  int    `json:"seq,omitempty"`
+	File string `json:"file,omitempty"`
+}
+
+// childReply answers a command.
+type childReply struct {
+	UnixNano int64  `json:"unix_nano,omitempty"` // when an update was published
+	Error    string `json:"error,omitempty"`
+}
+
+// ServerSideMain serves as the child of a split run and exits, if this
+// process was started as one; otherwise it returns at once. Call it first
+// thing in main (and in TestMain of tests that run split).
+func ServerSideMain() {
+	if os.Getenv(serverSideEnv) == "" {
+		return
+	}
+	if err := serveServerSide(os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "xdsload server side:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// serveServerSide starts what the hello read from in describes, reports on
+// out where it serves, then carries out commands until in ends.
+func serveServerSide(in io.Reader, out io.Writer) error {
+	dec, enc := json.NewDecoder(in), json.NewEncoder(out)
+	var hello childHello
+	if err := dec.Decode(&hello); err != nil {
+		return fmt.Errorf("reading what to serve: %w", err)
+	}
+	cfg := hello.Config
+	cfg.Progress = os.Stderr
+	coding := seqCoding{kind: kinds[cfg.Type], base: hello.Base, updates: cfg.Updates}
+	srv, target, err := startServerSide(&cfg, coding)
+	if err != nil {
+		_ = enc.Encode(childReady{Error: err.Error()})
+		return err
+	}
+	defer srv.stop()
+	if err := enc.Encode(childReady{Target: target, PID: os.Getpid()}); err != nil {
+		return err
+	}
+	var stopProfile func()
+	defer func() {
+		if stopProfile != nil {
+			stopProfile()
+		}
+	}()
+	for {
+		var cmd childCommand
+		if err := dec.Decode(&cmd); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		var reply childReply
+		switch cmd.Op {
+		case "publish":
+			t, err := srv.publish(cmd.Seq)
+			reply.UnixNano = t.UnixNano()
+			if err != nil {
+				reply.Error = err.Error()
+			}
+		case "profile":
+			if stopProfile == nil {
+				if stopProfile, err = startCPUProfile(cmd.File); err != nil {
+					reply.Error = err.Error()
+				}
+			}
+		case "profile-stop":
+			if stopProfile != nil {
+				stopProfile()
+				stopProfile = nil
+			}
+		default:
+			reply.Error = fmt.Sprintf("unknown op %q", cmd.Op)
+		}
+		if err := enc.Encode(reply); err != nil {
+			return err
+		}
+	}
+}
+
+// serverSide is what serves the clients and publishes updates.
+type serverSide interface {
+	publish(seq int) (time.Time, error)
+	stop()
+}
+
+// startServerSide starts the floor's server, or the control plane and the
+// relay in front of it if cfg.Relay, and returns the address clients dial.
+func startServerSide(cfg *Config, coding seqCoding) (serverSide, string, error) {
+	if cfg.Floor {
+		f, err := startFloor(cfg)
+		if err != nil {
+			return nil, "", err
+		}
+		return f, f.addr, nil
+	}
+	cfg.Target = ""
+	b, err := startXDSBackend(cfg, coding)
+	if err != nil {
+		return nil, "", err
+	}
+	return b, cfg.Target, nil
+}
+
+// child is the parent's handle on the server side of a split run.
+type child struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	enc    *json.Encoder
+	dec    *json.Decoder
+	target string
+	pid    int
+	exited chan struct{}
+	err    error // set before exited closes
+}
+
+// startChild starts this executable as the server side of cfg.
+func startChild(cfg *Config, coding seqCoding) (*child, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("split: %w", err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), serverSideEnv+"=1")
+	cmd.Stderr = cfg.Progress
+	if cmd.Stderr == nil {
+		cmd.Stderr = os.Stderr
+	}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, fmt.Errorf("split: %w", err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, fmt.Errorf("split: %w", err)
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("split: starting the server side: %w", err)
+	}
+	c := &child{cmd: cmd, stdin: stdin, enc: json.NewEncoder(stdin), dec: json.NewDecoder(bufio.NewReader(stdout)), exited: make(chan struct{})}
+	hello := childHello{Config: *cfg, Base: coding.base}
+	hello.Config.Split, hello.Config.CPUProfile = false, ""
+	var ready childReady
+	if err := c.enc.Encode(hello); err == nil {
+		err = c.dec.Decode(&ready)
+	}
+	go func() {
+		c.err = cmd.Wait()
+		close(c.exited)
+	}()
+	if ready.Target == "" {
+		c.stop()
+		if ready.Error != "" {
+			return nil, fmt.Errorf("split: server side: %s", ready.Error)
+		}
+		return nil, fmt.Errorf("split: server side ended before serving: %v", c.err)
+	}
+	c.target, c.pid = ready.Target, ready.PID
+	return c, nil
+}
+
+// do sends cmd and waits for the reply.
+func (c *child) do(cmd childCommand) (childReply, error) {
+	var reply childReply
+	if err := c.enc.Encode(cmd); err != nil {
+		return reply, fmt.Errorf("split: server side: %w", err)
+	}
+	if err := c.dec.Decode(&reply); err != nil {
+		return reply, fmt.Errorf("split: server side: %w", err)
+	}
+	if reply.Error != "" {
+		return reply, fmt.Errorf("split: server side: %s", reply.Error)
+	}
+	return reply, nil
+}
+
+func (c *child) publish(seq int) (time.Time, error) {
+	reply, err := c.do(childCommand{Op: "publish", Seq: seq})
+	return time.Unix(0, reply.UnixNano), err
+}
+
+// startProfile profiles the child into file until the returned func.
+func (c *child) startProfile(file string) (stop func(), err error) {
+	if _, err := c.do(childCommand{Op: "profile", File: file}); err != nil {
+		return nil, err
+	}
+	return func() { _, _ = c.do(childCommand{Op: "profile-stop"}) }, nil
+}
+
+// stop ends the child (its stdin closing tells it to) and waits for it,
+// killing it if it has not exited within childExit.
+func (c *child) stop() {
+	c.stdin.Close()
+	select {
+	case <-c.exited:
+	case <-time.After(childExit):
+		_ = c.cmd.Process.Kill()
+		<-c.exited
+	}
+}
+
+// childExit bounds a child's orderly exit.
+const childExit = 15 * time.Second
+
+// splitBackend is the clients in this process and the server in a child.
+type splitBackend struct {
+	clients interface {
+		run(ctx context.Context, i int, tr *tracker) error
+		bytesReceived() int64
+	}
+	*child
+}
+
+func (b *splitBackend) run(ctx context.Context, i int, tr *tracker) error {
+	return b.clients.run(ctx, i, tr)
+}
+func (b *splitBackend) bytesReceived() int64 { return b.clients.bytesReceived() }
+
+// startSplit starts the server side in a child and the clients' side here.
+func startSplit(cfg *Config, coding seqCoding) (*splitBackend, error) {
+	c, err := startChild(cfg, coding)
+	if err != nil {
+		return nil, err
+	}
+	b := &splitBackend{child: c}
+	if cfg.Floor {
+		b.clients = &floor{addr: c.target}
+	} else {
+		cfg.Target = c.target
+		b.clients = &xdsClients{cfg: cfg, coding: coding}
+	}
+	if cfg.PID == 0 {
+		cfg.PID = c.pid
+	}
+	return b, nil
+}
