@@ -19,6 +19,17 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
+// Clients use Envoy's default HTTP/2 flow-control windows for xDS
+// connections (initial_stream_window_size 256 MiB, initial_connection_
+// window_size 1 MiB), static as Envoy's are: no BDP pings with every
+// response, which gRPC's dynamic windows would add, so that the server is
+// loaded by xDS and not by flow-control chatter, as a fleet of Envoys loads
+// it.
+const (
+	envoyStreamWindow = 256 << 20
+	envoyConnWindow   = 1 << 20
+)
+
 // maxMessage bounds a response: state-of-the-world responses get large.
 const maxMessage = 256 << 20
 
@@ -44,20 +55,27 @@ func (x *xdsClients) run(ctx context.Context, i int, tr *tracker) error {
 	conn, err := grpc.NewClient(x.cfg.Target,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithStatsHandler(&x.bytes),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessage)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessage)),
+		grpc.WithStaticStreamWindowSize(envoyStreamWindow),
+		grpc.WithStaticConnWindowSize(envoyConnWindow))
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
 	node := &corepb.Node{Id: "xdsload-" + strconv.Itoa(i), Cluster: x.cfg.NodeCluster}
+	// The stream ends with ctx but carries no deadline (no grpc-timeout):
+	// xDS streams are long-lived, and Envoy's carry none either.
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	defer context.AfterFunc(ctx, cancel)()
 	if x.cfg.Variant == VariantDelta {
-		s, err := openDelta(ctx, conn, x.cfg.Type, x.cfg.ADS)
+		s, err := openDelta(sctx, conn, x.cfg.Type, x.cfg.ADS)
 		if err != nil {
 			return err
 		}
 		return x.delta(s, node, i, tr)
 	}
-	s, err := openSotW(ctx, conn, x.cfg.Type, x.cfg.ADS)
+	s, err := openSotW(sctx, conn, x.cfg.Type, x.cfg.ADS)
 	if err != nil {
 		return err
 	}
