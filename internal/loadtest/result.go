@@ -29,6 +29,9 @@ type Result struct {
 
 	BytesReceived int64 `json:"bytes_received"`
 	RSS           RSS   `json:"rss"`
+	// ServerMemory is the split run's server's runtime memory once every
+	// client is configured and idle; nil unless Config.Split.
+	ServerMemory *ServerMemory `json:"server_memory,omitempty"`
 
 	// SeqBase is what the served resources' mark field holds before any
 	// update: update seq makes it SeqBase+seq.
@@ -193,6 +196,11 @@ func (r *Result) writeFooter(w io.Writer) error {
 		fmt.Fprintf(w, "server RSS (pid %d): start %s, configured %s (%s per client), end %s (%s per client since configured)\n",
 			r.Config.PID, size(r.RSS.Start), size(r.RSS.Configured), size((r.RSS.Configured-r.RSS.Start)/n),
 			size(r.RSS.End), size((r.RSS.End-r.RSS.Configured)/n))
+	}
+	if m := r.ServerMemory; m != nil {
+		fmt.Fprintf(w, "server memory once configured: %d goroutines (%.1f per client), stacks %s (%s per client), heap in use %s (%s per client), runtime total %s\n",
+			m.Goroutines, float64(m.Goroutines)/float64(n), size(int64(m.StackInuse)), size(int64(m.StackInuse)/n),
+			size(int64(m.HeapInuse)), size(int64(m.HeapInuse)/n), size(int64(m.Sys)))
 	}
 	if r.SeqBase > 0 {
 		fmt.Fprintf(w, "update seq is marked in the resources as %d+seq (%s)\n", r.SeqBase, markField[r.Config.Type])

@@ -141,6 +141,9 @@ func drive(ctx context.Context, cfg *Config, tr *tracker, b backend, res *Result
 		return fmt.Errorf("waiting for every client's first config: %w", err)
 	}
 	res.RSS.Configured = sampleRSS(cfg.PID)
+	if s, ok := b.(*splitBackend); ok {
+		res.ServerMemory = s.memory()
+	}
 	if err := fanOut(ctx, cfg, tr, b); err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"time"
 )
 
@@ -39,15 +40,33 @@ type childReady struct {
 
 // childCommand is a later line from the parent.
 type childCommand struct {
-	Op   string `json:"op"` // "publish", "profile" (start) or "profile-stop"
+	Op   string `json:"op"` // "publish", "profile" (start), "profile-stop" or "memory"
 	Seq  int    `json:"seq,omitempty"`
 	File string `json:"file,omitempty"`
 }
 
 // childReply answers a command.
 type childReply struct {
-	UnixNano int64  `json:"unix_nano,omitempty"` // when an update was published
-	Error    string `json:"error,omitempty"`
+	UnixNano int64         `json:"unix_nano,omitempty"` // when an update was published
+	Memory   *ServerMemory `json:"memory,omitempty"`
+	Error    string        `json:"error,omitempty"`
+}
+
+// ServerMemory is where a split run's server keeps its memory, as the Go
+// runtime tells: what bounds its RSS.
+type ServerMemory struct {
+	Goroutines int    `json:"goroutines"`
+	StackInuse uint64 `json:"stack_inuse"` // goroutine stacks
+	HeapInuse  uint64 `json:"heap_inuse"`  // heap spans in use (live objects and garbage not yet swept)
+	HeapAlloc  uint64 `json:"heap_alloc"`  // heap objects, live or not yet collected
+	Sys        uint64 `json:"sys"`         // everything the runtime took from the OS
+}
+
+func readMemory() *ServerMemory {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return &ServerMemory{Goroutines: runtime.NumGoroutine(), StackInuse: ms.StackInuse,
+		HeapInuse: ms.HeapInuse, HeapAlloc: ms.HeapAlloc, Sys: ms.Sys}
 }
 
 // ServerSideMain serves as the child of a split run and exits, if this
@@ -112,6 +131,8 @@ func serveServerSide(in io.Reader, out io.Writer) error {
 					reply.Error = err.Error()
 				}
 			}
+		case "memory":
+			reply.Memory = readMemory()
 		case "profile-stop":
 			if stopProfile != nil {
 				stopProfile()
@@ -225,6 +246,15 @@ func (c *child) do(cmd childCommand) (childReply, error) {
 func (c *child) publish(seq int) (time.Time, error) {
 	reply, err := c.do(childCommand{Op: "publish", Seq: seq})
 	return time.Unix(0, reply.UnixNano), err
+}
+
+// memory reads the child's runtime memory figures.
+func (c *child) memory() *ServerMemory {
+	reply, err := c.do(childCommand{Op: "memory"})
+	if err != nil {
+		return nil
+	}
+	return reply.Memory
 }
 
 // startProfile profiles the child into file until the returned func.
