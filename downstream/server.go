@@ -13,6 +13,7 @@ import (
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/xdsrelay/xdsrelay/cache"
@@ -37,7 +38,7 @@ type Options struct {
 	// nothing changes; 30s if zero.
 	PollTimeout time.Duration
 	// SendTimeout is how long a send may stay blocked (the client reads
-	// nothing) before the stream is closed; 30s if zero.
+	// nothing) before the client's connection is closed; 30s if zero.
 	SendTimeout time.Duration
 }
 
@@ -53,6 +54,7 @@ type Server struct {
 	sendTimeout time.Duration
 
 	drainOnce sync.Once
+	conns     connSet // connections accepted by Listen
 
 	streams  *metrics.Vec
 	pushes   *metrics.Vec
@@ -85,7 +87,7 @@ func New(opts Options) (*Server, error) {
 		drain:       make(chan struct{}),
 		pollTimeout: opts.PollTimeout,
 		sendTimeout: opts.SendTimeout,
-		stuck:       m.Counter("xdsrelay_downstream_stuck_total", "Streams closed because the client read nothing for downstream.send_timeout.").With(),
+		stuck:       m.Counter("xdsrelay_downstream_stuck_total", "Client connections closed because a send to them stayed blocked (the client read nothing) for downstream.send_timeout.").With(),
 		streams:     m.Gauge("xdsrelay_downstream_streams", "Open downstream xDS streams.", "variant"),
 		pushes:      m.Counter("xdsrelay_downstream_pushes_total", "Responses sent to downstream clients.", "type"),
 		requests:    m.Counter("xdsrelay_downstream_requests_total", "Requests received from downstream clients.", "type"),
@@ -170,27 +172,38 @@ func (s *Server) join(node *corepb.Node) (*cache.Cache, func(), error) {
 
 var errDraining = status.Error(codes.Unavailable, "xdsrelay: shutting down, reconnect")
 
-// guard runs a stream's loop, handing it a send that cannot block the stream
-// forever: if a send stays blocked for the send timeout (the client reads
-// nothing) the handler returns, gRPC closes the stream, and the blocked send
-// fails. A client that does not read hurts only itself ("A slow or hostile
-// client hurts only itself").
-func (s *Server) guard(sendMsg func(any) error, loop func(send func(any) error) error) error {
-	stuck := make(chan struct{})
+// guard returns a send that cannot block the stream forever: if a send stays
+// blocked for the send timeout (the client reads nothing), the client's
+// connection is closed, which ends the blocked send and the stream ("A slow
+// or hostile client hurts only itself"). Closing the connection rather than
+// the stream is what gRPC allows (a handler blocked in SendMsg cannot
+// return), and a client that reads nothing has stalled its whole
+// connection anyway. The timer is the stream's own, re-armed per send, so
+// that a push costs no allocation and the stream no extra goroutine. Call
+// stop when the stream ends.
+func (s *Server) guard(ctx context.Context, sendMsg func(any) error) (send func(any) error, stop func()) {
 	var once sync.Once
-	send := func(m any) error {
-		t := time.AfterFunc(s.sendTimeout, func() { once.Do(func() { close(stuck) }) })
-		defer t.Stop()
-		return sendMsg(m)
-	}
-	done := make(chan error, 1)
-	go func() { done <- loop(send) }()
-	select {
-	case err := <-done:
+	t := time.AfterFunc(time.Hour, func() { once.Do(func() { s.closeStuck(ctx) }) })
+	t.Stop()
+	send = func(m any) error {
+		t.Reset(s.sendTimeout)
+		err := sendMsg(m)
+		t.Stop()
 		return err
-	case <-stuck:
-		s.stuck.Inc()
-		s.log.Warn("closing the stream of a client that reads nothing", "after", s.sendTimeout)
-		return status.Errorf(codes.Unavailable, "xdsrelay: the client read nothing for %s; closing its stream", s.sendTimeout)
 	}
+	return send, func() { t.Stop() }
+}
+
+// closeStuck closes the connection of the stream whose context ctx is.
+func (s *Server) closeStuck(ctx context.Context) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return
+	}
+	s.stuck.Inc()
+	if !s.conns.close(p.Addr.String()) {
+		s.log.Error("a client reads nothing but its connection is unknown: serve on Server.Listen", "peer", p.Addr)
+		return
+	}
+	s.log.Warn("closed the connection of a client that reads nothing", "peer", p.Addr, "after", s.sendTimeout)
 }

@@ -131,33 +131,33 @@ func serve[Req any, Resp any, PReq interface {
 	if err != nil {
 		return err
 	}
-	return s.guard(st.SendMsg, func(send func(any) error) error {
-		defer release()
-		s.streams.With(variant).Inc()
-		defer s.streams.With(variant).Dec()
-		p := open(c, PReq(first), send)
-		defer c.Release(p.watcher())
-		if err := p.handle(first); err != nil {
-			return err
-		}
-		for {
-			select {
-			case req := <-reqs:
-				if req == nil {
-					return recvError(errc)
-				}
-				if err := p.handle(req); err != nil {
-					return err
-				}
-			case <-p.watcher().Ready():
-				if err := p.flush(); err != nil {
-					return err
-				}
-			case <-s.drain:
-				return errDraining
-			case <-ctx.Done():
-				return ctx.Err()
+	defer release()
+	s.streams.With(variant).Inc()
+	defer s.streams.With(variant).Dec()
+	send, stop := s.guard(ctx, st.SendMsg)
+	defer stop()
+	p := open(c, PReq(first), send)
+	defer c.Release(p.watcher())
+	if err := p.handle(first); err != nil {
+		return err
+	}
+	for {
+		select {
+		case req := <-reqs:
+			if req == nil {
+				return recvError(errc)
 			}
+			if err := p.handle(req); err != nil {
+				return err
+			}
+		case <-p.watcher().Ready():
+			if err := p.flush(); err != nil {
+				return err
+			}
+		case <-s.drain:
+			return errDraining
+		case <-ctx.Done():
+			return ctx.Err()
 		}
-	})
+	}
 }

@@ -215,7 +215,7 @@ func (r *Relay) Start() error {
 		r.goRun(func() { r.persist(r.cfg.Cache.PersistInterval) })
 	}
 	r.goRun(func() {
-		if err := r.grpc.Serve(ln); err != nil {
+		if err := r.grpc.Serve(r.down.Listen(ln)); err != nil {
 			r.log.Error("downstream server", "error", err)
 		}
 	})

@@ -12,7 +12,9 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
@@ -69,5 +71,18 @@ func TestStuckClientIsDisconnected(t *testing.T) {
 	}
 	eventually(t, "the stuck client to be disconnected", func() bool {
 		return strings.Contains(getMetrics(t, r), "xdsrelay_downstream_stuck_total 1")
+	})
+	// Its connection is closed: once it reads what was buffered, its
+	// stream ends, UNAVAILABLE.
+	for {
+		if _, err := stuck.Recv(); err != nil {
+			if status.Code(err) != codes.Unavailable {
+				t.Errorf("the stuck stream ended with %v, want UNAVAILABLE", err)
+			}
+			break
+		}
+	}
+	eventually(t, "the stuck stream to be gone from the gauge", func() bool {
+		return strings.Contains(getMetrics(t, r), `xdsrelay_downstream_streams{variant="sotw-ads"} 1`)
 	})
 }
