@@ -2,7 +2,6 @@ package downstream
 
 import (
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	"log/slog"
 	"maps"
 	"slices"
 
@@ -29,16 +28,16 @@ type deltaType struct {
 }
 
 type deltaStream struct {
-	srv    *Server
-	send   func(any) error // the stream's SendMsg, guarded against stuck clients
-	fixed  string
-	log    *slog.Logger
-	cache  *cache.Cache
-	watch  *cache.Watch
-	nonces nonces
-	types  map[string]*deltaType
-	node   *corepb.Node // from the first request
-	ttl    bool         // the client supports TTLs (xds.config.supports-resource-ttl)
+	srv     *Server
+	send    func(any) error // the stream's SendMsg, guarded against stuck clients
+	fixed   string
+	variant string // for the log
+	cache   *cache.Cache
+	watch   *cache.Watch
+	nonces  nonces
+	types   map[string]*deltaType
+	node    *corepb.Node // from the first request
+	ttl     bool         // the client supports TTLs (xds.config.supports-resource-ttl)
 }
 
 func (s *Server) serveDelta(st grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse], fixed, variant string) error {
@@ -46,8 +45,8 @@ func (s *Server) serveDelta(st grpc.BidiStreamingServer[discoverypb.DeltaDiscove
 		return &deltaStream{
 			srv: s, send: send, fixed: fixed, cache: c, watch: cache.NewWatch(),
 			types: make(map[string]*deltaType), node: first.GetNode(),
-			ttl: hasFeature(first.GetNode(), featureResourceTTL),
-			log: s.log.With("node", first.GetNode().GetId(), "variant", variant),
+			ttl:     hasFeature(first.GetNode(), featureResourceTTL),
+			variant: variant,
 		}
 	})
 }
@@ -69,7 +68,7 @@ func (ds *deltaStream) handle(req *discoverypb.DeltaDiscoveryRequest) error {
 	// subscription changes are honoured whatever the nonce.
 	if d := req.GetErrorDetail(); d != nil {
 		ds.srv.nacks.With(short).Inc()
-		ds.log.Warn("client rejected a response", "type", short, "nonce", req.GetResponseNonce(), "error", d.GetMessage())
+		ds.srv.log.Warn("client rejected a response", "node", ds.node.GetId(), "variant", ds.variant, "type", short, "nonce", req.GetResponseNonce(), "error", d.GetMessage())
 	}
 	t := ds.types[typeURL]
 	if t == nil {

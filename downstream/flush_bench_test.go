@@ -102,7 +102,7 @@ func BenchmarkDeltaFlush(b *testing.B) {
 			for i := range streams {
 				node := &corepb.Node{Id: "bench-" + strconv.Itoa(i), Cluster: "bench"}
 				ds := &deltaStream{srv: srv, send: codecSend, cache: c, watch: cache.NewWatch(),
-					types: map[string]*deltaType{}, node: node, log: srv.log}
+					types: map[string]*deltaType{}, node: node, variant: "delta-ads"}
 				if err := ds.handle(&discoverypb.DeltaDiscoveryRequest{Node: node, TypeUrl: typeURL, ResourceNamesSubscribe: []string{"cla-0"}}); err != nil {
 					b.Fatal(err)
 				}
@@ -151,7 +151,7 @@ func BenchmarkSotWFlush(b *testing.B) {
 				for i := range streams {
 					node := &corepb.Node{Id: "bench-" + strconv.Itoa(i), Cluster: "bench"}
 					ss := &sotwStream{srv: srv, send: codecSend, cache: c, watch: cache.NewWatch(),
-						types: map[string]*sotwType{}, node: node, log: srv.log}
+						types: map[string]*sotwType{}, node: node, variant: "sotw-ads"}
 					if err := ss.handle(&discoverypb.DiscoveryRequest{Node: node, TypeUrl: tc.typeURL, ResourceNames: tc.names}); err != nil {
 						b.Fatal(err)
 					}

@@ -2,7 +2,6 @@ package downstream
 
 import (
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	"log/slog"
 	"maps"
 	"slices"
 
@@ -45,15 +44,15 @@ func (t *sotwType) subscription(names []string) (wildcard bool, named map[string
 }
 
 type sotwStream struct {
-	srv    *Server
-	send   func(any) error // the stream's SendMsg, guarded against stuck clients
-	fixed  string
-	log    *slog.Logger
-	cache  *cache.Cache
-	watch  *cache.Watch
-	nonces nonces
-	types  map[string]*sotwType
-	node   *corepb.Node // from the first request
+	srv     *Server
+	send    func(any) error // the stream's SendMsg, guarded against stuck clients
+	fixed   string
+	variant string // for the log
+	cache   *cache.Cache
+	watch   *cache.Watch
+	nonces  nonces
+	types   map[string]*sotwType
+	node    *corepb.Node // from the first request
 	// ttl is set for clients that take resources wrapped in a Resource
 	// with their TTL: both xds.config.supports-resource-in-sotw and
 	// xds.config.supports-resource-ttl ("TTL").
@@ -65,8 +64,8 @@ func (s *Server) serveSotW(st grpc.BidiStreamingServer[discoverypb.DiscoveryRequ
 		return &sotwStream{
 			srv: s, send: send, fixed: fixed, cache: c, watch: cache.NewWatch(),
 			types: make(map[string]*sotwType), node: first.GetNode(),
-			ttl: hasFeature(first.GetNode(), featureResourceInSotW) && hasFeature(first.GetNode(), featureResourceTTL),
-			log: s.log.With("node", first.GetNode().GetId(), "variant", variant),
+			ttl:     hasFeature(first.GetNode(), featureResourceInSotW) && hasFeature(first.GetNode(), featureResourceTTL),
+			variant: variant,
 		}
 	})
 }
@@ -99,7 +98,7 @@ func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 	// next change is.
 	if d := req.GetErrorDetail(); d != nil {
 		ss.srv.nacks.With(short).Inc()
-		ss.log.Warn("client rejected a response", "type", short, "nonce", req.GetResponseNonce(),
+		ss.srv.log.Warn("client rejected a response", "node", ss.node.GetId(), "variant", ss.variant, "type", short, "nonce", req.GetResponseNonce(),
 			"version", req.GetVersionInfo(), "error", d.GetMessage())
 	}
 	ss.resubscribe(typeURL, t, req.GetResourceNames())
