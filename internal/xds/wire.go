@@ -66,7 +66,7 @@ func Encode(name, version string, a *anypb.Any, ttl *durationpb.Duration, aliase
 	if name == "" {
 		return nil, fmt.Errorf("resource of type %s has no name", a.GetTypeUrl())
 	}
-	if _, err := a.UnmarshalNew(); err != nil {
+	if err := validate(a); err != nil {
 		return nil, fmt.Errorf("resource %q: cannot decode %s: %w", name, a.GetTypeUrl(), err)
 	}
 	anyBytes, err := marshal.Marshal(a)
