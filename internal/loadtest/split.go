@@ -179,8 +179,19 @@ type child struct {
 	dec    *json.Decoder
 	target string
 	pid    int
-	exited chan struct{}
-	err    error // set before exited closes
+	// timeout bounds every exchange: a child that does not answer within
+	// it is killed, which ends the wait with an error.
+	timeout time.Duration
+	exited  chan struct{}
+	err     error // set before exited closes
+}
+
+// bounded runs f, killing the child if f has not returned within the
+// child's timeout: a hung child cannot hang the run.
+func (c *child) bounded(f func() error) error {
+	t := time.AfterFunc(c.timeout, func() { _ = c.cmd.Process.Kill() })
+	defer t.Stop()
+	return f()
 }
 
 // startChild starts this executable as the server side of cfg.
@@ -206,13 +217,17 @@ func startChild(cfg *Config, coding seqCoding) (*child, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("split: starting the server side: %w", err)
 	}
-	c := &child{cmd: cmd, stdin: stdin, enc: json.NewEncoder(stdin), dec: json.NewDecoder(bufio.NewReader(stdout)), exited: make(chan struct{})}
+	c := &child{cmd: cmd, stdin: stdin, enc: json.NewEncoder(stdin), dec: json.NewDecoder(bufio.NewReader(stdout)),
+		timeout: cfg.Timeout, exited: make(chan struct{})}
 	hello := childHello{Config: *cfg, Base: coding.base}
 	hello.Config.Split, hello.Config.CPUProfile = false, ""
 	var ready childReady
-	if err := c.enc.Encode(hello); err == nil {
-		err = c.dec.Decode(&ready)
-	}
+	_ = c.bounded(func() error {
+		if err := c.enc.Encode(hello); err != nil {
+			return err
+		}
+		return c.dec.Decode(&ready)
+	})
 	go func() {
 		c.err = cmd.Wait()
 		close(c.exited)
@@ -231,10 +246,13 @@ func startChild(cfg *Config, coding seqCoding) (*child, error) {
 // do sends cmd and waits for the reply.
 func (c *child) do(cmd childCommand) (childReply, error) {
 	var reply childReply
-	if err := c.enc.Encode(cmd); err != nil {
-		return reply, fmt.Errorf("split: server side: %w", err)
-	}
-	if err := c.dec.Decode(&reply); err != nil {
+	err := c.bounded(func() error {
+		if err := c.enc.Encode(cmd); err != nil {
+			return err
+		}
+		return c.dec.Decode(&reply)
+	})
+	if err != nil {
 		return reply, fmt.Errorf("split: server side: %w", err)
 	}
 	if reply.Error != "" {

@@ -1,10 +1,13 @@
 package loadtest
 
 import (
+	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestRunSplit runs each kind of server side in a child process (this test
@@ -51,4 +54,33 @@ func TestSplitNeedsItsOwnServer(t *testing.T) {
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "split") {
 		t.Errorf("split against a target: %v, want an error naming split", err)
 	}
+}
+
+// A server side that stops answering cannot hang the run: the exchange
+// ends with an error once the child's timeout passes, the child killed.
+func TestSplitChildThatHangsIsKilled(t *testing.T) {
+	cmd := exec.Command("sleep", "60") // reads nothing, answers nothing
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Skipf("no sleep command: %v", err)
+	}
+	c := &child{cmd: cmd, stdin: stdin, enc: json.NewEncoder(stdin), dec: json.NewDecoder(stdout),
+		timeout: 200 * time.Millisecond, exited: make(chan struct{})}
+	go func() { c.err = cmd.Wait(); close(c.exited) }()
+	if _, err := c.publish(1); err == nil {
+		t.Error("publish to a child that never answers succeeded")
+	}
+	select {
+	case <-c.exited:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the hung child was not killed")
+	}
+	c.stop()
 }
