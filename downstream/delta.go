@@ -1,7 +1,6 @@
 package downstream
 
 import (
-	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"maps"
 	"slices"
 
@@ -28,47 +27,30 @@ type deltaType struct {
 }
 
 type deltaStream struct {
-	srv     *Server
-	send    func(any) error // the stream's SendMsg, guarded against stuck clients
-	fixed   string
-	variant string // for the log
-	cache   *cache.Cache
-	watch   *cache.Watch
-	nonces  nonces
-	types   map[string]*deltaType
-	node    *corepb.Node // from the first request
-	ttl     bool         // the client supports TTLs (xds.config.supports-resource-ttl)
+	streamBase
+	types map[string]*deltaType
+	ttl   bool // the client supports TTLs (xds.config.supports-resource-ttl)
 }
 
 func (s *Server) serveDelta(st grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse], fixed, variant string) error {
 	return serve(s, st, variant, func(c *cache.Cache, first *discoverypb.DeltaDiscoveryRequest, send func(any) error) protocol[discoverypb.DeltaDiscoveryRequest] {
 		return &deltaStream{
-			srv: s, send: send, fixed: fixed, cache: c, watch: cache.NewWatch(),
-			types: make(map[string]*deltaType), node: first.GetNode(),
-			ttl:     hasFeature(first.GetNode(), featureResourceTTL),
-			variant: variant,
+			streamBase: s.newStreamBase(send, fixed, variant, c, first.GetNode()),
+			types:      make(map[string]*deltaType),
+			ttl:        hasFeature(first.GetNode(), featureResourceTTL),
 		}
 	})
 }
 
 func (ds *deltaStream) handle(req *discoverypb.DeltaDiscoveryRequest) error {
-	typeURL, err := resolveType(req.GetTypeUrl(), ds.fixed)
+	typeURL, short, err := ds.admit(req.GetTypeUrl(), req.GetNode(), req.GetResourceNamesSubscribe())
 	if err != nil {
 		return err
 	}
-	if err := checkNode(ds.node, req.GetNode()); err != nil {
-		return err
-	}
-	if err := checkNames(req.GetResourceNamesSubscribe()); err != nil {
-		return err
-	}
-	short := xds.ShortName(typeURL)
-	ds.srv.requests.With(short).Inc()
 	// "Incremental xDS": the nonce pairs an ACK or NACK with a response, but
 	// subscription changes are honoured whatever the nonce.
 	if d := req.GetErrorDetail(); d != nil {
-		ds.srv.nacks.With(short).Inc()
-		ds.srv.log.Warn("client rejected a response", "node", ds.node.GetId(), "variant", ds.variant, "type", short, "nonce", req.GetResponseNonce(), "error", d.GetMessage())
+		ds.nacked(short, req.GetResponseNonce(), d.GetMessage())
 	}
 	t := ds.types[typeURL]
 	if t == nil {

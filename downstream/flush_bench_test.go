@@ -101,8 +101,8 @@ func BenchmarkDeltaFlush(b *testing.B) {
 			streams := make([]*deltaStream, n)
 			for i := range streams {
 				node := &corepb.Node{Id: "bench-" + strconv.Itoa(i), Cluster: "bench"}
-				ds := &deltaStream{srv: srv, send: codecSend, cache: c, watch: cache.NewWatch(),
-					types: map[string]*deltaType{}, node: node, variant: "delta-ads"}
+				ds := &deltaStream{streamBase: srv.newStreamBase(codecSend, "", "delta-ads", c, node),
+					types: map[string]*deltaType{}}
 				if err := ds.handle(&discoverypb.DeltaDiscoveryRequest{Node: node, TypeUrl: typeURL, ResourceNamesSubscribe: []string{"cla-0"}}); err != nil {
 					b.Fatal(err)
 				}
@@ -150,8 +150,8 @@ func BenchmarkSotWFlush(b *testing.B) {
 				streams := make([]*sotwStream, n)
 				for i := range streams {
 					node := &corepb.Node{Id: "bench-" + strconv.Itoa(i), Cluster: "bench"}
-					ss := &sotwStream{srv: srv, send: codecSend, cache: c, watch: cache.NewWatch(),
-						types: map[string]*sotwType{}, node: node, variant: "sotw-ads"}
+					ss := &sotwStream{streamBase: srv.newStreamBase(codecSend, "", "sotw-ads", c, node),
+						types: map[string]*sotwType{}}
 					if err := ss.handle(&discoverypb.DiscoveryRequest{Node: node, TypeUrl: tc.typeURL, ResourceNames: tc.names}); err != nil {
 						b.Fatal(err)
 					}

@@ -1,7 +1,6 @@
 package downstream
 
 import (
-	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"maps"
 	"slices"
 
@@ -44,15 +43,8 @@ func (t *sotwType) subscription(names []string) (wildcard bool, named map[string
 }
 
 type sotwStream struct {
-	srv     *Server
-	send    func(any) error // the stream's SendMsg, guarded against stuck clients
-	fixed   string
-	variant string // for the log
-	cache   *cache.Cache
-	watch   *cache.Watch
-	nonces  nonces
-	types   map[string]*sotwType
-	node    *corepb.Node // from the first request
+	streamBase
+	types map[string]*sotwType
 	// ttl is set for clients that take resources wrapped in a Resource
 	// with their TTL: both xds.config.supports-resource-in-sotw and
 	// xds.config.supports-resource-ttl ("TTL").
@@ -62,27 +54,18 @@ type sotwStream struct {
 func (s *Server) serveSotW(st grpc.BidiStreamingServer[discoverypb.DiscoveryRequest, discoverypb.DiscoveryResponse], fixed, variant string) error {
 	return serve(s, st, variant, func(c *cache.Cache, first *discoverypb.DiscoveryRequest, send func(any) error) protocol[discoverypb.DiscoveryRequest] {
 		return &sotwStream{
-			srv: s, send: send, fixed: fixed, cache: c, watch: cache.NewWatch(),
-			types: make(map[string]*sotwType), node: first.GetNode(),
-			ttl:     hasFeature(first.GetNode(), featureResourceInSotW) && hasFeature(first.GetNode(), featureResourceTTL),
-			variant: variant,
+			streamBase: s.newStreamBase(send, fixed, variant, c, first.GetNode()),
+			types:      make(map[string]*sotwType),
+			ttl:        hasFeature(first.GetNode(), featureResourceInSotW) && hasFeature(first.GetNode(), featureResourceTTL),
 		}
 	})
 }
 
 func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
-	typeURL, err := resolveType(req.GetTypeUrl(), ss.fixed)
+	typeURL, short, err := ss.admit(req.GetTypeUrl(), req.GetNode(), req.GetResourceNames())
 	if err != nil {
 		return err
 	}
-	if err := checkNode(ss.node, req.GetNode()); err != nil {
-		return err
-	}
-	if err := checkNames(req.GetResourceNames()); err != nil {
-		return err
-	}
-	short := xds.ShortName(typeURL)
-	ss.srv.requests.With(short).Inc()
 	t := ss.types[typeURL]
 	if t == nil {
 		t = &sotwType{names: map[string]struct{}{}, sent: map[string]string{}}
@@ -97,9 +80,7 @@ func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 	// What was NACKed stays recorded as sent, so it is not sent again; the
 	// next change is.
 	if d := req.GetErrorDetail(); d != nil {
-		ss.srv.nacks.With(short).Inc()
-		ss.srv.log.Warn("client rejected a response", "node", ss.node.GetId(), "variant", ss.variant, "type", short, "nonce", req.GetResponseNonce(),
-			"version", req.GetVersionInfo(), "error", d.GetMessage())
+		ss.nacked(short, req.GetResponseNonce(), d.GetMessage(), "version", req.GetVersionInfo())
 	}
 	ss.resubscribe(typeURL, t, req.GetResourceNames())
 	return nil

@@ -102,8 +102,47 @@ type protocol[Req any] interface {
 	watcher() *cache.Watch
 }
 
-func (ss *sotwStream) watcher() *cache.Watch  { return ss.watch }
-func (ds *deltaStream) watcher() *cache.Watch { return ds.watch }
+// streamBase is what SotW and incremental streams share.
+type streamBase struct {
+	srv     *Server
+	send    func(any) error // the stream's SendMsg, guarded against stuck clients
+	fixed   string          // the per-type service's type; "" on ADS
+	variant string          // for the log
+	cache   *cache.Cache
+	watch   *cache.Watch
+	nonces  nonces
+	node    *corepb.Node // from the first request
+}
+
+func (s *Server) newStreamBase(send func(any) error, fixed, variant string, c *cache.Cache, node *corepb.Node) streamBase {
+	return streamBase{srv: s, send: send, fixed: fixed, variant: variant, cache: c, watch: cache.NewWatch(), node: node}
+}
+
+func (b *streamBase) watcher() *cache.Watch { return b.watch }
+
+// admit makes the checks every request gets (its type against the
+// service, its node against the first request's, its names) and counts it.
+func (b *streamBase) admit(typeURL string, node *corepb.Node, names []string) (resolved, short string, err error) {
+	if resolved, err = resolveType(typeURL, b.fixed); err != nil {
+		return "", "", err
+	}
+	if err := checkNode(b.node, node); err != nil {
+		return "", "", err
+	}
+	if err := checkNames(names); err != nil {
+		return "", "", err
+	}
+	short = xds.ShortName(resolved)
+	b.srv.requests.With(short).Inc()
+	return resolved, short, nil
+}
+
+// nacked counts and logs a client's NACK of a response.
+func (b *streamBase) nacked(short, nonce, message string, attrs ...any) {
+	b.srv.nacks.With(short).Inc()
+	b.srv.log.Warn("client rejected a response", append([]any{"node", b.node.GetId(), "variant", b.variant,
+		"type", short, "nonce", nonce, "error", message}, attrs...)...)
+}
 
 // noded is a request that may carry the node.
 type noded interface{ GetNode() *corepb.Node }
