@@ -85,6 +85,11 @@ type Config struct {
 		// PersistInterval is cache.persist_interval: how often changed
 		// caches are saved (and once more on shutdown).
 		PersistInterval time.Duration
+		// NotFoundTimeout is cache.not_found_timeout: a name subscribed
+		// upstream that has not arrived this long after its first
+		// subscription is reported to incremental clients as not existing
+		// ("Knowing When a Requested Resource Does Not Exist"); 0 disables.
+		NotFoundTimeout time.Duration
 	}
 	// Tracing installs OpenTelemetry instrumentation (gRPC stats handlers on
 	// both edges) on the global tracer provider; the binary sets it when
@@ -114,6 +119,7 @@ func Default() Config {
 	c.Cache.Retention = 5 * time.Minute
 	c.Cache.PersistInterval = 10 * time.Second
 	c.Cache.MaxResources = 100000
+	c.Cache.NotFoundTimeout = 15 * time.Second
 	c.ShutdownTimeout = 10 * time.Second
 	return c
 }
@@ -182,6 +188,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Cache.Retention < 0 {
 		return fmt.Errorf("cache.retention: must not be negative, got %s", c.Cache.Retention)
+	}
+	if c.Cache.NotFoundTimeout < 0 {
+		return fmt.Errorf("cache.not_found_timeout: must not be negative, got %s", c.Cache.NotFoundTimeout)
 	}
 	if c.Cache.MaxResources < 0 {
 		return fmt.Errorf("cache.max_resources: must not be negative, got %d", c.Cache.MaxResources)
