@@ -294,24 +294,75 @@ func (c *Cache) Get(typeURL string, names []string) []Lookup {
 	defer c.mu.RUnlock()
 	t := c.types[typeURL]
 	for i, n := range names {
-		out[i].Name = n
-		if t == nil {
-			continue
+		out[i] = t.lookupLocked(n)
+	}
+	return out
+}
+
+// lookupLocked is the state of one name; t may be nil.
+func (t *typeState) lookupLocked(n string) Lookup {
+	l := Lookup{Name: n}
+	if t == nil {
+		return l
+	}
+	e := t.entries[n]
+	if target, ok := t.aliases[n]; ok && (e == nil || e.res == nil) {
+		e = t.entries[target] // the name is an alias ("Resource names")
+	}
+	if e != nil {
+		l.Resource, l.Absent, l.Heartbeat, l.Error = e.res, e.absent, e.hb, e.err
+	}
+	// Once upstream has answered the wildcard, the complete set of the
+	// type is here: a name that is not is known not to exist ("Knowing
+	// When a Requested Resource Does Not Exist"). Should upstream send it
+	// after all, it is added as usual.
+	if l.Resource == nil && t.synced {
+		l.Absent = true
+	}
+	return l
+}
+
+// View is one type read at one version, under one lock: whatever a stream
+// builds from it is a whole upstream response, never part of one.
+type View struct {
+	// Version is the type's version the lookups belong to.
+	Version uint64
+	// Synced is set once upstream has answered the wildcard subscription.
+	Synced bool
+	// Lookups are the names asked for and, if all was asked, every present
+	// resource of the type: sorted by name, each once.
+	Lookups []Lookup
+}
+
+// Read looks up names of typeURL, and every present resource of it if all,
+// as one consistent view.
+func (c *Cache) Read(typeURL string, names []string, all bool) View {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	t := c.types[typeURL]
+	if t == nil {
+		names = slices.Compact(slices.Sorted(slices.Values(names)))
+		return View{Lookups: (*typeState)(nil).lookupAllLocked(names)}
+	}
+	if all {
+		names = slices.Grow(slices.Clip(names), len(t.entries))
+		for n, e := range t.entries {
+			if e.res != nil {
+				names = append(names, n)
+			}
 		}
-		e := t.entries[n]
-		if target, ok := t.aliases[n]; ok && (e == nil || e.res == nil) {
-			e = t.entries[target] // the name is an alias ("Resource names")
-		}
-		if e != nil {
-			out[i].Resource, out[i].Absent, out[i].Heartbeat, out[i].Error = e.res, e.absent, e.hb, e.err
-		}
-		// Once upstream has answered the wildcard, the complete set of the
-		// type is here: a name that is not is known not to exist ("Knowing
-		// When a Requested Resource Does Not Exist"). Should upstream send
-		// it after all, it is added as usual.
-		if out[i].Resource == nil && t.synced {
-			out[i].Absent = true
-		}
+	} else {
+		names = slices.Clone(names)
+	}
+	slices.Sort(names)
+	names = slices.Compact(names)
+	return View{Version: t.version, Synced: t.synced, Lookups: t.lookupAllLocked(names)}
+}
+
+func (t *typeState) lookupAllLocked(names []string) []Lookup {
+	out := make([]Lookup, len(names))
+	for i, n := range names {
+		out[i] = t.lookupLocked(n)
 	}
 	return out
 }
@@ -396,60 +447,6 @@ func (c *Cache) Evictions() uint64 {
 	return c.evictions
 }
 
-func (c *Cache) setLocked(e *entry, r *Resource) {
-	switch {
-	case e.res == nil && r != nil:
-		c.size++
-	case e.res != nil && r == nil:
-		c.size--
-	}
-	e.res = r
-}
-
-func (c *Cache) deleteLocked(t *typeState, typeURL, name string) {
-	if e := t.entries[name]; e != nil {
-		if e.res != nil {
-			t.version++
-			t.state = nil
-		}
-		c.setLocked(e, nil)
-		delete(t.entries, name)
-		c.idle.Remove(idleKey{typeURL: typeURL, name: name})
-	}
-}
-
-// evictLocked drops the least recently used things nobody watches until the
-// cache is within its bound. It reports whether the interest changed.
-func (c *Cache) evictLocked() bool {
-	changed := false
-	for c.max > 0 && c.size > c.max {
-		k, _, ok := c.idle.RemoveOldest()
-		if !ok {
-			break // everything left is watched
-		}
-		t := c.types[k.typeURL]
-		if t == nil {
-			continue
-		}
-		if k.wildcard {
-			t.wantWildcard, t.synced, t.state = false, false, nil
-			for n, e := range t.entries {
-				if !e.wanted && len(e.watchers) == 0 {
-					c.deleteLocked(t, k.typeURL, n)
-				}
-			}
-		} else if e := t.entries[k.name]; e != nil && len(e.watchers) == 0 {
-			e.wanted = false
-			if !t.wantWildcard || e.res == nil {
-				c.deleteLocked(t, k.typeURL, k.name)
-			}
-		}
-		c.evictions++
-		changed = true
-	}
-	return changed
-}
-
 // Version returns the type's version: it changes whenever a resource of the
 // type changes.
 func (c *Cache) Version(typeURL string) uint64 {
@@ -459,226 +456,6 @@ func (c *Cache) Version(typeURL string) uint64 {
 		return t.version
 	}
 	return 0
-}
-
-// Update applies one upstream response for typeURL: upserts replace or add
-// resources, removed names are marked absent. Watchers of the changed names,
-// and wildcard watchers of the type, are marked dirty after the lock is
-// released.
-func (c *Cache) Update(typeURL string, upserts []*Resource, removed []string) {
-	marks := make(map[*Watch][]string)
-	c.mu.Lock()
-	c.seq++
-	seq := c.seq
-	t := c.typeLocked(typeURL)
-	changed := make([]string, 0, len(upserts)+len(removed))
-	for _, r := range upserts {
-		e := t.entries[r.Name]
-		if e == nil {
-			if !t.wantWildcard && !t.aliasWantedLocked(r) {
-				continue // nobody asked for it (an unsubscribe in flight)
-			}
-			e = &entry{}
-			t.entries[r.Name] = e
-		}
-		// "Resource names": a resource may be known by an alias (VHDS);
-		// those who watch the alias watch the resource.
-		for _, a := range r.Aliases {
-			if t.aliases == nil {
-				t.aliases = make(map[string]string)
-			}
-			t.aliases[a] = r.Name
-			if ae := t.entries[a]; ae != nil && a != r.Name {
-				for w := range ae.watchers {
-					marks[w] = append(marks[w], a)
-				}
-			}
-		}
-		if e.res != nil && e.res.Version == r.Version && string(e.res.Wire) == string(r.Wire) {
-			continue
-		}
-		c.setLocked(e, r)
-		e.absent, e.hb, e.expires, e.err = false, nil, time.Time{}, nil
-		if r.TTL > 0 {
-			e.expires = c.now().Add(r.TTL)
-		}
-		changed = append(changed, r.Name)
-		for w := range e.watchers {
-			marks[w] = append(marks[w], r.Name)
-		}
-	}
-	for _, n := range removed {
-		e := t.entries[n]
-		if e == nil || e.absent {
-			continue
-		}
-		if !e.wanted && e.res != nil && t.wantWildcard {
-			// Only the wildcard held it: forget it entirely.
-			c.deleteLocked(t, typeURL, n)
-		} else {
-			c.setLocked(e, nil)
-			e.absent, e.err = true, nil
-		}
-		changed = append(changed, n)
-		for w := range e.watchers {
-			marks[w] = append(marks[w], n)
-		}
-		for a, target := range t.aliases {
-			if target != n {
-				continue
-			}
-			delete(t.aliases, a)
-			if ae := t.entries[a]; ae != nil {
-				for w := range ae.watchers {
-					marks[w] = append(marks[w], a)
-				}
-			}
-		}
-	}
-	if len(changed) > 0 {
-		t.version++
-		t.state = nil
-		for w := range t.wildcard {
-			marks[w] = changed
-		}
-	}
-	if c.evictLocked() {
-		c.signalInterest()
-	}
-	c.mu.Unlock()
-	for w, names := range marks {
-		w.Mark(typeURL, seq, names...)
-	}
-}
-
-// Errors records upstream's per-resource errors and marks the watchers of
-// those names, so that the errors are passed on.
-func (c *Cache) Errors(typeURL string, errs []*ResourceError) {
-	marks := make(map[*Watch][]string)
-	c.mu.Lock()
-	c.seq++
-	seq := c.seq
-	t := c.typeLocked(typeURL)
-	for _, re := range errs {
-		e := t.entries[re.Name]
-		if e == nil {
-			continue // nobody here asked for it
-		}
-		e.err = re
-		for w := range e.watchers {
-			marks[w] = append(marks[w], re.Name)
-		}
-		for w := range t.wildcard {
-			marks[w] = append(marks[w], re.Name)
-		}
-	}
-	c.mu.Unlock()
-	for w, names := range marks {
-		w.Mark(typeURL, seq, names...)
-	}
-}
-
-// Heartbeat applies heartbeats: each refreshes the TTL of the resource it
-// names if that is still the present version ("TTL": a heartbeat is not an
-// update), and marks the resource's watchers so that they can pass it on.
-func (c *Cache) Heartbeat(typeURL string, hbs []*Heartbeat) {
-	marks := make(map[*Watch][]string)
-	c.mu.Lock()
-	c.seq++
-	seq := c.seq
-	t := c.typeLocked(typeURL)
-	for _, hb := range hbs {
-		e := t.entries[hb.Name]
-		if e == nil || e.res == nil || e.res.Version != hb.Version {
-			continue
-		}
-		e.hb = hb
-		e.expires = time.Time{}
-		if hb.TTL > 0 {
-			e.expires = c.now().Add(hb.TTL)
-		}
-		for w := range e.watchers {
-			marks[w] = append(marks[w], hb.Name)
-		}
-		for w := range t.wildcard {
-			marks[w] = append(marks[w], hb.Name)
-		}
-	}
-	c.mu.Unlock()
-	for w, names := range marks {
-		w.MarkHeartbeat(typeURL, seq, names...)
-	}
-}
-
-// expireLocked removes the resources whose TTL ran out without a heartbeat,
-// as if upstream had removed them, and returns the watchers to mark.
-func (c *Cache) expireLocked(now time.Time) (marks map[*Watch]map[string][]string, seq uint64) {
-	for typeURL, t := range c.types {
-		var expired []string
-		for n, e := range t.entries {
-			if e.res != nil && !e.expires.IsZero() && now.After(e.expires) {
-				expired = append(expired, n)
-			}
-		}
-		if len(expired) == 0 {
-			continue
-		}
-		if marks == nil {
-			c.seq++
-			seq, marks = c.seq, make(map[*Watch]map[string][]string)
-		}
-		mark := func(w *Watch, names ...string) {
-			if marks[w] == nil {
-				marks[w] = make(map[string][]string)
-			}
-			marks[w][typeURL] = append(marks[w][typeURL], names...)
-		}
-		for _, n := range expired {
-			e := t.entries[n]
-			c.setLocked(e, nil)
-			e.absent, e.hb, e.expires = true, nil, time.Time{}
-			for w := range e.watchers {
-				mark(w, n)
-			}
-		}
-		t.version++
-		t.state = nil
-		for w := range t.wildcard {
-			mark(w, expired...)
-		}
-	}
-	return marks, seq
-}
-
-// aliasWantedLocked reports whether someone wants r by one of its aliases.
-func (t *typeState) aliasWantedLocked(r *Resource) bool {
-	for _, a := range r.Aliases {
-		if e := t.entries[a]; e != nil && e.wanted {
-			return true
-		}
-	}
-	return false
-}
-
-// MarkSynced records that upstream has answered the wildcard subscription of
-// typeURL: from now on All returns the complete state of the world. Wildcard
-// watchers are woken so that they can answer clients that were waiting.
-func (c *Cache) MarkSynced(typeURL string) {
-	c.mu.Lock()
-	t := c.typeLocked(typeURL)
-	if t.synced || !t.wantWildcard {
-		c.mu.Unlock()
-		return
-	}
-	t.synced = true
-	t.state = nil
-	c.seq++
-	seq := c.seq
-	ws := slices.Collect(maps.Keys(t.wildcard))
-	c.mu.Unlock()
-	for _, w := range ws {
-		w.Mark(typeURL, seq)
-	}
 }
 
 // Interest returns the union of interests by type URL: what is watched now
@@ -718,50 +495,4 @@ func (c *Cache) Versions(typeURL string) map[string]string {
 		}
 	}
 	return out
-}
-
-// Sweep removes resources whose TTL ran out, and ends the retention of
-// names and wildcards nobody has watched for the
-// retention period, dropping their resources. It reports whether the cache
-// is now empty of interest (nothing watched, nothing retained).
-func (c *Cache) Sweep() (empty bool) {
-	c.mu.Lock()
-	now := c.now()
-	expired, seq := c.expireLocked(now)
-	defer func() {
-		c.mu.Unlock()
-		for w, byType := range expired {
-			for typeURL, names := range byType {
-				w.Mark(typeURL, seq, names...)
-			}
-		}
-	}()
-	changed := false
-	empty = true
-	for typeURL, t := range c.types {
-		if t.wantWildcard && len(t.wildcard) == 0 && now.Sub(t.wildcardIdle) >= c.retention {
-			t.wantWildcard, t.synced, t.state = false, false, nil
-			c.idle.Remove(idleKey{typeURL: typeURL, wildcard: true})
-			changed = true
-		}
-		for n, e := range t.entries {
-			if e.wanted && len(e.watchers) == 0 && now.Sub(e.idle) >= c.retention {
-				e.wanted = false
-				c.idle.Remove(idleKey{typeURL: typeURL, name: n})
-				changed = true
-			}
-			if !e.wanted && len(e.watchers) == 0 && !t.wantWildcard && (e.res == nil || !t.aliasWantedLocked(e.res)) {
-				c.deleteLocked(t, typeURL, n)
-			}
-		}
-		if t.wantWildcard || len(t.entries) > 0 {
-			empty = false
-		} else if len(t.wildcard) == 0 {
-			delete(c.types, typeURL)
-		}
-	}
-	if changed {
-		c.signalInterest()
-	}
-	return empty
 }

@@ -37,7 +37,7 @@ func filledCache(b *testing.B, n, size int) *Cache {
 		rs[i] = benchResource(names[i], "v0", size)
 	}
 	c.Watch(w, benchType, names...)
-	c.Update(benchType, rs, nil)
+	c.Apply(benchType, Change{Upserts: rs})
 	c.Release(w)
 	if c.Len() != n {
 		b.Fatalf("cache holds %d resources, want %d", c.Len(), n)
@@ -73,7 +73,7 @@ func BenchmarkUpdateAmong100k(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; b.Loop(); i++ {
-				c.Update(benchType, versions[i%2], nil)
+				c.Apply(benchType, Change{Upserts: versions[i%2]})
 				if i%1024 == 0 {
 					w.Take() // keep the watch's dirty set as a stream would
 				}
@@ -95,7 +95,7 @@ func BenchmarkStateAfterUpdateAmong100k(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
-		c.Update(benchType, versions[i%2], nil)
+		c.Apply(benchType, Change{Upserts: versions[i%2]})
 		if st := c.State(benchType); len(st.Resources) != 100_000 {
 			b.Fatalf("state holds %d resources", len(st.Resources))
 		}
@@ -125,12 +125,12 @@ func BenchmarkUpdateNotify(b *testing.B) {
 					}
 				}
 				versions := alternate("cla-0", 8<<10)
-				c.Update(benchType, []*Resource{benchResource("cla-0", "v0", 8<<10)}, nil)
+				c.Apply(benchType, Change{Upserts: []*Resource{benchResource("cla-0", "v0", 8<<10)}})
 				drain(ws)
 				b.ReportAllocs()
 				b.ResetTimer()
 				for i := 0; b.Loop(); i++ {
-					c.Update(benchType, versions[i%2], nil)
+					c.Apply(benchType, Change{Upserts: versions[i%2]})
 					b.StopTimer()
 					drain(ws)
 					b.StartTimer()

@@ -46,7 +46,7 @@ func TestWatchersAreMarkedForWhatTheyWatch(t *testing.T) {
 	c.Watch(a, eds, "x")
 	c.Watch(b, eds, "y")
 	c.WatchWildcard(wc, eds)
-	c.Update(eds, []*Resource{res("x", "1")}, nil)
+	c.Apply(eds, Change{Upserts: []*Resource{res("x", "1")}})
 
 	if got := taken(a); !slices.Equal(got[eds], []string{"x"}) {
 		t.Errorf("watcher of x: %v", got)
@@ -58,11 +58,11 @@ func TestWatchersAreMarkedForWhatTheyWatch(t *testing.T) {
 		t.Errorf("wildcard watcher: %v", got)
 	}
 	// The same version again is not a change.
-	c.Update(eds, []*Resource{res("x", "1")}, nil)
+	c.Apply(eds, Change{Upserts: []*Resource{res("x", "1")}})
 	if got := taken(a); len(got) != 0 {
 		t.Errorf("an unchanged resource marked its watcher: %v", got)
 	}
-	c.Update(eds, nil, []string{"x"})
+	c.Apply(eds, Change{Removed: []string{"x"}})
 	if got := c.Get(eds, []string{"x"}); got[0].Resource != nil || !got[0].Absent {
 		t.Errorf("after removal: %+v", got[0])
 	}
@@ -80,7 +80,7 @@ func TestUnionOfInterestsAndRetention(t *testing.T) {
 	if got := interest(c).Names; !slices.Equal(got, []string{"x", "y", "z"}) {
 		t.Fatalf("union: %v", got)
 	}
-	c.Update(eds, []*Resource{res("x", "1")}, nil)
+	c.Apply(eds, Change{Upserts: []*Resource{res("x", "1")}})
 
 	c.Release(a)
 	if signalled(c) {
@@ -123,8 +123,7 @@ func TestWildcardRetention(t *testing.T) {
 	if !interest(c).Wildcard {
 		t.Fatal("wildcard not in the interest")
 	}
-	c.Update(eds, []*Resource{res("x", "1"), res("y", "1")}, nil)
-	c.MarkSynced(eds)
+	c.Apply(eds, Change{Upserts: []*Resource{res("x", "1"), res("y", "1")}, Synced: true})
 	if all, synced := c.All(eds); len(all) != 2 || !synced {
 		t.Fatalf("All: %d resources, synced %v", len(all), synced)
 	}
@@ -141,7 +140,7 @@ func TestWildcardRetention(t *testing.T) {
 
 func TestUpdateIgnoresUnwantedResources(t *testing.T) {
 	c := New(Options{Retention: time.Minute})
-	c.Update(eds, []*Resource{res("x", "1")}, nil)
+	c.Apply(eds, Change{Upserts: []*Resource{res("x", "1")}})
 	if got := c.Get(eds, []string{"x"}); got[0].Resource != nil {
 		t.Fatal("a resource nobody wants was cached")
 	}
@@ -173,14 +172,14 @@ func TestMaxResourcesEvictsIdleLRU(t *testing.T) {
 	a, b := NewWatch(), NewWatch()
 	c.Watch(a, eds, "x", "y")
 	c.Watch(b, eds, "z")
-	c.Update(eds, []*Resource{res("x", "1"), res("y", "1"), res("z", "1")}, nil)
+	c.Apply(eds, Change{Upserts: []*Resource{res("x", "1"), res("y", "1"), res("z", "1")}})
 	if c.Len() != 3 || c.Evictions() != 0 {
 		t.Fatalf("watched resources were evicted: len %d, evictions %d", c.Len(), c.Evictions())
 	}
 	signalled(c)
 	c.Unwatch(a, eds, "x")
 	c.Unwatch(a, eds, "y")
-	c.Update(eds, []*Resource{res("z", "2")}, nil) // any update applies the bound
+	c.Apply(eds, Change{Upserts: []*Resource{res("z", "2")}}) // any update applies the bound
 	if got := interest(c).Names; !slices.Equal(got, []string{"y", "z"}) {
 		t.Fatalf("after eviction the interest is %v, want [y z] (x was idle longest)", got)
 	}
@@ -191,12 +190,12 @@ func TestMaxResourcesEvictsIdleLRU(t *testing.T) {
 	// candidate.
 	c.Watch(a, eds, "y")
 	c.Watch(a, eds, "w")
-	c.Update(eds, []*Resource{res("w", "1")}, nil)
+	c.Apply(eds, Change{Upserts: []*Resource{res("w", "1")}})
 	if got := c.Get(eds, []string{"w", "y", "z"}); got[0].Resource == nil || got[1].Resource == nil || got[2].Resource == nil {
 		t.Fatalf("watched resources evicted: %+v", got)
 	}
 	c.Release(b)
-	c.Update(eds, []*Resource{res("w", "2")}, nil)
+	c.Apply(eds, Change{Upserts: []*Resource{res("w", "2")}})
 	if got := c.Get(eds, []string{"z"}); got[0].Resource != nil {
 		t.Fatal("z, idle and over the bound, was kept")
 	}

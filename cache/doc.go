@@ -2,7 +2,7 @@
 // relay has received from upstream, already encoded, and who watches them.
 //
 // A Cache is the meeting point of the two sides of the relay: the upstream
-// client writes resources into it (Update) and reads the union of what the
+// client writes each response into it whole (Apply) and reads the union of what the
 // group wants from it (Interest); downstream streams register what they want
 // (Watch*) and are woken through their Watch when something they watch
 // changes. The cache never calls into either side and never blocks on a

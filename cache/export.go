@@ -56,7 +56,7 @@ func (c *Cache) Generation() uint64 {
 // upstream stream resumes with it.
 func (c *Cache) Import(states []TypeState) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	o := c.beginLocked()
 	now := c.now()
 	for _, ts := range states {
 		t := c.typeLocked(ts.TypeURL)
@@ -64,22 +64,22 @@ func (c *Cache) Import(states []TypeState) {
 			t.wantWildcard, t.synced, t.wildcardIdle = true, ts.Synced, now
 			c.idle.Add(idleKey{typeURL: ts.TypeURL, wildcard: true}, struct{}{})
 		}
-		for _, r := range ts.Resources {
-			e := &entry{wanted: !ts.Wildcard, idle: now}
-			c.setLocked(e, r)
-			t.entries[r.Name] = e
-			if e.wanted {
-				c.idle.Add(idleKey{typeURL: ts.TypeURL, name: r.Name}, struct{}{})
-			}
-		}
 		for _, n := range ts.Absent {
 			t.entries[n] = &entry{absent: true, wanted: true, idle: now}
 			c.idle.Add(idleKey{typeURL: ts.TypeURL, name: n}, struct{}{})
 		}
-		t.version++
-		t.state = nil
+		for _, r := range ts.Resources {
+			if !ts.Wildcard {
+				t.entries[r.Name] = &entry{wanted: true, idle: now}
+				c.idle.Add(idleKey{typeURL: ts.TypeURL, name: r.Name}, struct{}{})
+			}
+			c.putLocked(t, ts.TypeURL, r, o)
+		}
+		o.change(t, ts.TypeURL)
 	}
-	c.seq++
-	c.evictLocked()
+	c.evictLocked(o)
+	c.finishLocked(o)
+	c.mu.Unlock()
 	c.signalInterest()
+	o.wake()
 }

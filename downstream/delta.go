@@ -162,40 +162,31 @@ func (ds *deltaStream) flush() error {
 	return nil
 }
 
-// candidates are the names a flush looks at.
-func (ds *deltaStream) candidates(typeURL string, t *deltaType, dirty map[string]struct{}) (names []string, synced bool) {
+// candidates are the names a flush looks at, and whether it must look at
+// every resource of the type too.
+func (ds *deltaStream) candidates(t *deltaType, dirty, hbs map[string]struct{}) (names []string, all bool) {
 	names = slices.Collect(maps.Keys(t.answer))
 	if t.all {
 		names = append(names, slices.Collect(maps.Keys(t.names))...)
 		names = append(names, slices.Collect(maps.Keys(t.sent))...)
 	}
-	if t.wildcard && t.all {
-		var all []*cache.Resource
-		all, synced = ds.cache.All(typeURL)
-		for _, r := range all {
-			names = append(names, r.Name)
+	for _, set := range []map[string]struct{}{dirty, hbs} {
+		for n := range set {
+			names = append(names, n)
 		}
-	} else if t.wildcard {
-		// Only what changed: no walk of the whole type per change.
-		synced = ds.cache.Synced(typeURL)
 	}
-	for n := range dirty {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	return slices.Compact(names), synced
+	// A wildcard looks only at what changed, not the whole type per change.
+	return names, t.wildcard && t.all
 }
 
 func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[string]struct{}) error {
-	names, synced := ds.candidates(typeURL, t, dirty)
-	for n := range hbs {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	names = slices.Compact(names)
+	// One read: the response is one upstream version, never part of one.
+	names, all := ds.candidates(t, dirty, hbs)
+	v := ds.cache.Read(typeURL, names, all)
+	synced := v.Synced
 	var out [][]byte
 	var removed []string
-	for _, l := range ds.cache.Get(typeURL, names) {
+	for _, l := range v.Lookups {
 		_, named := t.names[l.Name]
 		_, mustAnswer := t.answer[l.Name]
 		have, had := t.sent[l.Name]
@@ -249,7 +240,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[st
 	}
 	t.responded = true
 	nonce := ds.nonces.next()
-	msg := xds.DeltaFields(ds.cache.Version(typeURL), typeURL, nonce, out, removed)
+	msg := xds.DeltaFields(v.Version, typeURL, nonce, out, removed)
 	if err := ds.send(msg); err != nil {
 		return err
 	}

@@ -83,8 +83,7 @@ func fill(b *testing.B, c *cache.Cache, typeURL, prefix string, k, payload int) 
 	for i := range k {
 		rs = append(rs, encoded(b, typeURL, prefix+strconv.Itoa(i), "v0", payload))
 	}
-	c.Update(typeURL, rs, nil)
-	c.MarkSynced(typeURL)
+	c.Apply(typeURL, cache.Change{Upserts: rs, Synced: true})
 	c.Release(w)
 }
 
@@ -115,7 +114,7 @@ func BenchmarkDeltaFlush(b *testing.B) {
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
 				b.StopTimer()
-				c.Update(typeURL, []*cache.Resource{versions[i%2]}, nil)
+				c.Apply(typeURL, cache.Change{Upserts: []*cache.Resource{versions[i%2]}})
 				b.StartTimer()
 				for _, ds := range streams {
 					<-ds.watch.Ready()
@@ -168,7 +167,7 @@ func BenchmarkSotWFlush(b *testing.B) {
 				b.ReportAllocs()
 				for i := 0; b.Loop(); i++ {
 					b.StopTimer()
-					c.Update(tc.typeURL, []*cache.Resource{versions[i%2]}, nil)
+					c.Apply(tc.typeURL, cache.Change{Upserts: []*cache.Resource{versions[i%2]}})
 					b.StartTimer()
 					for _, ss := range streams {
 						<-ss.watch.Ready()

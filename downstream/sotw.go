@@ -160,22 +160,15 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs map[string]stru
 		return ss.flushWildcard(typeURL, t)
 	}
 	t.materialize()
-	var want []cache.Lookup
-	ready := t.responded
+	// One read: the response is one upstream version, never part of one.
+	v := ss.cache.Read(typeURL, slices.Collect(maps.Keys(t.names)), t.wildcard)
+	want := slices.DeleteFunc(v.Lookups, func(l cache.Lookup) bool { return l.Resource == nil })
+	// A wildcard's full state waits for upstream's complete state.
+	ready := v.Synced || len(want) > 0
 	if t.wildcard {
-		all, synced := ss.cache.All(typeURL)
-		want = ss.cache.Get(typeURL, names(all))
-		ready = ready || synced
-	} else {
-		for _, l := range ss.cache.Get(typeURL, slices.Sorted(maps.Keys(t.names))) {
-			if l.Resource != nil {
-				want = append(want, l)
-			}
-			ready = ready || l.Resource != nil
-		}
+		ready = v.Synced
 	}
-	want = slices.DeleteFunc(want, func(l cache.Lookup) bool { return l.Resource == nil })
-	if !ready {
+	if !t.responded && !ready {
 		return nil
 	}
 	changed := !t.responded || len(want) != len(t.sent)
@@ -197,7 +190,7 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs map[string]stru
 		_, hb := hbs[l.Name]
 		fields = append(fields, ss.field(l, hb && !changed))
 	}
-	return ss.respond(typeURL, t, fields)
+	return ss.respond(typeURL, v.Version, t, fields)
 }
 
 // field is how this client is sent a resource: wrapped in a Resource with
@@ -211,14 +204,6 @@ func (ss *sotwStream) field(l cache.Lookup, heartbeat bool) []byte {
 		return l.Resource.SotWWrapped
 	}
 	return l.Resource.Any
-}
-
-func names(rs []*cache.Resource) []string {
-	out := make([]string, len(rs))
-	for i, r := range rs {
-		out[i] = r.Name
-	}
-	return out
 }
 
 // flushWildcard is flushFull for a wildcard-only subscription, the common
@@ -258,16 +243,10 @@ func (t *sotwType) materialize() {
 // whose version differs from what the client was sent.
 func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs map[string]struct{}) error {
 	var names []string
+	all := false
 	if t.all {
 		names = slices.Collect(maps.Keys(t.names))
-		t.all = false
-		if t.wildcard {
-			all, synced := ss.cache.All(typeURL)
-			for _, r := range all {
-				names = append(names, r.Name)
-			}
-			t.all = !synced
-		}
+		all, t.all = t.wildcard, false
 	}
 	for _, set := range []map[string]struct{}{dirty, hbs} {
 		for n := range set {
@@ -276,10 +255,11 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs map[s
 			}
 		}
 	}
-	slices.Sort(names)
-	names = slices.Compact(names)
+	// One read: the response is one upstream version, never part of one.
+	v := ss.cache.Read(typeURL, names, all)
+	t.all = all && !v.Synced
 	var out [][]byte
-	for _, l := range ss.cache.Get(typeURL, names) {
+	for _, l := range v.Lookups {
 		_, hb := hbs[l.Name]
 		switch {
 		case l.Resource != nil && t.sent[l.Name] != l.Resource.Version:
@@ -301,13 +281,13 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs map[s
 	if len(out) == 0 {
 		return nil
 	}
-	return ss.respond(typeURL, t, out)
+	return ss.respond(typeURL, v.Version, t, out)
 }
 
-func (ss *sotwStream) respond(typeURL string, t *sotwType, fields [][]byte) error {
+func (ss *sotwStream) respond(typeURL string, version uint64, t *sotwType, fields [][]byte) error {
 	t.nonce = ss.nonces.next()
 	t.responded = true
-	msg := xds.SotWFields(ss.cache.Version(typeURL), typeURL, t.nonce, fields)
+	msg := xds.SotWFields(version, typeURL, t.nonce, fields)
 	if err := ss.send(msg); err != nil {
 		return err
 	}

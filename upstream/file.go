@@ -169,10 +169,7 @@ func (f *File) apply(c *cache.Cache) {
 				removed = append(removed, n)
 			}
 		}
-		c.Update(typeURL, ups, removed)
-		if in.Wildcard {
-			c.MarkSynced(typeURL)
-		}
+		c.Apply(typeURL, cache.Change{Upserts: ups, Removed: removed, Synced: in.Wildcard})
 	}
 }
 

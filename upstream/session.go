@@ -156,23 +156,17 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 		upserts = append(upserts, enc)
 	}
 	if xds.Known(typeURL) {
-		s.c.opts.Cache.Update(typeURL, upserts, r.GetRemovedResources())
-		if len(heartbeats) > 0 {
-			s.c.opts.Cache.Heartbeat(typeURL, heartbeats)
-		}
-		if re := r.GetResourceErrors(); len(re) > 0 {
-			var errs []*cache.ResourceError
-			for _, e := range re {
-				if enc, err := xds.EncodeError(e); err == nil {
-					errs = append(errs, enc)
-				}
+		ch := cache.Change{Upserts: upserts, Removed: r.GetRemovedResources(), Heartbeats: heartbeats}
+		for _, e := range r.GetResourceErrors() {
+			if enc, err := xds.EncodeError(e); err == nil {
+				ch.Errors = append(ch.Errors, enc)
 			}
-			s.c.opts.Cache.Errors(typeURL, errs)
 		}
 		if sub := s.subs[typeURL]; sub != nil && sub.awaitingWildcard {
-			sub.awaitingWildcard = false
-			s.c.opts.Cache.MarkSynced(typeURL)
+			// The first response to a wildcard subscribe is the complete state.
+			sub.awaitingWildcard, ch.Synced = false, true
 		}
+		s.c.opts.Cache.Apply(typeURL, ch)
 	} else {
 		problems = append(problems, fmt.Sprintf("unknown resource type %q", typeURL))
 	}

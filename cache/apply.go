@@ -1,0 +1,367 @@
+package cache
+
+import (
+	"slices"
+	"time"
+)
+
+// Change is one upstream response for one type, applied whole by Apply.
+type Change struct {
+	// Upserts replace or add resources; a resource nobody asked for (an
+	// unsubscribe in flight) is ignored.
+	Upserts []*Resource
+	// Removed are names upstream says do not exist (or no longer do).
+	Removed []string
+	// Heartbeats refresh the TTL of the present version of a resource
+	// without changing it ("TTL").
+	Heartbeats []*Heartbeat
+	// Errors are upstream's errors for single resources, passed on to the
+	// clients that watch them.
+	Errors []*ResourceError
+	// Synced is set when the response answers the wildcard subscription: the
+	// type's resources are from now on the complete state of the world.
+	Synced bool
+}
+
+// Apply applies one upstream response for typeURL under one lock: readers
+// see all of it or none of it, and it makes at most one new version of the
+// type. Watchers of what changed, and wildcard watchers of the type, are
+// marked once the lock is released.
+func (c *Cache) Apply(typeURL string, ch Change) {
+	c.mu.Lock()
+	o := c.beginLocked()
+	t := c.typeLocked(typeURL)
+	for _, r := range ch.Upserts {
+		c.putLocked(t, typeURL, r, o)
+	}
+	for _, n := range ch.Removed {
+		e := t.entries[n]
+		if e == nil || e.absent {
+			continue
+		}
+		// Only the wildcard held it: forget it entirely.
+		forget := !e.wanted && e.res != nil && t.wantWildcard
+		c.removeLocked(t, typeURL, n, forget, o)
+	}
+	c.beatLocked(t, typeURL, ch.Heartbeats, o)
+	c.errorsLocked(t, typeURL, ch.Errors, o)
+	if ch.Synced && t.wantWildcard && !t.synced {
+		t.synced = true
+		o.change(t, typeURL)
+	}
+	if c.evictLocked(o) {
+		c.signalInterest()
+	}
+	c.finishLocked(o)
+	c.mu.Unlock()
+	o.wake()
+}
+
+// op is one change of the cache, made under its lock: each type it touches
+// gets one new version, and the watchers to wake are collected to be woken
+// once the lock is released.
+type op struct {
+	seq     uint64 // set by finishLocked
+	changed map[string][]string            // type → changed names, also for wildcard watchers
+	touched map[string]*typeState          // type → its state, to bump once
+	names   map[string]map[*Watch][]string // type → watcher → names
+	beats   map[string]map[*Watch][]string // type → watcher → heartbeats
+}
+
+func (c *Cache) beginLocked() *op { return &op{} }
+
+// change records that names of a type changed (none: the type's state did).
+func (o *op) change(t *typeState, typeURL string, names ...string) {
+	if o.touched == nil {
+		o.touched, o.changed = make(map[string]*typeState), make(map[string][]string)
+	}
+	o.touched[typeURL] = t
+	o.changed[typeURL] = append(o.changed[typeURL], names...)
+}
+
+func (o *op) mark(set *map[string]map[*Watch][]string, typeURL string, w *Watch, names []string) {
+	if *set == nil {
+		*set = make(map[string]map[*Watch][]string)
+	}
+	byW := (*set)[typeURL]
+	if byW == nil {
+		byW = make(map[*Watch][]string)
+		(*set)[typeURL] = byW
+	}
+	if prev, ok := byW[w]; ok {
+		byW[w] = append(slices.Clip(prev), names...)
+	} else {
+		byW[w] = slices.Clip(names) // may be shared: never appended to in place
+	}
+}
+
+// markWatchers marks every watcher of e with name.
+func (o *op) markWatchers(e *entry, typeURL, name string) {
+	for w := range e.watchers {
+		o.mark(&o.names, typeURL, w, []string{name})
+	}
+}
+
+// finishLocked gives each touched type its one new version, drops its
+// shared state, and marks its wildcard watchers with what changed. The
+// cache's sequence number (its generation, and the order of changes for
+// watchers) moves only if something did.
+func (c *Cache) finishLocked(o *op) {
+	if len(o.touched) > 0 || len(o.names) > 0 || len(o.beats) > 0 {
+		c.seq++
+		o.seq = c.seq
+	}
+	for typeURL, t := range o.touched {
+		t.version++
+		t.state = nil
+		names := o.changed[typeURL]
+		for w := range t.wildcard {
+			o.mark(&o.names, typeURL, w, names)
+		}
+	}
+}
+
+// wake marks the collected watchers; called without the lock.
+func (o *op) wake() {
+	for typeURL, byW := range o.names {
+		for w, names := range byW {
+			w.Mark(typeURL, o.seq, names...)
+		}
+	}
+	for typeURL, byW := range o.beats {
+		for w, names := range byW {
+			w.MarkHeartbeat(typeURL, o.seq, names...)
+		}
+	}
+}
+
+// setLocked sets e's resource, keeping the count of present resources.
+func (c *Cache) setLocked(e *entry, r *Resource) {
+	switch {
+	case e.res == nil && r != nil:
+		c.size++
+	case e.res != nil && r == nil:
+		c.size--
+	}
+	e.res = r
+}
+
+// putLocked stores r if someone wants it and it differs from what is held.
+func (c *Cache) putLocked(t *typeState, typeURL string, r *Resource, o *op) {
+	e := t.entries[r.Name]
+	if e == nil {
+		if !t.wantWildcard && !t.aliasWantedLocked(r) {
+			return // nobody asked for it (an unsubscribe in flight)
+		}
+		e = &entry{}
+		t.entries[r.Name] = e
+	}
+	c.aliasLocked(t, typeURL, r, o)
+	if e.res != nil && e.res.Version == r.Version && string(e.res.Wire) == string(r.Wire) {
+		return
+	}
+	c.setLocked(e, r)
+	e.absent, e.hb, e.expires, e.err = false, nil, time.Time{}, nil
+	if r.TTL > 0 {
+		e.expires = c.now().Add(r.TTL)
+	}
+	o.change(t, typeURL, r.Name)
+	o.markWatchers(e, typeURL, r.Name)
+}
+
+// aliasLocked records r's aliases ("Resource names": VHDS resources may be
+// known by an alias; who watches the alias watches the resource) and marks
+// those who watch them.
+func (c *Cache) aliasLocked(t *typeState, typeURL string, r *Resource, o *op) {
+	for _, a := range r.Aliases {
+		if t.aliases == nil {
+			t.aliases = make(map[string]string)
+		}
+		t.aliases[a] = r.Name
+		if ae := t.entries[a]; ae != nil && a != r.Name {
+			o.markWatchers(ae, typeURL, a)
+		}
+	}
+}
+
+// removeLocked is the one way a resource goes: removed upstream, expired,
+// evicted or swept. It drops the resource with its heartbeat, error and
+// aliases, and marks who watched it or an alias. The entry stays, marked
+// absent, unless forget.
+func (c *Cache) removeLocked(t *typeState, typeURL, name string, forget bool, o *op) {
+	e := t.entries[name]
+	if e == nil {
+		return
+	}
+	visible := e.res != nil || (!forget && !e.absent)
+	c.setLocked(e, nil)
+	e.hb, e.err, e.expires = nil, nil, time.Time{}
+	for a, target := range t.aliases {
+		if target != name {
+			continue
+		}
+		delete(t.aliases, a)
+		if ae := t.entries[a]; ae != nil {
+			o.markWatchers(ae, typeURL, a)
+		}
+	}
+	if forget {
+		delete(t.entries, name)
+		c.idle.Remove(idleKey{typeURL: typeURL, name: name})
+	} else {
+		e.absent = true
+	}
+	if visible {
+		o.change(t, typeURL, name)
+		o.markWatchers(e, typeURL, name)
+	}
+}
+
+// beatLocked applies heartbeats: each refreshes the TTL of the resource it
+// names if that is still the present version ("TTL": a heartbeat is not an
+// update), and marks the resource's watchers so that they can pass it on.
+func (c *Cache) beatLocked(t *typeState, typeURL string, hbs []*Heartbeat, o *op) {
+	var beaten []string
+	for _, hb := range hbs {
+		e := t.entries[hb.Name]
+		if e == nil || e.res == nil || e.res.Version != hb.Version {
+			continue
+		}
+		e.hb = hb
+		e.expires = time.Time{}
+		if hb.TTL > 0 {
+			e.expires = c.now().Add(hb.TTL)
+		}
+		beaten = append(beaten, hb.Name)
+		for w := range e.watchers {
+			o.mark(&o.beats, typeURL, w, []string{hb.Name})
+		}
+	}
+	if len(beaten) > 0 {
+		for w := range t.wildcard {
+			o.mark(&o.beats, typeURL, w, beaten)
+		}
+	}
+}
+
+// errorsLocked records upstream's per-resource errors, so that they are
+// passed on to the watchers of those names.
+func (c *Cache) errorsLocked(t *typeState, typeURL string, errs []*ResourceError, o *op) {
+	for _, re := range errs {
+		e := t.entries[re.Name]
+		if e == nil {
+			continue // nobody here asked for it
+		}
+		e.err = re
+		o.change(t, typeURL, re.Name)
+		o.markWatchers(e, typeURL, re.Name)
+	}
+}
+
+// evictLocked drops the least recently used things nobody watches until the
+// cache is within its bound. It reports whether the interest changed.
+func (c *Cache) evictLocked(o *op) bool {
+	changed := false
+	for c.max > 0 && c.size > c.max {
+		k, _, ok := c.idle.RemoveOldest()
+		if !ok {
+			break // everything left is watched
+		}
+		t := c.types[k.typeURL]
+		if t == nil {
+			continue
+		}
+		if k.wildcard {
+			c.dropWildcardLocked(t, k.typeURL, o)
+			for n, e := range t.entries {
+				if !e.wanted && len(e.watchers) == 0 {
+					c.removeLocked(t, k.typeURL, n, true, o)
+				}
+			}
+		} else if e := t.entries[k.name]; e != nil && len(e.watchers) == 0 {
+			e.wanted = false
+			if !t.wantWildcard || e.res == nil {
+				c.removeLocked(t, k.typeURL, k.name, true, o)
+			}
+		}
+		c.evictions++
+		changed = true
+	}
+	return changed
+}
+
+// dropWildcardLocked ends the wildcard's part in the interest: the type's
+// resources are no longer known to be the complete state.
+func (c *Cache) dropWildcardLocked(t *typeState, typeURL string, o *op) {
+	t.wantWildcard, t.synced = false, false
+	c.idle.Remove(idleKey{typeURL: typeURL, wildcard: true})
+	o.change(t, typeURL)
+}
+
+// aliasWantedLocked reports whether someone wants r by one of its aliases.
+func (t *typeState) aliasWantedLocked(r *Resource) bool {
+	for _, a := range r.Aliases {
+		if e := t.entries[a]; e != nil && e.wanted {
+			return true
+		}
+	}
+	return false
+}
+
+// Sweep removes resources whose TTL ran out, and ends the retention of
+// names and wildcards nobody has watched for the retention period, dropping
+// their resources. It reports whether the cache is now empty of interest
+// (nothing watched, nothing retained).
+func (c *Cache) Sweep() (empty bool) {
+	c.mu.Lock()
+	o := c.beginLocked()
+	now := c.now()
+	changed := false
+	empty = true
+	for typeURL, t := range c.types {
+		c.expireLocked(t, typeURL, now, o)
+		changed = c.retireLocked(t, typeURL, now, o) || changed
+		if t.wantWildcard || len(t.entries) > 0 {
+			empty = false
+		} else if len(t.wildcard) == 0 {
+			delete(c.types, typeURL)
+		}
+	}
+	if changed {
+		c.signalInterest()
+	}
+	c.finishLocked(o)
+	c.mu.Unlock()
+	o.wake()
+	return empty
+}
+
+// expireLocked removes the resources whose TTL ran out without a heartbeat,
+// as if upstream had removed them ("TTL").
+func (c *Cache) expireLocked(t *typeState, typeURL string, now time.Time, o *op) {
+	for n, e := range t.entries {
+		if e.res != nil && !e.expires.IsZero() && now.After(e.expires) {
+			c.removeLocked(t, typeURL, n, false, o)
+		}
+	}
+}
+
+// retireLocked ends retention periods that ran out and drops what nobody
+// wants any more. It reports whether the interest changed.
+func (c *Cache) retireLocked(t *typeState, typeURL string, now time.Time, o *op) (changed bool) {
+	if t.wantWildcard && len(t.wildcard) == 0 && now.Sub(t.wildcardIdle) >= c.retention {
+		c.dropWildcardLocked(t, typeURL, o)
+		changed = true
+	}
+	for n, e := range t.entries {
+		if e.wanted && len(e.watchers) == 0 && now.Sub(e.idle) >= c.retention {
+			e.wanted = false
+			c.idle.Remove(idleKey{typeURL: typeURL, name: n})
+			changed = true
+		}
+		if !e.wanted && len(e.watchers) == 0 && !t.wantWildcard && (e.res == nil || !t.aliasWantedLocked(e.res)) {
+			c.removeLocked(t, typeURL, n, true, o)
+		}
+	}
+	return changed
+}

@@ -1,0 +1,165 @@
+package cache
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Readers racing one writer only ever see whole upstream responses: every
+// response sets all names to one version and errors one of them, and every
+// view holds one version of all of them with that version's error.
+func TestReadersSeeWholeResponses(t *testing.T) {
+	const names = 50
+	c := New(Options{Retention: time.Minute})
+	w := NewWatch()
+	c.WatchWildcard(w, eds)
+	response := func(k int) Change {
+		v := strconv.Itoa(k)
+		ch := Change{Synced: true}
+		for i := range names {
+			ch.Upserts = append(ch.Upserts, res(fmt.Sprintf("r%02d", i), v))
+		}
+		// Every other response also removes the last name and errors the first.
+		if k%2 == 1 {
+			ch.Upserts = ch.Upserts[:names-1]
+			ch.Removed = []string{fmt.Sprintf("r%02d", names-1)}
+			ch.Errors = []*ResourceError{{Name: "r00", Delta: []byte(v), SotW: []byte(v)}}
+		}
+		return ch
+	}
+	c.Apply(eds, response(0))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Go(func() {
+			var last uint64
+			for ctx.Err() == nil {
+				if err := checkWhole(c.Read(eds, []string{"r00"}, true), names, &last); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	for k := 1; k <= 2000 && ctx.Err() == nil; k++ {
+		c.Apply(eds, response(k))
+	}
+	cancel()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+func checkWhole(v View, names int, last *uint64) error {
+	if v.Version < *last {
+		return fmt.Errorf("version went back from %d to %d", *last, v.Version)
+	}
+	*last = v.Version
+	var version string
+	present := 0
+	for _, l := range v.Lookups {
+		if l.Resource == nil {
+			continue
+		}
+		present++
+		if version == "" {
+			version = l.Resource.Version
+		} else if l.Resource.Version != version {
+			return fmt.Errorf("view at %d mixes versions %s and %s", v.Version, version, l.Resource.Version)
+		}
+	}
+	k, _ := strconv.Atoi(version)
+	odd := k%2 == 1
+	switch {
+	case odd && present != names-1, !odd && present != names:
+		return fmt.Errorf("view of response %s holds %d resources", version, present)
+	case odd && (v.Lookups[0].Error == nil || string(v.Lookups[0].Error.Delta) != version):
+		return fmt.Errorf("view of response %s lacks its error: %+v", version, v.Lookups[0].Error)
+	case !odd && v.Lookups[0].Error != nil:
+		return fmt.Errorf("view of response %s has a stale error %s", version, v.Lookups[0].Error.Delta)
+	}
+	return nil
+}
+
+// One upstream response is one new version and one mark per watcher,
+// however much it holds.
+func TestApplyIsOneVersion(t *testing.T) {
+	c := New(Options{Retention: time.Minute})
+	a, wc := NewWatch(), NewWatch()
+	c.Watch(a, eds, "x", "y")
+	c.WatchWildcard(wc, eds)
+	before := c.Version(eds)
+	c.Apply(eds, Change{
+		Upserts:    []*Resource{res("x", "1"), res("y", "1")},
+		Removed:    []string{"z"},
+		Heartbeats: []*Heartbeat{{Name: "x", Version: "1"}},
+		Errors:     []*ResourceError{{Name: "y"}},
+		Synced:     true,
+	})
+	if got := c.Version(eds) - before; got != 1 {
+		t.Errorf("one response made %d versions", got)
+	}
+	d := a.Take()[eds]
+	if d == nil || len(d.Names) != 2 || len(d.Heartbeats) != 1 {
+		t.Errorf("watcher of x and y: %+v", d)
+	}
+	if !c.Read(eds, nil, false).Synced {
+		t.Error("not synced after a response that answered the wildcard")
+	}
+	// Nothing new: no new version, no generation change.
+	gen := c.Generation()
+	c.Apply(eds, Change{Upserts: []*Resource{res("x", "1")}})
+	if c.Version(eds) != before+1 || c.Generation() != gen {
+		t.Errorf("an unchanged response moved the version or the generation")
+	}
+}
+
+// Expiry, upstream removal, eviction and sweeping go one way: each drops
+// the resource's aliases, error and heartbeat with it.
+func TestRemovalDropsAliasesAndErrors(t *testing.T) {
+	const vhds = "type.googleapis.com/envoy.config.route.v3.VirtualHost"
+	clk := &clock{t: time.Unix(1000, 0)}
+	c := New(Options{Retention: time.Minute, Now: clk.now})
+	w := NewWatch()
+	c.Watch(w, vhds, "vh", "alias")
+	r := res("vh", "1")
+	r.Aliases, r.TTL = []string{"alias"}, time.Second
+	c.Apply(vhds, Change{Upserts: []*Resource{r}, Errors: []*ResourceError{{Name: "vh"}}})
+	if l := c.Get(vhds, []string{"alias"})[0]; l.Resource != r {
+		t.Fatalf("alias does not resolve: %+v", l)
+	}
+	w.Take()
+	clk.t = clk.t.Add(2 * time.Second) // the TTL runs out
+	c.Sweep()
+	l := c.Get(vhds, []string{"vh", "alias"})
+	if l[0].Resource != nil || !l[0].Absent || l[0].Error != nil {
+		t.Errorf("expired resource: %+v", l[0])
+	}
+	if l[1].Resource != nil {
+		t.Errorf("alias still resolves after expiry: %+v", l[1])
+	}
+	if d := w.Take()[vhds]; d == nil || len(d.Names) != 2 {
+		t.Errorf("watchers of the name and the alias were not both marked: %+v", d)
+	}
+}
+
+// A restored cache resolves aliases as the live one did.
+func TestImportRestoresAliases(t *testing.T) {
+	const vhds = "type.googleapis.com/envoy.config.route.v3.VirtualHost"
+	r := res("vh", "1")
+	r.Aliases = []string{"alias"}
+	c := New(Options{Retention: time.Minute})
+	c.Import([]TypeState{{TypeURL: vhds, Resources: []*Resource{r}}})
+	if l := c.Get(vhds, []string{"alias"})[0]; l.Resource != r {
+		t.Fatalf("alias of a restored resource: %+v", l)
+	}
+}
