@@ -61,7 +61,7 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 // gets one new version, and the watchers to wake are collected to be woken
 // once the lock is released.
 type op struct {
-	seq     uint64 // set by finishLocked
+	seq     uint64                         // set by finishLocked
 	changed map[string][]string            // type → changed names, also for wildcard watchers
 	touched map[string]*typeState          // type → its state, to bump once
 	names   map[string]map[*Watch][]string // type → watcher → names
