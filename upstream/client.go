@@ -44,6 +44,9 @@ type Options struct {
 	Metrics *Metrics                 // required
 	Logger  *slog.Logger             // slog.Default() if nil
 	Backoff backoff.Config           // backoff.DefaultConfig if zero
+	// NotFoundTimeout is how long a subscribed name may go unanswered
+	// before it is taken not to exist; 0 disables the timer.
+	NotFoundTimeout time.Duration
 }
 
 // Client is one group's upstream: a delta-ADS stream, re-established with
@@ -155,26 +158,8 @@ func (c *Client) session(ctx context.Context) (healthy bool, err error) {
 		return false, fmt.Errorf("upstream: open stream: %w", err)
 	}
 	s := &session{c: c, st: st, subs: make(map[string]*subscription)}
-	resps := make(chan *discoverypb.DeltaDiscoveryResponse)
-	errc := make(chan error, 1)
-	done := make(chan struct{})
-	defer func() { cancel(); <-done }() // cancelling the stream ends Recv
-	go func() {
-		defer close(done)
-		defer close(resps)
-		for {
-			r, err := st.Recv()
-			if err != nil {
-				errc <- err
-				return
-			}
-			select {
-			case resps <- r:
-			case <-ctx.Done():
-				return
-			}
-		}
-	}()
+	resps, errc := receive(ctx, st)
+	defer func() { cancel(); <-errc }() // cancelling the stream ends Recv
 	if err := s.sync(); err != nil {
 		return false, err
 	}
@@ -200,4 +185,34 @@ func (c *Client) session(ctx context.Context) (healthy bool, err error) {
 			return healthy, ctx.Err()
 		}
 	}
+}
+
+// receive turns the stream's Recv into a channel of responses, closed when
+// receiving ends. Why it ended is then written to errc on every path (a
+// Recv error, or the context's end) and errc is closed, so that every wait
+// on errc is answered, the first with the error.
+func receive(ctx context.Context, st grpc.BidiStreamingClient[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]) (<-chan *discoverypb.DeltaDiscoveryResponse, <-chan error) {
+	resps := make(chan *discoverypb.DeltaDiscoveryResponse)
+	errc := make(chan error, 1)
+	go func() {
+		var err error
+		defer func() {
+			close(resps)
+			errc <- err
+			close(errc)
+		}()
+		for {
+			var r *discoverypb.DeltaDiscoveryResponse
+			if r, err = st.Recv(); err != nil {
+				return
+			}
+			select {
+			case resps <- r:
+			case <-ctx.Done():
+				err = ctx.Err()
+				return
+			}
+		}
+	}()
+	return resps, errc
 }
