@@ -36,9 +36,8 @@ type Relay struct {
 	upm     *upstream.Metrics
 	down    *downstream.Server
 	grpc    *grpc.Server
-	conn    *grpc.ClientConn // nil when serving files
-	file    *upstream.File   // nil when relaying a control plane
-	ctx     context.Context  // ends the groups' upstreams
+	source  upstream.Source // the control plane, or the resource files
+	ctx     context.Context // ends the groups' upstreams
 	cancel  context.CancelFunc
 	ready   atomic.Bool
 	groupsG *metrics.Value
@@ -46,7 +45,7 @@ type Relay struct {
 	mu     sync.Mutex
 	groups map[string]*group // guarded by mu
 
-	wg       sync.WaitGroup // every goroutine the relay starts
+	wg       sync.WaitGroup // every goroutine the relay starts, the groups' included
 	listener net.Listener
 	admin    *http.Server
 	adminLn  net.Listener
@@ -71,7 +70,6 @@ type group struct {
 	status  func() upstream.Status
 	clients int // guarded by Relay.mu
 	cancel  context.CancelFunc
-	done    chan struct{}
 }
 
 // New validates cfg and prepares a relay; Start runs it.
@@ -99,28 +97,11 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 			r.closeReloaders()
 		}
 	}()
-	if dir, isFile := strings.CutPrefix(cfg.Upstream.Address, FilePrefix); isFile {
-		f, err := upstream.NewFile(dir, logger)
-		if err != nil {
-			return nil, fmt.Errorf("upstream.address: %w", err)
-		}
-		r.file = f
-	} else {
-		var tc credentials.TransportCredentials
-		up, err := upstreamTLS(r.ctx, cfg, logger)
-		if err != nil {
-			return nil, err
-		}
-		if up != nil {
-			tc = up.ClientCredentials()
-			r.reloaders = append(r.reloaders, up)
-		}
-		conn, err := dialUpstream(cfg, tc)
-		if err != nil {
-			return nil, err
-		}
-		r.conn = conn
+	src, err := r.newSource()
+	if err != nil {
+		return nil, err
 	}
+	r.source = src
 	ds, err := downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: logger,
 		PollTimeout: cfg.Downstream.PollTimeout, SendTimeout: cfg.Downstream.SendTimeout})
 	if err != nil {
@@ -160,6 +141,33 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	r.down.Register(r.grpc)
 	ok = true
 	return r, nil
+}
+
+// newSource opens what the configuration names upstream: a directory of
+// resource files, or a control plane.
+func (r *Relay) newSource() (upstream.Source, error) {
+	if dir, isFile := strings.CutPrefix(r.cfg.Upstream.Address, FilePrefix); isFile {
+		f, err := upstream.NewFile(dir, r.log)
+		if err != nil {
+			return nil, fmt.Errorf("upstream.address: %w", err)
+		}
+		return f, nil
+	}
+	var tc credentials.TransportCredentials
+	up, err := upstreamTLS(r.ctx, r.cfg, r.log)
+	if err != nil {
+		return nil, err
+	}
+	if up != nil {
+		tc = up.ClientCredentials()
+		r.reloaders = append(r.reloaders, up)
+	}
+	conn, err := dialUpstream(r.cfg, tc)
+	if err != nil {
+		return nil, err
+	}
+	return upstream.NewADS(upstream.ADSOptions{Conn: conn, Metrics: r.upm, Logger: r.log,
+		Backoff: reconnectBackoff(r.cfg), NotFoundTimeout: r.cfg.Cache.NotFoundTimeout})
 }
 
 // Start listens and serves; it returns once the relay accepts clients.
@@ -203,13 +211,11 @@ func (r *Relay) Start() error {
 			}
 		})
 	}
-	if r.file != nil {
-		r.goRun(func() {
-			if err := r.file.Run(r.ctx); err != nil {
-				r.log.Error("resource files", "error", err)
-			}
-		})
-	}
+	r.goRun(func() {
+		if err := r.source.Run(r.ctx); err != nil {
+			r.log.Error("upstream", "error", err)
+		}
+	})
 	r.goRun(r.sweep)
 	if r.cfg.Cache.PersistDir != "" {
 		r.goRun(func() { r.persist(r.cfg.Cache.PersistInterval) })
@@ -283,16 +289,39 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 			err = errors.Join(err, h.Shutdown(ctx))
 		}
 	}
-	r.cancel() // ends the upstreams, the sweeper and, after a last write, the persister
-	for _, g := range r.snapshotGroups() {
-		<-g.done
+	// Ends the upstreams, the sweeper and, after a last write, the persister.
+	// Under mu, so that no group starts (and joins wg) once it is done.
+	r.mu.Lock()
+	r.cancel()
+	r.mu.Unlock()
+	// They get shutdown_timeout of their own, even if the streams used ctx
+	// up: the last save of the caches matters more than a stuck client.
+	wctx, wcancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout)
+	defer wcancel()
+	if err := waitGroup(wctx, &r.wg); err != nil {
+		// Never wait without bound: what did not end is abandoned.
+		err = fmt.Errorf("relay: shutdown_timeout passed before the upstreams and workers ended: %w", err)
+		r.log.Error("shutdown", "error", err)
+		return errors.Join(err, r.source.Close())
 	}
-	r.wg.Wait()
-	if r.conn != nil {
-		err = errors.Join(err, r.conn.Close())
-	}
+	err = errors.Join(err, r.source.Close())
 	r.closeReloaders()
 	return err
+}
+
+// waitGroup waits for wg until ctx is done.
+func waitGroup(ctx context.Context, wg *sync.WaitGroup) error {
+	done := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 var _ downstream.Groups = (*Relay)(nil)
@@ -334,30 +363,20 @@ func (r *Relay) startGroupLocked(key string, node *corepb.Node, saved []cache.Ty
 		node:   node,
 		cache:  cache.New(cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources}),
 		cancel: cancel,
-		done:   make(chan struct{}),
 	}
 	if saved != nil {
 		g.cache.Import(saved)
 	}
-	var run func()
-	if r.file != nil {
-		run = func() { r.file.Serve(ctx, g.cache) }
-		g.status = r.file.Status
-	} else {
-		up, err := upstream.New(upstream.Options{
-			Conn: r.conn, Node: node, Cache: g.cache, Group: key, Metrics: r.upm, Logger: r.log,
-			Backoff: reconnectBackoff(r.cfg),
-		})
-		if err != nil {
-			cancel()
-			return nil, err
-		}
-		run = func() { up.Run(ctx) }
-		g.status = up.Status
+	feed, err := r.source.Feed(upstream.Group{Key: key, Node: node, Cache: g.cache})
+	if err != nil {
+		cancel()
+		return nil, err
 	}
+	g.status = feed.Status
+	r.wg.Add(1)
 	go func() {
-		defer close(g.done)
-		run()
+		defer r.wg.Done()
+		feed.Run(ctx)
 	}()
 	r.groups[key] = g
 	r.groupsG.Set(int64(len(r.groups)))
@@ -388,8 +407,9 @@ func (r *Relay) sweep() {
 		r.groupsG.Set(int64(len(r.groups)))
 		r.mu.Unlock()
 		for _, g := range ended {
+			// Not waited for: the group's goroutine ends on its own, and
+			// Shutdown waits for it with a bound.
 			g.cancel()
-			<-g.done
 			r.log.Info("group ended", "group", g.key)
 		}
 	}
