@@ -100,7 +100,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 		}
 	}()
 	if dir, isFile := strings.CutPrefix(cfg.Upstream.Address, FilePrefix); isFile {
-		f, err := upstream.NewFile(dir, logger)
+		f, err := upstream.NewFile(dir, logger, r.metrics)
 		if err != nil {
 			return nil, fmt.Errorf("upstream.address: %w", err)
 		}
@@ -442,6 +442,9 @@ func describe(s upstream.Status, resources int) string {
 	age := "no response yet"
 	if !s.LastResponse.IsZero() {
 		age = "last response " + time.Since(s.LastResponse).Round(time.Second).String() + " ago"
+	}
+	if s.Invalid != "" {
+		age += "; " + s.Invalid
 	}
 	return fmt.Sprintf("%s; %d resources cached; %s", state, resources, age)
 }
