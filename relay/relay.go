@@ -147,7 +147,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 // resource files, or a control plane.
 func (r *Relay) newSource() (upstream.Source, error) {
 	if dir, isFile := strings.CutPrefix(r.cfg.Upstream.Address, FilePrefix); isFile {
-		f, err := upstream.NewFile(dir, r.log)
+		f, err := upstream.NewFile(dir, r.log, r.metrics)
 		if err != nil {
 			return nil, fmt.Errorf("upstream.address: %w", err)
 		}
@@ -462,6 +462,9 @@ func describe(s upstream.Status, resources int) string {
 	age := "no response yet"
 	if !s.LastResponse.IsZero() {
 		age = "last response " + time.Since(s.LastResponse).Round(time.Second).String() + " ago"
+	}
+	if s.Invalid != "" {
+		age += "; " + s.Invalid
 	}
 	return fmt.Sprintf("%s; %d resources cached; %s", state, resources, age)
 }

@@ -66,6 +66,7 @@ type Status struct {
 	Connected    bool      // the stream is up and the control plane has answered on it
 	LastResponse time.Time // of the last response received; zero if none yet
 	LastError    string    // why the last stream ended
+	Invalid      string    // what the source holds but does not serve, and why (resource files); empty if nothing
 }
 
 // Status returns the upstream's current status.

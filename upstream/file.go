@@ -17,49 +17,83 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
 // File serves a directory of resource files as if a control plane had sent
 // them. Each .yaml, .yml or .json file holds one resource, a list of them, or
 // (YAML) several documents; a resource is the proto3 JSON form of a
-// google.protobuf.Any ({"@type": "type.googleapis.com/...", ...}). The
-// directory is watched: a change is served to every group, and a change that
-// does not load is reported and ignored, keeping what was served.
+// google.protobuf.Any ({"@type": "type.googleapis.com/...", ...}), checked
+// against its proto's validation rules. The directory is watched: a change is
+// served to every group; a change that does not load is reported and
+// ignored, keeping what was served, and an invalid resource is reported and
+// its last good version kept.
 type File struct {
 	// Read-only after NewFile.
-	dir string
-	log *slog.Logger
+	dir      string
+	log      *slog.Logger
+	invalidG *metrics.Value // resources currently rejected as invalid
 
+	// Guarded by mu.
 	mu        sync.Mutex
 	resources map[string]map[string]*cache.Resource // type → name → resource; replaced whole, never mutated
 	wakes     map[chan struct{}]struct{}
-	loaded    time.Time // when the files last loaded
+	loaded    time.Time         // when the files last loaded
+	invalid   []invalidResource // rejected by the last load
+	loadErr   error             // why the files last failed to load; nil once they load
 }
 
 // Status reports the files as a connected upstream whose last response is
-// the last successful load.
+// the last successful load, with what the files hold that is not served.
 func (f *File) Status() Status {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return Status{Connected: true, LastResponse: f.loaded}
+	return Status{Connected: true, LastResponse: f.loaded, Invalid: f.problemsLocked()}
 }
 
-// NewFile loads dir; an error names the file that does not load.
-func NewFile(dir string, logger *slog.Logger) (*File, error) {
+// problemsLocked says what the files hold that is not served, and why.
+func (f *File) problemsLocked() string {
+	var ps []string
+	if f.loadErr != nil {
+		ps = append(ps, fmt.Sprintf("resource files do not load, serving the previous ones: %v", f.loadErr))
+	}
+	for _, r := range f.invalid {
+		kept := "not served"
+		if r.kept {
+			kept = "its last good version is served"
+		}
+		ps = append(ps, fmt.Sprintf("invalid resource (%s): %s", kept, r))
+	}
+	return strings.Join(ps, "; ")
+}
+
+// NewFile loads dir; an error names the file that does not load, or the
+// file, resource and field of an invalid resource. reg, if not nil, gets
+// the file source's metrics.
+func NewFile(dir string, logger *slog.Logger, reg *metrics.Registry) (*File, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	f := &File{dir: dir, log: logger.With("component", "upstream", "dir", dir), wakes: make(map[chan struct{}]struct{})}
-	rs, err := loadDir(dir)
+	if reg == nil {
+		reg = &metrics.Registry{}
+	}
+	f := &File{dir: dir, log: logger.With("component", "upstream", "dir", dir), wakes: make(map[chan struct{}]struct{}),
+		invalidG: reg.Gauge("xdsrelay_file_invalid_resources",
+			"Resources in the resource files that break their protos' validation rules and are not served.").With()}
+	l, err := loadDir(dir)
 	if err != nil {
 		return nil, err
 	}
-	f.resources, f.loaded = rs, time.Now()
+	if err := l.invalidError(); err != nil {
+		return nil, err
+	}
+	f.resources, f.loaded = l.resources, time.Now()
 	return f, nil
 }
 
@@ -102,13 +136,18 @@ func (f *File) Run(ctx context.Context) error {
 }
 
 func (f *File) reload() {
-	rs, err := loadDir(f.dir)
+	l, err := loadDir(f.dir)
 	if err != nil {
 		f.log.Error("resource files changed but do not load; still serving the previous ones", "error", err)
+		f.mu.Lock()
+		f.loadErr = err
+		f.mu.Unlock()
 		return
 	}
 	f.mu.Lock()
-	f.resources, f.loaded = rs, time.Now()
+	l.keepLastGood(f.resources)
+	f.resources, f.loaded, f.invalid, f.loadErr = l.resources, time.Now(), l.invalid, nil
+	f.invalidG.Set(int64(len(l.invalid)))
 	for w := range f.wakes {
 		select {
 		case w <- struct{}{}:
@@ -116,7 +155,19 @@ func (f *File) reload() {
 		}
 	}
 	f.mu.Unlock()
+	f.reportInvalid(l.invalid)
 	f.log.Info("resource files reloaded")
+}
+
+// reportInvalid logs each invalid resource.
+func (f *File) reportInvalid(invalid []invalidResource) {
+	for _, r := range invalid {
+		msg := "invalid resource in the resource files; not served"
+		if r.kept {
+			msg = "invalid resource in the resource files; still serving its last good version"
+		}
+		f.log.Error(msg, "file", r.file, "type", xds.ShortName(r.typeURL), "name", r.name, "error", r.err)
+	}
 }
 
 // Serve keeps c filled from the files until ctx is done: what c's group
@@ -173,40 +224,102 @@ func (f *File) apply(c *cache.Cache) {
 	}
 }
 
-func loadDir(dir string) (map[string]map[string]*cache.Resource, error) {
+// loaded is what one load of the directory gives.
+type loaded struct {
+	resources map[string]map[string]*cache.Resource // type → name → resource
+	invalid   []invalidResource                     // decoded but breaking their protos' rules; not in resources
+}
+
+// invalidResource is a resource that decodes but breaks its proto's rules.
+type invalidResource struct {
+	file, typeURL, name string
+	err                 error // names the field
+	kept                bool  // its last good version is served instead
+}
+
+func (r invalidResource) String() string {
+	return fmt.Sprintf("%s: %s %q: %v", r.file, xds.ShortName(r.typeURL), r.name, r.err)
+}
+
+func loadDir(dir string) (*loaded, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("upstream: resource directory: %w", err)
 	}
-	out := make(map[string]map[string]*cache.Resource)
+	l := &loaded{resources: make(map[string]map[string]*cache.Resource)}
 	where := make(map[string]string) // type/name → file, to report duplicates
 	for _, e := range entries {
 		ext := strings.ToLower(filepath.Ext(e.Name()))
 		if e.IsDir() || (ext != ".yaml" && ext != ".yml" && ext != ".json") {
 			continue
 		}
-		path := filepath.Join(dir, e.Name())
-		anys, err := loadFile(path)
-		if err != nil {
-			return nil, fmt.Errorf("upstream: %s: %w", path, err)
-		}
-		for i, a := range anys {
-			r, err := encodeFileResource(a)
-			if err != nil {
-				return nil, fmt.Errorf("upstream: %s: resource %d: %w", path, i+1, err)
-			}
-			key := a.GetTypeUrl() + "/" + r.Name
-			if prev, dup := where[key]; dup {
-				return nil, fmt.Errorf("upstream: %s: %s %q is also defined in %s", path, xds.ShortName(a.GetTypeUrl()), r.Name, prev)
-			}
-			where[key] = path
-			if out[a.GetTypeUrl()] == nil {
-				out[a.GetTypeUrl()] = make(map[string]*cache.Resource)
-			}
-			out[a.GetTypeUrl()][r.Name] = r
+		if err := l.addFile(filepath.Join(dir, e.Name()), where); err != nil {
+			return nil, err
 		}
 	}
-	return out, nil
+	return l, nil
+}
+
+// addFile adds the resources of one file; an invalid one is set aside.
+func (l *loaded) addFile(path string, where map[string]string) error {
+	anys, err := loadFile(path)
+	if err != nil {
+		return fmt.Errorf("upstream: %s: %w", path, err)
+	}
+	for i, a := range anys {
+		name, m, err := decodeFileResource(a)
+		if err != nil {
+			return fmt.Errorf("upstream: %s: resource %d: %w", path, i+1, err)
+		}
+		key := a.GetTypeUrl() + "/" + name
+		if prev, dup := where[key]; dup {
+			return fmt.Errorf("upstream: %s: %s %q is also defined in %s", path, xds.ShortName(a.GetTypeUrl()), name, prev)
+		}
+		where[key] = path
+		if err := validate(m); err != nil {
+			l.invalid = append(l.invalid, invalidResource{file: path, typeURL: a.GetTypeUrl(), name: name, err: err})
+			continue
+		}
+		r, err := xds.Encode(name, "", a, nil, nil)
+		if err != nil {
+			return fmt.Errorf("upstream: %s: resource %d: %w", path, i+1, err)
+		}
+		l.add(a.GetTypeUrl(), r)
+	}
+	return nil
+}
+
+func (l *loaded) add(typeURL string, r *cache.Resource) {
+	if l.resources[typeURL] == nil {
+		l.resources[typeURL] = make(map[string]*cache.Resource)
+	}
+	l.resources[typeURL][r.Name] = r
+}
+
+// keepLastGood serves, in place of each invalid resource, the version of it
+// that prev served, if any.
+// Spec: "Filesystem subscriptions" (the last valid configuration continues
+// to apply when an update is rejected).
+func (l *loaded) keepLastGood(prev map[string]map[string]*cache.Resource) {
+	for i, bad := range l.invalid {
+		if r := prev[bad.typeURL][bad.name]; r != nil {
+			l.add(bad.typeURL, r)
+			l.invalid[i].kept = true
+		}
+	}
+}
+
+// invalidError is the startup error for invalid resources: there is no
+// last good version to serve instead.
+func (l *loaded) invalidError() error {
+	if len(l.invalid) == 0 {
+		return nil
+	}
+	err := fmt.Errorf("upstream: invalid resource: %s", l.invalid[0])
+	if n := len(l.invalid) - 1; n > 0 {
+		err = fmt.Errorf("%w (and %d more invalid resources)", err, n)
+	}
+	return err
 }
 
 // loadFile reads the Any resources of one file.
@@ -245,16 +358,21 @@ func loadFile(path string) ([]*anypb.Any, error) {
 	return out, nil
 }
 
-func encodeFileResource(a *anypb.Any) (*cache.Resource, error) {
+// decodeFileResource decodes a resource of a type the relay carries and
+// finds its name.
+func decodeFileResource(a *anypb.Any) (string, proto.Message, error) {
 	if !xds.Known(a.GetTypeUrl()) {
-		return nil, fmt.Errorf("type %q is not an xDS resource type the relay carries", a.GetTypeUrl())
+		return "", nil, fmt.Errorf("type %q is not an xDS resource type the relay carries", a.GetTypeUrl())
 	}
 	m, err := a.UnmarshalNew()
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	name := resourceName(m.ProtoReflect())
-	return xds.Encode(name, "", a, nil, nil)
+	if name == "" {
+		return "", nil, fmt.Errorf("resource of type %s has no name", a.GetTypeUrl())
+	}
+	return name, m, nil
 }
 
 // resourceName is a resource's name field: name, or cluster_name for a

@@ -46,7 +46,7 @@ func TestFileSource(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "a.yaml"), cluster("a", "1s"))
 	writeFile(t, filepath.Join(dir, "notes.txt"), "not a resource")
-	f, err := NewFile(dir, nil)
+	f, err := NewFile(dir, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,13 +87,13 @@ func TestFileSourceErrorsNameTheFile(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
 			writeFile(t, filepath.Join(dir, "broken.yaml"), content)
-			_, err := NewFile(dir, nil)
+			_, err := NewFile(dir, nil, nil)
 			if err == nil || !strings.Contains(err.Error(), "broken.yaml") {
 				t.Fatalf("error %v, want one naming broken.yaml", err)
 			}
 		})
 	}
-	if _, err := NewFile(filepath.Join(t.TempDir(), "nope"), nil); err == nil {
+	if _, err := NewFile(filepath.Join(t.TempDir(), "nope"), nil, nil); err == nil {
 		t.Fatal("a missing directory loaded")
 	}
 }

@@ -1,0 +1,95 @@
+package relay
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+)
+
+func fileCluster(name, timeout string) string {
+	return "\"@type\": type.googleapis.com/envoy.config.cluster.v3.Cluster\nname: " + name + "\nconnect_timeout: " + timeout + "\n---\n"
+}
+
+// connectTimeouts decodes the clusters of a SotW response: name → timeout.
+func connectTimeouts(t *testing.T, resp *discoverypb.DiscoveryResponse) map[string]time.Duration {
+	t.Helper()
+	out := map[string]time.Duration{}
+	for _, a := range resp.GetResources() {
+		c := &clusterpb.Cluster{}
+		if err := a.UnmarshalTo(c); err != nil {
+			t.Fatal(err)
+		}
+		out[c.GetName()] = c.GetConnectTimeout().AsDuration()
+	}
+	return out
+}
+
+// A resource file edited into an invalid resource (a negative
+// connect_timeout) does not reach clients: they keep its last good version
+// while the file's valid changes still reach them, and /readyz and /metrics
+// name what is rejected until it is fixed.
+func TestFileInvalidResourceKeepsLastGood(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "clusters.yaml")
+	write := func(content string) {
+		if err := os.WriteFile(file, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(fileCluster("a", "1s") + fileCluster("b", "1s"))
+	r := startRelay(t, FilePrefix+dir)
+	envoy := openSotW(t, r.Addr())
+	envoy.send(&discoverypb.DiscoveryRequest{Node: node("envoy", "c1"), TypeUrl: resourcev3.ClusterType})
+	next := func(want map[string]time.Duration) {
+		t.Helper()
+		resp := envoy.recv()
+		got := connectTimeouts(t, resp)
+		if len(got) != len(want) || got["a"] != want["a"] || got["b"] != want["b"] {
+			t.Fatalf("clusters %v, want %v", got, want)
+		}
+		envoy.send(&discoverypb.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+	}
+	next(map[string]time.Duration{"a": time.Second, "b": time.Second})
+
+	write(fileCluster("a", "-1s") + fileCluster("b", "2s") + fileCluster("new", "-1s"))
+	next(map[string]time.Duration{"a": time.Second, "b": 2 * time.Second})
+	ready := readyz(t, r)
+	for _, want := range []string{file + `: Cluster "a": invalid Cluster.ConnectTimeout: value must be greater than 0s`,
+		file + `: Cluster "new": invalid Cluster.ConnectTimeout`} {
+		if !strings.Contains(ready, want) {
+			t.Errorf("/readyz does not say %q:\n%s", want, ready)
+		}
+	}
+	if m := getMetrics(t, r); !strings.Contains(m, "xdsrelay_file_invalid_resources 2\n") {
+		t.Errorf("/metrics does not count 2 invalid resources:\n%s", m)
+	}
+
+	write(fileCluster("a", "3s") + fileCluster("b", "2s"))
+	next(map[string]time.Duration{"a": 3 * time.Second, "b": 2 * time.Second})
+	if ready := readyz(t, r); strings.Contains(ready, "invalid") {
+		t.Errorf("/readyz after the fix:\n%s", ready)
+	}
+}
+
+// At startup there is no good version to serve instead: an invalid resource
+// stops the relay with an error naming the file, the resource and the field.
+func TestFileInvalidResourceAtStartup(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "clusters.yaml"), []byte(fileCluster("a", "-1s")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := Default()
+	cfg.Upstream.Address = FilePrefix + dir
+	_, err := New(cfg, testLogger())
+	for _, want := range []string{"upstream.address", "clusters.yaml", `Cluster "a"`, "Cluster.ConnectTimeout"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("error %v, want one naming %s", err, want)
+		}
+	}
+}
