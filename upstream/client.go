@@ -158,7 +158,8 @@ func (c *Client) session(ctx context.Context) (healthy bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("upstream: open stream: %w", err)
 	}
-	s := &session{c: c, st: st, subs: make(map[string]*subscription)}
+	s := &session{c: c, st: st, subs: make(map[string]*subscription), notFound: notFound{timeout: c.opts.NotFoundTimeout}}
+	defer s.notFound.stop()
 	resps, errc := receive(ctx, st)
 	defer func() { cancel(); <-errc }() // cancelling the stream ends Recv
 	if err := s.sync(); err != nil {
@@ -182,6 +183,8 @@ func (c *Client) session(ctx context.Context) (healthy bool, err error) {
 			if err := s.sync(); err != nil {
 				return healthy, err
 			}
+		case now := <-s.notFound.C():
+			s.timedOut(now)
 		case <-ctx.Done():
 			return healthy, ctx.Err()
 		}

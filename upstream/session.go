@@ -39,6 +39,7 @@ type session struct {
 	st       grpc.BidiStreamingClient[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
 	subs     map[string]*subscription
 	sentNode bool
+	notFound notFound
 }
 
 func (s *session) send(req *discoverypb.DeltaDiscoveryRequest) error {
@@ -100,6 +101,11 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 			sub.names[n] = struct{}{}
 		}
 	}
+	named := req.ResourceNamesSubscribe
+	if len(named) > 0 && named[0] == "*" {
+		named = named[1:] // the wildcard is answered whole, never timed out
+	}
+	s.notFound.asked(typeURL, named)
 	for n := range sub.names {
 		if _, ok := want[n]; !ok {
 			req.ResourceNamesUnsubscribe = append(req.ResourceNamesUnsubscribe, n)

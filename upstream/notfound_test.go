@@ -1,0 +1,76 @@
+package upstream
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/metrics"
+)
+
+// The does-not-exist timer reports only what upstream left unanswered: a
+// name the control plane removed first is not reported again, and a name
+// the stream resumed with (in initial_resource_versions) is not timed out.
+func TestNotFoundTimerLeavesAnsweredNames(t *testing.T) {
+	srv := &scripted{streams: make(chan grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse], 1)}
+	g := grpc.NewServer()
+	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, srv)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() { defer close(served); _ = g.Serve(ln) }()
+	defer func() { g.Stop(); <-served }()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+
+	const eds = resourcev3.EndpointType
+	c := cache.New(cache.Options{Retention: time.Minute})
+	c.Import([]cache.TypeState{{TypeURL: eds, Resources: []*cache.Resource{{Name: "cached", Version: "1", Any: []byte("x"), Wire: []byte("x")}}}})
+	gone, never := cache.NewWatch(), cache.NewWatch()
+	c.Watch(gone, eds, "gone", "cached")
+	c.Watch(never, eds, "never")
+	const timeout = 200 * time.Millisecond
+	cl, err := New(Options{Conn: conn, Node: &corepb.Node{Id: "n"}, Cache: c, Metrics: NewMetrics(&metrics.Registry{}), NotFoundTimeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); cl.Run(ctx) }()
+	defer func() { cancel(); <-ran }()
+
+	st := <-srv.streams
+	if sub := recvReq(t, st); sub.GetInitialResourceVersions()["cached"] != "1" {
+		t.Fatalf("first request: %v", sub)
+	}
+	if err := st.Send(&discoverypb.DeltaDiscoveryResponse{TypeUrl: eds, Nonce: "1", RemovedResources: []string{"gone"}}); err != nil {
+		t.Fatal(err)
+	}
+	recvReq(t, st) // the ACK
+	gone.Take()
+	select {
+	case <-never.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the unanswered name was never reported")
+	}
+	l := c.Get(eds, []string{"gone", "never", "cached"})
+	if !l[0].Absent || !l[1].Absent || l[2].Resource == nil {
+		t.Fatalf("after the timer: gone %+v, never %+v, cached %+v", l[0], l[1], l[2])
+	}
+	if d := gone.Take(); d != nil {
+		t.Fatalf("names upstream had answered were marked again: %v", d[eds].Names)
+	}
+}
