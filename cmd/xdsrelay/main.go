@@ -32,12 +32,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, "xdsrelay", versionString())
 		return 0
 	}
-	opts, err := loadConfig(*configFile, os.LookupEnv)
+	opts, unknownEnv, err := loadConfig(*configFile, os.Environ())
 	if err != nil {
 		fmt.Fprintln(stderr, "xdsrelay:", err)
 		return 2
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: opts.LogLevel}))
+	for _, name := range unknownEnv {
+		logger.Warn("unknown environment variable ignored", "name", name)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := serve(ctx, opts, logger); err != nil {

@@ -59,7 +59,7 @@ func TestExampleConfigServes(t *testing.T) {
 		"XDSRELAY_DOWNSTREAM_ADDRESS": "127.0.0.1:0",
 		"XDSRELAY_ADMIN_ADDRESS":      "127.0.0.1:0",
 	}
-	opts, err := loadConfig("config.example.yaml", func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	opts, _, err := loadConfig("config.example.yaml", environ(env))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,14 +131,11 @@ func TestExampleConfigServes(t *testing.T) {
 
 // serve drains and returns nil when its context ends (SIGINT, SIGTERM).
 func TestServeDrainsOnSignal(t *testing.T) {
-	opts, err := loadConfig("", func(k string) (string, bool) {
-		v, ok := map[string]string{
-			"XDSRELAY_UPSTREAM_ADDRESS":   "file://" + filepath.Join("..", "..", "examples", "resources"),
-			"XDSRELAY_DOWNSTREAM_ADDRESS": "127.0.0.1:0",
-			"XDSRELAY_ADMIN_ADDRESS":      "",
-		}[k]
-		return v, ok
-	})
+	opts, _, err := loadConfig("", environ(map[string]string{
+		"XDSRELAY_UPSTREAM_ADDRESS":   "file://" + filepath.Join("..", "..", "examples", "resources"),
+		"XDSRELAY_DOWNSTREAM_ADDRESS": "127.0.0.1:0",
+		"XDSRELAY_ADMIN_ADDRESS":      "",
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
