@@ -128,6 +128,34 @@ func TestLoadConfig(t *testing.T) {
 			},
 		},
 		{
+			name: "not_found_timeout default",
+			check: func(t *testing.T, o Options) {
+				if o.Relay.Cache.NotFoundTimeout != 15*time.Second {
+					t.Errorf("not_found_timeout %s", o.Relay.Cache.NotFoundTimeout)
+				}
+			},
+		},
+		{
+			name: "not_found_timeout from the file",
+			yaml: "cache:\n  not_found_timeout: 2s\n",
+			check: func(t *testing.T, o Options) {
+				if o.Relay.Cache.NotFoundTimeout != 2*time.Second {
+					t.Errorf("not_found_timeout %s", o.Relay.Cache.NotFoundTimeout)
+				}
+			},
+		},
+		{
+			name: "not_found_timeout 0 disables",
+			env:  map[string]string{"XDSRELAY_CACHE_NOT_FOUND_TIMEOUT": "0"},
+			check: func(t *testing.T, o Options) {
+				if o.Relay.Cache.NotFoundTimeout != 0 {
+					t.Errorf("not_found_timeout %s", o.Relay.Cache.NotFoundTimeout)
+				}
+			},
+		},
+		{name: "negative not_found_timeout", yaml: "cache:\n  not_found_timeout: -1s\n", wantErr: "cache.not_found_timeout"},
+		{name: "bad not_found_timeout", env: map[string]string{"XDSRELAY_CACHE_NOT_FOUND_TIMEOUT": "soon"}, wantErr: "cache.not_found_timeout (from XDSRELAY_CACHE_NOT_FOUND_TIMEOUT)"},
+		{
 			name: "log level and tracing",
 			yaml: "log:\n  level: debug\ntracing:\n  otlp_endpoint: otel:4317\n  sample_ratio: 1\n",
 			check: func(t *testing.T, o Options) {

@@ -55,6 +55,7 @@ func settings(o *Options) []setting {
 		{"admin.address", kindString, &o.Relay.Admin.Address, "Admin HTTP endpoint (/healthz, /readyz, /metrics); empty disables it."},
 		{"cache.retention", kindDuration, &c.Retention, "How long a resource nobody watches stays subscribed upstream and cached."},
 		{"cache.max_resources", kindInt, &c.MaxResources, "Per group, resources past this many that nobody watches are dropped, least recently used first; 0 for no bound."},
+		{"cache.not_found_timeout", kindDuration, &c.NotFoundTimeout, "A requested name that has not arrived from upstream this long after it was first asked for is reported to incremental clients as not existing; 0 disables."},
 		{"cache.persist_dir", kindString, &c.PersistDir, "Directory where each group's cache is saved and restored from on start; empty disables it."},
 		{"cache.persist_interval", kindDuration, &c.PersistInterval, "How often changed caches are saved (and once more on shutdown)."},
 		{"shutdown_timeout", kindDuration, &o.Relay.ShutdownTimeout, "How long shutdown waits for streams to end before closing them."},
