@@ -1,12 +1,16 @@
 # syntax=docker/dockerfile:1
 
 FROM golang:1.26-bookworm AS build
-ARG VERSION=dev
+# The version and commit --version prints (.git is not in the build context):
+# --build-arg VERSION=$(git describe --tags --always --dirty)
+# --build-arg REVISION=$(git rev-parse HEAD)
+ARG VERSION
+ARG REVISION
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION}" -o /out/xdsrelay ./cmd/xdsrelay
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=${VERSION} -X main.revision=${REVISION}" -o /out/xdsrelay ./cmd/xdsrelay
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/xdsrelay /xdsrelay

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -100,6 +101,70 @@ func TestLoadConfig(t *testing.T) {
 		{name: "unknown group field", yaml: "upstream:\n  group_by: [colour]\n", wantErr: "upstream.group_by"},
 		{name: "bad log level", yaml: "log:\n  level: loud\n", wantErr: "log.level"},
 		{name: "address as a list", yaml: "admin:\n  address: [a, b]\n", wantErr: "admin.address"},
+		{name: "group_by a number", yaml: "upstream:\n  group_by: 5\n", wantErr: "upstream.group_by"},
+		{name: "group_by a bare string", yaml: "upstream:\n  group_by: cluster\n", wantErr: "upstream.group_by"},
+		{name: "group_by a map", yaml: "upstream:\n  group_by: {cluster: true}\n", wantErr: "upstream.group_by"},
+		{name: "group_by with a number", yaml: "upstream:\n  group_by: [cluster, 5]\n", wantErr: "upstream.group_by"},
+		{name: "group_by with an unknown field", yaml: "upstream:\n  group_by: [cluster, region]\n", wantErr: "upstream.group_by"},
+		{name: "group_by unknown from the environment", env: map[string]string{"XDSRELAY_UPSTREAM_GROUP_BY": "cluster,colour"}, wantErr: "upstream.group_by"},
+		{name: "addresses a bare string", yaml: "upstream:\n  addresses: cp2.example:18000\n", wantErr: "upstream.addresses"},
+		{name: "addresses with a number", yaml: "upstream:\n  addresses: [cp2.example:18000, 18000]\n", wantErr: "upstream.addresses"},
+		{
+			name: "addresses from the file and the environment",
+			yaml: "upstream:\n  addresses: [cp2.example:18000, cp3.example:18000]\n",
+			check: func(t *testing.T, o Options) {
+				if want := []string{"cp2.example:18000", "cp3.example:18000"}; !reflect.DeepEqual(o.Relay.Upstream.Addresses, want) {
+					t.Errorf("addresses: %v", o.Relay.Upstream.Addresses)
+				}
+			},
+		},
+		{
+			name: "group_by from the environment, empty is one group",
+			env:  map[string]string{"XDSRELAY_UPSTREAM_GROUP_BY": ""},
+			check: func(t *testing.T, o Options) {
+				if len(o.Relay.Upstream.GroupBy) != 0 {
+					t.Errorf("group_by: %v", o.Relay.Upstream.GroupBy)
+				}
+			},
+		},
+		{
+			name: "not_found_timeout default",
+			check: func(t *testing.T, o Options) {
+				if o.Relay.Cache.NotFoundTimeout != 15*time.Second {
+					t.Errorf("not_found_timeout %s", o.Relay.Cache.NotFoundTimeout)
+				}
+			},
+		},
+		{
+			name: "not_found_timeout from the file",
+			yaml: "cache:\n  not_found_timeout: 2s\n",
+			check: func(t *testing.T, o Options) {
+				if o.Relay.Cache.NotFoundTimeout != 2*time.Second {
+					t.Errorf("not_found_timeout %s", o.Relay.Cache.NotFoundTimeout)
+				}
+			},
+		},
+		{
+			name: "not_found_timeout 0 disables",
+			env:  map[string]string{"XDSRELAY_CACHE_NOT_FOUND_TIMEOUT": "0"},
+			check: func(t *testing.T, o Options) {
+				if o.Relay.Cache.NotFoundTimeout != 0 {
+					t.Errorf("not_found_timeout %s", o.Relay.Cache.NotFoundTimeout)
+				}
+			},
+		},
+		{name: "negative not_found_timeout", yaml: "cache:\n  not_found_timeout: -1s\n", wantErr: "cache.not_found_timeout"},
+		{name: "bad not_found_timeout", env: map[string]string{"XDSRELAY_CACHE_NOT_FOUND_TIMEOUT": "soon"}, wantErr: "cache.not_found_timeout (from XDSRELAY_CACHE_NOT_FOUND_TIMEOUT)"},
+		{
+			name: "log level and tracing",
+			yaml: "log:\n  level: debug\ntracing:\n  otlp_endpoint: otel:4317\n  sample_ratio: 1\n",
+			check: func(t *testing.T, o Options) {
+				if o.LogLevel != slog.LevelDebug || o.Tracing.SampleRatio != 1 || !o.Relay.Tracing {
+					t.Errorf("level %v, tracing %+v, relay tracing %v", o.LogLevel, o.Tracing, o.Relay.Tracing)
+				}
+			},
+		},
+		{name: "ratio above 1", env: map[string]string{"XDSRELAY_TRACING_SAMPLE_RATIO": "2"}, wantErr: "tracing.sample_ratio"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -110,8 +175,7 @@ func TestLoadConfig(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			env := func(k string) (string, bool) { v, ok := tc.env[k]; return v, ok }
-			o, err := loadConfig(file, env)
+			o, _, err := loadConfig(file, environ(tc.env))
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("error %v, want one naming %q", err, tc.wantErr)
@@ -126,5 +190,84 @@ func TestLoadConfig(t *testing.T) {
 			}
 			tc.check(t, o)
 		})
+	}
+}
+
+// environ is m as os.Environ gives it.
+func environ(m map[string]string) []string {
+	var out []string
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	return out
+}
+
+func TestUnknownEnvironmentVariables(t *testing.T) {
+	_, unknown, err := loadConfig("", []string{
+		"HOME=/root",
+		"XDSRELAY_UPSTREAM_ADDRES=typo.example:18000",
+		"XDSRELAY_CACHE_RETENTION=1m",
+		"XDSRELAY_FOO=1",
+		"XDSRELAY_FOO=2",
+		"XDSRELAY_SERVICE_HOST=10.0.0.1", // Kubernetes service links for a Service named xdsrelay
+		"XDSRELAY_SERVICE_PORT_GRPC=18001",
+		"XDSRELAY_PORT=tcp://10.0.0.1:18001",
+		"XDSRELAY_PORT_18001_TCP_ADDR=10.0.0.1",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"XDSRELAY_FOO", "XDSRELAY_UPSTREAM_ADDRES"}; !reflect.DeepEqual(unknown, want) {
+		t.Fatalf("unknown %v, want %v", unknown, want)
+	}
+}
+
+// The table is consistent: unique keys and environment names, one-line
+// descriptions, fields of the kind's type, defaults that format.
+func TestSettingsTable(t *testing.T) {
+	def := defaultOptions()
+	seen := map[string]bool{}
+	for _, s := range settings(&def) {
+		if seen[s.key] || seen[envName(s.key)] {
+			t.Errorf("%s: declared twice, or its environment name clashes", s.key)
+		}
+		seen[s.key], seen[envName(s.key)] = true, true
+		if s.doc == "" || strings.Contains(s.doc, "\n") {
+			t.Errorf("%s: doc %q is not one line", s.key, s.doc)
+		}
+		if got, want := reflect.TypeOf(s.field), kindTypes[s.kind]; got != want {
+			t.Errorf("%s: field is %v, kind %s wants %v", s.key, got, s.kind, want)
+		}
+		if formatValue(s) == "" {
+			t.Errorf("%s: default formats empty", s.key)
+		}
+	}
+}
+
+var kindTypes = map[kind]reflect.Type{
+	kindString:   reflect.TypeFor[*string](),
+	kindDuration: reflect.TypeFor[*time.Duration](),
+	kindInt:      reflect.TypeFor[*int](),
+	kindBool:     reflect.TypeFor[*bool](),
+	kindList:     reflect.TypeFor[*[]string](),
+	kindMap:      reflect.TypeFor[*map[string]string](),
+	kindRatio:    reflect.TypeFor[*float64](),
+	kindLevel:    reflect.TypeFor[*slog.Level](),
+}
+
+func TestShortDuration(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		0:                       "0s",
+		500 * time.Millisecond:  "500ms",
+		30 * time.Second:        "30s",
+		90 * time.Second:        "1m30s",
+		5 * time.Minute:         "5m",
+		time.Hour:               "1h",
+		90 * time.Minute:        "1h30m",
+		time.Hour + time.Second: "1h0m1s",
+	} {
+		if got := shortDuration(d); got != want {
+			t.Errorf("shortDuration(%v) = %q, want %q", d, got, want)
+		}
 	}
 }

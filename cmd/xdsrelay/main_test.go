@@ -8,7 +8,11 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"runtime/debug"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -28,11 +32,103 @@ func TestMain(m *testing.M) {
 
 func TestVersionFlag(t *testing.T) {
 	var out bytes.Buffer
-	if code := run([]string{"--version"}, &out, io.Discard); code != 0 {
+	if code := run(context.Background(), []string{"--version"}, nil, &out, io.Discard); code != 0 {
 		t.Fatalf("exit %d", code)
 	}
-	if !strings.HasPrefix(out.String(), "xdsrelay ") {
-		t.Fatalf("printed %q", out.String())
+	if want := "xdsrelay " + currentVersion().String() + "\n"; out.String() != want {
+		t.Fatalf("printed %q, want %q", out.String(), want)
+	}
+}
+
+func TestVersionString(t *testing.T) {
+	const rev = "1a2b3c4d5e6f7a8b9c0d1a2b3c4d5e6f7a8b9c0d"
+	info := func(version string, settings ...string) *debug.BuildInfo {
+		bi := &debug.BuildInfo{Main: debug.Module{Path: "github.com/xdsrelay/xdsrelay", Version: version}}
+		for i := 0; i < len(settings); i += 2 {
+			bi.Settings = append(bi.Settings, debug.BuildSetting{Key: settings[i], Value: settings[i+1]})
+		}
+		return bi
+	}
+	tests := []struct {
+		name                  string
+		bi                    *debug.BuildInfo
+		ldVersion, ldRevision string
+		want                  string
+	}{
+		{name: "no build information", want: "(devel)"},
+		{name: "source without VCS", bi: info("(devel)"), want: "(devel)"},
+		{name: "empty module version", bi: info(""), want: "(devel)"},
+		{
+			name: "module version and revision",
+			bi:   info("v0.0.0-20261102100000-1a2b3c4d5e6f", "vcs", "git", "vcs.revision", rev, "vcs.time", "2026-11-02T10:00:00Z", "vcs.modified", "false"),
+			want: "v0.0.0-20261102100000-1a2b3c4d5e6f (rev 1a2b3c4d5e6f, 2026-11-02T10:00:00Z)",
+		},
+		{
+			name: "modified tree",
+			bi:   info("v0.0.0-20261102100000-1a2b3c4d5e6f+dirty", "vcs.revision", rev, "vcs.modified", "true"),
+			want: "v0.0.0-20261102100000-1a2b3c4d5e6f+dirty (rev 1a2b3c4d5e6f, modified)",
+		},
+		{
+			name:      "linker version wins, revision from VCS",
+			bi:        info("(devel)", "vcs.revision", rev),
+			ldVersion: "v1.2.3",
+			want:      "v1.2.3 (rev 1a2b3c4d5e6f)",
+		},
+		{
+			name:      "linker version and revision without VCS (container build)",
+			bi:        info("(devel)"),
+			ldVersion: "v1.2.3", ldRevision: "abc123",
+			want: "v1.2.3 (rev abc123)",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := readVersion(tc.bi, tc.ldVersion, tc.ldRevision).String(); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestHelp(t *testing.T) {
+	for _, arg := range []string{"--help", "-h", "-help"} {
+		var out, errOut bytes.Buffer
+		if code := run(context.Background(), []string{arg}, nil, &out, &errOut); code != 0 {
+			t.Fatalf("%s: exit %d, want 0", arg, code)
+		}
+		if errOut.Len() != 0 || !strings.HasPrefix(out.String(), "Usage: xdsrelay") {
+			t.Fatalf("%s: stdout %q, stderr %q", arg, out.String(), errOut.String())
+		}
+		for _, want := range []string{"--config FILE", "--version", "cache.not_found_timeout (duration, default 15s)", "upstream.group_by (list, default [cluster])"} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("%s: usage lacks %q", arg, want)
+			}
+		}
+		for _, s := range settings(new(Options)) {
+			if !strings.Contains(out.String(), "  "+s.key+" (") {
+				t.Errorf("%s: usage lacks the key %s", arg, s.key)
+			}
+		}
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{args: []string{"config.yaml"}, want: `unexpected argument "config.yaml": name the configuration file with --config FILE`},
+		{args: []string{"--config", "a.yaml", "b.yaml"}, want: `unexpected argument "b.yaml"`},
+		{args: []string{"--confg", "a.yaml"}, want: "flag provided but not defined: -confg"},
+	}
+	for _, tc := range tests {
+		var errOut bytes.Buffer
+		if code := run(context.Background(), tc.args, nil, io.Discard, &errOut); code != 2 {
+			t.Errorf("%q: exit %d, want 2", tc.args, code)
+		}
+		if got := errOut.String(); strings.Count(got, "\n") != 1 || !strings.Contains(got, tc.want) {
+			t.Errorf("%q: stderr %q, want one line with %q", tc.args, got, tc.want)
+		}
 	}
 }
 
@@ -42,7 +138,7 @@ func TestBadConfigExitsWithOneLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	var errOut bytes.Buffer
-	if code := run([]string{"--config", file}, io.Discard, &errOut); code != 2 {
+	if code := run(context.Background(), []string{"--config", file}, nil, io.Discard, &errOut); code != 2 {
 		t.Fatalf("exit %d, want 2", code)
 	}
 	if got := errOut.String(); strings.Count(got, "\n") != 1 || !strings.Contains(got, "cache.retention") {
@@ -59,7 +155,7 @@ func TestExampleConfigServes(t *testing.T) {
 		"XDSRELAY_DOWNSTREAM_ADDRESS": "127.0.0.1:0",
 		"XDSRELAY_ADMIN_ADDRESS":      "127.0.0.1:0",
 	}
-	opts, err := loadConfig("config.example.yaml", func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	opts, _, err := loadConfig("config.example.yaml", environ(env))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,20 +227,17 @@ func TestExampleConfigServes(t *testing.T) {
 
 // serve drains and returns nil when its context ends (SIGINT, SIGTERM).
 func TestServeDrainsOnSignal(t *testing.T) {
-	opts, err := loadConfig("", func(k string) (string, bool) {
-		v, ok := map[string]string{
-			"XDSRELAY_UPSTREAM_ADDRESS":   "file://" + filepath.Join("..", "..", "examples", "resources"),
-			"XDSRELAY_DOWNSTREAM_ADDRESS": "127.0.0.1:0",
-			"XDSRELAY_ADMIN_ADDRESS":      "",
-		}[k]
-		return v, ok
-	})
+	opts, _, err := loadConfig("", environ(map[string]string{
+		"XDSRELAY_UPSTREAM_ADDRESS":   "file://" + filepath.Join("..", "..", "examples", "resources"),
+		"XDSRELAY_DOWNSTREAM_ADDRESS": "127.0.0.1:0",
+		"XDSRELAY_ADMIN_ADDRESS":      "",
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
-	go func() { errc <- serve(ctx, opts, slog.New(slog.DiscardHandler)) }()
+	go func() { errc <- serve(ctx, opts, slog.New(slog.DiscardHandler), nil) }()
 	cancel()
 	select {
 	case err := <-errc:
@@ -154,4 +247,92 @@ func TestServeDrainsOnSignal(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("serve did not return after its context ended")
 	}
+}
+
+// SIGHUP (a closed terminal, a habit of reloading daemons) leaves the relay
+// serving; the run ends when its context does, exit code 0. Unknown XDSRELAY_
+// variables are warned about once the logger exists.
+func TestSIGHUPKeepsServing(t *testing.T) {
+	logs := &syncBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	code := make(chan int, 1)
+	go func() {
+		code <- run(ctx, nil, environ(map[string]string{
+			"XDSRELAY_UPSTREAM_ADDRESS":   "file://" + filepath.Join("..", "..", "examples", "resources"),
+			"XDSRELAY_DOWNSTREAM_ADDRESS": "127.0.0.1:0",
+			"XDSRELAY_ADMIN_ADDRESS":      "127.0.0.1:0",
+			"XDSRELAY_FOO":                "1",
+		}), io.Discard, logs)
+	}()
+	stopped := false
+	stop := func() int {
+		stopped = true
+		cancel()
+		select {
+		case c := <-code:
+			return c
+		case <-time.After(15 * time.Second):
+			t.Fatal("run did not return after its context ended")
+			return -1
+		}
+	}
+	defer func() {
+		if !stopped {
+			stop()
+		}
+	}()
+
+	admin := waitForLog(t, logs, regexp.MustCompile(`msg="relay serving".* admin=(\S+)`))[1]
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitForLog(t, logs, regexp.MustCompile(`level=INFO msg="SIGHUP ignored`))
+	resp, err := http.Get("http://" + admin + "/healthz")
+	if err != nil {
+		t.Fatalf("after SIGHUP: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("after SIGHUP: /healthz %d", resp.StatusCode)
+	}
+
+	if c := stop(); c != 0 {
+		t.Fatalf("exit %d, want 0; log:\n%s", c, logs)
+	}
+	if n := strings.Count(logs.String(), `level=WARN msg="unknown environment variable ignored" name=XDSRELAY_FOO`); n != 1 {
+		t.Errorf("%d warnings about XDSRELAY_FOO, want 1; log:\n%s", n, logs)
+	}
+}
+
+// waitForLog waits (up to 10s) for a line matching re and returns its
+// submatches.
+func waitForLog(t *testing.T, logs *syncBuffer, re *regexp.Regexp) []string {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if m := re.FindStringSubmatch(logs.String()); m != nil {
+			return m
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("no log line matches %s; log:\n%s", re, logs)
+	return nil
+}
+
+// syncBuffer is a bytes.Buffer safe for a writer and a reader at once.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -33,7 +33,7 @@ func setupTracing(ctx context.Context, o TracingOptions) (func(context.Context) 
 	tp := sdktrace.NewTracerProvider(
 		sdktrace.WithBatcher(exp),
 		sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(o.SampleRatio))),
-		sdktrace.WithResource(resource.NewSchemaless(semconv.ServiceName("xdsrelay"), semconv.ServiceVersion(versionString()))),
+		sdktrace.WithResource(resource.NewSchemaless(semconv.ServiceName("xdsrelay"), semconv.ServiceVersion(currentVersion().Version))),
 	)
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.TraceContext{})

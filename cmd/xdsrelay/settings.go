@@ -1,0 +1,341 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/xdsrelay/xdsrelay/relay"
+)
+
+// A setting is one configuration key: its name, the kind of value it takes,
+// the field of Options it fills and a one-line description. The field's value
+// in defaultOptions is the key's default.
+type setting struct {
+	key   string
+	kind  kind
+	field any // a pointer into an Options, of the kind's type
+	doc   string
+}
+
+// settings is every configuration key, declared once. Loading, defaults, type
+// checking, the environment names, unknown-key detection and --help all read
+// it; the tests hold config.example.yaml and the README to it. The fields
+// point into o.
+func settings(o *Options) []setting {
+	u, d, c := &o.Relay.Upstream, &o.Relay.Downstream, &o.Relay.Cache
+	return []setting{
+		{"upstream.address", kindString, &u.Address, "The control plane as host:port (delta ADS), or file://DIR: a directory of resource files."},
+		{"upstream.group_by", kindList, &u.GroupBy, "Node fields forming the group key: id, cluster, locality.region, locality.zone, locality.sub_zone, metadata.<key>; [] for one group."},
+		{"upstream.addresses", kindList, &u.Addresses, "More control planes (host:port), tried in turn with upstream.address when one fails."},
+		{"upstream.reconnect.base_delay", kindDuration, &u.ReconnectBaseDelay, "First delay before reconnecting to the control plane; grows exponentially with jitter."},
+		{"upstream.reconnect.max_delay", kindDuration, &u.ReconnectMaxDelay, "Largest reconnect delay."},
+		{"upstream.max_message_bytes", kindInt, &u.MaxMessageBytes, "Largest response accepted from the control plane."},
+		{"upstream.keepalive.time", kindDuration, &u.KeepaliveTime, "HTTP/2 keepalive ping interval on the upstream connection (at least 10s)."},
+		{"upstream.keepalive.timeout", kindDuration, &u.KeepaliveTimeout, "How long a keepalive ping may go unanswered before the connection is closed."},
+		{"upstream.tls.enabled", kindBool, &u.TLSEnabled, "TLS to the control plane with the system roots; any upstream.tls file also turns TLS on."},
+		{"upstream.tls.cert_file", kindString, &u.TLS.CertFile, "The relay's client certificate (mTLS)."},
+		{"upstream.tls.key_file", kindString, &u.TLS.KeyFile, "The key of the relay's client certificate."},
+		{"upstream.tls.ca_file", kindString, &u.TLS.CAFile, "CA bundle verifying the control plane."},
+		{"upstream.tls.server_name", kindString, &u.TLS.ServerName, "Name verified in the control plane's certificate, if not the dialled one."},
+		{"upstream.tls.insecure_skip_verify", kindBool, &u.TLS.Insecure, "Do not verify the control plane (testing only)."},
+		{"upstream.headers", kindMap, &u.Headers, "Metadata sent on every upstream RPC; from the environment name=value,name2=value2."},
+		{"downstream.address", kindString, &d.Address, "Where xDS clients connect (gRPC): ADS and the per-type services."},
+		{"downstream.rest_address", kindString, &d.RESTAddress, "REST-JSON polling (POST /v3/discovery:<type>); empty disables it."},
+		{"downstream.poll_timeout", kindDuration, &d.PollTimeout, "How long a REST-JSON or gRPC Fetch poll with a current version_info is held."},
+		{"downstream.send_timeout", kindDuration, &d.SendTimeout, "A client that reads nothing for this long while a response waits is disconnected."},
+		{"downstream.max_request_bytes", kindInt, &d.MaxRequestBytes, "Largest request accepted from a client."},
+		{"downstream.tls.cert_file", kindString, &d.TLS.CertFile, "TLS certificate for clients, gRPC and REST-JSON."},
+		{"downstream.tls.key_file", kindString, &d.TLS.KeyFile, "The key of downstream.tls.cert_file."},
+		{"downstream.tls.client_ca_file", kindString, &d.TLS.CAFile, "Require and verify client certificates signed by this CA (mTLS)."},
+		{"admin.address", kindString, &o.Relay.Admin.Address, "Admin HTTP endpoint (/healthz, /readyz, /metrics); empty disables it."},
+		{"cache.retention", kindDuration, &c.Retention, "How long a resource nobody watches stays subscribed upstream and cached."},
+		{"cache.max_resources", kindInt, &c.MaxResources, "Per group, resources past this many that nobody watches are dropped, least recently used first; 0 for no bound."},
+		{"cache.not_found_timeout", kindDuration, &c.NotFoundTimeout, "A requested name that has not arrived from upstream this long after it was first asked for is reported to incremental clients as not existing; 0 disables."},
+		{"cache.persist_dir", kindString, &c.PersistDir, "Directory where each group's cache is saved and restored from on start; empty disables it."},
+		{"cache.persist_interval", kindDuration, &c.PersistInterval, "How often changed caches are saved (and once more on shutdown)."},
+		{"shutdown_timeout", kindDuration, &o.Relay.ShutdownTimeout, "How long shutdown waits for streams to end before closing them."},
+		{"log.level", kindLevel, &o.LogLevel, "debug, info, warn or error."},
+		{"tracing.otlp_endpoint", kindString, &o.Tracing.Endpoint, "OpenTelemetry collector (OTLP/gRPC, host:port); empty disables tracing."},
+		{"tracing.insecure", kindBool, &o.Tracing.Insecure, "Plaintext to the collector."},
+		{"tracing.sample_ratio", kindRatio, &o.Tracing.SampleRatio, "Fraction of new traces kept (0 to 1)."},
+	}
+}
+
+// defaultOptions is what the binary runs with when nothing is configured.
+func defaultOptions() Options {
+	return Options{
+		Relay:    relay.Default(),
+		LogLevel: slog.LevelInfo,
+		Tracing:  TracingOptions{SampleRatio: 0.01},
+	}
+}
+
+// settingsByKey indexes settings(o) by key.
+func settingsByKey(o *Options) map[string]setting {
+	m := map[string]setting{}
+	for _, s := range settings(o) {
+		m[s.key] = s
+	}
+	return m
+}
+
+// envName is the environment variable that sets key: XDSRELAY_ and the key
+// in upper case, dots becoming underscores.
+func envName(key string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+}
+
+const envPrefix = "XDSRELAY_"
+
+// A kind is the type of a key's value: how it is read from YAML and from the
+// environment, and how its default is written.
+type kind int
+
+const (
+	kindString   kind = iota // *string
+	kindDuration             // *time.Duration: a Go duration; a bare 0 is allowed
+	kindInt                  // *int
+	kindBool                 // *bool
+	kindList                 // *[]string: a YAML list of strings; comma separated in the environment
+	kindMap                  // *map[string]string: a YAML map of strings; name=value,... in the environment
+	kindRatio                // *float64 from 0 to 1
+	kindLevel                // *slog.Level: debug, info, warn or error
+)
+
+var kindNames = [...]string{"string", "duration", "int", "bool", "list", "map", "ratio", "level"}
+
+func (k kind) String() string { return kindNames[k] }
+
+// set stores raw in the setting's field: raw is a value decoded from YAML, or
+// (fromEnv) the string from the environment. The error does not name the key.
+func (s setting) set(raw any, fromEnv bool) error {
+	switch s.kind {
+	case kindString:
+		return decodeString(raw, s.field.(*string))
+	case kindDuration:
+		return decodeDuration(raw, s.field.(*time.Duration))
+	case kindInt:
+		return decodeInt(raw, s.field.(*int))
+	case kindBool:
+		return decodeBool(raw, s.field.(*bool))
+	case kindList:
+		return decodeList(raw, fromEnv, s.field.(*[]string))
+	case kindMap:
+		return decodeMap(raw, fromEnv, s.field.(*map[string]string))
+	case kindRatio:
+		return decodeRatio(raw, s.field.(*float64))
+	case kindLevel:
+		return decodeLevel(raw, s.field.(*slog.Level))
+	}
+	panic(fmt.Sprintf("config: key %s has unknown kind %d", s.key, s.kind))
+}
+
+func decodeString(raw any, dst *string) error {
+	s, ok := raw.(string)
+	if !ok {
+		return fmt.Errorf("want a string, got %v", raw)
+	}
+	*dst = s
+	return nil
+}
+
+func decodeDuration(raw any, dst *time.Duration) error {
+	switch val := raw.(type) {
+	case int:
+		if val != 0 {
+			return fmt.Errorf("want a duration, got %v (durations need a unit, e.g. %ds)", val, val)
+		}
+		*dst = 0 // a bare 0 is the one duration that needs no unit
+		return nil
+	case string:
+		d, err := time.ParseDuration(strings.TrimSpace(val))
+		if err != nil {
+			return fmt.Errorf("%q is not a duration (e.g. 30s, 5m)", val)
+		}
+		*dst = d
+		return nil
+	}
+	return fmt.Errorf("want a duration (e.g. 30s, 5m), got %v", raw)
+}
+
+func decodeInt(raw any, dst *int) error {
+	switch val := raw.(type) {
+	case int:
+		*dst = val
+		return nil
+	case string:
+		n, err := strconv.Atoi(strings.TrimSpace(val))
+		if err != nil {
+			return fmt.Errorf("%q is not a whole number", val)
+		}
+		*dst = n
+		return nil
+	}
+	return fmt.Errorf("want a whole number, got %v", raw)
+}
+
+func decodeBool(raw any, dst *bool) error {
+	switch val := raw.(type) {
+	case bool:
+		*dst = val
+		return nil
+	case string:
+		b, err := strconv.ParseBool(strings.TrimSpace(val))
+		if err != nil {
+			return fmt.Errorf("%q is not true or false", val)
+		}
+		*dst = b
+		return nil
+	}
+	return fmt.Errorf("want true or false, got %v", raw)
+}
+
+// decodeList reads a YAML list of strings, or a comma-separated string from
+// the environment. A YAML scalar is not a list of one: it is an error.
+func decodeList(raw any, fromEnv bool, dst *[]string) error {
+	if s, ok := raw.(string); ok && fromEnv {
+		var out []string
+		for _, e := range strings.Split(s, ",") {
+			if e = strings.TrimSpace(e); e != "" {
+				out = append(out, e)
+			}
+		}
+		*dst = out
+		return nil
+	}
+	list, ok := raw.([]any)
+	if !ok {
+		return fmt.Errorf("want a list such as [a, b] ([] for none), got %v", raw)
+	}
+	out := make([]string, 0, len(list))
+	for _, e := range list {
+		s, ok := e.(string)
+		if !ok {
+			return fmt.Errorf("want a list of strings, got %v in %v", e, raw)
+		}
+		out = append(out, s)
+	}
+	*dst = out
+	return nil
+}
+
+// decodeMap reads a YAML map of strings, or name=value pairs separated by
+// commas from the environment.
+func decodeMap(raw any, fromEnv bool, dst *map[string]string) error {
+	if s, ok := raw.(string); ok && fromEnv {
+		return decodePairs(s, dst)
+	}
+	m, ok := raw.(map[string]any)
+	if !ok {
+		return fmt.Errorf("want a map of names to values, got %v", raw)
+	}
+	out := make(map[string]string, len(m))
+	for k, x := range m {
+		s, ok := x.(string)
+		if !ok {
+			return fmt.Errorf("%s: want a string, got %v", k, x)
+		}
+		out[k] = s
+	}
+	*dst = out
+	return nil
+}
+
+func decodePairs(s string, dst *map[string]string) error {
+	out := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		k, x, ok := strings.Cut(kv, "=")
+		if !ok {
+			return fmt.Errorf("%q is not name=value", kv)
+		}
+		out[strings.TrimSpace(k)] = strings.TrimSpace(x)
+	}
+	*dst = out
+	return nil
+}
+
+func decodeRatio(raw any, dst *float64) error {
+	var f float64
+	switch val := raw.(type) {
+	case float64:
+		f = val
+	case int:
+		f = float64(val)
+	case string:
+		var err error
+		if f, err = strconv.ParseFloat(strings.TrimSpace(val), 64); err != nil {
+			return fmt.Errorf("%q is not a number", val)
+		}
+	default:
+		return fmt.Errorf("want a number from 0 to 1, got %v", raw)
+	}
+	if f < 0 || f > 1 {
+		return fmt.Errorf("%v is not between 0 and 1", f)
+	}
+	*dst = f
+	return nil
+}
+
+func decodeLevel(raw any, dst *slog.Level) error {
+	s, ok := raw.(string)
+	if !ok || dst.UnmarshalText([]byte(strings.TrimSpace(s))) != nil {
+		return fmt.Errorf("%v is not one of debug, info, warn, error", raw)
+	}
+	return nil
+}
+
+// formatValue writes a setting's current value as the documentation does:
+// "empty" for an empty string, [a, b] for a list, durations without zero
+// units (5m, not 5m0s).
+func formatValue(s setting) string {
+	switch v := s.field.(type) {
+	case *string:
+		if *v == "" {
+			return "empty"
+		}
+		return *v
+	case *time.Duration:
+		return shortDuration(*v)
+	case *[]string:
+		return "[" + strings.Join(*v, ", ") + "]"
+	case *map[string]string:
+		var pairs []string
+		for _, k := range slices.Sorted(maps.Keys(*v)) {
+			pairs = append(pairs, k+": "+(*v)[k])
+		}
+		return "{" + strings.Join(pairs, ", ") + "}"
+	case *slog.Level:
+		return strings.ToLower(v.String())
+	case *int:
+		return strconv.Itoa(*v)
+	case *bool:
+		return strconv.FormatBool(*v)
+	case *float64:
+		return strconv.FormatFloat(*v, 'g', -1, 64)
+	}
+	panic(fmt.Sprintf("config: key %s has a field of unsupported type %T", s.key, s.field))
+}
+
+// shortDuration is d.String() without trailing zero units: 5m, 1h30m, 0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if d == 0 || d%time.Second != 0 {
+		return s
+	}
+	s = strings.TrimSuffix(s, "m0s")
+	if s != d.String() {
+		s += "m"
+	}
+	if t := strings.TrimSuffix(s, "h0m"); t != s {
+		s = t + "h"
+	}
+	return s
+}
