@@ -91,7 +91,7 @@ func bootReadme(t *testing.T, rewrite func(name, content string) string) *relay.
 		func(s string) string { return s })
 	t.Chdir(root)
 	env := map[string]string{"XDSRELAY_DOWNSTREAM_ADDRESS": "127.0.0.1:0", "XDSRELAY_ADMIN_ADDRESS": "127.0.0.1:0"}
-	opts, err := loadConfig("config.example.yaml", func(k string) (string, bool) { v, ok := env[k]; return v, ok })
+	opts, _, err := loadConfig("config.example.yaml", environ(env))
 	if err != nil {
 		t.Fatal(err)
 	}
