@@ -79,7 +79,25 @@ func (o *op) change(t *typeState, typeURL string, names ...string) {
 	o.changed[typeURL] = append(o.changed[typeURL], names...)
 }
 
-func (o *op) mark(set *map[string]map[*Watch][]string, typeURL string, w *Watch, names []string) {
+// mark adds names to what w is marked with for a type.
+func (o *op) mark(set *map[string]map[*Watch][]string, typeURL string, w *Watch, names ...string) {
+	byW := o.byWatch(set, typeURL)
+	byW[w] = append(byW[w], names...)
+}
+
+// markShared marks w with names, a slice that every wildcard watcher of the
+// type shares: the last mark of the type in that set, so never appended to
+// in place.
+func (o *op) markShared(set *map[string]map[*Watch][]string, typeURL string, w *Watch, names []string) {
+	byW := o.byWatch(set, typeURL)
+	if prev, ok := byW[w]; ok {
+		byW[w] = append(prev, names...)
+	} else {
+		byW[w] = slices.Clip(names)
+	}
+}
+
+func (o *op) byWatch(set *map[string]map[*Watch][]string, typeURL string) map[*Watch][]string {
 	if *set == nil {
 		*set = make(map[string]map[*Watch][]string)
 	}
@@ -88,17 +106,13 @@ func (o *op) mark(set *map[string]map[*Watch][]string, typeURL string, w *Watch,
 		byW = make(map[*Watch][]string)
 		(*set)[typeURL] = byW
 	}
-	if prev, ok := byW[w]; ok {
-		byW[w] = append(slices.Clip(prev), names...)
-	} else {
-		byW[w] = slices.Clip(names) // may be shared: never appended to in place
-	}
+	return byW
 }
 
 // markWatchers marks every watcher of e with name.
 func (o *op) markWatchers(e *entry, typeURL, name string) {
 	for w := range e.watchers {
-		o.mark(&o.names, typeURL, w, []string{name})
+		o.mark(&o.names, typeURL, w, name)
 	}
 }
 
@@ -116,7 +130,7 @@ func (c *Cache) finishLocked(o *op) {
 		t.state = nil
 		names := o.changed[typeURL]
 		for w := range t.wildcard {
-			o.mark(&o.names, typeURL, w, names)
+			o.markShared(&o.names, typeURL, w, names)
 		}
 	}
 }
@@ -234,12 +248,12 @@ func (c *Cache) beatLocked(t *typeState, typeURL string, hbs []*Heartbeat, o *op
 		}
 		beaten = append(beaten, hb.Name)
 		for w := range e.watchers {
-			o.mark(&o.beats, typeURL, w, []string{hb.Name})
+			o.mark(&o.beats, typeURL, w, hb.Name)
 		}
 	}
 	if len(beaten) > 0 {
 		for w := range t.wildcard {
-			o.mark(&o.beats, typeURL, w, beaten)
+			o.markShared(&o.beats, typeURL, w, beaten)
 		}
 	}
 }
