@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/xdsrelay/xdsrelay/internal/creds"
+	"github.com/xdsrelay/xdsrelay/upstream"
 )
 
 // Config is the relay's configuration, filled by the binary from YAML and
@@ -33,6 +34,10 @@ type Config struct {
 		// MaxMessageBytes is upstream.max_message_bytes: the largest
 		// response accepted from the control plane.
 		MaxMessageBytes int
+		// MaxRequestBytes is upstream.max_request_bytes: the largest
+		// request sent to the control plane; larger subscriptions and
+		// resumes are split over several requests.
+		MaxRequestBytes int
 		// KeepaliveTime and KeepaliveTimeout are upstream.keepalive.time
 		// and .timeout: HTTP/2 pings on the upstream connection.
 		KeepaliveTime    time.Duration
@@ -109,6 +114,7 @@ func Default() Config {
 	c.Upstream.ReconnectBaseDelay = 500 * time.Millisecond
 	c.Upstream.ReconnectMaxDelay = 30 * time.Second
 	c.Upstream.MaxMessageBytes = 256 << 20
+	c.Upstream.MaxRequestBytes = upstream.DefaultMaxRequestBytes
 	c.Upstream.KeepaliveTime = 30 * time.Second
 	c.Upstream.KeepaliveTimeout = 10 * time.Second
 	c.Downstream.Address = "0.0.0.0:18001"
@@ -151,6 +157,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("upstream.reconnect.max_delay: %s is below base_delay %s", c.Upstream.ReconnectMaxDelay, c.Upstream.ReconnectBaseDelay)
 	case c.Upstream.MaxMessageBytes < 1<<20:
 		return fmt.Errorf("upstream.max_message_bytes: %d is below 1 MiB", c.Upstream.MaxMessageBytes)
+	case c.Upstream.MaxRequestBytes < 64<<10:
+		return fmt.Errorf("upstream.max_request_bytes: %d is below 64 KiB", c.Upstream.MaxRequestBytes)
 	case c.Upstream.KeepaliveTime < 10*time.Second:
 		return fmt.Errorf("upstream.keepalive.time: %s is below gRPC's minimum of 10s", c.Upstream.KeepaliveTime)
 	case c.Upstream.KeepaliveTimeout <= 0:

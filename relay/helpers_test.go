@@ -133,13 +133,19 @@ func (s *stream[Req, Resp]) send(r *Req) {
 // recv returns the next response, failing the test if none comes in time.
 func (s *stream[Req, Resp]) recv() *Resp {
 	s.t.Helper()
+	return s.recvWithin(wait)
+}
+
+// recvWithin is recv with another bound, for large tests.
+func (s *stream[Req, Resp]) recvWithin(bound time.Duration) *Resp {
+	s.t.Helper()
 	select {
 	case r, ok := <-s.resps:
 		if !ok {
 			s.t.Fatal("stream ended while waiting for a response")
 		}
 		return r
-	case <-time.After(wait):
+	case <-time.After(bound):
 		s.t.Fatal("no response in time")
 	}
 	return nil

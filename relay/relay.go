@@ -167,7 +167,8 @@ func (r *Relay) newSource() (upstream.Source, error) {
 		return nil, err
 	}
 	return upstream.NewADS(upstream.ADSOptions{Conn: conn, Metrics: r.upm, Logger: r.log,
-		Backoff: reconnectBackoff(r.cfg), NotFoundTimeout: r.cfg.Cache.NotFoundTimeout})
+		Backoff: reconnectBackoff(r.cfg), NotFoundTimeout: r.cfg.Cache.NotFoundTimeout,
+		MaxRequestBytes: r.cfg.Upstream.MaxRequestBytes})
 }
 
 // Start listens and serves; it returns once the relay accepts clients.

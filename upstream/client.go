@@ -47,6 +47,9 @@ type Options struct {
 	// NotFoundTimeout is how long a subscribed name may go unanswered
 	// before it is taken not to exist; 0 disables the timer.
 	NotFoundTimeout time.Duration
+	// MaxRequestBytes bounds every request sent upstream: subscriptions
+	// and resumes larger than this are split. DefaultMaxRequestBytes if 0.
+	MaxRequestBytes int
 }
 
 // Client is one group's upstream: a delta-ADS stream, re-established with
@@ -99,6 +102,9 @@ func New(opts Options) (*Client, error) {
 	}
 	if opts.Backoff == (backoff.Config{}) {
 		opts.Backoff = backoff.DefaultConfig
+	}
+	if opts.MaxRequestBytes <= 0 {
+		opts.MaxRequestBytes = DefaultMaxRequestBytes
 	}
 	opts.Node = proto.Clone(opts.Node).(*corepb.Node)
 	return &Client{

@@ -84,42 +84,70 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 		sub = &subscription{names: make(map[string]struct{})}
 		s.subs[typeURL] = sub
 	}
-	req := &discoverypb.DeltaDiscoveryRequest{TypeUrl: typeURL}
+	ch := change{typeURL: typeURL}
 	if in.Wildcard && !sub.wildcard {
-		req.ResourceNamesSubscribe = append(req.ResourceNamesSubscribe, "*")
+		ch.subscribe = append(ch.subscribe, "*")
 		sub.awaitingWildcard = true
 	}
 	if !in.Wildcard && sub.wildcard {
-		req.ResourceNamesUnsubscribe = append(req.ResourceNamesUnsubscribe, "*")
+		ch.unsubscribe = append(ch.unsubscribe, "*")
 	}
 	sub.wildcard = in.Wildcard
 	want := make(map[string]struct{}, len(in.Names))
 	for _, n := range in.Names {
 		want[n] = struct{}{}
 		if _, ok := sub.names[n]; !ok {
-			req.ResourceNamesSubscribe = append(req.ResourceNamesSubscribe, n)
+			ch.subscribe = append(ch.subscribe, n)
 			sub.names[n] = struct{}{}
 		}
 	}
-	named := req.ResourceNamesSubscribe
-	if len(named) > 0 && named[0] == "*" {
-		named = named[1:] // the wildcard is answered whole, never timed out
-	}
-	s.notFound.asked(typeURL, named)
 	for n := range sub.names {
 		if _, ok := want[n]; !ok {
-			req.ResourceNamesUnsubscribe = append(req.ResourceNamesUnsubscribe, n)
+			ch.unsubscribe = append(ch.unsubscribe, n)
 			delete(sub.names, n)
 		}
 	}
-	if len(req.ResourceNamesSubscribe) == 0 && len(req.ResourceNamesUnsubscribe) == 0 {
+	if len(ch.subscribe) == 0 && len(ch.unsubscribe) == 0 {
 		return nil
 	}
 	if first {
-		req.InitialResourceVersions = s.c.opts.Cache.Versions(typeURL)
+		ch.versions = s.c.opts.Cache.Versions(typeURL)
 	}
-	slices.Sort(req.ResourceNamesUnsubscribe)
-	return s.send(req)
+	if !s.sentNode {
+		ch.node = s.c.opts.Node
+	}
+	slices.Sort(ch.unsubscribe)
+	return s.sendChange(ch, sub)
+}
+
+// sendChange sends a subscription change in as many requests as the
+// control plane's limit asks for, and starts the does-not-exist timer of
+// the names it subscribes.
+func (s *session) sendChange(ch change, sub *subscription) error {
+	reqs, skipped := split(ch, s.c.opts.MaxRequestBytes)
+	if len(skipped) > 0 {
+		// A name too long for any request cannot be asked for; it stays
+		// unanswered and the does-not-exist timer reports it.
+		for _, n := range skipped {
+			delete(sub.names, n)
+		}
+		s.c.log.Warn("names too long for upstream.max_request_bytes not subscribed", "type", ch.typeURL,
+			"names", len(skipped), "upstream.max_request_bytes", s.c.opts.MaxRequestBytes)
+	}
+	named := ch.subscribe
+	if len(named) > 0 && named[0] == "*" {
+		named = named[1:] // the wildcard is answered whole, never timed out
+	}
+	s.notFound.asked(ch.typeURL, named)
+	for _, req := range reqs {
+		if len(req.ResourceNamesSubscribe) == 0 && len(req.ResourceNamesUnsubscribe) == 0 && len(req.InitialResourceVersions) == 0 {
+			continue
+		}
+		if err := s.send(req); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // handle applies a response to the cache and ACKs it, or NACKs it naming the

@@ -58,6 +58,8 @@ type ADSOptions struct {
 	// NotFoundTimeout is how long a subscribed name may go unanswered
 	// before it is taken not to exist; 0 disables the timer.
 	NotFoundTimeout time.Duration
+	// MaxRequestBytes bounds every request sent upstream (see Options).
+	MaxRequestBytes int
 }
 
 // ADS is a control plane as a source: one delta-ADS stream (a Client) per
@@ -82,6 +84,7 @@ func (a *ADS) Feed(g Group) (Feed, error) {
 	return New(Options{
 		Conn: a.opts.Conn, Node: g.Node, Cache: g.Cache, Group: g.Key, Metrics: a.opts.Metrics,
 		Logger: a.opts.Logger, Backoff: a.opts.Backoff, NotFoundTimeout: a.opts.NotFoundTimeout,
+		MaxRequestBytes: a.opts.MaxRequestBytes,
 	})
 }
 

@@ -35,6 +35,7 @@ func settings(o *Options) []setting {
 		{"upstream.reconnect.base_delay", kindDuration, &u.ReconnectBaseDelay, "First delay before reconnecting to the control plane; grows exponentially with jitter."},
 		{"upstream.reconnect.max_delay", kindDuration, &u.ReconnectMaxDelay, "Largest reconnect delay."},
 		{"upstream.max_message_bytes", kindInt, &u.MaxMessageBytes, "Largest response accepted from the control plane."},
+		{"upstream.max_request_bytes", kindInt, &u.MaxRequestBytes, "Largest request sent to the control plane; larger subscriptions and resumes are split over several requests."},
 		{"upstream.keepalive.time", kindDuration, &u.KeepaliveTime, "HTTP/2 keepalive ping interval on the upstream connection (at least 10s)."},
 		{"upstream.keepalive.timeout", kindDuration, &u.KeepaliveTimeout, "How long a keepalive ping may go unanswered before the connection is closed."},
 		{"upstream.tls.enabled", kindBool, &u.TLSEnabled, "TLS to the control plane with the system roots; any upstream.tls file also turns TLS on."},

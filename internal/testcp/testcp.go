@@ -103,7 +103,9 @@ func StartWith(t testing.TB, opts ...grpc.ServerOption) *ControlPlane {
 }
 
 func (cp *ControlPlane) serve(ln net.Listener) {
-	g := grpc.NewServer(cp.opts...)
+	// Stop waits for the handlers, so that no go-control-plane goroutine
+	// outlives the control plane (goleak).
+	g := grpc.NewServer(append([]grpc.ServerOption{grpc.WaitForHandlers(true)}, cp.opts...)...)
 	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, cp.srv)
 	done := make(chan struct{})
 	go func() {
