@@ -43,7 +43,7 @@ func (s *Server) serveDelta(st grpc.BidiStreamingServer[discoverypb.DeltaDiscove
 }
 
 func (ds *deltaStream) handle(req *discoverypb.DeltaDiscoveryRequest) error {
-	typeURL, short, err := ds.admit(req.GetTypeUrl(), req.GetNode(), req.GetResourceNamesSubscribe())
+	typeURL, short, err := ds.admit(req.GetTypeUrl(), req.GetNode())
 	if err != nil {
 		return err
 	}
@@ -106,7 +106,7 @@ func (ds *deltaStream) subscribe(typeURL string, t *deltaType, names []string, f
 		}
 	}
 	if len(added) > 0 {
-		ds.cache.Watch(ds.watch, typeURL, added...)
+		ds.cache.Watch(ds.watch, typeURL, watchable(added)...)
 		for _, n := range added {
 			t.answer[n] = struct{}{}
 		}
@@ -196,6 +196,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[st
 	var out [][]byte
 	var removed []string
 	for _, l := range ds.cache.Get(typeURL, names) {
+		l.Absent = l.Absent || l.Name == noName // known not to exist
 		_, named := t.names[l.Name]
 		_, mustAnswer := t.answer[l.Name]
 		have, had := t.sent[l.Name]

@@ -54,9 +54,6 @@ func (s *Server) fetch(ctx context.Context, req *discoverypb.DiscoveryRequest, t
 	if req.GetTypeUrl() != "" && req.GetTypeUrl() != typeURL {
 		return nil, status.Errorf(codes.InvalidArgument, "xdsrelay: type_url %q on a %s request", req.GetTypeUrl(), xds.ShortName(typeURL))
 	}
-	if err := checkNames(req.GetResourceNames()); err != nil {
-		return nil, err
-	}
 	c, release, err := s.join(req.GetNode())
 	if err != nil {
 		return nil, err
@@ -71,7 +68,7 @@ func (s *Server) fetch(ctx context.Context, req *discoverypb.DiscoveryRequest, t
 	if wildcard {
 		c.WatchWildcard(w, typeURL)
 	}
-	c.Watch(w, typeURL, names...)
+	c.Watch(w, typeURL, watchable(names)...)
 	for {
 		rs, ready := pollState(c, typeURL, wildcard, names)
 		if ready {
@@ -104,7 +101,7 @@ func pollState(c *cache.Cache, typeURL string, wildcard bool, names []string) ([
 		if l.Resource != nil {
 			rs = append(rs, l.Resource)
 		}
-		ready = ready && (l.Resource != nil || l.Absent)
+		ready = ready && (l.Resource != nil || l.Absent || l.Name == noName)
 	}
 	slices.SortFunc(rs, func(a, b *cache.Resource) int { return strings.Compare(a.Name, b.Name) })
 	return rs, ready

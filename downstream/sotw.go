@@ -42,6 +42,14 @@ func (t *sotwType) subscription(names []string) (wildcard bool, named map[string
 	return wildcard, named
 }
 
+// nothing reports whether the subscription names only noName, which never
+// exists: it is answered at once with no resources, as go-control-plane
+// answers a first request, and the client knows it holds nothing.
+func (t *sotwType) nothing() bool {
+	_, ok := t.names[noName]
+	return ok && len(t.names) == 1 && !t.wildcard
+}
+
 type sotwStream struct {
 	streamBase
 	types map[string]*sotwType
@@ -62,7 +70,7 @@ func (s *Server) serveSotW(st grpc.BidiStreamingServer[discoverypb.DiscoveryRequ
 }
 
 func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
-	typeURL, short, err := ss.admit(req.GetTypeUrl(), req.GetNode(), req.GetResourceNames())
+	typeURL, short, err := ss.admit(req.GetTypeUrl(), req.GetNode())
 	if err != nil {
 		return err
 	}
@@ -101,7 +109,7 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) {
 		}
 	}
 	if len(added) > 0 {
-		ss.cache.Watch(ss.watch, typeURL, added...)
+		ss.cache.Watch(ss.watch, typeURL, watchable(added)...)
 		for _, n := range added {
 			delete(t.sent, n)
 		}
@@ -161,7 +169,7 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs map[string]stru
 	}
 	t.materialize()
 	var want []cache.Lookup
-	ready := t.responded
+	ready := t.responded || t.nothing()
 	if t.wildcard {
 		all, synced := ss.cache.All(typeURL)
 		want = ss.cache.Get(typeURL, names(all))
@@ -298,7 +306,7 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs map[s
 			out = append(out, l.Error.SotW)
 		}
 	}
-	if len(out) == 0 {
+	if len(out) == 0 && (t.responded || !t.nothing()) {
 		return nil
 	}
 	return ss.respond(typeURL, t, out)

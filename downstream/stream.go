@@ -65,14 +65,25 @@ func set(names []string) map[string]struct{} {
 	return m
 }
 
-// checkNames rejects malformed resource names: an empty name names nothing.
-func checkNames(names []string) error {
+// noName is the empty resource name. A name is an opaque string, and no
+// resource is named "": it is an explicit name that never exists, never the
+// wildcard, and never subscribed upstream, where it could only come back as
+// not found ("How the client specifies what resources to return": the
+// server supplies the requested resources if they exist).
+const noName = ""
+
+// watchable returns names without noName, leaving names untouched.
+func watchable(names []string) []string {
+	if !slices.Contains(names, noName) {
+		return names
+	}
+	out := make([]string, 0, len(names)-1)
 	for _, n := range names {
-		if n == "" {
-			return status.Error(codes.InvalidArgument, "xdsrelay: empty resource name")
+		if n != noName {
+			out = append(out, n)
 		}
 	}
-	return nil
+	return out
 }
 
 // checkNode rejects a request whose node differs from the first request's:
@@ -121,15 +132,12 @@ func (s *Server) newStreamBase(send func(any) error, fixed, variant string, c *c
 func (b *streamBase) watcher() *cache.Watch { return b.watch }
 
 // admit makes the checks every request gets (its type against the
-// service, its node against the first request's, its names) and counts it.
-func (b *streamBase) admit(typeURL string, node *corepb.Node, names []string) (resolved, short string, err error) {
+// service, its node against the first request's) and counts it.
+func (b *streamBase) admit(typeURL string, node *corepb.Node) (resolved, short string, err error) {
 	if resolved, err = resolveType(typeURL, b.fixed); err != nil {
 		return "", "", err
 	}
 	if err := checkNode(b.node, node); err != nil {
-		return "", "", err
-	}
-	if err := checkNames(names); err != nil {
 		return "", "", err
 	}
 	short = xds.ShortName(resolved)
