@@ -33,7 +33,7 @@ type deltaStream struct {
 }
 
 func (s *Server) serveDelta(st grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse], fixed, variant string) error {
-	return serve(s, st, variant, func(c *cache.Cache, first *discoverypb.DeltaDiscoveryRequest, send func(any) error) protocol[discoverypb.DeltaDiscoveryRequest] {
+	return serve(s, st, fixed, variant, func(c *cache.Cache, first *discoverypb.DeltaDiscoveryRequest, send func(any) error) protocol[discoverypb.DeltaDiscoveryRequest] {
 		return &deltaStream{
 			streamBase: s.newStreamBase(send, fixed, variant, c, first.GetNode()),
 			types:      make(map[string]*deltaType),

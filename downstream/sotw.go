@@ -60,7 +60,7 @@ type sotwStream struct {
 }
 
 func (s *Server) serveSotW(st grpc.BidiStreamingServer[discoverypb.DiscoveryRequest, discoverypb.DiscoveryResponse], fixed, variant string) error {
-	return serve(s, st, variant, func(c *cache.Cache, first *discoverypb.DiscoveryRequest, send func(any) error) protocol[discoverypb.DiscoveryRequest] {
+	return serve(s, st, fixed, variant, func(c *cache.Cache, first *discoverypb.DiscoveryRequest, send func(any) error) protocol[discoverypb.DiscoveryRequest] {
 		return &sotwStream{
 			streamBase: s.newStreamBase(send, fixed, variant, c, first.GetNode()),
 			types:      make(map[string]*sotwType),
@@ -88,7 +88,7 @@ func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 	// What was NACKed stays recorded as sent, so it is not sent again; the
 	// next change is.
 	if d := req.GetErrorDetail(); d != nil {
-		ss.nacked(short, req.GetResponseNonce(), d.GetMessage(), "version", req.GetVersionInfo())
+		ss.nacked(short, req.GetResponseNonce(), d.GetMessage(), "version", clip(req.GetVersionInfo()))
 	}
 	ss.resubscribe(typeURL, t, req.GetResourceNames())
 	return nil
