@@ -33,7 +33,7 @@ type deltaStream struct {
 }
 
 func (s *Server) serveDelta(st grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse], fixed, variant string) error {
-	return serve(s, st, variant, func(c *cache.Cache, first *discoverypb.DeltaDiscoveryRequest, send func(any) error) protocol[discoverypb.DeltaDiscoveryRequest] {
+	return serve(s, st, fixed, variant, func(c *cache.Cache, first *discoverypb.DeltaDiscoveryRequest, send func(any) error) protocol[discoverypb.DeltaDiscoveryRequest] {
 		return &deltaStream{
 			streamBase: s.newStreamBase(send, fixed, variant, c, first.GetNode()),
 			types:      make(map[string]*deltaType),
@@ -43,7 +43,7 @@ func (s *Server) serveDelta(st grpc.BidiStreamingServer[discoverypb.DeltaDiscove
 }
 
 func (ds *deltaStream) handle(req *discoverypb.DeltaDiscoveryRequest) error {
-	typeURL, short, err := ds.admit(req.GetTypeUrl(), req.GetNode(), req.GetResourceNamesSubscribe())
+	typeURL, short, err := ds.admit(req.GetTypeUrl(), req.GetNode())
 	if err != nil {
 		return err
 	}
@@ -106,7 +106,7 @@ func (ds *deltaStream) subscribe(typeURL string, t *deltaType, names []string, f
 		}
 	}
 	if len(added) > 0 {
-		ds.cache.Watch(ds.watch, typeURL, added...)
+		ds.cache.Watch(ds.watch, typeURL, watchable(added)...)
 		for _, n := range added {
 			t.answer[n] = struct{}{}
 		}
@@ -187,6 +187,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[st
 	var out [][]byte
 	var removed []string
 	for _, l := range v.Lookups {
+		l.Absent = l.Absent || l.Name == noName // known not to exist
 		_, named := t.names[l.Name]
 		_, mustAnswer := t.answer[l.Name]
 		have, had := t.sent[l.Name]

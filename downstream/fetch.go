@@ -54,9 +54,6 @@ func (s *Server) fetch(ctx context.Context, req *discoverypb.DiscoveryRequest, t
 	if req.GetTypeUrl() != "" && req.GetTypeUrl() != typeURL {
 		return nil, status.Errorf(codes.InvalidArgument, "xdsrelay: type_url %q on a %s request", req.GetTypeUrl(), xds.ShortName(typeURL))
 	}
-	if err := checkNames(req.GetResourceNames()); err != nil {
-		return nil, err
-	}
 	c, release, err := s.join(req.GetNode())
 	if err != nil {
 		return nil, err
@@ -71,7 +68,7 @@ func (s *Server) fetch(ctx context.Context, req *discoverypb.DiscoveryRequest, t
 	if wildcard {
 		c.WatchWildcard(w, typeURL)
 	}
-	c.Watch(w, typeURL, names...)
+	c.Watch(w, typeURL, watchable(names)...)
 	for {
 		rs, ready := pollState(c, typeURL, wildcard, names)
 		if ready {
@@ -104,7 +101,7 @@ func pollState(c *cache.Cache, typeURL string, wildcard bool, names []string) ([
 		if l.Resource != nil {
 			rs = append(rs, l.Resource)
 		}
-		ready = ready && (l.Resource != nil || l.Absent)
+		ready = ready && (l.Resource != nil || l.Absent || l.Name == noName)
 	}
 	slices.SortFunc(rs, func(a, b *cache.Resource) int { return strings.Compare(a.Name, b.Name) })
 	return rs, ready
@@ -138,9 +135,10 @@ func pollResponse(typeURL, version string, rs []*cache.Resource) (*discoverypb.D
 // fetchGRPC is fetch for the gRPC Fetch methods: an unchanged poll that
 // reaches its deadline ends with DEADLINE_EXCEEDED.
 func (s *Server) fetchGRPC(ctx context.Context, req *discoverypb.DiscoveryRequest, typeURL string) (*discoverypb.DiscoveryResponse, error) {
-	ctx, cancel := s.pollContext(ctx)
+	poll, cancel := s.pollContext(ctx)
 	defer cancel()
-	resp, err := s.fetch(ctx, req, typeURL)
+	resp, err := s.fetch(poll, req, typeURL)
+	s.ended(ctx, streamEnd{variant: "fetch", typ: typeURL, node: req.GetNode()}, err)
 	if errors.Is(err, errNotModified) {
 		return nil, status.Error(codes.DeadlineExceeded, "xdsrelay: no change before the poll deadline; poll again")
 	}
@@ -164,27 +162,37 @@ func (s *Server) RESTHandler() http.Handler {
 }
 
 func (s *Server) serveREST(w http.ResponseWriter, r *http.Request, typeURL string) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRESTBody))
-	if err != nil {
-		http.Error(w, fmt.Sprintf("xdsrelay: request body: %v", err), http.StatusRequestEntityTooLarge)
-		return
-	}
-	req := &discoverypb.DiscoveryRequest{}
-	if err := protojson.Unmarshal(body, req); err != nil {
-		http.Error(w, fmt.Sprintf("xdsrelay: not a DiscoveryRequest in proto3 JSON: %v", err), http.StatusBadRequest)
-		return
-	}
-	ctx, cancel := s.pollContext(r.Context())
-	defer cancel()
-	resp, err := s.fetch(ctx, req, typeURL)
+	end := streamEnd{variant: "rest", typ: typeURL, peer: r.RemoteAddr}
+	resp, err := s.pollREST(w, r, typeURL, &end)
+	s.ended(r.Context(), end, err)
 	switch {
 	case errors.Is(err, errNotModified):
 		w.WriteHeader(http.StatusNotModified)
-		return
 	case err != nil:
 		http.Error(w, status.Convert(err).Message(), httpStatus(status.Code(err)))
-		return
+	default:
+		writeREST(w, resp)
 	}
+}
+
+// pollREST reads a REST-JSON request and answers it as a poll, noting its
+// node in end.
+func (s *Server) pollREST(w http.ResponseWriter, r *http.Request, typeURL string, end *streamEnd) (*discoverypb.DiscoveryResponse, error) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRESTBody))
+	if err != nil {
+		return nil, status.Errorf(codes.ResourceExhausted, "xdsrelay: request body: %v", err)
+	}
+	req := &discoverypb.DiscoveryRequest{}
+	if err := protojson.Unmarshal(body, req); err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "xdsrelay: not a DiscoveryRequest in proto3 JSON: %v", err)
+	}
+	end.node = req.GetNode()
+	ctx, cancel := s.pollContext(r.Context())
+	defer cancel()
+	return s.fetch(ctx, req, typeURL)
+}
+
+func writeREST(w http.ResponseWriter, resp *discoverypb.DiscoveryResponse) {
 	js, err := protojson.Marshal(resp)
 	if err != nil {
 		http.Error(w, fmt.Sprintf("xdsrelay: %v", err), http.StatusInternalServerError)
@@ -198,6 +206,8 @@ func httpStatus(c codes.Code) int {
 	switch c {
 	case codes.InvalidArgument:
 		return http.StatusBadRequest
+	case codes.ResourceExhausted:
+		return http.StatusRequestEntityTooLarge
 	case codes.Unavailable:
 		return http.StatusServiceUnavailable
 	default:

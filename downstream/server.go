@@ -55,6 +55,7 @@ type Server struct {
 
 	drainOnce sync.Once
 	conns     connSet // connections accepted by Listen
+	endLog    *bucket // limits warnings about streams ended with an error
 
 	streams  *metrics.Vec
 	pushes   *metrics.Vec
@@ -87,6 +88,7 @@ func New(opts Options) (*Server, error) {
 		drain:       make(chan struct{}),
 		pollTimeout: opts.PollTimeout,
 		sendTimeout: opts.SendTimeout,
+		endLog:      newBucket(endLogRate, endLogBurst),
 		stuck:       m.Counter("xdsrelay_downstream_stuck_total", "Client connections closed because a send to them stayed blocked (the client read nothing) for downstream.send_timeout.").With(),
 		streams:     m.Gauge("xdsrelay_downstream_streams", "Open downstream xDS streams.", "variant"),
 		pushes:      m.Counter("xdsrelay_downstream_pushes_total", "Responses sent to downstream clients.", "type"),

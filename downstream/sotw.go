@@ -42,6 +42,14 @@ func (t *sotwType) subscription(names []string) (wildcard bool, named map[string
 	return wildcard, named
 }
 
+// nothing reports whether the subscription names only noName, which never
+// exists: it is answered at once with no resources, as go-control-plane
+// answers a first request, and the client knows it holds nothing.
+func (t *sotwType) nothing() bool {
+	_, ok := t.names[noName]
+	return ok && len(t.names) == 1 && !t.wildcard
+}
+
 type sotwStream struct {
 	streamBase
 	types map[string]*sotwType
@@ -52,7 +60,7 @@ type sotwStream struct {
 }
 
 func (s *Server) serveSotW(st grpc.BidiStreamingServer[discoverypb.DiscoveryRequest, discoverypb.DiscoveryResponse], fixed, variant string) error {
-	return serve(s, st, variant, func(c *cache.Cache, first *discoverypb.DiscoveryRequest, send func(any) error) protocol[discoverypb.DiscoveryRequest] {
+	return serve(s, st, fixed, variant, func(c *cache.Cache, first *discoverypb.DiscoveryRequest, send func(any) error) protocol[discoverypb.DiscoveryRequest] {
 		return &sotwStream{
 			streamBase: s.newStreamBase(send, fixed, variant, c, first.GetNode()),
 			types:      make(map[string]*sotwType),
@@ -62,7 +70,7 @@ func (s *Server) serveSotW(st grpc.BidiStreamingServer[discoverypb.DiscoveryRequ
 }
 
 func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
-	typeURL, short, err := ss.admit(req.GetTypeUrl(), req.GetNode(), req.GetResourceNames())
+	typeURL, short, err := ss.admit(req.GetTypeUrl(), req.GetNode())
 	if err != nil {
 		return err
 	}
@@ -80,7 +88,7 @@ func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 	// What was NACKed stays recorded as sent, so it is not sent again; the
 	// next change is.
 	if d := req.GetErrorDetail(); d != nil {
-		ss.nacked(short, req.GetResponseNonce(), d.GetMessage(), "version", req.GetVersionInfo())
+		ss.nacked(short, req.GetResponseNonce(), d.GetMessage(), "version", clip(req.GetVersionInfo()))
 	}
 	ss.resubscribe(typeURL, t, req.GetResourceNames())
 	return nil
@@ -101,7 +109,7 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) {
 		}
 	}
 	if len(added) > 0 {
-		ss.cache.Watch(ss.watch, typeURL, added...)
+		ss.cache.Watch(ss.watch, typeURL, watchable(added)...)
 		for _, n := range added {
 			delete(t.sent, n)
 		}
@@ -164,7 +172,7 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs map[string]stru
 	v := ss.cache.Read(typeURL, slices.Collect(maps.Keys(t.names)), t.wildcard)
 	want := slices.DeleteFunc(v.Lookups, func(l cache.Lookup) bool { return l.Resource == nil })
 	// A wildcard's full state waits for upstream's complete state.
-	ready := v.Synced || len(want) > 0
+	ready := v.Synced || len(want) > 0 || t.nothing()
 	if t.wildcard {
 		ready = v.Synced
 	}
@@ -278,7 +286,7 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs map[s
 			out = append(out, l.Error.SotW)
 		}
 	}
-	if len(out) == 0 {
+	if len(out) == 0 && (t.responded || !t.nothing()) {
 		return nil
 	}
 	return ss.respond(typeURL, v.Version, t, out)

@@ -65,14 +65,25 @@ func set(names []string) map[string]struct{} {
 	return m
 }
 
-// checkNames rejects malformed resource names: an empty name names nothing.
-func checkNames(names []string) error {
+// noName is the empty resource name. A name is an opaque string, and no
+// resource is named "": it is an explicit name that never exists, never the
+// wildcard, and never subscribed upstream, where it could only come back as
+// not found ("How the client specifies what resources to return": the
+// server supplies the requested resources if they exist).
+const noName = ""
+
+// watchable returns names without noName, leaving names untouched.
+func watchable(names []string) []string {
+	if !slices.Contains(names, noName) {
+		return names
+	}
+	out := make([]string, 0, len(names)-1)
 	for _, n := range names {
-		if n == "" {
-			return status.Error(codes.InvalidArgument, "xdsrelay: empty resource name")
+		if n != noName {
+			out = append(out, n)
 		}
 	}
-	return nil
+	return out
 }
 
 // checkNode rejects a request whose node differs from the first request's:
@@ -121,15 +132,12 @@ func (s *Server) newStreamBase(send func(any) error, fixed, variant string, c *c
 func (b *streamBase) watcher() *cache.Watch { return b.watch }
 
 // admit makes the checks every request gets (its type against the
-// service, its node against the first request's, its names) and counts it.
-func (b *streamBase) admit(typeURL string, node *corepb.Node, names []string) (resolved, short string, err error) {
+// service, its node against the first request's) and counts it.
+func (b *streamBase) admit(typeURL string, node *corepb.Node) (resolved, short string, err error) {
 	if resolved, err = resolveType(typeURL, b.fixed); err != nil {
 		return "", "", err
 	}
 	if err := checkNode(b.node, node); err != nil {
-		return "", "", err
-	}
-	if err := checkNames(names); err != nil {
 		return "", "", err
 	}
 	short = xds.ShortName(resolved)
@@ -140,19 +148,34 @@ func (b *streamBase) admit(typeURL string, node *corepb.Node, names []string) (r
 // nacked counts and logs a client's NACK of a response.
 func (b *streamBase) nacked(short, nonce, message string, attrs ...any) {
 	b.srv.nacks.With(short).Inc()
-	b.srv.log.Warn("client rejected a response", append([]any{"node", b.node.GetId(), "variant", b.variant,
-		"type", short, "nonce", nonce, "error", message}, attrs...)...)
+	b.srv.log.Warn("client rejected a response", append([]any{"node", clip(b.node.GetId()), "variant", b.variant,
+		"type", short, "nonce", clip(nonce), "error", clip(message)}, attrs...)...)
 }
 
-// noded is a request that may carry the node.
-type noded interface{ GetNode() *corepb.Node }
+// request is what serve reads of a request: the node and the type.
+type request interface {
+	GetNode() *corepb.Node
+	GetTypeUrl() string
+}
 
-// serve runs one stream: its first request places it in a group, then one
-// loop handles requests and flushes changes, the only sender on the stream.
+// serve runs one stream (see run) and logs how it ended.
 func serve[Req any, Resp any, PReq interface {
 	*Req
-	noded
-}](s *Server, st grpc.BidiStreamingServer[Req, Resp], variant string, open func(*cache.Cache, PReq, func(any) error) protocol[Req]) error {
+	request
+}](s *Server, st grpc.BidiStreamingServer[Req, Resp], fixed, variant string, open func(*cache.Cache, PReq, func(any) error) protocol[Req]) error {
+	end := streamEnd{variant: variant, typ: fixed}
+	err := run(s, st, &end, open)
+	s.ended(st.Context(), end, err)
+	return err
+}
+
+// run runs one stream: its first request places it in a group, then one
+// loop handles requests and flushes changes, the only sender on the stream.
+// It notes in end the node and the type of each request.
+func run[Req any, Resp any, PReq interface {
+	*Req
+	request
+}](s *Server, st grpc.BidiStreamingServer[Req, Resp], end *streamEnd, open func(*cache.Cache, PReq, func(any) error) protocol[Req]) error {
 	ctx := st.Context()
 	reqs, errc := receive(ctx, st.Recv)
 	var first *Req
@@ -166,13 +189,15 @@ func serve[Req any, Resp any, PReq interface {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	c, release, err := s.join(PReq(first).GetNode())
+	end.node = PReq(first).GetNode()
+	end.see(PReq(first).GetTypeUrl())
+	c, release, err := s.join(end.node)
 	if err != nil {
 		return err
 	}
 	defer release()
-	s.streams.With(variant).Inc()
-	defer s.streams.With(variant).Dec()
+	s.streams.With(end.variant).Inc()
+	defer s.streams.With(end.variant).Dec()
 	send, stop := s.guard(ctx, st.SendMsg)
 	defer stop()
 	p := open(c, PReq(first), send)
@@ -186,6 +211,7 @@ func serve[Req any, Resp any, PReq interface {
 			if req == nil {
 				return recvError(errc)
 			}
+			end.see(PReq(req).GetTypeUrl())
 			if err := p.handle(req); err != nil {
 				return err
 			}

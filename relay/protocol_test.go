@@ -341,7 +341,6 @@ func TestBadInputEndsOnlyThatStream(t *testing.T) {
 		"unknown type": {{Node: node("n", "c1"), TypeUrl: "type.googleapis.com/not.a.Type"}},
 		"no type":      {{Node: node("n", "c1")}},
 		"no node":      {{TypeUrl: resourcev3.ClusterType}},
-		"empty name":   {{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{""}}},
 		"node changed": {
 			{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"x"}},
 			{Node: node("other", "c1"), TypeUrl: resourcev3.ClusterType},

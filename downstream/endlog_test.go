@@ -1,0 +1,159 @@
+package downstream
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/metrics"
+)
+
+func TestClip(t *testing.T) {
+	long := strings.Repeat("a", maxLogText-1) + "é" + strings.Repeat("b", 5000)
+	cases := []struct {
+		name, in, want string
+	}{
+		{name: "short", in: "node-1", want: "node-1"},
+		{name: "at the bound", in: strings.Repeat("a", maxLogText), want: strings.Repeat("a", maxLogText)},
+		{name: "cut on a character boundary", in: long, want: strings.Repeat("a", maxLogText-1) + "…(6025 bytes)"},
+	}
+	for _, tc := range cases {
+		if got := clip(tc.in); got != tc.want {
+			t.Errorf("%s: clip = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// logBuffer collects JSON log lines.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// lines returns the logged lines whose message is msg.
+func (l *logBuffer) lines(t *testing.T, msg string) []map[string]any {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(l.b.String()), "\n") {
+		m := map[string]any{}
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if m["msg"] == msg {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+type oneGroup struct{ c *cache.Cache }
+
+func (g oneGroup) Join(*corepb.Node) (*cache.Cache, func(), error) { return g.c, func() {}, nil }
+
+// startServer serves a Server on 127.0.0.1:0 until the test ends.
+func startServer(t *testing.T, log *logBuffer) (*Server, *grpc.ClientConn) {
+	t.Helper()
+	s, err := New(Options{Groups: oneGroup{cache.New(cache.Options{})}, Metrics: &metrics.Registry{},
+		Logger: slog.New(slog.NewJSONHandler(log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(ServerOptions()...)
+	s.Register(g)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		g.Serve(s.Listen(ln))
+	}()
+	cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cc.Close()
+		g.Stop()
+		<-served
+	})
+	return s, cc
+}
+
+// badStream opens an ADS stream that the server ends with INVALID_ARGUMENT
+// and waits for its end.
+func badStream(t *testing.T, cc *grpc.ClientConn) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discoverypb.DiscoveryRequest{Node: &corepb.Node{Id: "broken"}, TypeUrl: "type.googleapis.com/not.a.Type"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("stream ended with %v, want INVALID_ARGUMENT", err)
+	}
+}
+
+// A fleet of broken clients is logged within the rate limit: with the clock
+// standing still, a burst of lines and no more; once time passes, the next
+// line is preceded by the count of the lines suppressed.
+func TestStreamEndWarningsAreRateLimited(t *testing.T) {
+	log := &logBuffer{}
+	s, cc := startServer(t, log)
+	var mu sync.Mutex
+	now := time.Unix(1e9, 0)
+	s.endLog.now = func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return now
+	}
+	const flood = 3 * endLogBurst
+	for range flood {
+		badStream(t, cc)
+	}
+	if n := len(log.lines(t, "stream ended with an error")); n != endLogBurst {
+		t.Fatalf("%d broken streams logged %d lines, want the burst of %d", flood, n, endLogBurst)
+	}
+	const suppressedMsg = "warnings about streams ended with an error were suppressed by the rate limit"
+	if n := len(log.lines(t, suppressedMsg)); n != 0 {
+		t.Fatalf("%d suppressed-count lines before logging resumed", n)
+	}
+	mu.Lock()
+	now = now.Add(time.Second)
+	mu.Unlock()
+	badStream(t, cc)
+	sup := log.lines(t, suppressedMsg)
+	if len(sup) != 1 || sup[0]["suppressed"] != float64(flood-endLogBurst) || sup[0]["level"] != "WARN" {
+		t.Fatalf("suppressed-count lines %v, want one counting %d", sup, flood-endLogBurst)
+	}
+	if n := len(log.lines(t, "stream ended with an error")); n != endLogBurst+1 {
+		t.Fatalf("after a second, %d lines, want %d", n, endLogBurst+1)
+	}
+}

@@ -1,0 +1,202 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+)
+
+// logBuffer collects a relay's JSON log lines.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// lines returns the logged lines whose message is msg.
+func (l *logBuffer) lines(t *testing.T, msg string) []map[string]any {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(l.b.String()), "\n") {
+		m := map[string]any{}
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if m["msg"] == msg {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// startLoggedRelay is startRelay with the relay's log, at debug, in a buffer.
+func startLoggedRelay(t *testing.T, upstream string) (*Relay, *logBuffer) {
+	t.Helper()
+	log := &logBuffer{}
+	cfg := Default()
+	cfg.Upstream.Address = upstream
+	cfg.Downstream.Address = "127.0.0.1:0"
+	cfg.Admin.Address = ""
+	r, err := New(cfg, slog.New(slog.NewJSONHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), wait)
+			defer cancel()
+			if err := r.Shutdown(ctx); err != nil {
+				t.Errorf("shutdown: %v", err)
+			}
+		})
+	}
+	shutdowns.Store(r, stop)
+	t.Cleanup(stop)
+	return r, log
+}
+
+// ended waits, within the bound, for the helper's receiver of s to see the
+// stream end.
+func ended[Req, Resp any](t *testing.T, s *stream[Req, Resp]) {
+	t.Helper()
+	select {
+	case <-s.done:
+	case <-time.After(wait):
+		t.Fatal("the stream did not end in time")
+	}
+}
+
+// recvUntilEnd receives until the stream ends and checks how.
+func recvUntilEnd(t *testing.T, recv func() error, want codes.Code) {
+	t.Helper()
+	for {
+		if err := recv(); err != nil {
+			if grpcstatus.Code(err) != want {
+				t.Fatalf("stream ended with %v, want %v", err, want)
+			}
+			return
+		}
+	}
+}
+
+const endedMsg = "stream ended with an error"
+
+// Every stream the relay ends with an error status is logged once, at
+// warn, with the node, variant, type, code and message; client-provided
+// texts are cut to a bound. Streams that end the ordinary way (the client
+// closes or cancels, the relay drains at shutdown) are logged at debug.
+func TestStreamEndsAreLogged(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("x"))
+	r, log := startLoggedRelay(t, cp.Addr)
+
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	ads := discoverypb.NewAggregatedDiscoveryServiceClient(dial(t, r.Addr()))
+	badType, err := ads.StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := badType.Send(&discoverypb.DiscoveryRequest{Node: node("bad-type", "c1"), TypeUrl: "type.googleapis.com/not.a.Type"}); err != nil {
+		t.Fatal(err)
+	}
+	recvUntilEnd(t, func() error { _, err := badType.Recv(); return err }, codes.InvalidArgument)
+
+	huge := strings.Repeat("n", 100<<10)
+	changed, err := ads.DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, req := range []*discoverypb.DeltaDiscoveryRequest{
+		{Node: node("changed", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"x"}},
+		{TypeUrl: resourcev3.ClusterType, ErrorDetail: &rpcstatus.Status{Code: 3, Message: huge}},
+		{Node: node(huge, "c1"), TypeUrl: resourcev3.ClusterType},
+	} {
+		if err := changed.Send(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recvUntilEnd(t, func() error { _, err := changed.Recv(); return err }, codes.InvalidArgument)
+
+	lines := log.lines(t, endedMsg)
+	want := []map[string]string{
+		{"node": "bad-type", "variant": "sotw-ads", "type": "type.googleapis.com/not.a.Type", "code": "InvalidArgument", "level": "WARN"},
+		{"node": "changed", "variant": "delta-ads", "type": "Cluster", "code": "InvalidArgument", "level": "WARN"},
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("%d %q lines, want %d: %v", len(lines), endedMsg, len(want), lines)
+	}
+	for i, w := range want {
+		for k, v := range w {
+			if lines[i][k] != v {
+				t.Errorf("line %d: %s = %v, want %q", i, k, lines[i][k], v)
+			}
+		}
+	}
+	if msg, _ := lines[0]["message"].(string); !strings.Contains(msg, "unknown resource type") {
+		t.Errorf("message %q does not say why", msg)
+	}
+	if msg, _ := lines[1]["message"].(string); !strings.Contains(msg, "node changed") || len(msg) > 1100 {
+		t.Errorf("message of %d bytes, want a clipped node-changed message", len(msg))
+	}
+	nack := log.lines(t, "client rejected a response")
+	if errText, _ := nack[0]["error"].(string); len(nack) != 1 || len(errText) > 1100 {
+		t.Errorf("NACK lines %d, error of %d bytes: want one, clipped", len(nack), len(errText))
+	}
+
+	// Ordinary ends: the client closes its side, cancels, or the relay
+	// drains at shutdown.
+	closed := openSotW(t, r.Addr())
+	closed.send(&discoverypb.DiscoveryRequest{Node: node("closed", "c1"), TypeUrl: resourcev3.ClusterType})
+	closed.recv()
+	if err := closed.st.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	ended(t, closed)
+	cancelled := openDelta(t, r.Addr())
+	cancelled.send(&discoverypb.DeltaDiscoveryRequest{Node: node("cancelled", "c1"), TypeUrl: resourcev3.ClusterType})
+	cancelled.recv()
+	cancelled.close()
+	drained := openDelta(t, r.Addr())
+	drained.send(&discoverypb.DeltaDiscoveryRequest{Node: node("drained", "c1"), TypeUrl: resourcev3.ClusterType})
+	drained.recv()
+	shutdown(t, r) // returns once every stream has ended
+	if n := len(log.lines(t, endedMsg)); n != len(want) {
+		t.Fatalf("%d %q lines after ordinary ends, want still %d", n, endedMsg, len(want))
+	}
+	debug := map[string]bool{}
+	for _, l := range log.lines(t, "stream ended") {
+		if l["level"] == "DEBUG" {
+			debug[l["node"].(string)] = true
+		}
+	}
+	for _, n := range []string{"closed", "cancelled", "drained"} {
+		if !debug[n] {
+			t.Errorf("no debug line for the stream of %s", n)
+		}
+	}
+}
