@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"strconv"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/grpc/codes"
@@ -17,23 +15,8 @@ import (
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
-// maxLogText bounds a client-provided text (node id, error_detail message,
-// type URL, a status message quoting them) in a log line, so that one
-// client cannot write megabytes into the log.
-const maxLogText = 1024
-
-// clip returns s cut to maxLogText bytes, on a character boundary, with its
-// full length noted.
-func clip(s string) string {
-	if len(s) <= maxLogText {
-		return s
-	}
-	cut := maxLogText
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…(" + strconv.Itoa(len(s)) + " bytes)"
-}
+// clip cuts a client-provided text for a log line (xds.Clip).
+func clip(s string) string { return xds.Clip(s) }
 
 // Warnings about streams ended with an error are limited overall to
 // endLogRate lines a second, in bursts of up to endLogBurst, so that a

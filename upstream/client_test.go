@@ -164,3 +164,52 @@ func TestBackoffGrowsAndIsCapped(t *testing.T) {
 		}
 	}
 }
+
+// "Duplicate Resource Names": a response naming one resource twice is
+// NACKed with a message naming it; neither instance is applied, the rest is.
+func TestDuplicateNamesAreNACKed(t *testing.T) {
+	srv := &scripted{streams: make(chan grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse], 1)}
+	g := grpc.NewServer()
+	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, srv)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() { defer close(served); _ = g.Serve(ln) }()
+	defer func() { g.Stop(); <-served }()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := cache.New(cache.Options{Retention: time.Minute})
+	c.Watch(cache.NewWatch(), resourcev3.ClusterType, "twice", "once")
+	cl, err := New(Options{Conn: conn, Node: &corepb.Node{Id: "n"}, Cache: c, Metrics: NewMetrics(&metrics.Registry{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); cl.Run(ctx) }()
+	defer func() { cancel(); <-ran }()
+
+	st := <-srv.streams
+	recvReq(t, st)
+	cluster := func(name, version string) *discoverypb.Resource {
+		a, _ := anypb.New(testcp.Cluster(name))
+		return &discoverypb.Resource{Name: name, Version: version, Resource: a}
+	}
+	if err := st.Send(&discoverypb.DeltaDiscoveryResponse{TypeUrl: resourcev3.ClusterType, Nonce: "1",
+		Resources: []*discoverypb.Resource{cluster("twice", "1"), cluster("once", "1"), cluster("twice", "2")}}); err != nil {
+		t.Fatal(err)
+	}
+	nack := recvReq(t, st)
+	if nack.GetErrorDetail() == nil || !strings.Contains(nack.GetErrorDetail().GetMessage(), `"twice" appears more than once`) {
+		t.Fatalf("want a NACK naming \"twice\", got %v", nack)
+	}
+	got := c.Get(resourcev3.ClusterType, []string{"twice", "once"})
+	if got[0].Resource != nil || got[1].Resource == nil {
+		t.Errorf("twice: %+v, once: %+v; want only once applied", got[0].Resource, got[1].Resource)
+	}
+}

@@ -166,25 +166,28 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 	s.c.opts.Metrics.Responses.With(short).Inc()
 	var upserts []*cache.Resource
 	var heartbeats []*cache.Heartbeat
-	var problems []string
+	problems := duplicates(r)
 	for _, res := range r.GetResources() {
+		if _, dup := problems.names[res.GetName()]; dup {
+			continue // neither instance is applied
+		}
 		if res.GetResource() == nil {
 			// A heartbeat: the TTL is refreshed, nothing changed ("TTL").
 			hb, err := xds.EncodeHeartbeat(res.GetName(), res.GetVersion(), res.GetTtl())
 			if err != nil {
-				problems = append(problems, err.Error())
+				problems.add(err.Error())
 				continue
 			}
 			heartbeats = append(heartbeats, hb)
 			continue
 		}
 		if got := res.GetResource().GetTypeUrl(); got != typeURL {
-			problems = append(problems, fmt.Sprintf("resource %q has type %s in a %s response", res.GetName(), got, short))
+			problems.add(fmt.Sprintf("resource %q has type %s in a %s response", res.GetName(), got, short))
 			continue
 		}
 		enc, err := xds.Encode(res.GetName(), res.GetVersion(), res.GetResource(), res.GetTtl(), res.GetAliases())
 		if err != nil {
-			problems = append(problems, err.Error())
+			problems.add(err.Error())
 			continue
 		}
 		upserts = append(upserts, enc)
@@ -202,15 +205,57 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 		}
 		s.c.opts.Cache.Apply(typeURL, ch)
 	} else {
-		problems = append(problems, fmt.Sprintf("unknown resource type %q", typeURL))
+		problems.add(fmt.Sprintf("unknown resource type %q", typeURL))
 	}
 	ack := &discoverypb.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: r.GetNonce()}
-	if len(problems) > 0 {
+	if len(problems.list) > 0 {
 		span.SetStatus(codes.Error, "NACKed")
 		s.c.opts.Metrics.NACKs.With(short).Inc()
-		msg := strings.Join(problems, "; ")
+		msg := problems.String()
 		s.c.log.Warn("rejecting upstream resources", "type", short, "error", msg)
 		ack.ErrorDetail = &status.Status{Code: int32(grpccodes.InvalidArgument), Message: "xdsrelay: " + msg}
 	}
 	return s.send(ack)
+}
+
+// nackReasons are why a response is NACKed.
+type nackReasons struct {
+	list  []string
+	names map[string]struct{} // names that appear twice
+}
+
+func (p *nackReasons) add(msg string) { p.list = append(p.list, msg) }
+
+// String joins the problems, clipped (xds.Clip): a response with a hundred
+// thousand bad resources is not echoed back whole.
+func (p *nackReasons) String() string {
+	msg := strings.Join(p.list, "; ")
+	if len(p.list) > 1 {
+		msg = fmt.Sprintf("%d problems: %s", len(p.list), msg)
+	}
+	return xds.Clip(msg)
+}
+
+// duplicates finds the names a response holds twice ("Duplicate Resource
+// Names": clients should NACK such a response). Neither instance is
+// applied; the rest of the response is.
+func duplicates(r *discoverypb.DeltaDiscoveryResponse) nackReasons {
+	var p nackReasons
+	seen := make(map[string]struct{}, len(r.GetResources()))
+	for _, res := range r.GetResources() {
+		n := res.GetName()
+		if _, ok := seen[n]; !ok {
+			seen[n] = struct{}{}
+			continue
+		}
+		if _, reported := p.names[n]; reported {
+			continue
+		}
+		if p.names == nil {
+			p.names = make(map[string]struct{})
+		}
+		p.names[n] = struct{}{}
+		p.add(fmt.Sprintf("resource %q appears more than once in the response", xds.Clip(n)))
+	}
+	return p
 }
