@@ -190,7 +190,7 @@ func TestAggregation(t *testing.T) {
 	if n := cp.SotWStreams.Load(); n != 0 {
 		t.Fatalf("the relay opened %d SotW streams upstream, want none", n)
 	}
-	// Upstream, each group is presented with its first client's node.
+	// Upstream, each group is presented with the group's node.
 	for _, n := range cp.Nodes() {
 		if n.GetCluster() != "c1" && n.GetCluster() != "c2" {
 			t.Fatalf("unexpected node upstream: %v", n)

@@ -51,6 +51,8 @@ type Config struct {
 		// Headers is upstream.headers: metadata sent on every upstream RPC
 		// (an authorization token, say).
 		Headers map[string]string
+		// Node is upstream.node.*: the node presented upstream per group.
+		Node NodeConfig
 	}
 	Downstream struct {
 		// Address is downstream.address: where xDS clients connect.
@@ -115,6 +117,8 @@ func Default() Config {
 	c.Upstream.ReconnectMaxDelay = 30 * time.Second
 	c.Upstream.MaxMessageBytes = 256 << 20
 	c.Upstream.MaxRequestBytes = upstream.DefaultMaxRequestBytes
+	c.Upstream.Node.ID = DefaultNodeID
+	c.Upstream.Node.UserAgentName = "xdsrelay"
 	c.Upstream.KeepaliveTime = 30 * time.Second
 	c.Upstream.KeepaliveTimeout = 10 * time.Second
 	c.Downstream.Address = "0.0.0.0:18001"
@@ -168,6 +172,9 @@ func (c *Config) Validate() error {
 		if err := checkGroupField(f); err != nil {
 			return fmt.Errorf("upstream.group_by: %w", err)
 		}
+	}
+	if err := checkNodeID(c.Upstream.Node.ID, c.Upstream.GroupBy); err != nil {
+		return fmt.Errorf("upstream.node.id: %w", err)
 	}
 	if err := checkHostPort(c.Downstream.Address); err != nil {
 		return fmt.Errorf("downstream.address: %w", err)

@@ -24,6 +24,7 @@ import (
 	"github.com/xdsrelay/xdsrelay/downstream"
 	"github.com/xdsrelay/xdsrelay/internal/creds"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/upstream"
 )
 
@@ -39,6 +40,7 @@ type Relay struct {
 	source  upstream.Source // the control plane, or the resource files
 	ctx     context.Context // ends the groups' upstreams
 	cancel  context.CancelFunc
+	host    string // the host name, for upstream node ids
 	ready   atomic.Bool
 	groupsG *metrics.Value
 
@@ -82,6 +84,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	}
 	r := &Relay{
 		cfg:     cfg,
+		host:    hostname(),
 		log:     logger,
 		metrics: &metrics.Registry{},
 		groups:  make(map[string]*group),
@@ -357,18 +360,18 @@ func (r *Relay) Join(node *corepb.Node) (*cache.Cache, func(), error) {
 
 // startGroupLocked creates a group, its cache filled with saved (restored)
 // contents if any, and starts its upstream presenting node.
-func (r *Relay) startGroupLocked(key string, node *corepb.Node, saved []cache.TypeState) (*group, error) {
+func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.TypeState) (*group, error) {
 	ctx, cancel := context.WithCancel(r.ctx)
 	g := &group{
 		key:    key,
-		node:   node,
+		node:   groupNode(&r.cfg, r.host, key, client),
 		cache:  cache.New(cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources}),
 		cancel: cancel,
 	}
 	if saved != nil {
 		g.cache.Import(saved)
 	}
-	feed, err := r.source.Feed(upstream.Group{Key: key, Node: node, Cache: g.cache})
+	feed, err := r.source.Feed(upstream.Group{Key: key, Node: g.node, Cache: g.cache})
 	if err != nil {
 		cancel()
 		return nil, err
@@ -381,7 +384,7 @@ func (r *Relay) startGroupLocked(key string, node *corepb.Node, saved []cache.Ty
 	}()
 	r.groups[key] = g
 	r.groupsG.Set(int64(len(r.groups)))
-	r.log.Info("group started", "group", key, "node", node.GetId())
+	r.log.Info("group started", "group", xds.Clip(key), "upstream_node", xds.Clip(g.node.GetId()))
 	return g, nil
 }
 

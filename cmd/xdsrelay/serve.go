@@ -25,6 +25,7 @@ func serve(ctx context.Context, opts Options, logger *slog.Logger, hup <-chan os
 			}
 		}()
 	}
+	opts.Relay.Upstream.Node.UserAgentVersion = currentVersion().Version
 	r, err := relay.New(opts.Relay, logger)
 	if err != nil {
 		return err

@@ -1,0 +1,126 @@
+package relay
+
+import (
+	"fmt"
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+)
+
+// DefaultNodeID is the default template of the node id the relay presents
+// upstream for a group.
+const DefaultNodeID = "xdsrelay~{hostname}~{group}"
+
+// NodeConfig is upstream.node: what the relay presents to the control plane
+// as each group's node, besides the group's fields.
+type NodeConfig struct {
+	// ID is upstream.node.id: a template of the node id, where {hostname}
+	// is the relay's host name, {group} the group key, and {FIELD} the
+	// value of a group_by field (e.g. {cluster}, {metadata.team}).
+	ID string
+	// Metadata is upstream.node.metadata: added to the node's metadata.
+	Metadata map[string]string
+	// UserAgentName is upstream.node.user_agent_name.
+	UserAgentName string
+	// UserAgentVersion is set by the binary to its version.
+	UserAgentVersion string
+}
+
+var placeholder = regexp.MustCompile(`\{[^{}]*\}`)
+
+// checkNodeID checks the template: each placeholder is {hostname}, {group}
+// or a group_by field, so that every client of a group yields one node.
+func checkNodeID(tmpl string, groupBy []string) error {
+	if tmpl == "" {
+		return fmt.Errorf("must not be empty (default %q)", DefaultNodeID)
+	}
+	for _, p := range placeholder.FindAllString(tmpl, -1) {
+		name := p[1 : len(p)-1]
+		if name != "hostname" && name != "group" && !slices.Contains(groupBy, name) {
+			return fmt.Errorf("%s is neither {hostname}, {group} nor a field of upstream.group_by %v", p, groupBy)
+		}
+	}
+	if strings.Count(tmpl, "{") != strings.Count(tmpl, "}") {
+		return fmt.Errorf("%q has unbalanced braces", tmpl)
+	}
+	return nil
+}
+
+// hostname is the relay's host name, for node ids.
+func hostname() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "unknown"
+	}
+	return h
+}
+
+// groupNode is the node the relay presents upstream for a group: the
+// group's fields as its clients sent them (client is any of them: they all
+// agree on those), an id from the template, the configured metadata and
+// the relay's user agent. Nothing else of any client reaches the control
+// plane (DESIGN.md, "Identity decides the tenant").
+func groupNode(cfg *Config, host, key string, client *corepb.Node) *corepb.Node {
+	n := &corepb.Node{
+		UserAgentName:        cfg.Upstream.Node.UserAgentName,
+		UserAgentVersionType: &corepb.Node_UserAgentVersion{UserAgentVersion: cfg.Upstream.Node.UserAgentVersion},
+		// The relay passes TTLs and heartbeats through ("TTL").
+		ClientFeatures: []string{"xds.config.supports-resource-ttl"},
+	}
+	for k, v := range cfg.Upstream.Node.Metadata {
+		setMetadata(n, k, structpb.NewStringValue(v))
+	}
+	for _, f := range cfg.Upstream.GroupBy {
+		copyField(n, client, f)
+	}
+	n.Id = placeholder.ReplaceAllStringFunc(cfg.Upstream.Node.ID, func(p string) string {
+		switch name := p[1 : len(p)-1]; name {
+		case "hostname":
+			return host
+		case "group":
+			return key
+		default:
+			return nodeField(client, name)
+		}
+	})
+	return n
+}
+
+// copyField copies one group_by field from src to dst.
+func copyField(dst, src *corepb.Node, f string) {
+	loc := func() *corepb.Locality {
+		if dst.Locality == nil {
+			dst.Locality = &corepb.Locality{}
+		}
+		return dst.Locality
+	}
+	switch f {
+	case "id":
+		// The id comes from the template ({id} puts it there).
+	case "cluster":
+		dst.Cluster = src.GetCluster()
+	case "locality.region":
+		loc().Region = src.GetLocality().GetRegion()
+	case "locality.zone":
+		loc().Zone = src.GetLocality().GetZone()
+	case "locality.sub_zone":
+		loc().SubZone = src.GetLocality().GetSubZone()
+	default:
+		key := strings.TrimPrefix(f, "metadata.")
+		if v := src.GetMetadata().GetFields()[key]; v != nil {
+			setMetadata(dst, key, proto.Clone(v).(*structpb.Value))
+		}
+	}
+}
+
+func setMetadata(n *corepb.Node, key string, v *structpb.Value) {
+	if n.Metadata == nil {
+		n.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{}}
+	}
+	n.Metadata.Fields[key] = v
+}

@@ -1,0 +1,66 @@
+package relay
+
+import (
+	"slices"
+	"testing"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+)
+
+// The node the control plane sees is the group's: its group_by fields as
+// clients sent them, the configured id, metadata and user agent; nothing
+// else of the client that came first (its id, its other metadata, its user
+// agent) reaches the control plane.
+func TestUpstreamNodeIsTheGroups(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("one"))
+	r := startRelay(t, cp.Addr, func(c *Config) {
+		c.Upstream.GroupBy = []string{"cluster", "metadata.team"}
+		c.Upstream.Node.ID = "relay-{cluster}-{metadata.team}"
+		c.Upstream.Node.Metadata = map[string]string{"region": "eu-1"}
+		c.Upstream.Node.UserAgentVersion = "v9"
+	})
+	meta, _ := structpb.NewStruct(map[string]any{"team": "pay", "secret": "client-only"})
+	first := &corepb.Node{Id: "first-client", Cluster: "c1", Metadata: meta, UserAgentName: "envoy",
+		ClientFeatures: []string{"envoy.lb.does_not_support_overprovisioning"}}
+	s := openDelta(t, r.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: first, TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"one"}})
+	if got := deltaNames(s.recv()); !slices.Equal(got, []string{"one"}) {
+		t.Fatalf("got %v", got)
+	}
+	nodes := cp.Nodes()
+	if len(nodes) != 1 {
+		t.Fatalf("%d upstream nodes, want 1", len(nodes))
+	}
+	n := nodes[0]
+	md := n.GetMetadata().GetFields()
+	switch {
+	case n.GetId() != "relay-c1-pay":
+		t.Errorf("id %q, want relay-c1-pay", n.GetId())
+	case n.GetCluster() != "c1":
+		t.Errorf("cluster %q", n.GetCluster())
+	case md["team"].GetStringValue() != "pay" || md["region"].GetStringValue() != "eu-1" || md["secret"] != nil:
+		t.Errorf("metadata %v: want team and region only", md)
+	case n.GetUserAgentName() != "xdsrelay" || n.GetUserAgentVersion() != "v9":
+		t.Errorf("user agent %q %q", n.GetUserAgentName(), n.GetUserAgentVersion())
+	case !slices.Equal(n.GetClientFeatures(), []string{"xds.config.supports-resource-ttl"}):
+		t.Errorf("client features %v", n.GetClientFeatures())
+	}
+}
+
+func TestNodeIDTemplateIsChecked(t *testing.T) {
+	for tmpl, ok := range map[string]bool{
+		DefaultNodeID: true, "{cluster}": true, "{id}": false, "{nope}": false, "": false, "a{cluster": false,
+	} {
+		cfg := Default()
+		cfg.Upstream.Node.ID = tmpl
+		if err := cfg.Validate(); (err == nil) != ok {
+			t.Errorf("%q: %v", tmpl, err)
+		}
+	}
+}
