@@ -294,6 +294,7 @@ func (c *Cache) evictLocked(o *op) bool {
 			}
 		} else if e := t.entries[k.name]; e != nil && len(e.watchers) == 0 {
 			e.wanted = false
+			c.noteLocked(k.typeURL, k.name, false)
 			if !t.wantWildcard || e.res == nil {
 				c.removeLocked(t, k.typeURL, k.name, true, o)
 			}
@@ -308,6 +309,7 @@ func (c *Cache) evictLocked(o *op) bool {
 // resources are no longer known to be the complete state.
 func (c *Cache) dropWildcardLocked(t *typeState, typeURL string, o *op) {
 	t.wantWildcard, t.synced = false, false
+	c.noteLocked(typeURL, "*", false)
 	c.idle.Remove(idleKey{typeURL: typeURL, wildcard: true})
 	o.change(t, typeURL)
 }
@@ -370,6 +372,7 @@ func (c *Cache) retireLocked(t *typeState, typeURL string, now time.Time, o *op)
 	for n, e := range t.entries {
 		if e.wanted && len(e.watchers) == 0 && now.Sub(e.idle) >= c.retention {
 			e.wanted = false
+			c.noteLocked(typeURL, n, false)
 			c.idle.Remove(idleKey{typeURL: typeURL, name: n})
 			changed = true
 		}

@@ -163,3 +163,32 @@ func TestImportRestoresAliases(t *testing.T) {
 		t.Fatalf("alias of a restored resource: %+v", l)
 	}
 }
+
+// The interest log says what entered and left the interest since it was
+// last taken, and overflows to "read it all" rather than grow without bound.
+func TestInterestChanges(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	c := New(Options{Retention: time.Minute, Now: clk.now})
+	w := NewWatch()
+	c.Watch(w, eds, "a", "b")
+	c.WatchWildcard(w, eds)
+	changes, all := c.InterestChanges()
+	if all || !changes[eds]["a"] || !changes[eds]["b"] || !changes[eds]["*"] {
+		t.Fatalf("after watching: %v %v", changes, all)
+	}
+	if changes, _ := c.InterestChanges(); len(changes) != 0 {
+		t.Fatalf("taken twice: %v", changes)
+	}
+	c.Unwatch(w, eds, "a")
+	clk.t = clk.t.Add(2 * time.Minute)
+	c.Sweep() // a's retention ends
+	if changes, _ := c.InterestChanges(); len(changes[eds]) != 1 || changes[eds]["a"] {
+		t.Fatalf("after a's retention: %v", changes)
+	}
+	for i := range maxInterestLog + 1 {
+		c.Watch(w, eds, strconv.Itoa(i))
+	}
+	if changes, all := c.InterestChanges(); !all || changes != nil {
+		t.Fatalf("past the bound: %d types, all=%v", len(changes), all)
+	}
+}

@@ -99,6 +99,10 @@ type Cache struct {
 	size      int                               // present resources; guarded by mu
 	idle      *simplelru.LRU[idleKey, struct{}] // what nobody watches, least recently used first; guarded by mu
 	evictions uint64                            // guarded by mu
+	// The interest log (InterestChanges); guarded by mu.
+	ilog     map[string]map[string]bool
+	ilogLen  int
+	ilogFull bool
 }
 
 // idleKey names what may be evicted: a retained name, or a type's retained
@@ -195,6 +199,7 @@ func (c *Cache) Watch(w *Watch, typeURL string, names ...string) {
 		c.idle.Remove(idleKey{typeURL: typeURL, name: n})
 		if !e.wanted {
 			e.wanted = true
+			c.noteLocked(typeURL, n, true)
 			changed = true
 		}
 		r.names[n] = struct{}{}
@@ -245,6 +250,7 @@ func (c *Cache) WatchWildcard(w *Watch, typeURL string) {
 	c.idle.Remove(idleKey{typeURL: typeURL, wildcard: true})
 	if !t.wantWildcard {
 		t.wantWildcard = true
+		c.noteLocked(typeURL, "*", true)
 		c.signalInterest()
 	}
 }
@@ -465,14 +471,7 @@ func (c *Cache) Interest() map[string]Interest {
 	defer c.mu.RUnlock()
 	out := make(map[string]Interest, len(c.types))
 	for typeURL, t := range c.types {
-		in := Interest{Wildcard: t.wantWildcard}
-		for n, e := range t.entries {
-			if e.wanted {
-				in.Names = append(in.Names, n)
-			}
-		}
-		slices.Sort(in.Names)
-		if in.Wildcard || len(in.Names) > 0 {
+		if in := t.interestLocked(); in.Wildcard || len(in.Names) > 0 {
 			out[typeURL] = in
 		}
 	}

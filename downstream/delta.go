@@ -53,6 +53,7 @@ func (ds *deltaStream) handle(req *discoverypb.DeltaDiscoveryRequest) error {
 		ds.nacked(short, req.GetResponseNonce(), d.GetMessage())
 	}
 	t := ds.types[typeURL]
+	var fresh []string // names this request asks to be answered
 	if t == nil {
 		// The first request of a type: initial_resource_versions is what
 		// the client already has ("Incremental reconnect example"), and an
@@ -67,13 +68,16 @@ func (ds *deltaStream) handle(req *discoverypb.DeltaDiscoveryRequest) error {
 		if len(req.GetResourceNamesSubscribe()) == 0 {
 			ds.subscribeWildcard(typeURL, t)
 		}
-		ds.subscribe(typeURL, t, req.GetResourceNamesSubscribe(), true)
+		fresh = ds.subscribe(typeURL, t, req.GetResourceNamesSubscribe(), true)
 	} else {
-		ds.subscribe(typeURL, t, req.GetResourceNamesSubscribe(), false)
+		fresh = ds.subscribe(typeURL, t, req.GetResourceNamesSubscribe(), false)
 	}
-	ds.unsubscribe(typeURL, t, req.GetResourceNamesUnsubscribe())
-	if t.all || len(t.answer) > 0 {
-		ds.watch.Mark(typeURL, 0, slices.Collect(maps.Keys(t.answer))...)
+	fresh = append(fresh, ds.unsubscribe(typeURL, t, req.GetResourceNamesUnsubscribe())...)
+	// Only what this request changed is looked at: a name still waiting
+	// for upstream is looked at again when the cache marks it, so a request
+	// costs the same whatever the stream already holds.
+	if t.all || len(fresh) > 0 {
+		ds.watch.Mark(typeURL, 0, fresh...)
 	}
 	return nil
 }
@@ -89,7 +93,7 @@ func (ds *deltaStream) subscribeWildcard(typeURL string, t *deltaType) {
 // client seems to have it ("Subscribing to Resources": it may have
 // forgotten it), except on the first request, where
 // initial_resource_versions says what the client has.
-func (ds *deltaStream) subscribe(typeURL string, t *deltaType, names []string, first bool) {
+func (ds *deltaStream) subscribe(typeURL string, t *deltaType, names []string, first bool) (fresh []string) {
 	var added []string
 	for _, n := range names {
 		if n == "*" {
@@ -103,6 +107,7 @@ func (ds *deltaStream) subscribe(typeURL string, t *deltaType, names []string, f
 		if !first {
 			delete(t.sent, n)
 			t.answer[n] = struct{}{}
+			fresh = append(fresh, n)
 		}
 	}
 	if len(added) > 0 {
@@ -110,14 +115,16 @@ func (ds *deltaStream) subscribe(typeURL string, t *deltaType, names []string, f
 		for _, n := range added {
 			t.answer[n] = struct{}{}
 		}
+		fresh = append(fresh, added...)
 	}
+	return fresh
 }
 
 // unsubscribe removes names; names the client was not subscribed to are
 // ignored ("Unsubscribing from Resources": phantom unsubscriptions). When a
 // wildcard subscriber drops a name, it is told whether the wildcard still
 // covers it (the exception in "Unsubscribing from Resources").
-func (ds *deltaStream) unsubscribe(typeURL string, t *deltaType, names []string) {
+func (ds *deltaStream) unsubscribe(typeURL string, t *deltaType, names []string) (fresh []string) {
 	var removed []string
 	for _, n := range names {
 		if n == "*" {
@@ -137,11 +144,13 @@ func (ds *deltaStream) unsubscribe(typeURL string, t *deltaType, names []string)
 		removed = append(removed, n)
 		if t.wildcard {
 			t.answer[n] = struct{}{}
+			fresh = append(fresh, n)
 		}
 	}
 	if len(removed) > 0 {
 		ds.cache.Unwatch(ds.watch, typeURL, removed...)
 	}
+	return fresh
 }
 
 // flush sends what changed, type by type in the order upstream sent it.
@@ -165,7 +174,6 @@ func (ds *deltaStream) flush() error {
 // candidates are the names a flush looks at, and whether it must look at
 // every resource of the type too.
 func (ds *deltaStream) candidates(t *deltaType, dirty, hbs map[string]struct{}) (names []string, all bool) {
-	names = slices.Collect(maps.Keys(t.answer))
 	if t.all {
 		names = append(names, slices.Collect(maps.Keys(t.names))...)
 		names = append(names, slices.Collect(maps.Keys(t.sent))...)
@@ -227,9 +235,11 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[st
 			delete(t.answer, l.Name)
 		}
 	}
-	for n, v := range t.sent {
-		if _, named := t.names[n]; v == absent && !named {
-			delete(t.sent, n)
+	// Forget the not-found names that are not subscribed by name, among
+	// those looked at (not the whole record: work per flush is per change).
+	for _, l := range v.Lookups {
+		if _, named := t.names[l.Name]; t.sent[l.Name] == absent && !named {
+			delete(t.sent, l.Name)
 		}
 	}
 	first := !t.responded && t.wildcard && synced

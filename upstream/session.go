@@ -39,6 +39,7 @@ type session struct {
 	st       grpc.BidiStreamingClient[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
 	subs     map[string]*subscription
 	sentNode bool
+	synced   bool // the first sync, of the whole interest, is done
 	notFound notFound
 }
 
@@ -59,6 +60,11 @@ func (s *session) send(req *discoverypb.DeltaDiscoveryRequest) error {
 // reconnect example"). The wildcard is always subscribed explicitly as "*",
 // never by the legacy empty list, since names may be subscribed beside it.
 func (s *session) sync() error {
+	changes, all := s.c.opts.Cache.InterestChanges()
+	if s.synced && !all {
+		return s.syncChanges(changes)
+	}
+	s.synced = true
 	interest := s.c.opts.Cache.Interest()
 	types := slices.Sorted(maps.Keys(interest))
 	for t := range s.subs {
@@ -68,6 +74,55 @@ func (s *session) sync() error {
 	}
 	for _, typeURL := range types {
 		if err := s.syncType(typeURL, interest[typeURL]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// syncChanges applies what changed in the interest since the last sync:
+// work in proportion to the change, not to what the group holds. A type
+// seen for the first time is subscribed whole (with its initial versions).
+func (s *session) syncChanges(changes map[string]map[string]bool) error {
+	for _, typeURL := range slices.Sorted(maps.Keys(changes)) {
+		sub := s.subs[typeURL]
+		if sub == nil {
+			if err := s.syncType(typeURL, s.c.opts.Cache.TypeInterest(typeURL)); err != nil {
+				return err
+			}
+			continue
+		}
+		ch := change{typeURL: typeURL}
+		wildcard := false
+		for n, wanted := range changes[typeURL] {
+			_, has := sub.names[n]
+			switch {
+			case n == "*" && wanted && !sub.wildcard:
+				sub.wildcard, sub.awaitingWildcard, wildcard = true, true, true
+			case n == "*" && !wanted && sub.wildcard:
+				sub.wildcard = false
+				ch.unsubscribe = append(ch.unsubscribe, n)
+			case n == "*":
+			case wanted && !has:
+				sub.names[n] = struct{}{}
+				ch.subscribe = append(ch.subscribe, n)
+			case !wanted && has:
+				delete(sub.names, n)
+				ch.unsubscribe = append(ch.unsubscribe, n)
+			}
+		}
+		slices.Sort(ch.subscribe)
+		slices.Sort(ch.unsubscribe)
+		if wildcard {
+			ch.subscribe = append([]string{"*"}, ch.subscribe...)
+		}
+		if len(ch.subscribe) == 0 && len(ch.unsubscribe) == 0 {
+			continue
+		}
+		if !s.sentNode {
+			ch.node = s.c.opts.Node
+		}
+		if err := s.sendChange(ch, sub); err != nil {
 			return err
 		}
 	}
