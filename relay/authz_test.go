@@ -11,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"io"
+	"log/slog"
 	"math/big"
 	"net"
 	"net/http"
@@ -129,17 +130,40 @@ var tenantRule = AuthorizationRule{Identity: "spiffe://example.org/tenant/{tenan
 // front of a control plane holding a cluster for each of tenant-a and
 // tenant-b.
 func startTenantRelay(t *testing.T) (*Relay, *testcp.ControlPlane, *testCA) {
+	return startTenantRelayLogged(t, testLogger())
+}
+
+// startTenantRelayLogged is startTenantRelay with its log going to logger,
+// and the configuration changed by mutate.
+func startTenantRelayLogged(t *testing.T, logger *slog.Logger, mutate ...func(*Config)) (*Relay, *testcp.ControlPlane, *testCA) {
 	t.Helper()
 	ca := newTestCA(t)
 	cp := testcp.Start(t)
 	cp.Set(t, "tenant-a", "1", testcp.Cluster("a-service"))
 	cp.Set(t, "tenant-b", "1", testcp.Cluster("b-secret"))
-	r := startRelay(t, cp.Addr, func(c *Config) {
-		c.Downstream.TLS.CertFile, c.Downstream.TLS.KeyFile = ca.serverCert, ca.serverKey
-		c.Downstream.TLS.CAFile = ca.file
-		c.Downstream.RESTAddress = "127.0.0.1:0"
-		c.Downstream.PollTimeout = time.Second
-		c.Downstream.Authorization.Rules = []AuthorizationRule{tenantRule}
+	cfg := Default()
+	cfg.Upstream.Address = cp.Addr
+	cfg.Downstream.Address, cfg.Downstream.RESTAddress, cfg.Admin.Address = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Downstream.TLS.CertFile, cfg.Downstream.TLS.KeyFile = ca.serverCert, ca.serverKey
+	cfg.Downstream.TLS.CAFile = ca.file
+	cfg.Downstream.PollTimeout = time.Second
+	cfg.Downstream.Authorization.Rules = []AuthorizationRule{tenantRule}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	r, err := New(cfg, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		if err := r.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
 	})
 	return r, cp, ca
 }
@@ -318,5 +342,33 @@ func TestAuthorizationConfigErrors(t *testing.T) {
 				t.Fatalf("error %v, want one naming %q", err, tc.wantErr)
 			}
 		})
+	}
+}
+
+// A denial is logged at warn as a stream ended with an error; a rule that
+// leaves a group_by field open is reported at startup.
+func TestAuthorizationLogs(t *testing.T) {
+	log := &logBuffer{}
+	logger := slog.New(slog.NewJSONHandler(log, nil))
+	r, _, ca := startTenantRelayLogged(t, logger, func(c *Config) {
+		c.Upstream.GroupBy = []string{"cluster", "locality.zone"}
+	})
+	ads := discoverypb.NewAggregatedDiscoveryServiceClient(ca.dialAs(r.Addr(), ca.client("spiffe://example.org/tenant/a")))
+	err := firstReply(t, ads.StreamAggregatedResources, &discoverypb.DiscoveryRequest{Node: node("a-1", "tenant-b"), TypeUrl: resourcev3.ClusterType})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("claiming tenant-b: %v", err)
+	}
+	var ended []map[string]any
+	eventually(t, "the denial in the log", func() bool {
+		ended = log.lines(t, "stream ended with an error")
+		return len(ended) > 0
+	})
+	if l := ended[0]; l["level"] != "WARN" || l["code"] != "PermissionDenied" || l["node"] != "a-1" ||
+		!strings.Contains(l["message"].(string), `identity "spiffe://example.org/tenant/a"`) {
+		t.Errorf("logged %v", l)
+	}
+	open := log.lines(t, "an authorization rule leaves a group_by field open: the clients it admits may join any group")
+	if len(open) != 1 || open[0]["field"] != "locality.zone" || open[0]["rule"] != "downstream.authorization.rules[0]" {
+		t.Errorf("startup warnings %v", open)
 	}
 }
