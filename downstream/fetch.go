@@ -50,9 +50,12 @@ const maxRESTBody = 1 << 20
 // the request already has that version the poll is held until something
 // changes or ctx ends, and an unchanged set is never answered ("REST-JSON
 // polling subscriptions").
-func (s *Server) fetch(ctx context.Context, req *discoverypb.DiscoveryRequest, typeURL string) (*discoverypb.DiscoveryResponse, error) {
+func (s *Server) fetch(ctx context.Context, who client, req *discoverypb.DiscoveryRequest, typeURL string) (*discoverypb.DiscoveryResponse, error) {
 	if req.GetTypeUrl() != "" && req.GetTypeUrl() != typeURL {
 		return nil, status.Errorf(codes.InvalidArgument, "xdsrelay: type_url %q on a %s request", req.GetTypeUrl(), xds.ShortName(typeURL))
+	}
+	if err := s.authorize(who, req.GetNode()); err != nil {
+		return nil, err
 	}
 	c, release, err := s.join(req.GetNode())
 	if err != nil {
@@ -137,7 +140,7 @@ func pollResponse(typeURL, version string, rs []*cache.Resource) (*discoverypb.D
 func (s *Server) fetchGRPC(ctx context.Context, req *discoverypb.DiscoveryRequest, typeURL string) (*discoverypb.DiscoveryResponse, error) {
 	poll, cancel := s.pollContext(ctx)
 	defer cancel()
-	resp, err := s.fetch(poll, req, typeURL)
+	resp, err := s.fetch(poll, grpcClient(ctx, "fetch"), req, typeURL)
 	s.ended(ctx, streamEnd{variant: "fetch", typ: typeURL, node: req.GetNode()}, err)
 	if errors.Is(err, errNotModified) {
 		return nil, status.Error(codes.DeadlineExceeded, "xdsrelay: no change before the poll deadline; poll again")
@@ -189,7 +192,7 @@ func (s *Server) pollREST(w http.ResponseWriter, r *http.Request, typeURL string
 	end.node = req.GetNode()
 	ctx, cancel := s.pollContext(r.Context())
 	defer cancel()
-	return s.fetch(ctx, req, typeURL)
+	return s.fetch(ctx, client{variant: "rest", tls: r.TLS}, req, typeURL)
 }
 
 func writeREST(w http.ResponseWriter, resp *discoverypb.DiscoveryResponse) {
@@ -206,6 +209,8 @@ func httpStatus(c codes.Code) int {
 	switch c {
 	case codes.InvalidArgument:
 		return http.StatusBadRequest
+	case codes.PermissionDenied:
+		return http.StatusForbidden
 	case codes.ResourceExhausted:
 		return http.StatusRequestEntityTooLarge
 	case codes.Unavailable:

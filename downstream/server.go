@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/authz"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
@@ -40,6 +41,9 @@ type Options struct {
 	// SendTimeout is how long a send may stay blocked (the client reads
 	// nothing) before the client's connection is closed; 30s if zero.
 	SendTimeout time.Duration
+	// Authorizer, if set, decides which nodes a client may claim by its
+	// certificate (downstream.authorization.rules); nil admits every node.
+	Authorizer *authz.Authorizer
 }
 
 // Server implements the xDS services on top of the groups' caches.
@@ -48,6 +52,7 @@ type Server struct {
 
 	// Read-only after New.
 	groups      Groups
+	authz       *authz.Authorizer // nil: no authorization
 	log         *slog.Logger
 	drain       chan struct{} // closed by Drain
 	pollTimeout time.Duration
@@ -61,6 +66,7 @@ type Server struct {
 	pushes   *metrics.Vec
 	requests *metrics.Vec
 	nacks    *metrics.Vec
+	denied   *metrics.Vec
 	stuck    *metrics.Value
 }
 
@@ -84,6 +90,7 @@ func New(opts Options) (*Server, error) {
 	m := opts.Metrics
 	return &Server{
 		groups:      opts.Groups,
+		authz:       opts.Authorizer,
 		log:         opts.Logger.With("component", "downstream"),
 		drain:       make(chan struct{}),
 		pollTimeout: opts.PollTimeout,
@@ -94,6 +101,7 @@ func New(opts Options) (*Server, error) {
 		pushes:      m.Counter("xdsrelay_downstream_pushes_total", "Responses sent to downstream clients.", "type"),
 		requests:    m.Counter("xdsrelay_downstream_requests_total", "Requests received from downstream clients.", "type"),
 		nacks:       m.Counter("xdsrelay_downstream_nacks_total", "Responses rejected (NACKed) by downstream clients.", "type"),
+		denied:      m.Counter("xdsrelay_downstream_denied_total", "Clients refused by downstream.authorization.rules (PERMISSION_DENIED, or 403 over REST-JSON); reason identity: no rule matches the certificate, node: a rule matches it but not the node claimed.", "variant", "reason"),
 	}, nil
 }
 

@@ -191,6 +191,9 @@ func run[Req any, Resp any, PReq interface {
 	}
 	end.node = PReq(first).GetNode()
 	end.see(PReq(first).GetTypeUrl())
+	if err := s.authorize(grpcClient(ctx, end.variant), end.node); err != nil {
+		return err
+	}
 	c, release, err := s.join(end.node)
 	if err != nil {
 		return err

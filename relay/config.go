@@ -72,6 +72,13 @@ type Config struct {
 		// TLS is downstream.tls.{cert_file,key_file,client_ca_file}: TLS
 		// for clients (gRPC and REST), mTLS when client_ca_file is set.
 		TLS creds.TLS
+		// Authorization is downstream.authorization: which nodes a client
+		// may claim, by the identities of its client certificate.
+		Authorization struct {
+			// Rules is downstream.authorization.rules; empty admits
+			// every node. Rules need client_ca_file.
+			Rules []AuthorizationRule
+		}
 	}
 	Admin struct {
 		// Address is admin.address: /healthz, /readyz, /metrics; empty
@@ -105,6 +112,17 @@ type Config struct {
 	// ShutdownTimeout is shutdown_timeout: how long Shutdown waits for
 	// streams to end before closing them.
 	ShutdownTimeout time.Duration
+}
+
+// AuthorizationRule is one of downstream.authorization.rules: a client whose
+// certificate has an identity (URI SAN, DNS SAN or subject CN) matching
+// Identity may claim a node whose fields match Node, a map from node field
+// (as in upstream.group_by) to pattern. In patterns, "{name}" captures a run
+// of characters without '/' (in Identity) or stands for the captured value
+// (in Node), and "*" matches any run without '/'.
+type AuthorizationRule struct {
+	Identity string
+	Node     map[string]string
 }
 
 // Default returns the default configuration: what the binary uses for a key
@@ -186,6 +204,9 @@ func (c *Config) Validate() error {
 	}
 	if t := c.Downstream.TLS; t.Enabled() && (t.CertFile == "" || t.KeyFile == "") {
 		return errors.New("downstream.tls: cert_file and key_file are both required")
+	}
+	if _, err := c.authorizer(); err != nil {
+		return err
 	}
 	if c.Downstream.SendTimeout <= 0 {
 		return fmt.Errorf("downstream.send_timeout: must be positive, got %s", c.Downstream.SendTimeout)

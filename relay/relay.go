@@ -105,8 +105,13 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 		return nil, err
 	}
 	r.source = src
+	az, err := cfg.authorizer()
+	if err != nil {
+		return nil, err
+	}
+	warnUnboundGroups(cfg, logger)
 	ds, err := downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: logger,
-		PollTimeout: cfg.Downstream.PollTimeout, SendTimeout: cfg.Downstream.SendTimeout})
+		PollTimeout: cfg.Downstream.PollTimeout, SendTimeout: cfg.Downstream.SendTimeout, Authorizer: az})
 	if err != nil {
 		return nil, err
 	}

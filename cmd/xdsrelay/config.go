@@ -91,6 +91,9 @@ func readFile(file string) (map[string]any, error) {
 			return nil, fmt.Errorf("config %s: unknown key %q", file, k)
 		}
 	}
+	if err := keepCase(file, vals, known); err != nil {
+		return nil, err
+	}
 	return vals, nil
 }
 

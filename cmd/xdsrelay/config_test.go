@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/xdsrelay/xdsrelay/relay"
 )
 
 func TestLoadConfig(t *testing.T) {
@@ -164,6 +166,42 @@ func TestLoadConfig(t *testing.T) {
 				}
 			},
 		},
+		{
+			name: "authorization rules from the file keep the case of metadata keys",
+			yaml: mtls + "  authorization:\n    rules:\n      - identity: spiffe://cluster.local/ns/{ns}/sa/*\n        node:\n          metadata.NAMESPACE: \"{ns}\"\n          cluster: \"*\"\n      - identity: relay.example.org\n",
+			check: func(t *testing.T, o Options) {
+				want := []relay.AuthorizationRule{
+					{Identity: "spiffe://cluster.local/ns/{ns}/sa/*", Node: map[string]string{"metadata.NAMESPACE": "{ns}", "cluster": "*"}},
+					{Identity: "relay.example.org"},
+				}
+				if got := o.Relay.Downstream.Authorization.Rules; !reflect.DeepEqual(got, want) {
+					t.Errorf("rules %+v, want %+v", got, want)
+				}
+			},
+		},
+		{
+			name: "authorization rules from the environment, in JSON",
+			yaml: mtls,
+			env:  map[string]string{"XDSRELAY_DOWNSTREAM_AUTHORIZATION_RULES": `[{"identity": "spiffe://example.org/tenant/{t}", "node": {"cluster": "{t}"}}]`},
+			check: func(t *testing.T, o Options) {
+				want := []relay.AuthorizationRule{{Identity: "spiffe://example.org/tenant/{t}", Node: map[string]string{"cluster": "{t}"}}}
+				if got := o.Relay.Downstream.Authorization.Rules; !reflect.DeepEqual(got, want) {
+					t.Errorf("rules %+v, want %+v", got, want)
+				}
+			},
+		},
+		{name: "authorization rules without client_ca_file", yaml: "downstream:\n  authorization:\n    rules: [{identity: x}]\n",
+			wantErr: "downstream.authorization.rules: require downstream.tls.client_ca_file"},
+		{name: "authorization rule with an unknown key", yaml: mtls + "  authorization:\n    rules: [{identity: x, nod: {cluster: a}}]\n",
+			wantErr: `downstream.authorization.rules: [0]: nod: unknown key`},
+		{name: "authorization rule with an unknown node field", yaml: mtls + "  authorization:\n    rules: [{identity: x, node: {colour: a}}]\n",
+			wantErr: "downstream.authorization.rules[0].node.colour: unknown node field"},
+		{name: "authorization rules a map", yaml: mtls + "  authorization:\n    rules: {identity: x}\n",
+			wantErr: "downstream.authorization.rules: want a list"},
+		{name: "authorization rules not JSON in the environment", yaml: mtls, env: map[string]string{"XDSRELAY_DOWNSTREAM_AUTHORIZATION_RULES": "identity=x"},
+			wantErr: "downstream.authorization.rules (from XDSRELAY_DOWNSTREAM_AUTHORIZATION_RULES): want a JSON list"},
+		{name: "authorization rules misspelt", yaml: mtls + "  authorization:\n    rule: []\n",
+			wantErr: `unknown key "downstream.authorization.rule"`},
 		{name: "ratio above 1", env: map[string]string{"XDSRELAY_TRACING_SAMPLE_RATIO": "2"}, wantErr: "tracing.sample_ratio"},
 	}
 	for _, tc := range tests {
@@ -192,6 +230,10 @@ func TestLoadConfig(t *testing.T) {
 		})
 	}
 }
+
+// mtls is a downstream section with client certificates, which
+// authorization rules need.
+const mtls = "downstream:\n  tls:\n    cert_file: /tls.crt\n    key_file: /tls.key\n    client_ca_file: /clients.pem\n"
 
 // environ is m as os.Environ gives it.
 func environ(m map[string]string) []string {
@@ -253,6 +295,7 @@ var kindTypes = map[kind]reflect.Type{
 	kindMap:      reflect.TypeFor[*map[string]string](),
 	kindRatio:    reflect.TypeFor[*float64](),
 	kindLevel:    reflect.TypeFor[*slog.Level](),
+	kindRules:    reflect.TypeFor[*[]relay.AuthorizationRule](),
 }
 
 func TestShortDuration(t *testing.T) {

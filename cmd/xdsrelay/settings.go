@@ -56,6 +56,7 @@ func settings(o *Options) []setting {
 		{"downstream.tls.cert_file", kindString, &d.TLS.CertFile, "TLS certificate for clients, gRPC and REST-JSON."},
 		{"downstream.tls.key_file", kindString, &d.TLS.KeyFile, "The key of downstream.tls.cert_file."},
 		{"downstream.tls.client_ca_file", kindString, &d.TLS.CAFile, "Require and verify client certificates signed by this CA (mTLS)."},
+		{"downstream.authorization.rules", kindRules, &d.Authorization.Rules, "Nodes a client may claim, by its certificate: a list of {identity: PATTERN, node: {FIELD: PATTERN}}; needs downstream.tls.client_ca_file; from the environment as JSON."},
 		{"admin.address", kindString, &o.Relay.Admin.Address, "Admin HTTP endpoint (/healthz, /readyz, /metrics); empty disables it."},
 		{"cache.retention", kindDuration, &c.Retention, "How long a resource nobody watches stays subscribed upstream and cached."},
 		{"cache.max_resources", kindInt, &c.MaxResources, "Per group, resources past this many that nobody watches are dropped, least recently used first; 0 for no bound."},
@@ -109,9 +110,10 @@ const (
 	kindMap                  // *map[string]string: a YAML map of strings; name=value,... in the environment
 	kindRatio                // *float64 from 0 to 1
 	kindLevel                // *slog.Level: debug, info, warn or error
+	kindRules                // *[]relay.AuthorizationRule: a YAML list of maps; JSON in the environment
 )
 
-var kindNames = [...]string{"string", "duration", "int", "bool", "list", "map", "ratio", "level"}
+var kindNames = [...]string{"string", "duration", "int", "bool", "list", "map", "ratio", "level", "rules"}
 
 func (k kind) String() string { return kindNames[k] }
 
@@ -135,6 +137,8 @@ func (s setting) set(raw any, fromEnv bool) error {
 		return decodeRatio(raw, s.field.(*float64))
 	case kindLevel:
 		return decodeLevel(raw, s.field.(*slog.Level))
+	case kindRules:
+		return decodeRules(raw, fromEnv, s.field.(*[]relay.AuthorizationRule))
 	}
 	panic(fmt.Sprintf("config: key %s has unknown kind %d", s.key, s.kind))
 }
@@ -318,6 +322,8 @@ func formatValue(s setting) string {
 		return "{" + strings.Join(pairs, ", ") + "}"
 	case *slog.Level:
 		return strings.ToLower(v.String())
+	case *[]relay.AuthorizationRule:
+		return formatRules(*v)
 	case *int:
 		return strconv.Itoa(*v)
 	case *bool:
