@@ -111,7 +111,7 @@ func (o *op) byWatch(set *map[string]map[*Watch][]string, typeURL string) map[*W
 
 // markWatchers marks every watcher of e with name.
 func (o *op) markWatchers(e *entry, typeURL, name string) {
-	for w := range e.watchers {
+	for w := range e.watchers.all() {
 		o.mark(&o.names, typeURL, w, name)
 	}
 }
@@ -247,7 +247,7 @@ func (c *Cache) beatLocked(t *typeState, typeURL string, hbs []*Heartbeat, o *op
 			e.expires = c.now().Add(hb.TTL)
 		}
 		beaten = append(beaten, hb.Name)
-		for w := range e.watchers {
+		for w := range e.watchers.all() {
 			o.mark(&o.beats, typeURL, w, hb.Name)
 		}
 	}
@@ -288,11 +288,11 @@ func (c *Cache) evictLocked(o *op) bool {
 		if k.wildcard {
 			c.dropWildcardLocked(t, k.typeURL, o)
 			for n, e := range t.entries {
-				if !e.wanted && len(e.watchers) == 0 {
+				if !e.wanted && e.watchers.len() == 0 {
 					c.removeLocked(t, k.typeURL, n, true, o)
 				}
 			}
-		} else if e := t.entries[k.name]; e != nil && len(e.watchers) == 0 {
+		} else if e := t.entries[k.name]; e != nil && e.watchers.len() == 0 {
 			e.wanted = false
 			c.noteLocked(k.typeURL, k.name, false)
 			if !t.wantWildcard || e.res == nil {
@@ -370,13 +370,13 @@ func (c *Cache) retireLocked(t *typeState, typeURL string, now time.Time, o *op)
 		changed = true
 	}
 	for n, e := range t.entries {
-		if e.wanted && len(e.watchers) == 0 && now.Sub(e.idle) >= c.retention {
+		if e.wanted && e.watchers.len() == 0 && now.Sub(e.idle) >= c.retention {
 			e.wanted = false
 			c.noteLocked(typeURL, n, false)
 			c.idle.Remove(idleKey{typeURL: typeURL, name: n})
 			changed = true
 		}
-		if !e.wanted && len(e.watchers) == 0 && !t.wantWildcard && (e.res == nil || !t.aliasWantedLocked(e.res)) {
+		if !e.wanted && e.watchers.len() == 0 && !t.wantWildcard && (e.res == nil || !t.aliasWantedLocked(e.res)) {
 			c.removeLocked(t, typeURL, n, true, o)
 		}
 	}

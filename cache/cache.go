@@ -130,7 +130,7 @@ type entry struct {
 	err      *ResourceError // upstream's error for the name, until it is sent again
 	expires  time.Time      // when res's TTL runs out; zero without a TTL
 	absent   bool
-	watchers map[*Watch]struct{}
+	watchers watchSet
 	wanted   bool      // explicitly part of the interest
 	idle     time.Time // when the last watcher left, while wanted
 }
@@ -192,10 +192,7 @@ func (c *Cache) Watch(w *Watch, typeURL string, names ...string) {
 			e = &entry{}
 			t.entries[n] = e
 		}
-		if e.watchers == nil {
-			e.watchers = make(map[*Watch]struct{})
-		}
-		e.watchers[w] = struct{}{}
+		e.watchers.add(w)
 		c.idle.Remove(idleKey{typeURL: typeURL, name: n})
 		if !e.wanted {
 			e.wanted = true
@@ -230,8 +227,8 @@ func (c *Cache) unwatchLocked(w *Watch, typeURL string, names []string) {
 		if e == nil {
 			continue
 		}
-		delete(e.watchers, w)
-		if len(e.watchers) == 0 {
+		e.watchers.remove(w)
+		if e.watchers.len() == 0 {
 			e.idle = now
 			if e.wanted {
 				c.idle.Add(idleKey{typeURL: typeURL, name: n}, struct{}{})

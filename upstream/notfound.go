@@ -6,10 +6,11 @@ import (
 	"github.com/xdsrelay/xdsrelay/cache"
 )
 
-// asked is a name subscribed on the stream, not yet answered.
+// asked is names subscribed together on the stream, not yet answered.
 type asked struct {
-	typeURL, name string
-	deadline      time.Time
+	typeURL  string
+	names    []string
+	deadline time.Time
 }
 
 // notFound is the stream's does-not-exist timer ("Knowing When a Requested
@@ -19,7 +20,7 @@ type asked struct {
 // later, it is applied like any update. Owned by the session loop.
 type notFound struct {
 	timeout time.Duration // 0: disabled
-	queue   []asked       // by deadline: every name gets the same timeout
+	queue   []asked       // by deadline: every batch gets the same timeout
 	timer   *time.Timer   // armed for queue[0]; nil when the queue is empty
 }
 
@@ -28,10 +29,7 @@ func (n *notFound) asked(typeURL string, names []string) {
 	if n.timeout <= 0 || len(names) == 0 {
 		return
 	}
-	deadline := time.Now().Add(n.timeout)
-	for _, name := range names {
-		n.queue = append(n.queue, asked{typeURL: typeURL, name: name, deadline: deadline})
-	}
+	n.queue = append(n.queue, asked{typeURL: typeURL, names: names, deadline: time.Now().Add(n.timeout)})
 	n.arm()
 }
 
@@ -66,8 +64,9 @@ func (n *notFound) expired(now time.Time) map[string][]string {
 	i := 0
 	for ; i < len(n.queue) && !n.queue[i].deadline.After(now); i++ {
 		a := n.queue[i]
-		out[a.typeURL] = append(out[a.typeURL], a.name)
+		out[a.typeURL] = append(out[a.typeURL], a.names...)
 	}
+	clear(n.queue[:i]) // let the names go
 	n.queue = n.queue[i:]
 	n.arm()
 	return out
