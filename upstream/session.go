@@ -222,7 +222,10 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 	var upserts []*cache.Resource
 	var heartbeats []*cache.Heartbeat
 	problems := duplicates(r)
-	for _, res := range r.GetResources() {
+	for i, res := range r.GetResources() {
+		// Let each received resource go once it is encoded: a large
+		// response is not held twice over.
+		r.Resources[i] = nil
 		if _, dup := problems.names[res.GetName()]; dup {
 			continue // neither instance is applied
 		}

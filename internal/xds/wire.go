@@ -32,6 +32,11 @@ var (
 	deltaNonce     = field(&discoverypb.DeltaDiscoveryResponse{}, "nonce")
 	deltaErrors    = field(&discoverypb.DeltaDiscoveryResponse{}, "resource_errors")
 	sotwErrors     = field(&discoverypb.DiscoveryResponse{}, "resource_errors")
+
+	resVersion  = field(&discoverypb.Resource{}, "version")
+	resResource = field(&discoverypb.Resource{}, "resource")
+	resName     = field(&discoverypb.Resource{}, "name")
+	resAliases  = field(&discoverypb.Resource{}, "aliases")
 )
 
 // EncodeError encodes a per-resource error from upstream once, as the
@@ -69,6 +74,17 @@ func Encode(name, version string, a *anypb.Any, ttl *durationpb.Duration, aliase
 	if err := validate(a); err != nil {
 		return nil, fmt.Errorf("resource %q: cannot decode %s: %w", name, a.GetTypeUrl(), err)
 	}
+	r := &cache.Resource{Name: name, Version: version, Aliases: aliases}
+	if version != "" && ttl == nil && resResource == sotwResources && resVersion < resResource && resResource < resName && resName < resAliases {
+		// The Any field of a Resource and of a SotW response are the
+		// same bytes: one copy of the resource serves both, marshalled
+		// straight into place.
+		var err error
+		if r.Wire, r.Any, err = shareAny(name, version, a, aliases); err != nil {
+			return nil, fmt.Errorf("resource %q: %w", name, err)
+		}
+		return r, nil
+	}
 	anyBytes, err := marshal.Marshal(a)
 	if err != nil {
 		return nil, fmt.Errorf("resource %q: %w", name, err)
@@ -76,20 +92,17 @@ func Encode(name, version string, a *anypb.Any, ttl *durationpb.Duration, aliase
 	if version == "" {
 		sum := sha256.Sum256(anyBytes)
 		version = hex.EncodeToString(sum[:8])
+		r.Version = version
 	}
-	wire, err := marshal.Marshal(&discoverypb.Resource{
+	var wire []byte
+	wire, err = marshal.Marshal(&discoverypb.Resource{
 		Name: name, Version: version, Resource: a, Ttl: ttl, Aliases: aliases,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("resource %q: %w", name, err)
 	}
-	r := &cache.Resource{
-		Name:    name,
-		Version: version,
-		Any:     protowire.AppendBytes(protowire.AppendTag(nil, sotwResources, protowire.BytesType), anyBytes),
-		Wire:    protowire.AppendBytes(protowire.AppendTag(nil, deltaResources, protowire.BytesType), wire),
-		Aliases: aliases,
-	}
+	r.Any = protowire.AppendBytes(protowire.AppendTag(nil, sotwResources, protowire.BytesType), anyBytes)
+	r.Wire = protowire.AppendBytes(protowire.AppendTag(nil, deltaResources, protowire.BytesType), wire)
 	if ttl != nil && ttl.AsDuration() > 0 {
 		r.TTL = ttl.AsDuration()
 		noTTL, err := marshal.Marshal(&discoverypb.Resource{Name: name, Version: version, Resource: a, Aliases: aliases})
@@ -100,6 +113,36 @@ func Encode(name, version string, a *anypb.Any, ttl *durationpb.Duration, aliase
 		r.SotWWrapped = wrapSotW(wire)
 	}
 	return r, nil
+}
+
+// shareAny encodes a Resource without TTL as a delta resources field, the
+// bytes proto.Marshal would give, and returns with it the SotW resources
+// field of its Any: a slice of the same bytes.
+func shareAny(name, version string, a *anypb.Any, aliases []string) (wire, sotw []byte, err error) {
+	str := func(n protowire.Number, s string) int { return protowire.SizeTag(n) + protowire.SizeBytes(len(s)) }
+	anySize := marshal.Size(a)
+	body := str(resVersion, version) + protowire.SizeTag(resResource) + protowire.SizeBytes(anySize) + str(resName, name)
+	for _, al := range aliases {
+		body += str(resAliases, al)
+	}
+	wire = make([]byte, 0, protowire.SizeTag(deltaResources)+protowire.SizeBytes(body))
+	wire = protowire.AppendTag(wire, deltaResources, protowire.BytesType)
+	wire = protowire.AppendVarint(wire, uint64(body))
+	wire = protowire.AppendString(protowire.AppendTag(wire, resVersion, protowire.BytesType), version)
+	start := len(wire)
+	wire = protowire.AppendVarint(protowire.AppendTag(wire, resResource, protowire.BytesType), uint64(anySize))
+	if wire, err = marshal.MarshalAppend(wire, a); err != nil {
+		return nil, nil, err
+	}
+	if len(wire)-start != protowire.SizeTag(resResource)+protowire.SizeBytes(anySize) {
+		return nil, nil, fmt.Errorf("the Any changed size while marshalled")
+	}
+	sotw = wire[start:len(wire):len(wire)]
+	wire = protowire.AppendString(protowire.AppendTag(wire, resName, protowire.BytesType), name)
+	for _, al := range aliases {
+		wire = protowire.AppendString(protowire.AppendTag(wire, resAliases, protowire.BytesType), al)
+	}
+	return wire, sotw, nil
 }
 
 // resourceTypeURL is the type of a Resource wrapped in an Any, as SotW
