@@ -80,7 +80,7 @@ func BenchmarkLargeResponseRSS(b *testing.B) {
 	go srv.Serve(ln)
 	defer srv.Stop()
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20))}
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256 << 20))}
 	conn, err := grpc.NewClient(ln.Addr().String(), opts...)
 	if err != nil {
 		b.Fatal(err)
