@@ -48,6 +48,9 @@ func (r *Relay) adminHandler() http.Handler {
 		for _, g := range r.snapshotGroups() {
 			fmt.Fprintf(w, "group %q: %s\n", g.key, describe(g.status(), g.cache.Len()))
 		}
+		for _, line := range r.persistHealth.detail() {
+			fmt.Fprintln(w, line)
+		}
 	})
 	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")

@@ -90,6 +90,9 @@ type Config struct {
 		// PersistInterval is cache.persist_interval: how often changed
 		// caches are saved (and once more on shutdown).
 		PersistInterval time.Duration
+		// PersistMaxBytes is cache.persist_max_bytes: the largest cache
+		// file restored (larger ones are refused unread) or saved.
+		PersistMaxBytes int
 		// NotFoundTimeout is cache.not_found_timeout: a name subscribed
 		// upstream that has not arrived this long after its first
 		// subscription is reported to incremental clients as not existing
@@ -124,6 +127,7 @@ func Default() Config {
 	c.Admin.Address = "127.0.0.1:9901"
 	c.Cache.Retention = 5 * time.Minute
 	c.Cache.PersistInterval = 10 * time.Second
+	c.Cache.PersistMaxBytes = 256 << 20
 	c.Cache.MaxResources = 100000
 	c.Cache.NotFoundTimeout = 15 * time.Second
 	c.ShutdownTimeout = 10 * time.Second
@@ -209,6 +213,9 @@ func (c *Config) Validate() error {
 		}
 		if c.Cache.PersistInterval <= 0 {
 			return fmt.Errorf("cache.persist_interval: must be positive, got %s", c.Cache.PersistInterval)
+		}
+		if c.Cache.PersistMaxBytes < 64<<10 {
+			return fmt.Errorf("cache.persist_max_bytes: %d is below 64 KiB", c.Cache.PersistMaxBytes)
 		}
 	}
 	if c.ShutdownTimeout <= 0 {

@@ -42,6 +42,8 @@ type Relay struct {
 	ready   atomic.Bool
 	groupsG *metrics.Value
 
+	persistHealth *persistHealth
+
 	mu     sync.Mutex
 	groups map[string]*group // guarded by mu
 
@@ -89,6 +91,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	r.upm = upstream.NewMetrics(r.metrics)
 	r.groupsG = r.metrics.Gauge("xdsrelay_groups", "Groups of downstream clients, each with its own upstream stream.").With()
 	r.registerGroupMetrics()
+	r.persistHealth = newPersistHealth(r.metrics)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	ok := false
 	defer func() {
