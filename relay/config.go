@@ -73,8 +73,14 @@ type Config struct {
 	}
 	Admin struct {
 		// Address is admin.address: /healthz, /readyz, /metrics; empty
-		// to disable.
+		// to disable. Details that name groups or addresses are served only
+		// when it is a loopback address, or to clients with a certificate
+		// that TLS.CAFile verifies.
 		Address string
+		// TLS is admin.tls.{cert_file,key_file,client_ca_file}: HTTPS for
+		// the admin endpoint; with client_ca_file, a client presenting a
+		// certificate it verifies gets the details on any address.
+		TLS creds.TLS
 	}
 	Cache struct {
 		// Retention is cache.retention: how long a resource nobody
@@ -197,6 +203,9 @@ func (c *Config) Validate() error {
 		if err := checkHostPort(c.Admin.Address); err != nil {
 			return fmt.Errorf("admin.address: %w", err)
 		}
+	}
+	if t := c.Admin.TLS; t.Enabled() && (t.CertFile == "" || t.KeyFile == "") {
+		return errors.New("admin.tls: cert_file and key_file are both required")
 	}
 	if c.Cache.Retention < 0 {
 		return fmt.Errorf("cache.retention: must not be negative, got %s", c.Cache.Retention)

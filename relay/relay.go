@@ -40,9 +40,11 @@ type Relay struct {
 	ctx     context.Context // ends the groups' upstreams
 	cancel  context.CancelFunc
 	ready   atomic.Bool
+	stopped atomic.Bool // set when Shutdown begins
 	groupsG *metrics.Value
 
 	persistHealth *persistHealth
+	adminTLS      *tls.Config // nil without admin.tls
 
 	mu     sync.Mutex
 	groups map[string]*group // guarded by mu
@@ -139,6 +141,9 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 		r.reloaders = append(r.reloaders, down)
 		opts = append(opts, grpc.Creds(down.ServerCredentials()))
 		r.restTLS = down.ServerConfig()
+	}
+	if err := r.loadAdminTLS(); err != nil {
+		return nil, err
 	}
 	r.grpc = grpc.NewServer(opts...)
 	r.down.Register(r.grpc)
@@ -264,6 +269,7 @@ func (r *Relay) AdminAddr() string {
 // (clients reconnect elsewhere), waits for them until ctx is done, then
 // closes what is left and the upstream.
 func (r *Relay) Shutdown(ctx context.Context) error {
+	r.stopped.Store(true)
 	r.ready.Store(false)
 	r.down.Drain()
 	stopped := make(chan struct{})
