@@ -128,6 +128,9 @@ func TestPersistHostileFiles(t *testing.T) {
 			t.Errorf("/readyz does not say %q:\n%s", want, ready)
 		}
 	}
+	if got, want := r.readySummary(), "ready; 2 saved caches did not load"; got != want {
+		t.Errorf("/readyz in general terms: %q, want %q", got, want)
+	}
 	if m := getMetrics(t, r); !strings.Contains(m, `xdsrelay_persist_errors_total{op="load"} 2`) {
 		t.Errorf("/metrics does not count 2 load errors:\n%s", m)
 	}
