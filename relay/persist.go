@@ -239,10 +239,14 @@ type persistHealth struct {
 	loadErrors, saveErrors *metrics.Value
 
 	mu         sync.Mutex
-	loadFailed []string // guarded by mu: "file: why", from the restore
+	loadFailed []string // guarded by mu: "file: why", the first maxLoadFailures of the restore
+	loadFails  int      // guarded by mu: files that did not load
 	saveFailed string   // guarded by mu: the last failure of the current run of them
 	saveFails  int      // guarded by mu: failures since the last round without one
 }
+
+// maxLoadFailures bounds the files /readyz names; the log names them all.
+const maxLoadFailures = 10
 
 func newPersistHealth(reg *metrics.Registry) *persistHealth {
 	errs := reg.Counter("xdsrelay_persist_errors_total", "Saved caches in cache.persist_dir that did not load (op=load), and failures to save one (op=save).", "op")
@@ -252,8 +256,11 @@ func newPersistHealth(reg *metrics.Registry) *persistHealth {
 func (h *persistHealth) loadFailure(file string, err error) {
 	h.loadErrors.Inc()
 	h.mu.Lock()
-	h.loadFailed = append(h.loadFailed, file+": "+err.Error())
-	h.mu.Unlock()
+	defer h.mu.Unlock()
+	h.loadFails++
+	if len(h.loadFailed) < maxLoadFailures {
+		h.loadFailed = append(h.loadFailed, file+": "+err.Error())
+	}
 }
 
 // saved records a round of saves: failed is its last failure, "" if none.
@@ -278,6 +285,9 @@ func (h *persistHealth) detail() []string {
 	for _, f := range h.loadFailed {
 		out = append(out, "cache.persist_dir: a saved cache did not load and was ignored: "+f)
 	}
+	if more := h.loadFails - len(h.loadFailed); more > 0 {
+		out = append(out, fmt.Sprintf("cache.persist_dir: %d more saved caches did not load (see the log)", more))
+	}
 	if h.saveFails > 0 {
 		out = append(out, fmt.Sprintf("cache.persist_dir: saving is failing (%d failures since the last good round): %s", h.saveFails, h.saveFailed))
 	}
@@ -289,7 +299,7 @@ func (h *persistHealth) summary() []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var out []string
-	if n := len(h.loadFailed); n > 0 {
+	if n := h.loadFails; n > 0 {
 		out = append(out, fmt.Sprintf("%d saved %s did not load", n, plural(n, "cache", "caches")))
 	}
 	if h.saveFails > 0 {

@@ -3,6 +3,8 @@ package relay
 import (
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
 
@@ -232,5 +235,24 @@ func TestDecodeGroupRefuses(t *testing.T) {
 				t.Fatalf("got %v, want an error containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// /readyz names at most maxLoadFailures files that did not load, and counts
+// the others.
+func TestPersistHealthBoundsWhatItNames(t *testing.T) {
+	h := newPersistHealth(&metrics.Registry{})
+	for i := range maxLoadFailures + 2 {
+		h.loadFailure(fmt.Sprintf("group-%d.cache", i), errors.New("truncated"))
+	}
+	d := h.detail()
+	if len(d) != maxLoadFailures+1 || d[maxLoadFailures] != "cache.persist_dir: 2 more saved caches did not load (see the log)" {
+		t.Errorf("detail: %q", d)
+	}
+	if s := h.summary(); !slices.Equal(s, []string{"12 saved caches did not load"}) {
+		t.Errorf("summary: %q", s)
+	}
+	if got := h.loadErrors.Get(); got != maxLoadFailures+2 {
+		t.Errorf("counted %d load errors", got)
 	}
 }
