@@ -18,7 +18,10 @@ COPY config.example.yaml /etc/xdsrelay/config.yaml
 COPY examples/resources /etc/xdsrelay/resources
 # Serve the example resources by default; set XDSRELAY_UPSTREAM_ADDRESS=host:port
 # to relay a control plane. The admin endpoint listens on all interfaces so
-# that probes reach it.
+# that probes and scrapes reach it; there /readyz answers in general terms
+# only (no group, address or file names): set XDSRELAY_ADMIN_TLS_CERT_FILE,
+# _KEY_FILE and _CLIENT_CA_FILE for the details over mTLS (README: Admin
+# exposure).
 ENV XDSRELAY_UPSTREAM_ADDRESS=file:///etc/xdsrelay/resources \
     XDSRELAY_ADMIN_ADDRESS=0.0.0.0:9901
 EXPOSE 18001 9901

@@ -82,8 +82,14 @@ type Config struct {
 	}
 	Admin struct {
 		// Address is admin.address: /healthz, /readyz, /metrics; empty
-		// to disable.
+		// to disable. Details that name groups or addresses are served only
+		// when it is a loopback address, or to clients with a certificate
+		// that TLS.CAFile verifies.
 		Address string
+		// TLS is admin.tls.{cert_file,key_file,client_ca_file}: HTTPS for
+		// the admin endpoint; with client_ca_file, a client presenting a
+		// certificate it verifies gets the details on any address.
+		TLS creds.TLS
 	}
 	Cache struct {
 		// Retention is cache.retention: how long a resource nobody
@@ -99,6 +105,9 @@ type Config struct {
 		// PersistInterval is cache.persist_interval: how often changed
 		// caches are saved (and once more on shutdown).
 		PersistInterval time.Duration
+		// PersistMaxBytes is cache.persist_max_bytes: the largest cache
+		// file restored (larger ones are refused unread) or saved.
+		PersistMaxBytes int
 		// NotFoundTimeout is cache.not_found_timeout: a name subscribed
 		// upstream that has not arrived this long after its first
 		// subscription is reported to incremental clients as not existing
@@ -146,6 +155,7 @@ func Default() Config {
 	c.Admin.Address = "127.0.0.1:9901"
 	c.Cache.Retention = 5 * time.Minute
 	c.Cache.PersistInterval = 10 * time.Second
+	c.Cache.PersistMaxBytes = 256 << 20
 	c.Cache.MaxResources = 100000
 	c.Cache.NotFoundTimeout = 15 * time.Second
 	c.ShutdownTimeout = 10 * time.Second
@@ -222,6 +232,9 @@ func (c *Config) Validate() error {
 			return fmt.Errorf("admin.address: %w", err)
 		}
 	}
+	if t := c.Admin.TLS; t.Enabled() && (t.CertFile == "" || t.KeyFile == "") {
+		return errors.New("admin.tls: cert_file and key_file are both required")
+	}
 	if c.Cache.Retention < 0 {
 		return fmt.Errorf("cache.retention: must not be negative, got %s", c.Cache.Retention)
 	}
@@ -237,6 +250,9 @@ func (c *Config) Validate() error {
 		}
 		if c.Cache.PersistInterval <= 0 {
 			return fmt.Errorf("cache.persist_interval: must be positive, got %s", c.Cache.PersistInterval)
+		}
+		if c.Cache.PersistMaxBytes < 64<<10 {
+			return fmt.Errorf("cache.persist_max_bytes: %d is below 64 KiB", c.Cache.PersistMaxBytes)
 		}
 	}
 	if c.ShutdownTimeout <= 0 {

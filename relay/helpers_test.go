@@ -32,7 +32,7 @@ func testLogger() *slog.Logger {
 }
 
 // startRelay runs a relay in front of upstream until the test ends.
-func startRelay(t *testing.T, upstream string, mutate ...func(*Config)) *Relay {
+func startRelay(t testing.TB, upstream string, mutate ...func(*Config)) *Relay {
 	t.Helper()
 	cfg := Default()
 	cfg.Upstream.Address = upstream
@@ -74,7 +74,7 @@ func shutdown(t *testing.T, r *Relay) {
 	stop.(func())()
 }
 
-func dial(t *testing.T, addr string) *grpc.ClientConn {
+func dial(t testing.TB, addr string) *grpc.ClientConn {
 	t.Helper()
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
@@ -12,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
@@ -74,6 +75,8 @@ func encodeGroup(node *corepb.Node, states []cache.TypeState) ([]byte, error) {
 }
 
 // decodeGroup reads what encodeGroup wrote, re-validating every resource.
+// Nothing is allocated from a length the file gives before it is checked
+// against the bytes that remain.
 func decodeGroup(data []byte) (*corepb.Node, []cache.TypeState, error) {
 	if !bytes.HasPrefix(data, []byte(persistMagic)) {
 		return nil, nil, errors.New("not an xdsrelay cache file")
@@ -85,17 +88,8 @@ func decodeGroup(data []byte) (*corepb.Node, []cache.TypeState, error) {
 	if got := sha256.Sum256(body); !bytes.Equal(got[:], sum) {
 		return nil, nil, errors.New("checksum mismatch (corrupt or truncated)")
 	}
-	r := bufio.NewReader(bytes.NewReader(body[len(persistMagic):]))
-	next := func() ([]byte, error) {
-		n, err := binary.ReadUvarint(r)
-		if err != nil {
-			return nil, err
-		}
-		b := make([]byte, n)
-		_, err = io.ReadFull(r, b)
-		return b, err
-	}
-	nb, err := next()
+	rest := body[len(persistMagic):]
+	nb, rest, err := nextRecord(rest)
 	if err != nil {
 		return nil, nil, fmt.Errorf("node: %w", err)
 	}
@@ -104,19 +98,35 @@ func decodeGroup(data []byte) (*corepb.Node, []cache.TypeState, error) {
 		return nil, nil, fmt.Errorf("node: %w", err)
 	}
 	var states []cache.TypeState
-	for {
-		b, err := next()
-		if errors.Is(err, io.EOF) {
-			return node, states, nil
-		} else if err != nil {
-			return nil, nil, err
+	for len(rest) > 0 {
+		var b []byte
+		if b, rest, err = nextRecord(rest); err != nil {
+			return nil, nil, fmt.Errorf("record %d: %w", len(states)+1, err)
 		}
 		ts, err := decodeType(b)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, fmt.Errorf("record %d: %w", len(states)+1, err)
 		}
 		states = append(states, ts)
 	}
+	if err := checkStates(states); err != nil {
+		return nil, nil, err
+	}
+	return node, states, nil
+}
+
+// nextRecord splits the length-prefixed record at the start of b from what
+// follows it.
+func nextRecord(b []byte) (record, rest []byte, err error) {
+	n, k := binary.Uvarint(b)
+	if k <= 0 {
+		return nil, nil, errors.New("malformed record length")
+	}
+	b = b[k:]
+	if n > uint64(len(b)) {
+		return nil, nil, fmt.Errorf("a record of %d bytes where %d remain", n, len(b))
+	}
+	return b[:n], b[n:], nil
 }
 
 func decodeType(b []byte) (cache.TypeState, error) {
@@ -134,6 +144,9 @@ func decodeType(b []byte) (cache.TypeState, error) {
 		Absent:   m.GetRemovedResources(),
 	}
 	for _, res := range m.GetResources() {
+		if got := res.GetResource().GetTypeUrl(); got != ts.TypeURL {
+			return cache.TypeState{}, fmt.Errorf("resource %q of type %q among the %s resources", res.GetName(), got, ts.TypeURL)
+		}
 		r, err := xds.Encode(res.GetName(), res.GetVersion(), res.GetResource(), res.GetTtl(), res.GetAliases())
 		if err != nil {
 			return cache.TypeState{}, err
@@ -141,6 +154,61 @@ func decodeType(b []byte) (cache.TypeState, error) {
 		ts.Resources = append(ts.Resources, r)
 	}
 	return ts, nil
+}
+
+// checkStates refuses what encodeGroup never writes: a type twice, or a
+// name twice within a type (as a resource or as known not to exist).
+func checkStates(states []cache.TypeState) error {
+	types := make(map[string]bool, len(states))
+	for _, ts := range states {
+		if types[ts.TypeURL] {
+			return fmt.Errorf("type %s saved twice", ts.TypeURL)
+		}
+		types[ts.TypeURL] = true
+		names := make(map[string]bool, len(ts.Resources)+len(ts.Absent))
+		for _, r := range ts.Resources {
+			if names[r.Name] {
+				return fmt.Errorf("%s %q saved twice", ts.TypeURL, r.Name)
+			}
+			names[r.Name] = true
+		}
+		for _, n := range ts.Absent {
+			if names[n] {
+				return fmt.Errorf("%s %q saved twice", ts.TypeURL, n)
+			}
+			names[n] = true
+		}
+	}
+	return nil
+}
+
+// readPersistFile reads a saved cache of at most max bytes. The size is
+// checked before anything is read, and the read stops past max in case the
+// file grew meanwhile.
+func readPersistFile(path string, max int) ([]byte, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, errors.New("not a regular file")
+	}
+	if st.Size() > int64(max) {
+		return nil, fmt.Errorf("%d bytes, over cache.persist_max_bytes (%d); not read", st.Size(), max)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, int64(max)+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > max {
+		return nil, fmt.Errorf("over cache.persist_max_bytes (%d) when read", max)
+	}
+	return data, nil
 }
 
 // writeAtomic writes data to path through a temporary file and a rename.
@@ -164,6 +232,89 @@ func writeAtomic(path string, data []byte) error {
 	return os.Rename(tmp.Name(), path)
 }
 
+// persistHealth is what went wrong reading and writing cache.persist_dir,
+// for the log, /readyz and the metrics.
+type persistHealth struct {
+	// Read-only after newPersistHealth.
+	loadErrors, saveErrors *metrics.Value
+
+	mu         sync.Mutex
+	loadFailed []string // guarded by mu: "file: why", the first maxLoadFailures of the restore
+	loadFails  int      // guarded by mu: files that did not load
+	saveFailed string   // guarded by mu: the last failure of the current run of them
+	saveFails  int      // guarded by mu: failures since the last round without one
+}
+
+// maxLoadFailures bounds the files /readyz names; the log names them all.
+const maxLoadFailures = 10
+
+func newPersistHealth(reg *metrics.Registry) *persistHealth {
+	errs := reg.Counter("xdsrelay_persist_errors_total", "Saved caches in cache.persist_dir that did not load (op=load), and failures to save one (op=save).", "op")
+	return &persistHealth{loadErrors: errs.With("load"), saveErrors: errs.With("save")}
+}
+
+func (h *persistHealth) loadFailure(file string, err error) {
+	h.loadErrors.Inc()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.loadFails++
+	if len(h.loadFailed) < maxLoadFailures {
+		h.loadFailed = append(h.loadFailed, file+": "+err.Error())
+	}
+}
+
+// saved records a round of saves: failed is its last failure, "" if none.
+func (h *persistHealth) saved(fails int, failed string) {
+	h.saveErrors.Add(int64(fails))
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if fails == 0 {
+		h.saveFails, h.saveFailed = 0, ""
+		return
+	}
+	h.saveFails += fails
+	h.saveFailed = failed
+}
+
+// detail describes the problems for a private admin listener: file names,
+// group keys and the errors.
+func (h *persistHealth) detail() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for _, f := range h.loadFailed {
+		out = append(out, "cache.persist_dir: a saved cache did not load and was ignored: "+f)
+	}
+	if more := h.loadFails - len(h.loadFailed); more > 0 {
+		out = append(out, fmt.Sprintf("cache.persist_dir: %d more saved caches did not load (see the log)", more))
+	}
+	if h.saveFails > 0 {
+		out = append(out, fmt.Sprintf("cache.persist_dir: saving is failing (%d failures since the last good round): %s", h.saveFails, h.saveFailed))
+	}
+	return out
+}
+
+// summary describes the problems in general terms, for a public listener.
+func (h *persistHealth) summary() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	if n := h.loadFails; n > 0 {
+		out = append(out, fmt.Sprintf("%d saved %s did not load", n, plural(n, "cache", "caches")))
+	}
+	if h.saveFails > 0 {
+		out = append(out, "saving caches is failing")
+	}
+	return out
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
 // restore loads every saved group; files that do not load are reported and
 // left alone.
 func (r *Relay) restore() {
@@ -174,24 +325,32 @@ func (r *Relay) restore() {
 		return
 	}
 	for _, p := range paths {
-		data, err := os.ReadFile(p)
-		if err == nil {
-			var node *corepb.Node
-			var states []cache.TypeState
-			if node, states, err = decodeGroup(data); err == nil {
-				key := GroupKey(node, r.cfg.Upstream.GroupBy)
-				if persistFile(dir, key) != p {
-					err = fmt.Errorf("written for another group_by (its group is %q here)", key)
-				} else {
-					if err = r.restoreGroup(key, node, states); err == nil {
-						r.log.Info("restored a saved cache", "group", key, "file", p, "types", len(states))
-						continue
-					}
-				}
-			}
+		if err := r.restoreFile(p); err != nil {
+			r.log.Warn("ignoring a saved cache that does not load", "file", p, "error", err)
+			r.persistHealth.loadFailure(p, err)
 		}
-		r.log.Warn("ignoring a saved cache that does not load", "file", p, "error", err)
 	}
+}
+
+// restoreFile starts the group saved in path.
+func (r *Relay) restoreFile(path string) error {
+	data, err := readPersistFile(path, r.cfg.Cache.PersistMaxBytes)
+	if err != nil {
+		return err
+	}
+	node, states, err := decodeGroup(data)
+	if err != nil {
+		return err
+	}
+	key := GroupKey(node, r.cfg.Upstream.GroupBy)
+	if persistFile(r.cfg.Cache.PersistDir, key) != path {
+		return fmt.Errorf("written for another group_by (its group is %q here)", key)
+	}
+	if err := r.restoreGroup(key, node, states); err != nil {
+		return err
+	}
+	r.log.Info("restored a saved cache", "group", key, "file", path, "types", len(states))
+	return nil
 }
 
 // restoreGroup starts a saved group: its clients are served from the saved
@@ -224,24 +383,25 @@ func (r *Relay) persist(every time.Duration) {
 	}
 }
 
+// writeCaches saves the groups whose caches changed since written; one that
+// fails is tried again next time.
 func (r *Relay) writeCaches(written map[string]uint64) {
 	seen := map[string]bool{}
+	fails, last := 0, ""
 	for _, g := range r.snapshotGroups() {
 		seen[g.key] = true
 		states, gen := g.cache.Export()
 		if gen == written[g.key] {
 			continue
 		}
-		data, err := encodeGroup(g.node, states)
-		if err == nil {
-			err = writeAtomic(persistFile(r.cfg.Cache.PersistDir, g.key), data)
-		}
-		if err != nil {
+		if err := r.writeCache(g, states); err != nil {
 			r.log.Error("writing the cache to cache.persist_dir", "group", g.key, "error", err)
+			fails, last = fails+1, fmt.Sprintf("group %q: %v", g.key, err)
 			continue
 		}
 		written[g.key] = gen
 	}
+	r.persistHealth.saved(fails, last)
 	for key := range written {
 		if !seen[key] {
 			// The group ended: its file would only restore expired state.
@@ -249,4 +409,17 @@ func (r *Relay) writeCaches(written map[string]uint64) {
 			delete(written, key)
 		}
 	}
+}
+
+// writeCache saves one group's cache, unless it is larger than what a
+// restore would read.
+func (r *Relay) writeCache(g *group, states []cache.TypeState) error {
+	data, err := encodeGroup(g.node, states)
+	if err != nil {
+		return err
+	}
+	if max := r.cfg.Cache.PersistMaxBytes; len(data) > max {
+		return fmt.Errorf("%d bytes, over cache.persist_max_bytes (%d); not saved", len(data), max)
+	}
+	return writeAtomic(persistFile(r.cfg.Cache.PersistDir, g.key), data)
 }

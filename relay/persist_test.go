@@ -1,15 +1,23 @@
 package relay
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
 
@@ -68,5 +76,183 @@ func TestWarmRestart(t *testing.T) {
 	cp.Restart()
 	if resp := d.recv(); !slices.Equal(resp.GetRemovedResources(), []string{"y"}) || len(resp.GetResources()) != 0 {
 		t.Fatalf("after the control plane returned: sent %v removed %v", deltaNames(resp), resp.GetRemovedResources())
+	}
+}
+
+// sealed is a cache file holding body after the magic line, with a valid
+// checksum: what a damaged or hostile file that still checks out looks like.
+func sealed(body []byte) []byte {
+	data := append([]byte(persistMagic), body...)
+	sum := sha256.Sum256(data)
+	return append(data, sum[:]...)
+}
+
+// hugeLength is a record that claims 2^62 bytes, with a valid checksum.
+func hugeLength() []byte {
+	return sealed(append(binary.AppendUvarint(nil, 1<<62), "tiny"...))
+}
+
+// A saved cache file cannot hurt the relay: one claiming a 2^62-byte record
+// (with a valid checksum) and one over cache.persist_max_bytes (refused
+// unread) are reported in the log, on /readyz and in
+// xdsrelay_persist_errors_total, and ignored; the relay serves.
+func TestPersistHostileFiles(t *testing.T) {
+	dir := t.TempDir()
+	huge := filepath.Join(dir, "group-0000000000000000.cache")
+	if err := os.WriteFile(huge, hugeLength(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const max = 64 << 10
+	big := filepath.Join(dir, "group-1111111111111111.cache")
+	f, err := os.Create(big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Sparse: its size is all there is to it.
+	if err := f.Truncate(max + 1); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("x"))
+	r := startRelay(t, cp.Addr, func(c *Config) {
+		c.Cache.PersistDir = dir
+		c.Cache.PersistMaxBytes = max
+	})
+	if n := len(r.snapshotGroups()); n != 0 {
+		t.Fatalf("%d groups restored from hostile files", n)
+	}
+	ready := readyz(t, r)
+	for _, want := range []string{
+		"group-0000000000000000.cache: node: a record of 4611686018427387904 bytes where 4 remain",
+		"group-1111111111111111.cache: 65537 bytes, over cache.persist_max_bytes (65536); not read",
+	} {
+		if !strings.Contains(ready, want) {
+			t.Errorf("/readyz does not say %q:\n%s", want, ready)
+		}
+	}
+	if got, want := r.readySummary(), "ready; 2 saved caches did not load"; got != want {
+		t.Errorf("/readyz in general terms: %q, want %q", got, want)
+	}
+	if m := getMetrics(t, r); !strings.Contains(m, `xdsrelay_persist_errors_total{op="load"} 2`) {
+		t.Errorf("/metrics does not count 2 load errors:\n%s", m)
+	}
+	s := openDelta(t, r.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType})
+	if got := deltaNames(s.recv()); !slices.Equal(got, []string{"x"}) {
+		t.Fatalf("served %v", got)
+	}
+}
+
+// A cache that cannot be saved (cache.persist_dir replaced by a file) is
+// counted in xdsrelay_persist_errors_total{op="save"} and reported on
+// /readyz until a later round of saves succeeds.
+func TestPersistSaveFailureReported(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "persist")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("x"))
+	r := startRelay(t, cp.Addr, func(c *Config) {
+		c.Cache.PersistDir = dir
+		c.Cache.PersistInterval = 20 * time.Millisecond
+	})
+	// Root ignores permissions, so a file stands where the directory was.
+	if err := os.Remove(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := openDelta(t, r.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType})
+	s.recv()
+	eventually(t, "the save failure on /readyz", func() bool {
+		return strings.Contains(readyz(t, r), `cache.persist_dir: saving is failing`)
+	})
+	if ready := readyz(t, r); !strings.Contains(ready, `group "cluster=c1"`) || !strings.Contains(ready, "not a directory") {
+		t.Errorf("/readyz does not name the group and the error:\n%s", ready)
+	}
+	if m := getMetrics(t, r); strings.Contains(m, `xdsrelay_persist_errors_total{op="save"} 0`) {
+		t.Errorf("/metrics does not count the save errors:\n%s", m)
+	}
+
+	if err := os.Remove(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the cache saved", func() bool {
+		files, _ := filepath.Glob(filepath.Join(dir, "group-*.cache"))
+		return len(files) == 1 && !strings.Contains(readyz(t, r), "saving")
+	})
+}
+
+// What a saved cache file may not be: each is refused with a reason, and
+// none panics or allocates from the length it claims.
+func TestDecodeGroupRefuses(t *testing.T) {
+	valid, err := encodeGroup(node("n", "c1"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeRecord := valid[len(persistMagic) : len(valid)-sha256.Size]
+	record := func(m *discoverypb.DeltaDiscoveryResponse) []byte {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return append(binary.AppendUvarint(nil, uint64(len(b))), b...)
+	}
+	file := func(records ...[]byte) []byte {
+		return sealed(slices.Concat(append([][]byte{nodeRecord}, records...)...))
+	}
+	eds, err := anypb.New(testcp.Endpoints("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clusters := &discoverypb.DeltaDiscoveryResponse{TypeUrl: resourcev3.ClusterType, RemovedResources: []string{"x"}}
+	for _, tc := range []struct {
+		name string
+		data []byte
+		want string
+	}{
+		{name: "not a cache file", data: []byte("hello"), want: "not an xdsrelay cache file"},
+		{name: "truncated", data: valid[:len(valid)-1], want: "checksum mismatch"},
+		{name: "2^62-byte record", data: hugeLength(), want: "node: a record of 4611686018427387904 bytes where 4 remain"},
+		{name: "length overflows", data: sealed([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}), want: "node: malformed record length"},
+		{name: "record past the end", data: sealed(append(slices.Clone(nodeRecord), 5, 1)), want: "record 1: a record of 5 bytes where 1 remain"},
+		{name: "not a proto", data: file([]byte{3, 0xff, 0xff, 0xff}), want: "record 1: proto"},
+		{name: "unknown type", data: file(record(&discoverypb.DeltaDiscoveryResponse{TypeUrl: "example.com/T"})), want: `record 1: unknown type "example.com/T"`},
+		{name: "type twice", data: file(record(clusters), record(clusters)), want: "saved twice"},
+		{name: "resource of another type", data: file(record(&discoverypb.DeltaDiscoveryResponse{TypeUrl: resourcev3.ClusterType,
+			Resources: []*discoverypb.Resource{{Name: "a", Version: "1", Resource: eds}}})), want: `record 1: resource "a" of type`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := decodeGroup(tc.data)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// /readyz names at most maxLoadFailures files that did not load, and counts
+// the others.
+func TestPersistHealthBoundsWhatItNames(t *testing.T) {
+	h := newPersistHealth(&metrics.Registry{})
+	for i := range maxLoadFailures + 2 {
+		h.loadFailure(fmt.Sprintf("group-%d.cache", i), errors.New("truncated"))
+	}
+	d := h.detail()
+	if len(d) != maxLoadFailures+1 || d[maxLoadFailures] != "cache.persist_dir: 2 more saved caches did not load (see the log)" {
+		t.Errorf("detail: %q", d)
+	}
+	if s := h.summary(); !slices.Equal(s, []string{"12 saved caches did not load"}) {
+		t.Errorf("summary: %q", s)
+	}
+	if got := h.loadErrors.Get(); got != maxLoadFailures+2 {
+		t.Errorf("counted %d load errors", got)
 	}
 }

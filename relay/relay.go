@@ -42,7 +42,11 @@ type Relay struct {
 	cancel  context.CancelFunc
 	host    string // the host name, for upstream node ids
 	ready   atomic.Bool
+	stopped atomic.Bool // set when Shutdown begins
 	groupsG *metrics.Value
+
+	persistHealth *persistHealth
+	adminTLS      *tls.Config // nil without admin.tls
 
 	mu     sync.Mutex
 	groups map[string]*group // guarded by mu
@@ -92,6 +96,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	r.upm = upstream.NewMetrics(r.metrics)
 	r.groupsG = r.metrics.Gauge("xdsrelay_groups", "Groups of downstream clients, each with its own upstream stream.").With()
 	r.registerGroupMetrics()
+	r.persistHealth = newPersistHealth(r.metrics)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	ok := false
 	defer func() {
@@ -145,6 +150,9 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 		opts = append(opts, grpc.Creds(down.ServerCredentials()))
 		r.restTLS = down.ServerConfig()
 	}
+	if err := r.loadAdminTLS(); err != nil {
+		return nil, err
+	}
 	r.grpc = grpc.NewServer(opts...)
 	r.down.Register(r.grpc)
 	ok = true
@@ -189,19 +197,9 @@ func (r *Relay) Start() error {
 		return fmt.Errorf("downstream.address: %w", err)
 	}
 	r.listener = ln
-	if r.cfg.Admin.Address != "" {
-		aln, err := net.Listen("tcp", r.cfg.Admin.Address)
-		if err != nil {
-			r.closeListeners()
-			return fmt.Errorf("admin.address: %w", err)
-		}
-		r.adminLn = aln
-		r.admin = &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 5 * time.Second}
-		r.goRun(func() {
-			if err := r.admin.Serve(aln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				r.log.Error("admin server", "error", err)
-			}
-		})
+	if err := r.startAdmin(); err != nil {
+		r.closeListeners()
+		return err
 	}
 	if r.cfg.Downstream.RESTAddress != "" {
 		rln, err := net.Listen("tcp", r.cfg.Downstream.RESTAddress)
@@ -279,6 +277,7 @@ func (r *Relay) AdminAddr() string {
 // (clients reconnect elsewhere), waits for them until ctx is done, then
 // closes what is left and the upstream.
 func (r *Relay) Shutdown(ctx context.Context) error {
+	r.stopped.Store(true)
 	r.ready.Store(false)
 	r.down.Drain()
 	stopped := make(chan struct{})
@@ -422,60 +421,6 @@ func (r *Relay) sweep() {
 			r.log.Info("group ended", "group", g.key)
 		}
 	}
-}
-
-func (r *Relay) adminHandler() http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		fmt.Fprintln(w, "ok")
-	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !r.ready.Load() {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
-			return
-		}
-		// Ready while serving, whatever the control plane does: clients are
-		// served from the cache ("outages are not outages"). Each group's
-		// upstream state follows, for people.
-		fmt.Fprintln(w, "ready")
-		for _, g := range r.snapshotGroups() {
-			fmt.Fprintf(w, "group %q: %s\n", g.key, describe(g.status(), g.cache.Len()))
-		}
-	})
-	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-		r.metrics.WriteTo(w)
-	})
-	return mux
-}
-
-func (r *Relay) snapshotGroups() []*group {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	gs := make([]*group, 0, len(r.groups))
-	for _, g := range r.groups {
-		gs = append(gs, g)
-	}
-	slices.SortFunc(gs, func(a, b *group) int { return strings.Compare(a.key, b.key) })
-	return gs
-}
-
-func describe(s upstream.Status, resources int) string {
-	state := "upstream connected"
-	if !s.Connected {
-		state = "upstream DOWN, serving from cache"
-		if s.LastError != "" {
-			state += " (" + s.LastError + ")"
-		}
-	}
-	age := "no response yet"
-	if !s.LastResponse.IsZero() {
-		age = "last response " + time.Since(s.LastResponse).Round(time.Second).String() + " ago"
-	}
-	if s.Invalid != "" {
-		age += "; " + s.Invalid
-	}
-	return fmt.Sprintf("%s; %d resources cached; %s", state, resources, age)
 }
 
 // registerGroupMetrics sets, at each scrape, the gauges computed from the

@@ -1,0 +1,182 @@
+package relay
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/xdsrelay/xdsrelay/internal/creds"
+	"github.com/xdsrelay/xdsrelay/upstream"
+)
+
+// The admin endpoint's exposure rule: probes (/healthz, /readyz) and
+// /metrics are served on any address, but what reveals the configuration or
+// the tenants (group keys, resources, the control plane's address, file
+// names) only to a private caller: the listener is bound to a loopback
+// address, or the request came over admin.tls with a client certificate that
+// admin.tls.client_ca_file verifies. The request's source address is not
+// trusted: a proxy in front of the relay (a sidecar) makes every request
+// look local.
+
+// isLoopback reports whether the admin listener's address is a loopback
+// one. A variable so that tests can give the other answer on 127.0.0.1.
+var isLoopback = func(a net.Addr) bool {
+	tcp, ok := a.(*net.TCPAddr)
+	return ok && tcp.IP.IsLoopback()
+}
+
+// loadAdminTLS loads admin.tls, if set. Client certificates are verified
+// when given but not required, so that probes without one still work.
+func (r *Relay) loadAdminTLS() error {
+	if !r.cfg.Admin.TLS.Enabled() {
+		return nil
+	}
+	rl, err := creds.NewReloader(r.ctx, r.cfg.Admin.TLS, r.log)
+	if err != nil {
+		return fmt.Errorf("admin.tls: %w", err)
+	}
+	r.reloaders = append(r.reloaders, rl)
+	cfg := rl.ServerConfig()
+	if perConn := cfg.GetConfigForClient; perConn != nil {
+		cfg.ClientAuth = tls.VerifyClientCertIfGiven
+		cfg.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+			c, err := perConn(h)
+			if c != nil {
+				c.ClientAuth = tls.VerifyClientCertIfGiven
+			}
+			return c, err
+		}
+	}
+	r.adminTLS = cfg
+	return nil
+}
+
+// startAdmin serves the admin endpoint on admin.address, if set.
+func (r *Relay) startAdmin() error {
+	if r.cfg.Admin.Address == "" {
+		return nil
+	}
+	aln, err := net.Listen("tcp", r.cfg.Admin.Address)
+	if err != nil {
+		return fmt.Errorf("admin.address: %w", err)
+	}
+	r.adminLn = aln
+	loopback := isLoopback(aln.Addr())
+	r.admin = &http.Server{Handler: r.adminHandler(loopback), ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog: slog.NewLogLogger(r.log.Handler(), slog.LevelDebug)}
+	ln := aln
+	if r.adminTLS != nil {
+		ln = tls.NewListener(aln, r.adminTLS)
+	}
+	r.goRun(func() {
+		if err := r.admin.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			r.log.Error("admin server", "error", err)
+		}
+	})
+	return nil
+}
+
+// private reports whether req may see details: it came on a loopback
+// listener, or with a client certificate admin.tls verified.
+func private(loopback bool, req *http.Request) bool {
+	return loopback || (req.TLS != nil && len(req.TLS.VerifiedChains) > 0)
+}
+
+func (r *Relay) adminHandler(loopback bool) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, req *http.Request) {
+		if !r.ready.Load() {
+			why := "starting"
+			if r.stopped.Load() {
+				why = "shutting down"
+			}
+			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
+			return
+		}
+		// Ready while serving, whatever the control plane does: clients are
+		// served from the cache ("outages are not outages").
+		if private(loopback, req) {
+			r.readyDetail(w)
+		} else {
+			fmt.Fprintln(w, r.readySummary())
+		}
+	})
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+		r.metrics.WriteTo(w)
+	})
+	return mux
+}
+
+// readyDetail writes, for people, each group's upstream state and what went
+// wrong with cache.persist_dir.
+func (r *Relay) readyDetail(w io.Writer) {
+	fmt.Fprintln(w, "ready")
+	for _, g := range r.snapshotGroups() {
+		fmt.Fprintf(w, "group %q: %s\n", g.key, describe(g.status(), g.cache.Len()))
+	}
+	for _, line := range r.persistHealth.detail() {
+		fmt.Fprintln(w, line)
+	}
+}
+
+// readySummary is the readiness in general terms: no group key, address or
+// file name.
+func (r *Relay) readySummary() string {
+	parts := []string{"ready"}
+	down, invalid := 0, false
+	for _, g := range r.snapshotGroups() {
+		s := g.status()
+		if !s.Connected {
+			down++
+		}
+		invalid = invalid || s.Invalid != ""
+	}
+	if down > 0 {
+		parts = append(parts, fmt.Sprintf("%d %s with upstream down, serving from cache", down, plural(down, "group", "groups")))
+	}
+	if invalid {
+		parts = append(parts, "invalid resources not served")
+	}
+	parts = append(parts, r.persistHealth.summary()...)
+	return strings.Join(parts, "; ")
+}
+
+func (r *Relay) snapshotGroups() []*group {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	gs := make([]*group, 0, len(r.groups))
+	for _, g := range r.groups {
+		gs = append(gs, g)
+	}
+	slices.SortFunc(gs, func(a, b *group) int { return strings.Compare(a.key, b.key) })
+	return gs
+}
+
+func describe(s upstream.Status, resources int) string {
+	state := "upstream connected"
+	if !s.Connected {
+		state = "upstream DOWN, serving from cache"
+		if s.LastError != "" {
+			state += " (" + s.LastError + ")"
+		}
+	}
+	age := "no response yet"
+	if !s.LastResponse.IsZero() {
+		age = "last response " + time.Since(s.LastResponse).Round(time.Second).String() + " ago"
+	}
+	if s.Invalid != "" {
+		age += "; " + s.Invalid
+	}
+	return fmt.Sprintf("%s; %d resources cached; %s", state, resources, age)
+}
