@@ -293,7 +293,7 @@ func (c *Cache) evictLocked(o *op) bool {
 				}
 			}
 		} else if e := t.entries[k.name]; e != nil && len(e.watchers) == 0 {
-			e.wanted = false
+			c.wantLocked(e, false)
 			if !t.wantWildcard || e.res == nil {
 				c.removeLocked(t, k.typeURL, k.name, true, o)
 			}
@@ -369,7 +369,7 @@ func (c *Cache) retireLocked(t *typeState, typeURL string, now time.Time, o *op)
 	}
 	for n, e := range t.entries {
 		if e.wanted && len(e.watchers) == 0 && now.Sub(e.idle) >= c.retention {
-			e.wanted = false
+			c.wantLocked(e, false)
 			c.idle.Remove(idleKey{typeURL: typeURL, name: n})
 			changed = true
 		}
