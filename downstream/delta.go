@@ -67,9 +67,11 @@ func (ds *deltaStream) handle(req *discoverypb.DeltaDiscoveryRequest) error {
 		if len(req.GetResourceNamesSubscribe()) == 0 {
 			ds.subscribeWildcard(typeURL, t)
 		}
-		ds.subscribe(typeURL, t, req.GetResourceNamesSubscribe(), true)
-	} else {
-		ds.subscribe(typeURL, t, req.GetResourceNamesSubscribe(), false)
+		if err := ds.subscribe(typeURL, t, req.GetResourceNamesSubscribe(), true); err != nil {
+			return err
+		}
+	} else if err := ds.subscribe(typeURL, t, req.GetResourceNamesSubscribe(), false); err != nil {
+		return err
 	}
 	ds.unsubscribe(typeURL, t, req.GetResourceNamesUnsubscribe())
 	if t.all || len(t.answer) > 0 {
@@ -88,8 +90,9 @@ func (ds *deltaStream) subscribeWildcard(typeURL string, t *deltaType) {
 // subscribe adds names. A name subscribed again is answered even if the
 // client seems to have it ("Subscribing to Resources": it may have
 // forgotten it), except on the first request, where
-// initial_resource_versions says what the client has.
-func (ds *deltaStream) subscribe(typeURL string, t *deltaType, names []string, first bool) {
+// initial_resource_versions says what the client has. Names past a limit
+// are refused (see watchNames).
+func (ds *deltaStream) subscribe(typeURL string, t *deltaType, names []string, first bool) error {
 	var added []string
 	for _, n := range names {
 		if n == "*" {
@@ -106,11 +109,14 @@ func (ds *deltaStream) subscribe(typeURL string, t *deltaType, names []string, f
 		}
 	}
 	if len(added) > 0 {
-		ds.cache.Watch(ds.watch, typeURL, watchable(added)...)
+		if err := ds.watchNames(typeURL, added); err != nil {
+			return err
+		}
 		for _, n := range added {
 			t.answer[n] = struct{}{}
 		}
 	}
+	return nil
 }
 
 // unsubscribe removes names; names the client was not subscribed to are
@@ -140,7 +146,7 @@ func (ds *deltaStream) unsubscribe(typeURL string, t *deltaType, names []string)
 		}
 	}
 	if len(removed) > 0 {
-		ds.cache.Unwatch(ds.watch, typeURL, removed...)
+		ds.unwatchNames(typeURL, removed)
 	}
 }
 

@@ -103,7 +103,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	}
 	r.source = src
 	ds, err := downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: logger,
-		PollTimeout: cfg.Downstream.PollTimeout, SendTimeout: cfg.Downstream.SendTimeout})
+		PollTimeout: cfg.Downstream.PollTimeout, SendTimeout: cfg.Downstream.SendTimeout, Limits: downstreamLimits(cfg)})
 	if err != nil {
 		return nil, err
 	}
@@ -111,6 +111,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	opts := append(downstream.ServerOptions(),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(cfg.Downstream.MaxRequestBytes),
+		grpc.MaxConcurrentStreams(uint32(cfg.Limits.MaxStreamsPerConnection)),
 		// Lean idle streams: a connection's write buffer is taken from a
 		// pool only while it writes, and its read buffer is small (requests
 		// are small). Throughput per connection is not what bounds a relay.
@@ -202,7 +203,7 @@ func (r *Relay) Start() error {
 			return fmt.Errorf("downstream.rest_address: %w", err)
 		}
 		r.restLn = rln
-		r.rest = &http.Server{Handler: r.down.RESTHandler(), ReadHeaderTimeout: 5 * time.Second, TLSConfig: r.restTLS}
+		r.rest = &http.Server{Handler: r.down.RESTHandler(), ReadHeaderTimeout: r.cfg.Limits.RESTReadTimeout, TLSConfig: r.restTLS}
 		if r.restTLS != nil {
 			rln = tls.NewListener(rln, r.restTLS)
 		}
@@ -339,6 +340,9 @@ func (r *Relay) Join(node *corepb.Node) (*cache.Cache, func(), error) {
 	}
 	g := r.groups[key]
 	if g == nil {
+		if err := r.checkGroupsLocked(); err != nil {
+			return nil, nil, err
+		}
 		var err error
 		if g, err = r.startGroupLocked(key, node, nil); err != nil {
 			return nil, nil, err
@@ -362,7 +366,7 @@ func (r *Relay) startGroupLocked(key string, node *corepb.Node, saved []cache.Ty
 	g := &group{
 		key:    key,
 		node:   node,
-		cache:  cache.New(cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources}),
+		cache:  cache.New(cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources, MaxNames: r.cfg.Limits.MaxNamesPerGroup}),
 		cancel: cancel,
 	}
 	if saved != nil {

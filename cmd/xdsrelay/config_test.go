@@ -253,6 +253,7 @@ var kindTypes = map[kind]reflect.Type{
 	kindMap:      reflect.TypeFor[*map[string]string](),
 	kindRatio:    reflect.TypeFor[*float64](),
 	kindLevel:    reflect.TypeFor[*slog.Level](),
+	kindRate:     reflect.TypeFor[*float64](),
 }
 
 func TestShortDuration(t *testing.T) {
