@@ -293,7 +293,7 @@ func (c *Cache) evictLocked(o *op) bool {
 				}
 			}
 		} else if e := t.entries[k.name]; e != nil && e.watchers.len() == 0 {
-			e.wanted = false
+			c.wantLocked(e, false)
 			c.noteLocked(k.typeURL, k.name, false)
 			if !t.wantWildcard || e.res == nil {
 				c.removeLocked(t, k.typeURL, k.name, true, o)
@@ -371,7 +371,7 @@ func (c *Cache) retireLocked(t *typeState, typeURL string, now time.Time, o *op)
 	}
 	for n, e := range t.entries {
 		if e.wanted && e.watchers.len() == 0 && now.Sub(e.idle) >= c.retention {
-			e.wanted = false
+			c.wantLocked(e, false)
 			c.noteLocked(typeURL, n, false)
 			c.idle.Remove(idleKey{typeURL: typeURL, name: n})
 			changed = true

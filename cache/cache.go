@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"fmt"
 	"maps"
 	"math"
 	"slices"
@@ -81,6 +82,22 @@ type Options struct {
 	// bound. Past it, the least recently used resources nobody watches are
 	// dropped (and unsubscribed upstream); a watched resource never is.
 	MaxResources int
+	// MaxNames bounds how many names the group wants explicitly (watched,
+	// or retained after their last watcher left); 0 for no bound. Past it,
+	// Watch refuses with a *MaxNamesError.
+	MaxNames int
+}
+
+// MaxNamesError is Watch's error when the watch would make the group want
+// more than Options.MaxNames names. Nothing was registered.
+type MaxNamesError struct {
+	Max    int // Options.MaxNames
+	Wanted int // names wanted before the watch
+	Adding int // names the watch would have added
+}
+
+func (e *MaxNamesError) Error() string {
+	return fmt.Sprintf("cache: the group wants %d names and the watch adds %d, past MaxNames %d", e.Wanted, e.Adding, e.Max)
 }
 
 // Cache is one group's namespace: resources by type and name, and who watches
@@ -91,7 +108,8 @@ type Cache struct {
 	now       func() time.Time
 	interest  chan struct{} // capacity 1: the union of interests changed
 
-	max int
+	max      int
+	maxNames int
 
 	mu        sync.RWMutex
 	seq       uint64                            // guarded by mu
@@ -103,6 +121,7 @@ type Cache struct {
 	ilog     map[string]map[string]bool
 	ilogLen  int
 	ilogFull bool
+	wanted   int // names with entry.wanted set; guarded by mu
 }
 
 // idleKey names what may be evicted: a retained name, or a type's retained
@@ -145,6 +164,7 @@ func New(opts Options) *Cache {
 		retention: opts.Retention,
 		now:       opts.Now,
 		max:       opts.MaxResources,
+		maxNames:  opts.MaxNames,
 		interest:  make(chan struct{}, 1),
 		types:     make(map[string]*typeState),
 		idle:      idle,
@@ -179,10 +199,15 @@ func (w *Watch) regLocked(typeURL string) *reg {
 	return r
 }
 
-// Watch registers w for the named resources of typeURL.
-func (c *Cache) Watch(w *Watch, typeURL string, names ...string) {
+// Watch registers w for the named resources of typeURL. It registers
+// nothing and returns a *MaxNamesError if that would make the group want
+// more than Options.MaxNames names.
+func (c *Cache) Watch(w *Watch, typeURL string, names ...string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err := c.checkNamesLocked(typeURL, names); err != nil {
+		return err
+	}
 	t := c.typeLocked(typeURL)
 	r := w.regLocked(typeURL)
 	changed := false
@@ -195,7 +220,7 @@ func (c *Cache) Watch(w *Watch, typeURL string, names ...string) {
 		e.watchers.add(w)
 		c.idle.Remove(idleKey{typeURL: typeURL, name: n})
 		if !e.wanted {
-			e.wanted = true
+			c.wantLocked(e, true)
 			c.noteLocked(typeURL, n, true)
 			changed = true
 		}
@@ -204,6 +229,46 @@ func (c *Cache) Watch(w *Watch, typeURL string, names ...string) {
 	if changed {
 		c.signalInterest()
 	}
+	return nil
+}
+
+// checkNamesLocked refuses names of typeURL if wanting them would pass
+// MaxNames.
+func (c *Cache) checkNamesLocked(typeURL string, names []string) error {
+	if c.maxNames <= 0 || c.wanted+len(names) <= c.maxNames {
+		return nil
+	}
+	t := c.types[typeURL]
+	adding := map[string]struct{}{}
+	for _, n := range names {
+		if e := t.entryLocked(n); e == nil || !e.wanted {
+			adding[n] = struct{}{}
+		}
+	}
+	if c.wanted+len(adding) <= c.maxNames {
+		return nil
+	}
+	return &MaxNamesError{Max: c.maxNames, Wanted: c.wanted, Adding: len(adding)}
+}
+
+// entryLocked is the entry of name; t may be nil.
+func (t *typeState) entryLocked(name string) *entry {
+	if t == nil {
+		return nil
+	}
+	return t.entries[name]
+}
+
+// wantLocked sets whether e is explicitly part of the interest, keeping the
+// count of wanted names.
+func (c *Cache) wantLocked(e *entry, wanted bool) {
+	switch {
+	case wanted && !e.wanted:
+		c.wanted++
+	case !wanted && e.wanted:
+		c.wanted--
+	}
+	e.wanted = wanted
 }
 
 // Unwatch removes w's registration for the named resources of typeURL. The

@@ -68,9 +68,11 @@ func (ds *deltaStream) handle(req *discoverypb.DeltaDiscoveryRequest) error {
 		if len(req.GetResourceNamesSubscribe()) == 0 {
 			ds.subscribeWildcard(typeURL, t)
 		}
-		fresh = ds.subscribe(typeURL, t, req.GetResourceNamesSubscribe(), true)
-	} else {
-		fresh = ds.subscribe(typeURL, t, req.GetResourceNamesSubscribe(), false)
+		if fresh, err = ds.subscribe(typeURL, t, req.GetResourceNamesSubscribe(), true); err != nil {
+			return err
+		}
+	} else if fresh, err = ds.subscribe(typeURL, t, req.GetResourceNamesSubscribe(), false); err != nil {
+		return err
 	}
 	fresh = append(fresh, ds.unsubscribe(typeURL, t, req.GetResourceNamesUnsubscribe())...)
 	// Only what this request changed is looked at: a name still waiting
@@ -92,8 +94,9 @@ func (ds *deltaStream) subscribeWildcard(typeURL string, t *deltaType) {
 // subscribe adds names. A name subscribed again is answered even if the
 // client seems to have it ("Subscribing to Resources": it may have
 // forgotten it), except on the first request, where
-// initial_resource_versions says what the client has.
-func (ds *deltaStream) subscribe(typeURL string, t *deltaType, names []string, first bool) (fresh []string) {
+// initial_resource_versions says what the client has. Names past a limit
+// are refused (see watchNames).
+func (ds *deltaStream) subscribe(typeURL string, t *deltaType, names []string, first bool) (fresh []string, err error) {
 	var added []string
 	for _, n := range names {
 		if n == "*" {
@@ -111,13 +114,15 @@ func (ds *deltaStream) subscribe(typeURL string, t *deltaType, names []string, f
 		}
 	}
 	if len(added) > 0 {
-		ds.cache.Watch(ds.watch, typeURL, watchable(added)...)
+		if err := ds.watchNames(typeURL, added); err != nil {
+			return nil, err
+		}
 		for _, n := range added {
 			t.answer[n] = struct{}{}
 		}
 		fresh = append(fresh, added...)
 	}
-	return fresh
+	return fresh, nil
 }
 
 // unsubscribe removes names; names the client was not subscribed to are
@@ -148,7 +153,7 @@ func (ds *deltaStream) unsubscribe(typeURL string, t *deltaType, names []string)
 		}
 	}
 	if len(removed) > 0 {
-		ds.cache.Unwatch(ds.watch, typeURL, removed...)
+		ds.unwatchNames(typeURL, removed)
 	}
 	return fresh
 }

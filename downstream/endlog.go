@@ -27,8 +27,7 @@ const (
 )
 
 // bucket is a token bucket of log lines that counts what it refuses.
-// (golang.org/x/time/rate is not in the module graph, and this needs a
-// count of refusals, which rate.Limiter does not keep.)
+// (This needs a count of refusals, which rate.Limiter does not keep.)
 type bucket struct {
 	// Read-only after newBucket (now is replaced by tests before use).
 	rate, burst float64

@@ -71,7 +71,12 @@ func (s *Server) fetch(ctx context.Context, who client, req *discoverypb.Discove
 	if wildcard {
 		c.WatchWildcard(w, typeURL)
 	}
-	c.Watch(w, typeURL, watchable(names)...)
+	if err := s.checkNames(0, len(names)); err != nil {
+		return nil, err
+	}
+	if err := watchGroup(c, w, typeURL, watchable(names)); err != nil {
+		return nil, err
+	}
 	for {
 		rs, ready := pollState(c, typeURL, wildcard, names)
 		if ready {
@@ -141,6 +146,7 @@ func (s *Server) fetchGRPC(ctx context.Context, req *discoverypb.DiscoveryReques
 	poll, cancel := s.pollContext(ctx)
 	defer cancel()
 	resp, err := s.fetch(poll, grpcClient(ctx, "fetch"), req, typeURL)
+	err = s.edge(err)
 	s.ended(ctx, streamEnd{variant: "fetch", typ: typeURL, node: req.GetNode()}, err)
 	if errors.Is(err, errNotModified) {
 		return nil, status.Error(codes.DeadlineExceeded, "xdsrelay: no change before the poll deadline; poll again")
@@ -166,9 +172,13 @@ func (s *Server) RESTHandler() http.Handler {
 
 func (s *Server) serveREST(w http.ResponseWriter, r *http.Request, typeURL string) {
 	end := streamEnd{variant: "rest", typ: typeURL, peer: r.RemoteAddr}
+	if !restJSON(w, r) {
+		return
+	}
 	resp, err := s.pollREST(w, r, typeURL, &end)
-	s.ended(r.Context(), end, err)
+	s.ended(r.Context(), end, s.edge(err))
 	switch {
+	case restRefusal(w, err):
 	case errors.Is(err, errNotModified):
 		w.WriteHeader(http.StatusNotModified)
 	case err != nil:
@@ -181,10 +191,12 @@ func (s *Server) serveREST(w http.ResponseWriter, r *http.Request, typeURL strin
 // pollREST reads a REST-JSON request and answers it as a poll, noting its
 // node in end.
 func (s *Server) pollREST(w http.ResponseWriter, r *http.Request, typeURL string, end *streamEnd) (*discoverypb.DiscoveryResponse, error) {
+	lift := s.readDeadline(w)
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRESTBody))
 	if err != nil {
-		return nil, status.Errorf(codes.ResourceExhausted, "xdsrelay: request body: %v", err)
+		return nil, s.bodyError(err)
 	}
+	lift()
 	req := &discoverypb.DiscoveryRequest{}
 	if err := protojson.Unmarshal(body, req); err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "xdsrelay: not a DiscoveryRequest in proto3 JSON: %v", err)

@@ -3,7 +3,6 @@ package downstream
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -26,7 +25,8 @@ import (
 // downstream package only needs the group's cache.
 type Groups interface {
 	// Join returns the cache of the group the node belongs to and a
-	// function to call when the stream ends.
+	// function to call when the stream ends. A *LimitError refuses the
+	// client at a limit (limits.max_groups).
 	Join(node *corepb.Node) (c *cache.Cache, release func(), err error)
 }
 
@@ -44,6 +44,8 @@ type Options struct {
 	// Authorizer, if set, decides which nodes a client may claim by its
 	// certificate (downstream.authorization.rules); nil admits every node.
 	Authorizer *authz.Authorizer
+	// Limits are the bounds on streams, names and REST-JSON requests.
+	Limits Limits
 }
 
 // Server implements the xDS services on top of the groups' caches.
@@ -57,6 +59,8 @@ type Server struct {
 	drain       chan struct{} // closed by Drain
 	pollTimeout time.Duration
 	sendTimeout time.Duration
+	limits      Limits
+	admission   *admission
 
 	drainOnce sync.Once
 	conns     connSet // connections accepted by Listen
@@ -68,6 +72,8 @@ type Server struct {
 	nacks    *metrics.Vec
 	denied   *metrics.Vec
 	stuck    *metrics.Value
+	pending  *metrics.Value // streams waiting for their first request
+	refusals *metrics.Vec
 }
 
 // New returns a server; register it on a grpc.Server with Register.
@@ -95,6 +101,8 @@ func New(opts Options) (*Server, error) {
 		drain:       make(chan struct{}),
 		pollTimeout: opts.PollTimeout,
 		sendTimeout: opts.SendTimeout,
+		limits:      opts.Limits,
+		admission:   newAdmission(opts.Limits),
 		endLog:      newBucket(endLogRate, endLogBurst),
 		stuck:       m.Counter("xdsrelay_downstream_stuck_total", "Client connections closed because a send to them stayed blocked (the client read nothing) for downstream.send_timeout.").With(),
 		streams:     m.Gauge("xdsrelay_downstream_streams", "Open downstream xDS streams.", "variant"),
@@ -102,6 +110,8 @@ func New(opts Options) (*Server, error) {
 		requests:    m.Counter("xdsrelay_downstream_requests_total", "Requests received from downstream clients.", "type"),
 		nacks:       m.Counter("xdsrelay_downstream_nacks_total", "Responses rejected (NACKed) by downstream clients.", "type"),
 		denied:      m.Counter("xdsrelay_downstream_denied_total", "Clients refused by downstream.authorization.rules (PERMISSION_DENIED, or 403 over REST-JSON); reason identity: no rule matches the certificate, node: a rule matches it but not the node claimed.", "variant", "reason"),
+		pending:     m.Gauge("xdsrelay_downstream_pending_streams", "Open downstream xDS streams that have not sent their first request (ended after limits.first_request_timeout).").With(),
+		refusals:    m.Counter("xdsrelay_limit_refusals_total", "Streams, requests and polls refused at a limit, by the limits.* key.", "limit"),
 	}, nil
 }
 
@@ -175,7 +185,7 @@ func (s *Server) join(node *corepb.Node) (*cache.Cache, func(), error) {
 	}
 	c, release, err := s.groups.Join(node)
 	if err != nil {
-		return nil, nil, status.Error(codes.Unavailable, fmt.Sprintf("xdsrelay: %v", err))
+		return nil, nil, joinError(err)
 	}
 	return c, release, nil
 }

@@ -90,26 +90,28 @@ func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 	if d := req.GetErrorDetail(); d != nil {
 		ss.nacked(short, req.GetResponseNonce(), d.GetMessage(), "version", clip(req.GetVersionInfo()))
 	}
-	ss.resubscribe(typeURL, t, req.GetResourceNames())
-	return nil
+	return ss.resubscribe(typeURL, t, req.GetResourceNames())
 }
 
 // resubscribe moves the type's subscription to what the request names and
 // schedules an answer for what it newly asks for: "the server must resend
 // any newly requested resources, even if it previously sent those
-// resources ... and the resources have not changed".
-func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) {
+// resources ... and the resources have not changed". Names past a limit
+// are refused (see watchNames).
+func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) error {
 	t.materialize()
 	wildcard, named := t.subscription(names)
 	added, removed := diff(t.names, named), diff(named, t.names)
 	if len(removed) > 0 {
-		ss.cache.Unwatch(ss.watch, typeURL, removed...)
+		ss.unwatchNames(typeURL, removed)
 		for _, n := range removed {
 			delete(t.sent, n)
 		}
 	}
 	if len(added) > 0 {
-		ss.cache.Watch(ss.watch, typeURL, watchable(added)...)
+		if err := ss.watchNames(typeURL, added); err != nil {
+			return err
+		}
 		for _, n := range added {
 			delete(t.sent, n)
 		}
@@ -127,6 +129,7 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) {
 	if t.all || len(added) > 0 {
 		ss.watch.Mark(typeURL, 0, added...)
 	}
+	return nil
 }
 
 // flush sends what changed, type by type in the order upstream sent it.

@@ -123,6 +123,7 @@ type streamBase struct {
 	watch   *cache.Watch
 	nonces  nonces
 	node    *corepb.Node // from the first request
+	names   int          // names subscribed, across types (see watchNames)
 }
 
 func (s *Server) newStreamBase(send func(any) error, fixed, variant string, c *cache.Cache, node *corepb.Node) streamBase {
@@ -164,7 +165,12 @@ func serve[Req any, Resp any, PReq interface {
 	request
 }](s *Server, st grpc.BidiStreamingServer[Req, Resp], fixed, variant string, open func(*cache.Cache, PReq, func(any) error) protocol[Req]) error {
 	end := streamEnd{variant: variant, typ: fixed}
-	err := run(s, st, &end, open)
+	release, err := s.admitStream()
+	if err == nil {
+		err = run(s, st, &end, open)
+		release()
+	}
+	err = s.edge(err)
 	s.ended(st.Context(), end, err)
 	return err
 }
@@ -178,16 +184,9 @@ func run[Req any, Resp any, PReq interface {
 }](s *Server, st grpc.BidiStreamingServer[Req, Resp], end *streamEnd, open func(*cache.Cache, PReq, func(any) error) protocol[Req]) error {
 	ctx := st.Context()
 	reqs, errc := receive(ctx, st.Recv)
-	var first *Req
-	select {
-	case first = <-reqs:
-		if first == nil {
-			return recvError(errc)
-		}
-	case <-s.drain:
-		return errDraining
-	case <-ctx.Done():
-		return ctx.Err()
+	first, err := firstRequest(ctx, s, reqs, errc)
+	if first == nil {
+		return err
 	}
 	end.node = PReq(first).GetNode()
 	end.see(PReq(first).GetTypeUrl())

@@ -3,6 +3,7 @@ package relay
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"strings"
@@ -114,6 +115,37 @@ type Config struct {
 		// ("Knowing When a Requested Resource Does Not Exist"); 0 disables.
 		NotFoundTimeout time.Duration
 	}
+	// Limits are the bounds on what clients may make the relay hold
+	// ("Every bound is explicit" in DESIGN.md): each refused with
+	// RESOURCE_EXHAUSTED (429 over REST-JSON) naming its key. Zero is no
+	// bound.
+	Limits struct {
+		// MaxGroups is limits.max_groups: a stream or poll whose node
+		// would start one more group is refused.
+		MaxGroups int
+		// MaxNamesPerStream is limits.max_names_per_stream: names one
+		// stream (or poll) subscribes to, across types.
+		MaxNamesPerStream int
+		// MaxNamesPerGroup is limits.max_names_per_group: names one group
+		// wants (subscribed upstream), watched or retained.
+		MaxNamesPerGroup int
+		// MaxStreamsPerConnection is limits.max_streams_per_connection:
+		// HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS on client connections.
+		MaxStreamsPerConnection int
+		// MaxStreams is limits.max_streams: open xDS streams in total.
+		MaxStreams int
+		// StreamRate and StreamBurst are limits.stream_rate and
+		// limits.stream_burst: new streams admitted a second, in bursts
+		// of up to StreamBurst (a token bucket).
+		StreamRate  float64
+		StreamBurst int
+		// FirstRequestTimeout is limits.first_request_timeout: a stream
+		// that sends no request for this long is ended.
+		FirstRequestTimeout time.Duration
+		// RESTReadTimeout is limits.rest_read_timeout: a REST-JSON
+		// request's headers, and then its body, must arrive within it.
+		RESTReadTimeout time.Duration
+	}
 	// Tracing installs OpenTelemetry instrumentation (gRPC stats handlers on
 	// both edges) on the global tracer provider; the binary sets it when
 	// tracing.otlp_endpoint is configured.
@@ -159,6 +191,15 @@ func Default() Config {
 	c.Cache.MaxResources = 100000
 	c.Cache.NotFoundTimeout = 15 * time.Second
 	c.ShutdownTimeout = 10 * time.Second
+	c.Limits.MaxGroups = 1000
+	c.Limits.MaxNamesPerStream = 100000
+	c.Limits.MaxNamesPerGroup = 1000000
+	c.Limits.MaxStreamsPerConnection = 100
+	c.Limits.MaxStreams = 100000
+	c.Limits.StreamRate = 1000
+	c.Limits.StreamBurst = 2000
+	c.Limits.FirstRequestTimeout = 10 * time.Second
+	c.Limits.RESTReadTimeout = 10 * time.Second
 	return c
 }
 
@@ -257,6 +298,42 @@ func (c *Config) Validate() error {
 	}
 	if c.ShutdownTimeout <= 0 {
 		return fmt.Errorf("shutdown_timeout: must be positive, got %s", c.ShutdownTimeout)
+	}
+	return c.validateLimits()
+}
+
+// validateLimits checks the limits.* keys.
+func (c *Config) validateLimits() error {
+	l := &c.Limits
+	for _, n := range []struct {
+		key string
+		v   int
+	}{
+		{"limits.max_groups", l.MaxGroups},
+		{"limits.max_names_per_stream", l.MaxNamesPerStream},
+		{"limits.max_names_per_group", l.MaxNamesPerGroup},
+		{"limits.max_streams_per_connection", l.MaxStreamsPerConnection},
+		{"limits.max_streams", l.MaxStreams},
+		{"limits.stream_burst", l.StreamBurst},
+	} {
+		if n.v < 0 {
+			return fmt.Errorf("%s: must not be negative (0 for no bound), got %d", n.key, n.v)
+		}
+	}
+	if l.MaxStreamsPerConnection > math.MaxUint32 {
+		return fmt.Errorf("limits.max_streams_per_connection: %d is past HTTP/2's largest, %d", l.MaxStreamsPerConnection, uint32(math.MaxUint32))
+	}
+	if l.StreamRate < 0 || math.IsNaN(l.StreamRate) {
+		return fmt.Errorf("limits.stream_rate: must not be negative (0 for no bound), got %v", l.StreamRate)
+	}
+	if l.StreamRate > 0 && l.StreamBurst < 1 {
+		return fmt.Errorf("limits.stream_burst: must be at least 1 with limits.stream_rate %v", l.StreamRate)
+	}
+	if l.FirstRequestTimeout < 0 {
+		return fmt.Errorf("limits.first_request_timeout: must not be negative (0 for no bound), got %s", l.FirstRequestTimeout)
+	}
+	if l.RESTReadTimeout < 0 {
+		return fmt.Errorf("limits.rest_read_timeout: must not be negative (0 for no bound), got %s", l.RESTReadTimeout)
 	}
 	return nil
 }

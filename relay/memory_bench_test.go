@@ -57,7 +57,7 @@ func BenchmarkMemoryPerName(b *testing.B) {
 		b.StopTimer()
 		cfg := Default()
 		cfg.Upstream.Address, cfg.Downstream.Address, cfg.Admin.Address = ln.Addr().String(), "127.0.0.1:0", ""
-		cfg.Cache.MaxResources = 0
+		cfg.Cache.MaxResources, cfg.Limits.MaxNamesPerStream = 0, 0
 		r, err := New(cfg, testLogger())
 		if err != nil {
 			b.Fatal(err)

@@ -116,7 +116,8 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	}
 	warnUnboundGroups(cfg, logger)
 	ds, err := downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: logger,
-		PollTimeout: cfg.Downstream.PollTimeout, SendTimeout: cfg.Downstream.SendTimeout, Authorizer: az})
+		PollTimeout: cfg.Downstream.PollTimeout, SendTimeout: cfg.Downstream.SendTimeout, Authorizer: az,
+		Limits: downstreamLimits(cfg)})
 	if err != nil {
 		return nil, err
 	}
@@ -124,6 +125,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	opts := append(downstream.ServerOptions(),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(cfg.Downstream.MaxRequestBytes),
+		grpc.MaxConcurrentStreams(uint32(cfg.Limits.MaxStreamsPerConnection)),
 		// Lean idle streams: a connection's write buffer is taken from a
 		// pool only while it writes, and its read buffer is small (requests
 		// are small). Throughput per connection is not what bounds a relay.
@@ -208,7 +210,7 @@ func (r *Relay) Start() error {
 			return fmt.Errorf("downstream.rest_address: %w", err)
 		}
 		r.restLn = rln
-		r.rest = &http.Server{Handler: r.down.RESTHandler(), ReadHeaderTimeout: 5 * time.Second, TLSConfig: r.restTLS}
+		r.rest = &http.Server{Handler: r.down.RESTHandler(), ReadHeaderTimeout: r.cfg.Limits.RESTReadTimeout, TLSConfig: r.restTLS}
 		if r.restTLS != nil {
 			rln = tls.NewListener(rln, r.restTLS)
 		}
@@ -346,6 +348,9 @@ func (r *Relay) Join(node *corepb.Node) (*cache.Cache, func(), error) {
 	}
 	g := r.groups[key]
 	if g == nil {
+		if err := r.checkGroupsLocked(); err != nil {
+			return nil, nil, err
+		}
 		var err error
 		if g, err = r.startGroupLocked(key, node, nil); err != nil {
 			return nil, nil, err
@@ -369,7 +374,7 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 	g := &group{
 		key:    key,
 		node:   groupNode(&r.cfg, r.host, key, client),
-		cache:  cache.New(cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources}),
+		cache:  cache.New(cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources, MaxNames: r.cfg.Limits.MaxNamesPerGroup}),
 		cancel: cancel,
 	}
 	if saved != nil {

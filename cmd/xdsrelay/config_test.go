@@ -296,6 +296,7 @@ var kindTypes = map[kind]reflect.Type{
 	kindRatio:    reflect.TypeFor[*float64](),
 	kindLevel:    reflect.TypeFor[*slog.Level](),
 	kindRules:    reflect.TypeFor[*[]relay.AuthorizationRule](),
+	kindRate:     reflect.TypeFor[*float64](),
 }
 
 func TestShortDuration(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -27,7 +28,7 @@ type setting struct {
 // it; the tests hold config.example.yaml and the README to it. The fields
 // point into o.
 func settings(o *Options) []setting {
-	u, d, c := &o.Relay.Upstream, &o.Relay.Downstream, &o.Relay.Cache
+	u, d, c, l := &o.Relay.Upstream, &o.Relay.Downstream, &o.Relay.Cache, &o.Relay.Limits
 	return []setting{
 		{"upstream.address", kindString, &u.Address, "The control plane as host:port (delta ADS), or file://DIR: a directory of resource files."},
 		{"upstream.group_by", kindList, &u.GroupBy, "Node fields forming the group key: id, cluster, locality.region, locality.zone, locality.sub_zone, metadata.<key>; [] for one group."},
@@ -67,6 +68,15 @@ func settings(o *Options) []setting {
 		{"cache.persist_dir", kindString, &c.PersistDir, "Directory where each group's cache is saved and restored from on start; empty disables it."},
 		{"cache.persist_interval", kindDuration, &c.PersistInterval, "How often changed caches are saved (and once more on shutdown)."},
 		{"cache.persist_max_bytes", kindInt, &c.PersistMaxBytes, "Largest cache file restored (a larger one is refused unread) or saved."},
+		{"limits.max_groups", kindInt, &l.MaxGroups, "Groups (upstream streams) at most; a client whose node would start one more is refused (RESOURCE_EXHAUSTED); 0 for no bound."},
+		{"limits.max_names_per_stream", kindInt, &l.MaxNamesPerStream, "Names one stream or poll subscribes to, across types; a request past it ends the stream (RESOURCE_EXHAUSTED); 0 for no bound."},
+		{"limits.max_names_per_group", kindInt, &l.MaxNamesPerGroup, "Names one group wants upstream, watched or retained; a request past it ends its stream (RESOURCE_EXHAUSTED); 0 for no bound."},
+		{"limits.max_streams_per_connection", kindInt, &l.MaxStreamsPerConnection, "Concurrent streams on one client connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); more wait; 0 for no bound."},
+		{"limits.max_streams", kindInt, &l.MaxStreams, "Open xDS streams in total; more are refused (RESOURCE_EXHAUSTED); 0 for no bound."},
+		{"limits.stream_rate", kindRate, &l.StreamRate, "New xDS streams admitted a second; more are refused (RESOURCE_EXHAUSTED); 0 for no bound."},
+		{"limits.stream_burst", kindInt, &l.StreamBurst, "New streams admitted at once above limits.stream_rate (the token bucket's size)."},
+		{"limits.first_request_timeout", kindDuration, &l.FirstRequestTimeout, "A stream that sends no request for this long is ended (RESOURCE_EXHAUSTED); 0 for no bound."},
+		{"limits.rest_read_timeout", kindDuration, &l.RESTReadTimeout, "A REST-JSON request's headers, then its body, must arrive within this (a held poll's answer is not bounded by it); 0 for no bound."},
 		{"shutdown_timeout", kindDuration, &o.Relay.ShutdownTimeout, "How long shutdown waits for streams to end before closing them."},
 		{"log.level", kindLevel, &o.LogLevel, "debug, info, warn or error."},
 		{"tracing.otlp_endpoint", kindString, &o.Tracing.Endpoint, "OpenTelemetry collector (OTLP/gRPC, host:port); empty disables tracing."},
@@ -115,9 +125,10 @@ const (
 	kindRatio                // *float64 from 0 to 1
 	kindLevel                // *slog.Level: debug, info, warn or error
 	kindRules                // *[]relay.AuthorizationRule: a YAML list of maps; JSON in the environment
+	kindRate                 // *float64, not negative: a number per second
 )
 
-var kindNames = [...]string{"string", "duration", "int", "bool", "list", "map", "ratio", "level", "rules"}
+var kindNames = [...]string{"string", "duration", "int", "bool", "list", "map", "ratio", "level", "rules", "rate"}
 
 func (k kind) String() string { return kindNames[k] }
 
@@ -143,6 +154,8 @@ func (s setting) set(raw any, fromEnv bool) error {
 		return decodeLevel(raw, s.field.(*slog.Level))
 	case kindRules:
 		return decodeRules(raw, fromEnv, s.field.(*[]relay.AuthorizationRule))
+	case kindRate:
+		return decodeRate(raw, s.field.(*float64))
 	}
 	panic(fmt.Sprintf("config: key %s has unknown kind %d", s.key, s.kind))
 }
@@ -275,25 +288,43 @@ func decodePairs(s string, dst *map[string]string) error {
 }
 
 func decodeRatio(raw any, dst *float64) error {
-	var f float64
-	switch val := raw.(type) {
-	case float64:
-		f = val
-	case int:
-		f = float64(val)
-	case string:
-		var err error
-		if f, err = strconv.ParseFloat(strings.TrimSpace(val), 64); err != nil {
-			return fmt.Errorf("%q is not a number", val)
-		}
-	default:
-		return fmt.Errorf("want a number from 0 to 1, got %v", raw)
+	f, err := decodeNumber(raw)
+	if err != nil {
+		return fmt.Errorf("want a number from 0 to 1: %w", err)
 	}
 	if f < 0 || f > 1 {
 		return fmt.Errorf("%v is not between 0 and 1", f)
 	}
 	*dst = f
 	return nil
+}
+
+func decodeRate(raw any, dst *float64) error {
+	f, err := decodeNumber(raw)
+	if err != nil {
+		return fmt.Errorf("want a number per second: %w", err)
+	}
+	if f < 0 || math.IsInf(f, 0) || math.IsNaN(f) {
+		return fmt.Errorf("%v is not a number of 0 or more", f)
+	}
+	*dst = f
+	return nil
+}
+
+func decodeNumber(raw any) (float64, error) {
+	switch val := raw.(type) {
+	case float64:
+		return val, nil
+	case int:
+		return float64(val), nil
+	case string:
+		f, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
+		if err != nil {
+			return 0, fmt.Errorf("%q is not a number", val)
+		}
+		return f, nil
+	}
+	return 0, fmt.Errorf("got %v", raw)
 }
 
 func decodeLevel(raw any, dst *slog.Level) error {

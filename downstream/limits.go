@@ -1,0 +1,236 @@
+package downstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+)
+
+// Limits are the bounds the downstream edge enforces, the limits.* keys of
+// the configuration ("Every bound is explicit" in DESIGN.md). A zero field
+// is no bound.
+type Limits struct {
+	// MaxStreams is limits.max_streams: open xDS streams in total.
+	MaxStreams int
+	// StreamRate and StreamBurst are limits.stream_rate and
+	// limits.stream_burst: new streams admitted a second, in bursts of up
+	// to StreamBurst.
+	StreamRate  float64
+	StreamBurst int
+	// FirstRequestTimeout is limits.first_request_timeout: a stream that
+	// sends no request for this long is ended.
+	FirstRequestTimeout time.Duration
+	// MaxNamesPerStream is limits.max_names_per_stream: names a stream (or
+	// a poll) subscribes to, across types.
+	MaxNamesPerStream int
+	// RESTReadTimeout is limits.rest_read_timeout: how long a REST-JSON
+	// request's body may take to arrive (its headers are bounded by the
+	// HTTP server).
+	RESTReadTimeout time.Duration
+}
+
+// LimitError refuses a stream, request or poll at a configured bound. At the
+// edge it becomes RESOURCE_EXHAUSTED (429 over REST-JSON, 408 for a request
+// too slow to arrive) with Error() as the message, which names the key, and
+// is counted under the key in xdsrelay_limit_refusals_total.
+type LimitError struct {
+	Key   string // the configuration key: limits.max_groups, …
+	Limit string // its value, as the message shows it
+	What  string // what was refused
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("xdsrelay: %s (%s) reached: %s", e.Key, e.Limit, e.What)
+}
+
+// label is the key without its section: the metric's label value.
+func (e *LimitError) label() string { return strings.TrimPrefix(e.Key, "limits.") }
+
+// admission counts open streams and rations new ones.
+type admission struct {
+	// Read-only after newAdmission.
+	max  int
+	rate *rate.Limiter // nil without a rate
+
+	open atomic.Int64
+}
+
+func newAdmission(l Limits) *admission {
+	a := &admission{max: l.MaxStreams}
+	if l.StreamRate > 0 {
+		a.rate = rate.NewLimiter(rate.Limit(l.StreamRate), max(l.StreamBurst, 1))
+	}
+	return a
+}
+
+// admitStream admits a new stream, or refuses it at limits.max_streams or
+// limits.stream_rate. Call release when an admitted stream ends.
+func (s *Server) admitStream() (release func(), err error) {
+	a := s.admission
+	if n := a.open.Add(1); a.max > 0 && n > int64(a.max) {
+		a.open.Add(-1)
+		return nil, &LimitError{Key: "limits.max_streams", Limit: strconv.Itoa(a.max), What: "too many open streams; retry later"}
+	}
+	if a.rate != nil && !a.rate.Allow() {
+		a.open.Add(-1)
+		limit := fmt.Sprintf("%g/s, burst %d", float64(a.rate.Limit()), a.rate.Burst())
+		return nil, &LimitError{Key: "limits.stream_rate", Limit: limit, What: "too many new streams; retry later"}
+	}
+	return func() { a.open.Add(-1) }, nil
+}
+
+// firstRequest waits for a stream's first request, for
+// limits.first_request_timeout at most; the stream counts as pending
+// meanwhile. A stream the client closed first yields (nil, nil).
+func firstRequest[Req any](ctx context.Context, s *Server, reqs <-chan *Req, errc <-chan error) (*Req, error) {
+	s.pending.Inc()
+	defer s.pending.Dec()
+	var timeout <-chan time.Time
+	if d := s.limits.FirstRequestTimeout; d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case first := <-reqs:
+		if first == nil {
+			return nil, recvError(errc)
+		}
+		return first, nil
+	case <-timeout:
+		return nil, &LimitError{Key: "limits.first_request_timeout", Limit: s.limits.FirstRequestTimeout.String(), What: "no request on the stream"}
+	case <-s.drain:
+		return nil, errDraining
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// checkNames refuses a stream or poll that would subscribe to more than
+// limits.max_names_per_stream names, holding held and adding more.
+func (s *Server) checkNames(held, adding int) error {
+	if max := s.limits.MaxNamesPerStream; max > 0 && held+adding > max {
+		return &LimitError{Key: "limits.max_names_per_stream", Limit: strconv.Itoa(max),
+			What: fmt.Sprintf("the stream holds %d names and the request adds %d", held, adding)}
+	}
+	return nil
+}
+
+// watchNames subscribes the stream to names of typeURL, or refuses them all
+// at limits.max_names_per_stream or limits.max_names_per_group.
+func (b *streamBase) watchNames(typeURL string, names []string) error {
+	names = watchable(names)
+	if err := b.srv.checkNames(b.names, len(names)); err != nil {
+		return err
+	}
+	if err := watchGroup(b.cache, b.watch, typeURL, names); err != nil {
+		return err
+	}
+	b.names += len(names)
+	return nil
+}
+
+// unwatchNames unsubscribes the stream from names of typeURL, which it
+// subscribed to with watchNames.
+func (b *streamBase) unwatchNames(typeURL string, names []string) {
+	b.cache.Unwatch(b.watch, typeURL, names...)
+	b.names -= len(watchable(names))
+}
+
+// watchGroup is c.Watch, its refusal at the group's bound made a
+// LimitError naming limits.max_names_per_group.
+func watchGroup(c *cache.Cache, w *cache.Watch, typeURL string, names []string) error {
+	err := c.Watch(w, typeURL, names...)
+	var me *cache.MaxNamesError
+	if errors.As(err, &me) {
+		return &LimitError{Key: "limits.max_names_per_group", Limit: strconv.Itoa(me.Max),
+			What: fmt.Sprintf("the group wants %d names and the request adds %d", me.Wanted, me.Adding)}
+	}
+	return err
+}
+
+// edge turns a limit refusal into RESOURCE_EXHAUSTED naming the key, and
+// counts it; any other error is returned as it is.
+func (s *Server) edge(err error) error {
+	var le *LimitError
+	if !errors.As(err, &le) {
+		return err
+	}
+	s.refusals.With(le.label()).Inc()
+	return status.Error(codes.ResourceExhausted, le.Error())
+}
+
+// joinError is how a failed Join reaches the client: a limit refusal as it
+// is (the edge turns it into RESOURCE_EXHAUSTED), anything else UNAVAILABLE.
+func joinError(err error) error {
+	var le *LimitError
+	if errors.As(err, &le) {
+		return le
+	}
+	return status.Error(codes.Unavailable, fmt.Sprintf("xdsrelay: %v", err))
+}
+
+// restJSON answers 415 to a REST-JSON request whose body is not declared
+// application/json, reporting whether the request may go on.
+func restJSON(w http.ResponseWriter, r *http.Request) bool {
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err == nil && mt == "application/json" {
+		return true
+	}
+	http.Error(w, "xdsrelay: Content-Type must be application/json", http.StatusUnsupportedMediaType)
+	return false
+}
+
+// readDeadline bounds the reading of a REST-JSON request's body by
+// limits.rest_read_timeout. Call the result once the whole body is read: it
+// lifts the deadline, so that a held poll is not cut by it (only the body's
+// arrival is bounded, never the response). A body that failed to arrive
+// keeps the deadline, so that the server does not wait for its rest.
+func (s *Server) readDeadline(w http.ResponseWriter) (lift func()) {
+	d := s.limits.RESTReadTimeout
+	if d <= 0 {
+		return func() {}
+	}
+	rc := http.NewResponseController(w)
+	if rc.SetReadDeadline(time.Now().Add(d)) != nil {
+		return func() {}
+	}
+	return func() { rc.SetReadDeadline(time.Time{}) }
+}
+
+// bodyError is the error for a REST-JSON body that could not be read.
+func (s *Server) bodyError(err error) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return &LimitError{Key: "limits.rest_read_timeout", Limit: s.limits.RESTReadTimeout.String(), What: "the request body did not arrive in time"}
+	}
+	return status.Errorf(codes.ResourceExhausted, "xdsrelay: request body: %v", err)
+}
+
+// restRefusal answers a REST-JSON request refused at a limit, reporting
+// whether err was one: 408 for a body too slow to arrive, 429 otherwise.
+// (edge has counted it.)
+func restRefusal(w http.ResponseWriter, err error) bool {
+	var le *LimitError
+	if !errors.As(err, &le) {
+		return false
+	}
+	code := http.StatusTooManyRequests
+	if le.Key == "limits.rest_read_timeout" {
+		code = http.StatusRequestTimeout
+	}
+	http.Error(w, le.Error(), code)
+	return true
+}
