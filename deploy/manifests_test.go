@@ -75,7 +75,7 @@ func checkKind(t *testing.T, file string, tm metav1.TypeMeta, gvk schema.GroupVe
 
 func load(t *testing.T) manifests {
 	t.Helper()
-	var m manifests = manifests{
+	m := manifests{
 		config:     &corev1.ConfigMap{},
 		deployment: &appsv1.Deployment{},
 		service:    &corev1.Service{},
