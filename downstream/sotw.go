@@ -235,6 +235,7 @@ func (ss *sotwStream) flushWildcard(typeURL string, t *sotwType) error {
 	if err := ss.send(xds.SotWFullState(st.Version, typeURL, t.nonce, st.SotW)); err != nil {
 		return err
 	}
+	ss.debugResponse(typeURL, st.Version, t.nonce, len(st.Resources), 0)
 	ss.srv.pushes.With(xds.ShortName(typeURL)).Inc()
 	return nil
 }
