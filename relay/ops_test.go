@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
