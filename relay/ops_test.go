@@ -267,3 +267,30 @@ func TestReadyAfterSyncWithoutGroups(t *testing.T) {
 		return code == http.StatusOK
 	})
 }
+
+// With admin.ready_after_sync, a restored cache is something to serve: the
+// relay is ready while the control plane is still away.
+func TestReadyAfterSyncRestoredCache(t *testing.T) {
+	dir := t.TempDir()
+	persist := func(c *Config) {
+		c.Cache.PersistDir = dir
+		c.Cache.PersistInterval = 20 * time.Millisecond
+		c.Admin.ReadyAfterSync = true
+		fastReconnect(c)
+	}
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("x"))
+	first := startRelay(t, cp.Addr, persist)
+	s := openDelta(t, first.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType})
+	s.recv()
+	s.close()
+	shutdown(t, first)
+	cp.Stop()
+
+	second := startRelay(t, cp.Addr, persist)
+	eventually(t, "/readyz 200 from the restored cache", func() bool {
+		code, _ := get(t, http.DefaultClient, "http://"+second.AdminAddr()+"/readyz")
+		return code == http.StatusOK
+	})
+}
