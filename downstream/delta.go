@@ -47,6 +47,7 @@ func (ds *deltaStream) handle(req *discoverypb.DeltaDiscoveryRequest) error {
 	if err != nil {
 		return err
 	}
+	ds.debugRequest(typeURL, len(req.GetResourceNamesSubscribe())+len(req.GetResourceNamesUnsubscribe()), "", req.GetResponseNonce())
 	// "Incremental xDS": the nonce pairs an ACK or NACK with a response, but
 	// subscription changes are honoured whatever the nonce.
 	if d := req.GetErrorDetail(); d != nil {
@@ -260,6 +261,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[st
 	if err := ds.send(msg); err != nil {
 		return err
 	}
+	ds.debugResponse(typeURL, v.Version, nonce, len(out), len(removed))
 	ds.srv.pushes.With(xds.ShortName(typeURL)).Inc()
 	return nil
 }

@@ -74,6 +74,7 @@ func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 	if err != nil {
 		return err
 	}
+	ss.debugRequest(typeURL, len(req.GetResourceNames()), req.GetVersionInfo(), req.GetResponseNonce())
 	t := ss.types[typeURL]
 	if t == nil {
 		t = &sotwType{names: map[string]struct{}{}, sent: map[string]string{}}
@@ -234,6 +235,7 @@ func (ss *sotwStream) flushWildcard(typeURL string, t *sotwType) error {
 	if err := ss.send(xds.SotWFullState(st.Version, typeURL, t.nonce, st.SotW)); err != nil {
 		return err
 	}
+	ss.debugResponse(typeURL, st.Version, t.nonce, len(st.Resources), 0)
 	ss.srv.pushes.With(xds.ShortName(typeURL)).Inc()
 	return nil
 }
@@ -302,6 +304,7 @@ func (ss *sotwStream) respond(typeURL string, version uint64, t *sotwType, field
 	if err := ss.send(msg); err != nil {
 		return err
 	}
+	ss.debugResponse(typeURL, version, t.nonce, len(fields), 0)
 	ss.srv.pushes.With(xds.ShortName(typeURL)).Inc()
 	return nil
 }

@@ -95,11 +95,7 @@ func (r *Relay) adminHandler(loopback bool) http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, req *http.Request) {
-		if !r.ready.Load() {
-			why := "starting"
-			if r.stopped.Load() {
-				why = "shutting down"
-			}
+		if why := r.notReady(); why != "" {
 			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
 			return
 		}
@@ -115,6 +111,7 @@ func (r *Relay) adminHandler(loopback bool) http.Handler {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		r.metrics.WriteTo(w)
 	})
+	r.opsRoutes(mux, loopback)
 	return mux
 }
 

@@ -3,6 +3,7 @@ package relay
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"net"
 	"os"
@@ -91,6 +92,13 @@ type Config struct {
 		// the admin endpoint; with client_ca_file, a client presenting a
 		// certificate it verifies gets the details on any address.
 		TLS creds.TLS
+		// Pprof is admin.pprof: net/http/pprof under /debug/pprof/, to
+		// private callers only.
+		Pprof bool
+		// ReadyAfterSync is admin.ready_after_sync: /readyz and gRPC
+		// health report ready only once the relay has something to serve
+		// (see Relay.synced).
+		ReadyAfterSync bool
 	}
 	Cache struct {
 		// Retention is cache.retention: how long a resource nobody
@@ -153,6 +161,10 @@ type Config struct {
 	// ShutdownTimeout is shutdown_timeout: how long Shutdown waits for
 	// streams to end before closing them.
 	ShutdownTimeout time.Duration
+	// LogLevel is the binary's log level (not a key: log.level sets its
+	// start value); the admin endpoint's /debug/loglevel reads and sets it.
+	// Nil disables /debug/loglevel.
+	LogLevel *slog.LevelVar
 }
 
 // AuthorizationRule is one of downstream.authorization.rules: a client whose

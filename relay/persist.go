@@ -349,6 +349,7 @@ func (r *Relay) restoreFile(path string) error {
 	if err := r.restoreGroup(key, node, states); err != nil {
 		return err
 	}
+	r.restored.Store(true)
 	r.log.Info("restored a saved cache", "group", key, "file", path, "types", len(states))
 	return nil
 }

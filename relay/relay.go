@@ -18,6 +18,8 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/xdsrelay/xdsrelay/cache"
@@ -43,7 +45,12 @@ type Relay struct {
 	host    string // the host name, for upstream node ids
 	ready   atomic.Bool
 	stopped atomic.Bool // set when Shutdown begins
-	groupsG *metrics.Value
+	synced  atomic.Bool // something to serve (admin.ready_after_sync; see hasSynced)
+	// restored is set when a saved cache loaded (cache.persist_dir).
+	restored atomic.Bool
+	health   *health.Server   // gRPC health on the downstream port
+	upConn   *grpc.ClientConn // the control plane; nil with resource files
+	groupsG  *metrics.Value
 
 	persistHealth *persistHealth
 	adminTLS      *tls.Config // nil without admin.tls
@@ -157,6 +164,9 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	}
 	r.grpc = grpc.NewServer(opts...)
 	r.down.Register(r.grpc)
+	r.health = health.NewServer()
+	r.updateHealth() // NOT_SERVING until Start
+	healthpb.RegisterHealthServer(r.grpc, drainingHealth{Server: r.health, r: r})
 	ok = true
 	return r, nil
 }
@@ -184,6 +194,7 @@ func (r *Relay) newSource() (upstream.Source, error) {
 	if err != nil {
 		return nil, err
 	}
+	r.upConn = conn
 	return upstream.NewADS(upstream.ADSOptions{Conn: conn, Metrics: r.upm, Logger: r.log,
 		Backoff: reconnectBackoff(r.cfg), NotFoundTimeout: r.cfg.Cache.NotFoundTimeout,
 		MaxRequestBytes: r.cfg.Upstream.MaxRequestBytes})
@@ -235,6 +246,10 @@ func (r *Relay) Start() error {
 		}
 	})
 	r.ready.Store(true)
+	r.updateHealth()
+	if r.cfg.Admin.ReadyAfterSync {
+		r.goRun(r.watchSync)
+	}
 	r.log.Info("relay serving", "downstream", ln.Addr().String(), "upstream", r.cfg.Upstream.Address,
 		"admin", r.AdminAddr())
 	return nil
@@ -281,6 +296,7 @@ func (r *Relay) AdminAddr() string {
 func (r *Relay) Shutdown(ctx context.Context) error {
 	r.stopped.Store(true)
 	r.ready.Store(false)
+	r.health.Shutdown() // NOT_SERVING, for good
 	r.down.Drain()
 	stopped := make(chan struct{})
 	go func() {

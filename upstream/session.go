@@ -51,6 +51,7 @@ func (s *session) send(req *discoverypb.DeltaDiscoveryRequest) error {
 	if err := s.st.Send(req); err != nil {
 		return fmt.Errorf("upstream: send: %w", err)
 	}
+	s.c.debugRequest(req)
 	return nil
 }
 
@@ -209,6 +210,7 @@ func (s *session) sendChange(ch change, sub *subscription) error {
 // resources that could not be decoded; those keep their last good version,
 // the others are applied ("ACK/NACK and resource type instance version").
 func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
+	s.c.debugResponse(r) // before the resources are let go
 	typeURL := r.GetTypeUrl()
 	short := xds.ShortName(typeURL)
 	// A span per upstream response: the stage from upstream receipt to the

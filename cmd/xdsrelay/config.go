@@ -16,9 +16,10 @@ import (
 // Options are what the configuration gives the binary: the relay's own
 // configuration and how to log.
 type Options struct {
-	Relay    relay.Config
-	LogLevel slog.Level
-	Tracing  TracingOptions
+	Relay     relay.Config
+	LogLevel  slog.Level
+	LogFormat string // text or json
+	Tracing   TracingOptions
 }
 
 // loadConfig reads the file (if any) and environ (KEY=value entries, as from
@@ -62,6 +63,9 @@ func apply(s setting, fileVals map[string]any, env map[string]string) error {
 
 // finish checks what spans keys and validates the relay's configuration.
 func finish(o *Options) error {
+	if o.LogFormat != "text" && o.LogFormat != "json" {
+		return fmt.Errorf("log.format: %q is not text or json", o.LogFormat)
+	}
 	if o.Tracing.Endpoint != "" {
 		if _, _, err := net.SplitHostPort(o.Tracing.Endpoint); err != nil {
 			return fmt.Errorf("tracing.otlp_endpoint: %q is not host:port", o.Tracing.Endpoint)

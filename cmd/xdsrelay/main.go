@@ -87,6 +87,16 @@ Flags:
 	}
 }
 
+// newLogger writes to w in format (text or json) at level, which the
+// admin endpoint's /debug/loglevel changes at run time.
+func newLogger(format string, w io.Writer, level slog.Leveler) *slog.Logger {
+	ho := &slog.HandlerOptions{Level: level}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, ho))
+	}
+	return slog.New(slog.NewTextHandler(w, ho))
+}
+
 // runRelay loads the configuration and serves until ctx ends or SIGINT or
 // SIGTERM arrives.
 func runRelay(ctx context.Context, configFile string, environ []string, stderr io.Writer) int {
@@ -95,7 +105,10 @@ func runRelay(ctx context.Context, configFile string, environ []string, stderr i
 		fmt.Fprintln(stderr, "xdsrelay:", err)
 		return 2
 	}
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: opts.LogLevel}))
+	level := new(slog.LevelVar)
+	level.Set(opts.LogLevel)
+	opts.Relay.LogLevel = level
+	logger := newLogger(opts.LogFormat, stderr, level)
 	for _, name := range unknownEnv {
 		logger.Warn("unknown environment variable ignored", "name", name)
 	}

@@ -62,6 +62,8 @@ func settings(o *Options) []setting {
 		{"admin.tls.cert_file", kindString, &o.Relay.Admin.TLS.CertFile, "TLS certificate for the admin endpoint (HTTPS)."},
 		{"admin.tls.key_file", kindString, &o.Relay.Admin.TLS.KeyFile, "The key of admin.tls.cert_file."},
 		{"admin.tls.client_ca_file", kindString, &o.Relay.Admin.TLS.CAFile, "Client certificates signed by this CA see the admin details on any address; requests without one get the general answers."},
+		{"admin.pprof", kindBool, &o.Relay.Admin.Pprof, "Serve Go's profiler (net/http/pprof) under /debug/pprof/ on the admin endpoint, to private callers only."},
+		{"admin.ready_after_sync", kindBool, &o.Relay.Admin.ReadyAfterSync, "Report ready (/readyz, gRPC health) only once there is something to serve: a control-plane answer, the resource files, or a restored cache."},
 		{"cache.retention", kindDuration, &c.Retention, "How long a resource nobody watches stays subscribed upstream and cached."},
 		{"cache.max_resources", kindInt, &c.MaxResources, "Per group, resources past this many that nobody watches are dropped, least recently used first; 0 for no bound."},
 		{"cache.not_found_timeout", kindDuration, &c.NotFoundTimeout, "A requested name that has not arrived from upstream this long after it was first asked for is reported to incremental clients as not existing; 0 disables."},
@@ -78,7 +80,8 @@ func settings(o *Options) []setting {
 		{"limits.first_request_timeout", kindDuration, &l.FirstRequestTimeout, "A stream that sends no request for this long is ended (RESOURCE_EXHAUSTED); 0 for no bound."},
 		{"limits.rest_read_timeout", kindDuration, &l.RESTReadTimeout, "A REST-JSON request's headers, then its body, must arrive within this (a held poll's answer is not bounded by it); 0 for no bound."},
 		{"shutdown_timeout", kindDuration, &o.Relay.ShutdownTimeout, "How long shutdown waits for streams to end before closing them."},
-		{"log.level", kindLevel, &o.LogLevel, "debug, info, warn or error."},
+		{"log.level", kindLevel, &o.LogLevel, "debug, info, warn or error; changed at run time with PUT /debug/loglevel."},
+		{"log.format", kindString, &o.LogFormat, "text (key=value) or json (one JSON object a line)."},
 		{"tracing.otlp_endpoint", kindString, &o.Tracing.Endpoint, "OpenTelemetry collector (OTLP/gRPC, host:port); empty disables tracing."},
 		{"tracing.insecure", kindBool, &o.Tracing.Insecure, "Plaintext to the collector."},
 		{"tracing.sample_ratio", kindRatio, &o.Tracing.SampleRatio, "Fraction of new traces kept (0 to 1)."},
@@ -88,9 +91,10 @@ func settings(o *Options) []setting {
 // defaultOptions is what the binary runs with when nothing is configured.
 func defaultOptions() Options {
 	return Options{
-		Relay:    relay.Default(),
-		LogLevel: slog.LevelInfo,
-		Tracing:  TracingOptions{SampleRatio: 0.01},
+		Relay:     relay.Default(),
+		LogLevel:  slog.LevelInfo,
+		LogFormat: "text",
+		Tracing:   TracingOptions{SampleRatio: 0.01},
 	}
 }
 

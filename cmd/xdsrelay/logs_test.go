@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// With log.format json every line is a JSON object, and the binary's log
+// level is the one /debug/loglevel sets.
+func TestJSONLogsAndRuntimeLevel(t *testing.T) {
+	logs := &syncBuffer{}
+	ctx, cancel := context.WithCancel(context.Background())
+	code := make(chan int, 1)
+	go func() {
+		code <- run(ctx, nil, environ(map[string]string{
+			"XDSRELAY_UPSTREAM_ADDRESS":   "file://" + filepath.Join("..", "..", "examples", "resources"),
+			"XDSRELAY_DOWNSTREAM_ADDRESS": "127.0.0.1:0",
+			"XDSRELAY_ADMIN_ADDRESS":      "127.0.0.1:0",
+			"XDSRELAY_LOG_FORMAT":         "json",
+		}), io.Discard, logs)
+	}()
+	admin := waitForLog(t, logs, regexp.MustCompile(`"msg":"relay serving".*"admin":"([^"]+)"`))[1]
+	req, _ := http.NewRequest(http.MethodPut, "http://"+admin+"/debug/loglevel", strings.NewReader("debug"))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("PUT /debug/loglevel: %d", resp.StatusCode)
+	}
+	waitForLog(t, logs, regexp.MustCompile(`"level":"WARN","msg":"log level changed","from":"info","to":"debug"`))
+	cancel()
+	select {
+	case c := <-code:
+		if c != 0 {
+			t.Fatalf("exit %d; log:\n%s", c, logs)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("run did not return after its context ended")
+	}
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		if !json.Valid([]byte(line)) {
+			t.Errorf("not JSON: %q", line)
+		}
+	}
+}
+
+func TestLogFormatIsChecked(t *testing.T) {
+	for _, tc := range []struct {
+		format, wantErr string
+	}{
+		{format: "text"},
+		{format: "json"},
+		{format: "logfmt", wantErr: `log.format: "logfmt" is not text or json`},
+	} {
+		o, _, err := loadConfig("", environ(map[string]string{"XDSRELAY_LOG_FORMAT": tc.format}))
+		switch {
+		case tc.wantErr == "" && err != nil:
+			t.Errorf("%s: %v", tc.format, err)
+		case tc.wantErr == "" && o.LogFormat != tc.format:
+			t.Errorf("%s: LogFormat %q", tc.format, o.LogFormat)
+		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+			t.Errorf("%s: error %v, want %q", tc.format, err, tc.wantErr)
+		}
+	}
+}

@@ -1,0 +1,185 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/pprof"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/xdsrelay/xdsrelay/upstream"
+)
+
+// The operational parts of the relay: the run-time log level and pprof on
+// the admin endpoint, gRPC health on the downstream port, and readiness
+// (admin.ready_after_sync).
+
+// opsRoutes adds /debug/loglevel and, with admin.pprof, /debug/pprof/ to
+// mux. Both are for private callers only (see private).
+func (r *Relay) opsRoutes(mux *http.ServeMux, loopback bool) {
+	only := func(h http.HandlerFunc) http.HandlerFunc {
+		return func(w http.ResponseWriter, req *http.Request) {
+			if !private(loopback, req) {
+				http.Error(w, "forbidden: only on a loopback admin.address or with an admin.tls client certificate", http.StatusForbidden)
+				return
+			}
+			h(w, req)
+		}
+	}
+	if lv := r.cfg.LogLevel; lv != nil {
+		mux.HandleFunc("GET /debug/loglevel", only(func(w http.ResponseWriter, _ *http.Request) {
+			fmt.Fprintln(w, strings.ToLower(lv.Level().String()))
+		}))
+		mux.HandleFunc("PUT /debug/loglevel", only(func(w http.ResponseWriter, req *http.Request) {
+			r.setLogLevel(lv, w, req)
+		}))
+	}
+	if r.cfg.Admin.Pprof {
+		mux.HandleFunc("/debug/pprof/", only(pprof.Index))
+		mux.HandleFunc("/debug/pprof/cmdline", only(pprof.Cmdline))
+		mux.HandleFunc("/debug/pprof/profile", only(pprof.Profile))
+		mux.HandleFunc("/debug/pprof/symbol", only(pprof.Symbol))
+		mux.HandleFunc("/debug/pprof/trace", only(pprof.Trace))
+	}
+}
+
+// setLogLevel sets lv from the request's body: debug, info, warn or error.
+func (r *Relay) setLogLevel(lv *slog.LevelVar, w http.ResponseWriter, req *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(req.Body, 64))
+	if err != nil {
+		http.Error(w, "reading the body: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	word := strings.ToLower(strings.TrimSpace(string(body)))
+	var l slog.Level
+	if !validLevel(word) || l.UnmarshalText([]byte(word)) != nil {
+		http.Error(w, "want one of debug, info, warn, error", http.StatusBadRequest)
+		return
+	}
+	old := lv.Level()
+	lv.Set(l)
+	r.log.Warn("log level changed", "from", strings.ToLower(old.String()), "to", word)
+	fmt.Fprintln(w, word)
+}
+
+func validLevel(word string) bool {
+	switch word {
+	case "debug", "info", "warn", "error":
+		return true
+	}
+	return false
+}
+
+// notReady says why /readyz and gRPC health do not report ready; "" when
+// they do.
+func (r *Relay) notReady() string {
+	switch {
+	case r.stopped.Load():
+		return "shutting down"
+	case !r.ready.Load():
+		return "starting"
+	case r.cfg.Admin.ReadyAfterSync && !r.synced.Load():
+		return "waiting for the first upstream sync"
+	}
+	return ""
+}
+
+// updateHealth sets the gRPC health of the whole server ("") from notReady.
+// After Shutdown has begun the health server ignores it.
+func (r *Relay) updateHealth() {
+	st := healthpb.HealthCheckResponse_SERVING
+	if r.notReady() != "" {
+		st = healthpb.HealthCheckResponse_NOT_SERVING
+	}
+	r.health.SetServingStatus("", st)
+}
+
+// watchSync waits, with admin.ready_after_sync, for the relay to have
+// something to serve, then reports it ready. It checks every syncPoll until
+// the relay stops.
+func (r *Relay) watchSync() {
+	if conn := r.upConn; conn != nil {
+		conn.Connect() // leave IDLE, so that the connection's state says something
+	}
+	t := time.NewTicker(syncPoll)
+	defer t.Stop()
+	for !r.hasSynced() {
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+	r.synced.Store(true)
+	r.updateHealth()
+	r.log.Info("first upstream sync: ready")
+}
+
+const syncPoll = 50 * time.Millisecond
+
+// hasSynced reports whether the relay has something to serve: a saved cache
+// was restored, the resource files loaded, a group's control-plane stream
+// got its first response or, before any group exists, the connection to the
+// control plane is up.
+func (r *Relay) hasSynced() bool {
+	if r.restored.Load() {
+		return true
+	}
+	if f, ok := r.source.(*upstream.File); ok {
+		return !f.Status().LastResponse.IsZero()
+	}
+	gs := r.snapshotGroups()
+	for _, g := range gs {
+		if !g.status().LastResponse.IsZero() {
+			return true
+		}
+	}
+	return len(gs) == 0 && r.upConn != nil && r.upConn.GetState() == connectivity.Ready
+}
+
+// drainingHealth is the gRPC health service, whose Watch streams end once
+// they have told the client NOT_SERVING at shutdown: a watcher must not hold
+// GracefulStop until shutdown_timeout.
+type drainingHealth struct {
+	*health.Server
+	r *Relay
+}
+
+// Watch implements grpc.health.v1.Health.
+func (h drainingHealth) Watch(req *healthpb.HealthCheckRequest, st healthpb.Health_WatchServer) error {
+	ctx, cancel := context.WithCancel(st.Context())
+	defer cancel()
+	err := h.Server.Watch(req, &watchStream{Health_WatchServer: st, ctx: ctx, cancel: cancel, r: h.r})
+	if h.r.stopped.Load() {
+		return status.Error(codes.Unavailable, "relay is shutting down")
+	}
+	return err
+}
+
+// watchStream is a Watch stream that ends after a status other than SERVING
+// is sent during shutdown.
+type watchStream struct {
+	healthpb.Health_WatchServer
+	ctx    context.Context
+	cancel context.CancelFunc
+	r      *Relay
+}
+
+func (w *watchStream) Context() context.Context { return w.ctx }
+
+func (w *watchStream) Send(m *healthpb.HealthCheckResponse) error {
+	err := w.Health_WatchServer.Send(m)
+	if m.GetStatus() != healthpb.HealthCheckResponse_SERVING && w.r.stopped.Load() {
+		w.cancel()
+	}
+	return err
+}

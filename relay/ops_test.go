@@ -1,0 +1,296 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+)
+
+// syncBuffer is a log destination the test reads while the relay writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// lines returns the JSON log lines written so far, decoded; the test fails
+// on a line that is not JSON.
+func (b *syncBuffer) lines(t *testing.T) []map[string]any {
+	t.Helper()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(b.buf.String()), "\n") {
+		if l == "" {
+			continue
+		}
+		m := map[string]any{}
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("log line is not JSON: %q: %v", l, err)
+		}
+		out = append(out, m)
+	}
+	return out
+}
+
+// count returns how many lines have msg.
+func (b *syncBuffer) count(t *testing.T, msg string) int {
+	n := 0
+	for _, l := range b.lines(t) {
+		if l["msg"] == msg {
+			n++
+		}
+	}
+	return n
+}
+
+// startJSONRelay is startRelay logging JSON to the returned buffer at a
+// level the admin endpoint controls, starting at info.
+func startJSONRelay(t *testing.T, upstream string, mutate ...func(*Config)) (*Relay, *syncBuffer) {
+	t.Helper()
+	buf := &syncBuffer{}
+	lv := new(slog.LevelVar)
+	cfg := Default()
+	cfg.Upstream.Address = upstream
+	cfg.Downstream.Address = "127.0.0.1:0"
+	cfg.Admin.Address = "127.0.0.1:0"
+	cfg.LogLevel = lv
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	r, err := New(cfg, slog.New(slog.NewJSONHandler(buf, &slog.HandlerOptions{Level: lv})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		if err := r.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	})
+	return r, buf
+}
+
+func do(t *testing.T, method, url, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	b.ReadFrom(resp.Body)
+	return resp.StatusCode, b.String()
+}
+
+// Per-message debug lines are written at debug only, and PUT
+// /debug/loglevel turns them on at run time; every line is JSON.
+func TestDebugLogsFollowLogLevel(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "tenant-a", "1", testcp.Cluster("x"))
+	r, logs := startJSONRelay(t, cp.Addr)
+	level := "http://" + r.AdminAddr() + "/debug/loglevel"
+	if code, body := do(t, http.MethodGet, level, ""); code != http.StatusOK || body != "info\n" {
+		t.Fatalf("GET /debug/loglevel: %d %q, want 200 info", code, body)
+	}
+
+	s := openDelta(t, r.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "tenant-a"), TypeUrl: resourcev3.ClusterType})
+	s.recv()
+	s.quiet(100 * time.Millisecond) // the relay is done with the exchange
+	for _, msg := range []string{"request from client", "response to client", "request to control plane", "response from control plane"} {
+		if n := logs.count(t, msg); n != 0 {
+			t.Errorf("%d %q lines at info", n, msg)
+		}
+	}
+
+	if code, body := do(t, http.MethodPut, level, "debug"); code != http.StatusOK || body != "debug\n" {
+		t.Fatalf("PUT /debug/loglevel debug: %d %q", code, body)
+	}
+	if code, _ := do(t, http.MethodPut, level, "loud"); code != http.StatusBadRequest {
+		t.Errorf("PUT /debug/loglevel loud: %d, want 400", code)
+	}
+	s2 := openSotW(t, r.Addr())
+	s2.send(&discoverypb.DiscoveryRequest{Node: node("m", "tenant-b"), TypeUrl: resourcev3.ClusterType})
+	cp.Set(t, "tenant-b", "1", testcp.Cluster("y"))
+	s2.recv()
+	for _, msg := range []string{"request from client", "response to client", "request to control plane", "response from control plane"} {
+		eventually(t, msg+" at debug", func() bool { return logs.count(t, msg) > 0 })
+	}
+	for _, l := range logs.lines(t) {
+		if l["msg"] == "response to client" && (l["type"] != "Cluster" || l["resources"] != 1.0 || l["nonce"] == "") {
+			t.Errorf("response line: %v", l)
+		}
+	}
+	if code, body := do(t, http.MethodGet, level, ""); code != http.StatusOK || body != "debug\n" {
+		t.Errorf("GET /debug/loglevel: %d %q, want 200 debug", code, body)
+	}
+}
+
+// /debug/loglevel and /debug/pprof/ are for private callers only; pprof is
+// served only with admin.pprof.
+func TestPprofAndLogLevelArePrivate(t *testing.T) {
+	off, _ := startJSONRelay(t, FilePrefix+t.TempDir())
+	if code, _ := do(t, http.MethodGet, "http://"+off.AdminAddr()+"/debug/pprof/", ""); code != http.StatusNotFound {
+		t.Errorf("pprof without admin.pprof: %d, want 404", code)
+	}
+	on, _ := startJSONRelay(t, FilePrefix+t.TempDir(), func(c *Config) { c.Admin.Pprof = true })
+	for _, path := range []string{"/debug/pprof/", "/debug/pprof/goroutine?debug=1", "/debug/pprof/cmdline"} {
+		if code, _ := do(t, http.MethodGet, "http://"+on.AdminAddr()+path, ""); code != http.StatusOK {
+			t.Errorf("%s with admin.pprof: %d, want 200", path, code)
+		}
+	}
+	public, _ := startJSONRelay(t, FilePrefix+t.TempDir(), publicAdmin(t), func(c *Config) { c.Admin.Pprof = true })
+	base := "http://" + public.AdminAddr()
+	for _, path := range []string{"/debug/pprof/", "/debug/loglevel"} {
+		if code, _ := do(t, http.MethodGet, base+path, ""); code != http.StatusForbidden {
+			t.Errorf("%s to a public caller: %d, want 403", path, code)
+		}
+	}
+	if code, _ := do(t, http.MethodPut, base+"/debug/loglevel", "debug"); code != http.StatusForbidden {
+		t.Errorf("PUT /debug/loglevel to a public caller: %d, want 403", code)
+	}
+}
+
+// gRPC health on the downstream port says SERVING while the relay serves
+// and NOT_SERVING once shutdown begins; a Watch then ends, so it does not
+// hold the drain.
+func TestGRPCHealthAcrossShutdown(t *testing.T) {
+	r := startRelay(t, FilePrefix+t.TempDir())
+	hc := healthpb.NewHealthClient(dial(t, r.Addr()))
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("Check: %v %v, want SERVING", resp, err)
+	}
+	w, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := w.Recv(); err != nil || m.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("Watch: %v %v, want SERVING", m, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		shutdown(t, r)
+	}()
+	if m, err := w.Recv(); err != nil || m.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("Watch during shutdown: %v %v, want NOT_SERVING", m, err)
+	}
+	if _, err := w.Recv(); err == nil {
+		t.Error("Watch did not end at shutdown")
+	}
+	select {
+	case <-done:
+	case <-time.After(wait):
+		t.Fatal("shutdown did not end")
+	}
+}
+
+// With admin.ready_after_sync, /readyz and gRPC health say not ready until
+// the control plane has answered, then ready.
+func TestReadyAfterSync(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "tenant-a", "1", testcp.Cluster("x"))
+	cp.Stop()
+	r := startRelay(t, cp.Addr, fastReconnect, func(c *Config) { c.Admin.ReadyAfterSync = true })
+	readyz := "http://" + r.AdminAddr() + "/readyz"
+	hc := healthpb.NewHealthClient(dial(t, r.Addr()))
+	check := func() healthpb.HealthCheckResponse_ServingStatus {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+		if err != nil {
+			t.Fatalf("Check: %v", err)
+		}
+		return resp.GetStatus()
+	}
+	if code, body := get(t, http.DefaultClient, readyz); code != http.StatusServiceUnavailable || body != "not ready: waiting for the first upstream sync\n" {
+		t.Fatalf("/readyz before the control plane: %d %q", code, body)
+	}
+	if st := check(); st != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("health before the control plane: %v", st)
+	}
+	// A client is served nothing yet; the relay stays not ready.
+	s := openDelta(t, r.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "tenant-a"), TypeUrl: resourcev3.ClusterType})
+	s.quiet(200 * time.Millisecond)
+	if code, _ := get(t, http.DefaultClient, readyz); code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz with a group and no answer: %d, want 503", code)
+	}
+	cp.Restart()
+	s.recv()
+	eventually(t, "/readyz 200", func() bool {
+		code, _ := get(t, http.DefaultClient, readyz)
+		return code == http.StatusOK
+	})
+	if st := check(); st != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health after the first sync: %v", st)
+	}
+}
+
+// With admin.ready_after_sync and no group yet, the relay is ready once its
+// connection to the control plane is up: clients must be let in for a group
+// to start.
+func TestReadyAfterSyncWithoutGroups(t *testing.T) {
+	cp := testcp.Start(t)
+	r := startRelay(t, cp.Addr, func(c *Config) { c.Admin.ReadyAfterSync = true })
+	eventually(t, "/readyz 200", func() bool {
+		code, _ := get(t, http.DefaultClient, "http://"+r.AdminAddr()+"/readyz")
+		return code == http.StatusOK
+	})
+}
+
+// With admin.ready_after_sync, a restored cache is something to serve: the
+// relay is ready while the control plane is still away.
+func TestReadyAfterSyncRestoredCache(t *testing.T) {
+	dir := t.TempDir()
+	persist := func(c *Config) {
+		c.Cache.PersistDir = dir
+		c.Cache.PersistInterval = 20 * time.Millisecond
+		c.Admin.ReadyAfterSync = true
+		fastReconnect(c)
+	}
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("x"))
+	first := startRelay(t, cp.Addr, persist)
+	s := openDelta(t, first.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType})
+	s.recv()
+	s.close()
+	shutdown(t, first)
+	cp.Stop()
+
+	second := startRelay(t, cp.Addr, persist)
+	eventually(t, "/readyz 200 from the restored cache", func() bool {
+		code, _ := get(t, http.DefaultClient, "http://"+second.AdminAddr()+"/readyz")
+		return code == http.StatusOK
+	})
+}
