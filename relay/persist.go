@@ -415,7 +415,7 @@ func (r *Relay) writeCaches(written map[string]uint64) {
 // writeCache saves one group's cache, unless it is larger than what a
 // restore would read.
 func (r *Relay) writeCache(g *group, states []cache.TypeState) error {
-	data, err := encodeGroup(g.node, states)
+	data, err := encodeGroup(g.fields, states)
 	if err != nil {
 		return err
 	}

@@ -79,6 +79,7 @@ func (r *Relay) closeReloaders() {
 type group struct {
 	key     string
 	node    *corepb.Node // presented upstream; read-only
+	fields  *corepb.Node // the group_by fields of its clients' nodes (keyNode); read-only
 	cache   *cache.Cache
 	status  func() upstream.Status
 	clients int // guarded by Relay.mu
@@ -390,6 +391,7 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 	g := &group{
 		key:    key,
 		node:   groupNode(&r.cfg, r.host, key, client),
+		fields: keyNode(r.cfg.Upstream.GroupBy, client),
 		cache:  cache.New(cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources, MaxNames: r.cfg.Limits.MaxNamesPerGroup}),
 		cancel: cancel,
 	}

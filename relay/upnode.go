@@ -124,3 +124,18 @@ func setMetadata(n *corepb.Node, key string, v *structpb.Value) {
 	}
 	n.Metadata.Fields[key] = v
 }
+
+// keyNode is what of a client's node makes its group: the group_by fields
+// as the client sent them, id included. A warm-restart file saves it, so
+// that the group is restored under the same key and presents the same node.
+func keyNode(groupBy []string, client *corepb.Node) *corepb.Node {
+	n := &corepb.Node{}
+	for _, f := range groupBy {
+		if f == "id" {
+			n.Id = client.GetId()
+			continue
+		}
+		copyField(n, client, f)
+	}
+	return n
+}

@@ -64,3 +64,18 @@ func TestNodeIDTemplateIsChecked(t *testing.T) {
 		}
 	}
 }
+
+// A group keyed by node id is restored from a warm-restart file under the
+// same key: the file keeps the clients' group_by fields, not the node
+// presented upstream (whose id is the template's).
+func TestKeyNodeKeepsTheGroupKey(t *testing.T) {
+	groupBy := []string{"id", "cluster"}
+	client := &corepb.Node{Id: "sidecar-1", Cluster: "c1", UserAgentName: "envoy"}
+	saved := keyNode(groupBy, client)
+	if got, want := GroupKey(saved, groupBy), GroupKey(client, groupBy); got != want {
+		t.Fatalf("restored key %q, want %q", got, want)
+	}
+	if saved.GetUserAgentName() != "" {
+		t.Errorf("the saved node holds more than the group's fields: %v", saved)
+	}
+}
