@@ -115,6 +115,22 @@ func decodeGroup(data []byte) (*corepb.Node, []cache.TypeState, error) {
 	return node, states, nil
 }
 
+// InspectPersistFile reads a saved cache file (one of cache.persist_dir's
+// group-*.cache files) without restoring it: the group's node and its cache
+// by type. It checks the file as a restore does, under the default
+// cache.persist_max_bytes.
+func InspectPersistFile(path string) (*corepb.Node, []cache.TypeState, error) {
+	data, err := readPersistFile(path, Default().Cache.PersistMaxBytes)
+	if err != nil {
+		return nil, nil, fmt.Errorf("relay: %s: %w", path, err)
+	}
+	node, states, err := decodeGroup(data)
+	if err != nil {
+		return nil, nil, fmt.Errorf("relay: %s: %w", path, err)
+	}
+	return node, states, nil
+}
+
 // nextRecord splits the length-prefixed record at the start of b from what
 // follows it.
 func nextRecord(b []byte) (record, rest []byte, err error) {

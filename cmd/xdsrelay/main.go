@@ -3,14 +3,11 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 )
 
@@ -18,73 +15,15 @@ func main() {
 	os.Exit(run(context.Background(), os.Args[1:], os.Environ(), os.Stdout, os.Stderr))
 }
 
-// run is the command line. It returns the exit code: 0, 1 when the relay
+// run is the command line. It returns the exit code: 0, 1 when the command
 // fails, 2 for a usage or configuration error. The relay runs until ctx ends
 // or SIGINT or SIGTERM arrives.
 func run(ctx context.Context, args, environ []string, stdout, stderr io.Writer) int {
-	fl, err := parseFlags(args)
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-		usage(stdout)
-		return 0
-	case err != nil:
-		fmt.Fprintf(stderr, "xdsrelay: %v (see xdsrelay --help)\n", err)
-		return 2
-	case fl.version:
-		fmt.Fprintln(stdout, "xdsrelay", currentVersion())
-		return 0
-	}
-	return runRelay(ctx, fl.config, environ, stderr)
-}
-
-// cliFlags are the command line's flags.
-type cliFlags struct {
-	config  string
-	version bool
-}
-
-func newFlagSet(fl *cliFlags) *flag.FlagSet {
-	fs := flag.NewFlagSet("xdsrelay", flag.ContinueOnError)
-	fs.SetOutput(io.Discard) // run reports errors and prints the usage
-	fs.Usage = func() {}
-	fs.StringVar(&fl.config, "config", "", "read the configuration from `FILE` (YAML); without it, defaults and the environment only")
-	fs.BoolVar(&fl.version, "version", false, "print the version and exit")
-	return fs
-}
-
-// parseFlags parses args; flag.ErrHelp for -h or --help. There are no
-// positional arguments: the configuration file is named with --config.
-func parseFlags(args []string) (cliFlags, error) {
-	var fl cliFlags
-	fs := newFlagSet(&fl)
-	if err := fs.Parse(args); err != nil {
-		return fl, err
-	}
-	if fs.NArg() > 0 {
-		return fl, fmt.Errorf("unexpected argument %q: name the configuration file with --config FILE", fs.Arg(0))
-	}
-	return fl, nil
-}
-
-// usage prints the flags and every configuration key.
-func usage(w io.Writer) {
-	fmt.Fprint(w, `Usage: xdsrelay [--config FILE]
-
-Runs the xDS relay until SIGINT or SIGTERM, then drains it. SIGHUP does not
-reload the configuration; restart to apply changes.
-
-Flags:
-`)
-	newFlagSet(new(cliFlags)).VisitAll(func(f *flag.Flag) {
-		name, doc := flag.UnquoteUsage(f)
-		fmt.Fprintf(w, "  --%s\n        %s\n", strings.TrimSpace(f.Name+" "+name), doc)
-	})
-	fmt.Fprintf(w, "  -h, --help\n        print this help and exit\n\n")
-	fmt.Fprintf(w, "Configuration keys, in the file or the environment as %s<KEY> (%s...):\n", envPrefix, envName("upstream.address"))
-	def := defaultOptions()
-	for _, s := range settings(&def) {
-		fmt.Fprintf(w, "  %s (%s, default %s)\n        %s\n", s.key, s.kind, formatValue(s), s.doc)
-	}
+	root := newRootCmd(environ)
+	root.SetArgs(legacyFlags(args))
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	return exitCode(root.ExecuteContext(ctx), stderr)
 }
 
 // newLogger writes to w in format (text or json) at level, which the

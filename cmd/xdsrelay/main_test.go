@@ -119,7 +119,10 @@ func TestUsageErrors(t *testing.T) {
 	}{
 		{args: []string{"config.yaml"}, want: `unexpected argument "config.yaml": name the configuration file with --config FILE`},
 		{args: []string{"--config", "a.yaml", "b.yaml"}, want: `unexpected argument "b.yaml"`},
-		{args: []string{"--confg", "a.yaml"}, want: "flag provided but not defined: -confg"},
+		{args: []string{"--confg", "a.yaml"}, want: "unknown flag: --confg"},
+		{args: []string{"status"}, want: "--server is required"},
+		{args: []string{"watch", "--server", "x:1", "--node-id", "n", "--type", "xds"}, want: "--type: xds is not one of"},
+		{args: []string{"persist", "inspect"}, want: "accepts 1 arg(s)"},
 	}
 	for _, tc := range tests {
 		var errOut bytes.Buffer

@@ -1,0 +1,180 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// exitStatus ends the command with a code once the reason has been printed.
+type exitStatus int
+
+func (e exitStatus) Error() string { return fmt.Sprintf("exit status %d", int(e)) }
+
+// usageError is a command line the command does not accept: exit 2.
+type usageError struct {
+	cmd *cobra.Command
+	err error
+}
+
+func (e usageError) Error() string { return e.err.Error() }
+
+// configError is a configuration that does not load: exit 2.
+type configError struct{ err error }
+
+func (e configError) Error() string { return e.err.Error() }
+
+// exitCode prints err (one line) and returns the exit code for it.
+func exitCode(err error, stderr io.Writer) int {
+	var (
+		st  exitStatus
+		use usageError
+		cfg configError
+	)
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &st):
+		return int(st)
+	case errors.As(err, &use):
+		fmt.Fprintf(stderr, "xdsrelay: %v (see %s --help)\n", use.err, use.cmd.CommandPath())
+		return 2
+	case errors.As(err, &cfg):
+		fmt.Fprintln(stderr, "xdsrelay:", cfg.err)
+		return 2
+	default:
+		fmt.Fprintln(stderr, "xdsrelay:", err)
+		return 1
+	}
+}
+
+// legacyFlags accepts the single-dash long flags of the command line before
+// subcommands (-config FILE, -version, -help) in their double-dash form.
+func legacyFlags(args []string) []string {
+	out := make([]string, 0, len(args))
+	for i, a := range args {
+		if a == "--" {
+			return append(out, args[i:]...)
+		}
+		name, _, _ := strings.Cut(strings.TrimPrefix(a, "-"), "=")
+		if !strings.HasPrefix(a, "--") && (name == "config" || name == "version" || name == "help") {
+			a = "-" + a
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// noArgs refuses positional arguments: the configuration file is named with
+// --config, so that a file is never silently ignored.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	return usageError{cmd, fmt.Errorf("unexpected argument %q: name the configuration file with --config FILE", args[0])}
+}
+
+// usageArgs makes check's refusal a usage error.
+func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := check(cmd, args); err != nil {
+			return usageError{cmd, err}
+		}
+		return nil
+	}
+}
+
+// newRootCmd is the command tree. Without a subcommand, xdsrelay serves.
+func newRootCmd(environ []string) *cobra.Command {
+	var (
+		config      string
+		showVersion bool
+	)
+	root := &cobra.Command{
+		Use:           "xdsrelay",
+		Short:         "An xDS aggregating relay",
+		Args:          noArgs,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if showVersion {
+				fmt.Fprintln(cmd.OutOrStdout(), "xdsrelay", currentVersion())
+				return nil
+			}
+			return serveCmd(cmd, config, environ)
+		},
+	}
+	root.CompletionOptions.DisableDefaultCmd = true
+	root.Flags().StringVar(&config, "config", "", "read the configuration from `FILE` (YAML); without it, defaults and the environment only")
+	root.Flags().BoolVar(&showVersion, "version", false, "print the version and exit")
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError{cmd, err} })
+	root.AddCommand(newServeCmd(environ), newValidateCmd(environ), newStatusCmd(), newWatchCmd(), newPersistCmd())
+	defaultHelp := root.HelpFunc()
+	root.SetHelpFunc(func(cmd *cobra.Command, args []string) {
+		if cmd == root || cmd.Name() == "serve" {
+			usage(cmd.OutOrStdout(), root)
+			return
+		}
+		defaultHelp(cmd, args)
+	})
+	return root
+}
+
+func newServeCmd(environ []string) *cobra.Command {
+	var config string
+	cmd := &cobra.Command{
+		Use:   "serve [--config FILE]",
+		Short: "Run the relay (the default without a subcommand)",
+		Args:  noArgs,
+		RunE:  func(cmd *cobra.Command, _ []string) error { return serveCmd(cmd, config, environ) },
+	}
+	cmd.Flags().StringVar(&config, "config", "", "read the configuration from `FILE` (YAML); without it, defaults and the environment only")
+	return cmd
+}
+
+// serveCmd runs the relay until the command's context ends or SIGINT or
+// SIGTERM arrives.
+func serveCmd(cmd *cobra.Command, config string, environ []string) error {
+	if code := runRelay(cmd.Context(), config, environ, cmd.ErrOrStderr()); code != 0 {
+		return exitStatus(code)
+	}
+	return nil
+}
+
+// usage prints the commands, the flags and every configuration key.
+func usage(w io.Writer, root *cobra.Command) {
+	fmt.Fprint(w, `Usage: xdsrelay [serve] [--config FILE]
+       xdsrelay COMMAND [flags]
+
+Runs the xDS relay until SIGINT or SIGTERM, then drains it. SIGHUP does not
+reload the configuration; restart to apply changes.
+
+Commands:
+`)
+	for _, c := range root.Commands() {
+		if c.IsAvailableCommand() {
+			fmt.Fprintf(w, "  %-10s %s\n", c.Name(), c.Short)
+		}
+	}
+	fmt.Fprint(w, "\nRun xdsrelay COMMAND --help for a command's flags.\n\nFlags:\n")
+	root.Flags().VisitAll(func(f *pflag.Flag) {
+		if f.Name == "help" {
+			return
+		}
+		name, doc := pflag.UnquoteUsage(f)
+		if name == "bool" {
+			name = ""
+		}
+		fmt.Fprintf(w, "  --%s\n        %s\n", strings.TrimSpace(f.Name+" "+name), doc)
+	})
+	fmt.Fprintf(w, "  -h, --help\n        print this help and exit\n\n")
+	fmt.Fprintf(w, "Configuration keys, in the file or the environment as %s<KEY> (%s...):\n", envPrefix, envName("upstream.address"))
+	def := defaultOptions()
+	for _, s := range settings(&def) {
+		fmt.Fprintf(w, "  %s (%s, default %s)\n        %s\n", s.key, s.kind, formatValue(s), s.doc)
+	}
+}

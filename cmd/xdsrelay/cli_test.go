@@ -1,0 +1,347 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	adminpb "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerpb "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	statuspb "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/xdsrelay/xdsrelay/relay"
+)
+
+const cliWait = 10 * time.Second
+
+// listenerFile is a resource file holding the listener "edge" on port.
+func listenerFile(port string) string {
+	return `"@type": type.googleapis.com/envoy.config.listener.v3.Listener
+name: edge
+address: {socket_address: {address: 127.0.0.1, port_value: ` + port + `}}
+`
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startFileRelay serves the resource files in dir on 127.0.0.1:0.
+func startFileRelay(t *testing.T, dir string, mutate func(*relay.Config)) *relay.Relay {
+	t.Helper()
+	cfg := relay.Default()
+	cfg.Upstream.Address = relay.FilePrefix + dir
+	cfg.Downstream.Address = "127.0.0.1:0"
+	cfg.Admin.Address = ""
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	r, err := relay.New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), cliWait)
+		defer cancel()
+		if err := r.Shutdown(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	return r
+}
+
+// runAsync runs the command line until the returned stop is called, which
+// returns the exit code.
+func runAsync(t *testing.T, out io.Writer, args ...string) (stop func() int) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	code := make(chan int, 1)
+	errOut := &syncBuffer{}
+	go func() { code <- run(ctx, args, nil, out, errOut) }()
+	return func() int {
+		cancel()
+		select {
+		case c := <-code:
+			if c != 0 {
+				t.Logf("stderr: %s", errOut)
+			}
+			return c
+		case <-time.After(cliWait):
+			t.Fatal("the command did not return after its context ended")
+			return -1
+		}
+	}
+}
+
+// waitForOutput waits (up to cliWait) for out to match re.
+func waitForOutput(t *testing.T, out *syncBuffer, re string) {
+	t.Helper()
+	rx := regexp.MustCompile(re)
+	deadline := time.Now().Add(cliWait)
+	for !rx.MatchString(out.String()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no output matches %s; output:\n%s", re, out)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// watch prints the subscribed resource, then its change when the resource
+// file changes, in both protocols and both formats.
+func TestWatchPrintsChanges(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		port func(string) string
+	}{
+		{"sotw json", []string{"--type", "lds", "-o", "json"}, func(p string) string { return `"portValue": ` + p }},
+		{"delta yaml", []string{"--type", resourcev3.ListenerType, "--delta", "edge"}, func(p string) string { return `portValue: ` + p }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			file := filepath.Join(dir, "listener.yaml")
+			writeFile(t, file, listenerFile("10001"))
+			r := startFileRelay(t, dir, nil)
+			out := &syncBuffer{}
+			stop := runAsync(t, out, append([]string{"watch", "--server", r.Addr(), "--node-id", "n1", "--cluster", "c1"}, tc.args...)...)
+			waitForOutput(t, out, regexp.QuoteMeta(tc.port("10001")))
+			writeFile(t, file, listenerFile("10002"))
+			waitForOutput(t, out, regexp.QuoteMeta(tc.port("10002")))
+			if c := stop(); c != 0 {
+				t.Fatalf("exit %d, want 0", c)
+			}
+			if !strings.Contains(out.String(), "name: edge") && !strings.Contains(out.String(), `"name": "edge"`) {
+				t.Errorf("the listener's name is not printed:\n%s", out)
+			}
+		})
+	}
+}
+
+// csds answers FetchClientStatus with a canned status and records the
+// request.
+type csds struct {
+	statuspb.UnimplementedClientStatusDiscoveryServiceServer
+	reqs chan *statuspb.ClientStatusRequest
+}
+
+func (s *csds) FetchClientStatus(_ context.Context, req *statuspb.ClientStatusRequest) (*statuspb.ClientStatusResponse, error) {
+	s.reqs <- req
+	l, err := anypb.New(&listenerpb.Listener{Name: "edge"})
+	if err != nil {
+		return nil, err
+	}
+	gen := func(typeURL, name, version string, st adminpb.ClientResourceStatus) *statuspb.ClientConfig_GenericXdsConfig {
+		return &statuspb.ClientConfig_GenericXdsConfig{TypeUrl: typeURL, Name: name, VersionInfo: version, ClientStatus: st}
+	}
+	edge := gen(resourcev3.ListenerType, "edge", "v2", adminpb.ClientResourceStatus_ACKED)
+	edge.XdsConfig = l
+	return &statuspb.ClientStatusResponse{Config: []*statuspb.ClientConfig{{
+		Node: &corepb.Node{Id: "n1", Cluster: "c1"},
+		GenericXdsConfigs: []*statuspb.ClientConfig_GenericXdsConfig{
+			gen(resourcev3.ClusterType, "backend", "v1", adminpb.ClientResourceStatus_ACKED),
+			gen(resourcev3.ClusterType, "other", "v1", adminpb.ClientResourceStatus_NACKED),
+			edge,
+			gen(resourcev3.ClusterType, "missing", "", adminpb.ClientResourceStatus_DOES_NOT_EXIST),
+			gen(resourcev3.RouteType, "r", "", adminpb.ClientResourceStatus_REQUESTED),
+		},
+	}}}, nil
+}
+
+func startCSDS(t *testing.T) (string, *csds) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	s := &csds{reqs: make(chan *statuspb.ClientStatusRequest, 10)}
+	statuspb.RegisterClientStatusDiscoveryServiceServer(srv, s)
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	return lis.Addr().String(), s
+}
+
+func TestStatus(t *testing.T) {
+	addr, s := startCSDS(t)
+	var out, errOut bytes.Buffer
+	if c := run(context.Background(), []string{"status", "--server", addr, "--node-id", "n1"}, nil, &out, &errOut); c != 0 {
+		t.Fatalf("exit %d: %s", c, errOut.String())
+	}
+	if got := (<-s.reqs).GetNodeMatchers()[0].GetNodeId().GetExact(); got != "n1" {
+		t.Errorf("asked for node %q, want n1", got)
+	}
+	for _, row := range []string{
+		`NODE\s+CLUSTER\s+TYPE\s+VERSION\s+ACKED\s+NACKED\s+REQUESTED\s+DOES_NOT_EXIST\n`,
+		`n1\s+c1\s+CDS\s+v1\s+1\s+1\s+0\s+1\n`,
+		`n1\s+c1\s+LDS\s+v2\s+1\s+0\s+0\s+0\n`,
+		`n1\s+c1\s+RDS\s+-\s+0\s+0\s+1\s+0\n`,
+	} {
+		if !regexp.MustCompile(row).MatchString(out.String()) {
+			t.Errorf("no row matches %s:\n%s", row, out.String())
+		}
+	}
+	if i, j := strings.Index(out.String(), "CDS"), strings.Index(out.String(), "LDS"); i > j {
+		t.Errorf("types out of order:\n%s", out.String())
+	}
+
+	out.Reset()
+	if c := run(context.Background(), []string{"status", "--server", addr, "-o", "json"}, nil, &out, &errOut); c != 0 {
+		t.Fatalf("-o json: exit %d: %s", c, errOut.String())
+	}
+	if m := (<-s.reqs).GetNodeMatchers(); len(m) != 0 {
+		t.Errorf("without --node-id: matchers %v", m)
+	}
+	for _, want := range []string{`"clientStatus": "NACKED"`, `"@type": "type.googleapis.com/envoy.config.listener.v3.Listener"`} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("-o json lacks %s:\n%s", want, out.String())
+		}
+	}
+}
+
+// A server that is not there fails the command (exit 1) within --timeout.
+func TestStatusUnreachable(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close()
+	var errOut bytes.Buffer
+	if c := run(context.Background(), []string{"status", "--server", addr, "--timeout", "1s"}, nil, io.Discard, &errOut); c != 1 {
+		t.Fatalf("exit %d, want 1: %s", c, errOut.String())
+	}
+	if strings.Count(errOut.String(), "\n") != 1 || !strings.Contains(errOut.String(), addr) {
+		t.Errorf("stderr %q: want one line naming %s", errOut.String(), addr)
+	}
+}
+
+// persist inspect reads what a relay saved in cache.persist_dir.
+func TestPersistInspect(t *testing.T) {
+	dir, saved := t.TempDir(), t.TempDir()
+	writeFile(t, filepath.Join(dir, "listener.yaml"), listenerFile("10001"))
+	r := startFileRelay(t, dir, func(c *relay.Config) {
+		c.Cache.PersistDir = saved
+		c.Cache.PersistInterval = 20 * time.Millisecond
+	})
+	cc, err := grpc.NewClient(r.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), cliWait)
+	defer cancel()
+	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discoverypb.DiscoveryRequest{Node: &corepb.Node{Id: "n1", Cluster: "c1"}, TypeUrl: resourcev3.ListenerType}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	var file string
+	deadline := time.Now().Add(cliWait)
+	for file == "" {
+		if time.Now().After(deadline) {
+			t.Fatal("no cache file saved")
+		}
+		time.Sleep(10 * time.Millisecond)
+		files, _ := filepath.Glob(filepath.Join(saved, "group-*.cache"))
+		if len(files) == 1 {
+			file = files[0]
+		}
+	}
+
+	var out, errOut bytes.Buffer
+	if c := run(context.Background(), []string{"persist", "inspect", file}, nil, &out, &errOut); c != 0 {
+		t.Fatalf("exit %d: %s", c, errOut.String())
+	}
+	for _, re := range []string{`node: id=\S+ cluster=c1\n`, `LDS\s+1\s+0\s+synced\n`, `LDS\s+edge\s+\S+\n`} {
+		if !regexp.MustCompile(re).MatchString(out.String()) {
+			t.Errorf("output lacks %s:\n%s", re, out.String())
+		}
+	}
+
+	bad := filepath.Join(t.TempDir(), "group-0.cache")
+	writeFile(t, bad, "xdsrelay-cache v1\ngarbage")
+	errOut.Reset()
+	if c := run(context.Background(), []string{"persist", "inspect", bad}, nil, io.Discard, &errOut); c != 1 {
+		t.Fatalf("a corrupt file: exit %d, want 1", c)
+	}
+	if strings.Count(errOut.String(), "\n") != 1 || !strings.Contains(errOut.String(), bad) {
+		t.Errorf("stderr %q: want one line naming the file", errOut.String())
+	}
+}
+
+func TestValidate(t *testing.T) {
+	good := t.TempDir()
+	writeFile(t, filepath.Join(good, "listener.yaml"), listenerFile("10001"))
+	bad := t.TempDir()
+	writeFile(t, filepath.Join(bad, "listener.yaml"), listenerFile("99999999"))
+	config := filepath.Join(t.TempDir(), "config.yaml")
+	writeFile(t, config, "upstream:\n  address: file://"+good+"\n")
+	badConfig := filepath.Join(t.TempDir(), "config.yaml")
+	writeFile(t, badConfig, "cache:\n  retention: soon\n")
+
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		code    int
+		out     string
+		errLine string
+	}{
+		{name: "config file and resources", args: []string{"--config", config}, out: "configuration OK; 1 resources in " + good},
+		{name: "control plane upstream", env: map[string]string{"XDSRELAY_UPSTREAM_ADDRESS": "cp:18000"}, out: "configuration OK\n"},
+		{name: "invalid resource", env: map[string]string{"XDSRELAY_UPSTREAM_ADDRESS": "file://" + bad}, code: 1, errLine: "listener.yaml"},
+		{name: "missing directory", env: map[string]string{"XDSRELAY_UPSTREAM_ADDRESS": "file://" + filepath.Join(bad, "nope")}, code: 1, errLine: "upstream.address"},
+		{name: "bad configuration", args: []string{"--config", badConfig}, code: 2, errLine: "cache.retention"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			if c := run(context.Background(), append([]string{"validate"}, tc.args...), environ(tc.env), &out, &errOut); c != tc.code {
+				t.Fatalf("exit %d, want %d; stderr %q", c, tc.code, errOut.String())
+			}
+			if !strings.Contains(out.String(), tc.out) {
+				t.Errorf("stdout %q, want %q", out.String(), tc.out)
+			}
+			if tc.errLine != "" && (strings.Count(errOut.String(), "\n") != 1 || !strings.Contains(errOut.String(), tc.errLine)) {
+				t.Errorf("stderr %q: want one line with %q", errOut.String(), tc.errLine)
+			}
+		})
+	}
+}
+
+// xdsrelay serve --config FILE is xdsrelay --config FILE.
+func TestServeSubcommand(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "bad.yaml")
+	writeFile(t, file, "cache:\n  retention: soon\n")
+	var errOut bytes.Buffer
+	if c := run(context.Background(), []string{"serve", "--config", file}, nil, io.Discard, &errOut); c != 2 || !strings.Contains(errOut.String(), "cache.retention") {
+		t.Fatalf("exit %d, stderr %q: want 2 naming cache.retention", c, errOut.String())
+	}
+	var out bytes.Buffer
+	if c := run(context.Background(), []string{"serve", "--help"}, nil, &out, io.Discard); c != 0 || !strings.HasPrefix(out.String(), "Usage: xdsrelay") {
+		t.Fatalf("serve --help: exit %d, %q", c, out.String())
+	}
+}

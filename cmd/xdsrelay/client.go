@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/xdsrelay/xdsrelay/internal/creds"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// clientFlags are how the client commands (status, watch) reach a server.
+type clientFlags struct {
+	server string
+	tls    bool
+	files  creds.TLS
+}
+
+func (f *clientFlags) add(cmd *cobra.Command) {
+	fs := cmd.Flags()
+	fs.StringVar(&f.server, "server", "", "connect to `ADDR` (host:port), the relay's downstream gRPC port or a control plane (required)")
+	fs.BoolVar(&f.tls, "tls", false, "connect with TLS, verifying the server against the system roots (implied by the other TLS flags)")
+	fs.StringVar(&f.files.CAFile, "ca-file", "", "verify the server against the CA bundle in `FILE` (implies --tls)")
+	fs.StringVar(&f.files.CertFile, "cert-file", "", "present the client certificate in `FILE` (mTLS; with --key-file)")
+	fs.StringVar(&f.files.KeyFile, "key-file", "", "the client certificate's private key `FILE`")
+	fs.StringVar(&f.files.ServerName, "server-name", "", "verify the server certificate for `NAME` instead of the --server host")
+}
+
+// dial connects to the server; close releases the connection and the
+// credentials' file watch.
+func (f *clientFlags) dial(ctx context.Context) (cc *grpc.ClientConn, close func(), err error) {
+	tc, done, err := f.credentials(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	cc, err = grpc.NewClient(f.server, grpc.WithTransportCredentials(tc))
+	if err != nil {
+		done()
+		return nil, nil, fmt.Errorf("--server: %w", err)
+	}
+	return cc, func() { cc.Close(); done() }, nil
+}
+
+// credentials are the transport credentials the flags ask for.
+func (f *clientFlags) credentials(ctx context.Context) (credentials.TransportCredentials, func(), error) {
+	switch {
+	case f.files.Enabled():
+		r, err := creds.NewReloader(ctx, f.files, slog.New(slog.DiscardHandler))
+		if err != nil {
+			return nil, nil, err
+		}
+		return r.ClientCredentials(), r.Close, nil
+	case f.tls:
+		return credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12}), func() {}, nil
+	default:
+		return insecure.NewCredentials(), func() {}, nil
+	}
+}
+
+// typeNames are the discovery services' short names of the relayed types,
+// in xds.Types' order.
+var typeNames = []struct{ short, typeURL string }{
+	{"CDS", resourcev3.ClusterType},
+	{"EDS", resourcev3.EndpointType},
+	{"LEDS", xds.LbEndpointType},
+	{"LDS", resourcev3.ListenerType},
+	{"RDS", resourcev3.RouteType},
+	{"SRDS", resourcev3.ScopedRouteType},
+	{"VHDS", resourcev3.VirtualHostType},
+	{"SDS", resourcev3.SecretType},
+	{"RTDS", resourcev3.RuntimeType},
+	{"ECDS", resourcev3.ExtensionConfigType},
+}
+
+// shortType is a type URL's short name (LDS), or the URL when it has none.
+func shortType(typeURL string) string {
+	for _, t := range typeNames {
+		if t.typeURL == typeURL {
+			return t.short
+		}
+	}
+	return typeURL
+}
+
+// parseType accepts a short name in any case (lds) or a full type URL.
+func parseType(s string) (string, error) {
+	for _, t := range typeNames {
+		if strings.EqualFold(s, t.short) || s == t.typeURL {
+			return t.typeURL, nil
+		}
+	}
+	if strings.HasPrefix(s, resourcev3.APITypePrefix) {
+		return s, nil
+	}
+	names := make([]string, len(typeNames))
+	for i, t := range typeNames {
+		names[i] = strings.ToLower(t.short)
+	}
+	return "", errors.New("--type: " + s + " is not one of " + strings.Join(names, ", ") + " or a type URL")
+}
+
+// required refuses a command line without one of the named flags: exit 2.
+func required(cmd *cobra.Command, names ...string) error {
+	for _, n := range names {
+		if !cmd.Flags().Changed(n) {
+			return usageError{cmd, fmt.Errorf("--%s is required", n)}
+		}
+	}
+	return nil
+}
