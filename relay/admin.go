@@ -115,6 +115,7 @@ func (r *Relay) adminHandler(loopback bool) http.Handler {
 		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
 		r.metrics.WriteTo(w)
 	})
+	r.debugRoutes(mux, loopback)
 	return mux
 }
 
