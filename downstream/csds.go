@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/xdsrelay/xdsrelay/internal/authz"
 )
 
 // csds serves the Client Status Discovery Service from the streams' status
@@ -30,8 +32,8 @@ func (s *Server) registerCSDS(g *grpc.Server) {
 }
 
 // FetchClientStatus answers one request.
-func (c *csds) FetchClientStatus(_ context.Context, req *statuspb.ClientStatusRequest) (*statuspb.ClientStatusResponse, error) {
-	return c.srv.clientStatus(req)
+func (c *csds) FetchClientStatus(ctx context.Context, req *statuspb.ClientStatusRequest) (*statuspb.ClientStatusResponse, error) {
+	return c.srv.clientStatus(ctx, req)
 }
 
 // StreamClientStatus answers each request on the stream.
@@ -44,7 +46,7 @@ func (c *csds) StreamClientStatus(st grpc.BidiStreamingServer[statuspb.ClientSta
 		if err != nil {
 			return err
 		}
-		resp, err := c.srv.clientStatus(req)
+		resp, err := c.srv.clientStatus(st.Context(), req)
 		if err != nil {
 			return err
 		}
@@ -55,11 +57,18 @@ func (c *csds) StreamClientStatus(st grpc.BidiStreamingServer[statuspb.ClientSta
 }
 
 // clientStatus builds the answer to req: one ClientConfig per node id, with
-// every stream of that node.
-func (s *Server) clientStatus(req *statuspb.ClientStatusRequest) (*statuspb.ClientStatusResponse, error) {
+// every stream of that node. With authorization rules, a caller sees only
+// the nodes its certificate may claim ("Identity decides the tenant").
+func (s *Server) clientStatus(ctx context.Context, req *statuspb.ClientStatusRequest) (*statuspb.ClientStatusResponse, error) {
 	keep, err := nodeFilter(req.GetNodeMatchers())
 	if err != nil {
 		return nil, err
+	}
+	if s.authz != nil {
+		ids, match := authz.Identities(grpcClient(ctx, "csds").tls), keep
+		keep = func(n *corepb.Node) bool {
+			return (match == nil || match(n)) && s.authz.Check(ids, n) == nil
+		}
 	}
 	resp := &statuspb.ClientStatusResponse{}
 	byID := map[string]*statuspb.ClientConfig{}
