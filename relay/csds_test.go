@@ -148,3 +148,29 @@ func TestCSDSNodeMatchers(t *testing.T) {
 		t.Fatalf("regex matcher: %v, want InvalidArgument naming it", err)
 	}
 }
+
+// With authorization rules, CSDS shows a caller only the clients whose
+// nodes its certificate may claim: tenant-a never sees tenant-b's.
+func TestCSDSOnlyShowsTheCallersTenants(t *testing.T) {
+	r, _, ca := startTenantRelay(t)
+	for _, tenant := range []string{"a", "b"} {
+		cc := ca.dialAs(r.Addr(), ca.client("spiffe://example.org/tenant/"+tenant))
+		s := newStream(t, discoverypb.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources)
+		s.send(&discoverypb.DeltaDiscoveryRequest{Node: node(tenant+"-1", "tenant-"+tenant), TypeUrl: resourcev3.ClusterType})
+		s.recv()
+	}
+	csdsA := statuspb.NewClientStatusDiscoveryServiceClient(ca.dialAs(r.Addr(), ca.client("spiffe://example.org/tenant/a")))
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	resp, err := csdsA.FetchClientStatus(ctx, &statuspb.ClientStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, c := range resp.GetConfig() {
+		ids = append(ids, c.GetNode().GetId())
+	}
+	if !slices.Equal(ids, []string{"a-1"}) {
+		t.Fatalf("tenant-a sees %v, want only [a-1]", ids)
+	}
+}
