@@ -174,3 +174,28 @@ func TestCSDSOnlyShowsTheCallersTenants(t *testing.T) {
 		t.Fatalf("tenant-a sees %v, want only [a-1]", ids)
 	}
 }
+
+// A wildcard-only SotW subscription shares the type's complete state and
+// keeps no per-name record: CSDS still lists each resource, sent and then
+// ACKed.
+func TestCSDSWildcardSotW(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("x"), testcp.Cluster("y"))
+	r := startRelay(t, cp.Addr)
+	s := openSotW(t, r.Addr())
+	s.send(&discoverypb.DiscoveryRequest{Node: node("envoy", "c1"), TypeUrl: resourcev3.ClusterType})
+	resp := s.recv()
+	state := func() []string {
+		resp, err := fetchStatus(t, r, &statuspb.ClientStatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return summary(resp)
+	}
+	if got, want := state(), []string{"envoy Cluster/x V REQUESTED", "envoy Cluster/y V REQUESTED"}; !slices.Equal(got, want) {
+		t.Fatalf("before the ACK: %v, want %v", got, want)
+	}
+	s.send(&discoverypb.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+	want := []string{"envoy Cluster/x V ACKED", "envoy Cluster/y V ACKED"}
+	eventually(t, "the ACK in CSDS", func() bool { return slices.Equal(state(), want) })
+}
