@@ -296,6 +296,7 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs map[s
 			out = append(out, ss.field(l, true))
 		case l.Resource == nil:
 			delete(t.sent, l.Name)
+			ts.forget(l.Name)
 		}
 		if l.Error != nil && t.errSent[l.Name] != l.Error {
 			if t.errSent == nil {

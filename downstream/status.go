@@ -161,15 +161,45 @@ func (t *typeStatus) unshare() {
 func (t *typeStatus) sent(name, version string, nonce uint64, now time.Time) {
 	r := t.res[name]
 	if r.nonce == 0 {
+		if len(t.pending) >= 2*len(t.res)+16 {
+			t.compact() // a client that never answers, with names coming and going
+		}
 		t.pending = append(t.pending, name)
 	}
 	r.version, r.nonce, r.sent = version, nonce, now
 	t.res[name] = r
 }
 
+// compact drops from pending the names no longer waiting for an answer.
+func (t *typeStatus) compact() {
+	keep, seen := t.pending[:0], make(map[string]struct{}, len(t.res))
+	for _, n := range t.pending {
+		_, dup := seen[n]
+		if r, ok := t.res[n]; ok && r.nonce != 0 && !dup {
+			keep = append(keep, n)
+			seen[n] = struct{}{}
+		}
+	}
+	clear(t.pending[len(keep):])
+	t.pending = keep
+}
+
+// forget drops the record of a name the client no longer has, unless it
+// is subscribed by name: what only the wildcard brought is not kept once
+// gone, so that the record stays within what the stream holds.
+func (t *typeStatus) forget(name string) {
+	if r, ok := t.res[name]; ok && !r.named {
+		delete(t.res, name)
+	}
+}
+
 // absent records that the client is told name does not exist.
 func (t *typeStatus) absent(name string, now time.Time) {
-	r := t.res[name]
+	r, ok := t.res[name]
+	if !ok || !r.named {
+		delete(t.res, name) // gone from the wildcard: not kept (see forget)
+		return
+	}
 	r.version, r.state, r.nonce, r.sent = "", DoesNotExist, 0, now
 	t.res[name] = r
 }
