@@ -3,6 +3,7 @@ package downstream
 import (
 	"maps"
 	"slices"
+	"time"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
@@ -50,8 +51,12 @@ func (ds *deltaStream) handle(req *discoverypb.DeltaDiscoveryRequest) error {
 	ds.debugRequest(typeURL, len(req.GetResourceNamesSubscribe())+len(req.GetResourceNamesUnsubscribe()), "", req.GetResponseNonce())
 	// "Incremental xDS": the nonce pairs an ACK or NACK with a response, but
 	// subscription changes are honoured whatever the nonce.
-	if d := req.GetErrorDetail(); d != nil {
+	d := req.GetErrorDetail()
+	if d != nil {
 		ds.nacked(short, req.GetResponseNonce(), d.GetMessage())
+	}
+	if req.GetResponseNonce() != "" {
+		ds.status.answered(typeURL, req.GetResponseNonce(), "", d != nil, d.GetMessage(), time.Now())
 	}
 	t := ds.types[typeURL]
 	var fresh []string // names this request asks to be answered
@@ -89,6 +94,7 @@ func (ds *deltaStream) subscribeWildcard(typeURL string, t *deltaType) {
 	if !t.wildcard {
 		t.wildcard, t.all = true, true
 		ds.cache.WatchWildcard(ds.watch, typeURL)
+		ds.status.setWildcard(typeURL, true)
 	}
 }
 
@@ -118,6 +124,7 @@ func (ds *deltaStream) subscribe(typeURL string, t *deltaType, names []string, f
 		if err := ds.watchNames(typeURL, added); err != nil {
 			return nil, err
 		}
+		ds.status.subscribed(typeURL, added)
 		for _, n := range added {
 			t.answer[n] = struct{}{}
 		}
@@ -137,6 +144,7 @@ func (ds *deltaStream) unsubscribe(typeURL string, t *deltaType, names []string)
 			if t.wildcard {
 				t.wildcard = false
 				ds.cache.UnwatchWildcard(ds.watch, typeURL)
+				ds.status.setWildcard(typeURL, false)
 				maps.DeleteFunc(t.sent, func(n, _ string) bool { _, ok := t.names[n]; return !ok })
 			}
 			continue
@@ -155,6 +163,7 @@ func (ds *deltaStream) unsubscribe(typeURL string, t *deltaType, names []string)
 	}
 	if len(removed) > 0 {
 		ds.unwatchNames(typeURL, removed)
+		ds.status.unsubscribed(typeURL, removed)
 	}
 	return fresh
 }
@@ -200,6 +209,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[st
 	synced := v.Synced
 	var out [][]byte
 	var removed []string
+	ts, nonce, now := ds.status.sending(typeURL, false), ds.nonces.peek(), time.Now()
 	for _, l := range v.Lookups {
 		l.Absent = l.Absent || l.Name == noName // known not to exist
 		_, named := t.names[l.Name]
@@ -214,6 +224,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[st
 			case have != l.Resource.Version:
 				out = append(out, ds.field(l.Resource))
 				t.sent[l.Name] = l.Resource.Version
+				ts.sent(l.Name, l.Resource.Version, nonce, now)
 			case beat && l.Heartbeat != nil:
 				// "TTL": the heartbeat refreshes the client's TTL.
 				out = append(out, l.Heartbeat.Wire)
@@ -222,10 +233,12 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[st
 			// Removed upstream, or gone from the wildcard set.
 			removed = append(removed, l.Name)
 			t.sent[l.Name] = absent
+			ts.absent(l.Name, now)
 		case !had && named && l.Absent:
 			// "Knowing When a Requested Resource Does Not Exist".
 			removed = append(removed, l.Name)
 			t.sent[l.Name] = absent
+			ts.absent(l.Name, now)
 		case mustAnswer && !named && !had:
 			// Dropped by name and not covered by the wildcard.
 			removed = append(removed, l.Name)
@@ -241,6 +254,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[st
 			delete(t.answer, l.Name)
 		}
 	}
+	ds.status.done()
 	// Forget the not-found names that are not subscribed by name, among
 	// those looked at (not the whole record: work per flush is per change).
 	for _, l := range v.Lookups {
@@ -256,12 +270,12 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[st
 		return nil
 	}
 	t.responded = true
-	nonce := ds.nonces.next()
-	msg := xds.DeltaFields(v.Version, typeURL, nonce, out, removed)
+	sent := ds.nonces.next()
+	msg := xds.DeltaFields(v.Version, typeURL, sent, out, removed)
 	if err := ds.send(msg); err != nil {
 		return err
 	}
-	ds.debugResponse(typeURL, v.Version, nonce, len(out), len(removed))
+	ds.debugResponse(typeURL, v.Version, sent, len(out), len(removed))
 	ds.srv.pushes.With(xds.ShortName(typeURL)).Inc()
 	return nil
 }

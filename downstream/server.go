@@ -63,8 +63,9 @@ type Server struct {
 	admission   *admission
 
 	drainOnce sync.Once
-	conns     connSet // connections accepted by Listen
-	endLog    *bucket // limits warnings about streams ended with an error
+	conns     connSet  // connections accepted by Listen
+	endLog    *bucket  // limits warnings about streams ended with an error
+	registry  registry // live streams, for CSDS and the admin endpoint
 
 	streams  *metrics.Vec
 	pushes   *metrics.Vec

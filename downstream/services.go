@@ -40,8 +40,10 @@ var (
 	_ extensionsvc.ExtensionConfigDiscoveryServiceServer = (*Server)(nil)
 )
 
-// Register registers every xDS service on g: ADS and the per-type services.
+// Register registers every xDS service on g: ADS, the per-type services
+// and the Client Status Discovery Service (CSDS).
 func (s *Server) Register(g *grpc.Server) {
+	s.registerCSDS(g)
 	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, s)
 	listenersvc.RegisterListenerDiscoveryServiceServer(g, s)
 	routesvc.RegisterRouteDiscoveryServiceServer(g, s)

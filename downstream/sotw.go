@@ -3,6 +3,7 @@ package downstream
 import (
 	"maps"
 	"slices"
+	"time"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
@@ -88,8 +89,12 @@ func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 	// "ACK/NACK and resource type instance version": error_detail is a NACK.
 	// What was NACKed stays recorded as sent, so it is not sent again; the
 	// next change is.
-	if d := req.GetErrorDetail(); d != nil {
+	d := req.GetErrorDetail()
+	if d != nil {
 		ss.nacked(short, req.GetResponseNonce(), d.GetMessage(), "version", clip(req.GetVersionInfo()))
+	}
+	if req.GetResponseNonce() != "" {
+		ss.status.answered(typeURL, req.GetResponseNonce(), req.GetVersionInfo(), d != nil, d.GetMessage(), time.Now())
 	}
 	return ss.resubscribe(typeURL, t, req.GetResourceNames())
 }
@@ -105,6 +110,7 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) e
 	added, removed := diff(t.names, named), diff(named, t.names)
 	if len(removed) > 0 {
 		ss.unwatchNames(typeURL, removed)
+		ss.status.unsubscribed(typeURL, removed)
 		for _, n := range removed {
 			delete(t.sent, n)
 		}
@@ -113,6 +119,7 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) e
 		if err := ss.watchNames(typeURL, added); err != nil {
 			return err
 		}
+		ss.status.subscribed(typeURL, watchable(added))
 		for _, n := range added {
 			delete(t.sent, n)
 		}
@@ -125,6 +132,9 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) e
 	case !wildcard && t.wildcard:
 		ss.cache.UnwatchWildcard(ss.watch, typeURL)
 		maps.DeleteFunc(t.sent, func(n, _ string) bool { _, ok := named[n]; return !ok })
+	}
+	if wildcard != t.wildcard {
+		ss.status.setWildcard(typeURL, wildcard)
 	}
 	t.names, t.wildcard = named, wildcard
 	if t.all || len(added) > 0 {
@@ -197,11 +207,14 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs map[string]stru
 	}
 	clear(t.sent)
 	fields := make([][]byte, 0, len(want))
+	ts, nonce, now := ss.status.sending(typeURL, true), ss.nonces.peek(), time.Now()
 	for _, l := range want {
 		t.sent[l.Name] = l.Resource.Version
+		ts.sent(l.Name, l.Resource.Version, nonce, now)
 		_, hb := hbs[l.Name]
 		fields = append(fields, ss.field(l, hb && !changed))
 	}
+	ss.status.done()
 	return ss.respond(typeURL, v.Version, t, fields)
 }
 
@@ -232,6 +245,7 @@ func (ss *sotwStream) flushWildcard(typeURL string, t *sotwType) error {
 	t.sentState = st
 	t.nonce = ss.nonces.next()
 	t.responded = true
+	ss.status.sentShared(typeURL, st, ss.nonces.peek()-1, time.Now())
 	if err := ss.send(xds.SotWFullState(st.Version, typeURL, t.nonce, st.SotW)); err != nil {
 		return err
 	}
@@ -272,16 +286,19 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs map[s
 	v := ss.cache.Read(typeURL, names, all)
 	t.all = all && !v.Synced
 	var out [][]byte
+	ts, nonce, now := ss.status.sending(typeURL, false), ss.nonces.peek(), time.Now()
 	for _, l := range v.Lookups {
 		_, hb := hbs[l.Name]
 		switch {
 		case l.Resource != nil && t.sent[l.Name] != l.Resource.Version:
 			out = append(out, ss.field(l, false))
 			t.sent[l.Name] = l.Resource.Version
+			ts.sent(l.Name, l.Resource.Version, nonce, now)
 		case l.Resource != nil && hb && l.Heartbeat != nil:
 			out = append(out, ss.field(l, true))
 		case l.Resource == nil:
 			delete(t.sent, l.Name)
+			ts.forget(l.Name)
 		}
 		if l.Error != nil && t.errSent[l.Name] != l.Error {
 			if t.errSent == nil {
@@ -291,6 +308,7 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs map[s
 			out = append(out, l.Error.SotW)
 		}
 	}
+	ss.status.done()
 	if len(out) == 0 && (t.responded || !t.nothing()) {
 		return nil
 	}

@@ -45,6 +45,9 @@ func (n *nonces) next() string {
 	return strconv.FormatUint(uint64(*n), 10)
 }
 
+// peek is the number of the nonce next will hand out.
+func (n nonces) peek() uint64 { return uint64(n) + 1 }
+
 // diff returns what is in b and not in a.
 func diff(a, b map[string]struct{}) []string {
 	var out []string
@@ -111,6 +114,7 @@ type protocol[Req any] interface {
 	handle(*Req) error // a request from the client
 	flush() error      // send what changed
 	watcher() *cache.Watch
+	statusView() *streamStatus // registered while the stream runs
 }
 
 // streamBase is what SotW and incremental streams share.
@@ -122,15 +126,19 @@ type streamBase struct {
 	cache   *cache.Cache
 	watch   *cache.Watch
 	nonces  nonces
-	node    *corepb.Node // from the first request
-	names   int          // names subscribed, across types (see watchNames)
+	node    *corepb.Node  // from the first request
+	names   int           // names subscribed, across types (see watchNames)
+	status  *streamStatus // what CSDS and the admin endpoint read
 }
 
 func (s *Server) newStreamBase(send func(any) error, fixed, variant string, c *cache.Cache, node *corepb.Node) streamBase {
-	return streamBase{srv: s, send: send, fixed: fixed, variant: variant, cache: c, watch: cache.NewWatch(), node: node}
+	return streamBase{srv: s, send: send, fixed: fixed, variant: variant, cache: c, watch: cache.NewWatch(), node: node,
+		status: &streamStatus{node: node, variant: variant, cache: c, types: map[string]*typeStatus{}}}
 }
 
 func (b *streamBase) watcher() *cache.Watch { return b.watch }
+
+func (b *streamBase) statusView() *streamStatus { return b.status }
 
 // admit makes the checks every request gets (its type against the
 // service, its node against the first request's) and counts it.
@@ -204,6 +212,8 @@ func run[Req any, Resp any, PReq interface {
 	defer stop()
 	p := open(c, PReq(first), send)
 	defer c.Release(p.watcher())
+	s.registry.add(p.statusView())
+	defer s.registry.remove(p.statusView())
 	if err := p.handle(first); err != nil {
 		return err
 	}

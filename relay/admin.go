@@ -112,6 +112,7 @@ func (r *Relay) adminHandler(loopback bool) http.Handler {
 		r.metrics.WriteTo(w)
 	})
 	r.opsRoutes(mux, loopback)
+	r.debugRoutes(mux, loopback)
 	return mux
 }
 

@@ -1,0 +1,376 @@
+package downstream
+
+import (
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// Per-client status: each stream records, as it sends and as its client
+// ACKs or NACKs, what each subscribed name's client holds. The record is
+// the stream's own, written by the stream's goroutine where the protocol
+// machine already notes what it sent, and read under its mutex by CSDS and
+// the admin endpoint (a read-only view, not a second copy of the protocol
+// state).
+
+// ResourceState is what a client holds of one resource.
+type ResourceState int
+
+// The states, as CSDS names them (envoy.admin.v3.ClientResourceStatus).
+const (
+	Requested    ResourceState = iota // subscribed, not sent yet
+	Acked                             // the last response carrying it was ACKed
+	Nacked                            // the last response carrying it was NACKed
+	DoesNotExist                      // the client was told it does not exist
+)
+
+func (s ResourceState) String() string {
+	return [...]string{"REQUESTED", "ACKED", "NACKED", "DOES_NOT_EXIST"}[s]
+}
+
+// resStatus is one name's record. state is the last one settled; a name
+// sent and not yet acknowledged keeps it until the client answers nonce.
+type resStatus struct {
+	version string
+	state   ResourceState
+	named   bool      // subscribed by name (not only through the wildcard)
+	nonce   uint64    // of the response that carried it, until answered; 0 if none
+	sent    time.Time // when it was last sent
+	nackMsg string
+	nackAt  time.Time
+}
+
+// typeStatus is a stream's record for one type.
+type typeStatus struct {
+	res      map[string]resStatus
+	pending  []string // names sent and not yet answered
+	wildcard bool
+	// shared is the complete state last sent to a wildcard-only SotW
+	// subscription, which keeps no per-name record (see flushWildcard).
+	shared      *cache.State
+	sharedNonce uint64
+	sharedState ResourceState
+	sharedSent  time.Time
+	sharedNack  string
+	ackVersion  string // version_info of the last ACK
+	nackVersion string // and of the last NACK, with its message and time
+	nackMsg     string
+	nackAt      time.Time
+}
+
+// streamStatus is one stream's record, registered with the server while
+// the stream runs.
+type streamStatus struct {
+	node    *corepb.Node // read-only
+	variant string       // read-only
+	cache   *cache.Cache // read-only: the group's cache
+
+	mu    sync.Mutex
+	types map[string]*typeStatus
+}
+
+// typ returns the type's record; call with mu held.
+func (s *streamStatus) typ(typeURL string) *typeStatus {
+	t := s.types[typeURL]
+	if t == nil {
+		t = &typeStatus{res: map[string]resStatus{}}
+		s.types[typeURL] = t
+	}
+	return t
+}
+
+// subscribed records names subscribed by name.
+func (s *streamStatus) subscribed(typeURL string, names []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.typ(typeURL)
+	for _, n := range names {
+		r := t.res[n]
+		r.named = true
+		t.res[n] = r
+	}
+}
+
+// unsubscribed forgets names no longer subscribed by name.
+func (s *streamStatus) unsubscribed(typeURL string, names []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.typ(typeURL)
+	for _, n := range names {
+		delete(t.res, n)
+	}
+}
+
+// setWildcard records whether the type is subscribed with the wildcard.
+func (s *streamStatus) setWildcard(typeURL string, on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.typ(typeURL)
+	t.wildcard = on
+	if !on {
+		t.shared = nil
+		maps.DeleteFunc(t.res, func(_ string, r resStatus) bool { return !r.named })
+	}
+}
+
+// sending opens the record of a response about to be sent on typeURL with
+// nonce; it returns with mu held, released by done. full says the response
+// is the type's complete state: what it omits the client no longer has.
+func (s *streamStatus) sending(typeURL string, full bool) *typeStatus {
+	s.mu.Lock()
+	t := s.typ(typeURL)
+	t.unshare()
+	if full {
+		maps.DeleteFunc(t.res, func(_ string, r resStatus) bool { return !r.named })
+		for n, r := range t.res {
+			r.version, r.state, r.nonce = "", Requested, 0
+			t.res[n] = r
+		}
+	}
+	return t
+}
+
+func (s *streamStatus) done() { s.mu.Unlock() }
+
+// unshare turns a shared sent state into per-name records.
+func (t *typeStatus) unshare() {
+	if t.shared == nil {
+		return
+	}
+	for _, r := range t.shared.Resources {
+		e := t.res[r.Name]
+		e.version, e.state, e.sent, e.nackMsg, e.nackAt = r.Version, t.sharedState, t.sharedSent, t.sharedNack, t.nackAt
+		if t.sharedNonce != 0 {
+			e.nonce = t.sharedNonce
+			t.pending = append(t.pending, r.Name)
+		}
+		t.res[r.Name] = e
+	}
+	t.shared = nil
+}
+
+// sent records that name at version goes out in the response nonce.
+func (t *typeStatus) sent(name, version string, nonce uint64, now time.Time) {
+	r := t.res[name]
+	if r.nonce == 0 {
+		if len(t.pending) >= 2*len(t.res)+16 {
+			t.compact() // a client that never answers, with names coming and going
+		}
+		t.pending = append(t.pending, name)
+	}
+	r.version, r.nonce, r.sent = version, nonce, now
+	t.res[name] = r
+}
+
+// compact drops from pending the names no longer waiting for an answer.
+func (t *typeStatus) compact() {
+	keep, seen := t.pending[:0], make(map[string]struct{}, len(t.res))
+	for _, n := range t.pending {
+		_, dup := seen[n]
+		if r, ok := t.res[n]; ok && r.nonce != 0 && !dup {
+			keep = append(keep, n)
+			seen[n] = struct{}{}
+		}
+	}
+	clear(t.pending[len(keep):])
+	t.pending = keep
+}
+
+// forget drops the record of a name the client no longer has, unless it
+// is subscribed by name: what only the wildcard brought is not kept once
+// gone, so that the record stays within what the stream holds.
+func (t *typeStatus) forget(name string) {
+	if r, ok := t.res[name]; ok && !r.named {
+		delete(t.res, name)
+	}
+}
+
+// absent records that the client is told name does not exist.
+func (t *typeStatus) absent(name string, now time.Time) {
+	r, ok := t.res[name]
+	if !ok || !r.named {
+		delete(t.res, name) // gone from the wildcard: not kept (see forget)
+		return
+	}
+	r.version, r.state, r.nonce, r.sent = "", DoesNotExist, 0, now
+	t.res[name] = r
+}
+
+// sentShared records the complete state st, sent as one response nonce.
+func (s *streamStatus) sentShared(typeURL string, st *cache.State, nonce uint64, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.typ(typeURL)
+	if t.shared == nil {
+		t.sharedState = Requested
+	}
+	maps.DeleteFunc(t.res, func(_ string, r resStatus) bool { return !r.named })
+	t.shared, t.sharedNonce, t.sharedSent = st, nonce, now
+}
+
+// answered records the client's ACK (nack false) or NACK of the responses
+// of typeURL up to nonce ("ACK/NACK and resource type instance version").
+func (s *streamStatus) answered(typeURL, nonce, version string, nack bool, msg string, now time.Time) {
+	n, err := strconv.ParseUint(nonce, 10, 64)
+	if err != nil || n == 0 {
+		return // an initial request, or a nonce this stream never sent
+	}
+	state := Acked
+	if nack {
+		state = Nacked
+		msg = xds.Clip(msg)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.typ(typeURL)
+	if nack {
+		t.nackVersion, t.nackMsg, t.nackAt = version, msg, now
+	} else {
+		t.ackVersion = version
+	}
+	if t.shared != nil && t.sharedNonce != 0 && t.sharedNonce <= n {
+		t.sharedState, t.sharedNonce = state, 0
+		if nack {
+			t.sharedNack = msg
+		}
+	}
+	keep := t.pending[:0]
+	for _, name := range t.pending {
+		r, ok := t.res[name]
+		switch {
+		case !ok || r.nonce == 0:
+		case r.nonce <= n:
+			r.state, r.nonce = state, 0
+			if nack {
+				r.nackMsg, r.nackAt = msg, now
+			}
+			t.res[name] = r
+		default:
+			keep = append(keep, name)
+		}
+	}
+	clear(t.pending[len(keep):])
+	t.pending = keep
+}
+
+// ResourceStatus is what a client holds of one resource.
+type ResourceStatus struct {
+	Name    string
+	Version string // sent; empty if none
+	State   ResourceState
+	Sent    time.Time // when it was last sent (or the client told it does not exist); zero if never
+	// Error and ErrorAt are the client's NACK of the resource, if State
+	// is Nacked.
+	Error   string
+	ErrorAt time.Time
+}
+
+// TypeStatus is a client's status for one type.
+type TypeStatus struct {
+	TypeURL     string
+	Wildcard    bool
+	Named       int    // names subscribed by name
+	AckVersion  string // version_info of the last ACK
+	NackVersion string // of the last NACK, with its message and time
+	NackError   string
+	NackAt      time.Time
+	Resources   []ResourceStatus // sorted by name
+}
+
+// ClientStatus is one stream's view: its node, variant, group cache and
+// per-type status.
+type ClientStatus struct {
+	Node    *corepb.Node
+	Variant string
+	Cache   *cache.Cache
+	Types   []TypeStatus // sorted by type URL
+}
+
+// snapshot copies the stream's record.
+func (s *streamStatus) snapshot() ClientStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := ClientStatus{Node: s.node, Variant: s.variant, Cache: s.cache}
+	for typeURL, t := range s.types {
+		out.Types = append(out.Types, t.snapshot(typeURL))
+	}
+	slices.SortFunc(out.Types, func(a, b TypeStatus) int { return strings.Compare(a.TypeURL, b.TypeURL) })
+	return out
+}
+
+func (t *typeStatus) snapshot(typeURL string) TypeStatus {
+	ts := TypeStatus{TypeURL: typeURL, Wildcard: t.wildcard, AckVersion: t.ackVersion,
+		NackVersion: t.nackVersion, NackError: t.nackMsg, NackAt: t.nackAt}
+	for name, r := range t.res {
+		if r.named {
+			ts.Named++
+		}
+		rs := ResourceStatus{Name: name, Version: r.version, State: r.state, Sent: r.sent}
+		if r.state == Nacked {
+			rs.Error, rs.ErrorAt = r.nackMsg, r.nackAt
+		}
+		ts.Resources = append(ts.Resources, rs)
+	}
+	if t.shared != nil {
+		for _, r := range t.shared.Resources {
+			if _, ok := t.res[r.Name]; ok {
+				continue
+			}
+			rs := ResourceStatus{Name: r.Name, Version: r.Version, State: t.sharedState, Sent: t.sharedSent}
+			if rs.State == Nacked {
+				rs.Error, rs.ErrorAt = t.sharedNack, t.nackAt
+			}
+			ts.Resources = append(ts.Resources, rs)
+		}
+	}
+	slices.SortFunc(ts.Resources, func(a, b ResourceStatus) int { return strings.Compare(a.Name, b.Name) })
+	return ts
+}
+
+// registry is the server's set of live streams.
+type registry struct {
+	mu      sync.Mutex
+	streams map[*streamStatus]struct{}
+}
+
+func (r *registry) add(s *streamStatus) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.streams == nil {
+		r.streams = map[*streamStatus]struct{}{}
+	}
+	r.streams[s] = struct{}{}
+}
+
+func (r *registry) remove(s *streamStatus) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.streams, s)
+}
+
+func (r *registry) list() []*streamStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Collect(maps.Keys(r.streams))
+}
+
+// Clients returns the status of every live xDS stream whose node keep
+// accepts (all if keep is nil), ordered by node id.
+func (s *Server) Clients(keep func(*corepb.Node) bool) []ClientStatus {
+	var out []ClientStatus
+	for _, st := range s.registry.list() {
+		if keep == nil || keep(st.node) {
+			out = append(out, st.snapshot())
+		}
+	}
+	slices.SortFunc(out, func(a, b ClientStatus) int { return strings.Compare(a.Node.GetId(), b.Node.GetId()) })
+	return out
+}

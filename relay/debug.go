@@ -1,0 +1,189 @@
+package relay
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// The /debug/ paths of the admin endpoint: per-client status, groups and
+// cache contents, as JSON. They reveal the tenants, so they are served only
+// to a private caller (see private); others get 403.
+
+func (r *Relay) debugRoutes(mux *http.ServeMux, loopback bool) {
+	only := func(h func(http.ResponseWriter, *http.Request)) func(http.ResponseWriter, *http.Request) {
+		return func(w http.ResponseWriter, req *http.Request) {
+			if !private(loopback, req) {
+				http.Error(w, "xdsrelay: /debug/ is served only on a loopback admin.address or over admin.tls with a verified client certificate", http.StatusForbidden)
+				return
+			}
+			h(w, req)
+		}
+	}
+	mux.HandleFunc("GET /debug/clients", only(r.debugClients))
+	mux.HandleFunc("GET /debug/groups", only(r.debugGroups))
+	mux.HandleFunc("GET /debug/cache", only(r.debugCache))
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		http.Error(w, "xdsrelay: "+err.Error(), http.StatusInternalServerError)
+	}
+}
+
+type debugType struct {
+	Type        string     `json:"type"`
+	Subscribed  int        `json:"subscribed"` // names subscribed by name
+	Wildcard    bool       `json:"wildcard"`
+	Resources   int        `json:"resources"` // names with a status (sent, absent or requested)
+	AckVersion  string     `json:"last_ack_version,omitempty"`
+	NackVersion string     `json:"last_nack_version,omitempty"`
+	NackError   string     `json:"last_nack_error,omitempty"`
+	NackAt      *time.Time `json:"last_nack_time,omitempty"`
+}
+
+type debugClient struct {
+	Node    string      `json:"node"`
+	Group   string      `json:"group"`
+	Variant string      `json:"variant"`
+	Types   []debugType `json:"types"`
+}
+
+// debugClients lists every live xDS stream, from the streams' status.
+func (r *Relay) debugClients(w http.ResponseWriter, _ *http.Request) {
+	keys := map[*cache.Cache]string{}
+	for _, g := range r.snapshotGroups() {
+		keys[g.cache] = g.key
+	}
+	out := []debugClient{}
+	for _, c := range r.down.Clients(nil) {
+		dc := debugClient{Node: c.Node.GetId(), Group: keys[c.Cache], Variant: c.Variant, Types: []debugType{}}
+		for _, t := range c.Types {
+			dt := debugType{Type: t.TypeURL, Subscribed: t.Named, Wildcard: t.Wildcard, Resources: len(t.Resources),
+				AckVersion: t.AckVersion, NackVersion: t.NackVersion, NackError: t.NackError}
+			if !t.NackAt.IsZero() {
+				dt.NackAt = &t.NackAt
+			}
+			dc.Types = append(dc.Types, dt)
+		}
+		out = append(out, dc)
+	}
+	writeJSON(w, out)
+}
+
+type debugGroupType struct {
+	Type     string `json:"type"`
+	Wildcard bool   `json:"wildcard"`
+	Names    int    `json:"names"` // subscribed upstream by name
+}
+
+type debugGroup struct {
+	Key          string           `json:"key"`
+	Connected    bool             `json:"upstream_connected"`
+	LastError    string           `json:"upstream_last_error,omitempty"`
+	Invalid      string           `json:"invalid,omitempty"`
+	LastResponse *time.Time       `json:"last_response,omitempty"`
+	Resources    int              `json:"resources"`
+	Clients      int              `json:"clients"`
+	Types        []debugGroupType `json:"types"`
+}
+
+// debugGroups lists the groups: upstream state and what each subscribes.
+func (r *Relay) debugGroups(w http.ResponseWriter, _ *http.Request) {
+	out := []debugGroup{}
+	for _, g := range r.snapshotGroups() {
+		s := g.status()
+		dg := debugGroup{Key: g.key, Connected: s.Connected, LastError: s.LastError, Invalid: s.Invalid,
+			Resources: g.cache.Len(), Clients: r.groupClients(g), Types: []debugGroupType{}}
+		if !s.LastResponse.IsZero() {
+			dg.LastResponse = &s.LastResponse
+		}
+		for typeURL, in := range g.cache.Interest() {
+			dg.Types = append(dg.Types, debugGroupType{Type: typeURL, Wildcard: in.Wildcard, Names: len(in.Names)})
+		}
+		slices.SortFunc(dg.Types, func(a, b debugGroupType) int { return strings.Compare(a.Type, b.Type) })
+		out = append(out, dg)
+	}
+	writeJSON(w, out)
+}
+
+func (r *Relay) groupClients(g *group) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return g.clients
+}
+
+type debugResource struct {
+	Name     string          `json:"name"`
+	Version  string          `json:"version"`
+	Resource json.RawMessage `json:"resource,omitempty"`
+}
+
+// debugCache lists the resources of one type in one group's cache, with
+// their bodies as protojson if bodies=true.
+func (r *Relay) debugCache(w http.ResponseWriter, req *http.Request) {
+	q := req.URL.Query()
+	key, typeURL, bodies := q.Get("group"), q.Get("type"), q.Get("bodies") == "true"
+	if !xds.Known(typeURL) {
+		http.Error(w, fmt.Sprintf("xdsrelay: type %q: a resource type URL is required", typeURL), http.StatusBadRequest)
+		return
+	}
+	c := r.cacheOf(key)
+	if c == nil {
+		http.Error(w, fmt.Sprintf("xdsrelay: no group %q", key), http.StatusNotFound)
+		return
+	}
+	out := []debugResource{}
+	for _, res := range c.State(typeURL).Resources {
+		dr := debugResource{Name: res.Name, Version: res.Version}
+		if bodies {
+			b, err := resourceJSON(res.Any)
+			if err != nil {
+				http.Error(w, fmt.Sprintf("xdsrelay: resource %q: %v", res.Name, err), http.StatusInternalServerError)
+				return
+			}
+			dr.Resource = b
+		}
+		out = append(out, dr)
+	}
+	writeJSON(w, out)
+}
+
+func (r *Relay) cacheOf(key string) *cache.Cache {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if g := r.groups[key]; g != nil {
+		return g.cache
+	}
+	return nil
+}
+
+// resourceJSON is a resource as protojson. Its SotW encoding is the
+// resources field of a DiscoveryResponse (cache.Resource.Any).
+func resourceJSON(field []byte) (json.RawMessage, error) {
+	var m discoverypb.DiscoveryResponse
+	if err := proto.Unmarshal(field, &m); err != nil {
+		return nil, fmt.Errorf("decode: %w", err)
+	}
+	if len(m.GetResources()) != 1 {
+		return nil, fmt.Errorf("decode: %d resources, want 1", len(m.GetResources()))
+	}
+	b, err := protojson.Marshal(m.GetResources()[0])
+	if err != nil {
+		return nil, fmt.Errorf("protojson: %w", err)
+	}
+	return b, nil
+}
