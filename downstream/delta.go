@@ -262,7 +262,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[st
 		return err
 	}
 	ds.debugResponse(typeURL, v.Version, nonce, len(out), len(removed))
-	ds.srv.pushes.With(xds.ShortName(typeURL)).Inc()
+	ds.srv.pushed(typeURL, msg.Size(), v.Received, ds.opened)
 	return nil
 }
 

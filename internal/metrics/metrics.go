@@ -314,3 +314,15 @@ func Bound(v string) string {
 	sum := sha256.Sum256([]byte(v))
 	return "sha256:" + hex.EncodeToString(sum[:8])
 }
+
+// Bucket upper bounds shared by the relay's histograms.
+var (
+	// LatencyBuckets, in seconds, for work the relay does itself (an
+	// upstream response applied, a change pushed): 50µs to about 13s.
+	LatencyBuckets = prometheus.ExponentialBuckets(50e-6, 4, 10)
+	// WaitBuckets, in seconds, for waits on others (a first response,
+	// which may wait for the control plane): 1ms to about 4m.
+	WaitBuckets = prometheus.ExponentialBuckets(1e-3, 4, 10)
+	// SizeBuckets, in bytes, for messages: 256B to 64MiB.
+	SizeBuckets = prometheus.ExponentialBuckets(256, 4, 10)
+)
