@@ -8,7 +8,8 @@ import (
 )
 
 // pushMetrics are the per-response families, with each relayed type's
-// series looked up once, so that a push costs no allocation.
+// series looked up once, so that a push costs no allocation. Read-only
+// after New.
 type pushMetrics struct {
 	pushes  *metrics.Vec
 	sizes   *metrics.HistogramVec

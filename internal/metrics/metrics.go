@@ -1,15 +1,3 @@
-// Package metrics is the relay's counters, gauges and histograms, exposed in
-// the Prometheus formats by github.com/prometheus/client_golang, with the Go
-// runtime and process metrics.
-//
-// client_golang rather than the OpenTelemetry Prometheus exporter: the relay
-// deletes a group's series when the group ends and sets absolute values
-// (cache sizes, eviction counts) at scrape time, which OpenTelemetry's
-// synchronous instruments cannot do; client_golang's collectors do both.
-//
-// Every label value is bounded: one longer than MaxLabelLen bytes is
-// exposed as its short hash ("sha256:" and 16 hex digits), and the group
-// label can be dropped altogether (Options.NoGroupLabel).
 package metrics
 
 import (
@@ -47,9 +35,12 @@ type Options struct {
 // Registry holds the metric families. The zero value is ready to use, with
 // the group label kept.
 type Registry struct {
+	// Read-only after New.
 	opts Options
+
+	// Set once, by prom.
 	once sync.Once
-	reg  *prometheus.Registry // set by once
+	reg  *prometheus.Registry
 
 	mu       sync.Mutex
 	families map[string]*Vec          // by name; guarded by mu
@@ -146,12 +137,15 @@ func (r *Registry) add(name, help string, kind prometheus.ValueType, labels []st
 // Vec is a counter or gauge family: one value per combination of label
 // values. It is a prometheus.Collector.
 type Vec struct {
+	// Read-only after registration.
 	name   string
 	kind   prometheus.ValueType
 	labels []string
 	drop   int // index of the dropped label; -1 if none
 	desc   *prometheus.Desc
-	max    atomic.Bool // with a dropped label, keep the largest rather than the sum
+
+	// Atomic.
+	max atomic.Bool // with a dropped label, keep the largest rather than the sum
 
 	mu     sync.RWMutex
 	values map[string]*Value // by joined label values; guarded by mu
@@ -166,7 +160,7 @@ func (f *Vec) Max() *Vec {
 
 // Value is one series of a family.
 type Value struct {
-	exposed []string // label values as exposed: bounded, without the dropped one
+	exposed []string // read-only: label values as exposed, bounded, without the dropped one
 	v       atomic.Int64
 }
 
@@ -249,6 +243,7 @@ func (f *Vec) Collect(ch chan<- prometheus.Metric) {
 
 // HistogramVec is a histogram family.
 type HistogramVec struct {
+	// Read-only after registration.
 	name   string
 	labels []string
 	drop   int
