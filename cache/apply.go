@@ -21,6 +21,9 @@ type Change struct {
 	// Synced is set when the response answers the wildcard subscription: the
 	// type's resources are from now on the complete state of the world.
 	Synced bool
+	// Received is when the response arrived from upstream; zero for now.
+	// The type keeps the latest that changed it (View.Received).
+	Received time.Time
 }
 
 // Apply applies one upstream response for typeURL under one lock: readers
@@ -53,6 +56,12 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 		c.signalInterest()
 	}
 	c.finishLocked(o)
+	if o.seq != 0 {
+		t.received = ch.Received
+		if t.received.IsZero() {
+			t.received = c.now()
+		}
+	}
 	c.mu.Unlock()
 	o.wake()
 }

@@ -192,3 +192,20 @@ func TestInterestChanges(t *testing.T) {
 		t.Fatalf("past the bound: %d types, all=%v", len(changes), all)
 	}
 }
+
+// A type keeps the receipt time of the latest response that changed it, for
+// the push latency; a response that changes nothing leaves it.
+func TestApplyKeepsReceipt(t *testing.T) {
+	c := New(Options{Retention: time.Minute})
+	w := NewWatch()
+	c.WatchWildcard(w, eds)
+	t0 := time.Unix(1000, 0)
+	c.Apply(eds, Change{Upserts: []*Resource{res("x", "1")}, Synced: true, Received: t0})
+	if got := c.Read(eds, nil, true).Received; !got.Equal(t0) {
+		t.Errorf("View.Received = %v, want %v", got, t0)
+	}
+	c.Apply(eds, Change{Upserts: []*Resource{res("x", "1")}, Received: t0.Add(time.Second)})
+	if got := c.State(eds).Received; !got.Equal(t0) {
+		t.Errorf("after an unchanged response, State.Received = %v, want %v", got, t0)
+	}
+}

@@ -141,6 +141,7 @@ type typeState struct {
 	wantWildcard bool      // wildcard is part of the interest
 	wildcardIdle time.Time // when the last wildcard watcher left
 	synced       bool      // upstream has answered the wildcard subscription
+	received     time.Time // when the latest upstream response that changed the type arrived
 }
 
 type entry struct {
@@ -397,6 +398,9 @@ type View struct {
 	Version uint64
 	// Synced is set once upstream has answered the wildcard subscription.
 	Synced bool
+	// Received is when the latest upstream response that changed the type
+	// arrived (Change.Received); zero before the first.
+	Received time.Time
 	// Lookups are the names asked for and, if all was asked, every present
 	// resource of the type: sorted by name, each once.
 	Lookups []Lookup
@@ -424,7 +428,7 @@ func (c *Cache) Read(typeURL string, names []string, all bool) View {
 	}
 	slices.Sort(names)
 	names = slices.Compact(names)
-	return View{Version: t.version, Synced: t.synced, Lookups: t.lookupAllLocked(names)}
+	return View{Version: t.version, Synced: t.synced, Received: t.received, Lookups: t.lookupAllLocked(names)}
 }
 
 func (t *typeState) lookupAllLocked(names []string) []Lookup {
@@ -442,6 +446,7 @@ type State struct {
 	// Synced is set once upstream has answered the wildcard subscription:
 	// only then are the resources the complete state.
 	Synced    bool
+	Received  time.Time   // as View.Received
 	Resources []*Resource // present resources, sorted by name
 	// SotW is the resources' encoded Any fields, concatenated: the body of
 	// a full-state SotW response after its header.
@@ -465,7 +470,7 @@ func (c *Cache) State(typeURL string) *State {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if t.state == nil {
-		st := &State{Version: t.version, Synced: t.synced}
+		st := &State{Version: t.version, Synced: t.synced, Received: t.received}
 		n := 0
 		for _, e := range t.entries {
 			if e.res != nil {

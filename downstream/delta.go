@@ -276,7 +276,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[st
 		return err
 	}
 	ds.debugResponse(typeURL, v.Version, sent, len(out), len(removed))
-	ds.srv.pushes.With(xds.ShortName(typeURL)).Inc()
+	ds.srv.pushed(typeURL, msg.Size(), v.Received, ds.opened)
 	return nil
 }
 

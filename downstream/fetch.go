@@ -81,8 +81,11 @@ func (s *Server) fetch(ctx context.Context, who client, req *discoverypb.Discove
 		rs, ready := pollState(c, typeURL, wildcard, names)
 		if ready {
 			if v := digest(rs); v != req.GetVersionInfo() {
-				s.pushes.With(xds.ShortName(typeURL)).Inc()
-				return pollResponse(typeURL, v, rs)
+				resp, err := pollResponse(typeURL, v, rs)
+				if err == nil {
+					s.pushed(typeURL, proto.Size(resp), time.Time{}, time.Time{}) // a poll is not a push
+				}
+				return resp, err
 			}
 		}
 		select {

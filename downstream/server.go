@@ -67,8 +67,8 @@ type Server struct {
 	endLog    *bucket  // limits warnings about streams ended with an error
 	registry  registry // live streams, for CSDS and the admin endpoint
 
+	pushMetrics
 	streams  *metrics.Vec
-	pushes   *metrics.Vec
 	requests *metrics.Vec
 	nacks    *metrics.Vec
 	denied   *metrics.Vec
@@ -107,7 +107,7 @@ func New(opts Options) (*Server, error) {
 		endLog:      newBucket(endLogRate, endLogBurst),
 		stuck:       m.Counter("xdsrelay_downstream_stuck_total", "Client connections closed because a send to them stayed blocked (the client read nothing) for downstream.send_timeout.").With(),
 		streams:     m.Gauge("xdsrelay_downstream_streams", "Open downstream xDS streams.", "variant"),
-		pushes:      m.Counter("xdsrelay_downstream_pushes_total", "Responses sent to downstream clients.", "type"),
+		pushMetrics: newPushMetrics(m),
 		requests:    m.Counter("xdsrelay_downstream_requests_total", "Requests received from downstream clients.", "type"),
 		nacks:       m.Counter("xdsrelay_downstream_nacks_total", "Responses rejected (NACKed) by downstream clients.", "type"),
 		denied:      m.Counter("xdsrelay_downstream_denied_total", "Clients refused by downstream.authorization.rules (PERMISSION_DENIED, or 403 over REST-JSON); reason identity: no rule matches the certificate, node: a rule matches it but not the node claimed.", "variant", "reason"),

@@ -215,7 +215,7 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs map[string]stru
 		fields = append(fields, ss.field(l, hb && !changed))
 	}
 	ss.status.done()
-	return ss.respond(typeURL, v.Version, t, fields)
+	return ss.respond(typeURL, v, t, fields)
 }
 
 // field is how this client is sent a resource: wrapped in a Resource with
@@ -246,11 +246,12 @@ func (ss *sotwStream) flushWildcard(typeURL string, t *sotwType) error {
 	t.nonce = ss.nonces.next()
 	t.responded = true
 	ss.status.sentShared(typeURL, st, ss.nonces.peek()-1, time.Now())
-	if err := ss.send(xds.SotWFullState(st.Version, typeURL, t.nonce, st.SotW)); err != nil {
+	msg := xds.SotWFullState(st.Version, typeURL, t.nonce, st.SotW)
+	if err := ss.send(msg); err != nil {
 		return err
 	}
 	ss.debugResponse(typeURL, st.Version, t.nonce, len(st.Resources), 0)
-	ss.srv.pushes.With(xds.ShortName(typeURL)).Inc()
+	ss.srv.pushed(typeURL, msg.Size(), st.Received, ss.opened)
 	return nil
 }
 
@@ -312,17 +313,17 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs map[s
 	if len(out) == 0 && (t.responded || !t.nothing()) {
 		return nil
 	}
-	return ss.respond(typeURL, v.Version, t, out)
+	return ss.respond(typeURL, v, t, out)
 }
 
-func (ss *sotwStream) respond(typeURL string, version uint64, t *sotwType, fields [][]byte) error {
+func (ss *sotwStream) respond(typeURL string, v cache.View, t *sotwType, fields [][]byte) error {
 	t.nonce = ss.nonces.next()
 	t.responded = true
-	msg := xds.SotWFields(version, typeURL, t.nonce, fields)
+	msg := xds.SotWFields(v.Version, typeURL, t.nonce, fields)
 	if err := ss.send(msg); err != nil {
 		return err
 	}
-	ss.debugResponse(typeURL, version, t.nonce, len(fields), 0)
-	ss.srv.pushes.With(xds.ShortName(typeURL)).Inc()
+	ss.debugResponse(typeURL, v.Version, t.nonce, len(fields), 0)
+	ss.srv.pushed(typeURL, msg.Size(), v.Received, ss.opened)
 	return nil
 }

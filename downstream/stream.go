@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -129,11 +130,12 @@ type streamBase struct {
 	node    *corepb.Node  // from the first request
 	names   int           // names subscribed, across types (see watchNames)
 	status  *streamStatus // what CSDS and the admin endpoint read
+	opened  time.Time     // for the push latency
 }
 
 func (s *Server) newStreamBase(send func(any) error, fixed, variant string, c *cache.Cache, node *corepb.Node) streamBase {
 	return streamBase{srv: s, send: send, fixed: fixed, variant: variant, cache: c, watch: cache.NewWatch(), node: node,
-		status: &streamStatus{node: node, variant: variant, cache: c, types: map[string]*typeStatus{}}}
+		status: &streamStatus{node: node, variant: variant, cache: c, types: map[string]*typeStatus{}}, opened: time.Now()}
 }
 
 func (b *streamBase) watcher() *cache.Watch { return b.watch }
@@ -191,6 +193,7 @@ func run[Req any, Resp any, PReq interface {
 	request
 }](s *Server, st grpc.BidiStreamingServer[Req, Resp], end *streamEnd, open func(*cache.Cache, PReq, func(any) error) protocol[Req]) error {
 	ctx := st.Context()
+	opened := time.Now()
 	reqs, errc := receive(ctx, st.Recv)
 	first, err := firstRequest(ctx, s, reqs, errc)
 	if first == nil {
@@ -210,6 +213,7 @@ func run[Req any, Resp any, PReq interface {
 	defer s.streams.With(end.variant).Dec()
 	send, stop := s.guard(ctx, st.SendMsg)
 	defer stop()
+	send = s.firstResponse(send, end.variant, opened)
 	p := open(c, PReq(first), send)
 	defer c.Release(p.watcher())
 	s.registry.add(p.statusView())

@@ -107,10 +107,7 @@ func (r *Relay) adminHandler(loopback bool) http.Handler {
 			fmt.Fprintln(w, r.readySummary())
 		}
 	})
-	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-		r.metrics.WriteTo(w)
-	})
+	mux.Handle("GET /metrics", r.metrics.Handler())
 	r.opsRoutes(mux, loopback)
 	r.debugRoutes(mux, loopback)
 	return mux

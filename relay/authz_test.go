@@ -241,7 +241,7 @@ func TestAuthorizationBindsNodesToCertificates(t *testing.T) {
 	}
 	m := getMetrics(t, r)
 	for variant := range variants {
-		if line := `xdsrelay_downstream_denied_total{variant="` + variant + `",reason="node"} 1`; !strings.Contains(m, line) {
+		if line := `xdsrelay_downstream_denied_total{reason="node",variant="` + variant + `"} 1`; !strings.Contains(m, line) {
 			t.Errorf("/metrics lacks %s:\n%s", line, m)
 		}
 	}
@@ -257,7 +257,7 @@ func TestAuthorizationRefusesUnknownIdentity(t *testing.T) {
 	if status.Code(err) != codes.PermissionDenied || status.Convert(err).Message() != want {
 		t.Fatalf("%v, want PERMISSION_DENIED %q", err, want)
 	}
-	if m := getMetrics(t, r); !strings.Contains(m, `xdsrelay_downstream_denied_total{variant="delta-ads",reason="identity"} 1`) {
+	if m := getMetrics(t, r); !strings.Contains(m, `xdsrelay_downstream_denied_total{reason="identity",variant="delta-ads"} 1`) {
 		t.Errorf("/metrics does not count the denial:\n%s", m)
 	}
 	if r.groupCache("cluster=tenant-a") != nil {
@@ -290,7 +290,7 @@ func TestAuthorizationREST(t *testing.T) {
 	if r.groupCache("cluster=tenant-b") != nil {
 		t.Error("a denied REST client created a group for tenant-b")
 	}
-	if m := getMetrics(t, r); !strings.Contains(m, `xdsrelay_downstream_denied_total{variant="rest",reason="node"} 1`) {
+	if m := getMetrics(t, r); !strings.Contains(m, `xdsrelay_downstream_denied_total{reason="node",variant="rest"} 1`) {
 		t.Errorf("/metrics does not count the denial:\n%s", m)
 	}
 	if code, body := poll("tenant-a"); code != http.StatusOK || !strings.Contains(body, "a-service") {

@@ -100,6 +100,12 @@ type Config struct {
 		// (see Relay.synced).
 		ReadyAfterSync bool
 	}
+	Metrics struct {
+		// GroupLabel is metrics.group_label: the per-group series carry
+		// the group key as their group label (hashed when longer than
+		// metrics.MaxLabelLen); false sums them without it.
+		GroupLabel bool
+	}
 	Cache struct {
 		// Retention is cache.retention: how long a resource nobody
 		// watches stays subscribed and cached.
@@ -197,6 +203,7 @@ func Default() Config {
 	c.Downstream.SendTimeout = 30 * time.Second
 	c.Downstream.MaxRequestBytes = 4 << 20
 	c.Admin.Address = "127.0.0.1:9901"
+	c.Metrics.GroupLabel = true
 	c.Cache.Retention = 5 * time.Minute
 	c.Cache.PersistInterval = 10 * time.Second
 	c.Cache.PersistMaxBytes = 256 << 20

@@ -98,7 +98,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 		cfg:     cfg,
 		host:    hostname(),
 		log:     logger,
-		metrics: &metrics.Registry{},
+		metrics: metrics.New(metrics.Options{NoGroupLabel: !cfg.Metrics.GroupLabel}),
 		groups:  make(map[string]*group),
 	}
 	r.upm = upstream.NewMetrics(r.metrics)
@@ -450,7 +450,7 @@ func (r *Relay) sweep() {
 // groups: how old each cache is (since its last upstream response) and how
 // many resources it holds.
 func (r *Relay) registerGroupMetrics() {
-	age := r.metrics.Gauge("xdsrelay_cache_age_seconds", "Seconds since the group's last upstream response (-1 before the first).", "group")
+	age := r.metrics.Gauge("xdsrelay_cache_age_seconds", "Seconds since the group's last upstream response (-1 before the first); without the group label, the oldest.", "group").Max()
 	size := r.metrics.Gauge("xdsrelay_cache_resources", "Resources cached for the group.", "group")
 	evicted := r.metrics.Counter("xdsrelay_cache_evictions_total", "Unwatched resources dropped to keep the group's cache within cache.max_resources.", "group")
 	var mu sync.Mutex

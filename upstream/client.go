@@ -21,9 +21,10 @@ import (
 
 // Metrics are the upstream families, shared by every group's client.
 type Metrics struct {
-	Streams   *metrics.Vec // gauge, by group: 1 while the stream is up
-	Responses *metrics.Vec // counter, by type
-	NACKs     *metrics.Vec // counter, by type: responses the relay rejected
+	Streams   *metrics.Vec          // gauge, by group: 1 while the stream is up
+	Responses *metrics.Vec          // counter, by type
+	NACKs     *metrics.Vec          // counter, by type: responses the relay rejected
+	Apply     *metrics.HistogramVec // by type: seconds to apply a response to the cache
 }
 
 // NewMetrics registers the upstream families on r.
@@ -32,6 +33,8 @@ func NewMetrics(r *metrics.Registry) *Metrics {
 		Streams:   r.Gauge("xdsrelay_upstream_connected", "1 while the group's upstream delta-ADS stream is up.", "group"),
 		Responses: r.Counter("xdsrelay_upstream_responses_total", "Responses received from the control plane.", "type"),
 		NACKs:     r.Counter("xdsrelay_upstream_nacks_total", "Upstream responses the relay rejected (NACKed).", "type"),
+		Apply: r.Histogram("xdsrelay_upstream_apply_seconds", "Time to apply one control-plane response to the group's cache.",
+			metrics.LatencyBuckets, "type"),
 	}
 }
 

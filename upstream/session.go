@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"go.opentelemetry.io/otel"
@@ -210,6 +211,7 @@ func (s *session) sendChange(ch change, sub *subscription) error {
 // resources that could not be decoded; those keep their last good version,
 // the others are applied ("ACK/NACK and resource type instance version").
 func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
+	received := time.Now()
 	s.c.debugResponse(r) // before the resources are let go
 	typeURL := r.GetTypeUrl()
 	short := xds.ShortName(typeURL)
@@ -253,7 +255,7 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 		upserts = append(upserts, enc)
 	}
 	if xds.Known(typeURL) {
-		ch := cache.Change{Upserts: upserts, Removed: r.GetRemovedResources(), Heartbeats: heartbeats}
+		ch := cache.Change{Upserts: upserts, Removed: r.GetRemovedResources(), Heartbeats: heartbeats, Received: received}
 		for _, e := range r.GetResourceErrors() {
 			if enc, err := xds.EncodeError(e); err == nil {
 				ch.Errors = append(ch.Errors, enc)
@@ -263,7 +265,9 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 			// The first response to a wildcard subscribe is the complete state.
 			sub.awaitingWildcard, ch.Synced = false, true
 		}
+		start := time.Now()
 		s.c.opts.Cache.Apply(typeURL, ch)
+		s.c.opts.Metrics.Apply.With(short).Observe(time.Since(start).Seconds())
 	} else {
 		problems.add(fmt.Sprintf("unknown resource type %q", typeURL))
 	}

@@ -64,6 +64,7 @@ func settings(o *Options) []setting {
 		{"admin.tls.client_ca_file", kindString, &o.Relay.Admin.TLS.CAFile, "Client certificates signed by this CA see the admin details on any address; requests without one get the general answers."},
 		{"admin.pprof", kindBool, &o.Relay.Admin.Pprof, "Serve Go's profiler (net/http/pprof) under /debug/pprof/ on the admin endpoint, to private callers only."},
 		{"admin.ready_after_sync", kindBool, &o.Relay.Admin.ReadyAfterSync, "Report ready (/readyz, gRPC health) only once there is something to serve: a control-plane answer, the resource files, or a restored cache."},
+		{"metrics.group_label", kindBool, &o.Relay.Metrics.GroupLabel, "Per-group series on /metrics carry the group key as their group label (a key over 64 bytes as its sha256: hash); false sums them without it."},
 		{"cache.retention", kindDuration, &c.Retention, "How long a resource nobody watches stays subscribed upstream and cached."},
 		{"cache.max_resources", kindInt, &c.MaxResources, "Per group, resources past this many that nobody watches are dropped, least recently used first; 0 for no bound."},
 		{"cache.not_found_timeout", kindDuration, &c.NotFoundTimeout, "A requested name that has not arrived from upstream this long after it was first asked for is reported to incremental clients as not existing; 0 disables."},

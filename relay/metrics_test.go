@@ -1,0 +1,131 @@
+package relay
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/xdsrelay/xdsrelay/internal/metrics"
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+)
+
+// hostileClusters are node.cluster values (group keys) that broke the
+// hand-written exposition or made it huge.
+var hostileClusters = []string{"tab\there", `quo"te`, "new\nline", `back\slash`, strings.Repeat("x", 64<<10)}
+
+// scrape parses /metrics with Prometheus's own text parser.
+func scrape(t *testing.T, r *Relay) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get("http://" + r.AdminAddr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("/metrics does not parse: %v", err)
+	}
+	return mfs
+}
+
+// connectHostile opens a SotW stream per hostile cluster, each getting its
+// group's clusters, then changes the first group's so that a push follows.
+func connectHostile(t *testing.T, cp *testcp.ControlPlane, r *Relay) {
+	t.Helper()
+	var first *sotwStream
+	for i, cluster := range hostileClusters {
+		cp.Set(t, cluster, "1", testcp.Cluster("a"))
+		s := openSotW(t, r.Addr())
+		s.send(&discoverypb.DiscoveryRequest{Node: node(fmt.Sprint("n", i), cluster), TypeUrl: resourcev3.ClusterType})
+		if got := s.recv(); len(got.GetResources()) != 1 {
+			t.Fatalf("cluster %.20q: %v", cluster, got)
+		}
+		if first == nil {
+			first = s
+		}
+	}
+	cp.Set(t, hostileClusters[0], "2", testcp.Cluster("a"), testcp.Cluster("b"))
+	if got := first.recv(); len(got.GetResources()) != 2 {
+		t.Fatalf("after the change: %v", got)
+	}
+}
+
+// Whatever clients put in their nodes, /metrics parses, every label value is
+// bounded, and the histograms and the runtime and process metrics are there.
+func TestMetricsHostileLabels(t *testing.T) {
+	cp := testcp.Start(t)
+	r := startRelay(t, cp.Addr)
+	connectHostile(t, cp, r)
+	mfs := scrape(t, r)
+
+	groups := map[string]bool{}
+	for name, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if len(l.GetValue()) > metrics.MaxLabelLen {
+					t.Errorf("%s: label %s is %d bytes", name, l.GetName(), len(l.GetValue()))
+				}
+				if l.GetName() == "group" {
+					groups[l.GetValue()] = true
+				}
+			}
+		}
+	}
+	for _, want := range []string{"cluster=tab\there", `cluster=quo"te`, "cluster=new\nline", `cluster=back\slash`} {
+		if !groups[want] {
+			t.Errorf("no group label %q among %v", want, groups)
+		}
+	}
+	if !groups[metrics.Bound("cluster="+hostileClusters[4])] {
+		t.Errorf("the long group key is not hashed: %v", groups)
+	}
+	for _, h := range []string{"xdsrelay_upstream_apply_seconds", "xdsrelay_downstream_response_bytes",
+		"xdsrelay_downstream_first_response_seconds", "xdsrelay_downstream_push_latency_seconds"} {
+		if n := histogramCount(mfs[h]); n == 0 {
+			t.Errorf("histogram %s: no observations", h)
+		}
+	}
+	for _, f := range []string{"go_goroutines", "go_memstats_heap_alloc_bytes", "process_cpu_seconds_total"} {
+		if mfs[f] == nil {
+			t.Errorf("no %s", f)
+		}
+	}
+}
+
+// histogramCount is the observations of a histogram family, across series.
+func histogramCount(mf *dto.MetricFamily) uint64 {
+	if mf.GetType() != dto.MetricType_HISTOGRAM {
+		return 0
+	}
+	var n uint64
+	for _, m := range mf.GetMetric() {
+		n += m.GetHistogram().GetSampleCount()
+	}
+	return n
+}
+
+// With metrics.group_label false, the per-group families are one series each.
+func TestMetricsNoGroupLabel(t *testing.T) {
+	cp := testcp.Start(t)
+	r := startRelay(t, cp.Addr, func(c *Config) { c.Metrics.GroupLabel = false })
+	connectHostile(t, cp, r)
+	mfs := scrape(t, r)
+	for _, name := range []string{"xdsrelay_upstream_connected", "xdsrelay_cache_resources", "xdsrelay_cache_age_seconds"} {
+		ms := mfs[name].GetMetric()
+		if len(ms) != 1 || len(ms[0].GetLabel()) != 0 {
+			t.Fatalf("%s: %v", name, ms)
+		}
+	}
+	// One resource in each group but the first, which has two.
+	if got, want := mfs["xdsrelay_cache_resources"].GetMetric()[0].GetGauge().GetValue(), float64(len(hostileClusters)+1); got != want {
+		t.Errorf("xdsrelay_cache_resources = %v, want the sum %v", got, want)
+	}
+}
