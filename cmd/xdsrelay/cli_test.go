@@ -345,3 +345,30 @@ func TestServeSubcommand(t *testing.T) {
 		t.Fatalf("serve --help: exit %d, %q", c, out.String())
 	}
 }
+
+// status against a running relay: a client that `watch` keeps subscribed
+// (and ACKing) shows as that node with its listener ACKED, read from the
+// relay's own CSDS.
+func TestStatusAgainstTheRelay(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "edge.yaml"), listenerFile("10000"))
+	r := startFileRelay(t, dir, nil)
+	watched := &syncBuffer{}
+	stop := runAsync(t, watched, "watch", "--server", r.Addr(), "--node-id", "proxy-7", "--cluster", "c1", "--type", "lds", "-o", "json")
+	defer stop()
+	waitForOutput(t, watched, `"name": "edge"`)
+	deadline := time.Now().Add(cliWait)
+	for {
+		var out, errOut bytes.Buffer
+		if c := run(context.Background(), []string{"status", "--server", r.Addr()}, nil, &out, &errOut); c != 0 {
+			t.Fatalf("exit %d: %s", c, errOut.String())
+		}
+		if regexp.MustCompile(`proxy-7\s+c1\s+LDS\s+\S+\s+1\s+0\s+0\s+0\n`).MatchString(out.String()) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no ACKED listener row for proxy-7:\n%s", out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
