@@ -366,7 +366,7 @@ func (r *Relay) restoreFile(path string) error {
 		return err
 	}
 	r.restored.Store(true)
-	r.log.Info("restored a saved cache", "group", key, "file", path, "types", len(states))
+	r.log.Info("restored a saved cache", "group", xds.Clip(key), "file", path, "types", len(states))
 	return nil
 }
 
@@ -412,7 +412,7 @@ func (r *Relay) writeCaches(written map[string]uint64) {
 			continue
 		}
 		if err := r.writeCache(g, states); err != nil {
-			r.log.Error("writing the cache to cache.persist_dir", "group", g.key, "error", err)
+			r.log.Error("writing the cache to cache.persist_dir", "group", xds.Clip(g.key), "error", err)
 			fails, last = fails+1, fmt.Sprintf("group %q: %v", g.key, err)
 			continue
 		}

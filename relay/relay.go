@@ -441,7 +441,7 @@ func (r *Relay) sweep() {
 			// Not waited for: the group's goroutine ends on its own, and
 			// Shutdown waits for it with a bound.
 			g.cancel()
-			r.log.Info("group ended", "group", g.key)
+			r.log.Info("group ended", "group", xds.Clip(g.key))
 		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
 // Metrics are the upstream families, shared by every group's client.
@@ -113,7 +114,7 @@ func New(opts Options) (*Client, error) {
 	return &Client{
 		opts: opts,
 		ads:  discoverypb.NewAggregatedDiscoveryServiceClient(opts.Conn),
-		log:  opts.Logger.With("component", "upstream", "group", opts.Group),
+		log:  opts.Logger.With("component", "upstream", "group", xds.Clip(opts.Group)),
 	}, nil
 }
 
