@@ -3,6 +3,7 @@ package cache
 import (
 	"slices"
 	"strings"
+	"time"
 )
 
 // TypeState is one type's contents, as a warm restart saves and restores
@@ -85,4 +86,30 @@ func (c *Cache) Import(states []TypeState) {
 	c.mu.Unlock()
 	c.signalInterest()
 	o.wake()
+}
+
+// TypeStat is what the cache holds of one type, for metrics.
+type TypeStat struct {
+	Resources int
+	Bytes     int       // of the resources' delta encodings
+	Received  time.Time // as View.Received
+}
+
+// Stats returns, by type, what the cache holds. It walks every resource:
+// for a scrape, not for a request path.
+func (c *Cache) Stats() map[string]TypeStat {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	out := make(map[string]TypeStat, len(c.types))
+	for typeURL, t := range c.types {
+		st := TypeStat{Received: t.received}
+		for _, e := range t.entries {
+			if e.res != nil {
+				st.Resources++
+				st.Bytes += len(e.res.Wire)
+			}
+		}
+		out[typeURL] = st
+	}
+	return out
 }

@@ -51,13 +51,7 @@ func (ds *deltaStream) handle(req *discoverypb.DeltaDiscoveryRequest) error {
 	ds.debugRequest(typeURL, len(req.GetResourceNamesSubscribe())+len(req.GetResourceNamesUnsubscribe()), "", req.GetResponseNonce())
 	// "Incremental xDS": the nonce pairs an ACK or NACK with a response, but
 	// subscription changes are honoured whatever the nonce.
-	d := req.GetErrorDetail()
-	if d != nil {
-		ds.nacked(short, req.GetResponseNonce(), d.GetMessage())
-	}
-	if req.GetResponseNonce() != "" {
-		ds.status.answered(typeURL, req.GetResponseNonce(), "", d != nil, d.GetMessage(), time.Now())
-	}
+	ds.answered(typeURL, short, req.GetResponseNonce(), "", req.GetErrorDetail())
 	t := ds.types[typeURL]
 	var fresh []string // names this request asks to be answered
 	if t == nil {

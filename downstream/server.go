@@ -71,6 +71,7 @@ type Server struct {
 	streams  *metrics.Vec
 	requests *metrics.Vec
 	nacks    *metrics.Vec
+	acks     *metrics.Vec
 	denied   *metrics.Vec
 	stuck    *metrics.Value
 	pending  *metrics.Value // streams waiting for their first request
@@ -110,6 +111,7 @@ func New(opts Options) (*Server, error) {
 		pushMetrics: newPushMetrics(m),
 		requests:    m.Counter("xdsrelay_downstream_requests_total", "Requests received from downstream clients.", "type"),
 		nacks:       m.Counter("xdsrelay_downstream_nacks_total", "Responses rejected (NACKed) by downstream clients.", "type"),
+		acks:        m.Counter("xdsrelay_downstream_acks_total", "Requests that accept (ACK) a response: they carry its nonce and no error_detail.", "type"),
 		denied:      m.Counter("xdsrelay_downstream_denied_total", "Clients refused by downstream.authorization.rules (PERMISSION_DENIED, or 403 over REST-JSON); reason identity: no rule matches the certificate, node: a rule matches it but not the node claimed.", "variant", "reason"),
 		pending:     m.Gauge("xdsrelay_downstream_pending_streams", "Open downstream xDS streams that have not sent their first request (ended after limits.first_request_timeout).").With(),
 		refusals:    m.Counter("xdsrelay_limit_refusals_total", "Streams, requests and polls refused at a limit, by the limits.* key.", "limit"),

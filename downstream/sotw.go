@@ -89,13 +89,7 @@ func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 	// "ACK/NACK and resource type instance version": error_detail is a NACK.
 	// What was NACKed stays recorded as sent, so it is not sent again; the
 	// next change is.
-	d := req.GetErrorDetail()
-	if d != nil {
-		ss.nacked(short, req.GetResponseNonce(), d.GetMessage(), "version", clip(req.GetVersionInfo()))
-	}
-	if req.GetResponseNonce() != "" {
-		ss.status.answered(typeURL, req.GetResponseNonce(), req.GetVersionInfo(), d != nil, d.GetMessage(), time.Now())
-	}
+	ss.answered(typeURL, short, req.GetResponseNonce(), req.GetVersionInfo(), req.GetErrorDetail())
 	return ss.resubscribe(typeURL, t, req.GetResourceNames())
 }
 

@@ -2,6 +2,7 @@ package downstream
 
 import (
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 	"maps"
@@ -154,6 +155,21 @@ func (b *streamBase) admit(typeURL string, node *corepb.Node) (resolved, short s
 	short = xds.ShortName(resolved)
 	b.srv.requests.With(short).Inc()
 	return resolved, short, nil
+}
+
+// answered records a request's answer to the responses up to nonce: a NACK
+// if it carries error_detail, else, if it carries a nonce, an ACK ("ACK/NACK
+// and resource type instance version").
+func (b *streamBase) answered(typeURL, short, nonce, version string, d *rpcstatus.Status) {
+	switch {
+	case d != nil:
+		b.nacked(short, nonce, d.GetMessage(), "version", clip(version))
+	case nonce != "":
+		b.srv.acks.With(short).Inc()
+	}
+	if nonce != "" {
+		b.status.answered(typeURL, nonce, version, d != nil, d.GetMessage(), time.Now())
+	}
 }
 
 // nacked counts and logs a client's NACK of a response.

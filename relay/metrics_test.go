@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -128,4 +129,48 @@ func TestMetricsNoGroupLabel(t *testing.T) {
 	if got, want := mfs["xdsrelay_cache_resources"].GetMetric()[0].GetGauge().GetValue(), float64(len(hostileClusters)+1); got != want {
 		t.Errorf("xdsrelay_cache_resources = %v, want the sum %v", got, want)
 	}
+}
+
+// value is the sum of a family's samples whose labels include want.
+func value(mfs map[string]*dto.MetricFamily, name string, want map[string]string) float64 {
+	sum := 0.0
+	for _, m := range mfs[name].GetMetric() {
+		ok := true
+		for k, v := range want {
+			found := false
+			for _, l := range m.GetLabel() {
+				found = found || (l.GetName() == k && l.GetValue() == v)
+			}
+			ok = ok && found
+		}
+		if ok {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum
+}
+
+// ACKs by type, upstream reconnects by group, and the cache by type are on
+// /metrics: a client ACKs, the control plane restarts, the cache holds a
+// cluster.
+func TestMetricsACKsReconnectsAndCacheByType(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("one"))
+	r := startRelay(t, cp.Addr, func(c *Config) {
+		c.Upstream.ReconnectBaseDelay, c.Upstream.ReconnectMaxDelay = 10*time.Millisecond, 50*time.Millisecond
+	})
+	s := openDelta(t, r.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"one"}})
+	resp := s.recv()
+	s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: resp.GetNonce()})
+	cp.Stop()
+	cp.Restart()
+	eventually(t, "the ACK, the reconnect and the cache by type on /metrics", func() bool {
+		mfs := scrape(t, r)
+		return value(mfs, "xdsrelay_downstream_acks_total", map[string]string{"type": "Cluster"}) == 1 &&
+			value(mfs, "xdsrelay_upstream_reconnects_total", map[string]string{"group": "cluster=c1"}) >= 1 &&
+			value(mfs, "xdsrelay_cache_type_resources", map[string]string{"group": "cluster=c1", "type": "Cluster"}) == 1 &&
+			value(mfs, "xdsrelay_cache_type_bytes", map[string]string{"group": "cluster=c1", "type": "Cluster"}) > 0 &&
+			value(mfs, "xdsrelay_cache_type_age_seconds", map[string]string{"group": "cluster=c1", "type": "Cluster"}) >= 0
+	})
 }

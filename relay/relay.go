@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -453,30 +454,51 @@ func (r *Relay) registerGroupMetrics() {
 	age := r.metrics.Gauge("xdsrelay_cache_age_seconds", "Seconds since the group's last upstream response (-1 before the first); without the group label, the oldest.", "group").Max()
 	size := r.metrics.Gauge("xdsrelay_cache_resources", "Resources cached for the group.", "group")
 	evicted := r.metrics.Counter("xdsrelay_cache_evictions_total", "Unwatched resources dropped to keep the group's cache within cache.max_resources.", "group")
+	typeSize := r.metrics.Gauge("xdsrelay_cache_type_resources", "Resources of the type cached for the group.", "group", "type")
+	typeBytes := r.metrics.Gauge("xdsrelay_cache_type_bytes", "Encoded bytes of the type's resources cached for the group (held once, whatever the number of clients).", "group", "type")
+	typeAge := r.metrics.Gauge("xdsrelay_cache_type_age_seconds", "Seconds since the latest upstream response that changed the type in the group's cache (-1 before the first); without the group label, the oldest.", "group", "type").Max()
 	var mu sync.Mutex
-	var last []string // guarded by mu: scrapes may overlap
+	var last [][2]string // (group, type) pairs; guarded by mu: scrapes may overlap
 	r.metrics.OnScrape(func() {
 		mu.Lock()
 		defer mu.Unlock()
-		var keys []string
+		seen := map[[2]string]bool{}
 		for _, g := range r.snapshotGroups() {
 			s := g.status()
-			a := int64(-1)
-			if !s.LastResponse.IsZero() {
-				a = int64(time.Since(s.LastResponse).Seconds())
-			}
-			age.With(g.key).Set(a)
+			age.With(g.key).Set(secondsSince(s.LastResponse))
 			size.With(g.key).Set(int64(g.cache.Len()))
 			evicted.With(g.key).Set(int64(g.cache.Evictions()))
-			keys = append(keys, g.key)
-		}
-		for _, k := range last {
-			if !slices.Contains(keys, k) {
-				age.Delete(k)
-				size.Delete(k)
-				evicted.Delete(k)
+			seen[[2]string{g.key, ""}] = true
+			for typeURL, st := range g.cache.Stats() {
+				short := xds.ShortName(typeURL)
+				typeSize.With(g.key, short).Set(int64(st.Resources))
+				typeBytes.With(g.key, short).Set(int64(st.Bytes))
+				typeAge.With(g.key, short).Set(secondsSince(st.Received))
+				seen[[2]string{g.key, short}] = true
 			}
 		}
-		last = keys
+		for _, k := range last {
+			if seen[k] {
+				continue
+			}
+			if k[1] == "" {
+				age.Delete(k[0])
+				size.Delete(k[0])
+				evicted.Delete(k[0])
+			} else {
+				typeSize.Delete(k[0], k[1])
+				typeBytes.Delete(k[0], k[1])
+				typeAge.Delete(k[0], k[1])
+			}
+		}
+		last = slices.Collect(maps.Keys(seen))
 	})
+}
+
+// secondsSince is the age of t in whole seconds, -1 for the zero time.
+func secondsSince(t time.Time) int64 {
+	if t.IsZero() {
+		return -1
+	}
+	return int64(time.Since(t).Seconds())
 }

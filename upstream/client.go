@@ -22,10 +22,11 @@ import (
 
 // Metrics are the upstream families, shared by every group's client.
 type Metrics struct {
-	Streams   *metrics.Vec          // gauge, by group: 1 while the stream is up
-	Responses *metrics.Vec          // counter, by type
-	NACKs     *metrics.Vec          // counter, by type: responses the relay rejected
-	Apply     *metrics.HistogramVec // by type: seconds to apply a response to the cache
+	Streams    *metrics.Vec          // gauge, by group: 1 while the stream is up
+	Responses  *metrics.Vec          // counter, by type
+	NACKs      *metrics.Vec          // counter, by type: responses the relay rejected
+	Apply      *metrics.HistogramVec // by type: seconds to apply a response to the cache
+	Reconnects *metrics.Vec          // counter, by group: streams that ended and are opened again
 }
 
 // NewMetrics registers the upstream families on r.
@@ -36,6 +37,7 @@ func NewMetrics(r *metrics.Registry) *Metrics {
 		NACKs:     r.Counter("xdsrelay_upstream_nacks_total", "Upstream responses the relay rejected (NACKed).", "type"),
 		Apply: r.Histogram("xdsrelay_upstream_apply_seconds", "Time to apply one control-plane response to the group's cache.",
 			metrics.LatencyBuckets, "type"),
+		Reconnects: r.Counter("xdsrelay_upstream_reconnects_total", "Times the group's upstream delta-ADS stream ended and is being opened again (with backoff).", "group"),
 	}
 }
 
@@ -121,6 +123,7 @@ func New(opts Options) (*Client, error) {
 // Run keeps the stream up until ctx is done.
 func (c *Client) Run(ctx context.Context) {
 	defer c.opts.Metrics.Streams.Delete(c.opts.Group)
+	defer c.opts.Metrics.Reconnects.Delete(c.opts.Group)
 	for attempt := 0; ; attempt++ {
 		healthy, err := c.session(ctx)
 		c.opts.Metrics.Streams.With(c.opts.Group).Set(0)
@@ -131,6 +134,7 @@ func (c *Client) Run(ctx context.Context) {
 		if healthy {
 			attempt = 0 // the stream had worked: start the backoff again
 		}
+		c.opts.Metrics.Reconnects.With(c.opts.Group).Inc()
 		delay := backoffDelay(c.opts.Backoff, attempt)
 		c.log.Warn("upstream stream ended; reconnecting", "error", err, "in", delay)
 		t := time.NewTimer(delay)
