@@ -24,6 +24,19 @@ type Change struct {
 	// Received is when the response arrived from upstream; zero for now.
 	// The type keeps the latest that changed it (View.Received).
 	Received time.Time
+	// Trace is the trace of the upstream response, for the spans of the
+	// pushes that carry it; zero when not traced. The type keeps the latest
+	// that changed it (View.Trace).
+	Trace Trace
+}
+
+// Trace identifies a traced upstream response (its span's trace and span
+// IDs), so that the pushes carrying it can link to it. The cache only keeps
+// it; the zero Trace is none.
+type Trace struct {
+	TraceID [16]byte
+	SpanID  [8]byte
+	Sampled bool // the response's span was sampled
 }
 
 // Apply applies one upstream response for typeURL under one lock: readers
@@ -57,7 +70,7 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 	}
 	c.finishLocked(o)
 	if o.seq != 0 {
-		t.received = ch.Received
+		t.received, t.trace = ch.Received, ch.Trace
 		if t.received.IsZero() {
 			t.received = c.now()
 		}

@@ -193,19 +193,21 @@ func TestInterestChanges(t *testing.T) {
 	}
 }
 
-// A type keeps the receipt time of the latest response that changed it, for
-// the push latency; a response that changes nothing leaves it.
+// A type keeps the receipt time and trace of the latest response that
+// changed it, for the push latency and the push spans; a response that
+// changes nothing leaves them.
 func TestApplyKeepsReceipt(t *testing.T) {
 	c := New(Options{Retention: time.Minute})
 	w := NewWatch()
 	c.WatchWildcard(w, eds)
 	t0 := time.Unix(1000, 0)
-	c.Apply(eds, Change{Upserts: []*Resource{res("x", "1")}, Synced: true, Received: t0})
-	if got := c.Read(eds, nil, true).Received; !got.Equal(t0) {
-		t.Errorf("View.Received = %v, want %v", got, t0)
+	tr := Trace{TraceID: [16]byte{1}, SpanID: [8]byte{2}, Sampled: true}
+	c.Apply(eds, Change{Upserts: []*Resource{res("x", "1")}, Synced: true, Received: t0, Trace: tr})
+	if v := c.Read(eds, nil, true); !v.Received.Equal(t0) || v.Trace != tr {
+		t.Errorf("View.Received = %v, Trace = %v, want %v and %v", v.Received, v.Trace, t0, tr)
 	}
-	c.Apply(eds, Change{Upserts: []*Resource{res("x", "1")}, Received: t0.Add(time.Second)})
-	if got := c.State(eds).Received; !got.Equal(t0) {
-		t.Errorf("after an unchanged response, State.Received = %v, want %v", got, t0)
+	c.Apply(eds, Change{Upserts: []*Resource{res("x", "1")}, Received: t0.Add(time.Second), Trace: Trace{SpanID: [8]byte{3}}})
+	if st := c.State(eds); !st.Received.Equal(t0) || st.Trace != tr {
+		t.Errorf("after an unchanged response, State.Received = %v, Trace = %v, want %v and %v", st.Received, st.Trace, t0, tr)
 	}
 }

@@ -142,6 +142,7 @@ type typeState struct {
 	wildcardIdle time.Time // when the last wildcard watcher left
 	synced       bool      // upstream has answered the wildcard subscription
 	received     time.Time // when the latest upstream response that changed the type arrived
+	trace        Trace     // that response's trace; zero if not traced
 }
 
 type entry struct {
@@ -401,6 +402,8 @@ type View struct {
 	// Received is when the latest upstream response that changed the type
 	// arrived (Change.Received); zero before the first.
 	Received time.Time
+	// Trace is that response's trace (Change.Trace); zero if not traced.
+	Trace Trace
 	// Lookups are the names asked for and, if all was asked, every present
 	// resource of the type: sorted by name, each once.
 	Lookups []Lookup
@@ -428,7 +431,7 @@ func (c *Cache) Read(typeURL string, names []string, all bool) View {
 	}
 	slices.Sort(names)
 	names = slices.Compact(names)
-	return View{Version: t.version, Synced: t.synced, Received: t.received, Lookups: t.lookupAllLocked(names)}
+	return View{Version: t.version, Synced: t.synced, Received: t.received, Trace: t.trace, Lookups: t.lookupAllLocked(names)}
 }
 
 func (t *typeState) lookupAllLocked(names []string) []Lookup {
@@ -447,6 +450,7 @@ type State struct {
 	// only then are the resources the complete state.
 	Synced    bool
 	Received  time.Time   // as View.Received
+	Trace     Trace       // as View.Trace
 	Resources []*Resource // present resources, sorted by name
 	// SotW is the resources' encoded Any fields, concatenated: the body of
 	// a full-state SotW response after its header.
@@ -470,7 +474,7 @@ func (c *Cache) State(typeURL string) *State {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if t.state == nil {
-		st := &State{Version: t.version, Synced: t.synced, Received: t.received}
+		st := &State{Version: t.version, Synced: t.synced, Received: t.received, Trace: t.trace}
 		n := 0
 		for _, e := range t.entries {
 			if e.res != nil {

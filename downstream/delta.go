@@ -270,6 +270,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[st
 		return err
 	}
 	ds.debugResponse(typeURL, v.Version, sent, len(out), len(removed))
+	ds.tracePush(v.Trace, typeURL, v.Version, len(out))
 	ds.srv.pushed(typeURL, msg.Size(), v.Received, ds.opened)
 	return nil
 }

@@ -245,6 +245,7 @@ func (ss *sotwStream) flushWildcard(typeURL string, t *sotwType) error {
 		return err
 	}
 	ss.debugResponse(typeURL, st.Version, t.nonce, len(st.Resources), 0)
+	ss.tracePush(st.Trace, typeURL, st.Version, len(st.Resources))
 	ss.srv.pushed(typeURL, msg.Size(), st.Received, ss.opened)
 	return nil
 }
@@ -318,6 +319,7 @@ func (ss *sotwStream) respond(typeURL string, v cache.View, t *sotwType, fields 
 		return err
 	}
 	ss.debugResponse(typeURL, v.Version, t.nonce, len(fields), 0)
+	ss.tracePush(v.Trace, typeURL, v.Version, len(fields))
 	ss.srv.pushed(typeURL, msg.Size(), v.Received, ss.opened)
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	otelcodes "go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	oteltrace "go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
@@ -136,15 +137,29 @@ func TestNACKKeepsLastGood(t *testing.T) {
 	if got[1].Resource == nil || got[1].Resource.Version != "1" {
 		t.Errorf("bad: %+v, want the last good version 1", got[1].Resource)
 	}
-	// Each upstream response is a span; the NACKed one is marked.
+	// Each upstream response is the root of its own trace, with the cache
+	// update as its child; the NACKed one is marked.
 	var ok, nacked int
+	applies := map[oteltrace.SpanID]int{}
 	for _, s := range spans.Ended() {
-		if s.Name() == "upstream.response" {
-			if s.Status().Code == otelcodes.Error {
-				nacked++
-			} else {
-				ok++
-			}
+		if s.Name() == "cache.apply" {
+			applies[s.Parent().SpanID()]++
+		}
+	}
+	for _, s := range spans.Ended() {
+		if s.Name() != "upstream.receive" {
+			continue
+		}
+		if s.Parent().IsValid() {
+			t.Errorf("upstream.receive has parent %v, want a root", s.Parent())
+		}
+		if applies[s.SpanContext().SpanID()] != 1 {
+			t.Errorf("upstream.receive %v: %d cache.apply children, want 1", s.SpanContext().SpanID(), applies[s.SpanContext().SpanID()])
+		}
+		if s.Status().Code == otelcodes.Error {
+			nacked++
+		} else {
+			ok++
 		}
 	}
 	if ok != 1 || nacked != 1 {

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"slices"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	grpccodes "google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
@@ -215,12 +217,7 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 	s.c.debugResponse(r) // before the resources are let go
 	typeURL := r.GetTypeUrl()
 	short := xds.ShortName(typeURL)
-	// A span per upstream response: the stage from upstream receipt to the
-	// cache update that fans it out.
-	_, span := otel.Tracer(tracerName).Start(s.st.Context(), "upstream.response", trace.WithAttributes(
-		attribute.String("xds.type", short), attribute.String("xds.group", s.c.opts.Group),
-		attribute.Int("xds.resources", len(r.GetResources())), attribute.Int("xds.removed", len(r.GetRemovedResources())),
-	))
+	ctx, span := s.receiveSpan(r, short)
 	defer span.End()
 	s.c.opts.Metrics.Responses.With(short).Inc()
 	var upserts []*cache.Resource
@@ -255,7 +252,8 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 		upserts = append(upserts, enc)
 	}
 	if xds.Known(typeURL) {
-		ch := cache.Change{Upserts: upserts, Removed: r.GetRemovedResources(), Heartbeats: heartbeats, Received: received}
+		ch := cache.Change{Upserts: upserts, Removed: r.GetRemovedResources(), Heartbeats: heartbeats, Received: received,
+			Trace: cacheTrace(span.SpanContext())}
 		for _, e := range r.GetResourceErrors() {
 			if enc, err := xds.EncodeError(e); err == nil {
 				ch.Errors = append(ch.Errors, enc)
@@ -266,7 +264,9 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 			sub.awaitingWildcard, ch.Synced = false, true
 		}
 		start := time.Now()
+		_, applying := otel.Tracer(tracerName).Start(ctx, "cache.apply")
 		s.c.opts.Cache.Apply(typeURL, ch)
+		applying.End()
 		s.c.opts.Metrics.Apply.With(short).Observe(time.Since(start).Seconds())
 	} else {
 		problems.add(fmt.Sprintf("unknown resource type %q", typeURL))
@@ -280,6 +280,31 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 		ack.ErrorDetail = &status.Status{Code: int32(grpccodes.InvalidArgument), Message: "xdsrelay: " + msg}
 	}
 	return s.send(ack)
+}
+
+// receiveSpan starts the span of one upstream response: the root of its own
+// trace, not a child of the stream's, so that each update is one trace. The
+// pushes that carry it link to it (cache.Trace).
+func (s *session) receiveSpan(r *discoverypb.DeltaDiscoveryResponse, short string) (context.Context, trace.Span) {
+	ctx, span := otel.Tracer(tracerName).Start(s.st.Context(), "upstream.receive", trace.WithNewRoot(),
+		trace.WithSpanKind(trace.SpanKindConsumer))
+	if !span.IsRecording() {
+		return ctx, span
+	}
+	span.SetAttributes(attribute.String("xds.type", short), attribute.String("xds.group", s.c.opts.Group),
+		attribute.String("xds.version", xds.Clip(r.GetSystemVersionInfo())),
+		attribute.Int("xds.resources", len(r.GetResources())), attribute.Int("xds.removed", len(r.GetRemovedResources())),
+		attribute.Int("xds.bytes", proto.Size(r)))
+	return ctx, span
+}
+
+// cacheTrace is what the cache keeps of a span: zero if it is not valid
+// (tracing is off), so that the pushes do no span work.
+func cacheTrace(sc trace.SpanContext) cache.Trace {
+	if !sc.IsValid() {
+		return cache.Trace{}
+	}
+	return cache.Trace{TraceID: sc.TraceID(), SpanID: sc.SpanID(), Sampled: sc.IsSampled()}
 }
 
 // nackReasons are why a response is NACKed.
