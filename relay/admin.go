@@ -43,6 +43,7 @@ func (r *Relay) loadAdminTLS() error {
 		return fmt.Errorf("admin.tls: %w", err)
 	}
 	r.reloaders = append(r.reloaders, rl)
+	r.certs["admin"] = rl
 	cfg := rl.ServerConfig()
 	if perConn := cfg.GetConfigForClient; perConn != nil {
 		cfg.ClientAuth = tls.VerifyClientCertIfGiven

@@ -174,3 +174,12 @@ func TestMetricsACKsReconnectsAndCacheByType(t *testing.T) {
 			value(mfs, "xdsrelay_cache_type_age_seconds", map[string]string{"group": "cluster=c1", "type": "Cluster"}) >= 0
 	})
 }
+
+// The time left on the relay's own certificate is on /metrics, by side.
+func TestMetricsCertificateExpiry(t *testing.T) {
+	r, _, _ := startTenantRelay(t) // downstream TLS: a certificate valid for an hour
+	left := value(scrape(t, r), "xdsrelay_certificate_expiry_seconds", map[string]string{"side": "downstream"})
+	if left <= 3000 || left > 3600 {
+		t.Fatalf("downstream certificate expires in %vs, want about an hour", left)
+	}
+}

@@ -67,7 +67,8 @@ type Relay struct {
 	restLn   net.Listener
 	restTLS  *tls.Config // nil without downstream TLS
 
-	reloaders []*creds.Reloader // certificate watchers, closed on shutdown
+	reloaders []*creds.Reloader          // certificate watchers, closed on shutdown
+	certs     map[string]*creds.Reloader // by side (upstream, downstream, admin); written by New only
 }
 
 func (r *Relay) closeReloaders() {
@@ -101,10 +102,12 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 		log:     logger,
 		metrics: metrics.New(metrics.Options{NoGroupLabel: !cfg.Metrics.GroupLabel}),
 		groups:  make(map[string]*group),
+		certs:   make(map[string]*creds.Reloader),
 	}
 	r.upm = upstream.NewMetrics(r.metrics)
 	r.groupsG = r.metrics.Gauge("xdsrelay_groups", "Groups of downstream clients, each with its own upstream stream.").With()
 	r.registerGroupMetrics()
+	r.registerCertMetrics()
 	r.persistHealth = newPersistHealth(r.metrics)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	ok := false
@@ -158,6 +161,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	}
 	if down != nil {
 		r.reloaders = append(r.reloaders, down)
+		r.certs["downstream"] = down
 		opts = append(opts, grpc.Creds(down.ServerCredentials()))
 		r.restTLS = down.ServerConfig()
 	}
@@ -191,6 +195,7 @@ func (r *Relay) newSource() (upstream.Source, error) {
 	if up != nil {
 		tc = up.ClientCredentials()
 		r.reloaders = append(r.reloaders, up)
+		r.certs["upstream"] = up
 	}
 	conn, err := dialUpstream(r.cfg, tc)
 	if err != nil {
@@ -492,6 +497,19 @@ func (r *Relay) registerGroupMetrics() {
 			}
 		}
 		last = slices.Collect(maps.Keys(seen))
+	})
+}
+
+// registerCertMetrics sets, at each scrape, how long each configured
+// certificate has left, as reloaded from its files.
+func (r *Relay) registerCertMetrics() {
+	left := r.metrics.Gauge("xdsrelay_certificate_expiry_seconds", "Seconds until the certificate the relay presents expires (negative once expired), by side: upstream, downstream, admin.", "side")
+	r.metrics.OnScrape(func() {
+		for side, rl := range r.certs {
+			if notAfter, ok := rl.NotAfter(); ok {
+				left.With(side).Set(int64(time.Until(notAfter).Seconds()))
+			}
+		}
 	})
 }
 

@@ -124,3 +124,12 @@ func (r *Reloader) reload() {
 	}
 	r.log.Info("certificate files reloaded", attrs...)
 }
+
+// NotAfter is when the certificate now served expires; false without one.
+func (r *Reloader) NotAfter() (time.Time, bool) {
+	m := r.cur.Load()
+	if m == nil || m.cert == nil || m.cert.Leaf == nil {
+		return time.Time{}, false
+	}
+	return m.cert.Leaf.NotAfter, true
+}
