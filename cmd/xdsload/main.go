@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/xdsrelay/xdsrelay/internal/loadtest"
+	"github.com/xdsrelay/xdsrelay/cmd/xdsload/internal/loadtest"
 )
 
 const usage = `xdsload opens many xDS clients against an xDS server, each on its own gRPC

@@ -9,7 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/xdsrelay/xdsrelay/internal/loadtest"
+	"github.com/xdsrelay/xdsrelay/cmd/xdsload/internal/loadtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
