@@ -44,6 +44,27 @@ func (s *scripted) DeltaAggregatedResources(st grpc.BidiStreamingServer[discover
 	return nil
 }
 
+// startScripted serves a scripted control plane until the test ends and
+// returns it with a connection to it.
+func startScripted(t *testing.T) (*scripted, *grpc.ClientConn) {
+	t.Helper()
+	srv := &scripted{streams: make(chan grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse], 1)}
+	g := grpc.NewServer()
+	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, srv)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() { defer close(served); _ = g.Serve(ln) }()
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(); g.Stop(); <-served })
+	return srv, conn
+}
+
 func recvReq(t *testing.T, st grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]) *discoverypb.DeltaDiscoveryRequest {
 	t.Helper()
 	type result struct {
@@ -71,22 +92,7 @@ func TestNACKKeepsLastGood(t *testing.T) {
 	spans := tracetest.NewSpanRecorder()
 	otel.SetTracerProvider(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)))
 	defer otel.SetTracerProvider(noop.NewTracerProvider())
-	srv := &scripted{streams: make(chan grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse], 1)}
-	g := grpc.NewServer()
-	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, srv)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan struct{})
-	go func() { defer close(served); _ = g.Serve(ln) }()
-	defer func() { g.Stop(); <-served }()
-
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	srv, conn := startScripted(t)
 	c := cache.New(cache.Options{Retention: time.Minute})
 	w := cache.NewWatch()
 	c.Watch(w, resourcev3.ClusterType, "good", "bad")
@@ -183,21 +189,7 @@ func TestBackoffGrowsAndIsCapped(t *testing.T) {
 // "Duplicate Resource Names": a response naming one resource twice is
 // NACKed with a message naming it; neither instance is applied, the rest is.
 func TestDuplicateNamesAreNACKed(t *testing.T) {
-	srv := &scripted{streams: make(chan grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse], 1)}
-	g := grpc.NewServer()
-	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, srv)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan struct{})
-	go func() { defer close(served); _ = g.Serve(ln) }()
-	defer func() { g.Stop(); <-served }()
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	srv, conn := startScripted(t)
 	c := cache.New(cache.Options{Retention: time.Minute})
 	c.Watch(cache.NewWatch(), resourcev3.ClusterType, "twice", "once")
 	cl, err := New(Options{Conn: conn, Node: &corepb.Node{Id: "n"}, Cache: c, Metrics: NewMetrics(&metrics.Registry{})})

@@ -2,15 +2,12 @@ package upstream
 
 import (
 	"context"
-	"net"
 	"testing"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
@@ -20,21 +17,7 @@ import (
 // name the control plane removed first is not reported again, and a name
 // the stream resumed with (in initial_resource_versions) is not timed out.
 func TestNotFoundTimerLeavesAnsweredNames(t *testing.T) {
-	srv := &scripted{streams: make(chan grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse], 1)}
-	g := grpc.NewServer()
-	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, srv)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan struct{})
-	go func() { defer close(served); _ = g.Serve(ln) }()
-	defer func() { g.Stop(); <-served }()
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	srv, conn := startScripted(t)
 
 	const eds = resourcev3.EndpointType
 	c := cache.New(cache.Options{Retention: time.Minute})
