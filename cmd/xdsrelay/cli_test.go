@@ -372,3 +372,23 @@ func TestStatusAgainstTheRelay(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A watch whose stream fails (no server there) exits 1 with one line naming
+// the failure, rather than waiting or exiting 0.
+func TestWatchStreamFailureExits1(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	lis.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), cliWait)
+	defer cancel()
+	var errOut bytes.Buffer
+	if c := run(ctx, []string{"watch", "--server", addr, "--node-id", "n1", "--type", "lds"}, nil, io.Discard, &errOut); c != 1 {
+		t.Fatalf("exit %d, want 1: %s", c, errOut.String())
+	}
+	if strings.Count(errOut.String(), "\n") != 1 || !strings.Contains(errOut.String(), "watch") {
+		t.Errorf("stderr %q: want one line naming watch", errOut.String())
+	}
+}
