@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
 	"github.com/xdsrelay/xdsrelay/relay"
 )
 
@@ -390,5 +391,46 @@ func TestWatchStreamFailureExits1(t *testing.T) {
 	}
 	if strings.Count(errOut.String(), "\n") != 1 || !strings.Contains(errOut.String(), "watch") {
 		t.Errorf("stderr %q: want one line naming watch", errOut.String())
+	}
+}
+
+// The client flags reach a relay that requires mTLS: --ca-file with the
+// client certificate succeeds; without the certificate, or in plaintext,
+// the command fails (exit 1); a certificate without its key is refused.
+func TestStatusOverMTLS(t *testing.T) {
+	certs := testcp.MakeCerts(t)
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "edge.yaml"), listenerFile("10000"))
+	r := startFileRelay(t, dir, func(c *relay.Config) {
+		c.Downstream.TLS.CertFile, c.Downstream.TLS.KeyFile = certs.ServerCert, certs.ServerKey
+		c.Downstream.TLS.CAFile = certs.CA
+	})
+	status := []string{"status", "--server", r.Addr(), "--timeout", "2s"}
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		code    int
+		errLine string
+	}{
+		{name: "mTLS", args: []string{"--ca-file", certs.CA, "--server-name", "localhost", "--cert-file", certs.ClientCert, "--key-file", certs.ClientKey}},
+		{name: "no client certificate", args: []string{"--ca-file", certs.CA, "--server-name", "localhost"}, code: 1},
+		{name: "plaintext", code: 1},
+		{name: "certificate without key", args: []string{"--ca-file", certs.CA, "--cert-file", certs.ClientCert}, code: 1, errLine: "go together"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			if c := run(context.Background(), append(status, tc.args...), nil, &out, &errOut); c != tc.code {
+				t.Fatalf("exit %d, want %d; stderr %q", c, tc.code, errOut.String())
+			}
+			if tc.code == 0 && !strings.HasPrefix(out.String(), "NODE") {
+				t.Errorf("stdout %q: want the status table", out.String())
+			}
+			if tc.code != 0 && strings.Count(errOut.String(), "\n") != 1 {
+				t.Errorf("stderr %q: want one line", errOut.String())
+			}
+			if !strings.Contains(errOut.String(), tc.errLine) {
+				t.Errorf("stderr %q: want %q", errOut.String(), tc.errLine)
+			}
+		})
 	}
 }
