@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -74,23 +75,40 @@ func startFileRelay(t *testing.T, dir string, mutate func(*relay.Config)) *relay
 // returns the exit code.
 func runAsync(t *testing.T, out io.Writer, args ...string) (stop func() int) {
 	t.Helper()
+	errOut := &syncBuffer{}
+	stopRun := startRun(t, args, nil, out, errOut)
+	return func() int {
+		c := stopRun()
+		if c != 0 {
+			t.Logf("stderr: %s", errOut)
+		}
+		return c
+	}
+}
+
+// startRun runs the command line with the environment env until the
+// returned stop is called, or the test ends; stop returns the exit code
+// (-1, failing the test, when the command outlives its context by cliWait).
+func startRun(t *testing.T, args []string, env map[string]string, out io.Writer, errOut *syncBuffer) (stop func() int) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	code := make(chan int, 1)
-	errOut := &syncBuffer{}
-	go func() { code <- run(ctx, args, nil, out, errOut) }()
-	return func() int {
-		cancel()
-		select {
-		case c := <-code:
-			if c != 0 {
-				t.Logf("stderr: %s", errOut)
+	go func() { code <- run(ctx, args, environ(env), out, errOut) }()
+	var once sync.Once
+	exit := -1
+	stop = func() int {
+		once.Do(func() {
+			cancel()
+			select {
+			case exit = <-code:
+			case <-time.After(cliWait):
+				t.Error("the command did not return after its context ended")
 			}
-			return c
-		case <-time.After(cliWait):
-			t.Fatal("the command did not return after its context ended")
-			return -1
-		}
+		})
+		return exit
 	}
+	t.Cleanup(func() { stop() })
+	return stop
 }
 
 // waitForOutput waits (up to cliWait) for out to match re.

@@ -1,31 +1,18 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
-	"io"
 	"net/http"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 )
 
 // With log.format json every line is a JSON object, and the binary's log
 // level is the one /debug/loglevel sets.
 func TestJSONLogsAndRuntimeLevel(t *testing.T) {
 	logs := &syncBuffer{}
-	ctx, cancel := context.WithCancel(context.Background())
-	code := make(chan int, 1)
-	go func() {
-		code <- run(ctx, nil, environ(map[string]string{
-			"XDSRELAY_UPSTREAM_ADDRESS":   "file://" + filepath.Join("..", "..", "examples", "resources"),
-			"XDSRELAY_DOWNSTREAM_ADDRESS": "127.0.0.1:0",
-			"XDSRELAY_ADMIN_ADDRESS":      "127.0.0.1:0",
-			"XDSRELAY_LOG_FORMAT":         "json",
-		}), io.Discard, logs)
-	}()
+	stop := startExampleRelay(t, map[string]string{"XDSRELAY_LOG_FORMAT": "json"}, logs)
 	admin := waitForLog(t, logs, regexp.MustCompile(`"msg":"relay serving".*"admin":"([^"]+)"`))[1]
 	req, _ := http.NewRequest(http.MethodPut, "http://"+admin+"/debug/loglevel", strings.NewReader("debug"))
 	resp, err := http.DefaultClient.Do(req)
@@ -37,14 +24,8 @@ func TestJSONLogsAndRuntimeLevel(t *testing.T) {
 		t.Fatalf("PUT /debug/loglevel: %d", resp.StatusCode)
 	}
 	waitForLog(t, logs, regexp.MustCompile(`"level":"WARN","msg":"log level changed","from":"info","to":"debug"`))
-	cancel()
-	select {
-	case c := <-code:
-		if c != 0 {
-			t.Fatalf("exit %d; log:\n%s", c, logs)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("run did not return after its context ended")
+	if c := stop(); c != 0 {
+		t.Fatalf("exit %d; log:\n%s", c, logs)
 	}
 	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
 		if !json.Valid([]byte(line)) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -259,34 +260,7 @@ func TestServeDrainsOnSignal(t *testing.T) {
 // variables are warned about once the logger exists.
 func TestSIGHUPKeepsServing(t *testing.T) {
 	logs := &syncBuffer{}
-	ctx, cancel := context.WithCancel(context.Background())
-	code := make(chan int, 1)
-	go func() {
-		code <- run(ctx, nil, environ(map[string]string{
-			"XDSRELAY_UPSTREAM_ADDRESS":   "file://" + filepath.Join("..", "..", "examples", "resources"),
-			"XDSRELAY_DOWNSTREAM_ADDRESS": "127.0.0.1:0",
-			"XDSRELAY_ADMIN_ADDRESS":      "127.0.0.1:0",
-			"XDSRELAY_FOO":                "1",
-		}), io.Discard, logs)
-	}()
-	stopped := false
-	stop := func() int {
-		stopped = true
-		cancel()
-		select {
-		case c := <-code:
-			return c
-		case <-time.After(15 * time.Second):
-			t.Fatal("run did not return after its context ended")
-			return -1
-		}
-	}
-	defer func() {
-		if !stopped {
-			stop()
-		}
-	}()
-
+	stop := startExampleRelay(t, map[string]string{"XDSRELAY_FOO": "1"}, logs)
 	admin := waitForLog(t, logs, regexp.MustCompile(`msg="relay serving".* admin=(\S+)`))[1]
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
@@ -307,6 +281,20 @@ func TestSIGHUPKeepsServing(t *testing.T) {
 	if n := strings.Count(logs.String(), `level=WARN msg="unknown environment variable ignored" name=XDSRELAY_FOO`); n != 1 {
 		t.Errorf("%d warnings about XDSRELAY_FOO, want 1; log:\n%s", n, logs)
 	}
+}
+
+// startExampleRelay runs the binary on examples/resources, listening on
+// 127.0.0.1:0, with the environment extended by env and its log in logs;
+// stop (called at the latest when the test ends) returns the exit code.
+func startExampleRelay(t *testing.T, env map[string]string, logs *syncBuffer) (stop func() int) {
+	t.Helper()
+	all := map[string]string{
+		"XDSRELAY_UPSTREAM_ADDRESS":   "file://" + filepath.Join("..", "..", "examples", "resources"),
+		"XDSRELAY_DOWNSTREAM_ADDRESS": "127.0.0.1:0",
+		"XDSRELAY_ADMIN_ADDRESS":      "127.0.0.1:0",
+	}
+	maps.Copy(all, env)
+	return startRun(t, nil, all, io.Discard, logs)
 }
 
 // waitForLog waits (up to 10s) for a line matching re and returns its
