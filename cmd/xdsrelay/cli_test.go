@@ -194,8 +194,15 @@ func startCSDS(t *testing.T) (string, *csds) {
 	srv := grpc.NewServer()
 	s := &csds{reqs: make(chan *statuspb.ClientStatusRequest, 10)}
 	statuspb.RegisterClientStatusDiscoveryServiceServer(srv, s)
-	go srv.Serve(lis)
-	t.Cleanup(srv.Stop)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		srv.Stop()
+		<-done
+	})
 	return lis.Addr().String(), s
 }
 
