@@ -459,3 +459,21 @@ func TestStatusOverMTLS(t *testing.T) {
 		})
 	}
 }
+
+// The VERSION column: "-" without a version, one or two sorted, then the
+// first two and how many more.
+func TestStatusVersions(t *testing.T) {
+	for _, tc := range []struct {
+		in   []string
+		want string
+	}{
+		{in: nil, want: "-"},
+		{in: []string{"v1"}, want: "v1"},
+		{in: []string{"v2", "v1"}, want: "v1,v2"},
+		{in: []string{"v4", "v2", "v3", "v1"}, want: "v1,v2 +2"},
+	} {
+		if got := versions(tc.in); got != tc.want {
+			t.Errorf("versions(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}

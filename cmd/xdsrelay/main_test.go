@@ -122,6 +122,8 @@ func TestUsageErrors(t *testing.T) {
 		{args: []string{"--config", "a.yaml", "b.yaml"}, want: `unexpected argument "b.yaml"`},
 		{args: []string{"--confg", "a.yaml"}, want: "unknown flag: --confg"},
 		{args: []string{"status"}, want: "--server is required"},
+		{args: []string{"status", "--server", "x:1", "-o", "yaml"}, want: `-o: "yaml" is not table or json`},
+		{args: []string{"status", "--server", "x:1", "extra"}, want: `unknown command "extra"`},
 		{args: []string{"watch", "--server", "x:1", "--node-id", "n", "--type", "xds"}, want: "--type: xds is not one of"},
 		{args: []string{"watch", "--server", "x:1", "--node-id", "n", "--type", "lds", "-o", "toml"}, want: `-o: "toml" is not yaml or json`},
 		{args: []string{"watch", "--server", "x:1", "--type", "lds"}, want: "--node-id is required"},
