@@ -1,7 +1,6 @@
 package upstream
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -26,16 +25,7 @@ func TestNotFoundTimerLeavesAnsweredNames(t *testing.T) {
 	c.Watch(gone, eds, "gone", "cached")
 	c.Watch(never, eds, "never")
 	const timeout = 200 * time.Millisecond
-	cl, err := New(Options{Conn: conn, Node: &corepb.Node{Id: "n"}, Cache: c, Metrics: NewMetrics(&metrics.Registry{}), NotFoundTimeout: timeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan struct{})
-	go func() { defer close(ran); cl.Run(ctx) }()
-	defer func() { cancel(); <-ran }()
-
-	st := <-srv.streams
+	st := runClient(t, srv, Options{Conn: conn, Node: &corepb.Node{Id: "n"}, Cache: c, Metrics: NewMetrics(&metrics.Registry{}), NotFoundTimeout: timeout})
 	if sub := recvReq(t, st); sub.GetInitialResourceVersions()["cached"] != "1" {
 		t.Fatalf("first request: %v", sub)
 	}
