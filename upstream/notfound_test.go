@@ -1,6 +1,8 @@
 package upstream
 
 import (
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,5 +47,35 @@ func TestNotFoundTimerLeavesAnsweredNames(t *testing.T) {
 	}
 	if d := gone.Take(); d != nil {
 		t.Fatalf("names upstream had answered were marked again: %v", d[eds].Names)
+	}
+}
+
+// A name too long for upstream.max_request_bytes is never sent upstream;
+// the does-not-exist timer reports it as not existing, so that its
+// watchers are answered.
+func TestNotFoundTimerReportsNameTooLongToAsk(t *testing.T) {
+	srv, conn := startScripted(t)
+
+	const eds = resourcev3.EndpointType
+	c := cache.New(cache.Options{Retention: time.Minute})
+	long := strings.Repeat("x", 1000)
+	w := cache.NewWatch()
+	c.Watch(w, eds, "short", long)
+	st := runClient(t, srv, Options{Conn: conn, Node: &corepb.Node{Id: "n"}, Cache: c, Metrics: NewMetrics(&metrics.Registry{}),
+		NotFoundTimeout: 100 * time.Millisecond, MaxRequestBytes: 512})
+	if sub := recvReq(t, st); !slices.Equal(sub.GetResourceNamesSubscribe(), []string{"short"}) {
+		t.Fatalf("first request subscribes %v, want only the short name", sub.GetResourceNamesSubscribe())
+	}
+	deadline := time.After(10 * time.Second)
+	for {
+		if l := c.Get(eds, []string{long}); l[0].Absent {
+			return
+		}
+		select {
+		case <-w.Ready():
+			w.Take()
+		case <-deadline:
+			t.Fatal("the name too long to ask for was never reported as not existing")
+		}
 	}
 }

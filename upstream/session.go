@@ -186,10 +186,8 @@ func (s *session) sendChange(ch change, sub *subscription) error {
 	reqs, skipped := split(ch, s.c.opts.MaxRequestBytes)
 	if len(skipped) > 0 {
 		// A name too long for any request cannot be asked for; it stays
-		// unanswered and the does-not-exist timer reports it.
-		for _, n := range skipped {
-			delete(sub.names, n)
-		}
+		// in sub.names, unanswered, so that the does-not-exist timer
+		// reports it and no later sync asks for it again.
 		s.c.log.Warn("names too long for upstream.max_request_bytes not subscribed", "type", ch.typeURL,
 			"names", len(skipped), "upstream.max_request_bytes", s.c.opts.MaxRequestBytes)
 	}
