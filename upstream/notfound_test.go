@@ -9,9 +9,11 @@ import (
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
 
 // The does-not-exist timer reports only what upstream left unanswered: a
@@ -47,6 +49,28 @@ func TestNotFoundTimerLeavesAnsweredNames(t *testing.T) {
 	}
 	if d := gone.Take(); d != nil {
 		t.Fatalf("names upstream had answered were marked again: %v", d[eds].Names)
+	}
+
+	// Should it arrive after the timer, it is applied like any update.
+	never.Take()
+	a, err := anypb.New(testcp.Endpoints("never", "127.0.0.1:1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discoverypb.DeltaDiscoveryResponse{TypeUrl: eds, Nonce: "2",
+		Resources: []*discoverypb.Resource{{Name: "never", Version: "1", Resource: a}}}); err != nil {
+		t.Fatal(err)
+	}
+	if ack := recvReq(t, st); ack.GetErrorDetail() != nil {
+		t.Fatalf("the late resource was NACKed: %v", ack.GetErrorDetail())
+	}
+	select {
+	case <-never.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the late resource was never delivered")
+	}
+	if l := c.Get(eds, []string{"never"})[0]; l.Resource == nil || l.Absent {
+		t.Fatalf("after the late response: %+v", l)
 	}
 }
 
