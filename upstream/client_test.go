@@ -65,6 +65,34 @@ func startScripted(t *testing.T) (*scripted, *grpc.ClientConn) {
 	return srv, conn
 }
 
+// runClient starts a client with opts until the test ends, and returns the
+// stream it opens on srv.
+func runClient(t *testing.T, srv *scripted, opts Options) grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse] {
+	t.Helper()
+	cl, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); cl.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-ran:
+		case <-time.After(10 * time.Second):
+			t.Error("the client did not stop")
+		}
+	})
+	select {
+	case st := <-srv.streams:
+		return st
+	case <-time.After(10 * time.Second):
+		t.Fatal("the client opened no stream")
+	}
+	return nil
+}
+
 func recvReq(t *testing.T, st grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]) *discoverypb.DeltaDiscoveryRequest {
 	t.Helper()
 	type result struct {
@@ -96,17 +124,8 @@ func TestNACKKeepsLastGood(t *testing.T) {
 	c := cache.New(cache.Options{Retention: time.Minute})
 	w := cache.NewWatch()
 	c.Watch(w, resourcev3.ClusterType, "good", "bad")
-	cl, err := New(Options{Conn: conn, Node: &corepb.Node{Id: "n"}, Cache: c, Metrics: NewMetrics(&metrics.Registry{}),
+	st := runClient(t, srv, Options{Conn: conn, Node: &corepb.Node{Id: "n"}, Cache: c, Metrics: NewMetrics(&metrics.Registry{}),
 		Backoff: backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, MaxDelay: 100 * time.Millisecond}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan struct{})
-	go func() { defer close(ran); cl.Run(ctx) }()
-	defer func() { cancel(); <-ran }()
-
-	st := <-srv.streams
 	sub := recvReq(t, st)
 	if sub.GetNode().GetId() != "n" || len(sub.GetResourceNamesSubscribe()) != 2 {
 		t.Fatalf("first request: %v", sub)
@@ -192,16 +211,7 @@ func TestDuplicateNamesAreNACKed(t *testing.T) {
 	srv, conn := startScripted(t)
 	c := cache.New(cache.Options{Retention: time.Minute})
 	c.Watch(cache.NewWatch(), resourcev3.ClusterType, "twice", "once")
-	cl, err := New(Options{Conn: conn, Node: &corepb.Node{Id: "n"}, Cache: c, Metrics: NewMetrics(&metrics.Registry{})})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan struct{})
-	go func() { defer close(ran); cl.Run(ctx) }()
-	defer func() { cancel(); <-ran }()
-
-	st := <-srv.streams
+	st := runClient(t, srv, Options{Conn: conn, Node: &corepb.Node{Id: "n"}, Cache: c, Metrics: NewMetrics(&metrics.Registry{})})
 	recvReq(t, st)
 	cluster := func(name, version string) *discoverypb.Resource {
 		a, _ := anypb.New(testcp.Cluster(name))

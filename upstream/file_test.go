@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -28,15 +29,16 @@ connect_timeout: ` + timeout + "\n"
 
 func waitVersion(t *testing.T, c *cache.Cache, name string, not string) string {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if l := c.Get(resourcev3.ClusterType, []string{name})[0]; l.Resource != nil && l.Resource.Version != not {
-			return l.Resource.Version
+	var version string
+	eventually(t, name+" to get a version other than "+strconv.Quote(not), func() bool {
+		l := c.Get(resourcev3.ClusterType, []string{name})[0]
+		if l.Resource == nil || l.Resource.Version == not {
+			return false
 		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Fatalf("%s never got a version other than %q", name, not)
-	return ""
+		version = l.Resource.Version
+		return true
+	})
+	return version
 }
 
 // The file source serves what a group wants, says what does not exist,
@@ -68,7 +70,9 @@ func TestFileSource(t *testing.T) {
 
 	// A broken change is ignored; a later good one is served.
 	writeFile(t, filepath.Join(dir, "a.yaml"), "\"@type\": type.googleapis.com/envoy.config.cluster.v3.Cluster\nname: a\nconnect_timeout: [\n")
-	time.Sleep(300 * time.Millisecond) // the reload settles after 100ms
+	eventually(t, "the broken change to be seen", func() bool {
+		return strings.Contains(f.Status().Invalid, "resource files do not load")
+	})
 	if l := c.Get(resourcev3.ClusterType, []string{"a"})[0]; l.Resource == nil || l.Resource.Version != v2 {
 		t.Fatalf("after a broken change: %+v, want version %s kept", l.Resource, v2)
 	}

@@ -1,16 +1,19 @@
 package upstream
 
 import (
-	"context"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
 
 // The does-not-exist timer reports only what upstream left unanswered: a
@@ -26,16 +29,7 @@ func TestNotFoundTimerLeavesAnsweredNames(t *testing.T) {
 	c.Watch(gone, eds, "gone", "cached")
 	c.Watch(never, eds, "never")
 	const timeout = 200 * time.Millisecond
-	cl, err := New(Options{Conn: conn, Node: &corepb.Node{Id: "n"}, Cache: c, Metrics: NewMetrics(&metrics.Registry{}), NotFoundTimeout: timeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan struct{})
-	go func() { defer close(ran); cl.Run(ctx) }()
-	defer func() { cancel(); <-ran }()
-
-	st := <-srv.streams
+	st := runClient(t, srv, Options{Conn: conn, Node: &corepb.Node{Id: "n"}, Cache: c, Metrics: NewMetrics(&metrics.Registry{}), NotFoundTimeout: timeout})
 	if sub := recvReq(t, st); sub.GetInitialResourceVersions()["cached"] != "1" {
 		t.Fatalf("first request: %v", sub)
 	}
@@ -55,5 +49,57 @@ func TestNotFoundTimerLeavesAnsweredNames(t *testing.T) {
 	}
 	if d := gone.Take(); d != nil {
 		t.Fatalf("names upstream had answered were marked again: %v", d[eds].Names)
+	}
+
+	// Should it arrive after the timer, it is applied like any update.
+	never.Take()
+	a, err := anypb.New(testcp.Endpoints("never", "127.0.0.1:1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discoverypb.DeltaDiscoveryResponse{TypeUrl: eds, Nonce: "2",
+		Resources: []*discoverypb.Resource{{Name: "never", Version: "1", Resource: a}}}); err != nil {
+		t.Fatal(err)
+	}
+	if ack := recvReq(t, st); ack.GetErrorDetail() != nil {
+		t.Fatalf("the late resource was NACKed: %v", ack.GetErrorDetail())
+	}
+	select {
+	case <-never.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the late resource was never delivered")
+	}
+	if l := c.Get(eds, []string{"never"})[0]; l.Resource == nil || l.Absent {
+		t.Fatalf("after the late response: %+v", l)
+	}
+}
+
+// A name too long for upstream.max_request_bytes is never sent upstream;
+// the does-not-exist timer reports it as not existing, so that its
+// watchers are answered.
+func TestNotFoundTimerReportsNameTooLongToAsk(t *testing.T) {
+	srv, conn := startScripted(t)
+
+	const eds = resourcev3.EndpointType
+	c := cache.New(cache.Options{Retention: time.Minute})
+	long := strings.Repeat("x", 1000)
+	w := cache.NewWatch()
+	c.Watch(w, eds, "short", long)
+	st := runClient(t, srv, Options{Conn: conn, Node: &corepb.Node{Id: "n"}, Cache: c, Metrics: NewMetrics(&metrics.Registry{}),
+		NotFoundTimeout: 100 * time.Millisecond, MaxRequestBytes: 512})
+	if sub := recvReq(t, st); !slices.Equal(sub.GetResourceNamesSubscribe(), []string{"short"}) {
+		t.Fatalf("first request subscribes %v, want only the short name", sub.GetResourceNamesSubscribe())
+	}
+	deadline := time.After(10 * time.Second)
+	for {
+		if l := c.Get(eds, []string{long}); l[0].Absent {
+			return
+		}
+		select {
+		case <-w.Ready():
+			w.Take()
+		case <-deadline:
+			t.Fatal("the name too long to ask for was never reported as not existing")
+		}
 	}
 }

@@ -123,9 +123,6 @@ func (s *session) syncChanges(changes map[string]map[string]bool) error {
 		if len(ch.subscribe) == 0 && len(ch.unsubscribe) == 0 {
 			continue
 		}
-		if !s.sentNode {
-			ch.node = s.c.opts.Node
-		}
 		if err := s.sendChange(ch, sub); err != nil {
 			return err
 		}
@@ -172,9 +169,6 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 	if first {
 		ch.versions = s.c.opts.Cache.Versions(typeURL)
 	}
-	if !s.sentNode {
-		ch.node = s.c.opts.Node
-	}
 	slices.Sort(ch.unsubscribe)
 	return s.sendChange(ch, sub)
 }
@@ -183,13 +177,14 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 // control plane's limit asks for, and starts the does-not-exist timer of
 // the names it subscribes.
 func (s *session) sendChange(ch change, sub *subscription) error {
+	if !s.sentNode {
+		ch.node = s.c.opts.Node // counted in the first request's size
+	}
 	reqs, skipped := split(ch, s.c.opts.MaxRequestBytes)
 	if len(skipped) > 0 {
 		// A name too long for any request cannot be asked for; it stays
-		// unanswered and the does-not-exist timer reports it.
-		for _, n := range skipped {
-			delete(sub.names, n)
-		}
+		// in sub.names, unanswered, so that the does-not-exist timer
+		// reports it and no later sync asks for it again.
 		s.c.log.Warn("names too long for upstream.max_request_bytes not subscribed", "type", ch.typeURL,
 			"names", len(skipped), "upstream.max_request_bytes", s.c.opts.MaxRequestBytes)
 	}

@@ -116,14 +116,7 @@ func (r *Registry) add(name, help string, kind prometheus.ValueType, labels []st
 	if f := r.families[name]; f != nil {
 		return f
 	}
-	drop := -1
-	if r.opts.NoGroupLabel {
-		drop = slices.Index(labels, GroupLabel)
-	}
-	exposed := slices.Clone(labels)
-	if drop >= 0 {
-		exposed = slices.Delete(exposed, drop, drop+1)
-	}
+	drop, exposed := r.exposedLabels(labels)
 	f := &Vec{name: name, kind: kind, labels: labels, drop: drop,
 		desc: prometheus.NewDesc(name, help, exposed, nil), values: make(map[string]*Value)}
 	r.prom().MustRegister(f)
@@ -132,6 +125,20 @@ func (r *Registry) add(name, help string, kind prometheus.ValueType, labels []st
 	}
 	r.families[name] = f
 	return f
+}
+
+// exposedLabels returns the index of the label the registry drops (-1 if
+// none) and the label names as exposed, without it.
+func (r *Registry) exposedLabels(labels []string) (drop int, exposed []string) {
+	drop = -1
+	if r.opts.NoGroupLabel {
+		drop = slices.Index(labels, GroupLabel)
+	}
+	exposed = slices.Clone(labels)
+	if drop >= 0 {
+		exposed = slices.Delete(exposed, drop, drop+1)
+	}
+	return drop, exposed
 }
 
 // Vec is a counter or gauge family: one value per combination of label
@@ -264,14 +271,7 @@ func (r *Registry) Histogram(name, help string, buckets []float64, labels ...str
 	if h := r.hists[name]; h != nil {
 		return h
 	}
-	drop := -1
-	if r.opts.NoGroupLabel {
-		drop = slices.Index(labels, GroupLabel)
-	}
-	exposed := slices.Clone(labels)
-	if drop >= 0 {
-		exposed = slices.Delete(exposed, drop, drop+1)
-	}
+	drop, exposed := r.exposedLabels(labels)
 	h := &HistogramVec{name: name, labels: labels, drop: drop,
 		vec: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, exposed)}
 	r.prom().MustRegister(h.vec)

@@ -1,8 +1,10 @@
 package metrics
 
 import (
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 func text(t *testing.T, r *Registry) string {
@@ -66,5 +68,32 @@ func TestRegistry(t *testing.T) {
 		if !strings.Contains(got, want) {
 			t.Errorf("no %q in:\n%s", want, got)
 		}
+	}
+}
+
+// OnScrape functions run without the registry's lock: one may register a
+// family or another function, and scrapes may run beside registrations.
+func TestOnScrapeRunsUnlocked(t *testing.T) {
+	var r Registry
+	r.OnScrape(func() {
+		r.Gauge("late", "Late.", "group").With("g").Set(1)
+		r.OnScrape(func() {})
+	})
+	done := make(chan string, 1)
+	go func() {
+		var b strings.Builder
+		_, _ = r.WriteTo(&b)
+		done <- b.String()
+	}()
+	for i := range 100 {
+		r.Counter("c_total", "C.", "group").With(strconv.Itoa(i)).Inc()
+	}
+	select {
+	case got := <-done:
+		if !strings.Contains(got, "late{group=\"g\"} 1\n") {
+			t.Errorf("the family the OnScrape function registered is not gathered:\n%s", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a scrape whose OnScrape function registers a family never ended")
 	}
 }
