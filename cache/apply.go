@@ -68,8 +68,11 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 	if c.evictLocked(o) {
 		c.signalInterest()
 	}
+	// The type keeps the receipt (and trace) of the latest response that
+	// changed it: not of a heartbeat, nor of an eviction in another type.
+	_, changed := o.touched[typeURL]
 	c.finishLocked(o)
-	if o.seq != 0 {
+	if changed {
 		t.received, t.trace = ch.Received, ch.Trace
 		if t.received.IsZero() {
 			t.received = c.now()

@@ -210,4 +210,9 @@ func TestApplyKeepsReceipt(t *testing.T) {
 	if st := c.State(eds); !st.Received.Equal(t0) || st.Trace != tr {
 		t.Errorf("after an unchanged response, State.Received = %v, Trace = %v, want %v and %v", st.Received, st.Trace, t0, tr)
 	}
+	// A heartbeat refreshes a TTL; it is not a change of the type.
+	c.Apply(eds, Change{Heartbeats: []*Heartbeat{{Name: "x", Version: "1"}}, Received: t0.Add(2 * time.Second), Trace: Trace{SpanID: [8]byte{4}}})
+	if v := c.Read(eds, nil, true); !v.Received.Equal(t0) || v.Trace != tr {
+		t.Errorf("after a heartbeat, View.Received = %v, Trace = %v, want %v and %v", v.Received, v.Trace, t0, tr)
+	}
 }
