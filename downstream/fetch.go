@@ -68,10 +68,12 @@ func (s *Server) fetch(ctx context.Context, who client, req *discoverypb.Discove
 	names := slices.Clone(req.GetResourceNames())
 	wildcard := len(names) == 0 || slices.Contains(names, "*")
 	names = slices.DeleteFunc(names, func(n string) bool { return n == "*" })
+	slices.Sort(names)
+	names = slices.Compact(names) // a name asked twice is subscribed, counted and answered once
 	if wildcard {
 		c.WatchWildcard(w, typeURL)
 	}
-	if err := s.checkNames(0, len(names)); err != nil {
+	if err := s.checkNames(0, len(watchable(names))); err != nil {
 		return nil, err
 	}
 	if err := watchGroup(c, w, typeURL, watchable(names)); err != nil {
