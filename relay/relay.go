@@ -410,11 +410,7 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 		return nil, err
 	}
 	g.status = feed.Status
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		feed.Run(ctx)
-	}()
+	r.goRun(func() { feed.Run(ctx) })
 	r.groups[key] = g
 	r.groupsG.Set(int64(len(r.groups)))
 	r.log.Info("group started", "group", xds.Clip(key), "upstream_node", xds.Clip(g.node.GetId()))
