@@ -42,7 +42,6 @@ func (r *Relay) loadAdminTLS() error {
 	if err != nil {
 		return fmt.Errorf("admin.tls: %w", err)
 	}
-	r.reloaders = append(r.reloaders, rl)
 	r.certs["admin"] = rl
 	cfg := rl.ServerConfig()
 	if perConn := cfg.GetConfigForClient; perConn != nil {

@@ -141,30 +141,14 @@ func startTenantRelayLogged(t *testing.T, logger *slog.Logger, mutate ...func(*C
 	cp := testcp.Start(t)
 	cp.Set(t, "tenant-a", "1", testcp.Cluster("a-service"))
 	cp.Set(t, "tenant-b", "1", testcp.Cluster("b-secret"))
-	cfg := Default()
-	cfg.Upstream.Address = cp.Addr
-	cfg.Downstream.Address, cfg.Downstream.RESTAddress, cfg.Admin.Address = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
-	cfg.Downstream.TLS.CertFile, cfg.Downstream.TLS.KeyFile = ca.serverCert, ca.serverKey
-	cfg.Downstream.TLS.CAFile = ca.file
-	cfg.Downstream.PollTimeout = time.Second
-	cfg.Downstream.Authorization.Rules = []AuthorizationRule{tenantRule}
-	for _, m := range mutate {
-		m(&cfg)
+	tenant := func(cfg *Config) {
+		cfg.Downstream.RESTAddress = "127.0.0.1:0"
+		cfg.Downstream.TLS.CertFile, cfg.Downstream.TLS.KeyFile = ca.serverCert, ca.serverKey
+		cfg.Downstream.TLS.CAFile = ca.file
+		cfg.Downstream.PollTimeout = time.Second
+		cfg.Downstream.Authorization.Rules = []AuthorizationRule{tenantRule}
 	}
-	r, err := New(cfg, logger)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), wait)
-		defer cancel()
-		if err := r.Shutdown(ctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-	})
+	r := startRelayLogged(t, cp.Addr, logger, append([]func(*Config){tenant}, mutate...)...)
 	return r, cp, ca
 }
 

@@ -134,40 +134,36 @@ func stillServes(t *testing.T, cc *grpc.ClientConn) {
 // FuzzSotWRequests: state-of-the-world requests on ADS (first byte even) or
 // on the cluster service (odd).
 func FuzzSotWRequests(f *testing.F) {
-	r := fuzzRelay(f)
-	cc := dial(f, r.Addr())
-	ads := discoverypb.NewAggregatedDiscoveryServiceClient(cc)
-	cds := clusterservice.NewClusterDiscoveryServiceClient(cc)
-	f.Fuzz(func(t *testing.T, data []byte) {
-		if len(data) == 0 {
-			return
-		}
-		msgs := splitMessages[discoverypb.DiscoveryRequest](data[1:])
-		if data[0]%2 == 0 {
-			exchange(t, ads.StreamAggregatedResources, msgs)
-		} else {
-			exchange(t, cds.StreamClusters, msgs)
-		}
-		stillServes(t, cc)
-	})
+	cc := dial(f, fuzzRelay(f).Addr())
+	fuzzStreams[discoverypb.DiscoveryRequest](f, cc,
+		discoverypb.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources,
+		clusterservice.NewClusterDiscoveryServiceClient(cc).StreamClusters)
 }
 
 // FuzzDeltaRequests: incremental requests on ADS (first byte even) or on
 // the cluster service (odd).
 func FuzzDeltaRequests(f *testing.F) {
-	r := fuzzRelay(f)
-	cc := dial(f, r.Addr())
-	ads := discoverypb.NewAggregatedDiscoveryServiceClient(cc)
-	cds := clusterservice.NewClusterDiscoveryServiceClient(cc)
+	cc := dial(f, fuzzRelay(f).Addr())
+	fuzzStreams[discoverypb.DeltaDiscoveryRequest](f, cc,
+		discoverypb.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources,
+		clusterservice.NewClusterDiscoveryServiceClient(cc).DeltaClusters)
+}
+
+// fuzzStreams sends an input's messages on a stream that ads (first byte
+// even) or cds (odd) opens, then checks that cc is still served.
+func fuzzStreams[Req any, P interface {
+	*Req
+	proto.Message
+}, Resp any](f *testing.F, cc *grpc.ClientConn, ads, cds func(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[Req, Resp], error)) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if len(data) == 0 {
 			return
 		}
-		msgs := splitMessages[discoverypb.DeltaDiscoveryRequest](data[1:])
+		msgs := splitMessages[Req, P](data[1:])
 		if data[0]%2 == 0 {
-			exchange(t, ads.DeltaAggregatedResources, msgs)
+			exchange(t, ads, msgs)
 		} else {
-			exchange(t, cds.DeltaClusters, msgs)
+			exchange(t, cds, msgs)
 		}
 		stillServes(t, cc)
 	})

@@ -1,9 +1,12 @@
 package relay
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -34,6 +37,12 @@ func testLogger() *slog.Logger {
 // startRelay runs a relay in front of upstream until the test ends.
 func startRelay(t testing.TB, upstream string, mutate ...func(*Config)) *Relay {
 	t.Helper()
+	return startRelayLogged(t, upstream, testLogger(), mutate...)
+}
+
+// startRelayLogged is startRelay with the relay's log going to logger.
+func startRelayLogged(t testing.TB, upstream string, logger *slog.Logger, mutate ...func(*Config)) *Relay {
+	t.Helper()
 	cfg := Default()
 	cfg.Upstream.Address = upstream
 	cfg.Downstream.Address = "127.0.0.1:0"
@@ -42,7 +51,7 @@ func startRelay(t testing.TB, upstream string, mutate ...func(*Config)) *Relay {
 	for _, m := range mutate {
 		m(&cfg)
 	}
-	r, err := New(cfg, testLogger())
+	r, err := New(cfg, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,6 +71,40 @@ func startRelay(t testing.TB, upstream string, mutate ...func(*Config)) *Relay {
 	shutdowns.Store(r, stop)
 	t.Cleanup(stop)
 	return r
+}
+
+// logBuffer collects a relay's JSON log lines.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// lines returns the logged lines whose message is msg; the test fails on a
+// line that is not JSON.
+func (l *logBuffer) lines(t *testing.T, msg string) []map[string]any {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(l.b.String()), "\n") {
+		if line == "" {
+			continue
+		}
+		m := map[string]any{}
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if m["msg"] == msg {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // shutdowns holds, for each relay started by startRelay, its one shutdown.

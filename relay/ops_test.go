@@ -3,11 +3,9 @@ package relay
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,77 +16,14 @@ import (
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
 
-// syncBuffer is a log destination the test reads while the relay writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// lines returns the JSON log lines written so far, decoded; the test fails
-// on a line that is not JSON.
-func (b *syncBuffer) lines(t *testing.T) []map[string]any {
-	t.Helper()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var out []map[string]any
-	for _, l := range strings.Split(strings.TrimSpace(b.buf.String()), "\n") {
-		if l == "" {
-			continue
-		}
-		m := map[string]any{}
-		if err := json.Unmarshal([]byte(l), &m); err != nil {
-			t.Fatalf("log line is not JSON: %q: %v", l, err)
-		}
-		out = append(out, m)
-	}
-	return out
-}
-
-// count returns how many lines have msg.
-func (b *syncBuffer) count(t *testing.T, msg string) int {
-	n := 0
-	for _, l := range b.lines(t) {
-		if l["msg"] == msg {
-			n++
-		}
-	}
-	return n
-}
-
 // startJSONRelay is startRelay logging JSON to the returned buffer at a
 // level the admin endpoint controls, starting at info.
-func startJSONRelay(t *testing.T, upstream string, mutate ...func(*Config)) (*Relay, *syncBuffer) {
+func startJSONRelay(t *testing.T, upstream string, mutate ...func(*Config)) (*Relay, *logBuffer) {
 	t.Helper()
-	buf := &syncBuffer{}
+	buf := &logBuffer{}
 	lv := new(slog.LevelVar)
-	cfg := Default()
-	cfg.Upstream.Address = upstream
-	cfg.Downstream.Address = "127.0.0.1:0"
-	cfg.Admin.Address = "127.0.0.1:0"
-	cfg.LogLevel = lv
-	for _, m := range mutate {
-		m(&cfg)
-	}
-	r, err := New(cfg, slog.New(slog.NewJSONHandler(buf, &slog.HandlerOptions{Level: lv})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), wait)
-		defer cancel()
-		if err := r.Shutdown(ctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-	})
+	logLevel := func(c *Config) { c.LogLevel = lv }
+	r := startRelayLogged(t, upstream, slog.New(slog.NewJSONHandler(buf, &slog.HandlerOptions{Level: lv})), append([]func(*Config){logLevel}, mutate...)...)
 	return r, buf
 }
 
@@ -124,7 +59,7 @@ func TestDebugLogsFollowLogLevel(t *testing.T) {
 	s.recv()
 	s.quiet(100 * time.Millisecond) // the relay is done with the exchange
 	for _, msg := range []string{"request from client", "response to client", "request to control plane", "response from control plane"} {
-		if n := logs.count(t, msg); n != 0 {
+		if n := len(logs.lines(t, msg)); n != 0 {
 			t.Errorf("%d %q lines at info", n, msg)
 		}
 	}
@@ -140,10 +75,10 @@ func TestDebugLogsFollowLogLevel(t *testing.T) {
 	cp.Set(t, "tenant-b", "1", testcp.Cluster("y"))
 	s2.recv()
 	for _, msg := range []string{"request from client", "response to client", "request to control plane", "response from control plane"} {
-		eventually(t, msg+" at debug", func() bool { return logs.count(t, msg) > 0 })
+		eventually(t, msg+" at debug", func() bool { return len(logs.lines(t, msg)) > 0 })
 	}
-	for _, l := range logs.lines(t) {
-		if l["msg"] == "response to client" && (l["type"] != "Cluster" || l["resources"] != 1.0 || l["nonce"] == "") {
+	for _, l := range logs.lines(t, "response to client") {
+		if l["type"] != "Cluster" || l["resources"] != 1.0 || l["nonce"] == "" {
 			t.Errorf("response line: %v", l)
 		}
 	}

@@ -67,12 +67,11 @@ type Relay struct {
 	restLn   net.Listener
 	restTLS  *tls.Config // nil without downstream TLS
 
-	reloaders []*creds.Reloader          // certificate watchers, closed on shutdown
-	certs     map[string]*creds.Reloader // by side (upstream, downstream, admin); written by New only
+	certs map[string]*creds.Reloader // certificate watchers by side (upstream, downstream, admin), closed on shutdown; written by New only
 }
 
 func (r *Relay) closeReloaders() {
-	for _, rl := range r.reloaders {
+	for _, rl := range r.certs {
 		rl.Close()
 	}
 }
@@ -160,7 +159,6 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 		return nil, err
 	}
 	if down != nil {
-		r.reloaders = append(r.reloaders, down)
 		r.certs["downstream"] = down
 		opts = append(opts, grpc.Creds(down.ServerCredentials()))
 		r.restTLS = down.ServerConfig()
@@ -194,7 +192,6 @@ func (r *Relay) newSource() (upstream.Source, error) {
 	}
 	if up != nil {
 		tc = up.ClientCredentials()
-		r.reloaders = append(r.reloaders, up)
 		r.certs["upstream"] = up
 	}
 	conn, err := dialUpstream(r.cfg, tc)
@@ -410,11 +407,7 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 		return nil, err
 	}
 	g.status = feed.Status
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		feed.Run(ctx)
-	}()
+	r.goRun(func() { feed.Run(ctx) })
 	r.groups[key] = g
 	r.groupsG.Set(int64(len(r.groups)))
 	r.log.Info("group started", "group", xds.Clip(key), "upstream_node", xds.Clip(g.node.GetId()))

@@ -1,12 +1,9 @@
 package relay
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,63 +16,11 @@ import (
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
 
-// logBuffer collects a relay's JSON log lines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// lines returns the logged lines whose message is msg.
-func (l *logBuffer) lines(t *testing.T, msg string) []map[string]any {
-	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(l.b.String()), "\n") {
-		m := map[string]any{}
-		if err := json.Unmarshal([]byte(line), &m); err != nil {
-			t.Fatalf("log line %q: %v", line, err)
-		}
-		if m["msg"] == msg {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
 // startLoggedRelay is startRelay with the relay's log, at debug, in a buffer.
 func startLoggedRelay(t *testing.T, upstream string) (*Relay, *logBuffer) {
 	t.Helper()
 	log := &logBuffer{}
-	cfg := Default()
-	cfg.Upstream.Address = upstream
-	cfg.Downstream.Address = "127.0.0.1:0"
-	cfg.Admin.Address = ""
-	r, err := New(cfg, slog.New(slog.NewJSONHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), wait)
-			defer cancel()
-			if err := r.Shutdown(ctx); err != nil {
-				t.Errorf("shutdown: %v", err)
-			}
-		})
-	}
-	shutdowns.Store(r, stop)
-	t.Cleanup(stop)
+	r := startRelayLogged(t, upstream, slog.New(slog.NewJSONHandler(log, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	return r, log
 }
 
