@@ -328,11 +328,11 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 	// up: the last save of the caches matters more than a stuck client.
 	wctx, wcancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout)
 	defer wcancel()
-	if err := waitGroup(wctx, &r.wg); err != nil {
+	if werr := waitGroup(wctx, &r.wg); werr != nil {
 		// Never wait without bound: what did not end is abandoned.
-		err = fmt.Errorf("relay: shutdown_timeout passed before the upstreams and workers ended: %w", err)
-		r.log.Error("shutdown", "error", err)
-		return errors.Join(err, r.source.Close())
+		werr = fmt.Errorf("relay: shutdown_timeout passed before the upstreams and workers ended: %w", werr)
+		r.log.Error("shutdown", "error", werr)
+		err = errors.Join(err, werr)
 	}
 	err = errors.Join(err, r.source.Close())
 	r.closeReloaders()

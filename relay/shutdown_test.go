@@ -2,7 +2,10 @@ package relay
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"testing"
+	"time"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -50,5 +53,18 @@ func TestShutdownDrains(t *testing.T) {
 	}
 	if _, _, err := r.Join(node("late", "c1")); err == nil {
 		t.Fatal("a group was joined after shutdown")
+	}
+}
+
+// Shutdown's wait for the relay's goroutines is bounded: a goroutine that
+// never ends is abandoned at the deadline, with an error.
+func TestWaitGroupIsBounded(t *testing.T) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	defer wg.Done()
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := waitGroup(ctx, &wg); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("waitGroup on a goroutine that never ends: %v", err)
 	}
 }
