@@ -43,15 +43,16 @@ type Relay struct {
 	source  upstream.Source // the control plane, or the resource files
 	ctx     context.Context // ends the groups' upstreams
 	cancel  context.CancelFunc
-	host    string // the host name, for upstream node ids
-	ready   atomic.Bool
-	stopped atomic.Bool // set when Shutdown begins
-	synced  atomic.Bool // something to serve (admin.ready_after_sync; see hasSynced)
-	// restored is set when a saved cache loaded (cache.persist_dir).
-	restored atomic.Bool
-	health   *health.Server   // gRPC health on the downstream port
-	upConn   *grpc.ClientConn // the control plane; nil with resource files
-	groupsG  *metrics.Value
+	host    string           // the host name, for upstream node ids
+	health  *health.Server   // gRPC health on the downstream port
+	upConn  *grpc.ClientConn // the control plane; nil with resource files
+	groupsG *metrics.Value
+
+	// Lifecycle flags, set at run time; atomic.
+	ready    atomic.Bool
+	stopped  atomic.Bool // set when Shutdown begins
+	synced   atomic.Bool // something to serve (admin.ready_after_sync; see hasSynced)
+	restored atomic.Bool // a saved cache loaded (cache.persist_dir)
 
 	persistHealth *persistHealth
 	adminTLS      *tls.Config // nil without admin.tls
