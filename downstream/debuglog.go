@@ -18,8 +18,8 @@ func (b *streamBase) debugRequest(typeURL string, names int, version, nonce stri
 	if !b.srv.log.Enabled(context.Background(), slog.LevelDebug) {
 		return
 	}
-	b.srv.log.Debug("request from client", "node", clip(b.node.GetId()), "variant", b.variant,
-		"type", xds.ShortName(typeURL), "names", names, "version", clip(version), "nonce", clip(nonce))
+	b.srv.log.Debug("request from client", "node", xds.Clip(b.node.GetId()), "variant", b.variant,
+		"type", xds.ShortName(typeURL), "names", names, "version", xds.Clip(version), "nonce", xds.Clip(nonce))
 }
 
 // debugResponse logs a response sent to the client: its type, version,
@@ -28,7 +28,7 @@ func (b *streamBase) debugResponse(typeURL string, version uint64, nonce string,
 	if !b.srv.log.Enabled(context.Background(), slog.LevelDebug) {
 		return
 	}
-	b.srv.log.Debug("response to client", "node", clip(b.node.GetId()), "variant", b.variant,
+	b.srv.log.Debug("response to client", "node", xds.Clip(b.node.GetId()), "variant", b.variant,
 		"type", xds.ShortName(typeURL), "version", strconv.FormatUint(version, 10), "nonce", nonce,
 		"resources", resources, "removed", removed)
 }

@@ -15,9 +15,6 @@ import (
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
-// clip cuts a client-provided text for a log line (xds.Clip).
-func clip(s string) string { return xds.Clip(s) }
-
 // Warnings about streams ended with an error are limited overall to
 // endLogRate lines a second, in bursts of up to endLogBurst, so that a
 // broken fleet cannot flood the log.
@@ -95,15 +92,15 @@ func (s *Server) ended(ctx context.Context, e streamEnd, err error) {
 		s.log.Warn("warnings about streams ended with an error were suppressed by the rate limit", "suppressed", suppressed)
 	}
 	st := status.Convert(err)
-	s.log.Warn("stream ended with an error", append(e.attrs(ctx), "code", st.Code().String(), "message", clip(st.Message()))...)
+	s.log.Warn("stream ended with an error", append(e.attrs(ctx), "code", st.Code().String(), "message", xds.Clip(st.Message()))...)
 }
 
 func (e streamEnd) attrs(ctx context.Context) []any {
-	typ := clip(e.typ)
+	typ := xds.Clip(e.typ)
 	if xds.Known(e.typ) {
 		typ = xds.ShortName(e.typ)
 	}
-	out := []any{"node", clip(e.node.GetId()), "variant", e.variant, "type", typ}
+	out := []any{"node", xds.Clip(e.node.GetId()), "variant", e.variant, "type", typ}
 	if p, ok := peer.FromContext(ctx); ok {
 		out = append(out, "peer", p.Addr.String())
 	} else if e.peer != "" {
@@ -140,5 +137,5 @@ func errText(err error) string {
 	if err == nil {
 		return "closed by the client"
 	}
-	return clip(err.Error())
+	return xds.Clip(err.Error())
 }

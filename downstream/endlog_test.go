@@ -20,24 +20,7 @@ import (
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
-	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
-
-func TestClip(t *testing.T) {
-	long := strings.Repeat("a", xds.MaxText-1) + "é" + strings.Repeat("b", 5000)
-	cases := []struct {
-		name, in, want string
-	}{
-		{name: "short", in: "node-1", want: "node-1"},
-		{name: "at the bound", in: strings.Repeat("a", xds.MaxText), want: strings.Repeat("a", xds.MaxText)},
-		{name: "cut on a character boundary", in: long, want: strings.Repeat("a", xds.MaxText-1) + "…(6025 bytes)"},
-	}
-	for _, tc := range cases {
-		if got := clip(tc.in); got != tc.want {
-			t.Errorf("%s: clip = %q, want %q", tc.name, got, tc.want)
-		}
-	}
-}
 
 // logBuffer collects JSON log lines.
 type logBuffer struct {

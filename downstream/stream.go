@@ -163,7 +163,7 @@ func (b *streamBase) admit(typeURL string, node *corepb.Node) (resolved, short s
 func (b *streamBase) answered(typeURL, short, nonce, version string, d *rpcstatus.Status) {
 	switch {
 	case d != nil:
-		b.nacked(short, nonce, d.GetMessage(), "version", clip(version))
+		b.nacked(short, nonce, d.GetMessage(), "version", xds.Clip(version))
 	case nonce != "":
 		b.srv.acks.With(short).Inc()
 	}
@@ -175,8 +175,8 @@ func (b *streamBase) answered(typeURL, short, nonce, version string, d *rpcstatu
 // nacked counts and logs a client's NACK of a response.
 func (b *streamBase) nacked(short, nonce, message string, attrs ...any) {
 	b.srv.nacks.With(short).Inc()
-	b.srv.log.Warn("client rejected a response", append([]any{"node", clip(b.node.GetId()), "variant", b.variant,
-		"type", short, "nonce", clip(nonce), "error", clip(message)}, attrs...)...)
+	b.srv.log.Warn("client rejected a response", append([]any{"node", xds.Clip(b.node.GetId()), "variant", b.variant,
+		"type", short, "nonce", xds.Clip(nonce), "error", xds.Clip(message)}, attrs...)...)
 }
 
 // request is what serve reads of a request: the node and the type.

@@ -30,7 +30,7 @@ func (b *streamBase) tracePush(tr cache.Trace, typeURL string, version uint64, r
 	_, span := otel.Tracer(tracerName).Start(context.Background(), "downstream.push", trace.WithNewRoot(),
 		trace.WithSpanKind(trace.SpanKindProducer), trace.WithLinks(trace.Link{SpanContext: from}),
 		trace.WithAttributes(attribute.String("xds.type", xds.ShortName(typeURL)), attribute.String("xds.variant", b.variant),
-			attribute.String("xds.version", strconv.FormatUint(version, 10)), attribute.String("xds.node", clip(b.node.GetId())),
+			attribute.String("xds.version", strconv.FormatUint(version, 10)), attribute.String("xds.node", xds.Clip(b.node.GetId())),
 			attribute.Int("xds.resources", resources)))
 	span.End()
 }
