@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/xdsrelay/xdsrelay/internal/creds"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/upstream"
 )
 
@@ -257,7 +258,7 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("upstream.keepalive.timeout: must be positive, got %s", c.Upstream.KeepaliveTimeout)
 	}
 	for _, f := range c.Upstream.GroupBy {
-		if err := checkGroupField(f); err != nil {
+		if err := xds.CheckNodeField(f); err != nil {
 			return fmt.Errorf("upstream.group_by: %w", err)
 		}
 	}

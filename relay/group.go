@@ -8,9 +8,6 @@ import (
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
-// checkGroupField checks a field of upstream.group_by.
-func checkGroupField(f string) error { return xds.CheckNodeField(f) }
-
 // GroupKey is the key of the group a node belongs to: the values of the
 // fields, in order. Nodes with the same key share an upstream stream and a
 // cache.
@@ -22,9 +19,7 @@ func GroupKey(node *corepb.Node, fields []string) string {
 		}
 		b.WriteString(f)
 		b.WriteByte('=')
-		b.WriteString(nodeField(node, f))
+		b.WriteString(xds.NodeField(node, f))
 	}
 	return b.String()
 }
-
-func nodeField(node *corepb.Node, f string) string { return xds.NodeField(node, f) }

@@ -10,6 +10,8 @@ import (
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
 // DefaultNodeID is the default template of the node id the relay presents
@@ -85,7 +87,7 @@ func groupNode(cfg *Config, host, key string, client *corepb.Node) *corepb.Node 
 		case "group":
 			return key
 		default:
-			return nodeField(client, name)
+			return xds.NodeField(client, name)
 		}
 	})
 	return n
