@@ -18,7 +18,8 @@ type Dirty struct {
 // A slow stream only accumulates names in its dirty set: the cache never
 // waits for it.
 type Watch struct {
-	wake chan struct{}
+	wake   chan struct{}
+	notify func() // set by OnReady; replaces wake
 
 	mu    sync.Mutex
 	dirty map[string]*Dirty // by type URL; guarded by mu
@@ -43,7 +44,13 @@ func NewWatch() *Watch {
 }
 
 // Ready is signalled when the watch has become dirty since the last Take.
+// It is not, once OnReady has set a function.
 func (w *Watch) Ready() <-chan struct{} { return w.wake }
+
+// OnReady makes every mark call f, after the mark, instead of signalling
+// Ready. f runs on the goroutine that marks (the cache's writer, often) and
+// must not block. Call it before the watch is registered with a cache.
+func (w *Watch) OnReady(f func()) { w.notify = f }
 
 // Take returns and clears the dirty sets, by type URL.
 func (w *Watch) Take() map[string]*Dirty {
@@ -90,6 +97,10 @@ func (w *Watch) mark(typeURL string, seq uint64, heartbeat bool, names []string)
 		set[n] = struct{}{}
 	}
 	w.mu.Unlock()
+	if w.notify != nil {
+		w.notify()
+		return
+	}
 	select {
 	case w.wake <- struct{}{}:
 	default:

@@ -114,7 +114,7 @@ func (e streamEnd) attrs(ctx context.Context) []any {
 // draining.
 func (s *Server) normalEnd(ctx context.Context, err error) bool {
 	switch {
-	case err == nil, ctx.Err() != nil, errors.Is(err, errDraining), errors.Is(err, errNotModified):
+	case err == nil, clientGone(ctx), errors.Is(err, errDraining), errors.Is(err, errNotModified):
 		return true
 	case status.Code(err) == codes.Canceled:
 		return true
@@ -122,6 +122,13 @@ func (s *Server) normalEnd(ctx context.Context, err error) bool {
 		return s.draining()
 	}
 	return false
+}
+
+// clientGone reports whether the client ended the stream or call (or its
+// deadline passed), rather than the relay stopping it (see stoppable).
+func clientGone(ctx context.Context) bool {
+	cause := context.Cause(ctx)
+	return cause != nil && (errors.Is(cause, context.Canceled) || errors.Is(cause, context.DeadlineExceeded))
 }
 
 func (s *Server) draining() bool {

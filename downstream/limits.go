@@ -94,10 +94,22 @@ func (s *Server) admitStream() (release func(), err error) {
 
 // firstRequest waits for a stream's first request, for
 // limits.first_request_timeout at most; the stream counts as pending
-// meanwhile. A stream the client closed first yields (nil, nil).
-func firstRequest[Req any](ctx context.Context, s *Server, reqs <-chan *Req, errc <-chan error) (*Req, error) {
+// meanwhile. A stream the client closed first yields (nil, nil). The wait
+// is the one Recv that runs on a goroutine of its own, so that the timeout
+// and Drain end the stream with their own status; once it returns, the
+// handler reads the stream itself.
+func firstRequest[Req any](ctx context.Context, s *Server, recv func() (*Req, error)) (*Req, error) {
 	s.pending.Inc()
 	defer s.pending.Dec()
+	type result struct {
+		req *Req
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		req, err := recv()
+		got <- result{req, err}
+	}()
 	var timeout <-chan time.Time
 	if d := s.limits.FirstRequestTimeout; d > 0 {
 		t := time.NewTimer(d)
@@ -105,17 +117,17 @@ func firstRequest[Req any](ctx context.Context, s *Server, reqs <-chan *Req, err
 		timeout = t.C
 	}
 	select {
-	case first := <-reqs:
-		if first == nil {
-			return nil, recvError(errc)
+	case r := <-got:
+		if r.err != nil {
+			return nil, recvError(ctx, r.err)
 		}
-		return first, nil
+		return r.req, nil
 	case <-timeout:
 		return nil, &LimitError{Key: "limits.first_request_timeout", Limit: s.limits.FirstRequestTimeout.String(), What: "no request on the stream"}
 	case <-s.drain:
 		return nil, errDraining
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, recvError(ctx, ctx.Err())
 	}
 }
 

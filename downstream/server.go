@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"runtime"
 	"sync"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/authz"
@@ -63,9 +65,11 @@ type Server struct {
 	admission   *admission
 
 	drainOnce sync.Once
-	conns     connSet  // connections accepted by Listen
-	endLog    *bucket  // limits warnings about streams ended with an error
-	registry  registry // live streams, for CSDS and the admin endpoint
+	conns     connSet   // connections accepted by Listen
+	endLog    *bucket   // limits warnings about streams ended with an error
+	registry  registry  // live streams, for CSDS and the admin endpoint
+	live      stoppers  // live streams, for Drain
+	sends     *sendPool // flushes what the caches mark
 
 	pushMetrics
 	streams  *metrics.Vec
@@ -106,6 +110,7 @@ func New(opts Options) (*Server, error) {
 		limits:      opts.Limits,
 		admission:   newAdmission(opts.Limits),
 		endLog:      newBucket(endLogRate, endLogBurst),
+		sends:       newSendPool(runtime.GOMAXPROCS(0)),
 		stuck:       m.Counter("xdsrelay_downstream_stuck_total", "Client connections closed because a send to them stayed blocked (the client read nothing) for downstream.send_timeout.").With(),
 		streams:     m.Gauge("xdsrelay_downstream_streams", "Open downstream xDS streams.", "variant"),
 		pushMetrics: newPushMetrics(m),
@@ -119,46 +124,40 @@ func New(opts Options) (*Server, error) {
 }
 
 // ServerOptions are the grpc.ServerOptions the downstream server needs: the
-// codec that writes pre-encoded responses.
+// codec that writes pre-encoded responses, and the tap that lets the relay
+// end a stream whose handler is reading. xDS streams refuse to run on a
+// server without them.
 func ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{grpc.ForceServerCodecV2(xds.Codec{})}
+	return []grpc.ServerOption{
+		grpc.ForceServerCodecV2(xds.Codec{}),
+		// Every stream gets a stopper (see stoppable); the tap API is
+		// experimental in gRPC-Go and pinned by go.mod.
+		grpc.InTapHandle(func(ctx context.Context, _ *tap.Info) (context.Context, error) { return stoppable(ctx), nil }),
+	}
 }
 
 // Drain asks every stream and poll to end with UNAVAILABLE, so that clients
 // reconnect (to another replica) while the process shuts down.
 func (s *Server) Drain() {
-	s.drainOnce.Do(func() { close(s.drain) })
+	s.drainOnce.Do(func() {
+		close(s.drain)
+		s.endStreams()
+	})
 }
 
-// receive turns a stream's Recv into a channel, closed when Recv fails; the
-// error is then on errc. The goroutine ends when gRPC ends the stream, which
-// it does as the handler returns.
-func receive[T any](ctx context.Context, recv func() (*T, error)) (<-chan *T, <-chan error) {
-	out := make(chan *T)
-	errc := make(chan error, 1)
-	go func() {
-		defer close(out)
-		for {
-			m, err := recv()
-			if err != nil {
-				errc <- err
-				return
-			}
-			select {
-			case out <- m:
-			case <-ctx.Done():
-				errc <- ctx.Err()
-				return
-			}
-		}
-	}()
-	return out, errc
-}
+// errStreamEnded is the cause with which a stream's context is cancelled
+// when its handler returns.
+var errStreamEnded = errors.New("xdsrelay: stream ended")
 
-// recvError is the handler's result once Recv has failed: a client that
-// closed its side ends the stream cleanly.
-func recvError(errc <-chan error) error {
-	err := <-errc
+// recvError is the handler's result once Recv has failed: the cause with
+// which the relay stopped the stream, if it did (a failed flush, Drain, the
+// first-request timeout); else nil for a client that closed its side, or
+// the error.
+func recvError(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) &&
+		!errors.Is(cause, context.DeadlineExceeded) && cause != errStreamEnded {
+		return cause
+	}
 	if errors.Is(err, io.EOF) {
 		return nil
 	}
@@ -195,27 +194,74 @@ func (s *Server) join(node *corepb.Node) (*cache.Cache, func(), error) {
 
 var errDraining = status.Error(codes.Unavailable, "xdsrelay: shutting down, reconnect")
 
-// guard returns a send that cannot block the stream forever: if a send stays
+// sendGuard is a send that cannot block the stream forever: if a send stays
 // blocked for the send timeout (the client reads nothing), the client's
 // connection is closed, which ends the blocked send and the stream ("A slow
 // or hostile client hurts only itself"). Closing the connection rather than
-// the stream is what gRPC allows (a handler blocked in SendMsg cannot
-// return), and a client that reads nothing has stalled its whole
-// connection anyway. The timer is the stream's own, re-armed per send, so
-// that a push costs no allocation and the stream no extra goroutine. Call
-// stop when the stream ends.
-func (s *Server) guard(ctx context.Context, sendMsg func(any) error) (send func(any) error, stop func()) {
-	var once sync.Once
-	t := time.AfterFunc(time.Hour, func() { once.Do(func() { s.closeStuck(ctx) }) })
-	t.Stop()
-	send = func(m any) error {
-		t.Reset(s.sendTimeout)
-		err := sendMsg(m)
-		t.Stop()
-		return err
-	}
-	return send, func() { t.Stop() }
+// the stream is what gRPC allows, and a client that reads nothing has
+// stalled its whole connection anyway. After slowSend the send pool is told,
+// so that the blocked worker is replaced. The timer is the stream's own,
+// re-armed per send, so that a push costs no allocation and the stream no
+// extra goroutine. Call stop when the stream ends.
+type sendGuard struct {
+	srv     *Server
+	ctx     context.Context
+	sendMsg func(any) error
+	t       *time.Timer
+
+	mu      sync.Mutex
+	sending bool
+	slow    bool // the pool was told this send is slow
+	closed  bool // the connection was closed
+	started time.Time
 }
+
+func (s *Server) guard(ctx context.Context, sendMsg func(any) error) *sendGuard {
+	g := &sendGuard{srv: s, ctx: ctx, sendMsg: sendMsg}
+	g.t = time.AfterFunc(time.Hour, g.fire)
+	g.t.Stop()
+	return g
+}
+
+func (g *sendGuard) send(m any) error {
+	g.mu.Lock()
+	g.sending, g.slow, g.started = true, false, time.Now()
+	g.t.Reset(min(slowSend, g.srv.sendTimeout))
+	g.mu.Unlock()
+	err := g.sendMsg(m)
+	g.mu.Lock()
+	g.sending = false
+	g.t.Stop()
+	slow := g.slow
+	g.mu.Unlock()
+	if slow {
+		g.srv.sends.unblocked()
+	}
+	return err
+}
+
+// fire is the timer: first the send is slow, then it is stuck.
+func (g *sendGuard) fire() {
+	g.mu.Lock()
+	if !g.sending || g.closed {
+		g.mu.Unlock()
+		return
+	}
+	if left := g.srv.sendTimeout - time.Since(g.started); left > 0 {
+		if !g.slow {
+			g.slow = true
+			g.srv.sends.slow()
+		}
+		g.t.Reset(left)
+		g.mu.Unlock()
+		return
+	}
+	g.closed = true
+	g.mu.Unlock()
+	g.srv.closeStuck(g.ctx)
+}
+
+func (g *sendGuard) stop() { g.t.Stop() }
 
 // closeStuck closes the connection of the stream whose context ctx is.
 func (s *Server) closeStuck(ctx context.Context) {

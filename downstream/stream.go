@@ -4,6 +4,7 @@ import (
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
 	"maps"
 	"slices"
@@ -201,17 +202,29 @@ func serve[Req any, Resp any, PReq interface {
 	return err
 }
 
-// run runs one stream: its first request places it in a group, then one
-// loop handles requests and flushes changes, the only sender on the stream.
-// It notes in end the node and the type of each request.
+// run runs one stream: its first request places it in a group, then the
+// handler's goroutine reads and handles requests while the send pool flushes
+// what the cache marks (see pump). It notes in end the node and the type of
+// each request.
 func run[Req any, Resp any, PReq interface {
 	*Req
 	request
 }](s *Server, st grpc.BidiStreamingServer[Req, Resp], end *streamEnd, open func(*cache.Cache, PReq, func(any) error) protocol[Req]) error {
 	ctx := st.Context()
+	stop, ok := stopperFrom(ctx)
+	if !ok {
+		return status.Error(codes.Internal, "xdsrelay: the gRPC server was built without downstream.ServerOptions")
+	}
+	ls := &liveStream{stop: stop}
+	if p, ok := peer.FromContext(ctx); ok {
+		ls.addr = p.Addr.String()
+	}
+	if !s.live.add(ls) {
+		return errDraining
+	}
+	defer s.live.remove(ls)
 	opened := time.Now()
-	reqs, errc := receive(ctx, st.Recv)
-	first, err := firstRequest(ctx, s, reqs, errc)
+	first, err := firstRequest(ctx, s, st.Recv)
 	if first == nil {
 		return err
 	}
@@ -227,34 +240,26 @@ func run[Req any, Resp any, PReq interface {
 	defer release()
 	s.streams.With(end.variant).Inc()
 	defer s.streams.With(end.variant).Dec()
-	send, stop := s.guard(ctx, st.SendMsg)
-	defer stop()
-	send = s.firstResponse(send, end.variant, opened)
-	p := open(c, PReq(first), send)
+	g := s.guard(ctx, st.SendMsg)
+	defer g.stop()
+	p := open(c, PReq(first), s.firstResponse(g.send, end.variant, opened))
+	pm := &pump{pool: s.sends, stop: stop, flush: p.flush}
+	p.watcher().OnReady(pm.ready)
 	defer c.Release(p.watcher())
 	s.registry.add(p.statusView())
 	defer s.registry.remove(p.statusView())
-	if err := p.handle(first); err != nil {
+	defer pm.end()
+	if err := handle(pm, p, first); err != nil {
 		return err
 	}
 	for {
-		select {
-		case req := <-reqs:
-			if req == nil {
-				return recvError(errc)
-			}
-			end.see(PReq(req).GetTypeUrl())
-			if err := p.handle(req); err != nil {
-				return err
-			}
-		case <-p.watcher().Ready():
-			if err := p.flush(); err != nil {
-				return err
-			}
-		case <-s.drain:
-			return errDraining
-		case <-ctx.Done():
-			return ctx.Err()
+		req, err := st.Recv()
+		if err != nil {
+			return recvError(ctx, err)
+		}
+		end.see(PReq(req).GetTypeUrl())
+		if err := handle(pm, p, req); err != nil {
+			return err
 		}
 	}
 }

@@ -1,0 +1,310 @@
+package downstream
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// How a stream runs on few goroutines.
+//
+// A stream's gRPC handler goroutine reads its requests and handles them; it
+// is the stream's only goroutine while the stream is idle. What the cache
+// marks for the stream is flushed by a pool of send workers shared by every
+// stream, so a change fanned out to many streams is sent by a few busy
+// goroutines rather than by waking a goroutine per stream. A request that
+// marks its own stream (a new subscription) is flushed right away on the
+// handler's goroutine.
+//
+// A stream's pump admits one flush at a time, from a worker or from the
+// handler, and its mutex keeps handle and flush apart: the protocol state
+// is one stream's, whichever goroutine runs it. Ending the stream from the
+// outside (a failed flush, Drain, the first-request timeout) cancels the
+// stream's context through the stopper that ServerOptions installs, which
+// ends the handler's Recv and any send blocked on flow control.
+//
+// A slow client hurts only itself: a worker whose send stays blocked for
+// slowSend is counted out of the pool and another worker starts, so the
+// other streams keep their workers; the stuck send ends at the send timeout,
+// when the client's connection is closed (see sendGuard).
+
+// Flush states of a pump.
+const (
+	pumpIdle    int32 = iota
+	pumpQueued        // waiting for a worker (or for the handler)
+	pumpRunning       // a flush is running
+	pumpRerun         // running, and marked again since the flush started
+)
+
+// pump runs one stream's protocol: handle on the handler's goroutine,
+// flush wherever the pump is run.
+type pump struct {
+	pool  *sendPool
+	stop  context.CancelCauseFunc // ends the stream from the outside
+	state atomic.Int32
+
+	mu    sync.Mutex   // serializes handle and flush
+	flush func() error // the protocol's flush; called with mu held
+	ended bool         // guarded by mu: no flush runs once set
+	err   error        // guarded by mu: the flush error that ended the stream
+}
+
+// ready is the stream's watch notification: the cache, or a request, marked
+// it. It queues the pump unless a flush is queued or will run again.
+func (p *pump) ready() {
+	for {
+		switch p.state.Load() {
+		case pumpIdle:
+			if p.state.CompareAndSwap(pumpIdle, pumpQueued) {
+				p.pool.submit(p)
+				return
+			}
+		case pumpRunning:
+			if p.state.CompareAndSwap(pumpRunning, pumpRerun) {
+				return
+			}
+		default: // queued, or running again: that flush takes the marks
+			return
+		}
+	}
+}
+
+// runQueued is a worker's turn: it flushes once, and queues the pump again
+// if it was marked meanwhile, behind the streams already waiting.
+func (p *pump) runQueued() {
+	if !p.state.CompareAndSwap(pumpQueued, pumpRunning) {
+		return // the handler flushed it already
+	}
+	p.flushOnce()
+	if !p.state.CompareAndSwap(pumpRunning, pumpIdle) {
+		p.state.Store(pumpQueued)
+		p.pool.submit(p)
+	}
+}
+
+// runInline flushes on the calling goroutine (the handler's) what a request
+// marked, until nothing is marked. It returns the error that ended the
+// stream, if a flush failed.
+func (p *pump) runInline() error {
+	if !p.state.CompareAndSwap(pumpQueued, pumpRunning) {
+		return nil
+	}
+	for {
+		if err := p.flushOnce(); err != nil {
+			p.state.Store(pumpIdle)
+			return err
+		}
+		if p.state.CompareAndSwap(pumpRunning, pumpIdle) {
+			return nil
+		}
+		p.state.Store(pumpRunning)
+	}
+}
+
+// flushOnce runs the protocol's flush unless the stream has ended. A failed
+// flush ends the stream: the handler's Recv returns and the handler returns
+// err.
+func (p *pump) flushOnce() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.ended {
+		return p.err
+	}
+	if err := p.flush(); err != nil {
+		p.ended, p.err = true, err
+		p.stop(err)
+		return err
+	}
+	return nil
+}
+
+// handle runs the protocol's handle for a request, then flushes what it
+// marked. An error ends the stream.
+func handle[Req any](p *pump, proto protocol[Req], req *Req) error {
+	p.mu.Lock()
+	err := p.err
+	if !p.ended {
+		if err = proto.handle(req); err != nil {
+			p.ended, p.err = true, err
+		}
+	}
+	p.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return p.runInline()
+}
+
+// end is the handler's last word: no flush runs any more. A flush blocked
+// on the client holds mu until it returns: the handler returns because the
+// stream's context ended (which ends the send too) or because handle
+// failed, which set ended before a flush could start.
+func (p *pump) end() {
+	p.mu.Lock()
+	p.ended = true
+	p.mu.Unlock()
+}
+
+// slowSend is how long a send may block a worker before the pool stops
+// counting on it and starts another.
+const slowSend = 20 * time.Millisecond
+
+// sendPool runs queued pumps on at most size workers that are not blocked
+// on a slow client. Workers start when pumps are queued and end when the
+// queue is empty, so an idle relay has none.
+type sendPool struct {
+	size int
+
+	mu      sync.Mutex
+	queue   []*pump // FIFO from head
+	head    int
+	running int // workers running
+	blocked int // workers in a send that has been blocked for slowSend
+}
+
+func newSendPool(size int) *sendPool { return &sendPool{size: max(size, 1)} }
+
+func (sp *sendPool) submit(p *pump) {
+	sp.mu.Lock()
+	sp.queue = append(sp.queue, p)
+	start := sp.running < sp.size+sp.blocked
+	if start {
+		sp.running++
+	}
+	sp.mu.Unlock()
+	if start {
+		go sp.work()
+	}
+}
+
+func (sp *sendPool) work() {
+	for {
+		sp.mu.Lock()
+		if sp.head == len(sp.queue) {
+			sp.queue, sp.head = sp.queue[:0], 0
+			sp.running--
+			sp.mu.Unlock()
+			return
+		}
+		p := sp.queue[sp.head]
+		sp.queue[sp.head] = nil
+		sp.head++
+		if sp.head > 4096 && sp.head*2 > len(sp.queue) {
+			sp.queue, sp.head = sp.queue[:copy(sp.queue, sp.queue[sp.head:])], 0
+		}
+		sp.mu.Unlock()
+		p.runQueued()
+	}
+}
+
+// slow is called when a send has been blocked for slowSend: its worker no
+// longer counts, and one starts in its place if pumps are waiting.
+func (sp *sendPool) slow() {
+	sp.mu.Lock()
+	sp.blocked++
+	start := sp.head < len(sp.queue) && sp.running < sp.size+sp.blocked
+	if start {
+		sp.running++
+	}
+	sp.mu.Unlock()
+	if start {
+		go sp.work()
+	}
+}
+
+// unblocked undoes slow once the send returns.
+func (sp *sendPool) unblocked() {
+	sp.mu.Lock()
+	sp.blocked--
+	sp.mu.Unlock()
+}
+
+// stopKey carries a stream's stopper in its context (see ServerOptions).
+type stopKey struct{}
+
+// stoppable is the server's tap: every stream's context gets a cancel
+// function with a cause, so that the relay can end a stream whose handler
+// is in Recv. gRPC derives the stream's context, on which Recv and a send
+// blocked on flow control wait, from the one the tap returns.
+func stoppable(ctx context.Context) context.Context {
+	ctx, cancel := context.WithCancelCause(ctx)
+	return context.WithValue(ctx, stopKey{}, cancel)
+}
+
+func stopperFrom(ctx context.Context) (context.CancelCauseFunc, bool) {
+	stop, ok := ctx.Value(stopKey{}).(context.CancelCauseFunc)
+	return stop, ok
+}
+
+// stoppers are the streams Drain ends.
+type stoppers struct {
+	mu       sync.Mutex
+	draining bool
+	live     map[*liveStream]struct{}
+}
+
+// liveStream is a stream as Drain sees it.
+type liveStream struct {
+	stop context.CancelCauseFunc
+	addr string // the client's address; "" if unknown
+}
+
+// add registers a stream; false once draining.
+func (st *stoppers) add(ls *liveStream) bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.draining {
+		return false
+	}
+	if st.live == nil {
+		st.live = map[*liveStream]struct{}{}
+	}
+	st.live[ls] = struct{}{}
+	return true
+}
+
+func (st *stoppers) remove(ls *liveStream) {
+	st.mu.Lock()
+	delete(st.live, ls)
+	st.mu.Unlock()
+}
+
+// drain refuses new streams and returns the registered ones.
+func (st *stoppers) drain() []*liveStream {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	st.draining = true
+	out := make([]*liveStream, 0, len(st.live))
+	for ls := range st.live {
+		out = append(out, ls)
+	}
+	st.live = nil
+	return out
+}
+
+// endStreams ends every live stream for Drain. A stream's handler is in
+// Recv, which only the end of the stream's connection or context ends; the
+// connection is closed, so that clients see UNAVAILABLE and reconnect
+// (gRPC-Go writes CANCELLED for a stream whose context is cancelled under
+// Recv, and Envoy warns about CANCELLED where it retries UNAVAILABLE
+// quietly). Streams on a connection the server does not know (not served
+// on Listen) are cancelled.
+func (s *Server) endStreams() {
+	closed := map[string]bool{}
+	for _, ls := range s.live.drain() {
+		if ls.addr != "" {
+			if done, ok := closed[ls.addr]; ok {
+				if !done {
+					ls.stop(errDraining)
+				}
+				continue
+			}
+			closed[ls.addr] = s.conns.close(ls.addr)
+			if closed[ls.addr] {
+				continue
+			}
+		}
+		ls.stop(errDraining)
+	}
+}
