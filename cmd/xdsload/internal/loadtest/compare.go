@@ -302,7 +302,9 @@ func perStreamGoroutines(r *Result) string {
 }
 
 // cpuTime formats a CPU time in milliseconds, with microseconds.
-func cpuTime(d time.Duration) string { return fmt.Sprintf("%.3fms", float64(d)/float64(time.Millisecond)) }
+func cpuTime(d time.Duration) string {
+	return fmt.Sprintf("%.3fms", float64(d)/float64(time.Millisecond))
+}
 
 // describeWorkload is the resources, updates and subscriptions of a run.
 func describeWorkload(c *Config) string {

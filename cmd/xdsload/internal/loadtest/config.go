@@ -23,19 +23,19 @@ const (
 // Config describes one run. The zero value of a field takes the default
 // that Defaults documents.
 type Config struct {
-	Target      string        `json:"target"`       // xDS server host:port; empty: the ServeCP control plane
-	Clients     int           `json:"clients"`      // downstream clients, one xDS stream each
+	Target  string `json:"target"`  // xDS server host:port; empty: the ServeCP control plane
+	Clients int    `json:"clients"` // downstream clients, one xDS stream each
 	// StreamsPerConn groups the clients' streams onto gRPC connections:
 	// clients i*N..i*N+N-1 share connection i. 1: a connection each.
-	StreamsPerConn int `json:"streams_per_conn"`
-	Rate        float64       `json:"rate"`         // streams opened per second at most; 0: no limit
-	Variant     string        `json:"variant"`      // VariantDelta or VariantSotW
-	ADS         bool          `json:"ads"`          // aggregated service, else the per-type service
-	Type        string        `json:"type"`         // eds, cds, lds or rds
-	Names       []string      `json:"names"`        // subscriptions; empty: wildcard
-	NodeCluster string        `json:"node_cluster"` // node.cluster sent by every client
-	PID         int           `json:"pid"`          // server process whose RSS is sampled; 0: none
-	Timeout     time.Duration `json:"timeout_ns"`   // bound on the whole run
+	StreamsPerConn int           `json:"streams_per_conn"`
+	Rate           float64       `json:"rate"`         // streams opened per second at most; 0: no limit
+	Variant        string        `json:"variant"`      // VariantDelta or VariantSotW
+	ADS            bool          `json:"ads"`          // aggregated service, else the per-type service
+	Type           string        `json:"type"`         // eds, cds, lds or rds
+	Names          []string      `json:"names"`        // subscriptions; empty: wildcard
+	NodeCluster    string        `json:"node_cluster"` // node.cluster sent by every client
+	PID            int           `json:"pid"`          // server process whose RSS is sampled; 0: none
+	Timeout        time.Duration `json:"timeout_ns"`   // bound on the whole run
 
 	ServeCP     string        `json:"serve_cp"`        // run a control plane on this address
 	CPCache     string        `json:"cp_cache"`        // CacheSnapshot or CacheLinear
