@@ -89,8 +89,8 @@ func churn(ctx context.Context, cfg *Config, b backend, res *Result) error {
 	return nil
 }
 
-// churnClient runs client i's cycles until end, or ctx ends; it counts
-// every completed one in done.
+// churnClient runs client i's cycles until end (one at least), or until ctx
+// ends; it counts every completed one in done.
 func churnClient(ctx context.Context, x *xdsClients, i int, end time.Time, done *atomic.Int64) churnLog {
 	var l churnLog
 	release, err := x.hold(i)
@@ -98,7 +98,8 @@ func churnClient(ctx context.Context, x *xdsClients, i int, end time.Time, done 
 		return churnLog{failed: 1, err: fmt.Errorf("client %d: %w", i, err)}
 	}
 	defer release()
-	for ctx.Err() == nil && time.Now().Before(end) {
+	// Every client completes a cycle at least, however late it starts.
+	for first := true; ctx.Err() == nil && (first || time.Now().Before(end)); first = false {
 		t := time.Now()
 		err := x.cycle(ctx, i)
 		if err == nil {

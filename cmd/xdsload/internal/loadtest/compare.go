@@ -113,7 +113,8 @@ func (cfg *Config) ValidateCompare() error {
 // Compare runs, one after the other and with the same parameters, clients
 // through xdsrelay (in this process, in front of a go-control-plane control
 // plane with cfg.CPCache), clients directly on go-control-plane with its
-// LinearCache, then with its SnapshotCache, and the socket floor. cfg.Timeout
+// LinearCache, then with its SnapshotCache, and the socket floor (skipped
+// for churn, and for streams sharing connections). cfg.Timeout
 // bounds each setup. The RSS sampled is this process's (cfg.PID if set),
 // clients included, or with cfg.Split the server side's, each setup's in a
 // process of its own; memory is returned to the system before each setup.
@@ -217,20 +218,20 @@ func (cmp *Comparison) WriteTable(w io.Writer) error {
 
 // writeLoad prints a row per setup of a load run, then the ratios.
 func (cmp *Comparison) writeLoad(tw io.Writer) {
-	fmt.Fprintf(tw, "setup\tconfigured\tfailed\tconns\tfan-out last (ms) min\tp50\tmax\tupdates\tfirst config (ms) p50\tp99\testablished/s\tconfigured/s\tRSS/stream\tgoroutines/stream\tCPU/change\tCPU/client/change\t\n")
+	fmt.Fprintf(tw, "setup\tconfigured\tfailed\tconns\tfan-out last (ms) min\tp50\tmax\tupdates\tfirst config (ms) p50\tp99\testablished/s\tconfigured/s\tRSS/stream\tgoroutines/stream\tCPU/change\tCPU/client/change\trelay's CP CPU/change\t\n")
 	for _, s := range cmp.Setups {
 		r := s.Result
-		fmt.Fprintf(tw, "%s\t%d/%d\t%d\t%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t\n", s.Name,
+		fmt.Fprintf(tw, "%s\t%d/%d\t%d\t%d\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%.0f\t%.0f\t%s\t%s\t%s\t%s\t%s\t\n", s.Name,
 			r.Configured, r.Config.Clients, r.Failed, r.Connections,
 			ms(r.FanOutLast.Min), ms(r.FanOutLast.P50), ms(r.FanOutLast.Max), r.FanOutLast.N, r.Config.Updates,
 			ms(r.FirstConfig.P50), ms(r.FirstConfig.P99), r.EstablishedPerSec, r.ConfiguredPerSec,
-			size(r.IdlePerStream.RSS), perStreamGoroutines(r), cpuTime(r.CPU.PerChange), cpuTime(r.CPU.PerClientPerChange))
+			size(r.IdlePerStream.RSS), perStreamGoroutines(r), cpuTime(r.CPU.PerChange), cpuTime(r.CPU.PerClientPerChange), upstreamCPUTime(r))
 	}
 	fmt.Fprintln(tw)
 	if len(cmp.Ratios) > 0 {
 		fmt.Fprintf(tw, "relay ÷\tfan-out last p50\tfan-out last max\tfirst config p50\tfirst config p99\tconfigured/s\tCPU/change\t\n")
 		for _, q := range cmp.Ratios {
-			fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t\n", q.Versus, q.FanOutLastP50, q.FanOutLastMax,
+			fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%.2f\t%.2f\t%.3g\t\n", q.Versus, q.FanOutLastP50, q.FanOutLastMax,
 				q.FirstConfigP50, q.FirstConfigP99, q.ConfiguredPerSec, q.CPUPerChange)
 		}
 		fmt.Fprintln(tw)
@@ -278,7 +279,7 @@ func (cmp *Comparison) writeNotes(w io.Writer, c *Config) {
 	}
 	switch {
 	case c.Split:
-		fmt.Fprintln(w, "server: the child process of each setup; for the relay, the relay's own process (its control plane runs in another, whose CPU is not counted).")
+		fmt.Fprintln(w, "server: the child process of each setup; for the relay, the relay's own process (its control plane runs in another: relay's CP CPU/change).")
 	default:
 		fmt.Fprintln(w, "server: this process, clients included (add --split to measure the server alone); goroutines need --split.")
 	}
@@ -299,6 +300,15 @@ func perStreamGoroutines(r *Result) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f", r.IdlePerStream.Goroutines)
+}
+
+// upstreamCPUTime formats the CPU per change of a split relay's control
+// plane, "-" for other setups.
+func upstreamCPUTime(r *Result) string {
+	if r.CPU.Upstream == 0 {
+		return "-"
+	}
+	return cpuTime(r.CPU.UpstreamPerChange)
 }
 
 // cpuTime formats a CPU time in milliseconds, with microseconds.

@@ -91,6 +91,9 @@ type CPU struct {
 	PerChange          time.Duration `json:"per_change_ns"`
 	PerClientPerChange time.Duration `json:"per_client_per_change_ns"`
 	UpstreamPerChange  time.Duration `json:"upstream_per_change_ns,omitempty"`
+	// UpstreamPID is the relay's control plane's process, apart from the
+	// relay's (Config.PID); 0 unless split.
+	UpstreamPID int `json:"upstream_pid,omitempty"`
 }
 
 // perChange divides the CPU times by the changes and the clients.

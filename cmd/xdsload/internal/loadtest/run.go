@@ -183,7 +183,7 @@ func drive(ctx context.Context, cfg *Config, tr *tracker, b backend, res *Result
 	if cfg.PID > 0 && cfg.Updates > 0 {
 		res.CPU = CPU{Server: sampleCPU(cfg.PID) - cpu, Changes: cfg.Updates}
 		if pid := upstreamPID(b); pid > 0 {
-			res.CPU.Upstream = sampleCPU(pid) - upstreamCPU
+			res.CPU.Upstream, res.CPU.UpstreamPID = sampleCPU(pid)-upstreamCPU, pid
 		}
 		res.CPU.perChange(cfg.Clients)
 	}
