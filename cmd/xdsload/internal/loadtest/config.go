@@ -34,7 +34,7 @@ type Config struct {
 	Type           string        `json:"type"`         // eds, cds, lds or rds
 	Names          []string      `json:"names"`        // subscriptions; empty: wildcard
 	NodeCluster    string        `json:"node_cluster"` // node.cluster sent by every client
-	PID            int           `json:"pid"`          // server process whose RSS is sampled; 0: none
+	PID            int           `json:"pid"`          // server process whose RSS and CPU are sampled; 0: none
 	Timeout        time.Duration `json:"timeout_ns"`   // bound on the whole run
 
 	ServeCP     string        `json:"serve_cp"`        // run a control plane on this address

@@ -40,9 +40,10 @@ func (b *xdsBackend) stop() {
 	}
 }
 
-// Run runs the load that cfg describes and returns what it measured. It
-// stops by itself after cfg.Timeout; on a timeout, a failed publish or ctx
-// ending, it returns the results so far with the error.
+// Run runs the load that cfg describes (updates fanned out, or churn if
+// cfg.Churn) and returns what it measured. It stops by itself after
+// cfg.Timeout; on a timeout, a failed publish or ctx ending, it returns the
+// results so far with the error.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
 	cfg = cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
