@@ -1,9 +1,10 @@
 // Command xdsload is a load tool for xDS servers: a control plane, or a
 // relay such as xdsrelay in front of one.
 //
-// It opens --clients downstream xDS clients against --target, each on its
-// own gRPC connection (insecure) with one stream, at most --rate streams a
-// second. Client i sends node.id "xdsload-<i>" and node.cluster
+// It opens --clients downstream xDS clients against --target, each with one
+// stream on its own gRPC connection (insecure), or --streams-per-conn N of
+// them to a connection (clients i*N..i*N+N-1 share connection i: 100,000
+// clients at 100 take 1,000 connections), at most --rate streams a second. Client i sends node.id "xdsload-<i>" and node.cluster
 // --node-cluster, subscribes to --names of --type (wildcard when empty) with
 // the --variant protocol on the aggregated service (--ads) or the per-type
 // one, and ACKs every response: SotW with the response's version_info and
@@ -25,8 +26,9 @@
 // front of it to load the relay.
 //
 // With --relay it also starts xdsrelay in this process (package relay, its
-// defaults, clients grouped by node.cluster, no admin endpoint) in front of
-// the --serve-cp control plane, and the clients load the relay.
+// defaults but no admission limits and no bound on the streams of a
+// connection, clients grouped by node.cluster, no admin endpoint) in front
+// of the --serve-cp control plane, and the clients load the relay.
 //
 // With --compare it runs four setups one after the other, with the same
 // clients, resources and updates, in this process: clients through
@@ -34,10 +36,14 @@
 // given), directly on go-control-plane with its linear cache, with its
 // snapshot cache, and the socket floor. It prints a row per setup (last
 // client's fan-out latency min/p50/max over the updates, time to first
-// config p50/p99, established and configured streams per second, this
-// process's RSS growth per client, clients included) and the relay's
-// figures divided by each other setup's. --timeout then bounds each setup,
-// and memory is returned to the system before each.
+// config p50/p99, established and configured streams per second,
+// connections, the server's RSS growth and goroutines per idle stream, its
+// CPU per change and per client per change, and the relay's control
+// plane's CPU per change) and the relay's figures divided by each other
+// setup's. --timeout then bounds each setup,
+// and memory is returned to the system before each. The floor is skipped,
+// and the output says so, with --churn and with --streams-per-conn above 1
+// (it has one TCP connection per client).
 //
 // With --split the server side (the control plane, the relay in front of
 // it, or the floor's server) runs in a child process, this executable
@@ -45,7 +51,19 @@
 // open-file limit (10,000 clients on loopback take 10,000 descriptors on
 // each side), they show up apart in top, and the RSS sampled is the
 // server's alone (with --compare, each setup's server in a process of its
-// own). With --cpuprofile FILE the child profiles itself into FILE.server.
+// own). The relay then runs in a child of its own and its control plane in
+// another, so that the relay's CPU and memory are the relay's alone. With
+// --cpuprofile FILE the child profiles itself into FILE.server.
+//
+// With --churn D it measures connect/disconnect churn instead of updates:
+// for D, every client loops opening a connection (with --streams-per-conn
+// above 1, a stream on a connection its group keeps), subscribing, waiting
+// for the first response and closing (the stream is reset, the connection
+// closed); it reports the completed cycles per second, the cycle time's
+// p50 and p99, and the server's RSS (and with --split its goroutines and
+// heap) before the clients, at the end of the churn, --churn-settle after
+// the last client stopped, and after the server ran runtime.GC and
+// debug.FreeOSMemory: whether it went back to its baseline.
 //
 // With --floor it measures the socket floor instead: as many plain TCP
 // connections on loopback, to which a server writes, for the initial config
@@ -63,9 +81,19 @@
 //     distribution of every client's receipt of every update; per update,
 //     p50, p99 and the last client;
 //   - bytes received by all clients (gRPC messages with their framing);
+//   - connections dialed;
 //   - with --pid PID, the server's VmRSS before the clients, once they are
 //     all configured and at the end, and the growth per client ("self" is
-//     this process: the --serve-cp control plane and the clients together).
+//     this process: the --serve-cp control plane and the clients together);
+//     with --split, also its goroutines: per idle stream, the growth from
+//     before the clients to all configured, divided by the clients;
+//   - with --pid PID, the server's CPU per change: its CPU time (utime and
+//     stime from /proc/PID/stat, 10ms ticks) from just before the first
+//     update to the last one delivered to every client, divided by the
+//     updates, and by the clients too. With --split --relay (and in
+//     --compare --split) it is the relay's alone, and its control plane's
+//     is reported apart. Give enough updates that the total spans many
+//     ticks.
 //
 // Against a server it does not serve itself (no --serve-cp), there are no
 // updates to follow: the run ends once every client has its first config.
@@ -76,7 +104,8 @@
 // Flags:
 //
 //	--target host:port   xDS server (default: the --serve-cp control plane)
-//	--clients N          clients, one gRPC connection each (default 100)
+//	--clients N          clients, one xDS stream each (default 100)
+//	--streams-per-conn N clients per gRPC connection (default 1; the floor needs 1)
 //	--rate R             streams opened per second at most; 0: no limit (default 1000)
 //	--variant delta|sotw protocol variant (default delta)
 //	--ads                aggregated service; --ads=false: per-type services (default true)
@@ -91,6 +120,8 @@
 //	--endpoints E        endpoints per ClusterLoadAssignment (default 200)
 //	--update-every D     pause before each update (default 500ms)
 //	--updates U          updates published, with --serve-cp or --floor (default 10)
+//	--churn D            connect/disconnect churn for D instead of updates
+//	--churn-settle D     pause before the settled sample of a churn (default 3s)
 //	--floor              measure the plain TCP socket floor instead
 //	--relay              start xdsrelay in this process in front of --serve-cp and load it
 //	--split              server side in a child process
@@ -106,4 +137,10 @@
 //	xdsload --floor --clients 200
 //	xdsload --compare --clients 2000 --names cla-0 --rate 0 --update-every 2s
 //	xdsload --compare --split --clients 10000 --names cla-0 --rate 0 --update-every 2s
+//	xdsload --compare --split --clients 100000 --streams-per-conn 100 --names cla-0 --rate 0 --updates 3
+//	xdsload --compare --split --churn 30s --clients 200 --names cla-0 --rate 0
+//	xdsload --compare --split --type cds --resources 100000 --clients 4 --updates 100 --update-every 100ms
+//	xdsload --compare --split --variant sotw --type cds --resources 5000 --clients 1000 --updates 10 --update-every 2s
+//
+// BENCHMARKS.md describes these scenarios.
 package main

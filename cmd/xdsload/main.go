@@ -18,8 +18,10 @@ import (
 )
 
 const usage = `xdsload opens many xDS clients against an xDS server, each on its own gRPC
-connection, and measures connect rate, time to first config, update fan-out
-latency, bytes received and the server's memory. See "go doc ./cmd/xdsload".
+connection or --streams-per-conn to one, and measures connect rate, time to
+first config, update fan-out latency, bytes received, the server's memory and
+CPU per change, or with --churn connect/disconnect cycles per second.
+See "go doc ./cmd/xdsload".
 
 Usage:
   xdsload --target HOST:PORT [flags]          load any xDS server
@@ -29,6 +31,7 @@ Usage:
   xdsload --compare [flags]                   xdsrelay, go-control-plane's linear
                                               and snapshot caches, and the floor,
                                               one after the other, side by side
+  xdsload --compare --split --churn 20s       connect/disconnect churn, side by side
 
 Flags:
 `
@@ -86,7 +89,8 @@ type flags struct {
 func (f *flags) define(fs *flag.FlagSet) {
 	c := &f.cfg
 	fs.StringVar(&c.Target, "target", "", "xDS server `host:port`; default: the --serve-cp control plane")
-	fs.IntVar(&c.Clients, "clients", 100, "number of clients `N`, one gRPC connection and one stream each")
+	fs.IntVar(&c.Clients, "clients", 100, "number of clients `N`, one xDS stream each")
+	fs.IntVar(&c.StreamsPerConn, "streams-per-conn", 1, "clients (streams) per gRPC connection `N`: 100,000 clients at 100 take 1,000 connections; the floor needs 1")
 	fs.Float64Var(&c.Rate, "rate", 1000, "open at most `R` streams per second; 0: no limit")
 	fs.StringVar(&c.Variant, "variant", loadtest.VariantDelta, "protocol variant: delta or sotw")
 	fs.BoolVar(&c.ADS, "ads", true, "use the aggregated service (ADS); false: the per-type service (EDS, CDS, LDS, RDS)")
@@ -101,6 +105,8 @@ func (f *flags) define(fs *flag.FlagSet) {
 	fs.IntVar(&c.Endpoints, "endpoints", 200, "endpoints per ClusterLoadAssignment (eds)")
 	fs.DurationVar(&c.UpdateEvery, "update-every", 500*time.Millisecond, "pause `D` before each update")
 	fs.IntVar(&c.Updates, "updates", 10, "updates `U` published, one resource each (with --serve-cp or --floor)")
+	fs.DurationVar(&c.Churn, "churn", 0, "instead of updates, churn for `D`: every client loops connect (a new connection unless --streams-per-conn > 1, then a new stream), subscribe, first response, close; reports cycles per second, cycle time and the server's memory before, at the end, settled and after GC")
+	fs.DurationVar(&c.ChurnSettle, "churn-settle", 3*time.Second, "with --churn, pause `D` after the last client stopped before sampling the server as settled")
 	fs.BoolVar(&c.Floor, "floor", false, "measure the socket floor: the same bytes to as many plain TCP connections on loopback")
 	fs.BoolVar(&c.Relay, "relay", false, "start xdsrelay in this process in front of the --serve-cp control plane and load it")
 	fs.BoolVar(&c.Split, "split", false, "run the server side (control plane, relay, floor server) in a child process: clients and server then each have the whole open-file limit, and RSS is the server's alone")

@@ -78,6 +78,35 @@ func TestCompare(t *testing.T) {
 	}
 }
 
+func TestChurnThroughRelay(t *testing.T) {
+	jsonFile := filepath.Join(t.TempDir(), "churn.json")
+	var stdout, stderr strings.Builder
+	code := run(t.Context(), []string{
+		"--serve-cp", "127.0.0.1:0", "--relay", "--cp-cache", "linear", "--clients", "4", "--streams-per-conn", "2",
+		"--churn", "200ms", "--churn-settle", "10ms", "--names", "cla-1", "--resources", "3", "--endpoints", "5",
+		"--pid", "self", "--timeout", "30s", "--json", jsonFile,
+	}, &stdout, &stderr)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
+	}
+	for _, want := range []string{"streams/s", "baseline", "after GC", "2 streams per connection"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	b, err := os.ReadFile(jsonFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res loadtest.Result
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Churn == nil || res.Churn.Cycles < 4 || res.Connections != 2 || res.Churn.Collected.RSS <= 0 {
+		t.Errorf("JSON results: %+v, churn %+v", res, res.Churn)
+	}
+}
+
 func TestFlagErrors(t *testing.T) {
 	tests := []struct {
 		name string
@@ -94,6 +123,10 @@ func TestFlagErrors(t *testing.T) {
 		{"stray argument", []string{"--floor", "extra"}, 2, "extra"},
 		{"compare with a target", []string{"--compare", "--target", "127.0.0.1:1"}, 2, "compare"},
 		{"relay without a control plane", []string{"--relay", "--target", "127.0.0.1:1"}, 2, "relay"},
+		{"no streams per connection", []string{"--floor", "--streams-per-conn", "-1"}, 2, "streams-per-conn"},
+		{"floor sharing connections", []string{"--floor", "--streams-per-conn", "2"}, 2, "streams-per-conn"},
+		{"negative churn", []string{"--serve-cp", "127.0.0.1:0", "--churn", "-1s"}, 2, "churn"},
+		{"churn past the timeout", []string{"--compare", "--churn", "1m", "--timeout", "1m"}, 2, "timeout"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -14,7 +14,6 @@ import (
 	listenersvc "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
 	routesvc "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/protobuf/types/known/anypb"
 )
@@ -38,55 +37,126 @@ type (
 	deltaStream = grpc.BidiStreamingClient[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
 )
 
-// xdsClients runs xDS clients against cfg.Target.
+// xdsClients runs xDS clients against cfg.Target, cfg.StreamsPerConn
+// streams to a gRPC connection.
 type xdsClients struct {
-	// Read-only after creation.
+	// Read-only after newXDSClients.
 	cfg    *Config
 	coding seqCoding
+	pool   *connPool
 
 	bytes byteCounter
 }
 
+// newXDSClients makes the clients of cfg; cfg.Target is where they dial.
+func newXDSClients(cfg *Config, coding seqCoding) *xdsClients {
+	x := &xdsClients{cfg: cfg, coding: coding}
+	x.pool = newConnPool(cfg.Target, cfg.Clients, cfg.StreamsPerConn, &x.bytes)
+	return x
+}
+
 func (x *xdsClients) bytesReceived() int64 { return x.bytes.n.Load() }
+
+func (x *xdsClients) connections() int { return x.pool.connections() }
+
+func (x *xdsClients) node(i int) *corepb.Node {
+	return &corepb.Node{Id: "xdsload-" + strconv.Itoa(i), Cluster: x.cfg.NodeCluster}
+}
+
+// streamContext is the context of a stream that ends with ctx but carries
+// no deadline (no grpc-timeout): xDS streams are long-lived, and Envoy's
+// carry none either. Cancelling it resets the stream.
+func streamContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, cancel)
+	return sctx, func() {
+		stop()
+		cancel()
+	}
+}
 
 // run runs client i until ctx ends or its stream fails: it subscribes,
 // records what each response brings and ACKs it.
 func (x *xdsClients) run(ctx context.Context, i int, tr *tracker) error {
-	conn, err := grpc.NewClient(x.cfg.Target,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithStatsHandler(&x.bytes),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessage)),
-		grpc.WithStaticStreamWindowSize(envoyStreamWindow),
-		grpc.WithStaticConnWindowSize(envoyConnWindow))
+	conn, err := x.pool.acquire(i)
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	node := &corepb.Node{Id: "xdsload-" + strconv.Itoa(i), Cluster: x.cfg.NodeCluster}
-	// The stream ends with ctx but carries no deadline (no grpc-timeout):
-	// xDS streams are long-lived, and Envoy's carry none either.
-	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer x.pool.release(i)
+	sctx, cancel := streamContext(ctx)
 	defer cancel()
-	defer context.AfterFunc(ctx, cancel)()
 	if x.cfg.Variant == VariantDelta {
 		s, err := openDelta(sctx, conn, x.cfg.Type, x.cfg.ADS)
 		if err != nil {
 			return err
 		}
-		return x.delta(s, node, i, tr)
+		return x.delta(s, x.node(i), i, tr)
 	}
 	s, err := openSotW(sctx, conn, x.cfg.Type, x.cfg.ADS)
 	if err != nil {
 		return err
 	}
-	return x.sotw(s, node, i, tr)
+	return x.sotw(s, x.node(i), i, tr)
+}
+
+// cycle is one churn cycle of client i: it opens a stream (on a connection
+// of its own, dialed now, unless streams share connections), subscribes,
+// waits for the first response and resets the stream.
+func (x *xdsClients) cycle(ctx context.Context, i int) error {
+	conn, err := x.pool.acquire(i)
+	if err != nil {
+		return err
+	}
+	defer x.pool.release(i)
+	sctx, cancel := streamContext(ctx)
+	defer cancel()
+	if x.cfg.Variant == VariantDelta {
+		s, err := openDelta(sctx, conn, x.cfg.Type, x.cfg.ADS)
+		if err != nil {
+			return err
+		}
+		if err := s.Send(x.deltaSubscribe(x.node(i))); err != nil {
+			return err
+		}
+		_, err = s.Recv()
+		return err
+	}
+	s, err := openSotW(sctx, conn, x.cfg.Type, x.cfg.ADS)
+	if err != nil {
+		return err
+	}
+	if err := s.Send(x.sotwSubscribe(x.node(i))); err != nil {
+		return err
+	}
+	_, err = s.Recv()
+	return err
+}
+
+// hold keeps client i's connection until release, so that its churn
+// cycles open streams on it and not connections; without shared
+// connections it holds nothing.
+func (x *xdsClients) hold(i int) (release func(), err error) {
+	if x.cfg.StreamsPerConn == 1 {
+		return func() {}, nil
+	}
+	if _, err := x.pool.acquire(i); err != nil {
+		return nil, err
+	}
+	return func() { x.pool.release(i) }, nil
+}
+
+func (x *xdsClients) sotwSubscribe(node *corepb.Node) *discoverypb.DiscoveryRequest {
+	return &discoverypb.DiscoveryRequest{Node: node, TypeUrl: x.coding.kind.typeURL, ResourceNames: x.cfg.Names}
+}
+
+func (x *xdsClients) deltaSubscribe(node *corepb.Node) *discoverypb.DeltaDiscoveryRequest {
+	return &discoverypb.DeltaDiscoveryRequest{Node: node, TypeUrl: x.coding.kind.typeURL, ResourceNamesSubscribe: x.cfg.Names}
 }
 
 // sotw follows "ACK/NACK and resource type instance version": each ACK
 // carries the response's version_info and nonce, and the same names.
 func (x *xdsClients) sotw(s sotwStream, node *corepb.Node, i int, tr *tracker) error {
-	err := s.Send(&discoverypb.DiscoveryRequest{Node: node, TypeUrl: x.coding.kind.typeURL, ResourceNames: x.cfg.Names})
-	if err != nil {
+	if err := s.Send(x.sotwSubscribe(node)); err != nil {
 		return err
 	}
 	tr.established(i)
@@ -109,8 +179,7 @@ func (x *xdsClients) sotw(s sotwStream, node *corepb.Node, i int, tr *tracker) e
 // delta follows "Incremental xDS": names subscribed in the first request
 // (none: wildcard), each response ACKed by its nonce.
 func (x *xdsClients) delta(s deltaStream, node *corepb.Node, i int, tr *tracker) error {
-	err := s.Send(&discoverypb.DeltaDiscoveryRequest{Node: node, TypeUrl: x.coding.kind.typeURL, ResourceNamesSubscribe: x.cfg.Names})
-	if err != nil {
+	if err := s.Send(x.deltaSubscribe(node)); err != nil {
 		return err
 	}
 	tr.established(i)

@@ -3,6 +3,7 @@ package loadtest
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestRunThroughRelay(t *testing.T) {
@@ -61,6 +62,47 @@ func TestCompare(t *testing.T) {
 		if !strings.Contains(table.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, table.String())
 		}
+	}
+}
+
+// A churn comparison runs the relay and both caches, and skips the floor.
+func TestCompareChurn(t *testing.T) {
+	cmp, err := Compare(t.Context(), smallLoad(func(c *Config) {
+		c.ServeCP, c.Clients, c.Churn, c.ChurnSettle = "", 2, 150*time.Millisecond, 10*time.Millisecond
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, s := range cmp.Setups {
+		names = append(names, s.Name)
+		checkChurn(t, s.Result)
+	}
+	if got := strings.Join(names, ","); got != "relay,linear,snapshot" {
+		t.Errorf("setups %s", got)
+	}
+	if len(cmp.Skipped) != 1 || cmp.Skipped[0].Name != SetupFloor {
+		t.Errorf("skipped %+v, want the floor", cmp.Skipped)
+	}
+	if len(cmp.Ratios) != 2 || cmp.Ratios[0].ChurnPerSec <= 0 {
+		t.Errorf("ratios %+v, want two with churn rates", cmp.Ratios)
+	}
+	var table strings.Builder
+	if err := cmp.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"streams/s", "after GC", "floor: skipped"} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, table.String())
+		}
+	}
+}
+
+// Streams sharing connections skip the floor, which has one per client.
+func TestCompareSkipsFloorWithSharedConnections(t *testing.T) {
+	setups, skipped := setupConfigs(smallLoad(func(c *Config) { c.StreamsPerConn = 10 }))
+	if len(setups) != 3 || len(skipped) != 1 || !strings.Contains(skipped[0].Reason, "streams-per-conn") {
+		t.Errorf("setups %d, skipped %+v; want 3 and the floor", len(setups), skipped)
 	}
 }
 

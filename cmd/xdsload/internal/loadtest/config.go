@@ -23,16 +23,19 @@ const (
 // Config describes one run. The zero value of a field takes the default
 // that Defaults documents.
 type Config struct {
-	Target      string        `json:"target"`       // xDS server host:port; empty: the ServeCP control plane
-	Clients     int           `json:"clients"`      // downstream clients, one gRPC connection each
-	Rate        float64       `json:"rate"`         // streams opened per second at most; 0: no limit
-	Variant     string        `json:"variant"`      // VariantDelta or VariantSotW
-	ADS         bool          `json:"ads"`          // aggregated service, else the per-type service
-	Type        string        `json:"type"`         // eds, cds, lds or rds
-	Names       []string      `json:"names"`        // subscriptions; empty: wildcard
-	NodeCluster string        `json:"node_cluster"` // node.cluster sent by every client
-	PID         int           `json:"pid"`          // server process whose RSS is sampled; 0: none
-	Timeout     time.Duration `json:"timeout_ns"`   // bound on the whole run
+	Target  string `json:"target"`  // xDS server host:port; empty: the ServeCP control plane
+	Clients int    `json:"clients"` // downstream clients, one xDS stream each
+	// StreamsPerConn groups the clients' streams onto gRPC connections:
+	// clients i*N..i*N+N-1 share connection i. 1: a connection each.
+	StreamsPerConn int           `json:"streams_per_conn"`
+	Rate           float64       `json:"rate"`         // streams opened per second at most; 0: no limit
+	Variant        string        `json:"variant"`      // VariantDelta or VariantSotW
+	ADS            bool          `json:"ads"`          // aggregated service, else the per-type service
+	Type           string        `json:"type"`         // eds, cds, lds or rds
+	Names          []string      `json:"names"`        // subscriptions; empty: wildcard
+	NodeCluster    string        `json:"node_cluster"` // node.cluster sent by every client
+	PID            int           `json:"pid"`          // server process whose RSS and CPU are sampled; 0: none
+	Timeout        time.Duration `json:"timeout_ns"`   // bound on the whole run
 
 	ServeCP     string        `json:"serve_cp"`        // run a control plane on this address
 	CPCache     string        `json:"cp_cache"`        // CacheSnapshot or CacheLinear
@@ -51,6 +54,14 @@ type Config struct {
 	// and the RSS sampled (unless PID is given) is the server's alone.
 	Split bool `json:"split,omitempty"`
 
+	// Churn, if positive, replaces the updates with connect/disconnect
+	// churn for that long: every client loops opening a stream (and with
+	// StreamsPerConn 1 its connection), subscribing, waiting for the first
+	// response and closing. ChurnSettle is the pause after the last client
+	// has stopped before the server's memory is sampled as settled.
+	Churn       time.Duration `json:"churn_ns,omitempty"`
+	ChurnSettle time.Duration `json:"churn_settle_ns,omitempty"`
+
 	// CPUProfile, if set, is a file that receives a CPU profile of this
 	// process while the updates fan out: from every client configured to
 	// the last update delivered (or the run's end). Compare writes one per
@@ -64,12 +75,14 @@ type Config struct {
 }
 
 // Defaults returns cfg with the zero fields that have one set to their
-// default: 100 clients, delta, eds, node cluster "load", a 2m timeout, the
+// default: 100 clients, a connection each, delta, eds, node cluster "load", a 2m timeout, the
 // snapshot cache with 10 resources of 200 endpoints, progress every second.
 // A zero Rate means no limit, zero Updates none, a zero UpdateEvery back to
-// back; ADS is left as it is.
+// back; ADS is left as it is. A churn run settles for 3s.
 func (cfg Config) Defaults() Config {
 	setDefault(&cfg.Clients, 100)
+	setDefault(&cfg.StreamsPerConn, 1)
+	setDefault(&cfg.ChurnSettle, 3*time.Second)
 	setDefault(&cfg.Variant, VariantDelta)
 	setDefault(&cfg.Type, "eds")
 	setDefault(&cfg.NodeCluster, "load")
@@ -118,7 +131,29 @@ func (cfg *Config) Validate() error {
 	case cfg.Split && (cfg.Target != "" || !cfg.updating()):
 		return errors.New("split runs the tool's own server in a child process: give serve-cp or floor, and no target")
 	}
+	if err := cfg.validateStreams(); err != nil {
+		return err
+	}
 	return cfg.validateNames()
+}
+
+// validateStreams checks --streams-per-conn and --churn.
+func (cfg *Config) validateStreams() error {
+	switch {
+	case cfg.StreamsPerConn < 1:
+		return fmt.Errorf("streams-per-conn %d: want at least 1", cfg.StreamsPerConn)
+	case cfg.StreamsPerConn > 1 && cfg.Floor:
+		return errors.New("streams-per-conn: the floor has one TCP connection per client; give streams-per-conn 1 with floor")
+	case cfg.Churn < 0:
+		return fmt.Errorf("churn %s: must not be negative", cfg.Churn)
+	case cfg.Churn > 0 && cfg.Floor:
+		return errors.New("churn: the floor does not churn; give churn without floor")
+	case cfg.Churn > 0 && cfg.ChurnSettle < 0:
+		return fmt.Errorf("churn-settle %s: must not be negative", cfg.ChurnSettle)
+	case cfg.Churn > 0 && cfg.Timeout <= cfg.Churn+cfg.ChurnSettle:
+		return fmt.Errorf("timeout %s: must be longer than churn %s plus churn-settle %s", cfg.Timeout, cfg.Churn, cfg.ChurnSettle)
+	}
+	return nil
 }
 
 // validateNames checks, when the tool serves the resources, that every

@@ -31,7 +31,8 @@ type floor struct {
 	timeout    time.Duration
 	acceptDone chan struct{}
 
-	bytes atomic.Int64
+	bytes  atomic.Int64
+	dialed atomic.Int64
 
 	mu    sync.Mutex
 	conns []net.Conn // server side, guarded by mu
@@ -108,6 +109,7 @@ func (f *floor) run(ctx context.Context, i int, tr *tracker) error {
 	if err != nil {
 		return err
 	}
+	f.dialed.Add(1)
 	defer conn.Close()
 	defer closeOnDone(ctx, conn)()
 	tr.established(i)
@@ -129,6 +131,8 @@ func (f *floor) run(ctx context.Context, i int, tr *tracker) error {
 }
 
 func (f *floor) bytesReceived() int64 { return f.bytes.Load() }
+
+func (f *floor) connections() int { return int(f.dialed.Load()) }
 
 func (f *floor) stop() {
 	if f.ln == nil {

@@ -15,7 +15,8 @@ const relayShutdown = 10 * time.Second
 
 // startRelay starts xdsrelay in this process in front of the control plane
 // at upstream: downstream on a free loopback port, no admin endpoint,
-// clients grouped by node.cluster, no admission limits. Its warnings go to progress.
+// clients grouped by node.cluster, no admission limits and no bound on the
+// streams of a connection. Its warnings go to progress.
 func startRelay(upstream string, progress io.Writer) (*relay.Relay, error) {
 	cfg := relay.Default()
 	cfg.Upstream.Address = upstream
@@ -26,6 +27,9 @@ func startRelay(upstream string, progress io.Writer) (*relay.Relay, error) {
 	// as many as they ask for: the relay's admission limits protect a
 	// production relay, and would measure the limits here, not the relay.
 	cfg.Limits.StreamRate, cfg.Limits.MaxStreams, cfg.Limits.MaxGroups = 0, 0, 0
+	// --streams-per-conn multiplexes clients onto connections: the
+	// default of 100 streams per connection would hold the rest back.
+	cfg.Limits.MaxStreamsPerConnection = 0
 	if progress == nil {
 		progress = io.Discard
 	}

@@ -27,11 +27,22 @@ type Result struct {
 	FanOutAll   Summary  `json:"fan_out_receipts"` // every client's receipt of every update
 	Updates     []Update `json:"updates"`
 
+	// Connections is how many connections the clients dialed: Clients
+	// divided by StreamsPerConn, rounded up; in a churn run, over the run.
+	Connections   int   `json:"connections"`
 	BytesReceived int64 `json:"bytes_received"`
 	RSS           RSS   `json:"rss"`
 	// ServerMemory is the split run's server's runtime memory once every
-	// client is configured and idle; nil unless Config.Split.
-	ServerMemory *ServerMemory `json:"server_memory,omitempty"`
+	// client is configured and idle, and ServerMemoryStart before the
+	// clients; nil unless Config.Split.
+	ServerMemory      *ServerMemory `json:"server_memory,omitempty"`
+	ServerMemoryStart *ServerMemory `json:"server_memory_start,omitempty"`
+	// IdlePerStream is what an idle stream costs the server.
+	IdlePerStream PerStream `json:"idle_per_stream"`
+	// CPU is what the server spent on the updates.
+	CPU CPU `json:"cpu"`
+	// Churn is what a churn run measured; nil otherwise.
+	Churn *Churn `json:"churn,omitempty"`
 
 	// SeqBase is what the served resources' mark field holds before any
 	// update: update seq makes it SeqBase+seq.
@@ -59,15 +70,62 @@ type RSS struct {
 	End        int64 `json:"end"`
 }
 
+// PerStream is the growth of the server from before the clients to every
+// client configured and idle, divided by the clients (streams).
+type PerStream struct {
+	RSS        int64   `json:"rss"`        // zero without a PID
+	Goroutines float64 `json:"goroutines"` // zero unless Config.Split
+}
+
+// CPU is the CPU time (user and system) the server process used while the
+// updates fanned out: from just before the first update's pause to the last
+// update delivered to every client, pauses included, in clock ticks of
+// 10ms. With Config.Split and Config.Relay, Server is the relay's alone and
+// Upstream its control plane's; otherwise the process at Config.PID (with
+// --compare without --split, this process: clients included).
+type CPU struct {
+	Server   time.Duration `json:"server_ns"`
+	Upstream time.Duration `json:"upstream_ns,omitempty"`
+	Changes  int           `json:"changes"` // updates that reached every client
+	// Server's per change, and per change and client.
+	PerChange          time.Duration `json:"per_change_ns"`
+	PerClientPerChange time.Duration `json:"per_client_per_change_ns"`
+	UpstreamPerChange  time.Duration `json:"upstream_per_change_ns,omitempty"`
+	// UpstreamPID is the relay's control plane's process, apart from the
+	// relay's (Config.PID); 0 unless split.
+	UpstreamPID int `json:"upstream_pid,omitempty"`
+}
+
+// perChange divides the CPU times by the changes and the clients.
+func (c *CPU) perChange(clients int) {
+	if c.Changes == 0 {
+		return
+	}
+	c.PerChange = c.Server / time.Duration(c.Changes)
+	c.PerClientPerChange = c.PerChange / time.Duration(max(clients, 1))
+	c.UpstreamPerChange = c.Upstream / time.Duration(c.Changes)
+}
+
+// fillIdle computes IdlePerStream from the samples before the clients and
+// once they are configured.
+func (r *Result) fillIdle() {
+	n := int64(max(r.Config.Clients, 1))
+	if r.RSS.Start > 0 && r.RSS.Configured > 0 {
+		r.IdlePerStream.RSS = (r.RSS.Configured - r.RSS.Start) / n
+	}
+	if r.ServerMemory != nil && r.ServerMemoryStart != nil {
+		r.IdlePerStream.Goroutines = float64(r.ServerMemory.Goroutines-r.ServerMemoryStart.Goroutines) / float64(n)
+	}
+}
+
 // fill computes the results from what tr recorded; the clients and the
 // publisher have stopped.
-func (r *Result) fill(tr *tracker, start time.Time, bytes int64) {
+func (r *Result) fill(tr *tracker, start time.Time) {
 	r.Elapsed = time.Since(start)
 	r.Failed = int(tr.failed.Load())
 	if tr.firstErr != nil {
 		r.FirstError = tr.firstErr.Error()
 	}
-	r.BytesReceived = bytes
 	r.Early = tr.early.Load()
 	var ttfc []time.Duration
 	var lastEst, lastConf time.Time
@@ -129,10 +187,23 @@ func perSecond(n int, d time.Duration) float64 {
 // WriteTable prints the results as tables.
 func (r *Result) WriteTable(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	c := &r.Config
 	fmt.Fprintf(w, "%s\n\n", r.describe())
-	fmt.Fprintf(tw, "clients\tconnected\tconfigured\tfailed\testablished/s\tconfigured/s\telapsed\t\n")
-	fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%.1f\t%.1f\t%s\t\n\n", c.Clients, r.Connected, r.Configured, r.Failed,
+	if r.Churn != nil {
+		r.Churn.writeTable(tw, r.Connections)
+	} else {
+		r.writeLoadTables(tw)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return r.writeFooter(w)
+}
+
+// writeLoadTables prints a load run's counts, latencies and updates.
+func (r *Result) writeLoadTables(tw io.Writer) {
+	c := &r.Config
+	fmt.Fprintf(tw, "clients\tconnections\tconnected\tconfigured\tfailed\testablished/s\tconfigured/s\telapsed\t\n")
+	fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%.1f\t%.1f\t%s\t\n\n", c.Clients, r.Connections, r.Connected, r.Configured, r.Failed,
 		r.EstablishedPerSec, r.ConfiguredPerSec, r.Elapsed.Round(time.Millisecond))
 	fmt.Fprintf(tw, "latency (ms)\tn\tmin\tp50\tp90\tp99\tmax\t\n")
 	summaryRow(tw, "time to first config", r.FirstConfig)
@@ -148,10 +219,6 @@ func (r *Result) WriteTable(w io.Writer) error {
 		}
 		fmt.Fprintln(tw)
 	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	return r.writeFooter(w)
 }
 
 func (r *Result) describe() string {
@@ -180,8 +247,16 @@ func (r *Result) describe() string {
 	case c.Relay:
 		s += ", through xdsrelay in this process"
 	}
-	if c.Split {
+	if c.Split && c.Relay {
+		s += "; relay and control plane each in a child process"
+	} else if c.Split {
 		s += "; server side in a child process"
+	}
+	if c.StreamsPerConn > 1 {
+		s += fmt.Sprintf(", %d streams per connection", c.StreamsPerConn)
+	}
+	if c.Churn > 0 {
+		s += fmt.Sprintf("; churn for %s", c.Churn)
 	}
 	if len(c.Names) > 0 {
 		s += ", names " + strings.Join(c.Names, ",")
@@ -197,7 +272,13 @@ func (r *Result) writeFooter(w io.Writer) error {
 			r.Config.PID, size(r.RSS.Start), size(r.RSS.Configured), size((r.RSS.Configured-r.RSS.Start)/n),
 			size(r.RSS.End), size((r.RSS.End-r.RSS.Configured)/n))
 	}
+	if r.Config.Updates > 0 && r.CPU.Changes > 0 {
+		fmt.Fprintf(w, "server CPU over %d changes: %s, %s per change, %s per client per change%s\n",
+			r.CPU.Changes, r.CPU.Server, r.CPU.PerChange, r.CPU.PerClientPerChange, r.upstreamCPU())
+	}
 	if m := r.ServerMemory; m != nil {
+		fmt.Fprintf(w, "server goroutines per idle stream: %.2f (%d before the clients, %d once configured)\n",
+			r.IdlePerStream.Goroutines, r.ServerMemoryStart.goroutines(), m.Goroutines)
 		fmt.Fprintf(w, "server memory once configured: %d goroutines (%.1f per client), stacks %s (%s per client), heap in use %s (%s per client), runtime total %s\n",
 			m.Goroutines, float64(m.Goroutines)/float64(n), size(int64(m.StackInuse)), size(int64(m.StackInuse)/n),
 			size(int64(m.HeapInuse)), size(int64(m.HeapInuse)/n), size(int64(m.Sys)))
@@ -212,6 +293,14 @@ func (r *Result) writeFooter(w io.Writer) error {
 		fmt.Fprintf(w, "first client error: %s\n", r.FirstError)
 	}
 	return nil
+}
+
+// upstreamCPU describes the relay's control plane's CPU, if measured.
+func (r *Result) upstreamCPU() string {
+	if r.CPU.Upstream == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; the relay's control plane (another process): %s, %s per change", r.CPU.Upstream, r.CPU.UpstreamPerChange)
 }
 
 var markField = map[string]string{

@@ -17,6 +17,7 @@ type backend interface {
 	run(ctx context.Context, i int, tr *tracker) error // client i, until ctx ends
 	publish(seq int) (time.Time, error)
 	bytesReceived() int64
+	connections() int // connections the clients dialed
 	stop()
 }
 
@@ -39,15 +40,16 @@ func (b *xdsBackend) stop() {
 	}
 }
 
-// Run runs the load that cfg describes and returns what it measured. It
-// stops by itself after cfg.Timeout; on a timeout, a failed publish or ctx
-// ending, it returns the results so far with the error.
+// Run runs the load that cfg describes (updates fanned out, or churn if
+// cfg.Churn) and returns what it measured. It stops by itself after
+// cfg.Timeout; on a timeout, a failed publish or ctx ending, it returns the
+// results so far with the error.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
 	cfg = cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if !cfg.updating() {
+	if !cfg.updating() || cfg.Churn > 0 {
 		cfg.Updates = 0
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
@@ -62,7 +64,6 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	defer b.stop()
-	tr := newTracker(cfg.Clients, cfg.Updates)
 	res := &Result{Config: cfg}
 	if cfg.ServeCP != "" && !cfg.Floor {
 		res.SeqBase = coding.base
@@ -72,15 +73,47 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			return nil, err
 		}
 	}
+	res.ServerMemoryStart = serverMemory(b)
+	if cfg.Churn > 0 {
+		err = churn(ctx, &cfg, b, res)
+	} else {
+		err = load(ctx, &cfg, b, res)
+	}
+	res.BytesReceived = b.bytesReceived()
+	res.Connections = b.connections()
+	return res, err
+}
+
+// load opens the clients, follows them through their first config and the
+// updates, and fills res from what they saw.
+func load(ctx context.Context, cfg *Config, b backend, res *Result) error {
+	tr := newTracker(cfg.Clients, cfg.Updates)
 	start := time.Now()
-	stopProgress := progress(&cfg, tr, start)
-	err = drive(ctx, &cfg, tr, b, res)
+	stopProgress := progress(cfg, func(elapsed time.Duration) string { return tr.progressLine(elapsed) }, start)
+	err := drive(ctx, cfg, tr, b, res)
 	stopProgress()
-	res.fill(tr, start, b.bytesReceived())
+	res.fill(tr, start)
 	if err == nil && res.Failed > 0 {
 		err = fmt.Errorf("%d of %d clients failed; %s", res.Failed, cfg.Clients, res.FirstError)
 	}
-	return res, err
+	return err
+}
+
+// serverMemory reads a split run's server's runtime memory; nil otherwise.
+func serverMemory(b backend) *ServerMemory {
+	if s, ok := b.(*splitBackend); ok {
+		return s.memory()
+	}
+	return nil
+}
+
+// upstreamPID is the process of a split run's relay's control plane; 0
+// otherwise.
+func upstreamPID(b backend) int {
+	if s, ok := b.(*splitBackend); ok {
+		return s.upstreamPID()
+	}
+	return 0
 }
 
 func startBackend(cfg *Config, coding seqCoding) (backend, error) {
@@ -96,7 +129,7 @@ func startBackend(cfg *Config, coding seqCoding) (backend, error) {
 // startXDSBackend starts the control plane if cfg.ServeCP, and the relay
 // in front of it if cfg.Relay; cfg.Target is then where they serve.
 func startXDSBackend(cfg *Config, coding seqCoding) (*xdsBackend, error) {
-	b := &xdsBackend{xdsClients: &xdsClients{cfg: cfg, coding: coding}}
+	b := &xdsBackend{}
 	if cfg.ServeCP != "" {
 		cp, err := startControlPlane(cfg, coding)
 		if err != nil {
@@ -116,6 +149,7 @@ func startXDSBackend(cfg *Config, coding seqCoding) (*xdsBackend, error) {
 		b.relay = r
 		cfg.Target = r.Addr()
 	}
+	b.xdsClients = newXDSClients(cfg, coding)
 	return b, nil
 }
 
@@ -141,11 +175,18 @@ func drive(ctx context.Context, cfg *Config, tr *tracker, b backend, res *Result
 		return fmt.Errorf("waiting for every client's first config: %w", err)
 	}
 	res.RSS.Configured = sampleRSS(cfg.PID)
-	if s, ok := b.(*splitBackend); ok {
-		res.ServerMemory = s.memory()
-	}
+	res.ServerMemory = serverMemory(b)
+	res.fillIdle()
+	cpu, upstreamCPU := sampleCPU(cfg.PID), sampleCPU(upstreamPID(b))
 	if err := fanOut(ctx, cfg, tr, b); err != nil {
 		return err
+	}
+	if cfg.PID > 0 && cfg.Updates > 0 {
+		res.CPU = CPU{Server: sampleCPU(cfg.PID) - cpu, Changes: cfg.Updates}
+		if pid := upstreamPID(b); pid > 0 {
+			res.CPU.Upstream, res.CPU.UpstreamPID = sampleCPU(pid)-upstreamCPU, pid
+		}
+		res.CPU.perChange(cfg.Clients)
 	}
 	res.RSS.End = sampleRSS(cfg.PID)
 	return nil
@@ -241,9 +282,9 @@ func publishAll(ctx context.Context, cfg *Config, tr *tracker, b backend) error 
 	return nil
 }
 
-// progress writes a progress line every cfg.ProgressEvery until the
+// progress writes line(time since start) every cfg.ProgressEvery until the
 // returned func, which waits for it to stop, is called.
-func progress(cfg *Config, tr *tracker, start time.Time) (stop func()) {
+func progress(cfg *Config, line func(time.Duration) string, start time.Time) (stop func()) {
 	if cfg.Progress == nil {
 		return func() {}
 	}
@@ -255,7 +296,7 @@ func progress(cfg *Config, tr *tracker, start time.Time) (stop func()) {
 		for {
 			select {
 			case <-t.C:
-				fmt.Fprintln(cfg.Progress, tr.progressLine(time.Since(start)))
+				fmt.Fprintln(cfg.Progress, line(time.Since(start)))
 			case <-done:
 				return
 			}

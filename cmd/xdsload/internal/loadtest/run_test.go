@@ -8,6 +8,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 )
 
 var errTest = errors.New("test")
@@ -134,6 +137,23 @@ func TestFloorFramesAreResponseSized(t *testing.T) {
 	}
 }
 
+// SotW sends the whole state each time: the floor's update frame is as
+// large as its initial one, the size of every cluster in one response.
+func TestFloorFramesCarryTheWholeSotWState(t *testing.T) {
+	cfg := smallLoad(func(c *Config) { c.Variant, c.Type, c.Resources = VariantSotW, "cds", 500 }).Defaults()
+	initial, update, err := responseSizes(&cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, err := anypb.New(kinds["cds"].build("cluster-0", 0, kinds["cds"].markMin, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if update != initial || update < cfg.Resources*proto.Size(one) {
+		t.Errorf("sotw cds frames: initial %d, update %d bytes; want equal and at least %d × %d", initial, update, cfg.Resources, proto.Size(one))
+	}
+}
+
 func TestRunClientsFailAgainstNothing(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -177,6 +197,12 @@ func TestValidate(t *testing.T) {
 		{"too many updates", func(c *Config) { c.Updates = maxUpdates + 1 }, "updates"},
 		{"unserved name", func(c *Config) { c.Names = []string{"cla-10"} }, "cla-10"},
 		{"wrong kind of name", func(c *Config) { c.Type, c.Names = "cds", []string{"cla-1"} }, "cla-1"},
+		{"no streams per connection", func(c *Config) { c.StreamsPerConn = -1 }, "streams-per-conn"},
+		{"floor sharing connections", func(c *Config) { c.ServeCP, c.Floor, c.StreamsPerConn = "", true, 2 }, "streams-per-conn"},
+		{"negative churn", func(c *Config) { c.Churn = -time.Second }, "churn"},
+		{"floor churning", func(c *Config) { c.ServeCP, c.Floor, c.Churn = "", true, time.Second }, "churn"},
+		{"negative settle", func(c *Config) { c.Churn, c.ChurnSettle = time.Second, -time.Second }, "churn-settle"},
+		{"churn past the timeout", func(c *Config) { c.Churn, c.Timeout = time.Minute, time.Minute }, "timeout"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -190,5 +216,85 @@ func TestValidate(t *testing.T) {
 	ok := smallLoad(func(*Config) {}).Defaults()
 	if err := ok.Validate(); err != nil {
 		t.Errorf("Validate(small load) = %v", err)
+	}
+}
+
+// Clients grouped on connections still each get their config and every
+// update; the result counts the connections.
+func TestRunStreamsPerConn(t *testing.T) {
+	for _, relay := range []bool{false, true} {
+		t.Run(map[bool]string{false: "control plane", true: "relay"}[relay], func(t *testing.T) {
+			res, err := Run(t.Context(), smallLoad(func(c *Config) {
+				c.Clients, c.StreamsPerConn, c.Relay, c.CPCache = 7, 3, relay, CacheLinear
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkDelivered(t, res)
+			if res.Connections != 3 {
+				t.Errorf("%d connections for 7 clients at 3 a connection, want 3", res.Connections)
+			}
+		})
+	}
+}
+
+// checkChurn checks that a churn run completed cycles, failed none, and
+// sampled the server four times.
+func checkChurn(t *testing.T, res *Result) {
+	t.Helper()
+	ch := res.Churn
+	if ch == nil {
+		t.Fatal("no churn results")
+	}
+	if ch.Cycles < res.Config.Clients || ch.Failed != 0 || ch.Cycle.N != ch.Cycles || ch.Cycle.Max <= 0 || ch.PerSec <= 0 {
+		t.Errorf("churn %+v: want a cycle per client at least and none failed", ch)
+	}
+	for _, s := range ch.samples() {
+		if s.RSS <= 0 {
+			t.Errorf("%s: RSS %d, want a sample", s.name, s.RSS)
+		}
+	}
+	if len(res.Updates) != 0 || res.Config.Updates != 0 {
+		t.Errorf("a churn run published %d updates", len(res.Updates))
+	}
+}
+
+func TestRunChurn(t *testing.T) {
+	tests := []struct {
+		name string
+		mod  func(*Config)
+	}{
+		{"connection per cycle, delta", func(c *Config) {}},
+		{"stream per cycle, sotw relay", func(c *Config) {
+			c.Variant, c.Relay, c.StreamsPerConn, c.CPCache = VariantSotW, true, 3, CacheLinear
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, err := Run(t.Context(), smallLoad(func(c *Config) {
+				c.Clients, c.Churn, c.ChurnSettle, c.PID = 3, 200*time.Millisecond, 10*time.Millisecond, os.Getpid()
+				tt.mod(c)
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkChurn(t, res)
+			want := res.Churn.Cycles // a connection each
+			if res.Config.StreamsPerConn > 1 {
+				want = 1 // held by the clients throughout
+			}
+			if res.Connections != want {
+				t.Errorf("%d connections for %d cycles at %d streams a connection, want %d", res.Connections, res.Churn.Cycles, res.Config.StreamsPerConn, want)
+			}
+			var table strings.Builder
+			if err := res.WriteTable(&table); err != nil {
+				t.Fatal(err)
+			}
+			for _, want := range []string{"streams/s", "after GC", "settled"} {
+				if !strings.Contains(table.String(), want) {
+					t.Errorf("table lacks %q:\n%s", want, table.String())
+				}
+			}
+		})
 	}
 }

@@ -10,7 +10,10 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/debug"
 	"time"
+
+	"github.com/xdsrelay/xdsrelay/relay"
 )
 
 // A split run (Config.Split) runs the server side in a child process: the
@@ -29,6 +32,10 @@ const serverSideEnv = "XDSLOAD_SERVER_SIDE"
 type childHello struct {
 	Config Config `json:"config"`
 	Base   uint32 `json:"seq_base"`
+	// RelayUpstream, if set, makes the child run xdsrelay alone, in front
+	// of the control plane there (another child, which publishes): the
+	// relay's CPU and memory are then its own.
+	RelayUpstream string `json:"relay_upstream,omitempty"`
 }
 
 // childReady is the child's first line: where it serves, or why it cannot.
@@ -40,7 +47,7 @@ type childReady struct {
 
 // childCommand is a later line from the parent.
 type childCommand struct {
-	Op   string `json:"op"` // "publish", "profile" (start), "profile-stop" or "memory"
+	Op   string `json:"op"` // "publish", "profile" (start), "profile-stop", "memory" or "gc"
 	Seq  int    `json:"seq,omitempty"`
 	File string `json:"file,omitempty"`
 }
@@ -60,6 +67,14 @@ type ServerMemory struct {
 	HeapInuse  uint64 `json:"heap_inuse"`  // heap spans in use (live objects and garbage not yet swept)
 	HeapAlloc  uint64 `json:"heap_alloc"`  // heap objects, live or not yet collected
 	Sys        uint64 `json:"sys"`         // everything the runtime took from the OS
+}
+
+// goroutines is m's goroutine count; 0 for no figures.
+func (m *ServerMemory) goroutines() int {
+	if m == nil {
+		return 0
+	}
+	return m.Goroutines
 }
 
 func readMemory() *ServerMemory {
@@ -94,7 +109,7 @@ func serveServerSide(in io.Reader, out io.Writer) error {
 	cfg := hello.Config
 	cfg.Progress = os.Stderr
 	coding := seqCoding{kind: kinds[cfg.Type], base: hello.Base, updates: cfg.Updates}
-	srv, target, err := startServerSide(&cfg, coding)
+	srv, target, err := startServerSide(&cfg, coding, hello.RelayUpstream)
 	if err != nil {
 		_ = enc.Encode(childReady{Error: err.Error()})
 		return err
@@ -133,6 +148,9 @@ func serveServerSide(in io.Reader, out io.Writer) error {
 			}
 		case "memory":
 			reply.Memory = readMemory()
+		case "gc":
+			collect()
+			reply.Memory = readMemory()
 		case "profile-stop":
 			if stopProfile != nil {
 				stopProfile()
@@ -153,9 +171,17 @@ type serverSide interface {
 	stop()
 }
 
-// startServerSide starts the floor's server, or the control plane and the
-// relay in front of it if cfg.Relay, and returns the address clients dial.
-func startServerSide(cfg *Config, coding seqCoding) (serverSide, string, error) {
+// startServerSide starts the floor's server, the relay alone in front of
+// relayUpstream if set, or the control plane (and the relay in front of it
+// if cfg.Relay), and returns the address clients dial.
+func startServerSide(cfg *Config, coding seqCoding, relayUpstream string) (serverSide, string, error) {
+	if relayUpstream != "" {
+		r, err := startRelay(relayUpstream, cfg.Progress)
+		if err != nil {
+			return nil, "", err
+		}
+		return relayServer{r}, r.Addr(), nil
+	}
 	if cfg.Floor {
 		f, err := startFloor(cfg)
 		if err != nil {
@@ -169,6 +195,23 @@ func startServerSide(cfg *Config, coding seqCoding) (serverSide, string, error) 
 		return nil, "", err
 	}
 	return b, cfg.Target, nil
+}
+
+// relayServer is xdsrelay alone: its control plane, in another process,
+// publishes the updates.
+type relayServer struct{ r *relay.Relay }
+
+func (relayServer) publish(int) (time.Time, error) {
+	return time.Time{}, errors.New("the relay's control plane publishes, not the relay")
+}
+
+func (s relayServer) stop() { stopRelay(s.r) }
+
+// collect returns this process's garbage, and the memory it frees, to the
+// system: what a server settles to once the load is gone.
+func collect() {
+	runtime.GC()
+	debug.FreeOSMemory()
 }
 
 // child is the parent's handle on the server side of a split run.
@@ -194,8 +237,9 @@ func (c *child) bounded(f func() error) error {
 	return f()
 }
 
-// startChild starts this executable as the server side of cfg.
-func startChild(cfg *Config, coding seqCoding) (*child, error) {
+// startChild starts this executable as the server side of cfg, or as the
+// relay alone in front of relayUpstream if set.
+func startChild(cfg *Config, coding seqCoding, relayUpstream string) (*child, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("split: %w", err)
@@ -219,7 +263,7 @@ func startChild(cfg *Config, coding seqCoding) (*child, error) {
 	}
 	c := &child{cmd: cmd, stdin: stdin, enc: json.NewEncoder(stdin), dec: json.NewDecoder(bufio.NewReader(stdout)),
 		timeout: cfg.Timeout, exited: make(chan struct{})}
-	hello := childHello{Config: *cfg, Base: coding.base}
+	hello := childHello{Config: *cfg, Base: coding.base, RelayUpstream: relayUpstream}
 	hello.Config.Split, hello.Config.CPUProfile = false, ""
 	var ready childReady
 	_ = c.bounded(func() error {
@@ -275,6 +319,16 @@ func (c *child) memory() *ServerMemory {
 	return reply.Memory
 }
 
+// collect makes the child return its garbage and free memory to the
+// system, and reads its memory figures then.
+func (c *child) collect() *ServerMemory {
+	reply, err := c.do(childCommand{Op: "gc"})
+	if err != nil {
+		return nil
+	}
+	return reply.Memory
+}
+
 // startProfile profiles the child into file until the returned func.
 func (c *child) startProfile(file string) (stop func(), err error) {
 	if _, err := c.do(childCommand{Op: "profile", File: file}); err != nil {
@@ -298,32 +352,76 @@ func (c *child) stop() {
 // childExit bounds a child's orderly exit.
 const childExit = 15 * time.Second
 
-// splitBackend is the clients in this process and the server in a child.
+// splitBackend is the clients in this process and the server in a child;
+// with cfg.Relay, the relay in a child and its control plane in another.
 type splitBackend struct {
 	clients interface {
 		run(ctx context.Context, i int, tr *tracker) error
 		bytesReceived() int64
+		connections() int
 	}
-	*child
+	*child          // what the clients dial
+	upstream *child // the relay's control plane; nil unless cfg.Relay
 }
 
 func (b *splitBackend) run(ctx context.Context, i int, tr *tracker) error {
 	return b.clients.run(ctx, i, tr)
 }
 func (b *splitBackend) bytesReceived() int64 { return b.clients.bytesReceived() }
+func (b *splitBackend) connections() int     { return b.clients.connections() }
 
-// startSplit starts the server side in a child and the clients' side here.
+// publisher is the child that publishes: the control plane or the floor.
+func (b *splitBackend) publisher() *child {
+	if b.upstream != nil {
+		return b.upstream
+	}
+	return b.child
+}
+
+func (b *splitBackend) publish(seq int) (time.Time, error) { return b.publisher().publish(seq) }
+
+// upstreamPID is the relay's control plane's process, 0 without one.
+func (b *splitBackend) upstreamPID() int {
+	if b.upstream == nil {
+		return 0
+	}
+	return b.upstream.pid
+}
+
+func (b *splitBackend) stop() {
+	b.child.stop()
+	if b.upstream != nil {
+		b.upstream.stop()
+	}
+}
+
+// startSplit starts the server side in a child (the relay and its control
+// plane in two) and the clients' side here.
 func startSplit(cfg *Config, coding seqCoding) (*splitBackend, error) {
-	c, err := startChild(cfg, coding)
+	b := &splitBackend{}
+	relayUpstream := ""
+	if cfg.Relay {
+		cp := *cfg
+		cp.Relay = false
+		up, err := startChild(&cp, coding, "")
+		if err != nil {
+			return nil, err
+		}
+		b.upstream, relayUpstream = up, up.target
+	}
+	c, err := startChild(cfg, coding, relayUpstream)
 	if err != nil {
+		if b.upstream != nil {
+			b.upstream.stop()
+		}
 		return nil, err
 	}
-	b := &splitBackend{child: c}
+	b.child = c
 	if cfg.Floor {
 		b.clients = &floor{addr: c.target}
 	} else {
 		cfg.Target = c.target
-		b.clients = &xdsClients{cfg: cfg, coding: coding}
+		b.clients = newXDSClients(cfg, coding)
 	}
 	if cfg.PID == 0 {
 		cfg.PID = c.pid

@@ -19,6 +19,7 @@ func TestRunSplit(t *testing.T) {
 		mod  func(*Config)
 	}{
 		{"relay", func(c *Config) { c.Relay, c.CPCache = true, CacheLinear }},
+		{"relay sharing connections", func(c *Config) { c.Relay, c.StreamsPerConn = true, 2 }},
 		{"snapshot sotw", func(c *Config) { c.Variant = VariantSotW }},
 		{"floor", func(c *Config) { c.ServeCP, c.Floor = "", true }},
 	}
@@ -40,12 +41,52 @@ func TestRunSplit(t *testing.T) {
 			if res.RSS.Start <= 0 || res.RSS.Configured <= 0 {
 				t.Errorf("RSS %+v, want the child's samples", res.RSS)
 			}
+			checkServerFigures(t, res)
 			for _, f := range []string{profile, profile + ".server"} {
 				if st, err := os.Stat(f); err != nil || st.Size() == 0 {
 					t.Errorf("profile %s: %v", f, err)
 				}
 			}
 		})
+	}
+}
+
+// checkServerFigures checks that a split run reports the server's
+// goroutines per idle stream (none for the floor's server, which writes
+// from the publisher) and its CPU over every change.
+func checkServerFigures(t *testing.T, res *Result) {
+	t.Helper()
+	if res.ServerMemoryStart == nil || res.ServerMemory == nil || (res.IdlePerStream.Goroutines <= 0) != res.Config.Floor {
+		t.Errorf("server memory %+v then %+v, %+v per stream; want goroutines growing with the streams",
+			res.ServerMemoryStart, res.ServerMemory, res.IdlePerStream)
+	}
+	// CPU times come in 10ms ticks and may be zero for so few changes.
+	if res.CPU.Changes != res.Config.Updates || res.CPU.Server < 0 || res.CPU.Upstream < 0 {
+		t.Errorf("CPU %+v, want %d changes", res.CPU, res.Config.Updates)
+	}
+	if up := res.CPU.UpstreamPID; res.Config.Relay && (up <= 0 || up == res.Config.PID || up == os.Getpid()) {
+		t.Errorf("relay in pid %d, its control plane in %d; want a process of its own", res.Config.PID, up)
+	}
+	if want := (res.Config.Clients + res.Config.StreamsPerConn - 1) / res.Config.StreamsPerConn; res.Connections != want {
+		t.Errorf("%d connections, want %d", res.Connections, want)
+	}
+}
+
+// A churn run's server in a child reports its runtime memory at each sample.
+func TestRunSplitChurn(t *testing.T) {
+	var progress strings.Builder
+	res, err := Run(t.Context(), smallLoad(func(c *Config) {
+		c.Split, c.Relay, c.CPCache, c.Progress = true, true, CacheLinear, &progress
+		c.Clients, c.Churn, c.ChurnSettle = 3, 200*time.Millisecond, 10*time.Millisecond
+	}))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, progress.String())
+	}
+	checkChurn(t, res)
+	for _, s := range res.Churn.samples() {
+		if s.Memory == nil || s.Memory.Goroutines <= 0 {
+			t.Errorf("%s: no runtime memory from the child: %+v", s.name, s.Memory)
+		}
 	}
 }
 
