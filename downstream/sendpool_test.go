@@ -1,0 +1,107 @@
+package downstream
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Marks from many goroutines while flushes run: never two flushes of one
+// stream at once, and a flush always follows the last mark.
+func TestPumpFlushesOnceAtATimeAndMissesNoMark(t *testing.T) {
+	pool := newSendPool(4)
+	var marks, seen, running atomic.Int64
+	var overlap atomic.Bool
+	p := &pump{pool: pool, stop: func(error) {}}
+	p.flush = func() error {
+		if running.Add(1) > 1 {
+			overlap.Store(true)
+		}
+		seen.Store(marks.Load())
+		time.Sleep(10 * time.Microsecond)
+		running.Add(-1)
+		return nil
+	}
+	const markers, each = 8, 500
+	var wg sync.WaitGroup
+	for range markers {
+		wg.Go(func() {
+			for range each {
+				marks.Add(1)
+				p.ready()
+			}
+		})
+	}
+	wg.Wait()
+	deadline := time.Now().Add(10 * time.Second)
+	for seen.Load() != markers*each {
+		if time.Now().After(deadline) {
+			t.Fatalf("the last flush saw %d marks of %d", seen.Load(), markers*each)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if overlap.Load() {
+		t.Fatal("two flushes of one stream ran at once")
+	}
+}
+
+// A failed flush ends the stream: the stopper gets the error, no flush runs
+// after, and the handler's next request gets the error.
+func TestPumpFlushErrorEndsTheStream(t *testing.T) {
+	var cause error
+	stopped := make(chan struct{})
+	p := &pump{pool: newSendPool(1), stop: func(err error) { cause = err; close(stopped) }}
+	failure := context.DeadlineExceeded
+	flushes := 0
+	p.flush = func() error { flushes++; return failure }
+	p.ready()
+	select {
+	case <-stopped:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stream was not stopped")
+	}
+	p.mu.Lock()
+	if cause != failure || !p.ended {
+		t.Errorf("stopped with %v, ended %v", cause, p.ended)
+	}
+	p.mu.Unlock()
+	p.ready()
+	if err := handle[struct{}](p, nil, &struct{}{}); err != failure {
+		t.Errorf("handle after the failure: %v", err)
+	}
+	p.end()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if flushes != 1 {
+		t.Errorf("%d flushes, want 1", flushes)
+	}
+}
+
+// A worker whose send is slow is replaced: with one worker blocked, a
+// queued stream still flushes.
+func TestSendPoolReplacesASlowWorker(t *testing.T) {
+	pool := newSendPool(1)
+	release := make(chan struct{})
+	blocked := &pump{pool: pool, stop: func(error) {}}
+	entered := make(chan struct{})
+	blocked.flush = func() error {
+		close(entered)
+		<-release
+		return nil
+	}
+	blocked.ready()
+	<-entered
+	flushed := make(chan struct{})
+	other := &pump{pool: pool, stop: func(error) {}, flush: func() error { close(flushed); return nil }}
+	other.ready()
+	pool.slow() // what the send guard calls once the send has been blocked for slowSend
+	select {
+	case <-flushed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the queued stream waited for the blocked worker")
+	}
+	pool.unblocked()
+	close(release)
+}
