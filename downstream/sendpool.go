@@ -41,6 +41,7 @@ const (
 // flush wherever the pump is run.
 type pump struct {
 	pool  *sendPool
+	conn  *sendConn               // the client connection's queue in the pool
 	stop  context.CancelCauseFunc // ends the stream from the outside
 	state atomic.Int32
 
@@ -153,21 +154,73 @@ const slowSend = 20 * time.Millisecond
 // sendPool runs queued pumps on at most size workers that are not blocked
 // on a slow client. Workers start when pumps are queued and end when the
 // queue is empty, so an idle relay has none.
+//
+// Pumps queue by connection: a worker takes every pump queued for one
+// connection and flushes them back to back, so that streams sharing a
+// connection hand gRPC's writer for that connection a burst it writes in
+// few system calls (and their client reads in few), rather than one
+// response per wake-up.
 type sendPool struct {
 	size int
 
 	mu      sync.Mutex
-	queue   []*pump // FIFO from head
+	queue   []*sendConn // connections with pumps queued, FIFO from head
 	head    int
 	running int // workers running
 	blocked int // workers in a send that has been blocked for slowSend
+	conns   map[string]*sendConn
 }
 
-func newSendPool(size int) *sendPool { return &sendPool{size: max(size, 1)} }
+// sendConn is the pumps queued for one client connection. Its fields are
+// guarded by the pool's mu.
+type sendConn struct {
+	addr    string
+	streams int     // streams registered on the connection
+	pumps   []*pump // queued
+	queued  bool    // in the pool's queue
+}
+
+func newSendPool(size int) *sendPool {
+	return &sendPool{size: max(size, 1), conns: map[string]*sendConn{}}
+}
+
+// conn returns the queue of the connection from addr, for one more stream;
+// call release when the stream ends. Streams whose connection is unknown
+// ("") get one of their own.
+func (sp *sendPool) conn(addr string) *sendConn {
+	if addr == "" {
+		return &sendConn{}
+	}
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	c := sp.conns[addr]
+	if c == nil {
+		c = &sendConn{addr: addr}
+		sp.conns[addr] = c
+	}
+	c.streams++
+	return c
+}
+
+func (sp *sendPool) release(c *sendConn) {
+	if c.addr == "" {
+		return
+	}
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	if c.streams--; c.streams == 0 && sp.conns[c.addr] == c {
+		delete(sp.conns, c.addr)
+	}
+}
 
 func (sp *sendPool) submit(p *pump) {
 	sp.mu.Lock()
-	sp.queue = append(sp.queue, p)
+	c := p.conn
+	c.pumps = append(c.pumps, p)
+	if !c.queued {
+		c.queued = true
+		sp.queue = append(sp.queue, c)
+	}
 	start := sp.running < sp.size+sp.blocked
 	if start {
 		sp.running++
@@ -179,6 +232,7 @@ func (sp *sendPool) submit(p *pump) {
 }
 
 func (sp *sendPool) work() {
+	var batch []*pump
 	for {
 		sp.mu.Lock()
 		if sp.head == len(sp.queue) {
@@ -187,14 +241,19 @@ func (sp *sendPool) work() {
 			sp.mu.Unlock()
 			return
 		}
-		p := sp.queue[sp.head]
+		c := sp.queue[sp.head]
 		sp.queue[sp.head] = nil
 		sp.head++
 		if sp.head > 4096 && sp.head*2 > len(sp.queue) {
 			sp.queue, sp.head = sp.queue[:copy(sp.queue, sp.queue[sp.head:])], 0
 		}
+		batch, c.pumps = c.pumps, batch[:0]
+		c.queued = false
 		sp.mu.Unlock()
-		p.runQueued()
+		for i, p := range batch {
+			p.runQueued()
+			batch[i] = nil
+		}
 	}
 }
 

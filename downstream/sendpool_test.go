@@ -14,7 +14,7 @@ func TestPumpFlushesOnceAtATimeAndMissesNoMark(t *testing.T) {
 	pool := newSendPool(4)
 	var marks, seen, running atomic.Int64
 	var overlap atomic.Bool
-	p := &pump{pool: pool, stop: func(error) {}}
+	p := &pump{pool: pool, conn: pool.conn(""), stop: func(error) {}}
 	p.flush = func() error {
 		if running.Add(1) > 1 {
 			overlap.Store(true)
@@ -52,7 +52,8 @@ func TestPumpFlushesOnceAtATimeAndMissesNoMark(t *testing.T) {
 func TestPumpFlushErrorEndsTheStream(t *testing.T) {
 	var cause error
 	stopped := make(chan struct{})
-	p := &pump{pool: newSendPool(1), stop: func(err error) { cause = err; close(stopped) }}
+	pool := newSendPool(1)
+	p := &pump{pool: pool, conn: pool.conn(""), stop: func(err error) { cause = err; close(stopped) }}
 	failure := context.DeadlineExceeded
 	flushes := 0
 	p.flush = func() error { flushes++; return failure }
@@ -84,7 +85,7 @@ func TestPumpFlushErrorEndsTheStream(t *testing.T) {
 func TestSendPoolReplacesASlowWorker(t *testing.T) {
 	pool := newSendPool(1)
 	release := make(chan struct{})
-	blocked := &pump{pool: pool, stop: func(error) {}}
+	blocked := &pump{pool: pool, conn: pool.conn("a"), stop: func(error) {}}
 	entered := make(chan struct{})
 	blocked.flush = func() error {
 		close(entered)
@@ -94,7 +95,7 @@ func TestSendPoolReplacesASlowWorker(t *testing.T) {
 	blocked.ready()
 	<-entered
 	flushed := make(chan struct{})
-	other := &pump{pool: pool, stop: func(error) {}, flush: func() error { close(flushed); return nil }}
+	other := &pump{pool: pool, conn: pool.conn("b"), stop: func(error) {}, flush: func() error { close(flushed); return nil }}
 	other.ready()
 	pool.slow() // what the send guard calls once the send has been blocked for slowSend
 	select {

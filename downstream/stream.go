@@ -243,7 +243,8 @@ func run[Req any, Resp any, PReq interface {
 	g := s.guard(ctx, st.SendMsg)
 	defer g.stop()
 	p := open(c, PReq(first), s.firstResponse(g.send, end.variant, opened))
-	pm := &pump{pool: s.sends, stop: stop, flush: p.flush}
+	pm := &pump{pool: s.sends, conn: s.sends.conn(ls.addr), stop: stop, flush: p.flush}
+	defer s.sends.release(pm.conn)
 	p.watcher().OnReady(pm.ready)
 	defer c.Release(p.watcher())
 	s.registry.add(p.statusView())
