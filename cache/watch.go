@@ -23,6 +23,10 @@ type Watch struct {
 
 	mu    sync.Mutex
 	dirty map[string]*Dirty // by type URL; guarded by mu
+	// Given back by Recycle, for the next Take and marks: a watch that is
+	// marked and flushed over and over allocates nothing. Guarded by mu.
+	spare map[string]*Dirty
+	free  []*Dirty
 
 	// regs records what this watch is registered for: guarded by the
 	// owning Cache's mu, not by w.mu.
@@ -60,8 +64,37 @@ func (w *Watch) Take() map[string]*Dirty {
 		return nil
 	}
 	d := w.dirty
-	w.dirty = make(map[string]*Dirty, len(d))
+	if w.spare != nil {
+		w.dirty, w.spare = w.spare, nil
+	} else {
+		w.dirty = make(map[string]*Dirty, len(d))
+	}
 	return d
+}
+
+// recycleMax bounds the sets Recycle keeps: a cleared map keeps its size,
+// and a watch should not hold on to the memory of one large change.
+const recycleMax = 64
+
+// Recycle gives back what Take returned, once the caller is done with it and
+// keeps nothing of it: its small sets are cleared and reused by later marks.
+func (w *Watch) Recycle(d map[string]*Dirty) {
+	if d == nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, x := range d {
+		if len(w.free) < 4 && len(x.Names) <= recycleMax && len(x.Heartbeats) <= recycleMax {
+			clear(x.Names)
+			clear(x.Heartbeats)
+			w.free = append(w.free, x)
+		}
+	}
+	if w.spare == nil && len(d) <= recycleMax {
+		clear(d)
+		w.spare = d
+	}
 }
 
 // Mark records names of typeURL as dirty at seq and wakes the watch. It is
@@ -81,7 +114,12 @@ func (w *Watch) mark(typeURL string, seq uint64, heartbeat bool, names []string)
 	w.mu.Lock()
 	d := w.dirty[typeURL]
 	if d == nil {
-		d = &Dirty{Seq: seq, Names: make(map[string]struct{}, len(names))}
+		if n := len(w.free); n > 0 {
+			d, w.free = w.free[n-1], w.free[:n-1]
+			d.Seq = seq
+		} else {
+			d = &Dirty{Seq: seq, Names: make(map[string]struct{}, len(names))}
+		}
 		w.dirty[typeURL] = d
 	} else if seq < d.Seq {
 		d.Seq = seq

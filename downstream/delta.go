@@ -165,6 +165,7 @@ func (ds *deltaStream) unsubscribe(typeURL string, t *deltaType, names []string)
 // flush sends what changed, type by type in the order upstream sent it.
 func (ds *deltaStream) flush() error {
 	dirty := ds.watch.Take()
+	defer ds.watch.Recycle(dirty)
 	for _, typeURL := range ordered(dirty) {
 		if t := ds.types[typeURL]; t != nil {
 			d := dirty[typeURL]

@@ -140,6 +140,7 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) e
 // flush sends what changed, type by type in the order upstream sent it.
 func (ss *sotwStream) flush() error {
 	dirty := ss.watch.Take()
+	defer ss.watch.Recycle(dirty)
 	for _, typeURL := range ordered(dirty) {
 		t := ss.types[typeURL]
 		if t == nil {
