@@ -16,8 +16,9 @@ import (
 
 // Per-client status: each stream records, as it sends and as its client
 // ACKs or NACKs, what each subscribed name's client holds. The record is
-// the stream's own, written by the stream's goroutine where the protocol
-// machine already notes what it sent, and read under its mutex by CSDS and
+// the stream's own, written by whichever goroutine runs the stream's
+// protocol (handler or send worker, one at a time) where it already notes
+// what it sent, and read under its mutex by CSDS and
 // the admin endpoint (a read-only view, not a second copy of the protocol
 // state).
 

@@ -18,8 +18,8 @@ const tracerName = "github.com/xdsrelay/xdsrelay/downstream"
 
 // tracePush records a response written to the client as a downstream.push
 // span linked to the upstream.receive span of the response that last
-// changed the type (tr): a link, not a child, since pushes happen on the
-// streams' goroutines, later. Only when that span was sampled: with tracing
+// changed the type (tr): a link, not a child, since pushes happen later, on
+// the send workers. Only when that span was sampled: with tracing
 // off tr is zero and this costs a comparison.
 func (b *streamBase) tracePush(tr cache.Trace, typeURL string, version uint64, resources int) {
 	if !tr.Sampled {
