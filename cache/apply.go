@@ -200,10 +200,8 @@ func (c *Cache) putLocked(t *typeState, typeURL string, r *Resource, o *op) {
 		return
 	}
 	c.setLocked(e, r)
-	e.absent, e.hb, e.expires, e.err = false, nil, time.Time{}, nil
-	if r.TTL > 0 {
-		e.expires = c.now().Add(r.TTL)
-	}
+	e.absent, e.hb, e.err = false, nil, nil
+	t.expireAt(r.Name, e, r.TTL, c.now)
 	o.change(t, typeURL, r.Name)
 	o.markWatchers(e, typeURL, r.Name)
 }
@@ -216,7 +214,10 @@ func (c *Cache) aliasLocked(t *typeState, typeURL string, r *Resource, o *op) {
 		if t.aliases == nil {
 			t.aliases = make(map[string]string)
 		}
-		t.aliases[a] = r.Name
+		if t.aliases[a] != r.Name {
+			t.aliases[a] = r.Name
+			t.recheck = true
+		}
 		if ae := t.entries[a]; ae != nil && a != r.Name {
 			o.markWatchers(ae, typeURL, a)
 		}
@@ -234,12 +235,14 @@ func (c *Cache) removeLocked(t *typeState, typeURL, name string, forget bool, o 
 	}
 	visible := e.res != nil || (!forget && !e.absent)
 	c.setLocked(e, nil)
-	e.hb, e.err, e.expires = nil, nil, time.Time{}
+	e.hb, e.err = nil, nil
+	t.expireAt(name, e, 0, nil)
 	for a, target := range t.aliases {
 		if target != name {
 			continue
 		}
 		delete(t.aliases, a)
+		t.recheck = true
 		if ae := t.entries[a]; ae != nil {
 			o.markWatchers(ae, typeURL, a)
 		}
@@ -267,10 +270,7 @@ func (c *Cache) beatLocked(t *typeState, typeURL string, hbs []*Heartbeat, o *op
 			continue
 		}
 		e.hb = hb
-		e.expires = time.Time{}
-		if hb.TTL > 0 {
-			e.expires = c.now().Add(hb.TTL)
-		}
+		t.expireAt(hb.Name, e, hb.TTL, c.now)
 		beaten = append(beaten, hb.Name)
 		for w := range e.watchers.all() {
 			o.mark(&o.beats, typeURL, w, hb.Name)
@@ -352,16 +352,23 @@ func (t *typeState) aliasWantedLocked(r *Resource) bool {
 // Sweep removes resources whose TTL ran out, and ends the retention of
 // names and wildcards nobody has watched for the retention period, dropping
 // their resources. It reports whether the cache is now empty of interest
-// (nothing watched, nothing retained).
+// (nothing watched, nothing retained). It costs in proportion to what is
+// due, not to what is cached: it looks only at resources with a TTL and
+// at the oldest of what nobody watches.
 func (c *Cache) Sweep() (empty bool) {
 	c.mu.Lock()
 	o := c.beginLocked()
 	now := c.now()
-	changed := false
+	changed := c.retireLocked(now, o)
 	empty = true
 	for typeURL, t := range c.types {
 		c.expireLocked(t, typeURL, now, o)
-		changed = c.retireLocked(t, typeURL, now, o) || changed
+		if t.recheck {
+			t.recheck = false
+			for n := range t.entries {
+				c.dropIfUnheldLocked(t, typeURL, n, o)
+			}
+		}
 		if t.wantWildcard || len(t.entries) > 0 {
 			empty = false
 		} else if len(t.wildcard) == 0 {
@@ -377,33 +384,86 @@ func (c *Cache) Sweep() (empty bool) {
 	return empty
 }
 
+// expireAt sets when e's resource expires, ttl from now (never if ttl is
+// zero), keeping the type's set of names with a TTL.
+func (t *typeState) expireAt(name string, e *entry, ttl time.Duration, now func() time.Time) {
+	if ttl <= 0 {
+		e.expires = time.Time{}
+		delete(t.ttl, name)
+		return
+	}
+	e.expires = now().Add(ttl)
+	if t.ttl == nil {
+		t.ttl = make(map[string]struct{})
+	}
+	t.ttl[name] = struct{}{}
+}
+
 // expireLocked removes the resources whose TTL ran out without a heartbeat,
 // as if upstream had removed them ("TTL").
 func (c *Cache) expireLocked(t *typeState, typeURL string, now time.Time, o *op) {
-	for n, e := range t.entries {
-		if e.res != nil && !e.expires.IsZero() && now.After(e.expires) {
+	for n := range t.ttl {
+		if e := t.entries[n]; e == nil || e.res == nil || e.expires.IsZero() {
+			delete(t.ttl, n)
+		} else if now.After(e.expires) {
 			c.removeLocked(t, typeURL, n, false, o)
 		}
 	}
 }
 
-// retireLocked ends retention periods that ran out and drops what nobody
-// wants any more. It reports whether the interest changed.
-func (c *Cache) retireLocked(t *typeState, typeURL string, now time.Time, o *op) (changed bool) {
-	if t.wantWildcard && len(t.wildcard) == 0 && now.Sub(t.wildcardIdle) >= c.retention {
-		c.dropWildcardLocked(t, typeURL, o)
-		changed = true
-	}
-	for n, e := range t.entries {
-		if e.wanted && e.watchers.len() == 0 && now.Sub(e.idle) >= c.retention {
-			c.wantLocked(e, false)
-			c.noteLocked(typeURL, n, false)
-			c.idle.Remove(idleKey{typeURL: typeURL, name: n})
+// retireLocked ends the retention periods that ran out, oldest first, and
+// drops what nobody wants any more. What nobody watches is in c.idle in the
+// order its last watcher left, so it stops at the first that is not due.
+// It reports whether the interest changed.
+func (c *Cache) retireLocked(now time.Time, o *op) (changed bool) {
+	for {
+		k, _, ok := c.idle.GetOldest()
+		if !ok {
+			return changed
+		}
+		t := c.types[k.typeURL]
+		if k.wildcard {
+			if t == nil || !t.wantWildcard || len(t.wildcard) > 0 {
+				c.idle.Remove(k) // watched again or dropped: nothing to retire
+				continue
+			}
+			if now.Sub(t.wildcardIdle) < c.retention {
+				return changed
+			}
+			c.dropWildcardLocked(t, k.typeURL, o)
+			for n := range t.entries {
+				c.dropIfUnheldLocked(t, k.typeURL, n, o)
+			}
 			changed = true
+			continue
 		}
-		if !e.wanted && e.watchers.len() == 0 && !t.wantWildcard && (e.res == nil || !t.aliasWantedLocked(e.res)) {
-			c.removeLocked(t, typeURL, n, true, o)
+		var e *entry
+		if t != nil {
+			e = t.entries[k.name]
+		}
+		if e == nil || !e.wanted || e.watchers.len() > 0 {
+			c.idle.Remove(k)
+			continue
+		}
+		if now.Sub(e.idle) < c.retention {
+			return changed
+		}
+		c.wantLocked(e, false)
+		c.noteLocked(k.typeURL, k.name, false)
+		c.idle.Remove(k)
+		changed = true
+		c.dropIfUnheldLocked(t, k.typeURL, k.name, o)
+		if target, ok := t.aliases[k.name]; ok {
+			c.dropIfUnheldLocked(t, k.typeURL, target, o)
 		}
 	}
-	return changed
+}
+
+// dropIfUnheldLocked removes the entry name if nothing holds it any more:
+// no client wants or watches it, by its name or an alias, and no wildcard.
+func (c *Cache) dropIfUnheldLocked(t *typeState, typeURL, name string, o *op) {
+	e := t.entries[name]
+	if e != nil && !e.wanted && e.watchers.len() == 0 && !t.wantWildcard && (e.res == nil || !t.aliasWantedLocked(e.res)) {
+		c.removeLocked(t, typeURL, name, true, o)
+	}
 }

@@ -137,6 +137,11 @@ type typeState struct {
 	version  uint64            // bumped on every change of this type
 	entries  map[string]*entry
 	wildcard map[*Watch]struct{} // wildcard watchers
+	ttl      map[string]struct{} // names whose entry has a TTL (expires set)
+	// recheck asks the next Sweep to look at every entry for ones nothing
+	// holds any more: set when aliases change, which the sweep cannot follow
+	// name by name.
+	recheck bool
 
 	wantWildcard bool      // wildcard is part of the interest
 	wildcardIdle time.Time // when the last wildcard watcher left

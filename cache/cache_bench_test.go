@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strconv"
 	"testing"
+	"time"
 )
 
 // Benchmarks of the cache's hot paths: an upstream change applied among many
@@ -224,4 +225,36 @@ func BenchmarkWatchQueue(b *testing.B) {
 		close(done)
 		<-taken
 	})
+}
+
+// BenchmarkSweepAmong100k is the relay's periodic sweep (once a second by
+// default) of a group holding 100,000 resources, when nothing is due: every
+// resource watched, or every one retained by a client that left and still
+// within cache.retention. The sweep holds the cache's lock.
+func BenchmarkSweepAmong100k(b *testing.B) {
+	for _, watched := range []bool{true, false} {
+		b.Run(fmt.Sprintf("watched=%v", watched), func(b *testing.B) {
+			c := New(Options{Retention: time.Hour})
+			w := NewWatch()
+			names := make([]string, 100_000)
+			rs := make([]*Resource, len(names))
+			for i := range names {
+				names[i] = "r-" + strconv.Itoa(i)
+				rs[i] = benchResource(names[i], "v0", 64)
+			}
+			c.Watch(w, benchType, names...)
+			c.Apply(benchType, Change{Upserts: rs})
+			if !watched {
+				c.Release(w)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				c.Sweep()
+			}
+			if c.Len() != len(names) {
+				b.Fatalf("the sweep left %d resources of %d", c.Len(), len(names))
+			}
+		})
+	}
 }

@@ -200,3 +200,56 @@ func TestMaxResourcesEvictsIdleLRU(t *testing.T) {
 		t.Fatal("z, idle and over the bound, was kept")
 	}
 }
+
+// The sweep retires what nobody watches oldest first and each at its own
+// time: a name left later is kept until its own retention ends, and a name
+// watched again is not retired at all.
+func TestSweepRetiresEachAtItsTime(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	c := New(Options{Retention: time.Minute, Now: clk.now})
+	a, b, d := NewWatch(), NewWatch(), NewWatch()
+	c.Watch(a, eds, "early", "back")
+	c.Watch(b, eds, "late")
+	c.Apply(eds, Change{Upserts: []*Resource{res("early", "1"), res("late", "1"), res("back", "1")}})
+	c.Release(a)
+	clk.t = clk.t.Add(30 * time.Second)
+	c.Release(b)
+	c.Watch(d, eds, "back") // watched again within retention
+	clk.t = clk.t.Add(31 * time.Second)
+	c.Sweep()
+	if got := interest(c).Names; !slices.Equal(got, []string{"back", "late"}) {
+		t.Fatalf("61s after the first left: %v, want back and late", got)
+	}
+	clk.t = clk.t.Add(30 * time.Second)
+	c.Sweep()
+	if got := interest(c).Names; !slices.Equal(got, []string{"back"}) {
+		t.Fatalf("after late's retention: %v, want back", got)
+	}
+	if got := c.Get(eds, []string{"early", "late", "back"}); got[0].Resource != nil || got[1].Resource != nil || got[2].Resource == nil {
+		t.Fatalf("cached after the sweeps: %+v", got)
+	}
+}
+
+// A resource held only because a client wanted its alias goes when the
+// alias's retention ends.
+func TestSweepDropsWhatOnlyAnAliasHeld(t *testing.T) {
+	const vhds = "type.googleapis.com/envoy.config.route.v3.VirtualHost"
+	clk := &clock{t: time.Unix(1000, 0)}
+	c := New(Options{Retention: time.Minute, Now: clk.now})
+	w := NewWatch()
+	c.Watch(w, vhds, "alias")
+	r := res("vh", "1")
+	r.Aliases = []string{"alias"}
+	c.Apply(vhds, Change{Upserts: []*Resource{r}})
+	if c.Get(vhds, []string{"alias"})[0].Resource != r {
+		t.Fatal("the alias does not resolve")
+	}
+	c.Release(w)
+	clk.t = clk.t.Add(2 * time.Minute)
+	if !c.Sweep() {
+		t.Fatal("the cache is not empty after the alias's retention")
+	}
+	if c.Len() != 0 {
+		t.Fatalf("%d resources left", c.Len())
+	}
+}

@@ -15,29 +15,12 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestRunAgainstOwnControlPlane(t *testing.T) {
-	jsonFile := filepath.Join(t.TempDir(), "out.json")
-	var stdout, stderr strings.Builder
-	code := run(t.Context(), []string{
+	var res loadtest.Result
+	runOK(t, []string{
 		"--serve-cp", "127.0.0.1:0", "--clients", "4", "--variant", "sotw", "--ads=false",
 		"--resources", "3", "--endpoints", "5", "--updates", "2", "--update-every", "10ms",
-		"--names", "cla-0,cla-2", "--pid", "self", "--timeout", "30s", "--json", jsonFile,
-	}, &stdout, &stderr)
-	if code != 0 {
-		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
-	}
-	for _, want := range []string{"time to first config", "fan-out, last client", "4/4", "server RSS"} {
-		if !strings.Contains(stdout.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, stdout.String())
-		}
-	}
-	b, err := os.ReadFile(jsonFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var res loadtest.Result
-	if err := json.Unmarshal(b, &res); err != nil {
-		t.Fatal(err)
-	}
+		"--names", "cla-0,cla-2", "--pid", "self", "--timeout", "30s",
+	}, []string{"time to first config", "fan-out, last client", "4/4", "server RSS"}, &res)
 	if res.Configured != 4 || len(res.Updates) != 2 || res.Updates[1].Received != 4 || res.Config.Variant != "sotw" {
 		t.Errorf("JSON results: %+v", res)
 	}
@@ -45,29 +28,12 @@ func TestRunAgainstOwnControlPlane(t *testing.T) {
 
 func TestCompare(t *testing.T) {
 	dir := t.TempDir()
-	jsonFile := filepath.Join(dir, "compare.json")
-	var stdout, stderr strings.Builder
-	code := run(t.Context(), []string{
-		"--compare", "--clients", "3", "--names", "cla-1", "--resources", "3", "--endpoints", "5",
-		"--updates", "2", "--update-every", "10ms", "--timeout", "30s", "--json", jsonFile,
-		"--cpuprofile", filepath.Join(dir, "cpu"),
-	}, &stdout, &stderr)
-	if code != 0 {
-		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
-	}
-	for _, want := range []string{"relay ÷", "linear", "snapshot", "floor", "upstream: go-control-plane linear cache"} {
-		if !strings.Contains(stdout.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, stdout.String())
-		}
-	}
-	b, err := os.ReadFile(jsonFile)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var cmp loadtest.Comparison
-	if err := json.Unmarshal(b, &cmp); err != nil {
-		t.Fatal(err)
-	}
+	runOK(t, []string{
+		"--compare", "--clients", "3", "--names", "cla-1", "--resources", "3", "--endpoints", "5",
+		"--updates", "2", "--update-every", "10ms", "--timeout", "30s",
+		"--cpuprofile", filepath.Join(dir, "cpu"),
+	}, []string{"relay ÷", "linear", "snapshot", "floor", "upstream: go-control-plane linear cache"}, &cmp)
 	if len(cmp.Setups) != 4 || len(cmp.Ratios) != 3 || cmp.Setups[0].Result.Configured != 3 {
 		t.Errorf("JSON comparison: %+v", cmp)
 	}
@@ -79,31 +45,38 @@ func TestCompare(t *testing.T) {
 }
 
 func TestChurnThroughRelay(t *testing.T) {
-	jsonFile := filepath.Join(t.TempDir(), "churn.json")
-	var stdout, stderr strings.Builder
-	code := run(t.Context(), []string{
+	var res loadtest.Result
+	runOK(t, []string{
 		"--serve-cp", "127.0.0.1:0", "--relay", "--cp-cache", "linear", "--clients", "4", "--streams-per-conn", "2",
 		"--churn", "200ms", "--churn-settle", "10ms", "--names", "cla-1", "--resources", "3", "--endpoints", "5",
-		"--pid", "self", "--timeout", "30s", "--json", jsonFile,
-	}, &stdout, &stderr)
-	if code != 0 {
+		"--pid", "self", "--timeout", "30s",
+	}, []string{"streams/s", "baseline", "after GC", "2 streams per connection"}, &res)
+	if res.Churn == nil || res.Churn.Cycles < 4 || res.Connections != 2 || res.Churn.Collected.RSS <= 0 {
+		t.Errorf("JSON results: %+v, churn %+v", res, res.Churn)
+	}
+}
+
+// runOK runs the command with args plus --json to a file, fails the test
+// unless it exits 0 with every one of want in its output, and decodes the
+// JSON into out.
+func runOK(t *testing.T, args []string, want []string, out any) {
+	t.Helper()
+	jsonFile := filepath.Join(t.TempDir(), "out.json")
+	var stdout, stderr strings.Builder
+	if code := run(t.Context(), append(args, "--json", jsonFile), &stdout, &stderr); code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout.String(), stderr.String())
 	}
-	for _, want := range []string{"streams/s", "baseline", "after GC", "2 streams per connection"} {
-		if !strings.Contains(stdout.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, stdout.String())
+	for _, w := range want {
+		if !strings.Contains(stdout.String(), w) {
+			t.Errorf("output lacks %q:\n%s", w, stdout.String())
 		}
 	}
 	b, err := os.ReadFile(jsonFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var res loadtest.Result
-	if err := json.Unmarshal(b, &res); err != nil {
+	if err := json.Unmarshal(b, out); err != nil {
 		t.Fatal(err)
-	}
-	if res.Churn == nil || res.Churn.Cycles < 4 || res.Connections != 2 || res.Churn.Collected.RSS <= 0 {
-		t.Errorf("JSON results: %+v, churn %+v", res, res.Churn)
 	}
 }
 
