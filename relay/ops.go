@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/pprof"
+	"runtime"
 	"strings"
 	"time"
 
@@ -22,6 +23,9 @@ import (
 // The operational parts of the relay: the run-time log level and pprof on
 // the admin endpoint, gRPC health on the downstream port, and readiness
 // (admin.ready_after_sync).
+
+// mutexProfileFraction is the mutex profile's sampling with admin.pprof.
+const mutexProfileFraction = 100 // keep in step with the README and settings.go
 
 // opsRoutes adds /debug/loglevel and, with admin.pprof, /debug/pprof/ to
 // mux. Both are for private callers only (see private).
@@ -44,6 +48,10 @@ func (r *Relay) opsRoutes(mux *http.ServeMux, loopback bool) {
 		}))
 	}
 	if r.cfg.Admin.Pprof {
+		// The mutex profile (/debug/pprof/mutex) is empty unless sampling
+		// is on: 1 in mutexProfileFraction contention events, which costs
+		// nothing while locks are not contended.
+		runtime.SetMutexProfileFraction(mutexProfileFraction)
 		mux.HandleFunc("/debug/pprof/", only(pprof.Index))
 		mux.HandleFunc("/debug/pprof/cmdline", only(pprof.Cmdline))
 		mux.HandleFunc("/debug/pprof/profile", only(pprof.Profile))

@@ -100,6 +100,10 @@ func TestPprofAndLogLevelArePrivate(t *testing.T) {
 			t.Errorf("%s with admin.pprof: %d, want 200", path, code)
 		}
 	}
+	// The mutex profile samples contention.
+	if _, body := do(t, http.MethodGet, "http://"+on.AdminAddr()+"/debug/pprof/mutex?debug=1", ""); !strings.Contains(body, "sampling period=100") {
+		t.Errorf("mutex profile: %.200q, want sampling period=100", body)
+	}
 	public, _ := startJSONRelay(t, FilePrefix+t.TempDir(), publicAdmin(t), func(c *Config) { c.Admin.Pprof = true })
 	base := "http://" + public.AdminAddr()
 	for _, path := range []string{"/debug/pprof/", "/debug/loglevel"} {
