@@ -53,7 +53,8 @@
 // server's alone (with --compare, each setup's server in a process of its
 // own). The relay then runs in a child of its own and its control plane in
 // another, so that the relay's CPU and memory are the relay's alone. With
-// --cpuprofile FILE the child profiles itself into FILE.server.
+// --cpuprofile FILE the child profiles itself into FILE.server (and its
+// mutex contention into FILE.server.mutex).
 //
 // With --churn D it measures connect/disconnect churn instead of updates:
 // for D, every client loops opening a connection (with --streams-per-conn
@@ -128,7 +129,8 @@
 //	--compare            relay, linear, snapshot and floor side by side
 //	--json FILE          also write the results as JSON
 //	--cpuprofile FILE    CPU profile of this process while the updates fan out
-//	                     (with --compare: FILE.relay, FILE.linear, ...)
+//	                     (with --compare: FILE.relay, FILE.linear, ...), and
+//	                     its mutex contention in FILE.mutex
 //
 // Examples, on loopback:
 //

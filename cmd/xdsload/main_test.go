@@ -41,6 +41,9 @@ func TestCompare(t *testing.T) {
 		if fi, err := os.Stat(filepath.Join(dir, "cpu."+setup)); err != nil || fi.Size() == 0 {
 			t.Errorf("CPU profile of %s: %v", setup, err)
 		}
+		if _, err := os.Stat(filepath.Join(dir, "cpu."+setup+".mutex")); err != nil {
+			t.Errorf("mutex profile of %s: %v", setup, err)
+		}
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"sync"
 	"time"
@@ -246,7 +247,9 @@ func launch(ctx context.Context, n int, rate float64, start func(i int)) {
 	}
 }
 
-// startCPUProfile profiles this process into file until stop is called.
+// startCPUProfile profiles this process into file until stop is called,
+// and writes the mutex contention of the same window to file.mutex
+// (sampled 1 event in mutexFraction).
 func startCPUProfile(file string) (stop func(), err error) {
 	f, err := os.Create(file)
 	if err != nil {
@@ -256,11 +259,20 @@ func startCPUProfile(file string) (stop func(), err error) {
 		f.Close()
 		return nil, fmt.Errorf("cpu profile: %w", err)
 	}
+	runtime.SetMutexProfileFraction(mutexFraction)
 	return func() {
 		pprof.StopCPUProfile()
 		f.Close()
+		if m, err := os.Create(file + ".mutex"); err == nil {
+			_ = pprof.Lookup("mutex").WriteTo(m, 0)
+			m.Close()
+		}
+		runtime.SetMutexProfileFraction(0)
 	}, nil
 }
+
+// mutexFraction samples the mutex profile while the CPU profile runs.
+const mutexFraction = 10
 
 // publishAll publishes updates 1..cfg.Updates, cfg.UpdateEvery apart.
 func publishAll(ctx context.Context, cfg *Config, tr *tracker, b backend) error {
