@@ -2,6 +2,7 @@ package downstream
 
 import (
 	"context"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -168,27 +169,29 @@ type sendPool struct {
 	head    int
 	running int // workers running
 	blocked int // workers in a send that has been blocked for slowSend
-	conns   map[string]*sendConn
+	conns   map[net.Addr]*sendConn
 }
 
 // sendConn is the pumps queued for one client connection. Its fields are
 // guarded by the pool's mu.
 type sendConn struct {
-	addr    string
-	streams int     // streams registered on the connection
-	pumps   []*pump // queued
-	queued  bool    // in the pool's queue
+	addr    net.Addr // the key in the pool's conns; nil: the stream's own
+	streams int      // streams registered on the connection
+	pumps   []*pump  // queued
+	queued  bool     // in the pool's queue
 }
 
 func newSendPool(size int) *sendPool {
-	return &sendPool{size: max(size, 1), conns: map[string]*sendConn{}}
+	return &sendPool{size: max(size, 1), conns: map[net.Addr]*sendConn{}}
 }
 
 // conn returns the queue of the connection from addr, for one more stream;
 // call release when the stream ends. Streams whose connection is unknown
-// ("") get one of their own.
-func (sp *sendPool) conn(addr string) *sendConn {
-	if addr == "" {
+// (nil) get one of their own. Addresses are compared as values of
+// net.Addr: gRPC gives every stream of a connection the connection's own
+// RemoteAddr, so no string is built per stream.
+func (sp *sendPool) conn(addr net.Addr) *sendConn {
+	if addr == nil {
 		return &sendConn{}
 	}
 	sp.mu.Lock()
@@ -203,7 +206,7 @@ func (sp *sendPool) conn(addr string) *sendConn {
 }
 
 func (sp *sendPool) release(c *sendConn) {
-	if c.addr == "" {
+	if c.addr == nil {
 		return
 	}
 	sp.mu.Lock()
@@ -306,7 +309,7 @@ type stoppers struct {
 // liveStream is a stream as Drain sees it.
 type liveStream struct {
 	stop context.CancelCauseFunc
-	addr string // the client's address; "" if unknown
+	addr net.Addr // the client's address; nil if unknown
 }
 
 // add registers a stream; false once draining.
@@ -352,15 +355,16 @@ func (st *stoppers) drain() []*liveStream {
 func (s *Server) endStreams() {
 	closed := map[string]bool{}
 	for _, ls := range s.live.drain() {
-		if ls.addr != "" {
-			if done, ok := closed[ls.addr]; ok {
+		if ls.addr != nil {
+			addr := ls.addr.String()
+			if done, ok := closed[addr]; ok {
 				if !done {
 					ls.stop(errDraining)
 				}
 				continue
 			}
-			closed[ls.addr] = s.conns.close(ls.addr)
-			if closed[ls.addr] {
+			closed[addr] = s.conns.close(addr)
+			if closed[addr] {
 				continue
 			}
 		}

@@ -2,6 +2,7 @@ package downstream
 
 import (
 	"context"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,7 +15,7 @@ func TestPumpFlushesOnceAtATimeAndMissesNoMark(t *testing.T) {
 	pool := newSendPool(4)
 	var marks, seen, running atomic.Int64
 	var overlap atomic.Bool
-	p := &pump{pool: pool, conn: pool.conn(""), stop: func(error) {}}
+	p := &pump{pool: pool, conn: pool.conn(nil), stop: func(error) {}}
 	p.flush = func() error {
 		if running.Add(1) > 1 {
 			overlap.Store(true)
@@ -53,7 +54,7 @@ func TestPumpFlushErrorEndsTheStream(t *testing.T) {
 	var cause error
 	stopped := make(chan struct{})
 	pool := newSendPool(1)
-	p := &pump{pool: pool, conn: pool.conn(""), stop: func(err error) { cause = err; close(stopped) }}
+	p := &pump{pool: pool, conn: pool.conn(nil), stop: func(err error) { cause = err; close(stopped) }}
 	failure := context.DeadlineExceeded
 	flushes := 0
 	p.flush = func() error { flushes++; return failure }
@@ -85,7 +86,7 @@ func TestPumpFlushErrorEndsTheStream(t *testing.T) {
 func TestSendPoolReplacesASlowWorker(t *testing.T) {
 	pool := newSendPool(1)
 	release := make(chan struct{})
-	blocked := &pump{pool: pool, conn: pool.conn("a"), stop: func(error) {}}
+	blocked := &pump{pool: pool, conn: pool.conn(&net.TCPAddr{Port: 1}), stop: func(error) {}}
 	entered := make(chan struct{})
 	blocked.flush = func() error {
 		close(entered)
@@ -95,7 +96,7 @@ func TestSendPoolReplacesASlowWorker(t *testing.T) {
 	blocked.ready()
 	<-entered
 	flushed := make(chan struct{})
-	other := &pump{pool: pool, conn: pool.conn("b"), stop: func(error) {}, flush: func() error { close(flushed); return nil }}
+	other := &pump{pool: pool, conn: pool.conn(&net.TCPAddr{Port: 2}), stop: func(error) {}, flush: func() error { close(flushed); return nil }}
 	other.ready()
 	pool.slow() // what the send guard calls once the send has been blocked for slowSend
 	select {

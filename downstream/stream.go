@@ -217,7 +217,7 @@ func run[Req any, Resp any, PReq interface {
 	}
 	ls := &liveStream{stop: stop}
 	if p, ok := peer.FromContext(ctx); ok {
-		ls.addr = p.Addr.String()
+		ls.addr = p.Addr
 	}
 	if !s.live.add(ls) {
 		return errDraining
