@@ -156,8 +156,8 @@ const slowSend = 20 * time.Millisecond
 // on a slow client. Workers start when pumps are queued and end when the
 // queue is empty, so an idle relay has none.
 //
-// Pumps queue by connection: a worker takes every pump queued for one
-// connection and flushes them back to back, so that streams sharing a
+// Pumps queue by connection: a worker takes a connection and flushes the
+// pumps queued on it back to back, so that streams sharing a
 // connection hand gRPC's writer for that connection a burst it writes in
 // few system calls (and their client reads in few), rather than one
 // response per wake-up.
@@ -235,7 +235,6 @@ func (sp *sendPool) submit(p *pump) {
 }
 
 func (sp *sendPool) work() {
-	var batch []*pump
 	for {
 		sp.mu.Lock()
 		if sp.head == len(sp.queue) {
@@ -250,21 +249,42 @@ func (sp *sendPool) work() {
 		if sp.head > 4096 && sp.head*2 > len(sp.queue) {
 			sp.queue, sp.head = sp.queue[:copy(sp.queue, sp.queue[sp.head:])], 0
 		}
-		batch, c.pumps = c.pumps, batch[:0]
 		c.queued = false
 		sp.mu.Unlock()
-		for i, p := range batch {
-			p.runQueued()
-			batch[i] = nil
-		}
+		sp.serve(c)
 	}
 }
 
-// slow is called when a send has been blocked for slowSend: its worker no
-// longer counts, and one starts in its place if pumps are waiting.
-func (sp *sendPool) slow() {
+// serve flushes the pumps queued on c one after the other until none is
+// left. Other workers may serve c at the same time (see slow).
+func (sp *sendPool) serve(c *sendConn) {
+	for {
+		sp.mu.Lock()
+		if len(c.pumps) == 0 {
+			c.pumps = c.pumps[:0:0]
+			sp.mu.Unlock()
+			return
+		}
+		p := c.pumps[0]
+		c.pumps[0] = nil
+		c.pumps = c.pumps[1:]
+		sp.mu.Unlock()
+		p.runQueued()
+	}
+}
+
+// slow is called when a send to a stream on c has been blocked for
+// slowSend: its worker no longer counts, c goes back in the queue if it
+// has other streams waiting (a stream its client stopped reading holds up
+// neither the connection's other streams nor other connections), and a
+// worker starts in the blocked one's place if any is waiting.
+func (sp *sendPool) slow(c *sendConn) {
 	sp.mu.Lock()
 	sp.blocked++
+	if c != nil && len(c.pumps) > 0 && !c.queued {
+		c.queued = true
+		sp.queue = append(sp.queue, c)
+	}
 	start := sp.head < len(sp.queue) && sp.running < sp.size+sp.blocked
 	if start {
 		sp.running++

@@ -98,7 +98,7 @@ func TestSendPoolReplacesASlowWorker(t *testing.T) {
 	flushed := make(chan struct{})
 	other := &pump{pool: pool, conn: pool.conn(&net.TCPAddr{Port: 2}), stop: func(error) {}, flush: func() error { close(flushed); return nil }}
 	other.ready()
-	pool.slow() // what the send guard calls once the send has been blocked for slowSend
+	pool.slow(nil) // what the send guard calls once the send has been blocked for slowSend
 	select {
 	case <-flushed:
 	case <-time.After(10 * time.Second):

@@ -208,6 +208,7 @@ type sendGuard struct {
 	ctx     context.Context
 	sendMsg func(any) error
 	t       *time.Timer
+	conn    *sendConn // the stream's connection in the send pool; set before the first send
 
 	mu      sync.Mutex
 	sending bool
@@ -250,7 +251,7 @@ func (g *sendGuard) fire() {
 	if left := g.srv.sendTimeout - time.Since(g.started); left > 0 {
 		if !g.slow {
 			g.slow = true
-			g.srv.sends.slow()
+			g.srv.sends.slow(g.conn)
 		}
 		g.t.Reset(left)
 		g.mu.Unlock()

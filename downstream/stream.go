@@ -244,6 +244,7 @@ func run[Req any, Resp any, PReq interface {
 	defer g.stop()
 	p := open(c, PReq(first), s.firstResponse(g.send, end.variant, opened))
 	pm := &pump{pool: s.sends, conn: s.sends.conn(ls.addr), stop: stop, flush: p.flush}
+	g.conn = pm.conn
 	defer s.sends.release(pm.conn)
 	p.watcher().OnReady(pm.ready)
 	defer c.Release(p.watcher())

@@ -66,6 +66,46 @@ func TestStuckClientsDoNotHoldTheSendPool(t *testing.T) {
 	}
 }
 
+// A stream whose client stops reading it holds up neither the other
+// streams of its connection: the connection's other streams are served by
+// another worker while the stuck send waits for downstream.send_timeout.
+// The stuck stream subscribes first, so that a change queues it first.
+func TestStuckStreamDoesNotHoldItsConnection(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "0", bigClusters(8, 0)...)
+	r := startRelay(t, cp.Addr, func(c *Config) { c.Downstream.SendTimeout = time.Minute })
+	cc, err := grpc.NewClient(r.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(16<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ads := discoverypb.NewAggregatedDiscoveryServiceClient(cc)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stuck, err := ads.StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stuck.Send(&discoverypb.DiscoveryRequest{Node: node("stuck", "c1"), TypeUrl: resourcev3.ClusterType}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the stuck stream to be open", func() bool {
+		return strings.Contains(getMetrics(t, r), `xdsrelay_downstream_streams{variant="sotw-ads"} 1`)
+	})
+	good := newStream(t, ads.StreamAggregatedResources)
+	good.send(&discoverypb.DiscoveryRequest{Node: node("good", "c1"), TypeUrl: resourcev3.ClusterType})
+	resp := good.recv()
+	for v := 1; v <= 3; v++ {
+		good.send(&discoverypb.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+		cp.Set(t, "c1", fmt.Sprint(v), bigClusters(8, v)...)
+		resp = good.recv()
+		if n := len(resp.GetResources()); n != 8 {
+			t.Fatalf("update %d: the reading stream got %d clusters", v, n)
+		}
+	}
+}
+
 // An idle stream holds one goroutine of the relay's own, its gRPC handler
 // reading the next request: streams that share a connection cost one
 // goroutine each, plus gRPC's three for the connection.
