@@ -33,6 +33,23 @@ func bigClusters(n, version int) []types.Resource {
 	return out
 }
 
+// readsEveryUpdate subscribes good, a SotW ADS stream of group c1, to the
+// clusters, then has the control plane publish n new versions of
+// bigClusters and checks that good gets each, ACKing as it goes.
+func readsEveryUpdate(t *testing.T, cp *testcp.ControlPlane, good *sotwStream, n int) {
+	t.Helper()
+	good.send(&discoverypb.DiscoveryRequest{Node: node("good", "c1"), TypeUrl: resourcev3.ClusterType})
+	resp := good.recv()
+	for v := 1; v <= n; v++ {
+		good.send(&discoverypb.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+		cp.Set(t, "c1", fmt.Sprint(v), bigClusters(8, v)...)
+		resp = good.recv()
+		if got := len(resp.GetResources()); got != 8 {
+			t.Fatalf("update %d: the reading client got %d clusters", v, got)
+		}
+	}
+}
+
 // A client that stops reading hurts only itself: the others keep getting
 // every update, and once a send to it has been blocked for
 // downstream.send_timeout its stream is closed.
@@ -58,17 +75,7 @@ func TestStuckClientIsDisconnected(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	good := openSotW(t, r.Addr())
-	good.send(&discoverypb.DiscoveryRequest{Node: node("good", "c1"), TypeUrl: resourcev3.ClusterType})
-	resp := good.recv()
-	for v := 1; v <= 5; v++ {
-		good.send(&discoverypb.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
-		cp.Set(t, "c1", fmt.Sprint(v), bigClusters(8, v)...)
-		resp = good.recv()
-		if n := len(resp.GetResources()); n != 8 {
-			t.Fatalf("update %d: the reading client got %d clusters", v, n)
-		}
-	}
+	readsEveryUpdate(t, cp, openSotW(t, r.Addr()), 5)
 	eventually(t, "the stuck client to be disconnected", func() bool {
 		return strings.Contains(getMetrics(t, r), "xdsrelay_downstream_stuck_total 1")
 	})
