@@ -78,31 +78,24 @@ func streamContext(ctx context.Context) (context.Context, context.CancelFunc) {
 // run runs client i until ctx ends or its stream fails: it subscribes,
 // records what each response brings and ACKs it.
 func (x *xdsClients) run(ctx context.Context, i int, tr *tracker) error {
-	conn, err := x.pool.acquire(i)
-	if err != nil {
-		return err
-	}
-	defer x.pool.release(i)
-	sctx, cancel := streamContext(ctx)
-	defer cancel()
-	if x.cfg.Variant == VariantDelta {
-		s, err := openDelta(sctx, conn, x.cfg.Type, x.cfg.ADS)
-		if err != nil {
-			return err
-		}
-		return x.delta(s, x.node(i), i, tr)
-	}
-	s, err := openSotW(sctx, conn, x.cfg.Type, x.cfg.ADS)
-	if err != nil {
-		return err
-	}
-	return x.sotw(s, x.node(i), i, tr)
+	return x.onStream(ctx, i,
+		func(s deltaStream) error { return x.delta(s, x.node(i), i, tr) },
+		func(s sotwStream) error { return x.sotw(s, x.node(i), i, tr) })
 }
 
 // cycle is one churn cycle of client i: it opens a stream (on a connection
 // of its own, dialed now, unless streams share connections), subscribes,
 // waits for the first response and resets the stream.
 func (x *xdsClients) cycle(ctx context.Context, i int) error {
+	return x.onStream(ctx, i,
+		func(s deltaStream) error { return firstResponse(s, x.deltaSubscribe(x.node(i))) },
+		func(s sotwStream) error { return firstResponse(s, x.sotwSubscribe(x.node(i))) })
+}
+
+// onStream opens client i's stream, of the configured variant, on the
+// client's connection, and runs delta or sotw on it; the stream ends when
+// that returns.
+func (x *xdsClients) onStream(ctx context.Context, i int, delta func(deltaStream) error, sotw func(sotwStream) error) error {
 	conn, err := x.pool.acquire(i)
 	if err != nil {
 		return err
@@ -115,20 +108,21 @@ func (x *xdsClients) cycle(ctx context.Context, i int) error {
 		if err != nil {
 			return err
 		}
-		if err := s.Send(x.deltaSubscribe(x.node(i))); err != nil {
-			return err
-		}
-		_, err = s.Recv()
-		return err
+		return delta(s)
 	}
 	s, err := openSotW(sctx, conn, x.cfg.Type, x.cfg.ADS)
 	if err != nil {
 		return err
 	}
-	if err := s.Send(x.sotwSubscribe(x.node(i))); err != nil {
+	return sotw(s)
+}
+
+// firstResponse sends req on s and waits for the first response.
+func firstResponse[Req, Resp any](s grpc.BidiStreamingClient[Req, Resp], req *Req) error {
+	if err := s.Send(req); err != nil {
 		return err
 	}
-	_, err = s.Recv()
+	_, err := s.Recv()
 	return err
 }
 
