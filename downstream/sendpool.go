@@ -3,6 +3,7 @@ package downstream
 import (
 	"context"
 	"net"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -187,12 +188,12 @@ func newSendPool(size int) *sendPool {
 
 // conn returns the queue of the connection from addr, for one more stream;
 // call release when the stream ends. Streams whose connection is unknown
-// (nil) get one of their own. Addresses are compared as values of
+// (nil), or whose address type cannot be a map key, get one of their own. Addresses are compared as values of
 // net.Addr: gRPC gives every stream of a connection the connection's own
 // RemoteAddr, so no string is built per stream.
 func (sp *sendPool) conn(addr net.Addr) *sendConn {
-	if addr == nil {
-		return &sendConn{}
+	if addr == nil || !reflect.TypeOf(addr).Comparable() {
+		return &sendConn{} // a map key must be comparable
 	}
 	sp.mu.Lock()
 	defer sp.mu.Unlock()

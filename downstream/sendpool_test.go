@@ -107,3 +107,32 @@ func TestSendPoolReplacesASlowWorker(t *testing.T) {
 	pool.unblocked()
 	close(release)
 }
+
+// uncomparableAddr is a net.Addr that cannot be a map key.
+type uncomparableAddr struct{ parts []string }
+
+func (uncomparableAddr) Network() string  { return "test" }
+func (a uncomparableAddr) String() string { return "uncomparable" }
+
+// Streams are grouped by connection address; an address that cannot be a
+// map key gets a queue of its own instead of a panic.
+func TestSendPoolGroupsByConnection(t *testing.T) {
+	pool := newSendPool(1)
+	a := &net.TCPAddr{Port: 1}
+	c1, c2 := pool.conn(a), pool.conn(a)
+	if c1 != c2 {
+		t.Fatal("two streams of one connection have different queues")
+	}
+	if pool.conn(&net.TCPAddr{Port: 1}) == c1 {
+		t.Fatal("another connection from an equal address shares the queue")
+	}
+	u := pool.conn(uncomparableAddr{})
+	if u == nil || u.addr != nil {
+		t.Fatalf("uncomparable address: %+v", u)
+	}
+	pool.release(c1)
+	pool.release(c2)
+	if _, ok := pool.conns[a]; ok {
+		t.Fatal("the connection's queue outlived its streams")
+	}
+}
