@@ -54,7 +54,8 @@
 // own). The relay then runs in a child of its own and its control plane in
 // another, so that the relay's CPU and memory are the relay's alone. With
 // --cpuprofile FILE the child profiles itself into FILE.server (and its
-// mutex contention into FILE.server.mutex).
+// mutex contention into FILE.server.mutex), and writes its heap once every
+// client is configured into FILE.server.heap.
 //
 // With --churn D it measures connect/disconnect churn instead of updates:
 // for D, every client loops opening a connection (with --streams-per-conn

@@ -112,7 +112,7 @@ func (f *flags) define(fs *flag.FlagSet) {
 	fs.BoolVar(&c.Split, "split", false, "run the server side (control plane, relay, floor server) in a child process: clients and server then each have the whole open-file limit, and RSS is the server's alone")
 	fs.BoolVar(&f.compare, "compare", false, "run, one after the other with the same flags, clients through xdsrelay (in this process, its upstream a control plane with --cp-cache), directly on go-control-plane's linear cache, on its snapshot cache, and the socket floor; print them side by side with the relay's ratios (--cp-cache is then the relay's upstream, default linear; --timeout bounds each setup)")
 	fs.StringVar(&f.json, "json", "", "also write the results as JSON to `file`")
-	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (the clients, and the control plane and relay it serves) while the updates fan out to `file`; with --compare, one per setup, named file.<setup>; the server side of a --split run is file.server; each with the mutex contention of the same window in <file>.mutex")
+	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (the clients, and the control plane and relay it serves) while the updates fan out to `file`; with --compare, one per setup, named file.<setup>; the server side of a --split run is file.server; each with the mutex contention of the same window in <file>.mutex; and the split server's heap once every client is configured in file.server.heap")
 }
 
 // parseFlags returns the command line. It reports its errors on stderr.

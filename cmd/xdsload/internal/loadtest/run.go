@@ -177,6 +177,11 @@ func drive(ctx context.Context, cfg *Config, tr *tracker, b backend, res *Result
 	}
 	res.RSS.Configured = sampleRSS(cfg.PID)
 	res.ServerMemory = serverMemory(b)
+	if s, ok := b.(*splitBackend); ok && cfg.CPUProfile != "" {
+		if err := s.heapProfile(cfg.CPUProfile + ".server.heap"); err != nil {
+			return err
+		}
+	}
 	res.fillIdle()
 	cpu, upstreamCPU := sampleCPU(cfg.PID), sampleCPU(upstreamPID(b))
 	if err := fanOut(ctx, cfg, tr, b); err != nil {
@@ -269,6 +274,21 @@ func startCPUProfile(file string) (stop func(), err error) {
 		}
 		runtime.SetMutexProfileFraction(0)
 	}, nil
+}
+
+// writeHeapProfile writes this process's heap profile, after a collection
+// so that it shows what is live, to file.
+func writeHeapProfile(file string) error {
+	runtime.GC()
+	f, err := os.Create(file)
+	if err != nil {
+		return fmt.Errorf("heap profile: %w", err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		return fmt.Errorf("heap profile: %w", err)
+	}
+	return nil
 }
 
 // mutexFraction samples the mutex profile while the CPU profile runs.

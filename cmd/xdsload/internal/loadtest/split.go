@@ -47,7 +47,7 @@ type childReady struct {
 
 // childCommand is a later line from the parent.
 type childCommand struct {
-	Op   string `json:"op"` // "publish", "profile" (start), "profile-stop", "memory" or "gc"
+	Op   string `json:"op"` // "publish", "profile" (start), "profile-stop", "memory", "heap" or "gc"
 	Seq  int    `json:"seq,omitempty"`
 	File string `json:"file,omitempty"`
 }
@@ -148,6 +148,10 @@ func serveServerSide(in io.Reader, out io.Writer) error {
 			}
 		case "memory":
 			reply.Memory = readMemory()
+		case "heap":
+			if err := writeHeapProfile(cmd.File); err != nil {
+				reply.Error = err.Error()
+			}
 		case "gc":
 			collect()
 			reply.Memory = readMemory()
@@ -308,6 +312,12 @@ func (c *child) do(cmd childCommand) (childReply, error) {
 func (c *child) publish(seq int) (time.Time, error) {
 	reply, err := c.do(childCommand{Op: "publish", Seq: seq})
 	return time.Unix(0, reply.UnixNano), err
+}
+
+// heapProfile has the child write its heap profile to file.
+func (c *child) heapProfile(file string) error {
+	_, err := c.do(childCommand{Op: "heap", File: file})
+	return err
 }
 
 // memory reads the child's runtime memory figures.

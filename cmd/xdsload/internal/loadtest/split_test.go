@@ -42,7 +42,7 @@ func TestRunSplit(t *testing.T) {
 				t.Errorf("RSS %+v, want the child's samples", res.RSS)
 			}
 			checkServerFigures(t, res)
-			for _, f := range []string{profile, profile + ".server"} {
+			for _, f := range []string{profile, profile + ".server", profile + ".server.heap", profile + ".server.mutex"} {
 				if st, err := os.Stat(f); err != nil || st.Size() == 0 {
 					t.Errorf("profile %s: %v", f, err)
 				}
