@@ -124,8 +124,8 @@ func (s *Server) normalEnd(ctx context.Context, err error) bool {
 	return false
 }
 
-// clientGone reports whether the client ended the stream or call (or its
-// deadline passed), rather than the relay stopping it (see stoppable).
+// clientGone reports whether the stream's or call's context ended: the
+// client went away or its deadline passed.
 func clientGone(ctx context.Context) bool {
 	cause := context.Cause(ctx)
 	return cause != nil && (errors.Is(cause, context.Canceled) || errors.Is(cause, context.DeadlineExceeded))

@@ -119,7 +119,7 @@ func firstRequest[Req any](ctx context.Context, s *Server, recv func() (*Req, er
 	select {
 	case r := <-got:
 		if r.err != nil {
-			return nil, recvError(ctx, r.err)
+			return nil, recvError(r.err)
 		}
 		return r.req, nil
 	case <-timeout:
@@ -127,7 +127,7 @@ func firstRequest[Req any](ctx context.Context, s *Server, recv func() (*Req, er
 	case <-s.drain:
 		return nil, errDraining
 	case <-ctx.Done():
-		return nil, recvError(ctx, ctx.Err())
+		return nil, ctx.Err()
 	}
 }
 

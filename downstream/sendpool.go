@@ -1,7 +1,6 @@
 package downstream
 
 import (
-	"context"
 	"net"
 	"reflect"
 	"sync"
@@ -21,10 +20,10 @@ import (
 //
 // A stream's pump admits one flush at a time, from a worker or from the
 // handler, and its mutex keeps handle and flush apart: the protocol state
-// is one stream's, whichever goroutine runs it. Ending the stream from the
-// outside (a failed flush, Drain, the first-request timeout) cancels the
-// stream's context through the stopper that ServerOptions installs, which
-// ends the handler's Recv and any send blocked on flow control.
+// is one stream's, whichever goroutine runs it. A send that fails has gRPC
+// end the stream, which ends the handler's Recv; Drain closes connections
+// (see endStreams); the first request is waited for apart (see
+// firstRequest).
 //
 // A slow client hurts only itself: a worker whose send stays blocked for
 // slowSend is counted out of the pool and another worker starts, so the
@@ -43,8 +42,8 @@ const (
 // flush wherever the pump is run.
 type pump struct {
 	pool  *sendPool
-	conn  *sendConn               // the client connection's queue in the pool
-	stop  context.CancelCauseFunc // ends the stream from the outside
+	conn  *sendConn // the client connection's queue in the pool
+	abort func()    // ends a stream a failed flush left open
 	state atomic.Int32
 
 	mu    sync.Mutex   // serializes handle and flush
@@ -106,8 +105,9 @@ func (p *pump) runInline() error {
 }
 
 // flushOnce runs the protocol's flush unless the stream has ended. A failed
-// flush ends the stream: the handler's Recv returns and the handler returns
-// err.
+// flush ends the stream: a failed send has had gRPC end it already (and so
+// the handler's Recv), anything else has abort end it; the handler then
+// returns err.
 func (p *pump) flushOnce() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -116,10 +116,17 @@ func (p *pump) flushOnce() error {
 	}
 	if err := p.flush(); err != nil {
 		p.ended, p.err = true, err
-		p.stop(err)
+		p.abort()
 		return err
 	}
 	return nil
+}
+
+// failure is the flush error that ended the stream, if one did.
+func (p *pump) failure() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err
 }
 
 // handle runs the protocol's handle for a request, then flushes what it
@@ -303,25 +310,8 @@ func (sp *sendPool) unblocked() {
 	sp.mu.Unlock()
 }
 
-// stopKey carries a stream's stopper in its context (see ServerOptions).
-type stopKey struct{}
-
-// stoppable is the server's tap: every stream's context gets a cancel
-// function with a cause, so that the relay can end a stream whose handler
-// is in Recv. gRPC derives the stream's context, on which Recv and a send
-// blocked on flow control wait, from the one the tap returns.
-func stoppable(ctx context.Context) context.Context {
-	ctx, cancel := context.WithCancelCause(ctx)
-	return context.WithValue(ctx, stopKey{}, cancel)
-}
-
-func stopperFrom(ctx context.Context) (context.CancelCauseFunc, bool) {
-	stop, ok := ctx.Value(stopKey{}).(context.CancelCauseFunc)
-	return stop, ok
-}
-
-// stoppers are the streams Drain ends.
-type stoppers struct {
+// liveSet is the streams Drain ends.
+type liveSet struct {
 	mu       sync.Mutex
 	draining bool
 	live     map[*liveStream]struct{}
@@ -329,12 +319,11 @@ type stoppers struct {
 
 // liveStream is a stream as Drain sees it.
 type liveStream struct {
-	stop context.CancelCauseFunc
 	addr net.Addr // the client's address; nil if unknown
 }
 
 // add registers a stream; false once draining.
-func (st *stoppers) add(ls *liveStream) bool {
+func (st *liveSet) add(ls *liveStream) bool {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if st.draining {
@@ -347,14 +336,14 @@ func (st *stoppers) add(ls *liveStream) bool {
 	return true
 }
 
-func (st *stoppers) remove(ls *liveStream) {
+func (st *liveSet) remove(ls *liveStream) {
 	st.mu.Lock()
 	delete(st.live, ls)
 	st.mu.Unlock()
 }
 
 // drain refuses new streams and returns the registered ones.
-func (st *stoppers) drain() []*liveStream {
+func (st *liveSet) drain() []*liveStream {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	st.draining = true
@@ -367,28 +356,20 @@ func (st *stoppers) drain() []*liveStream {
 }
 
 // endStreams ends every live stream for Drain. A stream's handler is in
-// Recv, which only the end of the stream's connection or context ends; the
-// connection is closed, so that clients see UNAVAILABLE and reconnect
-// (gRPC-Go writes CANCELLED for a stream whose context is cancelled under
-// Recv, and Envoy warns about CANCELLED where it retries UNAVAILABLE
-// quietly). Streams on a connection the server does not know (not served
-// on Listen) are cancelled.
+// Recv, which only the end of the stream's connection or context ends, and
+// gRPC lets nothing else end the context: the connections are closed, and
+// clients see UNAVAILABLE and reconnect. A stream on a connection the
+// server does not know (not served on Listen) ends when the gRPC server
+// stops.
 func (s *Server) endStreams() {
 	closed := map[string]bool{}
 	for _, ls := range s.live.drain() {
-		if ls.addr != nil {
-			addr := ls.addr.String()
-			if done, ok := closed[addr]; ok {
-				if !done {
-					ls.stop(errDraining)
-				}
-				continue
-			}
-			closed[addr] = s.conns.close(addr)
-			if closed[addr] {
-				continue
-			}
+		if ls.addr == nil {
+			continue
 		}
-		ls.stop(errDraining)
+		if addr := ls.addr.String(); !closed[addr] {
+			closed[addr] = true
+			s.conns.close(addr)
+		}
 	}
 }

@@ -15,7 +15,7 @@ func TestPumpFlushesOnceAtATimeAndMissesNoMark(t *testing.T) {
 	pool := newSendPool(4)
 	var marks, seen, running atomic.Int64
 	var overlap atomic.Bool
-	p := &pump{pool: pool, conn: pool.conn(nil), stop: func(error) {}}
+	p := &pump{pool: pool, conn: pool.conn(nil), abort: func() {}}
 	p.flush = func() error {
 		if running.Add(1) > 1 {
 			overlap.Store(true)
@@ -48,13 +48,12 @@ func TestPumpFlushesOnceAtATimeAndMissesNoMark(t *testing.T) {
 	}
 }
 
-// A failed flush ends the stream: the stopper gets the error, no flush runs
-// after, and the handler's next request gets the error.
+// A failed flush ends the stream: it is aborted, no flush runs after, and
+// the handler's next request gets the error.
 func TestPumpFlushErrorEndsTheStream(t *testing.T) {
-	var cause error
 	stopped := make(chan struct{})
 	pool := newSendPool(1)
-	p := &pump{pool: pool, conn: pool.conn(nil), stop: func(err error) { cause = err; close(stopped) }}
+	p := &pump{pool: pool, conn: pool.conn(nil), abort: func() { close(stopped) }}
 	failure := context.DeadlineExceeded
 	flushes := 0
 	p.flush = func() error { flushes++; return failure }
@@ -65,8 +64,8 @@ func TestPumpFlushErrorEndsTheStream(t *testing.T) {
 		t.Fatal("the stream was not stopped")
 	}
 	p.mu.Lock()
-	if cause != failure || !p.ended {
-		t.Errorf("stopped with %v, ended %v", cause, p.ended)
+	if p.err != failure || !p.ended {
+		t.Errorf("stopped with %v, ended %v", p.err, p.ended)
 	}
 	p.mu.Unlock()
 	p.ready()
@@ -86,7 +85,7 @@ func TestPumpFlushErrorEndsTheStream(t *testing.T) {
 func TestSendPoolReplacesASlowWorker(t *testing.T) {
 	pool := newSendPool(1)
 	release := make(chan struct{})
-	blocked := &pump{pool: pool, conn: pool.conn(&net.TCPAddr{Port: 1}), stop: func(error) {}}
+	blocked := &pump{pool: pool, conn: pool.conn(&net.TCPAddr{Port: 1}), abort: func() {}}
 	entered := make(chan struct{})
 	blocked.flush = func() error {
 		close(entered)
@@ -96,7 +95,7 @@ func TestSendPoolReplacesASlowWorker(t *testing.T) {
 	blocked.ready()
 	<-entered
 	flushed := make(chan struct{})
-	other := &pump{pool: pool, conn: pool.conn(&net.TCPAddr{Port: 2}), stop: func(error) {}, flush: func() error { close(flushed); return nil }}
+	other := &pump{pool: pool, conn: pool.conn(&net.TCPAddr{Port: 2}), abort: func() {}, flush: func() error { close(flushed); return nil }}
 	other.ready()
 	pool.slow(nil) // what the send guard calls once the send has been blocked for slowSend
 	select {

@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/tap"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/authz"
@@ -68,7 +67,7 @@ type Server struct {
 	conns     connSet   // connections accepted by Listen
 	endLog    *bucket   // limits warnings about streams ended with an error
 	registry  registry  // live streams, for CSDS and the admin endpoint
-	live      stoppers  // live streams, for Drain
+	live      liveSet   // live streams, for Drain
 	sends     *sendPool // flushes what the caches mark
 
 	pushMetrics
@@ -124,16 +123,9 @@ func New(opts Options) (*Server, error) {
 }
 
 // ServerOptions are the grpc.ServerOptions the downstream server needs: the
-// codec that writes pre-encoded responses, and the tap that lets the relay
-// end a stream whose handler is reading. xDS streams refuse to run on a
-// server without them.
+// codec that writes pre-encoded responses.
 func ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{
-		grpc.ForceServerCodecV2(xds.Codec{}),
-		// Every stream gets a stopper (see stoppable); the tap API is
-		// experimental in gRPC-Go and pinned by go.mod.
-		grpc.InTapHandle(func(ctx context.Context, _ *tap.Info) (context.Context, error) { return stoppable(ctx), nil }),
-	}
+	return []grpc.ServerOption{grpc.ForceServerCodecV2(xds.Codec{})}
 }
 
 // Drain asks every stream and poll to end with UNAVAILABLE, so that clients
@@ -145,23 +137,26 @@ func (s *Server) Drain() {
 	})
 }
 
-// errStreamEnded is the cause with which a stream's context is cancelled
-// when its handler returns.
-var errStreamEnded = errors.New("xdsrelay: stream ended")
-
-// recvError is the handler's result once Recv has failed: the cause with
-// which the relay stopped the stream, if it did (a failed flush, Drain, the
-// first-request timeout); else nil for a client that closed its side, or
-// the error.
-func recvError(ctx context.Context, err error) error {
-	if cause := context.Cause(ctx); cause != nil && !errors.Is(cause, context.Canceled) &&
-		!errors.Is(cause, context.DeadlineExceeded) && cause != errStreamEnded {
-		return cause
-	}
+// recvError is the handler's result once Recv has failed: nil for a client
+// that closed its side, else the error.
+func recvError(err error) error {
 	if errors.Is(err, io.EOF) {
 		return nil
 	}
 	return err
+}
+
+// abortStream ends a stream that a failed flush left open by closing its
+// connection: gRPC lets a handler in Recv end its stream no other way. A
+// failed send has had gRPC end the stream already; this is for any other
+// failure.
+func (s *Server) abortStream(ctx context.Context) {
+	if ctx.Err() != nil {
+		return
+	}
+	if p, ok := peer.FromContext(ctx); ok && s.conns.close(p.Addr.String()) {
+		s.log.Warn("closed the connection of a stream that could not be flushed", "peer", p.Addr)
+	}
 }
 
 // resolveType checks a request's type URL against the stream's service.

@@ -211,11 +211,7 @@ func run[Req any, Resp any, PReq interface {
 	request
 }](s *Server, st grpc.BidiStreamingServer[Req, Resp], end *streamEnd, open func(*cache.Cache, PReq, func(any) error) protocol[Req]) error {
 	ctx := st.Context()
-	stop, ok := stopperFrom(ctx)
-	if !ok {
-		return status.Error(codes.Internal, "xdsrelay: the gRPC server was built without downstream.ServerOptions")
-	}
-	ls := &liveStream{stop: stop}
+	ls := &liveStream{}
 	if p, ok := peer.FromContext(ctx); ok {
 		ls.addr = p.Addr
 	}
@@ -243,7 +239,7 @@ func run[Req any, Resp any, PReq interface {
 	g := s.guard(ctx, st.SendMsg)
 	defer g.stop()
 	p := open(c, PReq(first), s.firstResponse(g.send, end.variant, opened))
-	pm := &pump{pool: s.sends, conn: s.sends.conn(ls.addr), stop: stop, flush: p.flush}
+	pm := &pump{pool: s.sends, conn: s.sends.conn(ls.addr), abort: func() { s.abortStream(ctx) }, flush: p.flush}
 	g.conn = pm.conn
 	defer s.sends.release(pm.conn)
 	p.watcher().OnReady(pm.ready)
@@ -257,7 +253,10 @@ func run[Req any, Resp any, PReq interface {
 	for {
 		req, err := st.Recv()
 		if err != nil {
-			return recvError(ctx, err)
+			if ferr := pm.failure(); ferr != nil {
+				return ferr
+			}
+			return recvError(err)
 		}
 		end.see(PReq(req).GetTypeUrl())
 		if err := handle(pm, p, req); err != nil {
