@@ -23,7 +23,7 @@ import (
 // state).
 
 // ResourceState is what a client holds of one resource.
-type ResourceState int
+type ResourceState uint8
 
 // The states, as CSDS names them (envoy.admin.v3.ClientResourceStatus).
 const (
@@ -39,14 +39,28 @@ func (s ResourceState) String() string {
 
 // resStatus is one name's record. state is the last one settled; a name
 // sent and not yet acknowledged keeps it until the client answers nonce.
+// It is kept small (48 bytes): a stream holds one per name.
 type resStatus struct {
 	version string
-	state   ResourceState
-	named   bool      // subscribed by name (not only through the wildcard)
 	nonce   uint64    // of the response that carried it, until answered; 0 if none
-	sent    time.Time // when it was last sent
-	nackMsg string
-	nackAt  time.Time
+	sent    int64     // when it was last sent, in Unix nanoseconds; 0 if never
+	nack    *nackNote // the client's NACK, while state is Nacked
+	state   ResourceState
+	named   bool // subscribed by name (not only through the wildcard)
+}
+
+// nackNote is a NACK's message and time, shared by the names it covers.
+type nackNote struct {
+	msg string
+	at  time.Time
+}
+
+// sentAt is r's sent time; zero if never.
+func (r resStatus) sentAt() time.Time {
+	if r.sent == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, r.sent)
 }
 
 // typeStatus is a stream's record for one type.
@@ -146,9 +160,13 @@ func (t *typeStatus) unshare() {
 	if t.shared == nil {
 		return
 	}
+	var note *nackNote
+	if t.sharedState == Nacked {
+		note = &nackNote{msg: t.sharedNack, at: t.nackAt}
+	}
 	for _, r := range t.shared.Resources {
 		e := t.res[r.Name]
-		e.version, e.state, e.sent, e.nackMsg, e.nackAt = r.Version, t.sharedState, t.sharedSent, t.sharedNack, t.nackAt
+		e.version, e.state, e.sent, e.nack = r.Version, t.sharedState, t.sharedSent.UnixNano(), note
 		if t.sharedNonce != 0 {
 			e.nonce = t.sharedNonce
 			t.pending = append(t.pending, r.Name)
@@ -167,7 +185,7 @@ func (t *typeStatus) sent(name, version string, nonce uint64, now time.Time) {
 		}
 		t.pending = append(t.pending, name)
 	}
-	r.version, r.nonce, r.sent = version, nonce, now
+	r.version, r.nonce, r.sent = version, nonce, now.UnixNano()
 	t.res[name] = r
 }
 
@@ -201,7 +219,7 @@ func (t *typeStatus) absent(name string, now time.Time) {
 		delete(t.res, name) // gone from the wildcard: not kept (see forget)
 		return
 	}
-	r.version, r.state, r.nonce, r.sent = "", DoesNotExist, 0, now
+	r.version, r.state, r.nonce, r.sent, r.nack = "", DoesNotExist, 0, now.UnixNano(), nil
 	t.res[name] = r
 }
 
@@ -243,16 +261,17 @@ func (s *streamStatus) answered(typeURL, nonce, version string, nack bool, msg s
 			t.sharedNack = msg
 		}
 	}
+	var note *nackNote
+	if nack {
+		note = &nackNote{msg: msg, at: now}
+	}
 	keep := t.pending[:0]
 	for _, name := range t.pending {
 		r, ok := t.res[name]
 		switch {
 		case !ok || r.nonce == 0:
 		case r.nonce <= n:
-			r.state, r.nonce = state, 0
-			if nack {
-				r.nackMsg, r.nackAt = msg, now
-			}
+			r.state, r.nonce, r.nack = state, 0, note
 			t.res[name] = r
 		default:
 			keep = append(keep, name)
@@ -314,9 +333,9 @@ func (t *typeStatus) snapshot(typeURL string) TypeStatus {
 		if r.named {
 			ts.Named++
 		}
-		rs := ResourceStatus{Name: name, Version: r.version, State: r.state, Sent: r.sent}
-		if r.state == Nacked {
-			rs.Error, rs.ErrorAt = r.nackMsg, r.nackAt
+		rs := ResourceStatus{Name: name, Version: r.version, State: r.state, Sent: r.sentAt()}
+		if r.state == Nacked && r.nack != nil {
+			rs.Error, rs.ErrorAt = r.nack.msg, r.nack.at
 		}
 		ts.Resources = append(ts.Resources, rs)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // A stream's status record stays within what the stream holds: names that
@@ -37,5 +38,36 @@ func TestStatusRecordIsBounded(t *testing.T) {
 	s.answered(typ, "2000", "", false, "", now)
 	if n := len(s.types[typ].res); n != 0 {
 		t.Fatalf("%d records left of names only the wildcard brought, all gone", n)
+	}
+}
+
+// A NACK is recorded for the names it covers, with its message and time,
+// and an ACK that follows clears it; a name's record stays small.
+func TestStatusRecordsNacks(t *testing.T) {
+	if size := unsafe.Sizeof(resStatus{}); size > 48 {
+		t.Errorf("a name's status record is %d bytes, want at most 48", size)
+	}
+	s := &streamStatus{types: map[string]*typeStatus{}}
+	const typ = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+	now := time.Unix(1000, 0)
+	s.subscribed(typ, []string{"a", "b"})
+	ts := s.sending(typ, false)
+	ts.sent("a", "1", 1, now)
+	ts.sent("b", "1", 1, now)
+	s.done()
+	s.answered(typ, "1", "0", true, "bad cluster", now.Add(time.Second))
+	for _, r := range s.snapshot().Types[0].Resources {
+		if r.State != Nacked || r.Error != "bad cluster" || !r.ErrorAt.Equal(now.Add(time.Second)) || !r.Sent.Equal(now) {
+			t.Errorf("after the NACK: %+v", r)
+		}
+	}
+	ts = s.sending(typ, false)
+	ts.sent("a", "2", 2, now)
+	s.done()
+	s.answered(typ, "2", "2", false, "", now)
+	for _, r := range s.snapshot().Types[0].Resources {
+		if want := map[string]ResourceState{"a": Acked, "b": Nacked}[r.Name]; r.State != want || (r.State == Acked) != (r.Error == "") {
+			t.Errorf("after the ACK of a: %+v", r)
+		}
 	}
 }
