@@ -187,6 +187,8 @@ type sendConn struct {
 	streams int      // streams registered on the connection
 	pumps   []*pump  // queued
 	queued  bool     // in the pool's queue
+	serving int      // workers taking its pumps
+	blocked int      // of those, blocked in a slow send
 }
 
 func newSendPool(size int) *sendPool {
@@ -228,7 +230,7 @@ func (sp *sendPool) submit(p *pump) {
 	sp.mu.Lock()
 	c := p.conn
 	c.pumps = append(c.pumps, p)
-	if !c.queued {
+	if !c.queued && c.serving == c.blocked { // a worker serving c takes p too
 		c.queued = true
 		sp.queue = append(sp.queue, c)
 	}
@@ -258,18 +260,22 @@ func (sp *sendPool) work() {
 			sp.queue, sp.head = sp.queue[:copy(sp.queue, sp.queue[sp.head:])], 0
 		}
 		c.queued = false
+		c.serving++
 		sp.mu.Unlock()
 		sp.serve(c)
 	}
 }
 
 // serve flushes the pumps queued on c one after the other until none is
-// left. Other workers may serve c at the same time (see slow).
+// left, those queued meanwhile included. Normally one worker serves a
+// connection at a time; another joins when a send on it is slow (see
+// slow).
 func (sp *sendPool) serve(c *sendConn) {
 	for {
 		sp.mu.Lock()
 		if len(c.pumps) == 0 {
 			c.pumps = c.pumps[:0:0]
+			c.serving--
 			sp.mu.Unlock()
 			return
 		}
@@ -289,6 +295,9 @@ func (sp *sendPool) serve(c *sendConn) {
 func (sp *sendPool) slow(c *sendConn) {
 	sp.mu.Lock()
 	sp.blocked++
+	if c != nil {
+		c.blocked++
+	}
 	if c != nil && len(c.pumps) > 0 && !c.queued {
 		c.queued = true
 		sp.queue = append(sp.queue, c)
@@ -304,9 +313,12 @@ func (sp *sendPool) slow(c *sendConn) {
 }
 
 // unblocked undoes slow once the send returns.
-func (sp *sendPool) unblocked() {
+func (sp *sendPool) unblocked(c *sendConn) {
 	sp.mu.Lock()
 	sp.blocked--
+	if c != nil {
+		c.blocked--
+	}
 	sp.mu.Unlock()
 }
 

@@ -103,7 +103,7 @@ func TestSendPoolReplacesASlowWorker(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the queued stream waited for the blocked worker")
 	}
-	pool.unblocked()
+	pool.unblocked(nil)
 	close(release)
 }
 

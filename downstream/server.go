@@ -231,7 +231,7 @@ func (g *sendGuard) send(m any) error {
 	slow := g.slow
 	g.mu.Unlock()
 	if slow {
-		g.srv.sends.unblocked()
+		g.srv.sends.unblocked(g.conn)
 	}
 	return err
 }
