@@ -165,10 +165,12 @@ const slowSend = 20 * time.Millisecond
 // queue is empty, so an idle relay has none.
 //
 // Pumps queue by connection: a worker takes a connection and flushes the
-// pumps queued on it back to back, so that streams sharing a
-// connection hand gRPC's writer for that connection a burst it writes in
-// few system calls (and their client reads in few), rather than one
-// response per wake-up.
+// pumps queued on it back to back, so that streams sharing a connection
+// hand gRPC's writer for that connection a burst it writes in few system
+// calls (and their client reads in few), rather than one response per
+// wake-up. A connection's pumps have a lock of their own, so that the
+// goroutine marking a change for many streams takes the pool's lock once
+// per connection rather than once per stream.
 type sendPool struct {
 	size int
 
@@ -180,15 +182,16 @@ type sendPool struct {
 	conns   map[net.Addr]*sendConn
 }
 
-// sendConn is the pumps queued for one client connection. Its fields are
-// guarded by the pool's mu.
+// sendConn is the pumps queued for one client connection.
 type sendConn struct {
 	addr    net.Addr // the key in the pool's conns; nil: the stream's own
-	streams int      // streams registered on the connection
-	pumps   []*pump  // queued
-	queued  bool     // in the pool's queue
-	serving int      // workers taking its pumps
-	blocked int      // of those, blocked in a slow send
+	streams int      // streams registered on the connection; guarded by the pool's mu
+
+	mu      sync.Mutex
+	pumps   []*pump // queued
+	queued  bool    // in the pool's queue
+	serving int     // workers taking its pumps
+	blocked int     // of those, blocked in a slow send
 }
 
 func newSendPool(size int) *sendPool {
@@ -197,9 +200,10 @@ func newSendPool(size int) *sendPool {
 
 // conn returns the queue of the connection from addr, for one more stream;
 // call release when the stream ends. Streams whose connection is unknown
-// (nil), or whose address type cannot be a map key, get one of their own. Addresses are compared as values of
-// net.Addr: gRPC gives every stream of a connection the connection's own
-// RemoteAddr, so no string is built per stream.
+// (nil), or whose address type cannot be a map key, get one of their own.
+// Addresses are compared as values of net.Addr: gRPC gives every stream of
+// a connection the connection's own RemoteAddr, so no string is built per
+// stream.
 func (sp *sendPool) conn(addr net.Addr) *sendConn {
 	if addr == nil || !reflect.TypeOf(addr).Comparable() {
 		return &sendConn{} // a map key must be comparable
@@ -227,14 +231,28 @@ func (sp *sendPool) release(c *sendConn) {
 }
 
 func (sp *sendPool) submit(p *pump) {
-	sp.mu.Lock()
 	c := p.conn
+	c.mu.Lock()
 	c.pumps = append(c.pumps, p)
-	if !c.queued && c.serving == c.blocked { // a worker serving c takes p too
-		c.queued = true
+	enqueue := !c.queued && c.serving == c.blocked // else a worker serving c takes p too
+	c.queued = c.queued || enqueue
+	c.mu.Unlock()
+	if enqueue {
+		sp.enqueue(c, false)
+	}
+}
+
+// enqueue puts c in the queue, and starts a worker if one may start; a
+// worker blocked in a slow send (blocked) no longer counts.
+func (sp *sendPool) enqueue(c *sendConn, blocked bool) {
+	sp.mu.Lock()
+	if blocked {
+		sp.blocked++
+	}
+	if c != nil {
 		sp.queue = append(sp.queue, c)
 	}
-	start := sp.running < sp.size+sp.blocked
+	start := sp.head < len(sp.queue) && sp.running < sp.size+sp.blocked
 	if start {
 		sp.running++
 	}
@@ -259,10 +277,12 @@ func (sp *sendPool) work() {
 		if sp.head > 4096 && sp.head*2 > len(sp.queue) {
 			sp.queue, sp.head = sp.queue[:copy(sp.queue, sp.queue[sp.head:])], 0
 		}
+		sp.mu.Unlock()
+		c.mu.Lock()
 		c.queued = false
 		c.serving++
-		sp.mu.Unlock()
-		sp.serve(c)
+		c.mu.Unlock()
+		c.serve()
 	}
 }
 
@@ -270,19 +290,19 @@ func (sp *sendPool) work() {
 // left, those queued meanwhile included. Normally one worker serves a
 // connection at a time; another joins when a send on it is slow (see
 // slow).
-func (sp *sendPool) serve(c *sendConn) {
+func (c *sendConn) serve() {
 	for {
-		sp.mu.Lock()
+		c.mu.Lock()
 		if len(c.pumps) == 0 {
 			c.pumps = c.pumps[:0:0]
 			c.serving--
-			sp.mu.Unlock()
+			c.mu.Unlock()
 			return
 		}
 		p := c.pumps[0]
 		c.pumps[0] = nil
 		c.pumps = c.pumps[1:]
-		sp.mu.Unlock()
+		c.mu.Unlock()
 		p.runQueued()
 	}
 }
@@ -293,32 +313,29 @@ func (sp *sendPool) serve(c *sendConn) {
 // neither the connection's other streams nor other connections), and a
 // worker starts in the blocked one's place if any is waiting.
 func (sp *sendPool) slow(c *sendConn) {
-	sp.mu.Lock()
-	sp.blocked++
+	requeue := false
 	if c != nil {
+		c.mu.Lock()
 		c.blocked++
+		requeue = len(c.pumps) > 0 && !c.queued
+		c.queued = c.queued || requeue
+		c.mu.Unlock()
 	}
-	if c != nil && len(c.pumps) > 0 && !c.queued {
-		c.queued = true
-		sp.queue = append(sp.queue, c)
+	if !requeue {
+		c = nil
 	}
-	start := sp.head < len(sp.queue) && sp.running < sp.size+sp.blocked
-	if start {
-		sp.running++
-	}
-	sp.mu.Unlock()
-	if start {
-		go sp.work()
-	}
+	sp.enqueue(c, true)
 }
 
 // unblocked undoes slow once the send returns.
 func (sp *sendPool) unblocked(c *sendConn) {
+	if c != nil {
+		c.mu.Lock()
+		c.blocked--
+		c.mu.Unlock()
+	}
 	sp.mu.Lock()
 	sp.blocked--
-	if c != nil {
-		c.blocked--
-	}
 	sp.mu.Unlock()
 }
 
