@@ -116,3 +116,54 @@ func TestFlagErrors(t *testing.T) {
 		})
 	}
 }
+
+// Every xdsload command in the README's and BENCHMARKS.md's shell blocks
+// parses: the flags it names exist, and their values pass validation.
+func TestDocumentedCommandsParse(t *testing.T) {
+	for _, doc := range []string{"../../README.md", "../../BENCHMARKS.md"} {
+		cmds := documentedCommands(t, doc)
+		if len(cmds) == 0 {
+			t.Fatalf("%s: no xdsload command in a shell block", doc)
+		}
+		for _, args := range cmds {
+			var stderr strings.Builder
+			if _, err := parseFlags(args, &stderr); err != nil {
+				t.Errorf("%s: xdsload %s: %v\n%s", doc, strings.Join(args, " "), err, stderr.String())
+			}
+		}
+	}
+}
+
+// documentedCommands returns the arguments of each xdsload command in the
+// ```sh blocks of file: lines starting "go run ./cmd/xdsload" or
+// "./xdsload", with their backslash continuations.
+func documentedCommands(t *testing.T, file string) [][]string {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out [][]string
+	inSh, line := false, ""
+	for _, l := range strings.Split(string(b), "\n") {
+		switch {
+		case strings.HasPrefix(l, "```"):
+			inSh = l == "```sh"
+			continue
+		case !inSh:
+			continue
+		}
+		line += strings.TrimSpace(l)
+		if strings.HasSuffix(line, `\`) {
+			line = strings.TrimSuffix(line, `\`) + " "
+			continue
+		}
+		for _, prefix := range []string{"go run ./cmd/xdsload ", "./xdsload "} {
+			if rest, ok := strings.CutPrefix(line, prefix); ok {
+				out = append(out, strings.Fields(rest))
+			}
+		}
+		line = ""
+	}
+	return out
+}
