@@ -163,7 +163,17 @@ func TestNACKKeepsLastGood(t *testing.T) {
 		t.Errorf("bad: %+v, want the last good version 1", got[1].Resource)
 	}
 	// Each upstream response is the root of its own trace, with the cache
-	// update as its child; the NACKed one is marked.
+	// update as its child; the NACKed one is marked. The NACK is sent
+	// before its span ends.
+	eventually(t, "both responses' spans to end", func() bool {
+		n := 0
+		for _, s := range spans.Ended() {
+			if s.Name() == "upstream.receive" {
+				n++
+			}
+		}
+		return n == 2
+	})
 	var ok, nacked int
 	applies := map[oteltrace.SpanID]int{}
 	for _, s := range spans.Ended() {
