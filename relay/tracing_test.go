@@ -36,8 +36,8 @@ func attr(s sdktrace.ReadOnlySpan, key string) attribute.Value {
 
 // One upstream change is one trace: an upstream.receive root with the
 // cache.apply as its child, and a downstream.push per client that is sent
-// it, each linked to the receive (pushes run later, on the streams' own
-// goroutines, so they are links, not children).
+// it, each linked to the receive (pushes run later, on the send workers,
+// so they are links, not children).
 func TestTraceFollowsOneUpdate(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	prev := otel.GetTracerProvider()
@@ -55,15 +55,24 @@ func TestTraceFollowsOneUpdate(t *testing.T) {
 		s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: "1"})
 		streams = append(streams, s)
 	}
-	before := len(named(rec, "upstream.receive"))
-
 	cp.Set(t, "c1", "2", testcp.Endpoints("a", "10.0.0.2:80"))
 	for _, s := range streams {
 		if got := deltaNames(s.recv()); !slices.Equal(got, []string{"a"}) {
 			t.Fatalf("after the change: %v", got)
 		}
 	}
-	receives := named(rec, "upstream.receive")[before:]
+	// A receive span ends after the ACK upstream, which may follow the
+	// clients' receipt: the change's span is found by its version.
+	var receives []sdktrace.ReadOnlySpan
+	eventually(t, "the change's upstream.receive span", func() bool {
+		receives = receives[:0]
+		for _, s := range named(rec, "upstream.receive") {
+			if attr(s, "xds.version").AsString() == "2" {
+				receives = append(receives, s)
+			}
+		}
+		return len(receives) > 0
+	})
 	if len(receives) != 1 {
 		t.Fatalf("%d upstream.receive spans for one change, want 1", len(receives))
 	}
