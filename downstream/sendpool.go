@@ -43,7 +43,6 @@ const (
 type pump struct {
 	pool  *sendPool
 	conn  *sendConn // the client connection's queue in the pool
-	abort func()    // ends a stream a failed flush left open
 	state atomic.Int32
 
 	mu    sync.Mutex   // serializes handle and flush
@@ -104,10 +103,10 @@ func (p *pump) runInline() error {
 	}
 }
 
-// flushOnce runs the protocol's flush unless the stream has ended. A failed
-// flush ends the stream: a failed send has had gRPC end it already (and so
-// the handler's Recv), anything else has abort end it; the handler then
-// returns err.
+// flushOnce runs the protocol's flush unless the stream has ended. A flush
+// fails only when its send does, and gRPC ends a stream whose SendMsg
+// failed (it writes the status), which ends the handler's Recv; the handler
+// then returns err (see failure).
 func (p *pump) flushOnce() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -116,7 +115,6 @@ func (p *pump) flushOnce() error {
 	}
 	if err := p.flush(); err != nil {
 		p.ended, p.err = true, err
-		p.abort()
 		return err
 	}
 	return nil

@@ -15,7 +15,7 @@ func TestPumpFlushesOnceAtATimeAndMissesNoMark(t *testing.T) {
 	pool := newSendPool(4)
 	var marks, seen, running atomic.Int64
 	var overlap atomic.Bool
-	p := &pump{pool: pool, conn: pool.conn(nil), abort: func() {}}
+	p := &pump{pool: pool, conn: pool.conn(nil)}
 	p.flush = func() error {
 		if running.Add(1) > 1 {
 			overlap.Store(true)
@@ -48,15 +48,15 @@ func TestPumpFlushesOnceAtATimeAndMissesNoMark(t *testing.T) {
 	}
 }
 
-// A failed flush ends the stream: it is aborted, no flush runs after, and
-// the handler's next request gets the error.
+// A failed flush ends the stream: no flush runs after, and the handler's
+// next request, or its Recv's end, gets the error.
 func TestPumpFlushErrorEndsTheStream(t *testing.T) {
 	stopped := make(chan struct{})
 	pool := newSendPool(1)
-	p := &pump{pool: pool, conn: pool.conn(nil), abort: func() { close(stopped) }}
+	p := &pump{pool: pool, conn: pool.conn(nil)}
 	failure := context.DeadlineExceeded
 	flushes := 0
-	p.flush = func() error { flushes++; return failure }
+	p.flush = func() error { flushes++; close(stopped); return failure }
 	p.ready()
 	select {
 	case <-stopped:
@@ -69,6 +69,9 @@ func TestPumpFlushErrorEndsTheStream(t *testing.T) {
 	}
 	p.mu.Unlock()
 	p.ready()
+	if p.failure() != failure {
+		t.Errorf("failure %v, want %v", p.failure(), failure)
+	}
 	if err := handle[struct{}](p, nil, &struct{}{}); err != failure {
 		t.Errorf("handle after the failure: %v", err)
 	}
@@ -85,7 +88,7 @@ func TestPumpFlushErrorEndsTheStream(t *testing.T) {
 func TestSendPoolReplacesASlowWorker(t *testing.T) {
 	pool := newSendPool(1)
 	release := make(chan struct{})
-	blocked := &pump{pool: pool, conn: pool.conn(&net.TCPAddr{Port: 1}), abort: func() {}}
+	blocked := &pump{pool: pool, conn: pool.conn(&net.TCPAddr{Port: 1})}
 	entered := make(chan struct{})
 	blocked.flush = func() error {
 		close(entered)
@@ -93,9 +96,13 @@ func TestSendPoolReplacesASlowWorker(t *testing.T) {
 		return nil
 	}
 	blocked.ready()
-	<-entered
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no worker took the queued stream")
+	}
 	flushed := make(chan struct{})
-	other := &pump{pool: pool, conn: pool.conn(&net.TCPAddr{Port: 2}), abort: func() {}, flush: func() error { close(flushed); return nil }}
+	other := &pump{pool: pool, conn: pool.conn(&net.TCPAddr{Port: 2}), flush: func() error { close(flushed); return nil }}
 	other.ready()
 	pool.slow(nil) // what the send guard calls once the send has been blocked for slowSend
 	select {

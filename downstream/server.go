@@ -146,19 +146,6 @@ func recvError(err error) error {
 	return err
 }
 
-// abortStream ends a stream that a failed flush left open by closing its
-// connection: gRPC lets a handler in Recv end its stream no other way. A
-// failed send has had gRPC end the stream already; this is for any other
-// failure.
-func (s *Server) abortStream(ctx context.Context) {
-	if ctx.Err() != nil {
-		return
-	}
-	if p, ok := peer.FromContext(ctx); ok && s.conns.close(p.Addr.String()) {
-		s.log.Warn("closed the connection of a stream that could not be flushed", "peer", p.Addr)
-	}
-}
-
 // resolveType checks a request's type URL against the stream's service.
 func resolveType(typeURL, fixed string) (string, error) {
 	switch {

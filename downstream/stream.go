@@ -239,7 +239,7 @@ func run[Req any, Resp any, PReq interface {
 	g := s.guard(ctx, st.SendMsg)
 	defer g.stop()
 	p := open(c, PReq(first), s.firstResponse(g.send, end.variant, opened))
-	pm := &pump{pool: s.sends, conn: s.sends.conn(ls.addr), abort: func() { s.abortStream(ctx) }, flush: p.flush}
+	pm := &pump{pool: s.sends, conn: s.sends.conn(ls.addr), flush: p.flush}
 	g.conn = pm.conn
 	defer s.sends.release(pm.conn)
 	p.watcher().OnReady(pm.ready)
