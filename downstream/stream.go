@@ -211,6 +211,13 @@ func run[Req any, Resp any, PReq interface {
 	request
 }](s *Server, st grpc.BidiStreamingServer[Req, Resp], end *streamEnd, open func(*cache.Cache, PReq, func(any) error) protocol[Req]) error {
 	ctx := st.Context()
+	opened := time.Now()
+	// Until its first request a stream is ended by Drain through s.drain,
+	// with errDraining; from then on by closing its connection.
+	first, err := firstRequest(ctx, s, st.Recv)
+	if first == nil {
+		return err
+	}
 	ls := &liveStream{}
 	if p, ok := peer.FromContext(ctx); ok {
 		ls.addr = p.Addr
@@ -219,11 +226,6 @@ func run[Req any, Resp any, PReq interface {
 		return errDraining
 	}
 	defer s.live.remove(ls)
-	opened := time.Now()
-	first, err := firstRequest(ctx, s, st.Recv)
-	if first == nil {
-		return err
-	}
 	end.node = PReq(first).GetNode()
 	end.see(PReq(first).GetTypeUrl())
 	if err := s.authorize(grpcClient(ctx, end.variant), end.node); err != nil {

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -66,5 +67,34 @@ func TestWaitGroupIsBounded(t *testing.T) {
 	defer cancel()
 	if err := waitGroup(ctx, &wg); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("waitGroup on a goroutine that never ends: %v", err)
+	}
+}
+
+// A stream that has not sent its first request when shutdown begins is
+// ended by the relay with its own message (an established stream's
+// connection is closed instead: see TestShutdownDrains).
+func TestShutdownEndsPendingStreamWithItsMessage(t *testing.T) {
+	cp := testcp.Start(t)
+	cfg := Default()
+	cfg.Upstream.Address = cp.Addr
+	cfg.Downstream.Address = "127.0.0.1:0"
+	r, err := New(cfg, testLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	st := rawDelta(t, r.Addr())
+	eventually(t, "the stream to be pending", func() bool {
+		return strings.Contains(getMetrics(t, r), "xdsrelay_downstream_pending_streams 1\n")
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if err := r.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := drain(st.Recv); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "shutting down, reconnect") {
+		t.Fatalf("the pending stream ended with %v, want UNAVAILABLE saying the relay is shutting down", err)
 	}
 }
