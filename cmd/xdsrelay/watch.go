@@ -12,6 +12,7 @@ import (
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -91,20 +92,10 @@ func watchSotW(ctx context.Context, ads discoverypb.AggregatedDiscoveryServiceCl
 	if err != nil {
 		return fmt.Errorf("watch: %w", err)
 	}
-	req := &discoverypb.DiscoveryRequest{Node: node, TypeUrl: typeURL, ResourceNames: names}
-	for {
-		if err := st.Send(req); err != nil {
-			return fmt.Errorf("watch: send: %w", err)
-		}
-		resp, err := st.Recv()
-		if err != nil {
-			return fmt.Errorf("watch: %w", err)
-		}
-		if err := print(resp); err != nil {
-			return err
-		}
-		req = &discoverypb.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: names, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}
-	}
+	return ackLoop(st, &discoverypb.DiscoveryRequest{Node: node, TypeUrl: typeURL, ResourceNames: names}, print,
+		func(resp *discoverypb.DiscoveryResponse) *discoverypb.DiscoveryRequest {
+			return &discoverypb.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: names, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}
+		})
 }
 
 // watchDelta subscribes on an incremental stream and ACKs each response
@@ -114,7 +105,18 @@ func watchDelta(ctx context.Context, ads discoverypb.AggregatedDiscoveryServiceC
 	if err != nil {
 		return fmt.Errorf("watch: %w", err)
 	}
-	req := &discoverypb.DeltaDiscoveryRequest{Node: node, TypeUrl: typeURL, ResourceNamesSubscribe: names}
+	return ackLoop(st, &discoverypb.DeltaDiscoveryRequest{Node: node, TypeUrl: typeURL, ResourceNamesSubscribe: names}, print,
+		func(resp *discoverypb.DeltaDiscoveryResponse) *discoverypb.DeltaDiscoveryRequest {
+			return &discoverypb.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: resp.GetNonce()}
+		})
+}
+
+// ackLoop sends req, prints each response and answers it with ack's
+// request, until the stream or print fails.
+func ackLoop[Req, Resp any, PResp interface {
+	*Resp
+	proto.Message
+}](st grpc.BidiStreamingClient[Req, Resp], req *Req, print func(proto.Message) error, ack func(*Resp) *Req) error {
 	for {
 		if err := st.Send(req); err != nil {
 			return fmt.Errorf("watch: send: %w", err)
@@ -123,10 +125,10 @@ func watchDelta(ctx context.Context, ads discoverypb.AggregatedDiscoveryServiceC
 		if err != nil {
 			return fmt.Errorf("watch: %w", err)
 		}
-		if err := print(resp); err != nil {
+		if err := print(PResp(resp)); err != nil {
 			return err
 		}
-		req = &discoverypb.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: resp.GetNonce()}
+		req = ack(resp)
 	}
 }
 
