@@ -1,12 +1,9 @@
 package downstream
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"log/slog"
 	"net"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,37 +17,11 @@ import (
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
+	"github.com/xdsrelay/xdsrelay/internal/testlog"
 )
 
 // logBuffer collects JSON log lines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// lines returns the logged lines whose message is msg.
-func (l *logBuffer) lines(t *testing.T, msg string) []map[string]any {
-	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(l.b.String()), "\n") {
-		m := map[string]any{}
-		if err := json.Unmarshal([]byte(line), &m); err != nil {
-			t.Fatalf("log line %q: %v", line, err)
-		}
-		if m["msg"] == msg {
-			out = append(out, m)
-		}
-	}
-	return out
-}
+type logBuffer = testlog.Buffer
 
 type oneGroup struct{ c *cache.Cache }
 
@@ -122,22 +93,22 @@ func TestStreamEndWarningsAreRateLimited(t *testing.T) {
 	for range flood {
 		badStream(t, cc)
 	}
-	if n := len(log.lines(t, "stream ended with an error")); n != endLogBurst {
+	if n := len(log.Lines(t, "stream ended with an error")); n != endLogBurst {
 		t.Fatalf("%d broken streams logged %d lines, want the burst of %d", flood, n, endLogBurst)
 	}
 	const suppressedMsg = "warnings about streams ended with an error were suppressed by the rate limit"
-	if n := len(log.lines(t, suppressedMsg)); n != 0 {
+	if n := len(log.Lines(t, suppressedMsg)); n != 0 {
 		t.Fatalf("%d suppressed-count lines before logging resumed", n)
 	}
 	mu.Lock()
 	now = now.Add(time.Second)
 	mu.Unlock()
 	badStream(t, cc)
-	sup := log.lines(t, suppressedMsg)
+	sup := log.Lines(t, suppressedMsg)
 	if len(sup) != 1 || sup[0]["suppressed"] != float64(flood-endLogBurst) || sup[0]["level"] != "WARN" {
 		t.Fatalf("suppressed-count lines %v, want one counting %d", sup, flood-endLogBurst)
 	}
-	if n := len(log.lines(t, "stream ended with an error")); n != endLogBurst+1 {
+	if n := len(log.Lines(t, "stream ended with an error")); n != endLogBurst+1 {
 		t.Fatalf("after a second, %d lines, want %d", n, endLogBurst+1)
 	}
 }

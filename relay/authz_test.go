@@ -344,14 +344,14 @@ func TestAuthorizationLogs(t *testing.T) {
 	}
 	var ended []map[string]any
 	eventually(t, "the denial in the log", func() bool {
-		ended = log.lines(t, "stream ended with an error")
+		ended = log.Lines(t, "stream ended with an error")
 		return len(ended) > 0
 	})
 	if l := ended[0]; l["level"] != "WARN" || l["code"] != "PermissionDenied" || l["node"] != "a-1" ||
 		!strings.Contains(l["message"].(string), `identity "spiffe://example.org/tenant/a"`) {
 		t.Errorf("logged %v", l)
 	}
-	open := log.lines(t, "an authorization rule leaves a group_by field open: the clients it admits may join any group")
+	open := log.Lines(t, "an authorization rule leaves a group_by field open: the clients it admits may join any group")
 	if len(open) != 1 || open[0]["field"] != "locality.zone" || open[0]["rule"] != "downstream.authorization.rules[0]" {
 		t.Errorf("startup warnings %v", open)
 	}

@@ -59,7 +59,7 @@ func TestDebugLogsFollowLogLevel(t *testing.T) {
 	s.recv()
 	s.quiet(100 * time.Millisecond) // the relay is done with the exchange
 	for _, msg := range []string{"request from client", "response to client", "request to control plane", "response from control plane"} {
-		if n := len(logs.lines(t, msg)); n != 0 {
+		if n := len(logs.Lines(t, msg)); n != 0 {
 			t.Errorf("%d %q lines at info", n, msg)
 		}
 	}
@@ -75,9 +75,9 @@ func TestDebugLogsFollowLogLevel(t *testing.T) {
 	cp.Set(t, "tenant-b", "1", testcp.Cluster("y"))
 	s2.recv()
 	for _, msg := range []string{"request from client", "response to client", "request to control plane", "response from control plane"} {
-		eventually(t, msg+" at debug", func() bool { return len(logs.lines(t, msg)) > 0 })
+		eventually(t, msg+" at debug", func() bool { return len(logs.Lines(t, msg)) > 0 })
 	}
-	for _, l := range logs.lines(t, "response to client") {
+	for _, l := range logs.Lines(t, "response to client") {
 		if l["type"] != "Cluster" || l["resources"] != 1.0 || l["nonce"] == "" {
 			t.Errorf("response line: %v", l)
 		}

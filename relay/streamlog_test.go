@@ -87,7 +87,7 @@ func TestStreamEndsAreLogged(t *testing.T) {
 	}
 	recvUntilEnd(t, func() error { _, err := changed.Recv(); return err }, codes.InvalidArgument)
 
-	lines := log.lines(t, endedMsg)
+	lines := log.Lines(t, endedMsg)
 	want := []map[string]string{
 		{"node": "bad-type", "variant": "sotw-ads", "type": "type.googleapis.com/not.a.Type", "code": "InvalidArgument", "level": "WARN"},
 		{"node": "changed", "variant": "delta-ads", "type": "Cluster", "code": "InvalidArgument", "level": "WARN"},
@@ -108,7 +108,7 @@ func TestStreamEndsAreLogged(t *testing.T) {
 	if msg, _ := lines[1]["message"].(string); !strings.Contains(msg, "node changed") || len(msg) > 1100 {
 		t.Errorf("message of %d bytes, want a clipped node-changed message", len(msg))
 	}
-	nack := log.lines(t, "client rejected a response")
+	nack := log.Lines(t, "client rejected a response")
 	if errText, _ := nack[0]["error"].(string); len(nack) != 1 || len(errText) > 1100 {
 		t.Errorf("NACK lines %d, error of %d bytes: want one, clipped", len(nack), len(errText))
 	}
@@ -130,11 +130,11 @@ func TestStreamEndsAreLogged(t *testing.T) {
 	drained.send(&discoverypb.DeltaDiscoveryRequest{Node: node("drained", "c1"), TypeUrl: resourcev3.ClusterType})
 	drained.recv()
 	shutdown(t, r) // returns once every stream has ended
-	if n := len(log.lines(t, endedMsg)); n != len(want) {
+	if n := len(log.Lines(t, endedMsg)); n != len(want) {
 		t.Fatalf("%d %q lines after ordinary ends, want still %d", n, endedMsg, len(want))
 	}
 	debug := map[string]bool{}
-	for _, l := range log.lines(t, "stream ended") {
+	for _, l := range log.Lines(t, "stream ended") {
 		if l["level"] == "DEBUG" {
 			debug[l["node"].(string)] = true
 		}
