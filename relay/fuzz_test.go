@@ -61,19 +61,6 @@ func splitMessages[T any, P interface {
 	return out
 }
 
-// joinMessages is the inverse of splitMessages, for seeds.
-func joinMessages(first byte, msgs ...proto.Message) []byte {
-	out := []byte{first}
-	for _, m := range msgs {
-		b, err := proto.Marshal(m)
-		if err != nil {
-			panic(err)
-		}
-		out = append(binary.AppendUvarint(out, uint64(len(b))), b...)
-	}
-	return out
-}
-
 // exchange sends msgs on a new stream, then closes its side: the stream
 // must end, with io.EOF or a status the relay chose (not UNKNOWN, which is
 // an error without a status), within the bound. Responses are read

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
-	"time"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -240,12 +239,4 @@ func DeltaFields(version uint64, typeURL, nonce string, fields [][]byte, removed
 		h = protowire.AppendString(h, n)
 	}
 	return &Message{Parts: append([][]byte{h}, fields...)}
-}
-
-// Duration converts a TTL for a Resource message; nil for zero.
-func Duration(d time.Duration) *durationpb.Duration {
-	if d == 0 {
-		return nil
-	}
-	return durationpb.New(d)
 }
