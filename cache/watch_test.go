@@ -28,3 +28,26 @@ func TestWatchRecycleReusesSets(t *testing.T) {
 		t.Fatalf("%v allocations per mark, take and recycle", allocs)
 	}
 }
+
+// A large change's sets are not kept for reuse: a watch does not hold on to
+// the memory of its largest change.
+func TestWatchRecycleDropsLargeSets(t *testing.T) {
+	w := NewWatch()
+	w.OnReady(func() {})
+	names := make([]string, recycleMax+1)
+	for i := range names {
+		names[i] = string(rune('a' + i%26)) + string(rune('a'+i/26))
+	}
+	w.Mark("t", 1, names...)
+	w.Recycle(w.Take())
+	w.mu.Lock()
+	kept := len(w.free)
+	w.mu.Unlock()
+	if kept != 0 {
+		t.Fatalf("%d sets kept after a change of %d names", kept, len(names))
+	}
+	w.Mark("t", 2, "x")
+	if d := w.Take()["t"]; len(d.Names) != 1 {
+		t.Fatalf("after a large change, the next one marks %v", d.Names)
+	}
+}
