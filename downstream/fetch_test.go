@@ -68,3 +68,47 @@ func TestFetchCountsDistinctNames(t *testing.T) {
 		t.Fatal("poll for 3 names under a limit of 2 was answered")
 	}
 }
+
+// A poll held because nothing changed ends when the server drains, with
+// the relay's own UNAVAILABLE status (the README's Shutdown section).
+func TestFetchHeldPollEndsOnDrain(t *testing.T) {
+	c := cache.New(cache.Options{})
+	a, err := anypb.New(&clusterpb.Cluster{Name: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := xds.Encode("a", "1", a, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := cache.NewWatch()
+	c.WatchWildcard(w, resourcev3.ClusterType)
+	defer c.Release(w)
+	c.Apply(resourcev3.ClusterType, cache.Change{Upserts: []*cache.Resource{r}, Synced: true})
+	s, err := New(Options{Groups: oneGroup{c}, Metrics: &metrics.Registry{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req := &discoverypb.DiscoveryRequest{Node: &corepb.Node{Id: "poller"}}
+	resp, err := s.fetch(ctx, client{variant: "fetch"}, req, resourcev3.ClusterType)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.VersionInfo = resp.GetVersionInfo() // the client has it: the poll is held
+	ended := make(chan error, 1)
+	go func() {
+		_, err := s.fetch(ctx, client{variant: "fetch"}, req, resourcev3.ClusterType)
+		ended <- err
+	}()
+	s.Drain()
+	select {
+	case err := <-ended:
+		if err != errDraining {
+			t.Fatalf("the held poll ended with %v, want %v", err, errDraining)
+		}
+	case <-ctx.Done():
+		t.Fatal("the held poll did not end on Drain")
+	}
+}
