@@ -36,7 +36,7 @@ func TestWatchRecycleDropsLargeSets(t *testing.T) {
 	w.OnReady(func() {})
 	names := make([]string, recycleMax+1)
 	for i := range names {
-		names[i] = string(rune('a' + i%26)) + string(rune('a'+i/26))
+		names[i] = string(rune('a'+i%26)) + string(rune('a'+i/26))
 	}
 	w.Mark("t", 1, names...)
 	w.Recycle(w.Take())
