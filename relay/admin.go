@@ -118,7 +118,15 @@ func (r *Relay) adminHandler(loopback bool) http.Handler {
 func (r *Relay) readyDetail(w io.Writer) {
 	fmt.Fprintln(w, "ready")
 	for _, g := range r.snapshotGroups() {
-		fmt.Fprintf(w, "group %q: %s\n", g.key, describe(g.status(), g.cache.Len()))
+		s := g.status()
+		fmt.Fprintf(w, "group %q: %s\n", g.key, describe(s, g.cache.Len()))
+		for _, u := range upstreamsOf(s) {
+			state := "connected"
+			if !u.Connected {
+				state = "DOWN"
+			}
+			fmt.Fprintf(w, "  upstream %q: server %s, %s\n", u.Upstream, u.Server, state)
+		}
 	}
 	for _, line := range r.persistHealth.detail() {
 		fmt.Fprintln(w, line)

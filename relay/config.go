@@ -18,45 +18,20 @@ import (
 // Config is the relay's configuration, filled by the binary from YAML and
 // the environment. Field comments name the configuration keys.
 type Config struct {
+	// Upstream is upstream.*: the default control plane, and how clients
+	// are grouped.
 	Upstream struct {
-		// Address is upstream.address: the control plane's host:port, or
-		// file://DIR to serve a directory of resource files.
-		Address string
+		UpstreamConfig
 		// GroupBy is upstream.group_by: the node fields that form the
 		// group key (id, cluster, locality.region, locality.zone,
-		// locality.sub_zone, metadata.<key>); empty for one group.
+		// locality.sub_zone, metadata.<key>); empty for one group. One
+		// setting for every upstream.
 		GroupBy []string
-		// Addresses is upstream.addresses: more control planes, tried
-		// in turn with upstream.address when one fails.
-		Addresses []string
-		// ReconnectBaseDelay and ReconnectMaxDelay are
-		// upstream.reconnect.base_delay and .max_delay: the exponential
-		// backoff (with jitter) between attempts to reach the control plane.
-		ReconnectBaseDelay time.Duration
-		ReconnectMaxDelay  time.Duration
-		// MaxMessageBytes is upstream.max_message_bytes: the largest
-		// response accepted from the control plane.
-		MaxMessageBytes int
-		// MaxRequestBytes is upstream.max_request_bytes: the largest
-		// request sent to the control plane; larger subscriptions and
-		// resumes are split over several requests.
-		MaxRequestBytes int
-		// KeepaliveTime and KeepaliveTimeout are upstream.keepalive.time
-		// and .timeout: HTTP/2 pings on the upstream connection.
-		KeepaliveTime    time.Duration
-		KeepaliveTimeout time.Duration
-		// TLS is upstream.tls.{cert_file,key_file,ca_file,server_name,
-		// insecure_skip_verify}: TLS to the control plane, mTLS with a
-		// client certificate. TLSEnabled (upstream.tls.enabled) turns TLS on
-		// with the system roots when no file is given.
-		TLS        creds.TLS
-		TLSEnabled bool
-		// Headers is upstream.headers: metadata sent on every upstream RPC
-		// (an authorization token, say).
-		Headers map[string]string
-		// Node is upstream.node.*: the node presented upstream per group.
-		Node NodeConfig
 	}
+	// Upstreams is upstreams: more control planes, each serving the types
+	// and xdstp authorities it lists (gRFC A47); every other name is the
+	// default upstream's.
+	Upstreams []UpstreamConfig
 	Downstream struct {
 		// Address is downstream.address: where xDS clients connect.
 		Address string
@@ -185,20 +160,87 @@ type AuthorizationRule struct {
 	Node     map[string]string
 }
 
+// UpstreamConfig is one control plane: upstream.* for the default, or one
+// of upstreams[] (whose keys are the same, less group_by, plus name and
+// types).
+type UpstreamConfig struct {
+	// Name is upstreams[].name: [a-z0-9-]+, unique, in logs, metrics and
+	// /debug; "default" for upstream.*.
+	Name string
+	// Address is upstream.address: the control plane's host:port, or
+	// file://DIR to serve a directory of resource files.
+	Address string
+	// Addresses is upstream.addresses: fallback servers in priority order
+	// after Address (gRFC A71).
+	Addresses []string
+	// Types is upstreams[].types: the types this upstream serves, as REST
+	// short names or type URLs (resolved to type URLs by Validate).
+	Types []string
+	// Authorities is upstream.authorities: the xdstp authorities this
+	// upstream serves.
+	Authorities []string
+	// FallbackRecheck is upstream.fallback_recheck: while on a fallback
+	// server, how often the higher-priority servers are checked.
+	FallbackRecheck time.Duration
+	// ReconnectBaseDelay and ReconnectMaxDelay are
+	// upstream.reconnect.base_delay and .max_delay: the exponential
+	// backoff (with jitter) between attempts to reach the control plane.
+	ReconnectBaseDelay time.Duration
+	ReconnectMaxDelay  time.Duration
+	// MaxMessageBytes is upstream.max_message_bytes: the largest
+	// response accepted from the control plane.
+	MaxMessageBytes int
+	// MaxRequestBytes is upstream.max_request_bytes: the largest
+	// request sent to the control plane; larger subscriptions and
+	// resumes are split over several requests.
+	MaxRequestBytes int
+	// KeepaliveTime and KeepaliveTimeout are upstream.keepalive.time
+	// and .timeout: HTTP/2 pings on the upstream connection.
+	KeepaliveTime    time.Duration
+	KeepaliveTimeout time.Duration
+	// TLS is upstream.tls.{cert_file,key_file,ca_file,server_name,
+	// insecure_skip_verify}: TLS to the control plane, mTLS with a
+	// client certificate. TLSEnabled (upstream.tls.enabled) turns TLS on
+	// with the system roots when no file is given.
+	TLS        creds.TLS
+	TLSEnabled bool
+	// Headers is upstream.headers: metadata sent on every upstream RPC
+	// (an authorization token, say).
+	Headers map[string]string
+	// Node is upstream.node.*: the node presented upstream per group.
+	Node NodeConfig
+}
+
+// Servers are the upstream's servers in priority order: Address, then
+// Addresses.
+func (u *UpstreamConfig) Servers() []string {
+	return append([]string{u.Address}, u.Addresses...)
+}
+
+// DefaultUpstream is an upstream's configuration where no key sets it: the
+// default for upstream.* and for each of upstreams[].
+func DefaultUpstream() UpstreamConfig {
+	var u UpstreamConfig
+	u.Name = upstream.DefaultUpstream
+	u.Address = "127.0.0.1:18000"
+	u.FallbackRecheck = 30 * time.Second
+	u.ReconnectBaseDelay = 500 * time.Millisecond
+	u.ReconnectMaxDelay = 30 * time.Second
+	u.MaxMessageBytes = 256 << 20
+	u.MaxRequestBytes = upstream.DefaultMaxRequestBytes
+	u.Node.ID = DefaultNodeID
+	u.Node.UserAgentName = "xdsrelay"
+	u.KeepaliveTime = 30 * time.Second
+	u.KeepaliveTimeout = 10 * time.Second
+	return u
+}
+
 // Default returns the default configuration: what the binary uses for a key
 // that neither the file nor the environment sets.
 func Default() Config {
 	var c Config
-	c.Upstream.Address = "127.0.0.1:18000"
+	c.Upstream.UpstreamConfig = DefaultUpstream()
 	c.Upstream.GroupBy = []string{"cluster"}
-	c.Upstream.ReconnectBaseDelay = 500 * time.Millisecond
-	c.Upstream.ReconnectMaxDelay = 30 * time.Second
-	c.Upstream.MaxMessageBytes = 256 << 20
-	c.Upstream.MaxRequestBytes = upstream.DefaultMaxRequestBytes
-	c.Upstream.Node.ID = DefaultNodeID
-	c.Upstream.Node.UserAgentName = "xdsrelay"
-	c.Upstream.KeepaliveTime = 30 * time.Second
-	c.Upstream.KeepaliveTimeout = 10 * time.Second
 	c.Downstream.Address = "0.0.0.0:18001"
 	c.Downstream.PollTimeout = 30 * time.Second
 	c.Downstream.SendTimeout = 30 * time.Second
@@ -228,42 +270,13 @@ const FilePrefix = "file://"
 
 // Validate checks the configuration; an error names the key at fault.
 func (c *Config) Validate() error {
-	if dir, ok := strings.CutPrefix(c.Upstream.Address, FilePrefix); ok {
-		if dir == "" {
-			return fmt.Errorf("upstream.address: %q names no directory", c.Upstream.Address)
-		}
-	} else if err := checkHostPort(c.Upstream.Address); err != nil {
-		return fmt.Errorf("upstream.address: %w", err)
-	}
-	for _, a := range c.Upstream.Addresses {
-		if err := checkHostPort(a); err != nil {
-			return fmt.Errorf("upstream.addresses: %w", err)
-		}
-	}
-	if len(c.Upstream.Addresses) > 0 && strings.HasPrefix(c.Upstream.Address, FilePrefix) {
-		return errors.New("upstream.addresses: cannot be combined with a file:// upstream.address")
-	}
-	switch {
-	case c.Upstream.ReconnectBaseDelay <= 0:
-		return fmt.Errorf("upstream.reconnect.base_delay: must be positive, got %s", c.Upstream.ReconnectBaseDelay)
-	case c.Upstream.ReconnectMaxDelay < c.Upstream.ReconnectBaseDelay:
-		return fmt.Errorf("upstream.reconnect.max_delay: %s is below base_delay %s", c.Upstream.ReconnectMaxDelay, c.Upstream.ReconnectBaseDelay)
-	case c.Upstream.MaxMessageBytes < 1<<20:
-		return fmt.Errorf("upstream.max_message_bytes: %d is below 1 MiB", c.Upstream.MaxMessageBytes)
-	case c.Upstream.MaxRequestBytes < 64<<10:
-		return fmt.Errorf("upstream.max_request_bytes: %d is below 64 KiB", c.Upstream.MaxRequestBytes)
-	case c.Upstream.KeepaliveTime < 10*time.Second:
-		return fmt.Errorf("upstream.keepalive.time: %s is below gRPC's minimum of 10s", c.Upstream.KeepaliveTime)
-	case c.Upstream.KeepaliveTimeout <= 0:
-		return fmt.Errorf("upstream.keepalive.timeout: must be positive, got %s", c.Upstream.KeepaliveTimeout)
+	if err := c.validateUpstreams(); err != nil {
+		return err
 	}
 	for _, f := range c.Upstream.GroupBy {
 		if err := xds.CheckNodeField(f); err != nil {
 			return fmt.Errorf("upstream.group_by: %w", err)
 		}
-	}
-	if err := checkNodeID(c.Upstream.Node.ID, c.Upstream.GroupBy); err != nil {
-		return fmt.Errorf("upstream.node.id: %w", err)
 	}
 	if err := checkHostPort(c.Downstream.Address); err != nil {
 		return fmt.Errorf("downstream.address: %w", err)
@@ -368,6 +381,91 @@ func checkHostPort(addr string) error {
 	}
 	if strings.ContainsAny(host, " /") {
 		return fmt.Errorf("%q has an invalid host", addr)
+	}
+	return nil
+}
+
+// validateUpstreams checks upstream.* and every upstreams[] entry, resolves
+// their types to type URLs and checks that no type or authority is claimed
+// twice; an error names the key.
+func (c *Config) validateUpstreams() error {
+	if err := c.Upstream.validate("upstream.", c.Upstream.GroupBy); err != nil {
+		return err
+	}
+	if len(c.Upstream.Types) > 0 {
+		return errors.New("upstream.types: the default upstream serves every type no upstreams[] entry lists; list types under upstreams")
+	}
+	if len(c.Upstreams) > 0 && strings.HasPrefix(c.Upstream.Address, FilePrefix) {
+		return errors.New("upstreams: cannot be combined with a file:// upstream.address")
+	}
+	for i := range c.Upstreams {
+		u := &c.Upstreams[i]
+		prefix := fmt.Sprintf("upstreams[%d].", i)
+		if err := u.validate(prefix, c.Upstream.GroupBy); err != nil {
+			return err
+		}
+		if len(u.Types) == 0 && len(u.Authorities) == 0 {
+			return fmt.Errorf("%stypes: upstream %q lists neither types nor authorities: it would serve nothing", prefix, u.Name)
+		}
+		for j, t := range u.Types {
+			url, ok := xds.TypeNamed(t)
+			if !ok {
+				return fmt.Errorf("%stypes: %q is not a type (%s, or a type URL)", prefix, t, strings.Join(xds.TypeShortNames(), ", "))
+			}
+			u.Types[j] = url
+		}
+	}
+	if _, err := c.Routes(); err != nil {
+		return fmt.Errorf("upstreams: %w", err)
+	}
+	return nil
+}
+
+// Routes returns which upstream serves which names: upstream 0 is the
+// default, upstream i+1 is upstreams[i].
+func (c *Config) Routes() (*upstream.Routes, error) {
+	claims := []upstream.Claim{{Name: upstream.DefaultUpstream, Authorities: c.Upstream.Authorities}}
+	for _, u := range c.Upstreams {
+		claims = append(claims, upstream.Claim{Name: u.Name, Types: u.Types, Authorities: u.Authorities})
+	}
+	return upstream.NewRoutes(claims)
+}
+
+// validate checks one upstream's keys, each named with prefix.
+func (u *UpstreamConfig) validate(prefix string, groupBy []string) error {
+	if dir, ok := strings.CutPrefix(u.Address, FilePrefix); ok {
+		if dir == "" {
+			return fmt.Errorf("%saddress: %q names no directory", prefix, u.Address)
+		}
+	} else if err := checkHostPort(u.Address); err != nil {
+		return fmt.Errorf("%saddress: %w", prefix, err)
+	}
+	for _, a := range u.Addresses {
+		if err := checkHostPort(a); err != nil {
+			return fmt.Errorf("%saddresses: %w", prefix, err)
+		}
+	}
+	if len(u.Addresses) > 0 && strings.HasPrefix(u.Address, FilePrefix) {
+		return fmt.Errorf("%saddresses: cannot be combined with a file:// %saddress", prefix, prefix)
+	}
+	switch {
+	case u.FallbackRecheck <= 0:
+		return fmt.Errorf("%sfallback_recheck: must be positive, got %s", prefix, u.FallbackRecheck)
+	case u.ReconnectBaseDelay <= 0:
+		return fmt.Errorf("%sreconnect.base_delay: must be positive, got %s", prefix, u.ReconnectBaseDelay)
+	case u.ReconnectMaxDelay < u.ReconnectBaseDelay:
+		return fmt.Errorf("%sreconnect.max_delay: %s is below base_delay %s", prefix, u.ReconnectMaxDelay, u.ReconnectBaseDelay)
+	case u.MaxMessageBytes < 1<<20:
+		return fmt.Errorf("%smax_message_bytes: %d is below 1 MiB", prefix, u.MaxMessageBytes)
+	case u.MaxRequestBytes < 64<<10:
+		return fmt.Errorf("%smax_request_bytes: %d is below 64 KiB", prefix, u.MaxRequestBytes)
+	case u.KeepaliveTime < 10*time.Second:
+		return fmt.Errorf("%skeepalive.time: %s is below gRPC's minimum of 10s", prefix, u.KeepaliveTime)
+	case u.KeepaliveTimeout <= 0:
+		return fmt.Errorf("%skeepalive.timeout: must be positive, got %s", prefix, u.KeepaliveTimeout)
+	}
+	if err := checkNodeID(u.Node.ID, groupBy); err != nil {
+		return fmt.Errorf("%snode.id: %w", prefix, err)
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
+	"github.com/xdsrelay/xdsrelay/upstream"
 )
 
 // The /debug/ paths of the admin endpoint: per-client status, groups and
@@ -90,8 +91,18 @@ type debugGroupType struct {
 	Names    int    `json:"names"` // subscribed upstream by name
 }
 
+// debugUpstream is one upstream a group has a stream to.
+type debugUpstream struct {
+	Name         string     `json:"name"`
+	Server       string     `json:"server,omitempty"` // the server in use (gRFC A71)
+	Connected    bool       `json:"connected"`
+	LastError    string     `json:"last_error,omitempty"`
+	LastResponse *time.Time `json:"last_response,omitempty"`
+}
+
 type debugGroup struct {
 	Key          string           `json:"key"`
+	Upstreams    []debugUpstream  `json:"upstreams"`
 	Connected    bool             `json:"upstream_connected"`
 	LastError    string           `json:"upstream_last_error,omitempty"`
 	Invalid      string           `json:"invalid,omitempty"`
@@ -110,6 +121,14 @@ func (r *Relay) debugGroups(w http.ResponseWriter, _ *http.Request) {
 			Resources: g.cache.Len(), Clients: r.groupClients(g), Types: []debugGroupType{}}
 		if !s.LastResponse.IsZero() {
 			dg.LastResponse = &s.LastResponse
+		}
+		dg.Upstreams = []debugUpstream{}
+		for _, u := range upstreamsOf(s) {
+			du := debugUpstream{Name: u.Upstream, Server: u.Server, Connected: u.Connected, LastError: u.LastError}
+			if !u.LastResponse.IsZero() {
+				du.LastResponse = &u.LastResponse
+			}
+			dg.Upstreams = append(dg.Upstreams, du)
 		}
 		for typeURL, in := range g.cache.Interest() {
 			dg.Types = append(dg.Types, debugGroupType{Type: typeURL, Wildcard: in.Wildcard, Names: len(in.Names)})
@@ -186,4 +205,16 @@ func resourceJSON(field []byte) (json.RawMessage, error) {
 		return nil, fmt.Errorf("protojson: %w", err)
 	}
 	return b, nil
+}
+
+// upstreamsOf lists the upstreams of a group's status: each one's for a
+// group served by several, else the status itself.
+func upstreamsOf(s upstream.Status) []upstream.Status {
+	if len(s.Upstreams) > 0 {
+		return s.Upstreams
+	}
+	if s.Upstream == "" {
+		s.Upstream = upstream.DefaultUpstream
+	}
+	return []upstream.Status{s}
 }

@@ -12,71 +12,57 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/resolver"
-	"google.golang.org/grpc/resolver/manual"
 
 	"github.com/xdsrelay/xdsrelay/internal/creds"
 )
 
 // reconnectBackoff is the upstream reconnect backoff: gRPC's defaults for
 // the shape, the configuration for the bounds.
-func reconnectBackoff(cfg Config) backoff.Config {
+func reconnectBackoff(u UpstreamConfig) backoff.Config {
 	b := backoff.DefaultConfig
-	b.BaseDelay, b.MaxDelay = cfg.Upstream.ReconnectBaseDelay, cfg.Upstream.ReconnectMaxDelay
+	b.BaseDelay, b.MaxDelay = u.ReconnectBaseDelay, u.ReconnectMaxDelay
 	return b
 }
 
-// dialUpstream prepares the connection to the control plane. With several
-// addresses (upstream.address and upstream.addresses) gRPC's pick_first
-// policy connects to the first that answers and moves to the next when it
-// fails; a DNS name with several A records fails over the same way.
-func dialUpstream(cfg Config, tc credentials.TransportCredentials) (*grpc.ClientConn, error) {
+// dialServer prepares the connection to one server of an upstream. Each
+// server has its own connection: the client picks among them by gRFC A71's
+// rules (upstream.Client), not gRPC's pick_first.
+func dialServer(u UpstreamConfig, addr string, tracing bool, tc credentials.TransportCredentials) (*grpc.ClientConn, error) {
 	if tc == nil {
 		tc = insecure.NewCredentials()
 	}
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(tc),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(cfg.Upstream.MaxMessageBytes)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(u.MaxMessageBytes)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{
-			Time: cfg.Upstream.KeepaliveTime, Timeout: cfg.Upstream.KeepaliveTimeout, PermitWithoutStream: true,
+			Time: u.KeepaliveTime, Timeout: u.KeepaliveTimeout, PermitWithoutStream: true,
 		}),
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: reconnectBackoff(cfg), MinConnectTimeout: 5 * time.Second}),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: reconnectBackoff(u), MinConnectTimeout: 5 * time.Second}),
 	}
-	if cfg.Tracing {
+	if tracing {
 		opts = append(opts, grpc.WithStatsHandler(otelgrpc.NewClientHandler()))
 	}
-	if len(cfg.Upstream.Headers) > 0 {
-		opts = append(opts, grpc.WithPerRPCCredentials(creds.Headers(cfg.Upstream.Headers)))
+	if len(u.Headers) > 0 {
+		opts = append(opts, grpc.WithPerRPCCredentials(creds.Headers(u.Headers)))
 	}
-	target := cfg.Upstream.Address
-	if len(cfg.Upstream.Addresses) > 0 {
-		addrs := []resolver.Address{{Addr: cfg.Upstream.Address}}
-		for _, a := range cfg.Upstream.Addresses {
-			addrs = append(addrs, resolver.Address{Addr: a})
-		}
-		res := manual.NewBuilderWithScheme("xdsrelay-upstream")
-		res.InitialState(resolver.State{Addresses: addrs})
-		opts = append(opts, grpc.WithResolvers(res))
-		target = res.Scheme() + ":///control-plane"
-	}
-	conn, err := grpc.NewClient(target, opts...)
+	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("upstream.address: %w", err)
+		return nil, fmt.Errorf("%s: %w", addr, err)
 	}
 	return conn, nil
 }
 
-// upstreamTLS loads the upstream TLS material, nil when TLS is off.
-func upstreamTLS(ctx context.Context, cfg Config, logger *slog.Logger) (*creds.Reloader, error) {
-	if !cfg.Upstream.TLSEnabled && !cfg.Upstream.TLS.Enabled() {
+// upstreamTLS loads an upstream's TLS material, nil when TLS is off.
+func upstreamTLS(ctx context.Context, u UpstreamConfig, key string, logger *slog.Logger) (*creds.Reloader, error) {
+	if !u.TLSEnabled && !u.TLS.Enabled() {
 		return nil, nil
 	}
-	if cfg.Upstream.TLS.Insecure {
-		logger.Warn("upstream.tls.insecure_skip_verify: the control plane's certificate is NOT verified")
+	if u.TLS.Insecure {
+		logger.Warn(key+".tls.insecure_skip_verify: the control plane's certificate is NOT verified", "upstream", u.Name)
 	}
-	rl, err := creds.NewReloader(ctx, cfg.Upstream.TLS, logger)
+	rl, err := creds.NewReloader(ctx, u.TLS, logger)
 	if err != nil {
-		return nil, fmt.Errorf("upstream.tls: %w", err)
+		return nil, fmt.Errorf("%s.tls: %w", key, err)
 	}
 	return rl, nil
 }

@@ -108,6 +108,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	r.groupsG = r.metrics.Gauge("xdsrelay_groups", "Groups of downstream clients, each with its own upstream stream.").With()
 	r.registerGroupMetrics()
 	r.registerCertMetrics()
+	r.registerServerMetrics()
 	r.persistHealth = newPersistHealth(r.metrics)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	ok := false
@@ -177,32 +178,75 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 }
 
 // newSource opens what the configuration names upstream: a directory of
-// resource files, or a control plane.
+// resource files, a control plane, or several behind a router.
 func (r *Relay) newSource() (upstream.Source, error) {
-	if dir, isFile := strings.CutPrefix(r.cfg.Upstream.Address, FilePrefix); isFile {
+	def, err := r.upstreamSource(r.cfg.Upstream.UpstreamConfig, "upstream")
+	if err != nil || len(r.cfg.Upstreams) == 0 {
+		return def, err
+	}
+	routes, err := r.cfg.Routes()
+	if err != nil {
+		def.Close()
+		return nil, fmt.Errorf("upstreams: %w", err)
+	}
+	members := []upstream.Source{def}
+	for i, u := range r.cfg.Upstreams {
+		src, err := r.upstreamSource(u, fmt.Sprintf("upstreams[%d]", i))
+		if err != nil {
+			for _, m := range members {
+				m.Close()
+			}
+			return nil, err
+		}
+		members = append(members, src)
+	}
+	return upstream.NewRouter(routes, members, r.metrics, r.log)
+}
+
+// upstreamSource opens one upstream, whose keys are named with key: a
+// directory of resource files, or a control plane's servers.
+func (r *Relay) upstreamSource(u UpstreamConfig, key string) (upstream.Source, error) {
+	if dir, isFile := strings.CutPrefix(u.Address, FilePrefix); isFile {
 		f, err := upstream.NewFile(dir, r.log, r.metrics)
 		if err != nil {
-			return nil, fmt.Errorf("upstream.address: %w", err)
+			return nil, fmt.Errorf("%s.address: %w", key, err)
 		}
 		return f, nil
 	}
 	var tc credentials.TransportCredentials
-	up, err := upstreamTLS(r.ctx, r.cfg, r.log)
+	up, err := upstreamTLS(r.ctx, u, key, r.log)
 	if err != nil {
 		return nil, err
 	}
 	if up != nil {
 		tc = up.ClientCredentials()
-		r.certs["upstream"] = up
+		r.certs[key] = up
 	}
-	conn, err := dialUpstream(r.cfg, tc)
+	var servers []upstream.Server
+	closeAll := func() {
+		for _, s := range servers {
+			s.Conn.(*grpc.ClientConn).Close()
+		}
+	}
+	for _, addr := range u.Servers() {
+		conn, err := dialServer(u, addr, r.cfg.Tracing, tc)
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("%s.address: %w", key, err)
+		}
+		servers = append(servers, upstream.Server{Name: addr, Conn: conn})
+	}
+	if r.upConn == nil {
+		r.upConn = servers[0].Conn.(*grpc.ClientConn)
+	}
+	src, err := upstream.NewADS(upstream.ADSOptions{Servers: servers, Metrics: r.upm, Logger: r.log,
+		Backoff: reconnectBackoff(u), NotFoundTimeout: r.cfg.Cache.NotFoundTimeout,
+		MaxRequestBytes: u.MaxRequestBytes, FallbackRecheck: u.FallbackRecheck})
 	if err != nil {
+		closeAll()
 		return nil, err
 	}
-	r.upConn = conn
-	return upstream.NewADS(upstream.ADSOptions{Conn: conn, Metrics: r.upm, Logger: r.log,
-		Backoff: reconnectBackoff(r.cfg), NotFoundTimeout: r.cfg.Cache.NotFoundTimeout,
-		MaxRequestBytes: r.cfg.Upstream.MaxRequestBytes})
+	return src, nil
 }
 
 // Start listens and serves; it returns once the relay accepts clients.
@@ -513,4 +557,32 @@ func secondsSince(t time.Time) int64 {
 		return -1
 	}
 	return int64(time.Since(t).Seconds())
+}
+
+// registerServerMetrics sets, at each scrape, which server of each upstream
+// the groups' streams use (gRFC A71): 1 for a server some group's stream
+// uses, 0 for the others.
+func (r *Relay) registerServerMetrics() {
+	inUse := r.metrics.Gauge("xdsrelay_upstream_server", "1 for the server of the upstream that groups' streams use (or are trying), 0 for its other servers (gRFC A71 fallback).", "upstream", "server")
+	all := append([]UpstreamConfig{r.cfg.Upstream.UpstreamConfig}, r.cfg.Upstreams...)
+	r.metrics.OnScrape(func() {
+		used := map[[2]string]bool{}
+		for _, g := range r.snapshotGroups() {
+			for _, u := range upstreamsOf(g.status()) {
+				used[[2]string{u.Upstream, u.Server}] = true
+			}
+		}
+		for _, u := range all {
+			if strings.HasPrefix(u.Address, FilePrefix) {
+				continue
+			}
+			for _, addr := range u.Servers() {
+				v := int64(0)
+				if used[[2]string{u.Name, addr}] {
+					v = 1
+				}
+				inUse.With(u.Name, addr).Set(v)
+			}
+		}
+	})
 }

@@ -27,6 +27,7 @@ type Metrics struct {
 	NACKs      *metrics.Vec          // counter, by type: responses the relay rejected
 	Apply      *metrics.HistogramVec // by type: seconds to apply a response to the cache
 	Reconnects *metrics.Vec          // counter, by group: streams that ended and are opened again
+	Fallbacks  *metrics.Vec          // counter, by upstream: moves to a lower-priority server (gRFC A71)
 }
 
 // NewMetrics registers the upstream families on r.
@@ -38,18 +39,35 @@ func NewMetrics(r *metrics.Registry) *Metrics {
 		Apply: r.Histogram("xdsrelay_upstream_apply_seconds", "Time to apply one control-plane response to the group's cache.",
 			metrics.LatencyBuckets, "type"),
 		Reconnects: r.Counter("xdsrelay_upstream_reconnects_total", "Times the group's upstream delta-ADS stream ended and is being opened again (with backoff).", "group"),
+		Fallbacks:  r.Counter("xdsrelay_upstream_fallbacks_total", "Times a group's stream moved to a lower-priority server of the upstream, the higher ones being unreachable with something wanted not cached (gRFC A71).", "upstream"),
 	}
 }
 
 // Options configure a Client.
 type Options struct {
-	Conn    grpc.ClientConnInterface // the control plane; required
+	// Servers are the control plane's servers in priority order (gRFC
+	// A71); Conn alone stands for one server.
+	Servers []Server
+	Conn    grpc.ClientConnInterface // the control plane, if Servers is empty
 	Node    *corepb.Node             // presented upstream; required
 	Cache   *cache.Cache             // the group's cache; required
 	Group   string                   // the group key, for logs and metrics
-	Metrics *Metrics                 // required
-	Logger  *slog.Logger             // slog.Default() if nil
-	Backoff backoff.Config           // backoff.DefaultConfig if zero
+	// Upstream names the control plane in logs and metrics;
+	// DefaultUpstream if empty.
+	Upstream string
+	// Interest is the union of interests the client subscribes to: the
+	// cache's whole interest if nil, or a router's share of it.
+	Interest Interest
+	// Owns reports whether a name of a type is this upstream's to serve:
+	// a response's resources and removals of other names are dropped, and
+	// resumes carry only these names. Every name is, if nil.
+	Owns    func(typeURL, name string) bool
+	Metrics *Metrics       // required
+	Logger  *slog.Logger   // slog.Default() if nil
+	Backoff backoff.Config // backoff.DefaultConfig if zero
+	// FallbackRecheck is how often, while on a fallback server, the
+	// higher-priority servers are tried; DefaultFallbackRecheck if 0.
+	FallbackRecheck time.Duration
 	// NotFoundTimeout is how long a subscribed name may go unanswered
 	// before it is taken not to exist; 0 disables the timer.
 	NotFoundTimeout time.Duration
@@ -58,16 +76,42 @@ type Options struct {
 	MaxRequestBytes int
 }
 
-// Client is one group's upstream: a delta-ADS stream, re-established with
-// exponential backoff whenever it fails.
+// Server is one server of a control plane.
+type Server struct {
+	Name string // its address, for logs, metrics and /debug
+	Conn grpc.ClientConnInterface
+}
+
+// DefaultFallbackRecheck is how often higher-priority servers are tried
+// while on a fallback server, unless Options say otherwise.
+const DefaultFallbackRecheck = 30 * time.Second
+
+// Interest is what a client reads of the names it is to subscribe to. The
+// group's *cache.Cache is one; a router's view of one upstream's share is
+// another.
+type Interest interface {
+	InterestChanged() <-chan struct{}
+	InterestChanges() (changes map[string]map[string]bool, all bool)
+	Interest() map[string]cache.Interest
+	TypeInterest(typeURL string) cache.Interest
+}
+
+// Client is one group's upstream: a delta-ADS stream to one of the control
+// plane's servers, re-established with exponential backoff whenever it
+// fails, moved to a lower-priority server and back by gRFC A71's rules.
 type Client struct {
 	// Read-only after New.
-	opts Options
-	ads  discoverypb.AggregatedDiscoveryServiceClient
-	log  *slog.Logger
+	opts    Options
+	servers []server
+	log     *slog.Logger
 
 	mu     sync.Mutex
 	status Status // guarded by mu
+}
+
+type server struct {
+	name string
+	ads  discoverypb.AggregatedDiscoveryServiceClient
 }
 
 // Status is what the admin endpoint shows of a group's upstream.
@@ -76,6 +120,12 @@ type Status struct {
 	LastResponse time.Time // of the last response received; zero if none yet
 	LastError    string    // why the last stream ended
 	Invalid      string    // what the source holds but does not serve, and why (resource files); empty if nothing
+	Upstream     string    // the upstream's name (DefaultUpstream for the only one)
+	Server       string    // the server in use, or being tried
+	// Upstreams is, for a group served by several upstreams, each one's
+	// status (those with a stream open, in configuration order); the
+	// fields above then sum them up.
+	Upstreams []Status
 }
 
 // Status returns the upstream's current status.
@@ -93,9 +143,12 @@ func (c *Client) setStatus(f func(*Status)) {
 
 // New returns a client; Run starts it.
 func New(opts Options) (*Client, error) {
+	if len(opts.Servers) == 0 && opts.Conn != nil {
+		opts.Servers = []Server{{Conn: opts.Conn}}
+	}
 	switch {
-	case opts.Conn == nil:
-		return nil, errors.New("upstream: Options.Conn is required")
+	case len(opts.Servers) == 0:
+		return nil, errors.New("upstream: Options.Servers (or Conn) is required")
 	case opts.Node == nil:
 		return nil, errors.New("upstream: Options.Node is required")
 	case opts.Cache == nil:
@@ -112,39 +165,154 @@ func New(opts Options) (*Client, error) {
 	if opts.MaxRequestBytes <= 0 {
 		opts.MaxRequestBytes = DefaultMaxRequestBytes
 	}
+	if opts.FallbackRecheck <= 0 {
+		opts.FallbackRecheck = DefaultFallbackRecheck
+	}
+	if opts.Upstream == "" {
+		opts.Upstream = DefaultUpstream
+	}
+	if opts.Interest == nil {
+		opts.Interest = opts.Cache
+	}
 	opts.Node = proto.Clone(opts.Node).(*corepb.Node)
-	return &Client{
+	c := &Client{
 		opts: opts,
-		ads:  discoverypb.NewAggregatedDiscoveryServiceClient(opts.Conn),
-		log:  opts.Logger.With("component", "upstream", "group", xds.Clip(opts.Group)),
-	}, nil
+		log:  opts.Logger.With("component", "upstream", "group", xds.Clip(opts.Group), "upstream", opts.Upstream),
+	}
+	for _, s := range opts.Servers {
+		if s.Conn == nil {
+			return nil, fmt.Errorf("upstream: server %q has no connection", s.Name)
+		}
+		c.servers = append(c.servers, server{name: s.Name, ads: discoverypb.NewAggregatedDiscoveryServiceClient(s.Conn)})
+	}
+	c.status = Status{Upstream: opts.Upstream, Server: c.servers[0].name}
+	return c, nil
 }
 
-// Run keeps the stream up until ctx is done.
+// owns reports whether name of typeURL is this upstream's.
+func (c *Client) owns(typeURL, name string) bool {
+	return c.opts.Owns == nil || c.opts.Owns(typeURL, name)
+}
+
+// Run keeps a stream up until ctx is done, on the first server that
+// answers by gRFC A71's rules: a server is left for the next only when it
+// is unreachable and something wanted is not cached; while on a lower
+// server, the higher ones are tried every FallbackRecheck, and one that
+// answers takes over (see loop).
 func (c *Client) Run(ctx context.Context) {
 	defer c.opts.Metrics.Streams.Delete(c.opts.Group)
 	defer c.opts.Metrics.Reconnects.Delete(c.opts.Group)
+	cur := 0
+	var next *session // a higher server's session that answered, taking over
 	for attempt := 0; ; attempt++ {
-		healthy, err := c.session(ctx)
-		c.opts.Metrics.Streams.With(c.opts.Group).Set(0)
-		c.setStatus(func(s *Status) { s.Connected, s.LastError = false, fmt.Sprint(err) })
-		if ctx.Err() != nil {
+		s := next
+		next = nil
+		if s == nil {
+			c.setStatus(func(st *Status) { st.Server = c.servers[cur].name })
+			var err error
+			if s, err = c.open(ctx, cur); err == nil {
+				err = s.syncAll()
+			}
+			if err != nil {
+				s.close()
+				if !c.ended(ctx, cur, false, err) {
+					return
+				}
+				cur = c.wait(ctx, cur, false, attempt)
+				continue
+			}
+		}
+		healthy, takeover, err := c.loop(ctx, s)
+		s.close()
+		if takeover != nil {
+			c.log.Info("higher-priority server reachable again; moved back to it (gRFC A71)",
+				"from", c.servers[cur].name, "to", c.servers[takeover.server].name)
+			cur, next, attempt = takeover.server, takeover, -1
+			continue
+		}
+		if !c.ended(ctx, cur, healthy, err) {
 			return
 		}
 		if healthy {
 			attempt = 0 // the stream had worked: start the backoff again
 		}
-		c.opts.Metrics.Reconnects.With(c.opts.Group).Inc()
-		delay := backoffDelay(c.opts.Backoff, attempt)
-		c.log.Warn("upstream stream ended; reconnecting", "error", err, "in", delay)
-		t := time.NewTimer(delay)
+		cur = c.wait(ctx, cur, healthy, attempt)
+	}
+}
+
+// ended records why a stream ended; false if the client is to stop.
+func (c *Client) ended(ctx context.Context, cur int, healthy bool, err error) bool {
+	c.opts.Metrics.Streams.With(c.opts.Group).Set(0)
+	c.setStatus(func(s *Status) { s.Connected, s.LastError = false, fmt.Sprint(err) })
+	if ctx.Err() != nil {
+		return false
+	}
+	c.opts.Metrics.Reconnects.With(c.opts.Group).Inc()
+	c.log.Warn("upstream stream ended; reconnecting", "server", c.servers[cur].name, "error", err, "answered", healthy)
+	return true
+}
+
+// wait waits out the backoff after a stream on server cur ended, and
+// returns the server to try next (gRFC A71): the same one if it had
+// answered; if not, the next one when something wanted is not cached, else
+// the first (everything is served from the cache meanwhile, and the higher
+// servers are tried again). A client that asks for something not cached
+// during the wait moves the stream on at once.
+func (c *Client) wait(ctx context.Context, cur int, healthy bool, attempt int) int {
+	delay := backoffDelay(c.opts.Backoff, attempt)
+	t := time.NewTimer(delay)
+	defer t.Stop()
+	var interest <-chan struct{}
+	if !healthy && len(c.servers) > 1 {
+		interest = c.opts.Interest.InterestChanged()
+	}
+	for {
 		select {
 		case <-ctx.Done():
-			t.Stop()
-			return
+			return cur
 		case <-t.C:
+			return c.nextServer(cur, healthy)
+		case <-interest:
+			// A new session syncs the whole interest: the signal is not lost.
+			if c.missing() {
+				return c.nextServer(cur, healthy)
+			}
 		}
 	}
+}
+
+// nextServer is the server to try after cur (see wait).
+func (c *Client) nextServer(cur int, healthy bool) int {
+	switch {
+	case healthy || len(c.servers) == 1:
+		return cur
+	case !c.missing():
+		return 0
+	case cur+1 < len(c.servers):
+		c.opts.Metrics.Fallbacks.With(c.opts.Upstream).Inc()
+		c.log.Warn("server unreachable and resources wanted are not cached; falling back (gRFC A71)",
+			"from", c.servers[cur].name, "to", c.servers[cur+1].name)
+		return cur + 1
+	default:
+		return 0
+	}
+}
+
+// missing reports whether the group wants something of this upstream that
+// the cache does not hold: a named resource neither present nor known not
+// to exist, or a wildcard not yet answered.
+func (c *Client) missing() bool {
+	for typeURL, in := range c.opts.Interest.Interest() {
+		if in.Wildcard && !c.opts.Cache.Synced(typeURL) {
+			return true
+		}
+		for _, l := range c.opts.Cache.Get(typeURL, in.Names) {
+			if l.Resource == nil && !l.Absent {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // backoffDelay is gRPC's connection backoff: exponential with jitter,
@@ -163,46 +331,86 @@ func backoffDelay(cfg backoff.Config, retries int) time.Duration {
 	return time.Duration(max(d, 0))
 }
 
-// session runs one stream. healthy reports whether the control plane
-// answered on it.
-func (c *Client) session(ctx context.Context) (healthy bool, err error) {
+// open opens a stream to server i. Nothing is sent yet.
+func (c *Client) open(ctx context.Context, i int) (*session, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	st, err := c.ads.DeltaAggregatedResources(ctx)
+	st, err := c.servers[i].ads.DeltaAggregatedResources(ctx)
 	if err != nil {
-		return false, fmt.Errorf("upstream: open stream: %w", err)
+		cancel()
+		return nil, fmt.Errorf("upstream: open stream to %s: %w", c.servers[i].name, err)
 	}
-	s := &session{c: c, st: st, subs: make(map[string]*subscription), notFound: notFound{timeout: c.opts.NotFoundTimeout}}
-	defer s.notFound.stop()
-	resps, errc := receive(ctx, st)
-	defer func() { cancel(); <-errc }() // cancelling the stream ends Recv
-	if err := s.sync(); err != nil {
-		return false, err
+	s := &session{c: c, server: i, st: st, cancel: cancel, subs: make(map[string]*subscription),
+		notFound: notFound{timeout: c.opts.NotFoundTimeout}}
+	s.resps, s.errc = receive(ctx, st)
+	return s, nil
+}
+
+// loop runs s until its stream ends or ctx is done. healthy reports
+// whether the control plane answered on it. On a fallback server, it tries
+// the higher ones every FallbackRecheck; one whose stream answers is
+// returned as takeover, make-before-break: s kept serving meanwhile, and
+// the cache keeps what s gave until the takeover's answers replace it.
+func (c *Client) loop(ctx context.Context, s *session) (healthy bool, takeover *session, err error) {
+	var recheck <-chan time.Time
+	if s.server > 0 {
+		t := time.NewTicker(c.opts.FallbackRecheck)
+		defer t.Stop()
+		recheck = t.C
+	}
+	var p *probe
+	defer func() { p.stop() }()
+	if s.pending != nil {
+		// Taking over: the subscriptions are brought up to date, then the
+		// response that proved the server is applied.
+		r := s.pending
+		s.pending = nil
+		if err := s.syncAll(); err != nil {
+			return false, nil, err
+		}
+		if err := c.received(s, r, &healthy); err != nil {
+			return healthy, nil, err
+		}
 	}
 	for {
 		select {
-		case r := <-resps:
+		case r := <-s.resps:
 			if r == nil {
-				return healthy, fmt.Errorf("upstream: %w", <-errc)
+				return healthy, nil, fmt.Errorf("upstream: %w", <-s.errc)
 			}
-			if !healthy {
-				healthy = true
-				c.opts.Metrics.Streams.With(c.opts.Group).Set(1)
+			if err := c.received(s, r, &healthy); err != nil {
+				return healthy, nil, err
 			}
-			c.setStatus(func(s *Status) { s.Connected, s.LastResponse = true, time.Now() })
-			if err := s.handle(r); err != nil {
-				return healthy, err
-			}
-		case <-c.opts.Cache.InterestChanged():
+		case <-c.opts.Interest.InterestChanged():
 			if err := s.sync(); err != nil {
-				return healthy, err
+				return healthy, nil, err
 			}
 		case now := <-s.notFound.C():
 			s.timedOut(now)
+		case <-recheck:
+			if p == nil {
+				p = c.startProbe(ctx, s.server)
+			}
+		case up := <-p.done():
+			p = nil // its result is taken: nothing to stop
+			if up != nil {
+				return healthy, up, nil
+			}
 		case <-ctx.Done():
-			return healthy, ctx.Err()
+			return healthy, nil, ctx.Err()
 		}
 	}
+}
+
+// received handles one response of s.
+func (c *Client) received(s *session, r *discoverypb.DeltaDiscoveryResponse, healthy *bool) error {
+	if !*healthy {
+		*healthy = true
+		c.opts.Metrics.Streams.With(c.opts.Group).Set(1)
+	}
+	c.setStatus(func(st *Status) {
+		st.Connected, st.LastResponse, st.Server = true, time.Now(), c.servers[s.server].name
+	})
+	return s.handle(r)
 }
 
 // receive turns the stream's Recv into a channel of responses, closed when

@@ -173,6 +173,12 @@ func (f *File) reportInvalid(invalid []invalidResource) {
 // Serve keeps c filled from the files until ctx is done: what c's group
 // wants, as it changes and as the files change.
 func (f *File) Serve(ctx context.Context, c *cache.Cache) {
+	f.serve(ctx, Group{Cache: c, Interest: c, Owns: func(string, string) bool { return true }})
+}
+
+// serve keeps g's cache filled with what g.Interest wants of the names
+// g.Owns.
+func (f *File) serve(ctx context.Context, g Group) {
 	wake := make(chan struct{}, 1)
 	f.mu.Lock()
 	f.wakes[wake] = struct{}{}
@@ -183,32 +189,35 @@ func (f *File) Serve(ctx context.Context, c *cache.Cache) {
 		f.mu.Unlock()
 	}()
 	for {
-		f.apply(c)
+		f.apply(g)
 		select {
 		case <-ctx.Done():
 			return
-		case <-c.InterestChanged():
+		case <-g.Interest.InterestChanged():
 		case <-wake:
 		}
 	}
 }
 
-// apply gives c what its group wants; a wanted name that no file holds is
+// apply gives the group what it wants; a wanted name that no file holds is
 // reported as not existing.
-func (f *File) apply(c *cache.Cache) {
+func (f *File) apply(g Group) {
 	f.mu.Lock()
 	rs := f.resources
 	f.mu.Unlock()
-	for typeURL, in := range c.Interest() {
+	c := g.Cache
+	for typeURL, in := range g.Interest.Interest() {
 		byName := rs[typeURL]
 		var ups []*cache.Resource
 		var removed []string
 		if in.Wildcard {
-			for _, r := range byName {
-				ups = append(ups, r)
+			for n, r := range byName {
+				if g.Owns(typeURL, n) {
+					ups = append(ups, r)
+				}
 			}
 			for n := range c.Versions(typeURL) {
-				if _, ok := byName[n]; !ok {
+				if _, ok := byName[n]; !ok && g.Owns(typeURL, n) {
 					removed = append(removed, n)
 				}
 			}

@@ -38,12 +38,31 @@ type subscription struct {
 // session is one upstream stream's state: owned by the session loop, the
 // only caller of Send.
 type session struct {
-	c        *Client
-	st       grpc.BidiStreamingClient[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
+	// Read-only after open.
+	c      *Client
+	server int // index in c.servers
+	st     grpc.BidiStreamingClient[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
+	resps  <-chan *discoverypb.DeltaDiscoveryResponse // see receive
+	errc   <-chan error
+	cancel context.CancelFunc // ends the stream
+
+	// Owned by whoever runs the session: the client's loop, or a probe
+	// until it hands the session over.
 	subs     map[string]*subscription
 	sentNode bool
 	synced   bool // the first sync, of the whole interest, is done
 	notFound notFound
+	pending  *discoverypb.DeltaDiscoveryResponse // received by a probe, not yet handled
+}
+
+// close ends the stream and waits for its receiver; nil is closed.
+func (s *session) close() {
+	if s == nil {
+		return
+	}
+	s.notFound.stop()
+	s.cancel()
+	<-s.errc
 }
 
 func (s *session) send(req *discoverypb.DeltaDiscoveryRequest) error {
@@ -64,12 +83,19 @@ func (s *session) send(req *discoverypb.DeltaDiscoveryRequest) error {
 // reconnect example"). The wildcard is always subscribed explicitly as "*",
 // never by the legacy empty list, since names may be subscribed beside it.
 func (s *session) sync() error {
-	changes, all := s.c.opts.Cache.InterestChanges()
+	changes, all := s.c.opts.Interest.InterestChanges()
 	if s.synced && !all {
 		return s.syncChanges(changes)
 	}
+	return s.syncAll()
+}
+
+// syncAll moves the stream's subscriptions to the whole interest, without
+// taking the interest's changes (a probe's session syncs beside the
+// running one).
+func (s *session) syncAll() error {
 	s.synced = true
-	interest := s.c.opts.Cache.Interest()
+	interest := s.c.opts.Interest.Interest()
 	types := slices.Sorted(maps.Keys(interest))
 	for t := range s.subs {
 		if _, ok := interest[t]; !ok {
@@ -91,7 +117,7 @@ func (s *session) syncChanges(changes map[string]map[string]bool) error {
 	for _, typeURL := range slices.Sorted(maps.Keys(changes)) {
 		sub := s.subs[typeURL]
 		if sub == nil {
-			if err := s.syncType(typeURL, s.c.opts.Cache.TypeInterest(typeURL)); err != nil {
+			if err := s.syncType(typeURL, s.c.opts.Interest.TypeInterest(typeURL)); err != nil {
 				return err
 			}
 			continue
@@ -168,6 +194,7 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 	}
 	if first {
 		ch.versions = s.c.opts.Cache.Versions(typeURL)
+		maps.DeleteFunc(ch.versions, func(n, _ string) bool { return !s.c.owns(typeURL, n) })
 	}
 	slices.Sort(ch.unsubscribe)
 	return s.sendChange(ch, sub)
@@ -217,6 +244,7 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 	s.c.opts.Metrics.Responses.With(short).Inc()
 	var upserts []*cache.Resource
 	var heartbeats []*cache.Heartbeat
+	var foreign []string // names another upstream serves
 	problems := duplicates(r)
 	for i, res := range r.GetResources() {
 		// Let each received resource go once it is encoded: a large
@@ -224,6 +252,10 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 		r.Resources[i] = nil
 		if _, dup := problems.names[res.GetName()]; dup {
 			continue // neither instance is applied
+		}
+		if !s.c.owns(typeURL, res.GetName()) {
+			foreign = append(foreign, res.GetName())
+			continue
 		}
 		if res.GetResource() == nil {
 			// A heartbeat: the TTL is refreshed, nothing changed ("TTL").
@@ -247,7 +279,17 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 		upserts = append(upserts, enc)
 	}
 	if xds.Known(typeURL) {
-		ch := cache.Change{Upserts: upserts, Removed: r.GetRemovedResources(), Heartbeats: heartbeats, Received: received,
+		removed := r.GetRemovedResources()
+		if s.c.opts.Owns != nil {
+			removed = slices.DeleteFunc(removed, func(n string) bool { return !s.c.owns(typeURL, n) })
+		}
+		if len(foreign) > 0 {
+			// Each name has one control plane (DESIGN.md, 11): what this
+			// one sends of another's names is not applied, nor NACKed.
+			s.c.log.Warn("upstream sent names another upstream serves; ignored", "type", short,
+				"names", len(foreign), "first", xds.Clip(foreign[0]))
+		}
+		ch := cache.Change{Upserts: upserts, Removed: removed, Heartbeats: heartbeats, Received: received,
 			Trace: cacheTrace(span.SpanContext())}
 		for _, e := range r.GetResourceErrors() {
 			if enc, err := xds.EncodeError(e); err == nil {

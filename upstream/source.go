@@ -33,6 +33,12 @@ type Group struct {
 	Key   string       // the group key, for logs and metrics
 	Node  *corepb.Node // the node presented upstream
 	Cache *cache.Cache // the group's cache, filled by the feed
+	// Set by a Router for one of several upstreams: the upstream's name,
+	// its share of the group's interest (the cache's whole interest if
+	// nil) and which names are its own (every name if nil).
+	Upstream string
+	Interest Interest
+	Owns     func(typeURL, name string) bool
 }
 
 // Feed keeps one group's cache filled.
@@ -51,7 +57,10 @@ var (
 
 // ADSOptions configure an ADS source.
 type ADSOptions struct {
-	Conn    *grpc.ClientConn // the control plane; required, closed by Close
+	// Servers are the control plane's servers in priority order (gRFC
+	// A71), each a connection closed by Close; Conn alone stands for one.
+	Servers []Server
+	Conn    *grpc.ClientConn // the control plane, if Servers is empty
 	Metrics *Metrics         // required
 	Logger  *slog.Logger     // slog.Default() if nil
 	Backoff backoff.Config   // backoff.DefaultConfig if zero
@@ -60,19 +69,25 @@ type ADSOptions struct {
 	NotFoundTimeout time.Duration
 	// MaxRequestBytes bounds every request sent upstream (see Options).
 	MaxRequestBytes int
+	// FallbackRecheck is how often a group on a fallback server tries the
+	// higher ones (see Options).
+	FallbackRecheck time.Duration
 }
 
 // ADS is a control plane as a source: one delta-ADS stream (a Client) per
-// group, all on one connection.
+// group, all on one connection per server.
 type ADS struct {
 	opts ADSOptions // read-only after NewADS
 }
 
 // NewADS returns a source that relays the control plane on opts.Conn.
 func NewADS(opts ADSOptions) (*ADS, error) {
+	if len(opts.Servers) == 0 && opts.Conn != nil {
+		opts.Servers = []Server{{Name: opts.Conn.Target(), Conn: opts.Conn}}
+	}
 	switch {
-	case opts.Conn == nil:
-		return nil, errors.New("upstream: ADSOptions.Conn is required")
+	case len(opts.Servers) == 0:
+		return nil, errors.New("upstream: ADSOptions.Servers (or Conn) is required")
 	case opts.Metrics == nil:
 		return nil, errors.New("upstream: ADSOptions.Metrics is required")
 	}
@@ -82,9 +97,10 @@ func NewADS(opts ADSOptions) (*ADS, error) {
 // Feed returns the group's delta-ADS client.
 func (a *ADS) Feed(g Group) (Feed, error) {
 	return New(Options{
-		Conn: a.opts.Conn, Node: g.Node, Cache: g.Cache, Group: g.Key, Metrics: a.opts.Metrics,
+		Servers: a.opts.Servers, Node: g.Node, Cache: g.Cache, Group: g.Key, Upstream: g.Upstream,
+		Interest: g.Interest, Owns: g.Owns, Metrics: a.opts.Metrics,
 		Logger: a.opts.Logger, Backoff: a.opts.Backoff, NotFoundTimeout: a.opts.NotFoundTimeout,
-		MaxRequestBytes: a.opts.MaxRequestBytes,
+		MaxRequestBytes: a.opts.MaxRequestBytes, FallbackRecheck: a.opts.FallbackRecheck,
 	})
 }
 
@@ -94,20 +110,40 @@ func (a *ADS) Run(ctx context.Context) error {
 	return nil
 }
 
-// Close closes the connection to the control plane.
-func (a *ADS) Close() error { return a.opts.Conn.Close() }
+// Close closes the connections to the control plane's servers.
+func (a *ADS) Close() error {
+	var errs []error
+	for _, s := range a.opts.Servers {
+		if c, ok := s.Conn.(interface{ Close() error }); ok {
+			errs = append(errs, c.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
 
 // fileFeed is one group's view of the files.
 type fileFeed struct {
 	f *File
-	c *cache.Cache
+	g Group
 }
 
-func (ff fileFeed) Run(ctx context.Context) { ff.f.Serve(ctx, ff.c) }
-func (ff fileFeed) Status() Status          { return ff.f.Status() }
+func (ff fileFeed) Run(ctx context.Context) { ff.f.serve(ctx, ff.g) }
+func (ff fileFeed) Status() Status {
+	s := ff.f.Status()
+	s.Upstream = ff.g.Upstream
+	return s
+}
 
 // Feed returns what fills the group's cache from the files.
-func (f *File) Feed(g Group) (Feed, error) { return fileFeed{f: f, c: g.Cache}, nil }
+func (f *File) Feed(g Group) (Feed, error) {
+	if g.Interest == nil {
+		g.Interest = g.Cache
+	}
+	if g.Owns == nil {
+		g.Owns = func(string, string) bool { return true }
+	}
+	return fileFeed{f: f, g: g}, nil
+}
 
 // Close has nothing to release.
 func (f *File) Close() error { return nil }

@@ -1,6 +1,7 @@
 package xds
 
 import (
+	"slices"
 	"strings"
 
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -72,4 +73,54 @@ func ShortName(typeURL string) string {
 		return typeURL[i+1:]
 	}
 	return typeURL
+}
+
+// shortNames are the REST short names of the types, as configuration names
+// them (upstreams[].types): the last part of the REST-JSON path
+// (/v3/discovery:clusters), and lb-endpoints for LEDS.
+var shortNames = map[string]string{
+	"listeners":         resourcev3.ListenerType,
+	"routes":            resourcev3.RouteType,
+	"scoped-routes":     resourcev3.ScopedRouteType,
+	"virtual-hosts":     resourcev3.VirtualHostType,
+	"clusters":          resourcev3.ClusterType,
+	"endpoints":         resourcev3.EndpointType,
+	"lb-endpoints":      LbEndpointType,
+	"secrets":           resourcev3.SecretType,
+	"runtime":           resourcev3.RuntimeType,
+	"extension_configs": resourcev3.ExtensionConfigType,
+}
+
+// TypeNamed returns the type URL that s names: a REST short name
+// (clusters, secrets, ...) or a type URL the relay carries.
+func TypeNamed(s string) (string, bool) {
+	if t, ok := shortNames[s]; ok {
+		return t, true
+	}
+	return s, Known(s)
+}
+
+// TypeShortNames lists the REST short names TypeNamed takes, for errors.
+func TypeShortNames() []string {
+	out := make([]string, 0, len(shortNames))
+	for n := range shortNames {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// XdstpPrefix starts a resource name in the xdstp scheme ("xDS Resource
+// Names"): xdstp://AUTHORITY/TYPE/ID.
+const XdstpPrefix = "xdstp://"
+
+// Authority returns the authority of an xdstp name; ok is false for a name
+// that is not one. The authority may be empty (xdstp:///TYPE/ID).
+func Authority(name string) (authority string, ok bool) {
+	rest, ok := strings.CutPrefix(name, XdstpPrefix)
+	if !ok {
+		return "", false
+	}
+	authority, _, _ = strings.Cut(rest, "/")
+	return authority, true
 }

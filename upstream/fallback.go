@@ -1,0 +1,77 @@
+package upstream
+
+import (
+	"context"
+	"time"
+)
+
+// probe tries, beside a stream on a fallback server, the servers of higher
+// priority (gRFC A71: return to a higher server once it is reachable). Its
+// goroutine is stopped and waited for by stop.
+type probe struct {
+	cancel context.CancelFunc
+	result chan *session // capacity 1: written once, on every path
+}
+
+// startProbe tries servers 0 to below-1 in turn; the first whose stream
+// answers is the result, its session open and subscribed to the whole
+// interest, its first response pending.
+func (c *Client) startProbe(ctx context.Context, below int) *probe {
+	ctx, cancel := context.WithCancel(ctx)
+	p := &probe{cancel: cancel, result: make(chan *session, 1)}
+	go func() {
+		var found *session
+		defer func() { p.result <- found }()
+		for i := 0; i < below && found == nil && ctx.Err() == nil; i++ {
+			found = c.try(ctx, i)
+		}
+	}()
+	return p
+}
+
+// done delivers the probe's result once; never for a nil probe.
+func (p *probe) done() <-chan *session {
+	if p == nil {
+		return nil
+	}
+	return p.result
+}
+
+// stop ends a probe whose result was not taken, closing what it found.
+func (p *probe) stop() {
+	if p == nil {
+		return
+	}
+	p.cancel()
+	(<-p.result).close()
+}
+
+// try opens a stream to server i and subscribes; the server is reachable
+// if the stream opens and, when something was asked, answers within
+// FallbackRecheck. It returns the session, or nil.
+func (c *Client) try(ctx context.Context, i int) *session {
+	s, err := c.open(ctx, i)
+	if err != nil {
+		return nil
+	}
+	if err := s.syncAll(); err != nil {
+		s.close()
+		return nil
+	}
+	if len(s.subs) == 0 {
+		return s // nothing to ask: an open stream is a reachable server
+	}
+	t := time.NewTimer(c.opts.FallbackRecheck)
+	defer t.Stop()
+	select {
+	case r := <-s.resps:
+		if r != nil {
+			s.pending = r
+			return s
+		}
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	s.close()
+	return nil
+}
