@@ -8,19 +8,23 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
+	"github.com/xdsrelay/xdsrelay/upstream"
 )
 
 // A saved cache is one file per group in cache.persist_dir:
@@ -45,8 +49,11 @@ func persistFile(dir, key string) string {
 	return filepath.Join(dir, "group-"+hex.EncodeToString(sum[:8])+".cache")
 }
 
-// encodeGroup writes a group's node and cache contents.
-func encodeGroup(node *corepb.Node, states []cache.TypeState) ([]byte, error) {
+// encodeGroup writes a group's node and cache contents. owner names the
+// upstream of each name (nil: the default's, for all): a type served by
+// several upstreams is written as one record per upstream, each but the
+// default's naming its upstream in control_plane.identifier.
+func encodeGroup(node *corepb.Node, states []cache.TypeState, owner func(typeURL, name string) string) ([]byte, error) {
 	var buf bytes.Buffer
 	buf.WriteString(persistMagic)
 	record := func(b []byte) {
@@ -59,25 +66,114 @@ func encodeGroup(node *corepb.Node, states []cache.TypeState) ([]byte, error) {
 	}
 	record(nb)
 	for _, ts := range states {
-		flag := wildcardOff
-		if ts.Wildcard {
-			flag = wildcardHeld
-			if ts.Synced {
-				flag = wildcardSynced
+		for _, part := range splitByOwner(ts, owner) {
+			flag := wildcardOff
+			if part.Wildcard {
+				flag = wildcardHeld
+				if part.Synced {
+					flag = wildcardSynced
+				}
 			}
+			msg := xds.DeltaResponse(0, part.TypeURL, flag, part.Resources, part.Absent)
+			if part.upstream != upstream.DefaultUpstream {
+				msg.Parts[0] = appendControlPlane(msg.Parts[0], part.upstream)
+			}
+			record(bytes.Join(msg.Parts, nil))
 		}
-		msg := xds.DeltaResponse(0, ts.TypeURL, flag, ts.Resources, ts.Absent)
-		record(bytes.Join(msg.Parts, nil))
 	}
 	sum := sha256.Sum256(buf.Bytes())
 	buf.Write(sum[:])
 	return buf.Bytes(), nil
 }
 
-// decodeGroup reads what encodeGroup wrote, re-validating every resource.
-// Nothing is allocated from a length the file gives before it is checked
-// against the bytes that remain.
+// savedType is one record of a saved cache: a type's contents from one
+// upstream.
+type savedType struct {
+	cache.TypeState
+	upstream string
+}
+
+// splitByOwner splits a type's contents by the upstream serving each name;
+// the wildcard goes with the type's own upstream.
+func splitByOwner(ts cache.TypeState, owner func(typeURL, name string) string) []savedType {
+	if owner == nil {
+		return []savedType{{TypeState: ts, upstream: upstream.DefaultUpstream}}
+	}
+	parts := map[string]*savedType{}
+	part := func(up string) *savedType {
+		p := parts[up]
+		if p == nil {
+			p = &savedType{TypeState: cache.TypeState{TypeURL: ts.TypeURL}, upstream: up}
+			parts[up] = p
+		}
+		return p
+	}
+	if ts.Wildcard {
+		p := part(owner(ts.TypeURL, "*"))
+		p.Wildcard, p.Synced = true, ts.Synced
+	}
+	for _, r := range ts.Resources {
+		p := part(owner(ts.TypeURL, r.Name))
+		p.Resources = append(p.Resources, r)
+	}
+	for _, n := range ts.Absent {
+		p := part(owner(ts.TypeURL, n))
+		p.Absent = append(p.Absent, n)
+	}
+	out := make([]savedType, 0, len(parts))
+	for _, up := range slices.Sorted(maps.Keys(parts)) {
+		out = append(out, *parts[up])
+	}
+	return out
+}
+
+// appendControlPlane adds control_plane.identifier to an encoded
+// DeltaDiscoveryResponse: the upstream the record's resources came from.
+func appendControlPlane(b []byte, identifier string) []byte {
+	cp := protowire.AppendTag(nil, 1, protowire.BytesType) // ControlPlane.identifier
+	cp = protowire.AppendString(cp, identifier)
+	b = protowire.AppendTag(b, 7, protowire.BytesType) // DeltaDiscoveryResponse.control_plane
+	return protowire.AppendBytes(b, cp)
+}
+
+// decodeGroup reads what encodeGroup wrote, re-validating every resource,
+// with each type's records merged.
 func decodeGroup(data []byte) (*corepb.Node, []cache.TypeState, error) {
+	node, saved, err := decodeRecords(data)
+	if err != nil {
+		return nil, nil, err
+	}
+	return node, mergeTypes(saved), nil
+}
+
+// mergeTypes joins the records of each type, in type order.
+func mergeTypes(saved []savedType) []cache.TypeState {
+	byType := map[string]*cache.TypeState{}
+	for _, st := range saved {
+		ts := byType[st.TypeURL]
+		if ts == nil {
+			ts = &cache.TypeState{TypeURL: st.TypeURL}
+			byType[st.TypeURL] = ts
+		}
+		ts.Wildcard, ts.Synced = ts.Wildcard || st.Wildcard, ts.Synced || st.Synced
+		ts.Resources = append(ts.Resources, st.Resources...)
+		ts.Absent = append(ts.Absent, st.Absent...)
+	}
+	out := make([]cache.TypeState, 0, len(byType))
+	for _, t := range slices.Sorted(maps.Keys(byType)) {
+		ts := byType[t]
+		slices.SortFunc(ts.Resources, func(a, b *cache.Resource) int { return strings.Compare(a.Name, b.Name) })
+		slices.Sort(ts.Absent)
+		out = append(out, *ts)
+	}
+	return out
+}
+
+// decodeRecords reads what encodeGroup wrote, record by record. Nothing is
+// allocated from a length the file gives before it is checked against the
+// bytes that remain. A record without control_plane is the default
+// upstream's (as every record of a file written before several upstreams).
+func decodeRecords(data []byte) (*corepb.Node, []savedType, error) {
 	if !bytes.HasPrefix(data, []byte(persistMagic)) {
 		return nil, nil, errors.New("not an xdsrelay cache file")
 	}
@@ -97,22 +193,22 @@ func decodeGroup(data []byte) (*corepb.Node, []cache.TypeState, error) {
 	if err := proto.Unmarshal(nb, node); err != nil {
 		return nil, nil, fmt.Errorf("node: %w", err)
 	}
-	var states []cache.TypeState
+	var saved []savedType
 	for len(rest) > 0 {
 		var b []byte
 		if b, rest, err = nextRecord(rest); err != nil {
-			return nil, nil, fmt.Errorf("record %d: %w", len(states)+1, err)
+			return nil, nil, fmt.Errorf("record %d: %w", len(saved)+1, err)
 		}
-		ts, err := decodeType(b)
+		st, err := decodeType(b)
 		if err != nil {
-			return nil, nil, fmt.Errorf("record %d: %w", len(states)+1, err)
+			return nil, nil, fmt.Errorf("record %d: %w", len(saved)+1, err)
 		}
-		states = append(states, ts)
+		saved = append(saved, st)
 	}
-	if err := checkStates(states); err != nil {
+	if err := checkStates(saved); err != nil {
 		return nil, nil, err
 	}
-	return node, states, nil
+	return node, saved, nil
 }
 
 // InspectPersistFile reads a saved cache file (one of cache.persist_dir's
@@ -145,13 +241,17 @@ func nextRecord(b []byte) (record, rest []byte, err error) {
 	return b[:n], b[n:], nil
 }
 
-func decodeType(b []byte) (cache.TypeState, error) {
+func decodeType(b []byte) (savedType, error) {
 	m := &discoverypb.DeltaDiscoveryResponse{}
 	if err := proto.Unmarshal(b, m); err != nil {
-		return cache.TypeState{}, err
+		return savedType{}, err
 	}
 	if !xds.Known(m.GetTypeUrl()) {
-		return cache.TypeState{}, fmt.Errorf("unknown type %q", m.GetTypeUrl())
+		return savedType{}, fmt.Errorf("unknown type %q", m.GetTypeUrl())
+	}
+	up := m.GetControlPlane().GetIdentifier()
+	if up == "" {
+		up = upstream.DefaultUpstream
 	}
 	ts := cache.TypeState{
 		TypeURL:  m.GetTypeUrl(),
@@ -161,41 +261,50 @@ func decodeType(b []byte) (cache.TypeState, error) {
 	}
 	for _, res := range m.GetResources() {
 		if got := res.GetResource().GetTypeUrl(); got != ts.TypeURL {
-			return cache.TypeState{}, fmt.Errorf("resource %q of type %q among the %s resources", res.GetName(), got, ts.TypeURL)
+			return savedType{}, fmt.Errorf("resource %q of type %q among the %s resources", res.GetName(), got, ts.TypeURL)
 		}
 		r, err := xds.Encode(res.GetName(), res.GetVersion(), res.GetResource(), res.GetTtl(), res.GetAliases())
 		if err != nil {
-			return cache.TypeState{}, err
+			return savedType{}, err
 		}
 		ts.Resources = append(ts.Resources, r)
 	}
-	return ts, nil
+	return savedType{TypeState: ts, upstream: up}, nil
 }
 
-// checkStates refuses what encodeGroup never writes: a type twice, or a
-// name twice within a type (as a resource or as known not to exist).
-func checkStates(states []cache.TypeState) error {
-	types := make(map[string]bool, len(states))
-	for _, ts := range states {
-		if types[ts.TypeURL] {
-			return fmt.Errorf("type %s saved twice", ts.TypeURL)
+// checkStates refuses what encodeGroup never writes: a type twice from
+// one upstream, or a name twice within a type (as a resource or as known
+// not to exist, in one record or two).
+func checkStates(saved []savedType) error {
+	records := make(map[[2]string]bool, len(saved))
+	names := map[string]map[string]bool{}
+	for _, st := range saved {
+		key := [2]string{st.TypeURL, st.upstream}
+		if records[key] {
+			return fmt.Errorf("type %s saved twice for upstream %q", st.TypeURL, st.upstream)
 		}
-		types[ts.TypeURL] = true
-		names := make(map[string]bool, len(ts.Resources)+len(ts.Absent))
-		for _, r := range ts.Resources {
-			if names[r.Name] {
-				return fmt.Errorf("%s %q saved twice", ts.TypeURL, r.Name)
-			}
-			names[r.Name] = true
+		records[key] = true
+		seen := names[st.TypeURL]
+		if seen == nil {
+			seen = map[string]bool{}
+			names[st.TypeURL] = seen
 		}
-		for _, n := range ts.Absent {
-			if names[n] {
-				return fmt.Errorf("%s %q saved twice", ts.TypeURL, n)
+		for _, n := range slices.Concat(savedNames(st.Resources), st.Absent) {
+			if seen[n] {
+				return fmt.Errorf("%s %q saved twice", st.TypeURL, n)
 			}
-			names[n] = true
+			seen[n] = true
 		}
 	}
 	return nil
+}
+
+func savedNames(rs []*cache.Resource) []string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.Name
+	}
+	return out
 }
 
 // readPersistFile reads a saved cache of at most max bytes. The size is
@@ -354,10 +463,11 @@ func (r *Relay) restoreFile(path string) error {
 	if err != nil {
 		return err
 	}
-	node, states, err := decodeGroup(data)
+	node, saved, err := decodeRecords(data)
 	if err != nil {
 		return err
 	}
+	states := mergeTypes(r.keepRouted(saved, path))
 	key := GroupKey(node, r.cfg.Upstream.GroupBy)
 	if persistFile(r.cfg.Cache.PersistDir, key) != path {
 		return fmt.Errorf("written for another group_by (its group is %q here)", key)
@@ -431,7 +541,7 @@ func (r *Relay) writeCaches(written map[string]uint64) {
 // writeCache saves one group's cache, unless it is larger than what a
 // restore would read.
 func (r *Relay) writeCache(g *group, states []cache.TypeState) error {
-	data, err := encodeGroup(g.fields, states)
+	data, err := encodeGroup(g.fields, states, r.owner())
 	if err != nil {
 		return err
 	}
@@ -439,4 +549,47 @@ func (r *Relay) writeCache(g *group, states []cache.TypeState) error {
 		return fmt.Errorf("%d bytes, over cache.persist_max_bytes (%d); not saved", len(data), max)
 	}
 	return writeAtomic(persistFile(r.cfg.Cache.PersistDir, g.key), data)
+}
+
+// owner names the upstream serving each name, for the saved caches; nil
+// with one upstream.
+func (r *Relay) owner() func(typeURL, name string) string {
+	if r.routes == nil {
+		return nil
+	}
+	return func(typeURL, name string) string {
+		if i := r.routes.Of(typeURL, name); i != upstream.Unroutable {
+			return r.routes.Name(i)
+		}
+		return upstream.DefaultUpstream
+	}
+}
+
+// keepRouted drops from a saved cache what came from an upstream that does
+// not serve it now (the configuration changed since it was saved): a
+// resource is only ever served as its own control plane gave it.
+func (r *Relay) keepRouted(saved []savedType, path string) []savedType {
+	owner := r.owner()
+	if owner == nil {
+		owner = func(string, string) string { return upstream.DefaultUpstream }
+	}
+	dropped := 0
+	for i := range saved {
+		st := &saved[i]
+		st.Resources = slices.DeleteFunc(st.Resources, func(res *cache.Resource) bool {
+			drop := owner(st.TypeURL, res.Name) != st.upstream
+			if drop {
+				dropped++
+			}
+			return drop
+		})
+		st.Absent = slices.DeleteFunc(st.Absent, func(n string) bool { return owner(st.TypeURL, n) != st.upstream })
+		if st.Wildcard && owner(st.TypeURL, "*") != st.upstream {
+			st.Wildcard, st.Synced = false, false
+		}
+	}
+	if dropped > 0 {
+		r.log.Warn("saved resources now served by another upstream are not restored", "file", path, "resources", dropped)
+	}
+	return saved
 }

@@ -30,7 +30,7 @@ func roundTrip(t *testing.T, data []byte) {
 	}
 	c := cache.New(cache.Options{Retention: time.Minute, MaxResources: 100})
 	c.Import(states)
-	again, err := encodeGroup(node, states)
+	again, err := encodeGroup(node, states, nil)
 	if err != nil {
 		t.Fatalf("a decoded group does not encode: %v", err)
 	}

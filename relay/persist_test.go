@@ -193,7 +193,7 @@ func TestPersistSaveFailureReported(t *testing.T) {
 // What a saved cache file may not be: each is refused with a reason, and
 // none panics or allocates from the length it claims.
 func TestDecodeGroupRefuses(t *testing.T) {
-	valid, err := encodeGroup(node("n", "c1"), nil)
+	valid, err := encodeGroup(node("n", "c1"), nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

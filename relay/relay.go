@@ -40,8 +40,9 @@ type Relay struct {
 	upm     *upstream.Metrics
 	down    *downstream.Server
 	grpc    *grpc.Server
-	source  upstream.Source // the control plane, or the resource files
-	ctx     context.Context // ends the groups' upstreams
+	source  upstream.Source  // the control plane, or the resource files, or a router among several
+	routes  *upstream.Routes // which upstream serves which name; nil with one upstream
+	ctx     context.Context  // ends the groups' upstreams
 	cancel  context.CancelFunc
 	host    string           // the host name, for upstream node ids
 	health  *health.Server   // gRPC health on the downstream port
@@ -189,6 +190,7 @@ func (r *Relay) newSource() (upstream.Source, error) {
 		def.Close()
 		return nil, fmt.Errorf("upstreams: %w", err)
 	}
+	r.routes = routes
 	members := []upstream.Source{def}
 	for i, u := range r.cfg.Upstreams {
 		src, err := r.upstreamSource(u, fmt.Sprintf("upstreams[%d]", i))
