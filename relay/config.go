@@ -31,7 +31,7 @@ type Config struct {
 	// Upstreams is upstreams: more control planes, each serving the types
 	// and xdstp authorities it lists (gRFC A47); every other name is the
 	// default upstream's.
-	Upstreams []UpstreamConfig
+	Upstreams  []UpstreamConfig
 	Downstream struct {
 		// Address is downstream.address: where xDS clients connect.
 		Address string

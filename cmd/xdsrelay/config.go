@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -49,16 +50,27 @@ func loadConfig(file string, environ []string) (o Options, unknownEnv []string, 
 func apply(s setting, fileVals map[string]any, env map[string]string) error {
 	if val, ok := env[envName(s.key)]; ok {
 		if err := s.set(val, true); err != nil {
-			return fmt.Errorf("%s (from %s): %w", s.key, envName(s.key), err)
+			key, err := keyOf(s, err)
+			return fmt.Errorf("%s (from %s): %w", key, envName(s.key), err)
 		}
 		return nil
 	}
 	if raw, ok := fileVals[s.key]; ok {
 		if err := s.set(raw, false); err != nil {
-			return fmt.Errorf("%s: %w", s.key, err)
+			key, err := keyOf(s, err)
+			return fmt.Errorf("%s: %w", key, err)
 		}
 	}
 	return nil
+}
+
+// keyOf returns the key an error of s.set names: s.key, or for an error in
+// one entry of a list, that entry's key (upstreams[1].tls.ca_file).
+func keyOf(s setting, err error) (string, error) {
+	if e, ok := errors.AsType[*entryError](err); ok {
+		return s.key + e.path, e.err
+	}
+	return s.key, err
 }
 
 // finish checks what spans keys and validates the relay's configuration.
@@ -102,10 +114,12 @@ func readFile(file string) (map[string]any, error) {
 }
 
 // flatten turns nested sections into dotted keys, stopping at known keys
-// (upstream.headers is a key whose value is a map).
+// (upstream.headers is a key whose value is a map). Names are lower-cased, as
+// viper does; a known key's value is left as it is.
 func flatten(prefix string, m map[string]any, known map[string]setting) map[string]any {
 	out := map[string]any{}
 	for k, val := range m {
+		k = strings.ToLower(k)
 		if _, isKey := known[prefix+k]; isKey {
 			out[prefix+k] = val
 			continue

@@ -13,13 +13,7 @@ import (
 )
 
 func TestLoadConfig(t *testing.T) {
-	tests := []struct {
-		name    string
-		yaml    string
-		env     map[string]string
-		wantErr string // a substring; "" for success
-		check   func(t *testing.T, o Options)
-	}{
+	tests := []loadTest{
 		{
 			name: "defaults without a file",
 			check: func(t *testing.T, o Options) {
@@ -204,6 +198,21 @@ func TestLoadConfig(t *testing.T) {
 			wantErr: `unknown key "downstream.authorization.rule"`},
 		{name: "ratio above 1", env: map[string]string{"XDSRELAY_TRACING_SAMPLE_RATIO": "2"}, wantErr: "tracing.sample_ratio"},
 	}
+	runLoadTests(t, tests)
+}
+
+// A loadTest loads yaml (as the file, if not empty) and env, and expects an
+// error containing wantErr, or (wantErr "") options that pass check.
+type loadTest struct {
+	name    string
+	yaml    string
+	env     map[string]string
+	wantErr string // a substring; "" for success
+	check   func(t *testing.T, o Options)
+}
+
+func runLoadTests(t *testing.T, tests []loadTest) {
+	t.Helper()
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			file := ""
@@ -287,16 +296,17 @@ func TestSettingsTable(t *testing.T) {
 }
 
 var kindTypes = map[kind]reflect.Type{
-	kindString:   reflect.TypeFor[*string](),
-	kindDuration: reflect.TypeFor[*time.Duration](),
-	kindInt:      reflect.TypeFor[*int](),
-	kindBool:     reflect.TypeFor[*bool](),
-	kindList:     reflect.TypeFor[*[]string](),
-	kindMap:      reflect.TypeFor[*map[string]string](),
-	kindRatio:    reflect.TypeFor[*float64](),
-	kindLevel:    reflect.TypeFor[*slog.Level](),
-	kindRules:    reflect.TypeFor[*[]relay.AuthorizationRule](),
-	kindRate:     reflect.TypeFor[*float64](),
+	kindString:    reflect.TypeFor[*string](),
+	kindDuration:  reflect.TypeFor[*time.Duration](),
+	kindInt:       reflect.TypeFor[*int](),
+	kindBool:      reflect.TypeFor[*bool](),
+	kindList:      reflect.TypeFor[*[]string](),
+	kindMap:       reflect.TypeFor[*map[string]string](),
+	kindRatio:     reflect.TypeFor[*float64](),
+	kindLevel:     reflect.TypeFor[*slog.Level](),
+	kindRules:     reflect.TypeFor[*[]relay.AuthorizationRule](),
+	kindRate:      reflect.TypeFor[*float64](),
+	kindUpstreams: reflect.TypeFor[*[]relay.UpstreamConfig](),
 }
 
 func TestShortDuration(t *testing.T) {

@@ -79,14 +79,15 @@ func formatRules(rules []relay.AuthorizationRule) string {
 	return string(js)
 }
 
-// keepCase puts back, in vals, the file's own values of the rules keys:
-// viper lowers the case of every map key it reads, and a node field such
-// as metadata.NAMESPACE must keep its case. Sections are matched without
-// regard to case, as viper does.
+// keepCase puts back, in vals, the file's own values of the keys whose
+// values are lists of maps (rules, upstreams): viper lowers the case of every
+// map key it reads, and a node field such as metadata.NAMESPACE, or an
+// upstream's node.metadata key, must keep its case. Sections are matched
+// without regard to case, as viper does.
 func keepCase(file string, vals map[string]any, known map[string]setting) error {
 	var doc map[string]any
 	for key := range vals {
-		if known[key].kind != kindRules {
+		if k := known[key].kind; k != kindRules && k != kindUpstreams {
 			continue
 		}
 		if doc == nil {

@@ -28,27 +28,10 @@ type setting struct {
 // it; the tests hold config.example.yaml and the README to it. The fields
 // point into o.
 func settings(o *Options) []setting {
-	u, d, c, l := &o.Relay.Upstream, &o.Relay.Downstream, &o.Relay.Cache, &o.Relay.Limits
-	return []setting{
-		{"upstream.address", kindString, &u.Address, "The control plane as host:port (delta ADS), or file://DIR: a directory of resource files."},
-		{"upstream.group_by", kindList, &u.GroupBy, "Node fields forming the group key: id, cluster, locality.region, locality.zone, locality.sub_zone, metadata.<key>; [] for one group."},
-		{"upstream.addresses", kindList, &u.Addresses, "More control planes (host:port), tried in turn with upstream.address when one fails."},
-		{"upstream.reconnect.base_delay", kindDuration, &u.ReconnectBaseDelay, "First delay before reconnecting to the control plane; grows exponentially with jitter."},
-		{"upstream.reconnect.max_delay", kindDuration, &u.ReconnectMaxDelay, "Largest reconnect delay."},
-		{"upstream.max_message_bytes", kindInt, &u.MaxMessageBytes, "Largest response accepted from the control plane."},
-		{"upstream.max_request_bytes", kindInt, &u.MaxRequestBytes, "Largest request sent to the control plane; larger subscriptions and resumes are split over several requests."},
-		{"upstream.keepalive.time", kindDuration, &u.KeepaliveTime, "HTTP/2 keepalive ping interval on the upstream connection (at least 10s)."},
-		{"upstream.keepalive.timeout", kindDuration, &u.KeepaliveTimeout, "How long a keepalive ping may go unanswered before the connection is closed."},
-		{"upstream.tls.enabled", kindBool, &u.TLSEnabled, "TLS to the control plane with the system roots; any upstream.tls file also turns TLS on."},
-		{"upstream.tls.cert_file", kindString, &u.TLS.CertFile, "The relay's client certificate (mTLS)."},
-		{"upstream.tls.key_file", kindString, &u.TLS.KeyFile, "The key of the relay's client certificate."},
-		{"upstream.tls.ca_file", kindString, &u.TLS.CAFile, "CA bundle verifying the control plane."},
-		{"upstream.tls.server_name", kindString, &u.TLS.ServerName, "Name verified in the control plane's certificate, if not the dialled one."},
-		{"upstream.tls.insecure_skip_verify", kindBool, &u.TLS.Insecure, "Do not verify the control plane (testing only)."},
-		{"upstream.node.id", kindString, &u.Node.ID, "Template of the node id presented upstream for each group: {hostname}, {group} and group_by fields such as {cluster}."},
-		{"upstream.node.metadata", kindMap, &u.Node.Metadata, "Metadata added to the node presented upstream for each group."},
-		{"upstream.node.user_agent_name", kindString, &u.Node.UserAgentName, "user_agent_name of the node presented upstream."},
-		{"upstream.headers", kindMap, &u.Headers, "Metadata sent on every upstream RPC; from the environment name=value,name2=value2."},
+	d, c, l := &o.Relay.Downstream, &o.Relay.Cache, &o.Relay.Limits
+	return append(upstreamSettings("upstream.", &o.Relay.Upstream.UpstreamConfig), []setting{
+		{"upstream.group_by", kindList, &o.Relay.Upstream.GroupBy, "Node fields forming the group key: id, cluster, locality.region, locality.zone, locality.sub_zone, metadata.<key>; [] for one group."},
+		{"upstreams", kindUpstreams, &o.Relay.Upstreams, "More control planes, each serving the types and xdstp authorities it lists: a list of {name, types, authorities, address, ...}, each taking every upstream.* key except group_by; from the environment as JSON."},
 		{"downstream.address", kindString, &d.Address, "Where xDS clients connect (gRPC): ADS and the per-type services."},
 		{"downstream.rest_address", kindString, &d.RESTAddress, "REST-JSON polling (POST /v3/discovery:<type>); empty disables it."},
 		{"downstream.poll_timeout", kindDuration, &d.PollTimeout, "How long a REST-JSON or gRPC Fetch poll with a current version_info is held."},
@@ -86,7 +69,40 @@ func settings(o *Options) []setting {
 		{"tracing.otlp_endpoint", kindString, &o.Tracing.Endpoint, "OpenTelemetry collector (OTLP/gRPC, host:port); empty disables tracing."},
 		{"tracing.insecure", kindBool, &o.Tracing.Insecure, "Plaintext to the collector."},
 		{"tracing.sample_ratio", kindRatio, &o.Tracing.SampleRatio, "Fraction of new traces kept (0 to 1)."},
+	}...)
+}
+
+// upstreamSettings are one control plane's keys, named with prefix, their
+// fields in u: upstream.* for the default upstream, and (prefix "") the keys
+// of an upstreams entry. group_by is not among them: it is one setting for
+// the whole relay.
+func upstreamSettings(prefix string, u *relay.UpstreamConfig) []setting {
+	out := []setting{
+		{"address", kindString, &u.Address, "The control plane as host:port (delta ADS), or file://DIR: a directory of resource files."},
+		{"addresses", kindList, &u.Addresses, "Fallback servers (host:port) in priority order after upstream.address: used only while the higher ones are unreachable and something wanted is not cached (gRFC A71)."},
+		{"fallback_recheck", kindDuration, &u.FallbackRecheck, "While on a fallback server, how often the higher-priority servers are checked; the relay moves back to the first that is reachable (gRFC A71)."},
+		{"authorities", kindList, &u.Authorities, "xdstp authorities (xdstp://AUTHORITY/...) the default control plane serves (gRFC A47)."},
+		{"reconnect.base_delay", kindDuration, &u.ReconnectBaseDelay, "First delay before reconnecting to the control plane; grows exponentially with jitter."},
+		{"reconnect.max_delay", kindDuration, &u.ReconnectMaxDelay, "Largest reconnect delay."},
+		{"max_message_bytes", kindInt, &u.MaxMessageBytes, "Largest response accepted from the control plane."},
+		{"max_request_bytes", kindInt, &u.MaxRequestBytes, "Largest request sent to the control plane; larger subscriptions and resumes are split over several requests."},
+		{"keepalive.time", kindDuration, &u.KeepaliveTime, "HTTP/2 keepalive ping interval on the upstream connection (at least 10s)."},
+		{"keepalive.timeout", kindDuration, &u.KeepaliveTimeout, "How long a keepalive ping may go unanswered before the connection is closed."},
+		{"tls.enabled", kindBool, &u.TLSEnabled, "TLS to the control plane with the system roots; any upstream.tls file also turns TLS on."},
+		{"tls.cert_file", kindString, &u.TLS.CertFile, "The relay's client certificate (mTLS)."},
+		{"tls.key_file", kindString, &u.TLS.KeyFile, "The key of the relay's client certificate."},
+		{"tls.ca_file", kindString, &u.TLS.CAFile, "CA bundle verifying the control plane."},
+		{"tls.server_name", kindString, &u.TLS.ServerName, "Name verified in the control plane's certificate, if not the dialled one."},
+		{"tls.insecure_skip_verify", kindBool, &u.TLS.Insecure, "Do not verify the control plane (testing only)."},
+		{"node.id", kindString, &u.Node.ID, "Template of the node id presented upstream for each group: {hostname}, {group} and group_by fields such as {cluster}."},
+		{"node.metadata", kindMap, &u.Node.Metadata, "Metadata added to the node presented upstream for each group."},
+		{"node.user_agent_name", kindString, &u.Node.UserAgentName, "user_agent_name of the node presented upstream."},
+		{"headers", kindMap, &u.Headers, "Metadata sent on every upstream RPC; from the environment name=value,name2=value2."},
 	}
+	for i := range out {
+		out[i].key = prefix + out[i].key
+	}
+	return out
 }
 
 // defaultOptions is what the binary runs with when nothing is configured.
@@ -121,19 +137,20 @@ const envPrefix = "XDSRELAY_"
 type kind int
 
 const (
-	kindString   kind = iota // *string
-	kindDuration             // *time.Duration: a Go duration; a bare 0 is allowed
-	kindInt                  // *int
-	kindBool                 // *bool
-	kindList                 // *[]string: a YAML list of strings; comma separated in the environment
-	kindMap                  // *map[string]string: a YAML map of strings; name=value,... in the environment
-	kindRatio                // *float64 from 0 to 1
-	kindLevel                // *slog.Level: debug, info, warn or error
-	kindRules                // *[]relay.AuthorizationRule: a YAML list of maps; JSON in the environment
-	kindRate                 // *float64, not negative: a number per second
+	kindString    kind = iota // *string
+	kindDuration              // *time.Duration: a Go duration; a bare 0 is allowed
+	kindInt                   // *int
+	kindBool                  // *bool
+	kindList                  // *[]string: a YAML list of strings; comma separated in the environment
+	kindMap                   // *map[string]string: a YAML map of strings; name=value,... in the environment
+	kindRatio                 // *float64 from 0 to 1
+	kindLevel                 // *slog.Level: debug, info, warn or error
+	kindRules                 // *[]relay.AuthorizationRule: a YAML list of maps; JSON in the environment
+	kindRate                  // *float64, not negative: a number per second
+	kindUpstreams             // *[]relay.UpstreamConfig: a YAML list of maps of upstream keys; JSON in the environment
 )
 
-var kindNames = [...]string{"string", "duration", "int", "bool", "list", "map", "ratio", "level", "rules", "rate"}
+var kindNames = [...]string{"string", "duration", "int", "bool", "list", "map", "ratio", "level", "rules", "rate", "upstreams"}
 
 func (k kind) String() string { return kindNames[k] }
 
@@ -161,6 +178,8 @@ func (s setting) set(raw any, fromEnv bool) error {
 		return decodeRules(raw, fromEnv, s.field.(*[]relay.AuthorizationRule))
 	case kindRate:
 		return decodeRate(raw, s.field.(*float64))
+	case kindUpstreams:
+		return decodeUpstreams(raw, fromEnv, s.field.(*[]relay.UpstreamConfig))
 	}
 	panic(fmt.Sprintf("config: key %s has unknown kind %d", s.key, s.kind))
 }
@@ -364,6 +383,8 @@ func formatValue(s setting) string {
 		return strings.ToLower(v.String())
 	case *[]relay.AuthorizationRule:
 		return formatRules(*v)
+	case *[]relay.UpstreamConfig:
+		return formatUpstreams(*v)
 	case *int:
 		return strconv.Itoa(*v)
 	case *bool:
