@@ -2,8 +2,8 @@ package main
 
 import (
 	"context"
-	"maps"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
