@@ -202,7 +202,7 @@ func (r *Relay) newSource() (upstream.Source, error) {
 		}
 		members = append(members, src)
 	}
-	return upstream.NewRouter(routes, members, r.metrics, r.log)
+	return upstream.NewRouter(routes, members, r.upm, r.metrics, r.log)
 }
 
 // upstreamSource opens one upstream, whose keys are named with key: a
@@ -510,6 +510,11 @@ func (r *Relay) registerGroupMetrics() {
 		seen := map[[2]string]bool{}
 		for _, g := range r.snapshotGroups() {
 			s := g.status()
+			if r.routes != nil {
+				// With several upstreams: 1 while every stream the group
+				// has is up.
+				r.upm.Streams.With(g.key).Set(boolGauge(s.Connected))
+			}
 			age.With(g.key).Set(secondsSince(s.LastResponse))
 			size.With(g.key).Set(int64(g.cache.Len()))
 			evicted.With(g.key).Set(int64(g.cache.Evictions()))
@@ -527,6 +532,9 @@ func (r *Relay) registerGroupMetrics() {
 				continue
 			}
 			if k[1] == "" {
+				if r.routes != nil {
+					r.upm.Streams.Delete(k[0])
+				}
 				age.Delete(k[0])
 				size.Delete(k[0])
 				evicted.Delete(k[0])
@@ -587,4 +595,11 @@ func (r *Relay) registerServerMetrics() {
 			}
 		}
 	})
+}
+
+func boolGauge(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
 }

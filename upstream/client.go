@@ -189,6 +189,11 @@ func New(opts Options) (*Client, error) {
 	return c, nil
 }
 
+// routed reports whether the client is one of a router's upstreams: the
+// group's series (connected, reconnects) are then the router's, summing up
+// its upstreams; the client only adds its reconnects.
+func (c *Client) routed() bool { return c.opts.Owns != nil }
+
 // owns reports whether name of typeURL is this upstream's.
 func (c *Client) owns(typeURL, name string) bool {
 	return c.opts.Owns == nil || c.opts.Owns(typeURL, name)
@@ -200,8 +205,10 @@ func (c *Client) owns(typeURL, name string) bool {
 // server, the higher ones are tried every FallbackRecheck, and one that
 // answers takes over (see loop).
 func (c *Client) Run(ctx context.Context) {
-	defer c.opts.Metrics.Streams.Delete(c.opts.Group)
-	defer c.opts.Metrics.Reconnects.Delete(c.opts.Group)
+	if !c.routed() {
+		defer c.opts.Metrics.Streams.Delete(c.opts.Group)
+		defer c.opts.Metrics.Reconnects.Delete(c.opts.Group)
+	}
 	cur := 0
 	var next *session // a higher server's session that answered, taking over
 	for attempt := 0; ; attempt++ {
@@ -242,7 +249,9 @@ func (c *Client) Run(ctx context.Context) {
 
 // ended records why a stream ended; false if the client is to stop.
 func (c *Client) ended(ctx context.Context, cur int, healthy bool, err error) bool {
-	c.opts.Metrics.Streams.With(c.opts.Group).Set(0)
+	if !c.routed() {
+		c.opts.Metrics.Streams.With(c.opts.Group).Set(0)
+	}
 	c.setStatus(func(s *Status) { s.Connected, s.LastError = false, fmt.Sprint(err) })
 	if ctx.Err() != nil {
 		return false
@@ -405,7 +414,9 @@ func (c *Client) loop(ctx context.Context, s *session) (healthy bool, takeover *
 func (c *Client) received(s *session, r *discoverypb.DeltaDiscoveryResponse, healthy *bool) error {
 	if !*healthy {
 		*healthy = true
-		c.opts.Metrics.Streams.With(c.opts.Group).Set(1)
+		if !c.routed() {
+			c.opts.Metrics.Streams.With(c.opts.Group).Set(1)
+		}
 	}
 	c.setStatus(func(st *Status) {
 		st.Connected, st.LastResponse, st.Server = true, time.Now(), c.servers[s.server].name

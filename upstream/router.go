@@ -24,6 +24,7 @@ type Router struct {
 	// Read-only after NewRouter.
 	routes     *Routes
 	members    []Source // by route index; 0 is the default
+	metrics    *Metrics // the group series, which the relay sets from Status
 	unroutable *metrics.Vec
 	log        *slog.Logger
 	logLimit   *rate.Sometimes // unroutable names are logged at most once a second
@@ -31,9 +32,9 @@ type Router struct {
 
 // NewRouter returns a source that routes names among members, in the
 // order of routes (member 0 is the default upstream).
-func NewRouter(routes *Routes, members []Source, reg *metrics.Registry, logger *slog.Logger) (*Router, error) {
-	if routes == nil || len(members) != routes.Len() {
-		return nil, errors.New("upstream: NewRouter needs one source per route")
+func NewRouter(routes *Routes, members []Source, m *Metrics, reg *metrics.Registry, logger *slog.Logger) (*Router, error) {
+	if routes == nil || len(members) != routes.Len() || m == nil {
+		return nil, errors.New("upstream: NewRouter needs one source per route, and the upstream metrics")
 	}
 	if logger == nil {
 		logger = slog.Default()
@@ -41,6 +42,7 @@ func NewRouter(routes *Routes, members []Source, reg *metrics.Registry, logger *
 	return &Router{
 		routes:  routes,
 		members: members,
+		metrics: m,
 		unroutable: reg.Counter("xdsrelay_unroutable_names_total",
 			"xdstp names clients asked for whose authority no upstream lists: reported as not existing, asked of no control plane.", "type"),
 		log:      logger.With("component", "router"),
@@ -109,6 +111,8 @@ type member struct {
 // Run splits the group's interest among the upstreams until ctx is done,
 // then stops every member feed and waits for it.
 func (f *routedFeed) Run(ctx context.Context) {
+	defer f.r.metrics.Streams.Delete(f.g.Key)
+	defer f.r.metrics.Reconnects.Delete(f.g.Key)
 	defer f.stopAll()
 	f.dispatch(ctx, nil, true)
 	for {
