@@ -11,6 +11,7 @@ import (
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
@@ -165,17 +166,59 @@ func TestReconnectStorm(t *testing.T) {
 	}
 }
 
-// Several control planes: with the first address refusing connections the
-// relay is served by the next one (upstream.addresses, gRPC pick_first).
+// Fallback and return (gRFC A71): with the primary refusing connections at
+// start, clients are served from the secondary (upstream.addresses); once
+// the primary is up, the group moves back to it within
+// upstream.fallback_recheck and clients get the primary's version with no
+// removal in between; the secondary's stream is then closed.
 func TestUpstreamFailover(t *testing.T) {
-	dead := testcp.Start(t)
-	dead.Stop() // its address now refuses connections
-	cp := testcp.Start(t)
-	cp.Set(t, "c1", "1", testcp.Cluster("x"))
-	r := startRelay(t, dead.Addr, fastReconnect, func(c *Config) { c.Upstream.Addresses = []string{cp.Addr} })
+	primary := testcp.Start(t)
+	changed := testcp.Cluster("x")
+	changed.ConnectTimeout = durationpb.New(7 * time.Second) // another version of x
+	primary.Set(t, "c1", "2", changed, testcp.Cluster("only-primary"))
+	primary.Stop() // its address now refuses connections
+	secondary := testcp.Start(t)
+	secondary.Set(t, "c1", "1", testcp.Cluster("x"), testcp.Cluster("only-secondary"))
+	r := startRelay(t, primary.Addr, fastReconnect, func(c *Config) {
+		c.Upstream.Addresses = []string{secondary.Addr}
+		c.Upstream.FallbackRecheck = 200 * time.Millisecond
+	})
 	s := openDelta(t, r.Addr())
-	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType})
-	if got := deltaNames(s.recv()); !slices.Equal(got, []string{"x"}) {
-		t.Fatalf("through the second control plane: %v", got)
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType,
+		ResourceNamesSubscribe: []string{"x", "only-primary", "only-secondary"}})
+	got := map[string]string{}
+	ack := func(resp *discoverypb.DeltaDiscoveryResponse) {
+		if len(resp.GetRemovedResources()) > 0 && !slices.Equal(resp.GetRemovedResources(), []string{"only-secondary"}) {
+			t.Fatalf("a removal the primary did not make: %v", resp.GetRemovedResources())
+		}
+		for _, res := range resp.GetResources() {
+			got[res.GetName()] = res.GetVersion()
+		}
+		s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()})
+	}
+	for got["x"] == "" || got["only-secondary"] == "" {
+		ack(s.recv())
+	}
+	if m := getMetrics(t, r); !strings.Contains(m, fmt.Sprintf(`xdsrelay_upstream_server{server=%q,upstream="default"} 1`, secondary.Addr)) ||
+		!strings.Contains(m, `xdsrelay_upstream_fallbacks_total{upstream="default"} 1`) {
+		t.Fatalf("/metrics does not show the fallback:\n%s", m)
+	}
+	fromSecondary := got["x"]
+
+	primary.Restart()
+	deadline := time.Now().Add(wait)
+	for got["x"] == fromSecondary || got["only-primary"] == "" {
+		if time.Now().After(deadline) {
+			t.Fatalf("never got the primary's resources: %v", got)
+		}
+		ack(s.recv())
+	}
+	eventually(t, "the group to use the primary again", func() bool {
+		m := getMetrics(t, r)
+		return strings.Contains(m, fmt.Sprintf(`xdsrelay_upstream_server{server=%q,upstream="default"} 1`, primary.Addr)) &&
+			strings.Contains(m, fmt.Sprintf(`xdsrelay_upstream_server{server=%q,upstream="default"} 0`, secondary.Addr))
+	})
+	if d := readyz(t, r); !strings.Contains(d, "server "+primary.Addr+", connected") {
+		t.Errorf("/readyz does not show the primary in use:\n%s", d)
 	}
 }
