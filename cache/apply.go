@@ -50,7 +50,7 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 	for _, r := range ch.Upserts {
 		c.putLocked(t, typeURL, r, o)
 	}
-	for _, n := range ch.Removed {
+	for _, n := range c.guardLocked(t, typeURL, ch.Removed, o) {
 		e := t.entries[n]
 		if e == nil || e.absent {
 			continue
@@ -80,6 +80,7 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 	}
 	c.mu.Unlock()
 	o.wake()
+	c.tellGuard(o)
 }
 
 // op is one change of the cache, made under its lock: each type it touches
@@ -91,6 +92,7 @@ type op struct {
 	touched map[string]*typeState          // type → its state, to bump once
 	names   map[string]map[*Watch][]string // type → watcher → names
 	beats   map[string]map[*Watch][]string // type → watcher → heartbeats
+	guard   []GuardEvent                   // holds started or ended, told after the lock
 }
 
 func (c *Cache) beginLocked() *op { return &op{} }
@@ -174,13 +176,15 @@ func (o *op) wake() {
 	}
 }
 
-// setLocked sets e's resource, keeping the count of present resources.
-func (c *Cache) setLocked(e *entry, r *Resource) {
+// setLocked sets e's resource, keeping the counts of present resources.
+func (c *Cache) setLocked(t *typeState, e *entry, r *Resource) {
 	switch {
 	case e.res == nil && r != nil:
 		c.size++
+		t.present++
 	case e.res != nil && r == nil:
 		c.size--
+		t.present--
 	}
 	e.res = r
 }
@@ -196,10 +200,11 @@ func (c *Cache) putLocked(t *typeState, typeURL string, r *Resource, o *op) {
 		t.entries[r.Name] = e
 	}
 	c.aliasLocked(t, typeURL, r, o)
+	c.resentLocked(t, typeURL, r.Name, o)
 	if e.res != nil && e.res.Version == r.Version && string(e.res.Wire) == string(r.Wire) {
 		return
 	}
-	c.setLocked(e, r)
+	c.setLocked(t, e, r)
 	e.absent, e.hb, e.err = false, nil, nil
 	t.expireAt(r.Name, e, r.TTL, c.now)
 	o.change(t, typeURL, r.Name)
@@ -234,7 +239,8 @@ func (c *Cache) removeLocked(t *typeState, typeURL, name string, forget bool, o 
 		return
 	}
 	visible := e.res != nil || (!forget && !e.absent)
-	c.setLocked(e, nil)
+	c.resentLocked(t, typeURL, name, o) // nothing left to remove
+	c.setLocked(t, e, nil)
 	e.hb, e.err = nil, nil
 	t.expireAt(name, e, 0, nil)
 	for a, target := range t.aliases {
@@ -363,6 +369,7 @@ func (c *Cache) Sweep() (empty bool) {
 	empty = true
 	for typeURL, t := range c.types {
 		c.expireLocked(t, typeURL, now, o)
+		c.expireHoldLocked(t, typeURL, now, o)
 		if t.recheck {
 			t.recheck = false
 			for n := range t.entries {
@@ -381,6 +388,7 @@ func (c *Cache) Sweep() (empty bool) {
 	c.finishLocked(o)
 	c.mu.Unlock()
 	o.wake()
+	c.tellGuard(o)
 	return empty
 }
 

@@ -86,6 +86,11 @@ type Options struct {
 	// or retained after their last watcher left); 0 for no bound. Past it,
 	// Watch refuses with a *MaxNamesError.
 	MaxNames int
+	// Guard holds mass removals from upstream; the zero Guard is off.
+	Guard Guard
+	// OnGuard, if set, is told of each hold that starts or ends, after
+	// the cache's lock is released.
+	OnGuard func(GuardEvent)
 }
 
 // MaxNamesError is Watch's error when the watch would make the group want
@@ -110,6 +115,8 @@ type Cache struct {
 
 	max      int
 	maxNames int
+	guard    Guard
+	onGuard  func(GuardEvent)
 
 	mu        sync.RWMutex
 	seq       uint64                            // guarded by mu
@@ -148,6 +155,10 @@ type typeState struct {
 	synced       bool      // upstream has answered the wildcard subscription
 	received     time.Time // when the latest upstream response that changed the type arrived
 	trace        Trace     // that response's trace; zero if not traced
+
+	present  int       // entries with a resource
+	removals []removal // upstream's removals of present resources within Guard.Window, oldest first
+	hold     *hold     // held removals (Guard); nil if none
 }
 
 type entry struct {
@@ -172,6 +183,8 @@ func New(opts Options) *Cache {
 		now:       opts.Now,
 		max:       opts.MaxResources,
 		maxNames:  opts.MaxNames,
+		guard:     opts.Guard,
+		onGuard:   opts.OnGuard,
 		interest:  make(chan struct{}, 1),
 		types:     make(map[string]*typeState),
 		idle:      idle,

@@ -58,7 +58,7 @@ var (
 
 // Feed returns what fills the group's cache from the upstreams.
 func (r *Router) Feed(g Group) (Feed, error) {
-	f := &routedFeed{r: r, g: g, members: make([]*member, r.routes.Len())}
+	f := &routedFeed{r: r, g: g, members: make([]*member, r.routes.Len()), unroutableWanted: map[string]map[string]struct{}{}}
 	for i := range f.members {
 		f.members[i] = &member{view: newView()}
 	}
@@ -96,6 +96,9 @@ type routedFeed struct {
 
 	mu      sync.Mutex
 	running []*member // guarded by mu; in route order
+
+	// Owned by Run.
+	unroutableWanted map[string]map[string]struct{} // type → unroutable names in the interest, reported once
 }
 
 // member is one upstream of a group.
@@ -130,7 +133,9 @@ func (f *routedFeed) Run(ctx context.Context) {
 // whole interest), reports unroutable names as not existing, and starts or
 // stops the member feeds.
 func (f *routedFeed) dispatch(ctx context.Context, changes map[string]map[string]bool, all bool) {
+	var before map[string]map[string]struct{} // reported before this full read
 	if all {
+		before, f.unroutableWanted = f.unroutableWanted, map[string]map[string]struct{}{}
 		changes = map[string]map[string]bool{}
 		for typeURL, in := range f.g.Cache.Interest() {
 			m := make(map[string]bool, len(in.Names)+1)
@@ -151,7 +156,7 @@ func (f *routedFeed) dispatch(ctx context.Context, changes map[string]map[string
 		for n, wanted := range names {
 			i := f.r.routes.Of(typeURL, n)
 			if i == Unroutable {
-				if wanted {
+				if f.noteUnroutable(typeURL, n, wanted, before) {
 					missing = append(missing, n)
 				}
 				continue
@@ -171,6 +176,27 @@ func (f *routedFeed) dispatch(ctx context.Context, changes map[string]map[string
 			f.stop(i)
 		}
 	}
+}
+
+// noteUnroutable records that an unroutable name entered or left the
+// interest, and tells whether it is new there: a full read repeats what the
+// interest log may hold too, and before is what was reported until then.
+func (f *routedFeed) noteUnroutable(typeURL, name string, wanted bool, before map[string]map[string]struct{}) bool {
+	names := f.unroutableWanted[typeURL]
+	if !wanted {
+		delete(names, name)
+		return false
+	}
+	if _, ok := names[name]; ok {
+		return false
+	}
+	if names == nil {
+		names = map[string]struct{}{}
+		f.unroutableWanted[typeURL] = names
+	}
+	names[name] = struct{}{}
+	_, reported := before[typeURL][name]
+	return !reported
 }
 
 // unroutable reports xdstp names whose authority no upstream lists as not
