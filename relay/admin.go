@@ -127,6 +127,7 @@ func (r *Relay) readyDetail(w io.Writer) {
 			}
 			fmt.Fprintf(w, "  upstream %q: server %s, %s\n", u.Upstream, u.Server, state)
 		}
+		guardDetail(w, g.cache)
 	}
 	for _, line := range r.persistHealth.detail() {
 		fmt.Fprintln(w, line)
@@ -137,13 +138,19 @@ func (r *Relay) readyDetail(w io.Writer) {
 // file name.
 func (r *Relay) readySummary() string {
 	parts := []string{"ready"}
-	down, invalid := 0, false
+	down, invalid, held := 0, false, 0
 	for _, g := range r.snapshotGroups() {
 		s := g.status()
 		if !s.Connected {
 			down++
 		}
 		invalid = invalid || s.Invalid != ""
+		if len(g.cache.Holds()) > 0 {
+			held++
+		}
+	}
+	if held > 0 {
+		parts = append(parts, fmt.Sprintf("degraded: the guard holds removals from the control plane in %d %s", held, plural(held, "group", "groups")))
 	}
 	if down > 0 {
 		parts = append(parts, fmt.Sprintf("%d %s with upstream down, serving from cache", down, plural(down, "group", "groups")))

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/creds"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/upstream"
@@ -104,6 +105,21 @@ type Config struct {
 		// subscription is reported to incremental clients as not existing
 		// ("Knowing When a Requested Resource Does Not Exist"); 0 disables.
 		NotFoundTimeout time.Duration
+	}
+	// Guard is guard.*: the mass-removal guard ("Protecting the fleet").
+	Guard struct {
+		// MaxRemovedFraction is guard.max_removed_fraction: upstream
+		// removing more than this fraction of a group's resources of one
+		// type within Window is held; 0 turns the guard off.
+		MaxRemovedFraction float64
+		// MinResources is guard.min_resources: a type holding fewer is
+		// never held.
+		MinResources int
+		// Window is guard.window: how far back removals add up.
+		Window time.Duration
+		// Hold is guard.hold: how long a hold lasts before its removals
+		// are applied; 0 holds until released.
+		Hold time.Duration
 	}
 	// Limits are the bounds on what clients may make the relay hold
 	// ("Every bound is explicit" in DESIGN.md): each refused with
@@ -253,6 +269,10 @@ func Default() Config {
 	c.Cache.MaxResources = 100000
 	c.Cache.NotFoundTimeout = 15 * time.Second
 	c.ShutdownTimeout = 10 * time.Second
+	c.Guard.MaxRemovedFraction = 0.5
+	c.Guard.MinResources = 10
+	c.Guard.Window = 10 * time.Second
+	c.Guard.Hold = 10 * time.Minute
 	c.Limits.MaxGroups = 1000
 	c.Limits.MaxNamesPerStream = 100000
 	c.Limits.MaxNamesPerGroup = 1000000
@@ -328,6 +348,9 @@ func (c *Config) Validate() error {
 		if c.Cache.PersistMaxBytes < 64<<10 {
 			return fmt.Errorf("cache.persist_max_bytes: %d is below 64 KiB", c.Cache.PersistMaxBytes)
 		}
+	}
+	if err := c.validateGuard(); err != nil {
+		return err
 	}
 	if c.ShutdownTimeout <= 0 {
 		return fmt.Errorf("shutdown_timeout: must be positive, got %s", c.ShutdownTimeout)
@@ -468,4 +491,26 @@ func (u *UpstreamConfig) validate(prefix string, groupBy []string) error {
 		return fmt.Errorf("%snode.id: %w", prefix, err)
 	}
 	return nil
+}
+
+// validateGuard checks the guard.* keys.
+func (c *Config) validateGuard() error {
+	g := &c.Guard
+	switch {
+	case g.MaxRemovedFraction < 0 || g.MaxRemovedFraction > 1 || math.IsNaN(g.MaxRemovedFraction):
+		return fmt.Errorf("guard.max_removed_fraction: %v is not between 0 and 1 (0 turns the guard off)", g.MaxRemovedFraction)
+	case g.MinResources < 0:
+		return fmt.Errorf("guard.min_resources: must not be negative, got %d", g.MinResources)
+	case g.MaxRemovedFraction > 0 && g.Window <= 0:
+		return fmt.Errorf("guard.window: must be positive with the guard on, got %s", g.Window)
+	case g.Hold < 0:
+		return fmt.Errorf("guard.hold: must not be negative (0 holds until released), got %s", g.Hold)
+	}
+	return nil
+}
+
+// cacheGuard is the guard the groups' caches apply.
+func (c *Config) cacheGuard() cache.Guard {
+	return cache.Guard{MaxRemovedFraction: c.Guard.MaxRemovedFraction, MinResources: c.Guard.MinResources,
+		Window: c.Guard.Window, Hold: c.Guard.Hold}
 }

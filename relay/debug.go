@@ -34,6 +34,7 @@ func (r *Relay) debugRoutes(mux *http.ServeMux, loopback bool) {
 	mux.HandleFunc("GET /debug/clients", only(r.debugClients))
 	mux.HandleFunc("GET /debug/groups", only(r.debugGroups))
 	mux.HandleFunc("GET /debug/cache", only(r.debugCache))
+	mux.HandleFunc("POST /debug/guard/release", only(r.guardRelease))
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
@@ -103,6 +104,7 @@ type debugUpstream struct {
 type debugGroup struct {
 	Key          string           `json:"key"`
 	Upstreams    []debugUpstream  `json:"upstreams"`
+	Holds        []debugHold      `json:"guard_holds"` // removals held by the guard
 	Connected    bool             `json:"upstream_connected"`
 	LastError    string           `json:"upstream_last_error,omitempty"`
 	Invalid      string           `json:"invalid,omitempty"`
@@ -122,6 +124,7 @@ func (r *Relay) debugGroups(w http.ResponseWriter, _ *http.Request) {
 		if !s.LastResponse.IsZero() {
 			dg.LastResponse = &s.LastResponse
 		}
+		dg.Holds = holdsOf(g.cache)
 		dg.Upstreams = []debugUpstream{}
 		for _, u := range upstreamsOf(s) {
 			du := debugUpstream{Name: u.Upstream, Server: u.Server, Connected: u.Connected, LastError: u.LastError}

@@ -55,6 +55,7 @@ type Relay struct {
 	synced   atomic.Bool // something to serve (admin.ready_after_sync; see hasSynced)
 	restored atomic.Bool // a saved cache loaded (cache.persist_dir)
 
+	guardM        guardMetrics
 	persistHealth *persistHealth
 	adminTLS      *tls.Config // nil without admin.tls
 
@@ -110,6 +111,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	r.registerGroupMetrics()
 	r.registerCertMetrics()
 	r.registerServerMetrics()
+	r.guardM = newGuardMetrics(r.metrics)
 	r.persistHealth = newPersistHealth(r.metrics)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	ok := false
@@ -442,7 +444,9 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 		key:    key,
 		node:   groupNode(&r.cfg, r.host, key, client),
 		fields: keyNode(r.cfg.Upstream.GroupBy, client),
-		cache:  cache.New(cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources, MaxNames: r.cfg.Limits.MaxNamesPerGroup}),
+		cache: cache.New(cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources,
+			MaxNames: r.cfg.Limits.MaxNamesPerGroup, Guard: r.cfg.cacheGuard(),
+			OnGuard: func(ev cache.GuardEvent) { r.guardEvent(key, ev) }}),
 		cancel: cancel,
 	}
 	if saved != nil {

@@ -1,0 +1,103 @@
+package relay
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/metrics"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// The mass-removal guard's side in the relay ("Protecting the fleet" in the
+// README): the caches hold the removals (cache.Guard); the relay logs and
+// counts each hold, shows it on /readyz and /debug/groups, and releases it
+// on an operator's word (POST /debug/guard/release).
+
+// guardMetrics count holds and their ends.
+type guardMetrics struct {
+	holds *metrics.Vec // by type
+	ends  *metrics.Vec // by type, reason
+}
+
+func newGuardMetrics(reg *metrics.Registry) guardMetrics {
+	return guardMetrics{
+		holds: reg.Counter("xdsrelay_guard_holds_total", "Mass removals from the control plane held by the guard (guard.max_removed_fraction): clients kept the resources.", "type"),
+		ends:  reg.Counter("xdsrelay_guard_hold_ends_total", "Guard holds that ended, by reason: released (an operator), resent (nothing left to remove: the control plane sent the resources again), expired (guard.hold passed; the removals were applied).", "type", "reason"),
+	}
+}
+
+// guardEvent logs and counts a hold starting or ending in group key.
+func (r *Relay) guardEvent(key string, ev cache.GuardEvent) {
+	short := xds.ShortName(ev.TypeURL)
+	if ev.End == "" {
+		r.guardM.holds.With(short).Inc()
+		r.log.Error("guard: the control plane removed most of a type; the removals are HELD and clients keep the resources",
+			"group", xds.Clip(key), "type", short, "held", ev.Held, "removed_in_window", ev.Removed, "of", ev.Base,
+			"first", xds.Clip(ev.First), "guard.max_removed_fraction", r.cfg.Guard.MaxRemovedFraction,
+			"release", "POST /debug/guard/release on the admin endpoint, or xdsrelay guard release")
+		return
+	}
+	r.guardM.ends.With(short, ev.End).Inc()
+	r.log.Warn("guard: hold ended", "group", xds.Clip(key), "type", short, "reason", ev.End,
+		"removals_applied", len(ev.Applied))
+}
+
+// guardRelease serves POST /debug/guard/release[?group=G][&type=T]: the
+// holds of one group or all, of one type or all, end and their removals
+// are applied.
+func (r *Relay) guardRelease(w http.ResponseWriter, req *http.Request) {
+	q := req.URL.Query()
+	key, typeName := q.Get("group"), q.Get("type")
+	typeURL := ""
+	if typeName != "" {
+		var ok bool
+		if typeURL, ok = xds.TypeNamed(typeName); !ok {
+			http.Error(w, fmt.Sprintf("xdsrelay: type %q: a REST short name (clusters, endpoints, ...) or a type URL is required", typeName), http.StatusBadRequest)
+			return
+		}
+	}
+	groups := r.snapshotGroups()
+	if key != "" {
+		c := r.cacheOf(key)
+		if c == nil {
+			http.Error(w, fmt.Sprintf("xdsrelay: no group %q (see /debug/groups)", key), http.StatusNotFound)
+			return
+		}
+		groups = []*group{{key: key, cache: c}}
+	}
+	out := []debugHold{}
+	for _, g := range groups {
+		for _, h := range g.cache.ReleaseHolds(typeURL) {
+			out = append(out, debugHold{Group: g.key, Type: h.TypeURL, Since: h.Since, Names: len(h.Names)})
+		}
+	}
+	r.log.Warn("guard: holds released by an operator", "group", xds.Clip(key), "type", typeName, "holds", len(out))
+	writeJSON(w, out)
+}
+
+// debugHold is one type's held removals in a group.
+type debugHold struct {
+	Group string    `json:"group,omitempty"`
+	Type  string    `json:"type"`
+	Since time.Time `json:"since"`
+	Names int       `json:"names"` // removals held
+}
+
+func holdsOf(c *cache.Cache) []debugHold {
+	out := []debugHold{}
+	for _, h := range c.Holds() {
+		out = append(out, debugHold{Type: h.TypeURL, Since: h.Since, Names: len(h.Names)})
+	}
+	return out
+}
+
+// guardDetail writes a group's holds for the private /readyz.
+func guardDetail(w io.Writer, c *cache.Cache) {
+	for _, h := range c.Holds() {
+		fmt.Fprintf(w, "  DEGRADED: guard holding %d removals of %s since %s (release: POST /debug/guard/release)\n",
+			len(h.Names), xds.ShortName(h.TypeURL), h.Since.UTC().Format(time.RFC3339))
+	}
+}
