@@ -53,6 +53,9 @@ type session struct {
 	synced   bool // the first sync, of the whole interest, is done
 	notFound notFound
 	pending  *discoverypb.DeltaDiscoveryResponse // received by a probe, not yet handled
+	// probe: the session proves a server reachable (see try), so each
+	// type's resume leaves one cached name out for the server to answer.
+	probe bool
 }
 
 // close ends the stream and waits for its receiver; nil is closed.
@@ -195,6 +198,9 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 	if first {
 		ch.versions = s.c.opts.Cache.Versions(typeURL)
 		maps.DeleteFunc(ch.versions, func(n, _ string) bool { return !s.c.owns(typeURL, n) })
+		if s.probe {
+			leaveOneOut(ch.versions, in.Names)
+		}
 	}
 	slices.Sort(ch.unsubscribe)
 	return s.sendChange(ch, sub)
@@ -384,4 +390,16 @@ func duplicates(r *discoverypb.DeltaDiscoveryResponse) nackReasons {
 		p.add(fmt.Sprintf("resource %q appears more than once in the response", xds.Clip(n)))
 	}
 	return p
+}
+
+// leaveOneOut drops from a resume's versions the first of names it holds: a
+// server that has nothing new sends no response to a resume ("Incremental
+// reconnect example"), but must send a subscribed name the client lacks.
+func leaveOneOut(versions map[string]string, names []string) {
+	for _, n := range names { // sorted (cache.Interest)
+		if _, ok := versions[n]; ok {
+			delete(versions, n)
+			return
+		}
+	}
 }

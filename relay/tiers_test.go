@@ -1,0 +1,220 @@
+package relay
+
+import (
+	"net"
+	"testing"
+	"time"
+
+	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+)
+
+// tierRecheck is upstream.fallback_recheck in these tests.
+const tierRecheck = 300 * time.Millisecond
+
+// tierFallback gives a relay fallback servers after its upstream.address,
+// with a fast reconnect and a short recheck.
+func tierFallback(addrs ...string) func(*Config) {
+	return func(c *Config) {
+		fastReconnect(c)
+		c.Upstream.Addresses = addrs
+		c.Upstream.FallbackRecheck = tierRecheck
+	}
+}
+
+// tierCluster is cluster name with a connect timeout of seconds.
+func tierCluster(name string, seconds int64) *clusterpb.Cluster {
+	c := testcp.Cluster(name)
+	c.ConnectTimeout.Seconds = seconds
+	return c
+}
+
+// tierRecvCluster receives on s until cluster name arrives with a connect
+// timeout of seconds, within bound; no response on the way may remove
+// anything.
+func tierRecvCluster(t *testing.T, s *deltaStream, name string, seconds int64, bound time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for {
+		resp := s.recvWithin(time.Until(deadline))
+		if rm := resp.GetRemovedResources(); len(rm) > 0 {
+			t.Fatalf("the client was told %v were removed", rm)
+		}
+		for _, r := range resp.GetResources() {
+			c := &clusterpb.Cluster{}
+			if err := r.GetResource().UnmarshalTo(c); err != nil {
+				t.Fatal(err)
+			}
+			if r.GetName() == name && c.GetConnectTimeout().GetSeconds() == seconds {
+				return
+			}
+		}
+	}
+}
+
+// tierServer is the server the relay's only group uses, as /metrics and
+// /debug/groups both say; "" while they disagree or there is no group.
+func tierServer(t *testing.T, r *Relay, servers ...string) string {
+	t.Helper()
+	var groups []debugGroup
+	getJSON(t, r, "/debug/groups", &groups)
+	if len(groups) != 1 || len(groups[0].Upstreams) != 1 {
+		return ""
+	}
+	debug := groups[0].Upstreams[0].Server
+	mfs := scrape(t, r)
+	inUse := ""
+	for _, s := range servers {
+		if value(mfs, "xdsrelay_upstream_server", map[string]string{"upstream": "default", "server": s}) == 1 {
+			if inUse != "" {
+				return "" // two servers in use
+			}
+			inUse = s
+		}
+	}
+	if inUse != debug {
+		return ""
+	}
+	return inUse
+}
+
+// tierWithin polls cond until it holds, failing the test after bound.
+func tierWithin(t *testing.T, bound time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", bound, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// tierHolds fails the test if cond stops holding within d.
+func tierHolds(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(d); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if !cond() {
+			t.Fatalf("%s stopped holding", what)
+		}
+	}
+}
+
+// tierRestart starts a relay in front of upstream listening on addr, the
+// address of a relay that was shut down.
+func tierRestart(t *testing.T, addr, upstream string, mutate ...func(*Config)) *Relay {
+	t.Helper()
+	eventually(t, addr+" to be free again", func() bool {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return false
+		}
+		ln.Close()
+		return true
+	})
+	return startRelay(t, upstream, append(mutate, func(c *Config) { c.Downstream.Address = addr })...)
+}
+
+func tierFallbacks(t *testing.T, r *Relay) float64 {
+	t.Helper()
+	return value(scrape(t, r), "xdsrelay_upstream_fallbacks_total", map[string]string{"upstream": "default"})
+}
+
+// Relays in tiers fail over (gRFC A71): a zone relay in front of two
+// regional relays stays on the first while its cache holds what clients
+// want, moves to the second when a client asks for something not cached,
+// and moves back once the first answers again. Its clients keep their
+// stream and never lose a resource.
+func TestRelayTiersFailOver(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", tierCluster("x", 1), tierCluster("y", 1))
+	r1 := startRelay(t, cp.Addr, fastReconnect)
+	r2 := startRelay(t, cp.Addr, fastReconnect)
+	r1Addr, r2Addr := r1.Addr(), r2.Addr()
+	z := startRelay(t, r1Addr, tierFallback(r2Addr))
+
+	c := openDelta(t, z.Addr())
+	c.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"x"}})
+	tierRecvCluster(t, c, "x", 1, wait)
+	eventually(t, "the zone relay on R1", func() bool { return tierServer(t, z, r1Addr, r2Addr) == r1Addr })
+
+	// R1 goes away. Everything wanted is cached: the zone relay keeps
+	// trying R1 and its client is undisturbed.
+	shutdown(t, r1)
+	waitMetric(t, z, `xdsrelay_upstream_connected{group="cluster=c1"} 0`)
+	c.quiet(3 * tierRecheck)
+	if n := tierFallbacks(t, z); n != 0 {
+		t.Fatalf("%v fallbacks with everything cached", n)
+	}
+	if s := tierServer(t, z, r1Addr, r2Addr); s != r1Addr {
+		t.Fatalf("with everything cached the zone relay uses %q, want R1 %s", s, r1Addr)
+	}
+
+	// A name not cached: the zone relay falls back to R2, which serves it.
+	c.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"y"}})
+	tierRecvCluster(t, c, "y", 1, wait)
+	if n := tierFallbacks(t, z); n < 1 {
+		t.Errorf("xdsrelay_upstream_fallbacks_total %v, want ≥ 1", n)
+	}
+	eventually(t, "the zone relay on R2", func() bool { return tierServer(t, z, r1Addr, r2Addr) == r2Addr })
+
+	// R1 comes back on its address and the control plane changes x: the
+	// client gets the change and the zone relay returns to R1.
+	tierRestart(t, r1Addr, cp.Addr, fastReconnect)
+	cp.Set(t, "c1", "2", tierCluster("x", 42), tierCluster("y", 1))
+	tierRecvCluster(t, c, "x", 42, wait)
+	tierWithin(t, tierRecheck+3*time.Second, "the zone relay back on R1", func() bool {
+		return tierServer(t, z, r1Addr, r2Addr) == r1Addr
+	})
+	c.quiet(2 * tierRecheck) // the move back re-sends and removes nothing
+}
+
+// A warm cache opens no stream to the fallback server (gRFC A71): with the
+// primary down and everything wanted cached, the secondary is left alone;
+// a name not cached moves the stream there; the primary, back with a
+// change, takes over within a recheck and the secondary's stream is closed.
+func TestFallbackWarmCacheOpensNoStream(t *testing.T) {
+	p, s := testcp.Start(t), testcp.Start(t)
+	p.Set(t, "c1", "1", tierCluster("x", 1))
+	s.Set(t, "c1", "1", tierCluster("x", 1), tierCluster("y", 1))
+	r := startRelay(t, p.Addr, tierFallback(s.Addr))
+
+	c := openDelta(t, r.Addr())
+	c.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"x"}})
+	tierRecvCluster(t, c, "x", 1, wait)
+
+	p.Stop()
+	waitMetric(t, r, `xdsrelay_upstream_connected{group="cluster=c1"} 0`)
+	reconnects := func() float64 {
+		return value(scrape(t, r), "xdsrelay_upstream_reconnects_total", map[string]string{"group": "cluster=c1"})
+	}
+	before := reconnects()
+	tierHolds(t, time.Second, "no stream to the secondary", func() bool { return s.DeltaStreams.Load() == 0 })
+	if n := reconnects() - before; n < 3 {
+		t.Fatalf("%v reconnects in a second, want several: the window proves nothing", n)
+	}
+	c.quiet(10 * time.Millisecond) // nothing arrived meanwhile
+
+	c.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"y"}})
+	tierRecvCluster(t, c, "y", 1, wait)
+	if n := s.DeltaStreams.Load(); n < 1 {
+		t.Fatalf("y came with %d streams to the secondary", n)
+	}
+	watched := func() int { // the secondary's open delta watches for the group
+		if info := s.Cache.GetStatusInfo("c1"); info != nil {
+			return info.GetNumDeltaWatches()
+		}
+		return 0
+	}
+	eventually(t, "the secondary to watch for the relay", func() bool { return watched() > 0 })
+
+	p.Set(t, "c1", "2", tierCluster("x", 42), tierCluster("y", 1))
+	p.Restart()
+	tierRecvCluster(t, c, "x", 42, tierRecheck+3*time.Second)
+	eventually(t, "the relay on the primary", func() bool { return tierServer(t, r, p.Addr, s.Addr) == p.Addr })
+	eventually(t, "the secondary's stream to close", func() bool { return watched() == 0 })
+	c.quiet(2 * tierRecheck)
+}
