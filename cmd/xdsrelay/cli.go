@@ -112,7 +112,7 @@ func newRootCmd(environ []string) *cobra.Command {
 	root.Flags().StringVar(&config, "config", "", "read the configuration from `FILE` (YAML); without it, defaults and the environment only")
 	root.Flags().BoolVar(&showVersion, "version", false, "print the version and exit")
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError{cmd, err} })
-	root.AddCommand(newServeCmd(environ), newValidateCmd(environ), newStatusCmd(), newWatchCmd(), newPersistCmd())
+	root.AddCommand(newServeCmd(environ), newValidateCmd(environ), newStatusCmd(), newWatchCmd(), newPersistCmd(), newGuardCmd())
 	defaultHelp := root.HelpFunc()
 	root.SetHelpFunc(func(cmd *cobra.Command, args []string) {
 		if cmd == root || cmd.Name() == "serve" {
