@@ -47,6 +47,12 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 	c.mu.Lock()
 	o := c.beginLocked()
 	t := c.typeLocked(typeURL)
+	rolling := c.rollout.on()
+	var prev map[string]released
+	prevState, wasSynced := t.state, t.synced
+	if rolling {
+		prev = c.stageLocked(t, ch)
+	}
 	for _, r := range ch.Upserts {
 		c.putLocked(t, typeURL, r, o)
 	}
@@ -55,8 +61,8 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 		if e == nil || e.absent {
 			continue
 		}
-		// Only the wildcard held it: forget it entirely.
-		forget := !e.wanted && e.res != nil && t.wantWildcard
+		// Only the wildcard held it: forget it entirely, once released.
+		forget := !e.wanted && e.res != nil && t.wantWildcard && !rolling
 		c.removeLocked(t, typeURL, n, forget, o)
 	}
 	c.beatLocked(t, typeURL, ch.Heartbeats, o)
@@ -65,6 +71,10 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 		t.synced = true
 		o.change(t, typeURL)
 	}
+	var staged *change
+	if rolling {
+		staged = c.gateLocked(t, typeURL, prev, prevState, wasSynced, o)
+	}
 	if c.evictLocked(o) {
 		c.signalInterest()
 	}
@@ -72,6 +82,13 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 	// changed it: not of a heartbeat, nor of an eviction in another type.
 	_, changed := o.touched[typeURL]
 	c.finishLocked(o)
+	if staged != nil {
+		c.canaryMarksLocked(t, typeURL, staged, o)
+		c.queueLocked(staged, o)
+	}
+	if rolling {
+		c.advanceLocked(c.now(), o)
+	}
 	if changed {
 		t.received, t.trace = ch.Received, ch.Trace
 		if t.received.IsZero() {
@@ -80,7 +97,7 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 	}
 	c.mu.Unlock()
 	o.wake()
-	c.tellGuard(o)
+	c.tell(o)
 }
 
 // op is one change of the cache, made under its lock: each type it touches
@@ -93,6 +110,7 @@ type op struct {
 	names   map[string]map[*Watch][]string // type → watcher → names
 	beats   map[string]map[*Watch][]string // type → watcher → heartbeats
 	guard   []GuardEvent                   // holds started or ended, told after the lock
+	rollout []RolloutEvent                 // rollout steps, told after the lock
 }
 
 func (c *Cache) beginLocked() *op { return &op{} }
@@ -253,6 +271,11 @@ func (c *Cache) removeLocked(t *typeState, typeURL, name string, forget bool, o 
 			o.markWatchers(ae, typeURL, a)
 		}
 	}
+	if forget && e.rel != nil {
+		e.rel = nil // gone for everyone
+		t.held--
+		t.relState = nil
+	}
 	if forget {
 		delete(t.entries, name)
 		c.idle.Remove(idleKey{typeURL: typeURL, name: name})
@@ -367,6 +390,9 @@ func (c *Cache) Sweep() (empty bool) {
 	now := c.now()
 	changed := c.retireLocked(now, o)
 	empty = true
+	if len(c.changes) > 0 {
+		c.advanceLocked(now, o) // changes whose bake time passed
+	}
 	for typeURL, t := range c.types {
 		c.expireLocked(t, typeURL, now, o)
 		c.expireHoldLocked(t, typeURL, now, o)
@@ -388,7 +414,7 @@ func (c *Cache) Sweep() (empty bool) {
 	c.finishLocked(o)
 	c.mu.Unlock()
 	o.wake()
-	c.tellGuard(o)
+	c.tell(o)
 	return empty
 }
 

@@ -91,6 +91,12 @@ type Options struct {
 	// OnGuard, if set, is told of each hold that starts or ends, after
 	// the cache's lock is released.
 	OnGuard func(GuardEvent)
+	// Rollout sends changes to canary watches first; the zero Rollout is
+	// off.
+	Rollout Rollout
+	// OnRollout, if set, is told of each rollout step, after the cache's
+	// lock is released.
+	OnRollout func(RolloutEvent)
 }
 
 // MaxNamesError is Watch's error when the watch would make the group want
@@ -113,10 +119,12 @@ type Cache struct {
 	now       func() time.Time
 	interest  chan struct{} // capacity 1: the union of interests changed
 
-	max      int
-	maxNames int
-	guard    Guard
-	onGuard  func(GuardEvent)
+	max       int
+	maxNames  int
+	guard     Guard
+	onGuard   func(GuardEvent)
+	rollout   Rollout
+	onRollout func(RolloutEvent)
 
 	mu        sync.RWMutex
 	seq       uint64                            // guarded by mu
@@ -128,7 +136,8 @@ type Cache struct {
 	ilog     map[string]map[string]bool
 	ilogLen  int
 	ilogFull bool
-	wanted   int // names with entry.wanted set; guarded by mu
+	wanted   int       // names with entry.wanted set; guarded by mu
+	changes  []*change // changes waiting for release (Rollout), oldest first; guarded by mu
 }
 
 // idleKey names what may be evicted: a retained name, or a type's retained
@@ -159,6 +168,15 @@ type typeState struct {
 	present  int       // entries with a resource
 	removals []removal // upstream's removals of present resources within Guard.Window, oldest first
 	hold     *hold     // held removals (Guard); nil if none
+
+	// The rollout (Rollout): what all but the canaries read while changes
+	// of the type are pending.
+	held       int                 // entries with rel set: 0 when everyone reads the same
+	relVersion uint64              // the released version, while held > 0
+	relState   *State              // the released complete state, built on demand
+	watches    map[*Watch]struct{} // watches registered for the type
+	canaries   map[*Watch]struct{} // the lowest-ranked of them
+	maxCanary  uint64              // the highest rank among the canaries
 }
 
 type entry struct {
@@ -170,6 +188,7 @@ type entry struct {
 	watchers watchSet
 	wanted   bool      // explicitly part of the interest
 	idle     time.Time // when the last watcher left, while wanted
+	rel      *released // what all but the canaries read, while a change of it is pending
 }
 
 // New returns an empty cache.
@@ -185,6 +204,8 @@ func New(opts Options) *Cache {
 		maxNames:  opts.MaxNames,
 		guard:     opts.Guard,
 		onGuard:   opts.OnGuard,
+		rollout:   opts.Rollout,
+		onRollout: opts.OnRollout,
 		interest:  make(chan struct{}, 1),
 		types:     make(map[string]*typeState),
 		idle:      idle,
@@ -246,6 +267,7 @@ func (c *Cache) Watch(w *Watch, typeURL string, names ...string) error {
 		}
 		r.names[n] = struct{}{}
 	}
+	c.trackLocked(t, typeURL, w)
 	if changed {
 		c.signalInterest()
 	}
@@ -320,6 +342,7 @@ func (c *Cache) unwatchLocked(w *Watch, typeURL string, names []string) {
 			}
 		}
 	}
+	c.trackLocked(t, typeURL, w)
 }
 
 // WatchWildcard registers w for every resource of typeURL.
@@ -329,6 +352,7 @@ func (c *Cache) WatchWildcard(w *Watch, typeURL string) {
 	t := c.typeLocked(typeURL)
 	t.wildcard[w] = struct{}{}
 	w.regLocked(typeURL).wildcard = true
+	c.trackLocked(t, typeURL, w)
 	c.idle.Remove(idleKey{typeURL: typeURL, wildcard: true})
 	if !t.wantWildcard {
 		t.wantWildcard = true
@@ -352,6 +376,7 @@ func (c *Cache) unwatchWildcardLocked(w *Watch, typeURL string) {
 	if r := w.regs[typeURL]; r != nil {
 		r.wildcard = false
 	}
+	c.trackLocked(t, typeURL, w)
 	if _, ok := t.wildcard[w]; !ok {
 		return
 	}
@@ -365,7 +390,6 @@ func (c *Cache) unwatchWildcardLocked(w *Watch, typeURL string) {
 // Release removes every registration of w.
 func (c *Cache) Release(w *Watch) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	for typeURL, r := range w.regs {
 		if r.wildcard {
 			c.unwatchWildcardLocked(w, typeURL)
@@ -373,22 +397,36 @@ func (c *Cache) Release(w *Watch) {
 		c.unwatchLocked(w, typeURL, slices.Collect(maps.Keys(r.names)))
 	}
 	clear(w.regs)
+	if len(c.changes) == 0 {
+		c.mu.Unlock()
+		return
+	}
+	// A canary that leaves is not waited for.
+	o := c.beginLocked()
+	c.advanceLocked(c.now(), o)
+	c.finishLocked(o)
+	c.mu.Unlock()
+	o.wake()
+	c.tell(o)
 }
 
-// Get looks up names of typeURL.
+// Get looks up names of typeURL as upstream last gave them: with the
+// rollout, the candidate (what the upstream side works from); streams read
+// with Read.
 func (c *Cache) Get(typeURL string, names []string) []Lookup {
 	out := make([]Lookup, len(names))
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	t := c.types[typeURL]
 	for i, n := range names {
-		out[i] = t.lookupLocked(n)
+		out[i] = t.lookupLocked(n, false)
 	}
 	return out
 }
 
-// lookupLocked is the state of one name; t may be nil.
-func (t *typeState) lookupLocked(n string) Lookup {
+// lookupLocked is the state of one name, as released to the group if rel;
+// t may be nil.
+func (t *typeState) lookupLocked(n string, rel bool) Lookup {
 	l := Lookup{Name: n}
 	if t == nil {
 		return l
@@ -399,6 +437,12 @@ func (t *typeState) lookupLocked(n string) Lookup {
 	}
 	if e != nil {
 		l.Resource, l.Absent, l.Heartbeat, l.Error = e.res, e.absent, e.hb, e.err
+		if rel && e.rel != nil {
+			l.Resource, l.Absent = e.rel.res, e.rel.absent
+			if l.Heartbeat != nil && (l.Resource == nil || l.Heartbeat.Version != l.Resource.Version) {
+				l.Heartbeat = nil
+			}
+		}
 	}
 	// Once upstream has answered the wildcard, the complete set of the
 	// type is here: a name that is not is known not to exist ("Knowing
@@ -428,14 +472,20 @@ type View struct {
 }
 
 // Read looks up names of typeURL, and every present resource of it if all,
-// as one consistent view.
+// as one consistent view, as released to the group.
 func (c *Cache) Read(typeURL string, names []string, all bool) View {
+	return c.ReadFor(nil, typeURL, names, all)
+}
+
+// ReadFor is Read for the stream of w: a canary of the type reads the
+// changes that are not released yet (Rollout).
+func (c *Cache) ReadFor(w *Watch, typeURL string, names []string, all bool) View {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	t := c.types[typeURL]
 	if t == nil {
 		names = slices.Compact(slices.Sorted(slices.Values(names)))
-		return View{Lookups: (*typeState)(nil).lookupAllLocked(names)}
+		return View{Lookups: (*typeState)(nil).lookupAllLocked(names, false)}
 	}
 	if all {
 		names = slices.Grow(slices.Clip(names), len(t.entries))
@@ -449,13 +499,18 @@ func (c *Cache) Read(typeURL string, names []string, all bool) View {
 	}
 	slices.Sort(names)
 	names = slices.Compact(names)
-	return View{Version: t.version, Synced: t.synced, Received: t.received, Trace: t.trace, Lookups: t.lookupAllLocked(names)}
+	rel := t.releasedView(w)
+	version := t.version
+	if rel {
+		version = t.relVersion
+	}
+	return View{Version: version, Synced: t.synced, Received: t.received, Trace: t.trace, Lookups: t.lookupAllLocked(names, rel)}
 }
 
-func (t *typeState) lookupAllLocked(names []string) []Lookup {
+func (t *typeState) lookupAllLocked(names []string, rel bool) []Lookup {
 	out := make([]Lookup, len(names))
 	for i, n := range names {
-		out[i] = t.lookupLocked(n)
+		out[i] = t.lookupLocked(n, rel)
 	}
 	return out
 }
@@ -475,39 +530,72 @@ type State struct {
 	SotW []byte
 }
 
-// State returns the type's complete state, building it if it changed since
-// it was last built.
-func (c *Cache) State(typeURL string) *State {
+// State returns the type's complete state as released to the group,
+// building it if it changed since it was last built.
+func (c *Cache) State(typeURL string) *State { return c.StateFor(nil, typeURL) }
+
+// StateFor is State for the stream of w: a canary of the type gets the
+// state with the changes that are not released yet (Rollout).
+func (c *Cache) StateFor(w *Watch, typeURL string) *State {
 	c.mu.RLock()
 	t := c.types[typeURL]
 	if t == nil {
 		c.mu.RUnlock()
 		return &State{}
 	}
-	if st := t.state; st != nil {
+	rel := t.releasedView(w)
+	if st := t.stateLocked(rel); st != nil {
 		c.mu.RUnlock()
 		return st
 	}
 	c.mu.RUnlock()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if t.state == nil {
-		st := &State{Version: t.version, Synced: t.synced, Received: t.received, Trace: t.trace}
-		n := 0
-		for _, e := range t.entries {
-			if e.res != nil {
-				st.Resources = append(st.Resources, e.res)
-				n += len(e.res.Any)
-			}
-		}
-		slices.SortFunc(st.Resources, func(a, b *Resource) int { return strings.Compare(a.Name, b.Name) })
-		st.SotW = make([]byte, 0, n)
-		for _, r := range st.Resources {
-			st.SotW = append(st.SotW, r.Any...)
-		}
+	rel = t.releasedView(w)
+	if st := t.stateLocked(rel); st != nil {
+		return st
+	}
+	st := t.buildState(rel)
+	if rel {
+		t.relState = st
+	} else {
 		t.state = st
 	}
+	return st
+}
+
+// stateLocked is the built state, of the released view if rel; nil if it
+// needs building.
+func (t *typeState) stateLocked(rel bool) *State {
+	if rel {
+		return t.relState
+	}
 	return t.state
+}
+
+// buildState builds the type's complete state, of the released view if rel.
+func (t *typeState) buildState(rel bool) *State {
+	st := &State{Version: t.version, Synced: t.synced, Received: t.received, Trace: t.trace}
+	if rel {
+		st.Version = t.relVersion
+	}
+	n := 0
+	for _, e := range t.entries {
+		r := e.res
+		if rel && e.rel != nil {
+			r = e.rel.res
+		}
+		if r != nil {
+			st.Resources = append(st.Resources, r)
+			n += len(r.Any)
+		}
+	}
+	slices.SortFunc(st.Resources, func(a, b *Resource) int { return strings.Compare(a.Name, b.Name) })
+	st.SotW = make([]byte, 0, n)
+	for _, r := range st.Resources {
+		st.SotW = append(st.SotW, r.Any...)
+	}
+	return st
 }
 
 // Synced reports whether upstream has answered the wildcard subscription of

@@ -162,7 +162,7 @@ func (c *Cache) ReleaseHolds(typeURL string) []Hold {
 	c.finishLocked(o)
 	c.mu.Unlock()
 	o.wake()
-	c.tellGuard(o)
+	c.tell(o)
 	slices.SortFunc(out, func(a, b Hold) int { return strings.Compare(a.TypeURL, b.TypeURL) })
 	return out
 }

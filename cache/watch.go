@@ -31,7 +31,15 @@ type Watch struct {
 	// regs records what this watch is registered for: guarded by the
 	// owning Cache's mu, not by w.mu.
 	regs map[string]*reg
+
+	rank uint64 // orders the canaries (Rollout); set before registering
 }
+
+// SetRank sets the watch's rank among its type's watches: the lowest
+// ranked are the canaries of the rollout (Rollout). A hash of the client's
+// node id keeps a client a canary across its streams and reconnects. Call
+// it before the watch is registered with a cache.
+func (w *Watch) SetRank(rank uint64) { w.rank = rank }
 
 type reg struct {
 	wildcard bool
