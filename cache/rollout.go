@@ -26,6 +26,9 @@ type Rollout struct {
 
 func (r Rollout) on() bool { return r.Canary > 0 }
 
+// RollingOut reports whether the cache rolls changes out to canaries first.
+func (c *Cache) RollingOut() bool { return c.rollout.on() }
+
 // count is how many of n watches are canaries.
 func (r Rollout) count(n int) int {
 	if n == 0 {

@@ -200,7 +200,7 @@ func (ds *deltaStream) candidates(t *deltaType, dirty, hbs map[string]struct{}) 
 func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[string]struct{}) error {
 	// One read: the response is one upstream version, never part of one.
 	names, all := ds.candidates(t, dirty, hbs)
-	v := ds.cache.Read(typeURL, names, all)
+	v := ds.cache.ReadFor(ds.watch, typeURL, names, all)
 	synced := v.Synced
 	var out [][]byte
 	var removed []string
@@ -270,6 +270,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[st
 	if err := ds.send(msg); err != nil {
 		return err
 	}
+	ds.sentAs(typeURL, sent, v.Version)
 	ds.debugResponse(typeURL, v.Version, sent, len(out), len(removed))
 	ds.tracePush(v.Trace, typeURL, v.Version, len(out))
 	ds.srv.pushed(typeURL, msg.Size(), v.Received, ds.opened)

@@ -110,7 +110,7 @@ func pollState(c *cache.Cache, typeURL string, wildcard bool, names []string) ([
 	}
 	var rs []*cache.Resource
 	ready := true
-	for _, l := range c.Get(typeURL, names) {
+	for _, l := range c.Read(typeURL, names, false).Lookups { // as released to the group
 		if l.Resource != nil {
 			rs = append(rs, l.Resource)
 		}

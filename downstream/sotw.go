@@ -178,7 +178,7 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs map[string]stru
 	}
 	t.materialize()
 	// One read: the response is one upstream version, never part of one.
-	v := ss.cache.Read(typeURL, slices.Collect(maps.Keys(t.names)), t.wildcard)
+	v := ss.cache.ReadFor(ss.watch, typeURL, slices.Collect(maps.Keys(t.names)), t.wildcard)
 	want := slices.DeleteFunc(v.Lookups, func(l cache.Lookup) bool { return l.Resource == nil })
 	// A wildcard's full state waits for upstream's complete state.
 	ready := v.Synced || len(want) > 0 || t.nothing()
@@ -230,7 +230,7 @@ func (ss *sotwStream) field(l cache.Lookup, heartbeat bool) []byte {
 // case of Envoy's LDS and CDS: the complete state is built once per version
 // and shared by every such client, so this costs a comparison and a write.
 func (ss *sotwStream) flushWildcard(typeURL string, t *sotwType) error {
-	st := ss.cache.State(typeURL)
+	st := ss.cache.StateFor(ss.watch, typeURL)
 	if !t.responded && !st.Synced {
 		return nil
 	}
@@ -245,6 +245,7 @@ func (ss *sotwStream) flushWildcard(typeURL string, t *sotwType) error {
 	if err := ss.send(msg); err != nil {
 		return err
 	}
+	ss.sentAs(typeURL, t.nonce, st.Version)
 	ss.debugResponse(typeURL, st.Version, t.nonce, len(st.Resources), 0)
 	ss.tracePush(st.Trace, typeURL, st.Version, len(st.Resources))
 	ss.srv.pushed(typeURL, msg.Size(), st.Received, ss.opened)
@@ -280,7 +281,7 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs map[s
 		}
 	}
 	// One read: the response is one upstream version, never part of one.
-	v := ss.cache.Read(typeURL, names, all)
+	v := ss.cache.ReadFor(ss.watch, typeURL, names, all)
 	t.all = all && !v.Synced
 	var out [][]byte
 	ts, nonce, now := ss.status.sending(typeURL, false), ss.nonces.peek(), time.Now()
@@ -319,6 +320,7 @@ func (ss *sotwStream) respond(typeURL string, v cache.View, t *sotwType, fields 
 	if err := ss.send(msg); err != nil {
 		return err
 	}
+	ss.sentAs(typeURL, t.nonce, v.Version)
 	ss.debugResponse(typeURL, v.Version, t.nonce, len(fields), 0)
 	ss.tracePush(v.Trace, typeURL, v.Version, len(fields))
 	ss.srv.pushed(typeURL, msg.Size(), v.Received, ss.opened)

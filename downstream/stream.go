@@ -129,14 +129,17 @@ type streamBase struct {
 	cache   *cache.Cache
 	watch   *cache.Watch
 	nonces  nonces
-	node    *corepb.Node  // from the first request
-	names   int           // names subscribed, across types (see watchNames)
-	status  *streamStatus // what CSDS and the admin endpoint read
-	opened  time.Time     // for the push latency
+	node    *corepb.Node           // from the first request
+	names   int                    // names subscribed, across types (see watchNames)
+	status  *streamStatus          // what CSDS and the admin endpoint read
+	opened  time.Time              // for the push latency
+	sent    map[string]sentVersion // by type, for the rollout's verdicts; nil unless it rolls out
 }
 
 func (s *Server) newStreamBase(send func(any) error, fixed, variant string, c *cache.Cache, node *corepb.Node) streamBase {
-	return streamBase{srv: s, send: send, fixed: fixed, variant: variant, cache: c, watch: cache.NewWatch(), node: node,
+	w := cache.NewWatch()
+	w.SetRank(rank(node.GetId()))
+	return streamBase{srv: s, send: send, fixed: fixed, variant: variant, cache: c, watch: w, node: node,
 		status: &streamStatus{node: node, variant: variant, cache: c, types: map[string]*typeStatus{}}, opened: time.Now()}
 }
 
@@ -170,6 +173,9 @@ func (b *streamBase) answered(typeURL, short, nonce, version string, d *rpcstatu
 	}
 	if nonce != "" {
 		b.status.answered(typeURL, nonce, version, d != nil, d.GetMessage(), time.Now())
+		if b.sent != nil {
+			b.verdict(typeURL, nonce, d != nil, d.GetMessage())
+		}
 	}
 }
 

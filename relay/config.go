@@ -121,6 +121,17 @@ type Config struct {
 		// are applied; 0 holds until released.
 		Hold time.Duration
 	}
+	// Rollout is rollout.*: the NACK-gated canary rollout ("Protecting
+	// the fleet").
+	Rollout struct {
+		// Canary is rollout.canary: per type, the fraction (below 1) or
+		// the count (1 or more) of a group's clients that get a change
+		// first; 0 turns the rollout off.
+		Canary float64
+		// Bake is rollout.bake: how long a change waits for the canaries'
+		// verdict; without a NACK by then it is released.
+		Bake time.Duration
+	}
 	// Limits are the bounds on what clients may make the relay hold
 	// ("Every bound is explicit" in DESIGN.md): each refused with
 	// RESOURCE_EXHAUSTED (429 over REST-JSON) naming its key. Zero is no
@@ -273,6 +284,7 @@ func Default() Config {
 	c.Guard.MinResources = 10
 	c.Guard.Window = 10 * time.Second
 	c.Guard.Hold = 10 * time.Minute
+	c.Rollout.Bake = 30 * time.Second
 	c.Limits.MaxGroups = 1000
 	c.Limits.MaxNamesPerStream = 100000
 	c.Limits.MaxNamesPerGroup = 1000000
@@ -493,7 +505,7 @@ func (u *UpstreamConfig) validate(prefix string, groupBy []string) error {
 	return nil
 }
 
-// validateGuard checks the guard.* keys.
+// validateGuard checks the guard.* and rollout.* keys.
 func (c *Config) validateGuard() error {
 	g := &c.Guard
 	switch {
@@ -506,7 +518,21 @@ func (c *Config) validateGuard() error {
 	case g.Hold < 0:
 		return fmt.Errorf("guard.hold: must not be negative (0 holds until released), got %s", g.Hold)
 	}
+	ro := &c.Rollout
+	switch {
+	case ro.Canary < 0 || math.IsNaN(ro.Canary) || math.IsInf(ro.Canary, 0):
+		return fmt.Errorf("rollout.canary: %v is neither a fraction (below 1) nor a count (0 turns the rollout off)", ro.Canary)
+	case ro.Canary >= 1 && ro.Canary != math.Trunc(ro.Canary):
+		return fmt.Errorf("rollout.canary: %v is a count of clients and must be whole (or a fraction below 1)", ro.Canary)
+	case ro.Canary > 0 && ro.Bake <= 0:
+		return fmt.Errorf("rollout.bake: must be positive with rollout.canary set, got %s", ro.Bake)
+	}
 	return nil
+}
+
+// cacheRollout is the rollout the groups' caches apply.
+func (c *Config) cacheRollout() cache.Rollout {
+	return cache.Rollout{Canary: c.Rollout.Canary, Bake: c.Rollout.Bake}
 }
 
 // cacheGuard is the guard the groups' caches apply.

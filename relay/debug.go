@@ -105,6 +105,7 @@ type debugGroup struct {
 	Key          string           `json:"key"`
 	Upstreams    []debugUpstream  `json:"upstreams"`
 	Holds        []debugHold      `json:"guard_holds"` // removals held by the guard
+	Rollouts     []debugRollout   `json:"rollouts"`    // changes waiting for the canaries
 	Connected    bool             `json:"upstream_connected"`
 	LastError    string           `json:"upstream_last_error,omitempty"`
 	Invalid      string           `json:"invalid,omitempty"`
@@ -125,6 +126,7 @@ func (r *Relay) debugGroups(w http.ResponseWriter, _ *http.Request) {
 			dg.LastResponse = &s.LastResponse
 		}
 		dg.Holds = holdsOf(g.cache)
+		dg.Rollouts = rolloutsOf(g.cache)
 		dg.Upstreams = []debugUpstream{}
 		for _, u := range upstreamsOf(s) {
 			du := debugUpstream{Name: u.Upstream, Server: u.Server, Connected: u.Connected, LastError: u.LastError}

@@ -56,6 +56,7 @@ type Relay struct {
 	restored atomic.Bool // a saved cache loaded (cache.persist_dir)
 
 	guardM        guardMetrics
+	rolloutM      rolloutMetrics
 	persistHealth *persistHealth
 	adminTLS      *tls.Config // nil without admin.tls
 
@@ -112,6 +113,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	r.registerCertMetrics()
 	r.registerServerMetrics()
 	r.guardM = newGuardMetrics(r.metrics)
+	r.rolloutM = newRolloutMetrics(r.metrics)
 	r.persistHealth = newPersistHealth(r.metrics)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	ok := false
@@ -446,7 +448,9 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 		fields: keyNode(r.cfg.Upstream.GroupBy, client),
 		cache: cache.New(cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources,
 			MaxNames: r.cfg.Limits.MaxNamesPerGroup, Guard: r.cfg.cacheGuard(),
-			OnGuard: func(ev cache.GuardEvent) { r.guardEvent(key, ev) }}),
+			OnGuard:   func(ev cache.GuardEvent) { r.guardEvent(key, ev) },
+			Rollout:   r.cfg.cacheRollout(),
+			OnRollout: func(ev cache.RolloutEvent) { r.rolloutEvent(key, ev) }}),
 		cancel: cancel,
 	}
 	if saved != nil {
@@ -469,6 +473,9 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 // retains nothing, closes its upstream stream.
 func (r *Relay) sweep() {
 	every := min(max(r.cfg.Cache.Retention/4, 10*time.Millisecond), time.Second)
+	if r.cfg.Rollout.Canary > 0 {
+		every = min(every, max(r.cfg.Rollout.Bake/4, 10*time.Millisecond)) // bakes end on time
+	}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {

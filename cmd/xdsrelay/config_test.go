@@ -95,6 +95,22 @@ func TestLoadConfig(t *testing.T) {
 			},
 		},
 		{name: "unknown group field", yaml: "upstream:\n  group_by: [colour]\n", wantErr: "upstream.group_by"},
+		{name: "guard fraction past 1", yaml: "guard:\n  max_removed_fraction: 1.5\n", wantErr: "guard.max_removed_fraction"},
+		{name: "negative guard minimum", yaml: "guard:\n  min_resources: -1\n", wantErr: "guard.min_resources"},
+		{name: "guard without a window", yaml: "guard:\n  window: 0\n", wantErr: "guard.window"},
+		{name: "negative guard hold", env: map[string]string{"XDSRELAY_GUARD_HOLD": "-1s"}, wantErr: "guard.hold"},
+		{name: "canary count not whole", yaml: "rollout:\n  canary: 2.5\n", wantErr: "rollout.canary"},
+		{name: "negative canary", yaml: "rollout:\n  canary: -1\n", wantErr: "rollout.canary"},
+		{name: "rollout without a bake", yaml: "rollout:\n  canary: 3\n  bake: 0\n", wantErr: "rollout.bake"},
+		{
+			name: "rollout and guard",
+			yaml: "rollout:\n  canary: 0.05\n  bake: 1m\nguard:\n  max_removed_fraction: 0\n",
+			check: func(t *testing.T, o Options) {
+				if o.Relay.Rollout.Canary != 0.05 || o.Relay.Rollout.Bake != time.Minute || o.Relay.Guard.MaxRemovedFraction != 0 {
+					t.Errorf("rollout %+v guard %+v", o.Relay.Rollout, o.Relay.Guard)
+				}
+			},
+		},
 		{name: "bad log level", yaml: "log:\n  level: loud\n", wantErr: "log.level"},
 		{name: "address as a list", yaml: "admin:\n  address: [a, b]\n", wantErr: "admin.address"},
 		{name: "group_by a number", yaml: "upstream:\n  group_by: 5\n", wantErr: "upstream.group_by"},
