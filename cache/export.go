@@ -17,8 +17,8 @@ type TypeState struct {
 	Absent           []string    // names upstream said do not exist
 }
 
-// Export returns the cache's contents by type, sorted by type URL, and the
-// cache's generation (see Generation).
+// Export returns the cache's contents by type, sorted by type URL, as
+// released to the group, and the cache's generation (see Generation).
 func (c *Cache) Export() ([]TypeState, uint64) {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
@@ -26,10 +26,16 @@ func (c *Cache) Export() ([]TypeState, uint64) {
 	for typeURL, t := range c.types {
 		ts := TypeState{TypeURL: typeURL, Wildcard: t.wantWildcard, Synced: t.synced}
 		for n, e := range t.entries {
+			// What the group was released (Rollout): a restart does not
+			// release what was held; upstream sends it again on resume.
+			res, absent := e.res, e.absent
+			if e.rel != nil {
+				res, absent = e.rel.res, e.rel.absent
+			}
 			switch {
-			case e.res != nil:
-				ts.Resources = append(ts.Resources, e.res)
-			case e.absent && e.wanted:
+			case res != nil:
+				ts.Resources = append(ts.Resources, res)
+			case absent && e.wanted:
 				ts.Absent = append(ts.Absent, n)
 			}
 		}

@@ -204,3 +204,17 @@ func TestRolloutCanaryIsStable(t *testing.T) {
 		t.Fatalf("a non-canary reads %q", got)
 	}
 }
+
+// A warm restart saves what the group was released, not a change that
+// waits: a held change is not released by a restart.
+func TestRolloutExportsTheReleased(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var events []RolloutEvent
+	c, ws := rolling(t, 3, clk, &events)
+	c.Apply(eds, Change{Upserts: []*Resource{res("x", "bad")}})
+	c.Verdict(ws[0], eds, c.ReadFor(ws[0], eds, []string{"x"}, false).Version, true, "n0", "no")
+	states, _ := c.Export()
+	if len(states) != 1 || len(states[0].Resources) != 1 || states[0].Resources[0].Version != "1" {
+		t.Fatalf("exported %+v", states)
+	}
+}
