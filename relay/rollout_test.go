@@ -239,6 +239,15 @@ func TestRolloutCanariesGateChanges(t *testing.T) {
 	t.Cleanup(again.stop)
 	canaryClients[0] = again
 	waitAll(t, []*canaryClient{again}, "cds:13s")
+	// A client that connects during the hold gets the released version.
+	late := "late-client"
+	for i := 0; rankOf(late) <= rankOf(canaries[1]); i++ {
+		late = fmt.Sprintf("late-client-%d", i)
+	}
+	newcomer := startCanaryClient(t, r.Addr(), late, true)
+	t.Cleanup(newcomer.stop)
+	waitAll(t, []*canaryClient{newcomer}, "cds:1s")
+	others = append(others, newcomer)
 	for end := time.Now().Add(3 * bake); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
 		for _, c := range others {
 			if c.saw("cds:13s") {
