@@ -1,7 +1,6 @@
 package relay
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -14,7 +13,6 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/xds"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -56,28 +54,6 @@ func upstreamTypes(cp *testcp.ControlPlane) []string {
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
-}
-
-// rpcReaches makes RPCs on cc until one is answered by the backend named
-// want, failing the test after wait.
-func rpcReaches(t *testing.T, cc *grpc.ClientConn, want string, onFail func()) {
-	t.Helper()
-	client := testgrpc.NewTestServiceClient(cc)
-	deadline := time.Now().Add(wait)
-	var last string
-	var lastErr error
-	for time.Now().Before(deadline) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		resp, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true))
-		cancel()
-		if err == nil && resp.GetHostname() == want {
-			return
-		}
-		last, lastErr = resp.GetHostname(), err
-		time.Sleep(10 * time.Millisecond)
-	}
-	onFail()
-	t.Fatalf("RPCs to %s never reached %s (last reached %q, error %v)", cc.Target(), want, last, lastErr)
 }
 
 // gRFC A47 federation through the relay: a real gRPC client whose

@@ -56,38 +56,8 @@ func TestGRPCClientThroughRelay(t *testing.T) {
 		testcp.Cluster("greeter-cluster"), testcp.Endpoints("greeter-cluster", b1))
 	r := startRelay(t, cp.Addr)
 
-	bootstrap := fmt.Sprintf(`{
-		"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}],
-		"node": {"id": "grpc-client-1", "cluster": "greeters"}
-	}`, r.Addr())
-	resolver, err := xds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := grpc.NewClient("xds:///greeter", grpc.WithResolvers(resolver), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	client := testgrpc.NewTestServiceClient(cc)
-
-	callUntil := func(want string) {
-		t.Helper()
-		deadline := time.Now().Add(wait)
-		var last string
-		var lastErr error
-		for time.Now().Before(deadline) {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			resp, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true))
-			cancel()
-			if err == nil && resp.GetHostname() == want {
-				return
-			}
-			last, lastErr = resp.GetHostname(), err
-			time.Sleep(10 * time.Millisecond)
-		}
-		t.Fatalf("RPCs never reached %s (last reached %q, error %v)", want, last, lastErr)
-	}
+	cc := grpcXDSClient(t, r.Addr(), "grpc-client-1", "greeters", "xds:///greeter")
+	callUntil := func(want string) { rpcReaches(t, cc, want, func() {}) }
 	callUntil("backend-1")
 
 	cp.Set(t, "greeters", "2",
@@ -98,4 +68,46 @@ func TestGRPCClientThroughRelay(t *testing.T) {
 	if n := cp.DeltaStreams.Load(); n != 1 {
 		t.Fatalf("control plane saw %d streams, want 1", n)
 	}
+}
+
+// grpcXDSClient is a real gRPC client of target whose xDS bootstrap names
+// the relay at addr and the node id in cluster; closed when the test ends.
+func grpcXDSClient(t *testing.T, addr, id, cluster, target string) *grpc.ClientConn {
+	t.Helper()
+	bootstrap := fmt.Sprintf(`{
+		"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}],
+		"node": {"id": %q, "cluster": %q}
+	}`, addr, id, cluster)
+	resolver, err := xds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient(target, grpc.WithResolvers(resolver), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// rpcReaches makes RPCs on cc until one is answered by the backend named
+// want, failing the test after wait.
+func rpcReaches(t *testing.T, cc *grpc.ClientConn, want string, onFail func()) {
+	t.Helper()
+	client := testgrpc.NewTestServiceClient(cc)
+	deadline := time.Now().Add(wait)
+	var last string
+	var lastErr error
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		resp, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true))
+		cancel()
+		if err == nil && resp.GetHostname() == want {
+			return
+		}
+		last, lastErr = resp.GetHostname(), err
+		time.Sleep(10 * time.Millisecond)
+	}
+	onFail()
+	t.Fatalf("RPCs to %s never reached %s (last reached %q, error %v)", cc.Target(), want, last, lastErr)
 }

@@ -17,9 +17,7 @@ import (
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
-	"google.golang.org/grpc/xds"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
@@ -100,19 +98,7 @@ func TestRolloutGRPCClientKeepsOldBackendWhileHeld(t *testing.T) {
 	}
 
 	// The gRPC client, ranked above the canary, in the same group.
-	bootstrap := fmt.Sprintf(`{
-		"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}],
-		"node": {"id": %q, "cluster": "greeters"}
-	}`, r.Addr(), grpcID)
-	resolver, err := xds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := grpc.NewClient("xds:///greeter", grpc.WithResolvers(resolver), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	cc := grpcXDSClient(t, r.Addr(), grpcID, "greeters", "xds:///greeter")
 	client := testgrpc.NewTestServiceClient(cc)
 
 	// call makes one RPC: no RPC of this test may ever reach backend-2.

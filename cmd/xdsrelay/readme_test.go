@@ -90,8 +90,15 @@ func bootReadme(t *testing.T, rewrite func(name, content string) string) *relay.
 	copyFile(t, filepath.Join(repo, "config.example.yaml"), filepath.Join(root, "config.example.yaml"),
 		func(s string) string { return s })
 	t.Chdir(root)
+	return bootConfig(t, "config.example.yaml")
+}
+
+// bootConfig starts the relay as `xdsrelay --config file` does, listening
+// on 127.0.0.1:0, until the test ends.
+func bootConfig(t *testing.T, file string) *relay.Relay {
+	t.Helper()
 	env := map[string]string{"XDSRELAY_DOWNSTREAM_ADDRESS": "127.0.0.1:0", "XDSRELAY_ADMIN_ADDRESS": "127.0.0.1:0"}
-	opts, _, err := loadConfig("config.example.yaml", environ(env))
+	opts, _, err := loadConfig(file, environ(env))
 	if err != nil {
 		t.Fatal(err)
 	}

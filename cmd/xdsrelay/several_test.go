@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
@@ -19,7 +18,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
-	"github.com/xdsrelay/xdsrelay/relay"
 )
 
 // The README's "Several control planes" YAML, with its four servers moved
@@ -42,25 +40,7 @@ func TestReadmeSeveralControlPlanes(t *testing.T) {
 	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	env := map[string]string{"XDSRELAY_DOWNSTREAM_ADDRESS": "127.0.0.1:0", "XDSRELAY_ADMIN_ADDRESS": "127.0.0.1:0"}
-	opts, _, err := loadConfig(file, environ(env))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := relay.New(opts.Relay, slog.New(slog.DiscardHandler))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := r.Shutdown(ctx); err != nil {
-			t.Error(err)
-		}
-	})
+	r := bootConfig(t, file)
 
 	conn, err := grpc.NewClient(r.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
