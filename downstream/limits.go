@@ -110,11 +110,11 @@ func firstRequest[Req any](ctx context.Context, s *Server, recv func() (*Req, er
 		req, err := recv()
 		got <- result{req, err}
 	}()
-	var timeout <-chan time.Time
-	if d := s.limits.FirstRequestTimeout; d > 0 {
-		t := time.NewTimer(d)
-		defer t.Stop()
-		timeout = t.C
+	var timeout chan struct{}
+	if s.deadlines != nil {
+		timeout = make(chan struct{}, 1)
+		w := s.deadlines.add(timeout)
+		defer w.stop()
 	}
 	select {
 	case r := <-got:

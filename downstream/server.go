@@ -62,6 +62,7 @@ type Server struct {
 	sendTimeout time.Duration
 	limits      Limits
 	admission   *admission
+	deadlines   *deadlines // limits.first_request_timeout; nil for none
 
 	drainOnce sync.Once
 	conns     connSet   // connections accepted by Listen
@@ -110,6 +111,7 @@ func New(opts Options) (*Server, error) {
 		admission:   newAdmission(opts.Limits),
 		endLog:      newBucket(endLogRate, endLogBurst),
 		sends:       newSendPool(runtime.GOMAXPROCS(0)),
+		deadlines:   newFirstDeadlines(opts.Limits.FirstRequestTimeout),
 		stuck:       m.Counter("xdsrelay_downstream_stuck_total", "Client connections closed because a send to them stayed blocked (the client read nothing) for downstream.send_timeout.").With(),
 		streams:     m.Gauge("xdsrelay_downstream_streams", "Open downstream xDS streams.", "variant"),
 		pushMetrics: newPushMetrics(m),
