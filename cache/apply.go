@@ -211,11 +211,10 @@ func (c *Cache) setLocked(t *typeState, e *entry, r *Resource) {
 func (c *Cache) putLocked(t *typeState, typeURL string, r *Resource, o *op) {
 	e := t.entries[r.Name]
 	if e == nil {
-		if !t.wantWildcard && !t.aliasWantedLocked(r) {
+		if !t.wantWildcard && !t.aliasWantedLocked(r) && t.globLocked(r.Name) == nil {
 			return // nobody asked for it (an unsubscribe in flight)
 		}
-		e = &entry{}
-		t.entries[r.Name] = e
+		e = t.newEntryLocked(r.Name)
 	}
 	c.aliasLocked(t, typeURL, r, o)
 	c.resentLocked(t, typeURL, r.Name, o)
@@ -227,6 +226,7 @@ func (c *Cache) putLocked(t *typeState, typeURL string, r *Resource, o *op) {
 	t.expireAt(r.Name, e, r.TTL, c.now)
 	o.change(t, typeURL, r.Name)
 	o.markWatchers(e, typeURL, r.Name)
+	o.markGlob(t, typeURL, r.Name)
 }
 
 // aliasLocked records r's aliases ("Resource names": VHDS resources may be
@@ -277,7 +277,7 @@ func (c *Cache) removeLocked(t *typeState, typeURL, name string, forget bool, o 
 		t.relState = nil
 	}
 	if forget {
-		delete(t.entries, name)
+		t.deleteEntryLocked(name)
 		c.idle.Remove(idleKey{typeURL: typeURL, name: name})
 	} else {
 		e.absent = true
@@ -285,6 +285,7 @@ func (c *Cache) removeLocked(t *typeState, typeURL, name string, forget bool, o 
 	if visible {
 		o.change(t, typeURL, name)
 		o.markWatchers(e, typeURL, name)
+		o.markGlob(t, typeURL, name)
 	}
 }
 
@@ -497,7 +498,8 @@ func (c *Cache) retireLocked(now time.Time, o *op) (changed bool) {
 // no client wants or watches it, by its name or an alias, and no wildcard.
 func (c *Cache) dropIfUnheldLocked(t *typeState, typeURL, name string, o *op) {
 	e := t.entries[name]
-	if e != nil && !e.wanted && e.watchers.len() == 0 && !t.wantWildcard && (e.res == nil || !t.aliasWantedLocked(e.res)) {
+	if e != nil && !e.wanted && e.watchers.len() == 0 && !t.wantWildcard && (e.res == nil || !t.aliasWantedLocked(e.res)) &&
+		t.globLocked(name) == nil {
 		c.removeLocked(t, typeURL, name, true, o)
 	}
 }

@@ -177,6 +177,8 @@ type typeState struct {
 	watches    map[*Watch]struct{} // watches registered for the type
 	canaries   map[*Watch]struct{} // the lowest-ranked of them
 	maxCanary  uint64              // the highest rank among the canaries
+
+	globs int // entries that are glob collections (IsGlob)
 }
 
 type entry struct {
@@ -255,8 +257,7 @@ func (c *Cache) Watch(w *Watch, typeURL string, names ...string) error {
 	for _, n := range names {
 		e := t.entries[n]
 		if e == nil {
-			e = &entry{}
-			t.entries[n] = e
+			e = t.newEntryLocked(n)
 		}
 		e.watchers.add(w)
 		c.idle.Remove(idleKey{typeURL: typeURL, name: n})

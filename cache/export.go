@@ -72,13 +72,14 @@ func (c *Cache) Import(states []TypeState) {
 			c.idle.Add(idleKey{typeURL: ts.TypeURL, wildcard: true}, struct{}{})
 		}
 		for _, n := range ts.Absent {
-			t.entries[n] = &entry{absent: true, idle: now}
+			e := t.newEntryLocked(n)
+			e.absent, e.idle = true, now
 			c.wantLocked(t.entries[n], true)
 			c.idle.Add(idleKey{typeURL: ts.TypeURL, name: n}, struct{}{})
 		}
 		for _, r := range ts.Resources {
 			if !ts.Wildcard {
-				t.entries[r.Name] = &entry{idle: now}
+				t.newEntryLocked(r.Name).idle = now
 				c.wantLocked(t.entries[r.Name], true)
 				c.idle.Add(idleKey{typeURL: ts.TypeURL, name: r.Name}, struct{}{})
 			}

@@ -25,6 +25,21 @@ type deltaType struct {
 	errSent   map[string]*cache.ResourceError // upstream errors passed on
 	responded bool
 	all       bool // the next flush considers everything subscribed
+	globs     int  // xdstp glob collections among names (LEDS)
+}
+
+// named reports whether name is subscribed: by its own name or, for a
+// member of an xdstp glob collection, by the collection ("xDS Resource
+// Names").
+func (t *deltaType) named(name string) bool {
+	if _, ok := t.names[name]; ok {
+		return true
+	}
+	if t.globs == 0 {
+		return false
+	}
+	_, ok := t.names[cache.GlobOf(name)]
+	return ok
 }
 
 type deltaStream struct {
@@ -107,6 +122,10 @@ func (ds *deltaStream) subscribe(typeURL string, t *deltaType, names []string, f
 		if _, ok := t.names[n]; !ok {
 			t.names[n] = struct{}{}
 			added = append(added, n)
+			if cache.IsGlob(n) {
+				t.globs++
+				t.all = true // the collection's members already cached
+			}
 		}
 		if !first {
 			delete(t.sent, n)
@@ -150,6 +169,9 @@ func (ds *deltaStream) unsubscribe(typeURL string, t *deltaType, names []string)
 		delete(t.sent, n)
 		delete(t.answer, n)
 		removed = append(removed, n)
+		if cache.IsGlob(n) {
+			t.globs--
+		}
 		if t.wildcard {
 			t.answer[n] = struct{}{}
 			fresh = append(fresh, n)
@@ -193,8 +215,9 @@ func (ds *deltaStream) candidates(t *deltaType, dirty, hbs map[string]struct{}) 
 			names = append(names, n)
 		}
 	}
-	// A wildcard looks only at what changed, not the whole type per change.
-	return names, t.wildcard && t.all
+	// A wildcard looks only at what changed, not the whole type per change;
+	// a new glob subscription looks at the whole type once.
+	return names, (t.wildcard || t.globs > 0) && t.all
 }
 
 func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[string]struct{}) error {
@@ -207,7 +230,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[st
 	ts, nonce, now := ds.status.sending(typeURL, false), ds.nonces.peek(), time.Now()
 	for _, l := range v.Lookups {
 		l.Absent = l.Absent || l.Name == noName // known not to exist
-		_, named := t.names[l.Name]
+		named := t.named(l.Name)
 		_, mustAnswer := t.answer[l.Name]
 		have, had := t.sent[l.Name]
 		switch {
@@ -253,7 +276,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[st
 	// Forget the not-found names that are not subscribed by name, among
 	// those looked at (not the whole record: work per flush is per change).
 	for _, l := range v.Lookups {
-		if _, named := t.names[l.Name]; t.sent[l.Name] == absent && !named {
+		if t.sent[l.Name] == absent && !t.named(l.Name) {
 			delete(t.sent, l.Name)
 		}
 	}

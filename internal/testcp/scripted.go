@@ -95,3 +95,15 @@ func (s *ScriptedStream) Send(r *discoverypb.DeltaDiscoveryResponse) {
 		s.t.Fatal(err)
 	}
 }
+
+// Quiet fails the test if the relay sends a request within d.
+func (s *ScriptedStream) Quiet(d time.Duration) {
+	s.t.Helper()
+	select {
+	case r, ok := <-s.reqs:
+		if ok {
+			s.t.Fatalf("unexpected request from the relay: %v", r)
+		}
+	case <-time.After(d):
+	}
+}
