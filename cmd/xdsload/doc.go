@@ -30,23 +30,24 @@
 // connection, clients grouped by node.cluster, no admin endpoint) in front
 // of the --serve-cp control plane, and the clients load the relay.
 //
-// With --compare it runs four setups one after the other, with the same
+// With --compare it runs five setups one after the other, with the same
 // clients, resources and updates, in this process: clients through
 // xdsrelay (whose upstream is a control plane with --cp-cache, linear unless
 // given), directly on go-control-plane with its linear cache, with its
-// snapshot cache, and the socket floor. It prints a row per setup (last
+// snapshot cache, on the gRPC floor (grpcfloor), and the socket floor. It prints a row per setup (last
 // client's fan-out latency min/p50/max over the updates, time to first
 // config p50/p99, established and configured streams per second,
 // connections, the server's RSS growth and goroutines per idle stream, its
 // CPU per change and per client per change, and the relay's control
 // plane's CPU per change) and the relay's figures divided by each other
-// setup's. --timeout then bounds each setup,
-// and memory is returned to the system before each. The floor is skipped,
-// and the output says so, with --churn and with --streams-per-conn above 1
-// (it has one TCP connection per client).
+// setup's (relay ÷ grpcfloor is what the relay adds to gRPC itself).
+// --timeout then bounds each setup, and memory is returned to the system
+// before each. The socket floor is skipped, and the output says so, with
+// --churn and with --streams-per-conn above 1 (it has one TCP connection
+// per client); the gRPC floor runs with both.
 //
 // With --split the server side (the control plane, the relay in front of
-// it, or the floor's server) runs in a child process, this executable
+// it, or either floor's server) runs in a child process, this executable
 // started again: the clients and the server then each have the whole
 // open-file limit (10,000 clients on loopback take 10,000 descriptors on
 // each side), they show up apart in top, and the RSS sampled is the
@@ -72,6 +73,23 @@
 // and for each update, a length-prefixed frame as large as the xDS response
 // that carries it (as go-control-plane's snapshot cache builds it: SotW
 // sends every subscribed resource, delta only the changed one).
+//
+// With --grpc-floor it measures the gRPC floor instead: the same xDS
+// clients against a bare grpc-go server, with the relay's transport
+// options (shared write buffer, small read and write buffers, static
+// 64 KiB windows, no bound on a connection's streams), on ADS and the
+// per-type service of --type, in the --variant protocol (a stream of the
+// other variant, and polling, are refused as unimplemented). For the first
+// config and for each update it writes every stream one response encoded
+// ahead of time: the bytes the relay would send (the resources encoded
+// once per update as the relay encodes them; delta and SotW EDS and RDS
+// carry the changed resource, SotW LDS and CDS every subscribed one),
+// behind a header with system_version_info, type_url and the stream's
+// nonce, the only part assembled per stream. It keeps no cache and no
+// protocol state: it reads a stream's first request to learn that it has
+// subscribed, and its ACKs only to drain them; every stream gets the
+// resources the clients subscribe to (--names, or all). It runs with
+// --split, --churn and --streams-per-conn like a control plane.
 //
 // It reports, as tables on stdout (and as JSON with --json FILE):
 //   - connect rate: streams established, and clients configured, per second
@@ -121,13 +139,14 @@
 //	--resources K        resources served (default 10)
 //	--endpoints E        endpoints per ClusterLoadAssignment (default 200)
 //	--update-every D     pause before each update (default 500ms)
-//	--updates U          updates published, with --serve-cp or --floor (default 10)
+//	--updates U          updates published, with --serve-cp or a floor (default 10)
 //	--churn D            connect/disconnect churn for D instead of updates
 //	--churn-settle D     pause before the settled sample of a churn (default 3s)
 //	--floor              measure the plain TCP socket floor instead
+//	--grpc-floor         measure the gRPC floor instead
 //	--relay              start xdsrelay in this process in front of --serve-cp and load it
 //	--split              server side in a child process
-//	--compare            relay, linear, snapshot and floor side by side
+//	--compare            relay, linear, snapshot, gRPC floor and floor side by side
 //	--json FILE          also write the results as JSON
 //	--cpuprofile FILE    CPU profile of this process while the updates fan out
 //	                     (with --compare: FILE.relay, FILE.linear, ...), and
@@ -138,6 +157,7 @@
 //	xdsload --serve-cp 127.0.0.1:0 --clients 200 --pid self
 //	xdsload --serve-cp 127.0.0.1:18000 --target 127.0.0.1:18001 --clients 1000 --variant sotw
 //	xdsload --floor --clients 200
+//	xdsload --grpc-floor --split --clients 200 --names cla-0
 //	xdsload --compare --clients 2000 --names cla-0 --rate 0 --update-every 2s
 //	xdsload --compare --split --clients 10000 --names cla-0 --rate 0 --update-every 2s
 //	xdsload --compare --split --clients 100000 --streams-per-conn 100 --names cla-0 --rate 0 --updates 3

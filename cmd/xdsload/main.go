@@ -28,9 +28,12 @@ Usage:
   xdsload --serve-cp 127.0.0.1:18000 [flags]  serve a control plane and load it,
                                               or --target a relay in front of it
   xdsload --floor [flags]                     the plain TCP socket floor
+  xdsload --grpc-floor [flags]                the gRPC floor: a bare grpc-go server
+                                              writing pre-encoded responses
   xdsload --compare [flags]                   xdsrelay, go-control-plane's linear
-                                              and snapshot caches, and the floor,
-                                              one after the other, side by side
+                                              and snapshot caches, the gRPC floor
+                                              and the socket floor, one after the
+                                              other, side by side
   xdsload --compare --split --churn 20s       connect/disconnect churn, side by side
 
 Flags:
@@ -104,13 +107,14 @@ func (f *flags) define(fs *flag.FlagSet) {
 	fs.IntVar(&c.Resources, "resources", 10, "resources `K` served (eds: cla-0..cla-K-1; cds: cluster-i; lds: listener-i; rds: route-i)")
 	fs.IntVar(&c.Endpoints, "endpoints", 200, "endpoints per ClusterLoadAssignment (eds)")
 	fs.DurationVar(&c.UpdateEvery, "update-every", 500*time.Millisecond, "pause `D` before each update")
-	fs.IntVar(&c.Updates, "updates", 10, "updates `U` published, one resource each (with --serve-cp or --floor)")
+	fs.IntVar(&c.Updates, "updates", 10, "updates `U` published, one resource each (with --serve-cp, --floor or --grpc-floor)")
 	fs.DurationVar(&c.Churn, "churn", 0, "instead of updates, churn for `D`: every client loops connect (a new connection unless --streams-per-conn > 1, then a new stream), subscribe, first response, close; reports cycles per second, cycle time and the server's memory before, at the end, settled and after GC")
 	fs.DurationVar(&c.ChurnSettle, "churn-settle", 3*time.Second, "with --churn, pause `D` after the last client stopped before sampling the server as settled")
 	fs.BoolVar(&c.Floor, "floor", false, "measure the socket floor: the same bytes to as many plain TCP connections on loopback")
+	fs.BoolVar(&c.GRPCFloor, "grpc-floor", false, "measure the gRPC floor: a bare grpc-go server on the clients' xDS service (the relay's transport options) that writes each stream one pre-encoded response, the bytes the relay would send, for the first config and each update; no cache, no protocol state")
 	fs.BoolVar(&c.Relay, "relay", false, "start xdsrelay in this process in front of the --serve-cp control plane and load it")
-	fs.BoolVar(&c.Split, "split", false, "run the server side (control plane, relay, floor server) in a child process: clients and server then each have the whole open-file limit, and RSS is the server's alone")
-	fs.BoolVar(&f.compare, "compare", false, "run, one after the other with the same flags, clients through xdsrelay (in this process, its upstream a control plane with --cp-cache), directly on go-control-plane's linear cache, on its snapshot cache, and the socket floor; print them side by side with the relay's ratios (--cp-cache is then the relay's upstream, default linear; --timeout bounds each setup)")
+	fs.BoolVar(&c.Split, "split", false, "run the server side (control plane, relay, floor or gRPC floor server) in a child process: clients and server then each have the whole open-file limit, and RSS is the server's alone")
+	fs.BoolVar(&f.compare, "compare", false, "run, one after the other with the same flags, clients through xdsrelay (in this process, its upstream a control plane with --cp-cache), directly on go-control-plane's linear cache, on its snapshot cache, on the gRPC floor, and the socket floor; print them side by side with the relay's ratios (--cp-cache is then the relay's upstream, default linear; --timeout bounds each setup)")
 	fs.StringVar(&f.json, "json", "", "also write the results as JSON to `file`")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (the clients, and the control plane and relay it serves) while the updates fan out to `file`; with --compare, one per setup, named file.<setup>; the server side of a --split run is file.server; each with the mutex contention of the same window in <file>.mutex; and the split server's heap once every client is configured in file.server.heap")
 }

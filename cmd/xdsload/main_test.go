@@ -12,7 +12,10 @@ import (
 	"github.com/xdsrelay/xdsrelay/cmd/xdsload/internal/loadtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	loadtest.ServerSideMain() // split runs start this test binary as their server side
+	goleak.VerifyTestMain(m)
+}
 
 func TestRunAgainstOwnControlPlane(t *testing.T) {
 	var res loadtest.Result
@@ -33,17 +36,29 @@ func TestCompare(t *testing.T) {
 		"--compare", "--clients", "3", "--names", "cla-1", "--resources", "3", "--endpoints", "5",
 		"--updates", "2", "--update-every", "10ms", "--timeout", "30s",
 		"--cpuprofile", filepath.Join(dir, "cpu"),
-	}, []string{"relay ÷", "linear", "snapshot", "floor", "upstream: go-control-plane linear cache"}, &cmp)
-	if len(cmp.Setups) != 4 || len(cmp.Ratios) != 3 || cmp.Setups[0].Result.Configured != 3 {
+	}, []string{"relay ÷", "linear", "snapshot", "grpcfloor", "floor", "upstream: go-control-plane linear cache"}, &cmp)
+	if len(cmp.Setups) != 5 || len(cmp.Ratios) != 4 || cmp.Setups[0].Result.Configured != 3 ||
+		cmp.Setups[3].Name != "grpcfloor" || cmp.Setups[3].Result.Configured != 3 || cmp.Ratios[2].Versus != "grpcfloor" || cmp.Ratios[2].FanOutLastP50 <= 0 {
 		t.Errorf("JSON comparison: %+v", cmp)
 	}
-	for _, setup := range []string{"relay", "linear", "snapshot", "floor"} {
+	for _, setup := range []string{"relay", "linear", "snapshot", "grpcfloor", "floor"} {
 		if fi, err := os.Stat(filepath.Join(dir, "cpu."+setup)); err != nil || fi.Size() == 0 {
 			t.Errorf("CPU profile of %s: %v", setup, err)
 		}
 		if _, err := os.Stat(filepath.Join(dir, "cpu."+setup+".mutex")); err != nil {
 			t.Errorf("mutex profile of %s: %v", setup, err)
 		}
+	}
+}
+
+func TestGRPCFloorSplit(t *testing.T) {
+	var res loadtest.Result
+	runOK(t, []string{
+		"--grpc-floor", "--split", "--clients", "20", "--names", "cla-1", "--resources", "3", "--endpoints", "5",
+		"--updates", "2", "--update-every", "10ms", "--timeout", "30s",
+	}, []string{"gRPC floor", "20/20", "server goroutines per idle stream"}, &res)
+	if !res.Config.GRPCFloor || res.Configured != 20 || len(res.Updates) != 2 || res.Updates[1].Received != 20 {
+		t.Errorf("JSON results: %+v", res)
 	}
 }
 
@@ -101,6 +116,9 @@ func TestFlagErrors(t *testing.T) {
 		{"relay without a control plane", []string{"--relay", "--target", "127.0.0.1:1"}, 2, "relay"},
 		{"no streams per connection", []string{"--floor", "--streams-per-conn", "-1"}, 2, "streams-per-conn"},
 		{"floor sharing connections", []string{"--floor", "--streams-per-conn", "2"}, 2, "streams-per-conn"},
+		{"grpc floor and a control plane", []string{"--grpc-floor", "--serve-cp", "127.0.0.1:0"}, 2, "grpc-floor"},
+		{"grpc floor and a target", []string{"--grpc-floor", "--target", "127.0.0.1:1"}, 2, "grpc-floor"},
+		{"compare with the grpc floor", []string{"--compare", "--grpc-floor"}, 2, "grpc-floor"},
 		{"negative churn", []string{"--serve-cp", "127.0.0.1:0", "--churn", "-1s"}, 2, "churn"},
 		{"churn past the timeout", []string{"--compare", "--churn", "1m", "--timeout", "1m"}, 2, "timeout"},
 	}

@@ -14,10 +14,11 @@ import (
 
 // Setups compared, in the order Compare runs them.
 const (
-	SetupRelay    = "relay"    // clients → xdsrelay → go-control-plane
-	SetupLinear   = "linear"   // clients → go-control-plane, LinearCache
-	SetupSnapshot = "snapshot" // clients → go-control-plane, SnapshotCache
-	SetupFloor    = "floor"    // the same bytes to as many plain TCP connections
+	SetupRelay     = "relay"     // clients → xdsrelay → go-control-plane
+	SetupLinear    = "linear"    // clients → go-control-plane, LinearCache
+	SetupSnapshot  = "snapshot"  // clients → go-control-plane, SnapshotCache
+	SetupGRPCFloor = "grpcfloor" // clients → a bare grpc-go server writing pre-encoded responses
+	SetupFloor     = "floor"     // the same bytes to as many plain TCP connections
 )
 
 // Comparison is the setups run with the same parameters, and how the
@@ -64,8 +65,8 @@ type setupConfig struct {
 
 // setupConfigs derives the setups' configs from cfg: the same clients,
 // resources and updates; the relay in front of a control plane with
-// cfg.CPCache, then each go-control-plane cache directly, then the floor,
-// unless it does not apply (skipped says why).
+// cfg.CPCache, then each go-control-plane cache directly, the gRPC floor,
+// then the socket floor, unless it does not apply (skipped says why).
 func setupConfigs(cfg Config) (setups []setupConfig, skipped []Skipped) {
 	if cfg.ServeCP == "" {
 		cfg.ServeCP = "127.0.0.1:0"
@@ -73,12 +74,13 @@ func setupConfigs(cfg Config) (setups []setupConfig, skipped []Skipped) {
 	if cfg.PID == 0 && !cfg.Split {
 		cfg.PID = os.Getpid()
 	}
-	relayCfg, linear, snapshot, floor := cfg, cfg, cfg, cfg
+	relayCfg, linear, snapshot, grpcFloor, floor := cfg, cfg, cfg, cfg, cfg
 	relayCfg.Relay = true
 	linear.CPCache = CacheLinear
 	snapshot.CPCache = CacheSnapshot
+	grpcFloor.ServeCP, grpcFloor.GRPCFloor = "", true
 	floor.ServeCP, floor.Floor = "", true
-	setups = []setupConfig{{SetupRelay, relayCfg}, {SetupLinear, linear}, {SetupSnapshot, snapshot}}
+	setups = []setupConfig{{SetupRelay, relayCfg}, {SetupLinear, linear}, {SetupSnapshot, snapshot}, {SetupGRPCFloor, grpcFloor}}
 	switch {
 	case cfg.Churn > 0:
 		skipped = append(skipped, Skipped{SetupFloor, "churn: plain TCP connections have no subscription to churn"})
@@ -98,8 +100,8 @@ func setupConfigs(cfg Config) (setups []setupConfig, skipped []Skipped) {
 // ValidateCompare reports the first problem with a defaulted cfg for
 // Compare: the tool serves everything itself.
 func (cfg *Config) ValidateCompare() error {
-	if cfg.Target != "" || cfg.Floor || cfg.Relay {
-		return errors.New("compare runs every setup itself: give neither target, floor nor relay")
+	if cfg.Target != "" || cfg.Floor || cfg.GRPCFloor || cfg.Relay {
+		return errors.New("compare runs every setup itself: give neither target, floor, grpc-floor nor relay")
 	}
 	setups, _ := setupConfigs(*cfg)
 	for _, c := range setups {
@@ -113,8 +115,8 @@ func (cfg *Config) ValidateCompare() error {
 // Compare runs, one after the other and with the same parameters, clients
 // through xdsrelay (in this process, in front of a go-control-plane control
 // plane with cfg.CPCache), clients directly on go-control-plane with its
-// LinearCache, then with its SnapshotCache, and the socket floor (skipped
-// for churn, and for streams sharing connections). cfg.Timeout
+// LinearCache, then with its SnapshotCache, on the gRPC floor, and the
+// socket floor (skipped for churn, and for streams sharing connections). cfg.Timeout
 // bounds each setup. The RSS sampled is this process's (cfg.PID if set),
 // clients included, or with cfg.Split the server side's, each setup's in a
 // process of its own; memory is returned to the system before each setup.
@@ -165,7 +167,7 @@ func (cmp *Comparison) ratios() {
 	if r == nil {
 		return
 	}
-	for _, name := range []string{SetupLinear, SetupSnapshot, SetupFloor} {
+	for _, name := range []string{SetupLinear, SetupSnapshot, SetupGRPCFloor, SetupFloor} {
 		o := cmp.setup(name)
 		if o == nil {
 			continue
@@ -277,6 +279,7 @@ func (cmp *Comparison) writeNotes(w io.Writer, c *Config) {
 		fmt.Fprintln(w, "conns: gRPC connections the clients dialed (streams-per-conn clients each); RSS/stream and goroutines/stream: the server's growth from before the clients to all configured and idle, per stream.")
 		fmt.Fprintln(w, "CPU/change: the server's CPU time (user+system, 10ms ticks) from before the first update to the last one delivered, per update, and per client.")
 	}
+	fmt.Fprintln(w, "grpcfloor: a bare grpc-go server with the relay's transport options, writing each stream one pre-encoded response per change (no cache, no protocol state); floor: the same bytes on plain TCP.")
 	switch {
 	case c.Split:
 		fmt.Fprintln(w, "server: the child process of each setup; for the relay, the relay's own process (its control plane runs in another: relay's CP CPU/change).")

@@ -45,6 +45,11 @@ type Config struct {
 	Updates     int           `json:"updates"`         // updates published, one resource each
 
 	Floor bool `json:"floor"` // measure the socket floor instead of an xDS server
+	// GRPCFloor measures the gRPC floor instead: a bare grpc-go server on
+	// the clients' xDS service that writes each stream, for its first config
+	// and for each update, one response encoded ahead of time (the bytes
+	// the relay would send), with no cache and no protocol state.
+	GRPCFloor bool `json:"grpc_floor,omitempty"`
 	// Relay starts xdsrelay in this process in front of the ServeCP
 	// control plane, and the clients load the relay.
 	Relay bool `json:"relay,omitempty"`
@@ -124,12 +129,14 @@ func (cfg *Config) Validate() error {
 		return fmt.Errorf("updates must be between 0 and %d", maxUpdates)
 	case cfg.Timeout <= 0 || cfg.UpdateEvery < 0:
 		return errors.New("timeout must be positive and update-every not negative")
-	case !cfg.Floor && cfg.ServeCP == "" && cfg.Target == "":
-		return errors.New("give a target, serve a control plane (serve-cp) or measure the floor")
+	case !cfg.Floor && !cfg.GRPCFloor && cfg.ServeCP == "" && cfg.Target == "":
+		return errors.New("give a target, serve a control plane (serve-cp) or measure a floor (floor, grpc-floor)")
+	case cfg.GRPCFloor && (cfg.Floor || cfg.Relay || cfg.ServeCP != "" || cfg.Target != ""):
+		return errors.New("grpc-floor serves the clients itself: give neither target, serve-cp, relay nor floor")
 	case cfg.Relay && (cfg.ServeCP == "" || cfg.Target != "" || cfg.Floor):
 		return errors.New("relay runs in front of the serve-cp control plane: give serve-cp, and neither target nor floor")
 	case cfg.Split && (cfg.Target != "" || !cfg.updating()):
-		return errors.New("split runs the tool's own server in a child process: give serve-cp or floor, and no target")
+		return errors.New("split runs the tool's own server in a child process: give serve-cp, floor or grpc-floor, and no target")
 	}
 	if err := cfg.validateStreams(); err != nil {
 		return err
@@ -159,7 +166,7 @@ func (cfg *Config) validateStreams() error {
 // validateNames checks, when the tool serves the resources, that every
 // subscribed name is one of them.
 func (cfg *Config) validateNames() error {
-	if cfg.ServeCP == "" && !cfg.Floor {
+	if cfg.ServeCP == "" && !cfg.Floor && !cfg.GRPCFloor {
 		return nil
 	}
 	served := resourceNames(kinds[cfg.Type], cfg.Resources)
@@ -172,4 +179,4 @@ func (cfg *Config) validateNames() error {
 }
 
 // updating reports whether the run publishes updates.
-func (cfg *Config) updating() bool { return cfg.ServeCP != "" || cfg.Floor }
+func (cfg *Config) updating() bool { return cfg.ServeCP != "" || cfg.Floor || cfg.GRPCFloor }

@@ -30,10 +30,8 @@ func (clusterHash) ID(node *corepb.Node) string { return node.GetCluster() }
 type controlPlane struct {
 	// Read-only after startControlPlane.
 	addr      string
-	coding    seqCoding
-	cfg       *Config
-	rotation  []string       // the resources updated, in turn
-	index     map[string]int // resource name → position in resources
+	catalog   *catalog
+	nodeGroup string // the node.cluster that snapshots are keyed by
 	snapshots cachev3.SnapshotCache
 	linear    *cachev3.LinearCache
 	grpc      *grpc.Server
@@ -41,24 +39,18 @@ type controlPlane struct {
 	done      chan struct{}
 
 	// Owned by the publishing goroutine.
-	resources []types.Resource
+	resources []types.Resource // resource i is catalog.names[i]
 }
 
 // startControlPlane serves cfg.Resources resources of cfg.Type on
 // cfg.ServeCP from the cache cfg.CPCache names, on the aggregated and the
 // per-type services.
 func startControlPlane(cfg *Config, coding seqCoding) (*controlPlane, error) {
-	cp := &controlPlane{coding: coding, cfg: cfg, index: map[string]int{}, done: make(chan struct{})}
-	names := resourceNames(coding.kind, cfg.Resources)
-	cp.rotation = names
-	if len(cfg.Names) > 0 {
-		cp.rotation = cfg.Names
+	cp := &controlPlane{catalog: newCatalog(cfg, coding), nodeGroup: cfg.NodeCluster, done: make(chan struct{})}
+	for i := range cp.catalog.names {
+		cp.resources = append(cp.resources, cp.catalog.resource(i, 0))
 	}
-	for i, n := range names {
-		cp.index[n] = i
-		cp.resources = append(cp.resources, coding.resource(n, i, 0, cfg.Endpoints))
-	}
-	cache, err := cp.newCache()
+	cache, err := cp.newCache(cfg.CPCache)
 	if err != nil {
 		return nil, err
 	}
@@ -72,13 +64,13 @@ func startControlPlane(cfg *Config, coding seqCoding) (*controlPlane, error) {
 }
 
 // newCache makes the cache and fills it with the initial resources.
-func (cp *controlPlane) newCache() (cachev3.Cache, error) {
-	if cp.cfg.CPCache == CacheLinear {
+func (cp *controlPlane) newCache(kind string) (cachev3.Cache, error) {
+	if kind == CacheLinear {
 		initial := make(map[string]types.Resource, len(cp.resources))
-		for n, i := range cp.index {
+		for i, n := range cp.catalog.names {
 			initial[n] = cp.resources[i]
 		}
-		cp.linear = cachev3.NewLinearCache(cp.coding.kind.typeURL, cachev3.WithInitialResources(initial))
+		cp.linear = cachev3.NewLinearCache(cp.catalog.typeURL(), cachev3.WithInitialResources(initial))
 		return cp.linear, nil
 	}
 	cp.snapshots = cachev3.NewSnapshotCache(false, clusterHash{}, nil)
@@ -86,11 +78,11 @@ func (cp *controlPlane) newCache() (cachev3.Cache, error) {
 }
 
 func (cp *controlPlane) setSnapshot(seq int) error {
-	snap, err := cachev3.NewSnapshot(strconv.Itoa(seq), map[string][]types.Resource{cp.coding.kind.typeURL: cp.resources})
+	snap, err := cachev3.NewSnapshot(strconv.Itoa(seq), map[string][]types.Resource{cp.catalog.typeURL(): cp.resources})
 	if err != nil {
 		return fmt.Errorf("control plane: %w", err)
 	}
-	return cp.snapshots.SetSnapshot(context.Background(), cp.cfg.NodeCluster, snap)
+	return cp.snapshots.SetSnapshot(context.Background(), cp.nodeGroup, snap)
 }
 
 func (cp *controlPlane) serve(ln net.Listener, cache cachev3.Cache) {
@@ -112,12 +104,10 @@ func (cp *controlPlane) serve(ln net.Listener, cache cachev3.Cache) {
 // publish replaces one resource with a version that carries seq, and
 // returns the moment it handed it to the cache. Calls must not overlap.
 func (cp *controlPlane) publish(seq int) (time.Time, error) {
-	name := cp.rotation[(seq-1)%len(cp.rotation)]
-	i := cp.index[name]
-	res := cp.coding.resource(name, i, seq, cp.cfg.Endpoints)
+	turn, i, res := cp.catalog.update(seq)
 	if cp.linear != nil {
 		t := time.Now()
-		return t, cp.linear.UpdateResource(name, res)
+		return t, cp.linear.UpdateResource(cp.catalog.rotation[turn], res)
 	}
 	cp.resources[i] = res
 	t := time.Now()

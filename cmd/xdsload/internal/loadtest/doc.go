@@ -4,8 +4,10 @@
 //
 // It can also run the control plane itself (a go-control-plane server with
 // numbered updates, so that clients recognise each update by the sequence
-// number carried in the resource), and the socket floor: the same bytes
-// written to as many plain TCP connections, for comparison.
+// number carried in the resource), and two floors for comparison: the gRPC
+// floor, a bare grpc-go server that writes each stream the bytes the relay
+// would send, encoded ahead of time; and the socket floor, as many bytes
+// written to as many plain TCP connections.
 //
 // Run is the entry point; cmd/xdsload is its command line.
 package loadtest

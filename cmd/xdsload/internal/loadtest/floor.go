@@ -85,21 +85,35 @@ func (f *floor) publish(seq int) (time.Time, error) {
 	conns := slices.Clone(f.conns)
 	f.mu.Unlock()
 	b := frame(seq, f.updateSize)
-	shards := max(min(runtime.GOMAXPROCS(0), len(conns)), 1)
+	t := time.Now()
+	err := inParallel(len(conns), func(j int) error {
+		_, err := conns[j].Write(b)
+		return err
+	})
+	if err != nil {
+		return t, fmt.Errorf("floor: %w", err)
+	}
+	return t, nil
+}
+
+// inParallel calls write for 0..n-1 from as many goroutines as there are
+// CPUs, each taking every GOMAXPROCS-th, and returns once every call has;
+// the error is the first of each goroutine's, joined.
+func inParallel(n int, write func(j int) error) error {
+	shards := max(min(runtime.GOMAXPROCS(0), n), 1)
 	errs := make([]error, shards)
 	var wg sync.WaitGroup
-	t := time.Now()
 	for w := range shards {
 		wg.Go(func() {
-			for j := w; j < len(conns); j += shards {
-				if _, err := conns[j].Write(b); err != nil && errs[w] == nil {
-					errs[w] = fmt.Errorf("floor: %w", err)
+			for j := w; j < n; j += shards {
+				if err := write(j); err != nil && errs[w] == nil {
+					errs[w] = err
 				}
 			}
 		})
 	}
 	wg.Wait()
-	return t, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 // run is floor client i: it reads frames until ctx ends.

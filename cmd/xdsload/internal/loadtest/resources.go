@@ -76,6 +76,46 @@ func (c seqCoding) seqOf(a *anypb.Any) int {
 	return int(v - uint64(c.base))
 }
 
+// catalog is the resources the tool serves and the updates it publishes:
+// update seq replaces one resource, in turn over the subscribed names (every
+// resource when the clients subscribe to all), with a version that carries
+// seq. The control plane and the gRPC floor publish the same updates.
+type catalog struct {
+	// Read-only after newCatalog.
+	coding    seqCoding
+	endpoints int
+	names     []string       // resource i is names[i]
+	rotation  []string       // the resources updated, in turn
+	index     map[string]int // name → i
+}
+
+func newCatalog(cfg *Config, coding seqCoding) *catalog {
+	c := &catalog{coding: coding, endpoints: cfg.Endpoints, names: resourceNames(coding.kind, cfg.Resources), index: map[string]int{}}
+	c.rotation = c.names
+	if len(cfg.Names) > 0 {
+		c.rotation = cfg.Names
+	}
+	for i, n := range c.names {
+		c.index[n] = i
+	}
+	return c
+}
+
+func (c *catalog) typeURL() string { return c.coding.kind.typeURL }
+
+// resource builds resource i as of update seq (0: before any update).
+func (c *catalog) resource(i, seq int) types.Resource {
+	return c.coding.resource(c.names[i], i, seq, c.endpoints)
+}
+
+// update builds the resource that update seq replaces, as the update
+// carries it: rotation[turn], which is resource i.
+func (c *catalog) update(seq int) (turn, i int, res types.Resource) {
+	turn = (seq - 1) % len(c.rotation)
+	i = c.index[c.rotation[turn]]
+	return turn, i, c.resource(i, seq)
+}
+
 // resourceNames names the k resources of a kind.
 func resourceNames(kd kind, k int) []string {
 	names := make([]string, k)

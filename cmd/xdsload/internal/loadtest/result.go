@@ -228,8 +228,11 @@ func (r *Result) describe() string {
 		api = "ADS"
 	}
 	s := fmt.Sprintf("xdsload: %d %s %s %s clients → %s, node cluster %q", c.Clients, c.Variant, api, c.Type, c.Target, c.NodeCluster)
-	if c.Floor {
+	switch {
+	case c.Floor:
 		s = fmt.Sprintf("xdsload floor: %d TCP connections, frames sized as %s %s responses", c.Clients, c.Variant, c.Type)
+	case c.GRPCFloor:
+		s = fmt.Sprintf("xdsload gRPC floor: %d %s %s %s clients → %s, a bare grpc-go server writing pre-encoded responses", c.Clients, c.Variant, api, c.Type, c.Target)
 	}
 	if c.updating() {
 		s += fmt.Sprintf("; %d resources", c.Resources)

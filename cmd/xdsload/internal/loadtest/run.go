@@ -22,23 +22,36 @@ type backend interface {
 	stop()
 }
 
-// xdsBackend is xDS clients against a target, and the control plane when
-// the tool serves one, and the relay in front of it when the tool runs one.
+// xdsBackend is xDS clients against a target, and the server the tool
+// runs for them, if any: its control plane (and the relay in front of it),
+// or the gRPC floor.
 type xdsBackend struct {
 	*xdsClients
-	cp    *controlPlane // nil against an outside server
-	relay *relay.Relay  // nil unless cfg.Relay
+	server serverSide // nil against an outside server
 }
 
-func (b *xdsBackend) publish(seq int) (time.Time, error) { return b.cp.publish(seq) }
+func (b *xdsBackend) publish(seq int) (time.Time, error) { return b.server.publish(seq) }
 
 func (b *xdsBackend) stop() {
-	if b.relay != nil {
-		stopRelay(b.relay)
+	if b.server != nil {
+		b.server.stop()
 	}
-	if b.cp != nil {
-		b.cp.stop()
+}
+
+// cpStack is the tool's control plane and, with cfg.Relay, xdsrelay in
+// front of it.
+type cpStack struct {
+	cp    *controlPlane
+	relay *relay.Relay // nil unless cfg.Relay
+}
+
+func (s *cpStack) publish(seq int) (time.Time, error) { return s.cp.publish(seq) }
+
+func (s *cpStack) stop() {
+	if s.relay != nil {
+		stopRelay(s.relay)
 	}
+	s.cp.stop()
 }
 
 // Run runs the load that cfg describes (updates fanned out, or churn if
@@ -66,7 +79,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	defer b.stop()
 	res := &Result{Config: cfg}
-	if cfg.ServeCP != "" && !cfg.Floor {
+	if (cfg.ServeCP != "" && !cfg.Floor) || cfg.GRPCFloor {
 		res.SeqBase = coding.base
 	}
 	if cfg.PID > 0 {
@@ -127,31 +140,49 @@ func startBackend(cfg *Config, coding seqCoding) (backend, error) {
 	return startXDSBackend(cfg, coding)
 }
 
-// startXDSBackend starts the control plane if cfg.ServeCP, and the relay
-// in front of it if cfg.Relay; cfg.Target is then where they serve.
+// startXDSBackend starts the server the tool runs for the clients, if any
+// (see startServer), and the clients.
 func startXDSBackend(cfg *Config, coding seqCoding) (*xdsBackend, error) {
-	b := &xdsBackend{}
-	if cfg.ServeCP != "" {
-		cp, err := startControlPlane(cfg, coding)
+	srv, err := startServer(cfg, coding)
+	if err != nil {
+		return nil, err
+	}
+	return &xdsBackend{xdsClients: newXDSClients(cfg, coding), server: srv}, nil
+}
+
+// startServer starts the gRPC floor if cfg.GRPCFloor, or the control plane
+// if cfg.ServeCP and the relay in front of it if cfg.Relay; cfg.Target is
+// then where they serve, unless it names a server in front of the control
+// plane. It returns nil if the tool serves nothing.
+func startServer(cfg *Config, coding seqCoding) (serverSide, error) {
+	switch {
+	case cfg.GRPCFloor:
+		f, err := startGRPCFloor(cfg, coding)
 		if err != nil {
 			return nil, err
 		}
-		b.cp = cp
-		if cfg.Target == "" {
-			cfg.Target = cp.addr
-		}
+		cfg.Target = f.addr
+		return f, nil
+	case cfg.ServeCP == "":
+		return nil, nil
 	}
-	if cfg.Relay {
-		r, err := startRelay(b.cp.addr, cfg.Progress)
-		if err != nil {
-			b.cp.stop()
-			return nil, err
-		}
-		b.relay = r
-		cfg.Target = r.Addr()
+	cp, err := startControlPlane(cfg, coding)
+	if err != nil {
+		return nil, err
 	}
-	b.xdsClients = newXDSClients(cfg, coding)
-	return b, nil
+	if cfg.Target == "" {
+		cfg.Target = cp.addr
+	}
+	if !cfg.Relay {
+		return &cpStack{cp: cp}, nil
+	}
+	r, err := startRelay(cp.addr, cfg.Progress)
+	if err != nil {
+		cp.stop()
+		return nil, err
+	}
+	cfg.Target = r.Addr()
+	return &cpStack{cp: cp, relay: r}, nil
 }
 
 // drive opens the clients, waits for their first config, publishes the

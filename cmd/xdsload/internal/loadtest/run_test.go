@@ -201,6 +201,10 @@ func TestValidate(t *testing.T) {
 		{"floor sharing connections", func(c *Config) { c.ServeCP, c.Floor, c.StreamsPerConn = "", true, 2 }, "streams-per-conn"},
 		{"negative churn", func(c *Config) { c.Churn = -time.Second }, "churn"},
 		{"floor churning", func(c *Config) { c.ServeCP, c.Floor, c.Churn = "", true, time.Second }, "churn"},
+		{"grpc floor and a control plane", func(c *Config) { c.GRPCFloor = true }, "grpc-floor"},
+		{"both floors", func(c *Config) { c.ServeCP, c.Floor, c.GRPCFloor = "", true, true }, "grpc-floor"},
+		{"grpc floor behind a relay", func(c *Config) { c.ServeCP, c.Relay, c.GRPCFloor = "", true, true }, "grpc-floor"},
+		{"grpc floor, unserved name", func(c *Config) { c.ServeCP, c.GRPCFloor, c.Names = "", true, []string{"cla-10"} }, "cla-10"},
 		{"negative settle", func(c *Config) { c.Churn, c.ChurnSettle = time.Second, -time.Second }, "churn-settle"},
 		{"churn past the timeout", func(c *Config) { c.Churn, c.Timeout = time.Minute, time.Minute }, "timeout"},
 	}
@@ -268,6 +272,8 @@ func TestRunChurn(t *testing.T) {
 		{"stream per cycle, sotw relay", func(c *Config) {
 			c.Variant, c.Relay, c.StreamsPerConn, c.CPCache = VariantSotW, true, 3, CacheLinear
 		}},
+		{"connection per cycle, grpc floor", func(c *Config) { c.ServeCP, c.GRPCFloor = "", true }},
+		{"stream per cycle, grpc floor", func(c *Config) { c.ServeCP, c.GRPCFloor, c.StreamsPerConn = "", true, 3 }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -294,6 +300,42 @@ func TestRunChurn(t *testing.T) {
 				if !strings.Contains(table.String(), want) {
 					t.Errorf("table lacks %q:\n%s", want, table.String())
 				}
+			}
+		})
+	}
+}
+
+// The gRPC floor delivers the first config and every update to every
+// client, on each variant, service and type, and with streams sharing
+// connections.
+func TestRunGRPCFloor(t *testing.T) {
+	tests := []struct {
+		name string
+		mod  func(*Config)
+	}{
+		{"delta ADS eds names", func(c *Config) { c.Names = []string{"cla-0"} }},
+		{"sotw ADS eds wildcard", func(c *Config) { c.Variant = VariantSotW }},
+		{"delta per-type cds", func(c *Config) { c.Type, c.ADS = "cds", false }},
+		{"sotw per-type lds names", func(c *Config) {
+			c.Variant, c.Type, c.ADS, c.Names = VariantSotW, "lds", false, []string{"listener-3", "listener-1"}
+		}},
+		{"delta rds sharing connections", func(c *Config) { c.Type, c.StreamsPerConn = "rds", 4 }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res, err := Run(t.Context(), smallLoad(func(c *Config) {
+				c.ServeCP, c.GRPCFloor, c.Clients, c.Updates = "", true, 20, 2
+				tt.mod(c)
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkDelivered(t, res)
+			if want := (20 + res.Config.StreamsPerConn - 1) / res.Config.StreamsPerConn; res.Connections != want {
+				t.Errorf("%d connections, want %d", res.Connections, want)
+			}
+			if res.SeqBase == 0 || res.Early != 0 || !strings.Contains(res.describe(), "gRPC floor") {
+				t.Errorf("seq base %d, %d early, description %q", res.SeqBase, res.Early, res.describe())
 			}
 		})
 	}

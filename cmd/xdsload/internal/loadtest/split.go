@@ -176,8 +176,8 @@ type serverSide interface {
 }
 
 // startServerSide starts the floor's server, the relay alone in front of
-// relayUpstream if set, or the control plane (and the relay in front of it
-// if cfg.Relay), and returns the address clients dial.
+// relayUpstream if set, the gRPC floor, or the control plane (and the relay
+// in front of it if cfg.Relay), and returns the address clients dial.
 func startServerSide(cfg *Config, coding seqCoding, relayUpstream string) (serverSide, string, error) {
 	if relayUpstream != "" {
 		r, err := startRelay(relayUpstream, cfg.Progress)
@@ -194,11 +194,14 @@ func startServerSide(cfg *Config, coding seqCoding, relayUpstream string) (serve
 		return f, f.addr, nil
 	}
 	cfg.Target = ""
-	b, err := startXDSBackend(cfg, coding)
+	srv, err := startServer(cfg, coding)
 	if err != nil {
 		return nil, "", err
 	}
-	return b, cfg.Target, nil
+	if srv == nil {
+		return nil, "", errors.New("nothing to serve: give serve-cp, floor or grpc-floor")
+	}
+	return srv, cfg.Target, nil
 }
 
 // relayServer is xdsrelay alone: its control plane, in another process,
@@ -380,7 +383,7 @@ func (b *splitBackend) run(ctx context.Context, i int, tr *tracker) error {
 func (b *splitBackend) bytesReceived() int64 { return b.clients.bytesReceived() }
 func (b *splitBackend) connections() int     { return b.clients.connections() }
 
-// publisher is the child that publishes: the control plane or the floor.
+// publisher is the child that publishes: the control plane or a floor.
 func (b *splitBackend) publisher() *child {
 	if b.upstream != nil {
 		return b.upstream

@@ -22,6 +22,10 @@ func TestRunSplit(t *testing.T) {
 		{"relay sharing connections", func(c *Config) { c.Relay, c.StreamsPerConn = true, 2 }},
 		{"snapshot sotw", func(c *Config) { c.Variant = VariantSotW }},
 		{"floor", func(c *Config) { c.ServeCP, c.Floor = "", true }},
+		{"grpc floor", func(c *Config) { c.ServeCP, c.GRPCFloor, c.Clients, c.Updates = "", true, 20, 2 }},
+		{"grpc floor sotw sharing connections", func(c *Config) {
+			c.ServeCP, c.GRPCFloor, c.Variant, c.StreamsPerConn = "", true, VariantSotW, 3
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
