@@ -49,8 +49,13 @@ const maxRESTBody = 1 << 20
 // The version_info is a digest of the names and versions it carries; when
 // the request already has that version the poll is held until something
 // changes or ctx ends, and an unchanged set is never answered ("REST-JSON
-// polling subscriptions").
+// polling subscriptions"). Polls in progress are bounded by limits.max_polls.
 func (s *Server) fetch(ctx context.Context, who client, req *discoverypb.DiscoveryRequest, typeURL string) (*discoverypb.DiscoveryResponse, error) {
+	done, err := s.admitPoll()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	if req.GetTypeUrl() != "" && req.GetTypeUrl() != typeURL {
 		return nil, status.Errorf(codes.InvalidArgument, "xdsrelay: type_url %q on a %s request", req.GetTypeUrl(), xds.ShortName(typeURL))
 	}

@@ -2,8 +2,12 @@ package downstream
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,5 +114,40 @@ func TestFetchHeldPollEndsOnDrain(t *testing.T) {
 		}
 	case <-ctx.Done():
 		t.Fatal("the held poll did not end on Drain")
+	}
+}
+
+// errReader fails every read with err.
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }
+
+// A REST-JSON body that cannot be read is 413 when it is too large, and 400
+// for any other reason (the client hung up mid-body, broken framing), never
+// 413.
+func TestRESTBodyErrors(t *testing.T) {
+	s, err := New(Options{Groups: oneGroup{cache.New(cache.Options{})}, Metrics: &metrics.Registry{},
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		body io.Reader
+		want int
+	}{
+		{"client hung up", io.MultiReader(strings.NewReader(`{"node": {"id": "a"`), errReader{io.ErrUnexpectedEOF}), http.StatusBadRequest},
+		{"broken chunked framing", errReader{errors.New("invalid byte in chunk length")}, http.StatusBadRequest},
+		{"too large", strings.NewReader(`{"node": {"id": "` + strings.Repeat("a", maxRESTBody) + `"}}`), http.StatusRequestEntityTooLarge},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := httptest.NewRequest(http.MethodPost, resourcev3.FetchClusters, tc.body)
+			req.Header.Set("Content-Type", "application/json")
+			w := httptest.NewRecorder()
+			s.RESTHandler().ServeHTTP(w, req)
+			if w.Code != tc.want || !strings.Contains(w.Body.String(), "xdsrelay: request body: ") {
+				t.Errorf("answered %d %q, want %d about the request body", w.Code, w.Body.String(), tc.want)
+			}
+		})
 	}
 }

@@ -40,6 +40,9 @@ type Limits struct {
 	// request's body may take to arrive (its headers are bounded by the
 	// HTTP server).
 	RESTReadTimeout time.Duration
+	// MaxPolls is limits.max_polls: REST-JSON and gRPC Fetch polls in
+	// progress at once, held ones included.
+	MaxPolls int
 }
 
 // LimitError refuses a stream, request or poll at a configured bound. At the
@@ -59,17 +62,21 @@ func (e *LimitError) Error() string {
 // label is the key without its section: the metric's label value.
 func (e *LimitError) label() string { return strings.TrimPrefix(e.Key, "limits.") }
 
-// admission counts open streams and rations new ones.
+// admission counts open streams and polls in progress, and rations new
+// streams.
 type admission struct {
 	// Read-only after newAdmission.
-	max  int
-	rate *rate.Limiter // nil without a rate
+	max      int
+	maxPolls int
+	rate     *rate.Limiter // nil without a rate
 
-	open atomic.Int64
+	// Atomic.
+	open  atomic.Int64 // streams
+	polls atomic.Int64
 }
 
 func newAdmission(l Limits) *admission {
-	a := &admission{max: l.MaxStreams}
+	a := &admission{max: l.MaxStreams, maxPolls: l.MaxPolls}
 	if l.StreamRate > 0 {
 		a.rate = rate.NewLimiter(rate.Limit(l.StreamRate), max(l.StreamBurst, 1))
 	}
@@ -90,6 +97,17 @@ func (s *Server) admitStream() (release func(), err error) {
 		return nil, &LimitError{Key: "limits.stream_rate", Limit: limit, What: "too many new streams; retry later"}
 	}
 	return func() { a.open.Add(-1) }, nil
+}
+
+// admitPoll admits a REST-JSON or gRPC Fetch poll, or refuses it at
+// limits.max_polls. Call release when an admitted poll is answered.
+func (s *Server) admitPoll() (release func(), err error) {
+	a := s.admission
+	if n := a.polls.Add(1); a.maxPolls > 0 && n > int64(a.maxPolls) {
+		a.polls.Add(-1)
+		return nil, &LimitError{Key: "limits.max_polls", Limit: strconv.Itoa(a.maxPolls), What: "too many polls in progress; retry later"}
+	}
+	return func() { a.polls.Add(-1) }, nil
 }
 
 // firstRequest waits for a stream's first request, for
@@ -223,12 +241,19 @@ func (s *Server) readDeadline(w http.ResponseWriter) (lift func()) {
 	return func() { rc.SetReadDeadline(time.Time{}) }
 }
 
-// bodyError is the error for a REST-JSON body that could not be read.
+// bodyError is the error for a REST-JSON body that could not be read: a
+// limit for one too slow (408), RESOURCE_EXHAUSTED for one too large (413),
+// and INVALID_ARGUMENT for anything else, a client that hung up mid-body or
+// broken chunked framing (400).
 func (s *Server) bodyError(err error) error {
-	if errors.Is(err, os.ErrDeadlineExceeded) {
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.Is(err, os.ErrDeadlineExceeded):
 		return &LimitError{Key: "limits.rest_read_timeout", Limit: s.limits.RESTReadTimeout.String(), What: "the request body did not arrive in time"}
+	case errors.As(err, &tooLarge):
+		return status.Errorf(codes.ResourceExhausted, "xdsrelay: request body: %v", err)
 	}
-	return status.Errorf(codes.ResourceExhausted, "xdsrelay: request body: %v", err)
+	return status.Errorf(codes.InvalidArgument, "xdsrelay: request body: %v", err)
 }
 
 // restRefusal answers a REST-JSON request refused at a limit, reporting

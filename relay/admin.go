@@ -69,6 +69,10 @@ func (r *Relay) startAdmin() error {
 	}
 	r.adminLn = aln
 	loopback := isLoopback(aln.Addr())
+	if !loopback && r.adminTLS == nil {
+		r.warnings.warn(r.log, "admin.address", "Admin exposure",
+			"admin.address is not a loopback address and admin.tls is not set: /metrics (group keys in its labels) is served in plaintext to whoever reaches it, and the details to no one")
+	}
 	r.admin = &http.Server{Handler: r.adminHandler(loopback), ReadHeaderTimeout: 5 * time.Second,
 		ErrorLog: slog.NewLogLogger(r.log.Handler(), slog.LevelDebug)}
 	ln := aln
@@ -113,10 +117,13 @@ func (r *Relay) adminHandler(loopback bool) http.Handler {
 	return mux
 }
 
-// readyDetail writes, for people, each group's upstream state and what went
-// wrong with cache.persist_dir.
+// readyDetail writes, for people, each group's upstream state, what went
+// wrong with cache.persist_dir and the configuration warnings.
 func (r *Relay) readyDetail(w io.Writer) {
 	fmt.Fprintln(w, "ready")
+	for _, line := range r.warnings.detail() {
+		fmt.Fprintln(w, line)
+	}
 	for _, g := range r.snapshotGroups() {
 		s := g.status()
 		fmt.Fprintf(w, "group %q: %s\n", g.key, describe(s, g.cache.Len()))

@@ -8,6 +8,39 @@ import (
 	"github.com/xdsrelay/xdsrelay/internal/authz"
 )
 
+// The values of downstream.authorization.mode.
+const (
+	// AuthorizationRules, the default: with mTLS, the rules decide which
+	// nodes a client may claim, and there must be some.
+	AuthorizationRules = "rules"
+	// AuthorizationAllowAll admits every client to every node. A choice
+	// to make knowingly: it is warned about at startup.
+	AuthorizationAllowAll = "allow-all"
+)
+
+// validateAuthorization checks downstream.authorization. Secure by default:
+// with client certificates (mTLS) and the default mode, rules are required,
+// since otherwise any certificate the CA signed could claim any node and
+// read any group's resources ("Tenant isolation" in the README).
+func (c *Config) validateAuthorization() error {
+	a := &c.Downstream.Authorization
+	switch a.Mode {
+	case AuthorizationRules:
+		if len(a.Rules) == 0 && c.Downstream.TLS.CAFile != "" {
+			return errors.New("downstream.authorization.rules: none, with downstream.tls.client_ca_file set: any client certificate could claim any node; " +
+				"add downstream.authorization.rules, or set downstream.authorization.mode: allow-all (README: Tenant isolation)")
+		}
+	case AuthorizationAllowAll:
+		if len(a.Rules) > 0 {
+			return fmt.Errorf("downstream.authorization.mode: allow-all admits every node, yet downstream.authorization.rules lists %d; remove the rules or set the mode to rules", len(a.Rules))
+		}
+	default:
+		return fmt.Errorf("downstream.authorization.mode: %q is neither %s nor %s", a.Mode, AuthorizationRules, AuthorizationAllowAll)
+	}
+	_, err := c.authorizer()
+	return err
+}
+
 // authorizer compiles downstream.authorization.rules; nil without rules.
 func (c *Config) authorizer() (*authz.Authorizer, error) {
 	rules := c.Downstream.Authorization.Rules
@@ -26,6 +59,14 @@ func (c *Config) authorizer() (*authz.Authorizer, error) {
 		return nil, fmt.Errorf("downstream.authorization.%w", err)
 	}
 	return a, nil
+}
+
+// warnAllowAll warns about downstream.authorization.mode: allow-all.
+func (r *Relay) warnAllowAll() {
+	if r.cfg.Downstream.Authorization.Mode == AuthorizationAllowAll {
+		r.warnings.warn(r.log, "downstream.authorization.mode", "Tenant isolation",
+			"downstream.authorization.mode is allow-all: any client may claim any node, and so join any group and read its resources")
+	}
 }
 
 // warnUnboundGroups warns, for each rule, about the upstream.group_by fields

@@ -282,8 +282,9 @@ func TestAuthorizationREST(t *testing.T) {
 	}
 }
 
-// Rules need client certificates, and malformed rules stop the relay at
-// startup with an error naming the key.
+// Rules need client certificates, client certificates need rules (or
+// mode: allow-all), and malformed rules stop the relay at startup with an
+// error naming the key.
 func TestAuthorizationConfigErrors(t *testing.T) {
 	ca := newTestCA(t)
 	tests := []struct {
@@ -315,6 +316,18 @@ func TestAuthorizationConfigErrors(t *testing.T) {
 			c.Downstream.TLS.CAFile = ca.file
 			c.Downstream.Authorization.Rules = []AuthorizationRule{{Node: map[string]string{"cluster": "a"}}}
 		}, "downstream.authorization.rules[0].identity: empty"},
+		{"mTLS without rules", func(c *Config) {
+			c.Downstream.TLS.CAFile = ca.file
+		}, "downstream.authorization.rules: none, with downstream.tls.client_ca_file set: any client certificate could claim any node; " +
+			"add downstream.authorization.rules, or set downstream.authorization.mode: allow-all"},
+		{"allow-all with rules", func(c *Config) {
+			c.Downstream.TLS.CAFile = ca.file
+			c.Downstream.Authorization.Mode = AuthorizationAllowAll
+			c.Downstream.Authorization.Rules = []AuthorizationRule{tenantRule}
+		}, "downstream.authorization.mode: allow-all admits every node, yet downstream.authorization.rules lists 1"},
+		{"unknown mode", func(c *Config) {
+			c.Downstream.Authorization.Mode = "none"
+		}, `downstream.authorization.mode: "none" is neither rules nor allow-all`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -48,14 +48,31 @@ type Config struct {
 		// MaxRequestBytes is downstream.max_request_bytes: the largest
 		// request accepted from a client.
 		MaxRequestBytes int
+		// MaxConnectionAge and MaxConnectionAgeGrace are
+		// downstream.max_connection_age and .max_connection_age_grace: a
+		// gRPC client connection is sent GOAWAY after MaxConnectionAge
+		// (±10% jitter) so that clients spread over new replicas, and
+		// closed MaxConnectionAgeGrace later if streams are still open
+		// on it. 0 disables each.
+		MaxConnectionAge      time.Duration
+		MaxConnectionAgeGrace time.Duration
+		// MaxConnectionIdle is downstream.max_connection_idle: a gRPC
+		// connection without streams, or a keep-alive REST-JSON
+		// connection without a request, is closed after this long; 0
+		// disables.
+		MaxConnectionIdle time.Duration
 		// TLS is downstream.tls.{cert_file,key_file,client_ca_file}: TLS
 		// for clients (gRPC and REST), mTLS when client_ca_file is set.
 		TLS creds.TLS
 		// Authorization is downstream.authorization: which nodes a client
 		// may claim, by the identities of its client certificate.
 		Authorization struct {
-			// Rules is downstream.authorization.rules; empty admits
-			// every node. Rules need client_ca_file.
+			// Mode is downstream.authorization.mode: AuthorizationRules
+			// (with mTLS, Rules are required) or AuthorizationAllowAll
+			// (every client may claim every node; warned about).
+			Mode string
+			// Rules is downstream.authorization.rules. Rules need
+			// client_ca_file; without mTLS, none admits every node.
 			Rules []AuthorizationRule
 		}
 	}
@@ -162,6 +179,9 @@ type Config struct {
 		// RESTReadTimeout is limits.rest_read_timeout: a REST-JSON
 		// request's headers, and then its body, must arrive within it.
 		RESTReadTimeout time.Duration
+		// MaxPolls is limits.max_polls: REST-JSON and gRPC Fetch polls
+		// in progress (held ones included) at once.
+		MaxPolls int
 	}
 	// Tracing installs OpenTelemetry instrumentation (gRPC stats handlers on
 	// both edges) on the global tracer provider; the binary sets it when
@@ -272,6 +292,10 @@ func Default() Config {
 	c.Downstream.PollTimeout = 30 * time.Second
 	c.Downstream.SendTimeout = 30 * time.Second
 	c.Downstream.MaxRequestBytes = 4 << 20
+	c.Downstream.MaxConnectionAge = 30 * time.Minute
+	c.Downstream.MaxConnectionAgeGrace = time.Minute
+	c.Downstream.MaxConnectionIdle = 5 * time.Minute
+	c.Downstream.Authorization.Mode = AuthorizationRules
 	c.Admin.Address = "127.0.0.1:9901"
 	c.Metrics.GroupLabel = true
 	c.Cache.Retention = 5 * time.Minute
@@ -294,6 +318,7 @@ func Default() Config {
 	c.Limits.StreamBurst = 2000
 	c.Limits.FirstRequestTimeout = 10 * time.Second
 	c.Limits.RESTReadTimeout = 10 * time.Second
+	c.Limits.MaxPolls = 10000
 	return c
 }
 
@@ -321,7 +346,10 @@ func (c *Config) Validate() error {
 	if t := c.Downstream.TLS; t.Enabled() && (t.CertFile == "" || t.KeyFile == "") {
 		return errors.New("downstream.tls: cert_file and key_file are both required")
 	}
-	if _, err := c.authorizer(); err != nil {
+	if err := c.validateAuthorization(); err != nil {
+		return err
+	}
+	if err := c.validateConnections(); err != nil {
 		return err
 	}
 	if c.Downstream.SendTimeout <= 0 {
@@ -383,6 +411,7 @@ func (c *Config) validateLimits() error {
 		{"limits.max_streams_per_connection", l.MaxStreamsPerConnection},
 		{"limits.max_streams", l.MaxStreams},
 		{"limits.stream_burst", l.StreamBurst},
+		{"limits.max_polls", l.MaxPolls},
 	} {
 		if n.v < 0 {
 			return fmt.Errorf("%s: must not be negative (0 for no bound), got %d", n.key, n.v)
@@ -402,6 +431,24 @@ func (c *Config) validateLimits() error {
 	}
 	if l.RESTReadTimeout < 0 {
 		return fmt.Errorf("limits.rest_read_timeout: must not be negative (0 for no bound), got %s", l.RESTReadTimeout)
+	}
+	return nil
+}
+
+// validateConnections checks the downstream.max_connection_* keys.
+func (c *Config) validateConnections() error {
+	d := &c.Downstream
+	for _, n := range []struct {
+		key string
+		v   time.Duration
+	}{
+		{"downstream.max_connection_age", d.MaxConnectionAge},
+		{"downstream.max_connection_age_grace", d.MaxConnectionAgeGrace},
+		{"downstream.max_connection_idle", d.MaxConnectionIdle},
+	} {
+		if n.v < 0 {
+			return fmt.Errorf("%s: must not be negative (0 disables), got %s", n.key, n.v)
+		}
 	}
 	return nil
 }

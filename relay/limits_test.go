@@ -375,7 +375,8 @@ func TestFirstRequestTimeout(t *testing.T) {
 }
 
 // REST-JSON: a body that is not JSON is 415; a trickled body, or trickled
-// headers, are cut by limits.rest_read_timeout; a held poll outlives it.
+// headers, are cut by limits.rest_read_timeout; a body with broken framing
+// is 400; a held poll outlives the timeout.
 func TestRESTLimits(t *testing.T) {
 	const readTimeout = 300 * time.Millisecond
 	cp := testcp.Start(t)
@@ -409,6 +410,19 @@ func TestRESTLimits(t *testing.T) {
 			t.Fatalf("trickled body: %d %q, want 408 naming limits.rest_read_timeout", resp.StatusCode, b)
 		}
 		waitMetric(t, r, `xdsrelay_limit_refusals_total{limit="rest_read_timeout"} 1`)
+	})
+	t.Run("broken chunked framing", func(t *testing.T) {
+		conn := dialRaw(t, r.RESTAddr())
+		fmt.Fprint(conn, "POST /v3/discovery:clusters HTTP/1.1\r\nHost: relay\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n")
+		conn.SetReadDeadline(time.Now().Add(wait))
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatalf("no answer to a broken chunked body: %v", err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "request body") {
+			t.Fatalf("broken chunked body: %d %q, want 400 about the request body", resp.StatusCode, b)
+		}
 	})
 	t.Run("trickled headers", func(t *testing.T) {
 		conn := dialRaw(t, r.RESTAddr())
@@ -493,18 +507,23 @@ func trickle(conn net.Conn, b []byte) (stop func()) {
 	}
 }
 
-// Each limit is checked: a bad value is refused naming its key.
+// Each limit and connection bound is checked: a bad value is refused
+// naming its key.
 func TestValidateLimits(t *testing.T) {
 	for key, mutate := range map[string]func(*Config){
-		"limits.max_groups":                 func(c *Config) { c.Limits.MaxGroups = -1 },
-		"limits.max_names_per_stream":       func(c *Config) { c.Limits.MaxNamesPerStream = -1 },
-		"limits.max_names_per_group":        func(c *Config) { c.Limits.MaxNamesPerGroup = -1 },
-		"limits.max_streams_per_connection": func(c *Config) { c.Limits.MaxStreamsPerConnection = 1 << 40 },
-		"limits.max_streams":                func(c *Config) { c.Limits.MaxStreams = -1 },
-		"limits.stream_rate":                func(c *Config) { c.Limits.StreamRate = -1 },
-		"limits.stream_burst":               func(c *Config) { c.Limits.StreamBurst = 0 },
-		"limits.first_request_timeout":      func(c *Config) { c.Limits.FirstRequestTimeout = -1 },
-		"limits.rest_read_timeout":          func(c *Config) { c.Limits.RESTReadTimeout = -1 },
+		"limits.max_groups":                   func(c *Config) { c.Limits.MaxGroups = -1 },
+		"limits.max_names_per_stream":         func(c *Config) { c.Limits.MaxNamesPerStream = -1 },
+		"limits.max_names_per_group":          func(c *Config) { c.Limits.MaxNamesPerGroup = -1 },
+		"limits.max_streams_per_connection":   func(c *Config) { c.Limits.MaxStreamsPerConnection = 1 << 40 },
+		"limits.max_streams":                  func(c *Config) { c.Limits.MaxStreams = -1 },
+		"limits.stream_rate":                  func(c *Config) { c.Limits.StreamRate = -1 },
+		"limits.stream_burst":                 func(c *Config) { c.Limits.StreamBurst = 0 },
+		"limits.first_request_timeout":        func(c *Config) { c.Limits.FirstRequestTimeout = -1 },
+		"limits.rest_read_timeout":            func(c *Config) { c.Limits.RESTReadTimeout = -1 },
+		"limits.max_polls":                    func(c *Config) { c.Limits.MaxPolls = -1 },
+		"downstream.max_connection_age":       func(c *Config) { c.Downstream.MaxConnectionAge = -1 },
+		"downstream.max_connection_age_grace": func(c *Config) { c.Downstream.MaxConnectionAgeGrace = -1 },
+		"downstream.max_connection_idle":      func(c *Config) { c.Downstream.MaxConnectionIdle = -1 },
 	} {
 		c := Default()
 		mutate(&c)

@@ -58,7 +58,8 @@ type Relay struct {
 	guardM        guardMetrics
 	rolloutM      rolloutMetrics
 	persistHealth *persistHealth
-	adminTLS      *tls.Config // nil without admin.tls
+	warnings      *configWarnings // xdsrelay_config_warnings and their /readyz lines
+	adminTLS      *tls.Config     // nil without admin.tls
 
 	mu     sync.Mutex
 	groups map[string]*group // guarded by mu
@@ -115,6 +116,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	r.guardM = newGuardMetrics(r.metrics)
 	r.rolloutM = newRolloutMetrics(r.metrics)
 	r.persistHealth = newPersistHealth(r.metrics)
+	r.warnings = newConfigWarnings(r.metrics)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	ok := false
 	defer func() {
@@ -133,6 +135,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 		return nil, err
 	}
 	warnUnboundGroups(cfg, logger)
+	r.warnAllowAll()
 	ds, err := downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: logger,
 		PollTimeout: cfg.Downstream.PollTimeout, SendTimeout: cfg.Downstream.SendTimeout, Authorizer: az,
 		Limits: downstreamLimits(cfg)})
@@ -142,6 +145,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	r.down = ds
 	opts := append(downstream.ServerOptions(),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(connectionBounds(cfg)),
 		grpc.MaxRecvMsgSize(cfg.Downstream.MaxRequestBytes),
 		grpc.MaxConcurrentStreams(uint32(cfg.Limits.MaxStreamsPerConnection)),
 		// Lean idle streams: a connection's write buffer is taken from a
@@ -276,7 +280,10 @@ func (r *Relay) Start() error {
 			return fmt.Errorf("downstream.rest_address: %w", err)
 		}
 		r.restLn = rln
-		r.rest = &http.Server{Handler: r.down.RESTHandler(), ReadHeaderTimeout: r.cfg.Limits.RESTReadTimeout, TLSConfig: r.restTLS}
+		// IdleTimeout: a keep-alive connection waiting for its next
+		// request is closed after downstream.max_connection_idle (0: never).
+		r.rest = &http.Server{Handler: r.down.RESTHandler(), ReadHeaderTimeout: r.cfg.Limits.RESTReadTimeout,
+			IdleTimeout: r.cfg.Downstream.MaxConnectionIdle, TLSConfig: r.restTLS}
 		if r.restTLS != nil {
 			rln = tls.NewListener(rln, r.restTLS)
 		}

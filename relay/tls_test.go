@@ -58,6 +58,7 @@ func TestMutualTLSBothWays(t *testing.T) {
 		c.Upstream.Headers = map[string]string{"authorization": "Bearer relay-token"}
 		c.Downstream.TLS.CertFile, c.Downstream.TLS.KeyFile = certs.ServerCert, certs.ServerKey
 		c.Downstream.TLS.CAFile = certs.CA
+		c.Downstream.Authorization.Mode = AuthorizationAllowAll // any certificate the CA signed may claim any node
 	})
 
 	clientCert, err := tls.LoadX509KeyPair(certs.ClientCert, certs.ClientKey)

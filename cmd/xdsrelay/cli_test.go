@@ -429,6 +429,7 @@ func TestStatusOverMTLS(t *testing.T) {
 	r := startFileRelay(t, dir, func(c *relay.Config) {
 		c.Downstream.TLS.CertFile, c.Downstream.TLS.KeyFile = certs.ServerCert, certs.ServerKey
 		c.Downstream.TLS.CAFile = certs.CA
+		c.Downstream.Authorization.Mode = relay.AuthorizationAllowAll
 	})
 	status := []string{"status", "--server", r.Addr(), "--timeout", "2s"}
 	for _, tc := range []struct {

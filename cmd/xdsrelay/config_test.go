@@ -65,7 +65,7 @@ func TestLoadConfig(t *testing.T) {
 		},
 		{
 			name: "TLS both ways and upstream headers",
-			yaml: "upstream:\n  tls:\n    ca_file: /ca.pem\n    server_name: cp.internal\n  headers:\n    authorization: Bearer abc\ndownstream:\n  tls:\n    cert_file: /tls.crt\n    key_file: /tls.key\n    client_ca_file: /clients.pem\n",
+			yaml: "upstream:\n  tls:\n    ca_file: /ca.pem\n    server_name: cp.internal\n  headers:\n    authorization: Bearer abc\n" + mtls + allowAll,
 			env:  map[string]string{"XDSRELAY_UPSTREAM_TLS_INSECURE_SKIP_VERIFY": "false"},
 			check: func(t *testing.T, o Options) {
 				u, d := o.Relay.Upstream, o.Relay.Downstream
@@ -74,6 +74,9 @@ func TestLoadConfig(t *testing.T) {
 				}
 				if d.TLS.CertFile != "/tls.crt" || d.TLS.KeyFile != "/tls.key" || d.TLS.CAFile != "/clients.pem" {
 					t.Errorf("downstream: %+v", d.TLS)
+				}
+				if d.Authorization.Mode != relay.AuthorizationAllowAll {
+					t.Errorf("authorization mode %q", d.Authorization.Mode)
 				}
 			},
 		},
@@ -212,6 +215,24 @@ func TestLoadConfig(t *testing.T) {
 			wantErr: "downstream.authorization.rules (from XDSRELAY_DOWNSTREAM_AUTHORIZATION_RULES): want a JSON list"},
 		{name: "authorization rules misspelt", yaml: mtls + "  authorization:\n    rule: []\n",
 			wantErr: `unknown key "downstream.authorization.rule"`},
+		{name: "mTLS without rules", yaml: mtls,
+			wantErr: "add downstream.authorization.rules, or set downstream.authorization.mode: allow-all"},
+		{name: "allow-all with rules", yaml: mtls + "  authorization:\n    mode: allow-all\n    rules: [{identity: x}]\n",
+			wantErr: "downstream.authorization.mode: allow-all admits every node"},
+		{name: "unknown authorization mode", env: map[string]string{"XDSRELAY_DOWNSTREAM_AUTHORIZATION_MODE": "deny"},
+			wantErr: `downstream.authorization.mode: "deny" is neither rules nor allow-all`},
+		{
+			name: "connection bounds and max_polls",
+			yaml: "downstream:\n  max_connection_age: 1h\n  max_connection_age_grace: 0\n  max_connection_idle: 0\nlimits:\n  max_polls: 5\n",
+			check: func(t *testing.T, o Options) {
+				d := o.Relay.Downstream
+				if d.MaxConnectionAge != time.Hour || d.MaxConnectionAgeGrace != 0 || d.MaxConnectionIdle != 0 || o.Relay.Limits.MaxPolls != 5 {
+					t.Errorf("age %s grace %s idle %s max_polls %d", d.MaxConnectionAge, d.MaxConnectionAgeGrace, d.MaxConnectionIdle, o.Relay.Limits.MaxPolls)
+				}
+			},
+		},
+		{name: "negative connection age", env: map[string]string{"XDSRELAY_DOWNSTREAM_MAX_CONNECTION_AGE": "-1m"}, wantErr: "downstream.max_connection_age:"},
+		{name: "negative max_polls", yaml: "limits:\n  max_polls: -1\n", wantErr: "limits.max_polls"},
 		{name: "ratio above 1", env: map[string]string{"XDSRELAY_TRACING_SAMPLE_RATIO": "2"}, wantErr: "tracing.sample_ratio"},
 	}
 	runLoadTests(t, tests)
@@ -259,6 +280,9 @@ func runLoadTests(t *testing.T, tests []loadTest) {
 // mtls is a downstream section with client certificates, which
 // authorization rules need.
 const mtls = "downstream:\n  tls:\n    cert_file: /tls.crt\n    key_file: /tls.key\n    client_ca_file: /clients.pem\n"
+
+// allowAll, after mtls, admits every node without rules.
+const allowAll = "  authorization:\n    mode: allow-all\n"
 
 // environ is m as os.Environ gives it.
 func environ(m map[string]string) []string {

@@ -1,0 +1,100 @@
+package relay
+
+import (
+	"bytes"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+)
+
+// wantWarning fails the test unless the relay warned about key, naming the
+// README section: one log line at warn, the gauge at 1, and a line in the
+// /readyz details.
+func wantWarning(t *testing.T, r *Relay, log *logBuffer, key, section string) {
+	t.Helper()
+	var warned []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(log.String()), "\n") {
+		l := map[string]any{}
+		if err := json.Unmarshal([]byte(line), &l); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if l["key"] == key {
+			warned = append(warned, l)
+		}
+	}
+	if len(warned) != 1 || warned[0]["level"] != "WARN" || warned[0]["readme"] != section ||
+		!strings.HasPrefix(warned[0]["msg"].(string), key+" ") {
+		t.Errorf("logged %v, want one warning naming %s and README %q", warned, key, section)
+	}
+	if m := `xdsrelay_config_warnings{key="` + key + `"} 1`; !strings.Contains(getMetrics(t, r), m+"\n") {
+		t.Errorf("/metrics has no %s", m)
+	}
+	var detail bytes.Buffer
+	r.readyDetail(&detail)
+	if want := "(README: " + section + ")"; !slices.ContainsFunc(strings.Split(detail.String(), "\n"), func(l string) bool {
+		return strings.HasPrefix(l, "warning: "+key+" ") && strings.HasSuffix(l, want)
+	}) {
+		t.Errorf("/readyz details %q: no warning about %s", detail.String(), key)
+	}
+}
+
+// mode: allow-all with mTLS starts, admits a certificate to any node, and is
+// warned about: log, xdsrelay_config_warnings and the private /readyz.
+func TestAllowAllIsWarnedAbout(t *testing.T) {
+	log := &logBuffer{}
+	ca := newTestCA(t)
+	cp := testcp.Start(t)
+	cp.Set(t, "tenant-b", "1", testcp.Cluster("b-secret"))
+	r := startRelayLogged(t, cp.Addr, slog.New(slog.NewJSONHandler(log, nil)), func(c *Config) {
+		c.Downstream.TLS.CertFile, c.Downstream.TLS.KeyFile = ca.serverCert, ca.serverKey
+		c.Downstream.TLS.CAFile = ca.file
+		c.Downstream.Authorization.Mode = AuthorizationAllowAll
+	})
+	cc := ca.dialAs(r.Addr(), ca.client("spiffe://example.org/tenant/a"))
+	s := newStream(t, discoverypb.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources)
+	s.send(cdsDelta(&discoverypb.DeltaDiscoveryRequest{Node: node("a-1", "tenant-b")}))
+	if got := deltaNames(s.recv()); !slices.Equal(got, []string{"b-secret"}) {
+		t.Fatalf("tenant-a's certificate claiming tenant-b under allow-all: %v", got)
+	}
+	wantWarning(t, r, log, "downstream.authorization.mode", "Tenant isolation")
+	code, body := get(t, http.DefaultClient, "http://"+r.AdminAddr()+"/readyz") // loopback: private
+	if code != http.StatusOK || !strings.Contains(body, "warning: downstream.authorization.mode is allow-all") {
+		t.Errorf("private /readyz: %d %q", code, body)
+	}
+	if strings.Contains(getMetrics(t, r), `xdsrelay_config_warnings{key="admin.address"}`) {
+		t.Error("a loopback admin.address was warned about")
+	}
+}
+
+// An admin endpoint on an address that is not loopback, without admin.tls,
+// is warned about; with admin.tls it is not.
+func TestOpenAdminIsWarnedAbout(t *testing.T) {
+	public := publicAdmin(t)
+	t.Run("plaintext", func(t *testing.T) {
+		log := &logBuffer{}
+		r := startRelayLogged(t, testcp.Start(t).Addr, slog.New(slog.NewJSONHandler(log, nil)), public)
+		wantWarning(t, r, log, "admin.address", "Admin exposure")
+		code, body := get(t, http.DefaultClient, "http://"+r.AdminAddr()+"/readyz")
+		if code != http.StatusOK || strings.Contains(body, "warning") {
+			t.Errorf("public /readyz: %d %q, want the general answer", code, body)
+		}
+	})
+	t.Run("admin.tls", func(t *testing.T) {
+		certs := testcp.MakeCerts(t)
+		r := startRelay(t, testcp.Start(t).Addr, public, func(c *Config) {
+			c.Admin.TLS.CertFile, c.Admin.TLS.KeyFile = certs.ServerCert, certs.ServerKey
+		})
+		var detail bytes.Buffer
+		r.readyDetail(&detail)
+		if strings.Contains(detail.String(), "warning") {
+			t.Errorf("warned with admin.tls: %q", detail.String())
+		}
+	})
+}
