@@ -399,6 +399,28 @@ func TestStatusAgainstTheRelay(t *testing.T) {
 	}
 }
 
+// A watch whose connection the relay ends (downstream.max_connection_age)
+// subscribes again on a new stream and goes on printing.
+func TestWatchReconnectsAfterConnectionAge(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "listener.yaml"), listenerFile("10001"))
+	r := startFileRelay(t, dir, func(c *relay.Config) {
+		c.Downstream.MaxConnectionAge, c.Downstream.MaxConnectionAgeGrace = 300*time.Millisecond, 100*time.Millisecond
+	})
+	out := &syncBuffer{}
+	stop := runAsync(t, out, "watch", "--server", r.Addr(), "--node-id", "n1", "--type", "lds", "-o", "json")
+	deadline := time.Now().Add(cliWait)
+	for strings.Count(out.String(), `"portValue": 10001`) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the watch did not go on past the connection's age:\n%s", out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if c := stop(); c != 0 {
+		t.Fatalf("exit %d, want 0", c)
+	}
+}
+
 // A watch whose stream fails (no server there) exits 1 with one line naming
 // the failure, rather than waiting or exiting 0.
 func TestWatchStreamFailureExits1(t *testing.T) {

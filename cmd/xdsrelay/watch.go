@@ -38,7 +38,9 @@ func newWatchCmd() *cobra.Command {
 node --node-id in --cluster, subscribes to TYPE (lds, rds, cds, eds, sds, leds,
 vhds, srds, rtds, ecds, or a full type URL): the NAMEs given, or every
 resource (wildcard) without names. Prints every response as protojson (or
-YAML) and acknowledges it, until interrupted.`,
+YAML) and acknowledges it, until interrupted. A stream the server ends
+after it answered (a connection that aged out, a drain) is opened again;
+any other end exits 1.`,
 		RunE: func(cmd *cobra.Command, names []string) error {
 			if err := required(cmd, "server", "node-id", "type"); err != nil {
 				return err
@@ -78,11 +80,24 @@ func watch(ctx context.Context, wf *watchFlags, typeURL string, names []string, 
 	defer done()
 	ads := discoverypb.NewAggregatedDiscoveryServiceClient(cc)
 	node := &corepb.Node{Id: wf.nodeID, Cluster: wf.cluster}
-	print := func(m proto.Message) error { return printDoc(w, m, wf.output) }
-	if wf.delta {
-		return watchDelta(ctx, ads, node, typeURL, names, print)
+	for {
+		answered := false
+		print := func(m proto.Message) error {
+			answered = true
+			return printDoc(w, m, wf.output)
+		}
+		if wf.delta {
+			err = watchDelta(ctx, ads, node, typeURL, names, print)
+		} else {
+			err = watchSotW(ctx, ads, node, typeURL, names, print)
+		}
+		// A server that ends a connection that had answered (the relay's
+		// downstream.max_connection_age, a drain) is subscribed to again on
+		// a new stream, as xDS clients do; any other end is the command's.
+		if ctx.Err() != nil || !answered || status.Code(errors.Unwrap(err)) != codes.Unavailable {
+			return err
+		}
 	}
-	return watchSotW(ctx, ads, node, typeURL, names, print)
 }
 
 // watchSotW subscribes on a state-of-the-world stream and ACKs each response
