@@ -343,7 +343,9 @@ func backoffDelay(cfg backoff.Config, retries int) time.Duration {
 // open opens a stream to server i. Nothing is sent yet.
 func (c *Client) open(ctx context.Context, i int) (*session, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	st, err := c.servers[i].ads.DeltaAggregatedResources(ctx)
+	// The codec decodes responses by hand (xds.Received), out of gRPC's
+	// received frames.
+	st, err := c.servers[i].ads.DeltaAggregatedResources(ctx, grpc.ForceCodecV2(xds.Codec{}))
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("upstream: open stream to %s: %w", c.servers[i].name, err)
@@ -411,7 +413,7 @@ func (c *Client) loop(ctx context.Context, s *session) (healthy bool, takeover *
 }
 
 // received handles one response of s.
-func (c *Client) received(s *session, r *discoverypb.DeltaDiscoveryResponse, healthy *bool) error {
+func (c *Client) received(s *session, r *xds.Received, healthy *bool) error {
 	if !*healthy {
 		*healthy = true
 		if !c.routed() {
@@ -424,12 +426,12 @@ func (c *Client) received(s *session, r *discoverypb.DeltaDiscoveryResponse, hea
 	return s.handle(r)
 }
 
-// receive turns the stream's Recv into a channel of responses, closed when
-// receiving ends. Why it ended is then written to errc on every path (a
-// Recv error, or the context's end) and errc is closed, so that every wait
-// on errc is answered, the first with the error.
-func receive(ctx context.Context, st grpc.BidiStreamingClient[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]) (<-chan *discoverypb.DeltaDiscoveryResponse, <-chan error) {
-	resps := make(chan *discoverypb.DeltaDiscoveryResponse)
+// receive turns the stream's RecvMsg into a channel of responses (decoded
+// by xds.Codec), closed when receiving ends. Why it ended is then written
+// to errc on every path (a Recv error, or the context's end) and errc is
+// closed, so that every wait on errc is answered, the first with the error.
+func receive(ctx context.Context, st grpc.BidiStreamingClient[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]) (<-chan *xds.Received, <-chan error) {
+	resps := make(chan *xds.Received)
 	errc := make(chan error, 1)
 	go func() {
 		var err error
@@ -439,8 +441,8 @@ func receive(ctx context.Context, st grpc.BidiStreamingClient[discoverypb.DeltaD
 			close(errc)
 		}()
 		for {
-			var r *discoverypb.DeltaDiscoveryResponse
-			if r, err = st.Recv(); err != nil {
+			r := new(xds.Received)
+			if err = st.RecvMsg(r); err != nil {
 				return
 			}
 			select {

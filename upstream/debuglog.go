@@ -22,10 +22,10 @@ func (c *Client) debugRequest(r *discoverypb.DeltaDiscoveryRequest) {
 		"resume", len(r.GetInitialResourceVersions()), "nonce", xds.Clip(r.GetResponseNonce()), "nack", r.GetErrorDetail() != nil)
 }
 
-func (c *Client) debugResponse(r *discoverypb.DeltaDiscoveryResponse) {
+func (c *Client) debugResponse(r *xds.Received) {
 	if !c.log.Enabled(context.Background(), slog.LevelDebug) {
 		return
 	}
-	c.log.Debug("response from control plane", "type", xds.ShortName(r.GetTypeUrl()), "resources", len(r.GetResources()),
-		"removed", len(r.GetRemovedResources()), "version", xds.Clip(r.GetSystemVersionInfo()), "nonce", xds.Clip(r.GetNonce()))
+	c.log.Debug("response from control plane", "type", xds.ShortName(r.TypeURL), "resources", len(r.Resources),
+		"removed", len(r.RemovedResources), "version", xds.Clip(r.SystemVersionInfo), "nonce", xds.Clip(r.Nonce))
 }

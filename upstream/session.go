@@ -16,7 +16,6 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	grpccodes "google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
@@ -42,7 +41,7 @@ type session struct {
 	c      *Client
 	server int // index in c.servers
 	st     grpc.BidiStreamingClient[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
-	resps  <-chan *discoverypb.DeltaDiscoveryResponse // see receive
+	resps  <-chan *xds.Received // see receive
 	errc   <-chan error
 	cancel context.CancelFunc // ends the stream
 
@@ -52,7 +51,7 @@ type session struct {
 	sentNode bool
 	synced   bool // the first sync, of the whole interest, is done
 	notFound notFound
-	pending  *discoverypb.DeltaDiscoveryResponse // received by a probe, not yet handled
+	pending  *xds.Received // received by a probe, not yet handled
 	// probe: the session proves a server reachable (see try), so each
 	// type's resume leaves one cached name out for the server to answer.
 	probe bool
@@ -245,10 +244,10 @@ func (s *session) sendChange(ch change, sub *subscription) error {
 // handle applies a response to the cache and ACKs it, or NACKs it naming the
 // resources that could not be decoded; those keep their last good version,
 // the others are applied ("ACK/NACK and resource type instance version").
-func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
+func (s *session) handle(r *xds.Received) error {
 	received := time.Now()
 	s.c.debugResponse(r) // before the resources are let go
-	typeURL := r.GetTypeUrl()
+	typeURL := r.TypeURL
 	short := xds.ShortName(typeURL)
 	ctx, span := s.receiveSpan(r, short)
 	defer span.End()
@@ -257,20 +256,21 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 	var heartbeats []*cache.Heartbeat
 	var foreign []string // names another upstream serves
 	problems := duplicates(r)
-	for i, res := range r.GetResources() {
+	for i := range r.Resources {
 		// Let each received resource go once it is encoded: a large
 		// response is not held twice over.
-		r.Resources[i] = nil
-		if _, dup := problems.names[res.GetName()]; dup {
+		res := r.Resources[i]
+		r.Resources[i] = xds.ReceivedResource{}
+		if _, dup := problems.names[res.Name]; dup {
 			continue // neither instance is applied
 		}
-		if !s.c.owns(typeURL, res.GetName()) {
-			foreign = append(foreign, res.GetName())
+		if !s.c.owns(typeURL, res.Name) {
+			foreign = append(foreign, res.Name)
 			continue
 		}
-		if res.GetResource() == nil {
+		if res.Heartbeat {
 			// A heartbeat: the TTL is refreshed, nothing changed ("TTL").
-			hb, err := xds.EncodeHeartbeat(res.GetName(), res.GetVersion(), res.GetTtl())
+			hb, err := res.EncodeHeartbeat()
 			if err != nil {
 				problems.add(err.Error())
 				continue
@@ -278,11 +278,11 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 			heartbeats = append(heartbeats, hb)
 			continue
 		}
-		if got := res.GetResource().GetTypeUrl(); got != typeURL {
-			problems.add(fmt.Sprintf("resource %q has type %s in a %s response", res.GetName(), got, short))
+		if got := res.TypeURL; got != typeURL {
+			problems.add(fmt.Sprintf("resource %q has type %s in a %s response", res.Name, got, short))
 			continue
 		}
-		enc, err := xds.Encode(res.GetName(), res.GetVersion(), res.GetResource(), res.GetTtl(), res.GetAliases())
+		enc, err := res.Encode()
 		if err != nil {
 			problems.add(err.Error())
 			continue
@@ -290,7 +290,7 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 		upserts = append(upserts, enc)
 	}
 	if xds.Known(typeURL) {
-		removed := r.GetRemovedResources()
+		removed := r.RemovedResources
 		if s.c.opts.Owns != nil {
 			removed = slices.DeleteFunc(removed, func(n string) bool { return !s.c.owns(typeURL, n) })
 		}
@@ -302,7 +302,7 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 		}
 		ch := cache.Change{Upserts: upserts, Removed: removed, Heartbeats: heartbeats, Received: received,
 			Trace: cacheTrace(span.SpanContext())}
-		for _, e := range r.GetResourceErrors() {
+		for _, e := range r.ResourceErrors {
 			if enc, err := xds.EncodeError(e); err == nil {
 				ch.Errors = append(ch.Errors, enc)
 			}
@@ -319,7 +319,7 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 	} else {
 		problems.add(fmt.Sprintf("unknown resource type %q", typeURL))
 	}
-	ack := &discoverypb.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: r.GetNonce()}
+	ack := &discoverypb.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: r.Nonce}
 	if len(problems.list) > 0 {
 		span.SetStatus(codes.Error, "NACKed")
 		s.c.opts.Metrics.NACKs.With(short).Inc()
@@ -333,16 +333,16 @@ func (s *session) handle(r *discoverypb.DeltaDiscoveryResponse) error {
 // receiveSpan starts the span of one upstream response: the root of its own
 // trace, not a child of the stream's, so that each update is one trace. The
 // pushes that carry it link to it (cache.Trace).
-func (s *session) receiveSpan(r *discoverypb.DeltaDiscoveryResponse, short string) (context.Context, trace.Span) {
+func (s *session) receiveSpan(r *xds.Received, short string) (context.Context, trace.Span) {
 	ctx, span := otel.Tracer(tracerName).Start(s.st.Context(), "upstream.receive", trace.WithNewRoot(),
 		trace.WithSpanKind(trace.SpanKindConsumer))
 	if !span.IsRecording() {
 		return ctx, span
 	}
 	span.SetAttributes(attribute.String("xds.type", short), attribute.String("xds.group", s.c.opts.Group),
-		attribute.String("xds.version", xds.Clip(r.GetSystemVersionInfo())),
-		attribute.Int("xds.resources", len(r.GetResources())), attribute.Int("xds.removed", len(r.GetRemovedResources())),
-		attribute.Int("xds.bytes", proto.Size(r)))
+		attribute.String("xds.version", xds.Clip(r.SystemVersionInfo)),
+		attribute.Int("xds.resources", len(r.Resources)), attribute.Int("xds.removed", len(r.RemovedResources)),
+		attribute.Int("xds.bytes", r.Size))
 	return ctx, span
 }
 
@@ -376,11 +376,11 @@ func (p *nackReasons) String() string {
 // duplicates finds the names a response holds twice ("Duplicate Resource
 // Names": clients should NACK such a response). Neither instance is
 // applied; the rest of the response is.
-func duplicates(r *discoverypb.DeltaDiscoveryResponse) nackReasons {
+func duplicates(r *xds.Received) nackReasons {
 	var p nackReasons
-	seen := make(map[string]struct{}, len(r.GetResources()))
-	for _, res := range r.GetResources() {
-		n := res.GetName()
+	seen := make(map[string]struct{}, len(r.Resources))
+	for i := range r.Resources {
+		n := r.Resources[i].Name
 		if _, ok := seen[n]; !ok {
 			seen[n] = struct{}{}
 			continue

@@ -104,14 +104,12 @@ func TestStopDuringReceive(t *testing.T) {
 	}
 }
 
-// oneResponse is a stream whose Recv always has a response ready.
+// oneResponse is a stream whose RecvMsg always has a response ready.
 type oneResponse struct {
 	grpc.BidiStreamingClient[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
 }
 
-func (oneResponse) Recv() (*discoverypb.DeltaDiscoveryResponse, error) {
-	return &discoverypb.DeltaDiscoveryResponse{}, nil
-}
+func (oneResponse) RecvMsg(any) error { return nil }
 
 // The receiver reports why it ended on every path, also when the context
 // ends while it holds a response nobody takes: a wait on its error channel

@@ -7,8 +7,10 @@ import (
 )
 
 // Codec is gRPC's proto codec, except that a *Message is written as the bytes
-// it already holds. Install it on a server with grpc.ForceServerCodecV2 and
-// send a *Message with the stream's SendMsg.
+// it already holds, and a *Received is decoded by hand from the received
+// frames. Install it on a server with grpc.ForceServerCodecV2 and send a
+// *Message with the stream's SendMsg; on a client's delta-ADS call with
+// grpc.ForceCodecV2, and receive a *Received with the stream's RecvMsg.
 type Codec struct{}
 
 var protoCodec = encoding.GetCodecV2(proto.Name)
@@ -26,7 +28,12 @@ func (Codec) Marshal(v any) (mem.BufferSlice, error) {
 }
 
 // Unmarshal implements encoding.CodecV2.
-func (Codec) Unmarshal(data mem.BufferSlice, v any) error { return protoCodec.Unmarshal(data, v) }
+func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
+	if r, ok := v.(*Received); ok {
+		return r.unmarshal(data)
+	}
+	return protoCodec.Unmarshal(data, v)
+}
 
 // Name implements encoding.CodecV2.
 func (Codec) Name() string { return proto.Name }

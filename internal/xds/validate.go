@@ -7,7 +7,6 @@ import (
 
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -17,6 +16,8 @@ const maxDepth = 10000
 var (
 	errDepth = errors.New("exceeded maximum recursion depth")
 	errUTF8  = errors.New("string field contains invalid UTF-8")
+	// errFieldNumber is a tag whose field number is out of range.
+	errFieldNumber = errors.New("invalid field number")
 )
 
 // validate reports whether a decodes as its type, accepting and rejecting
@@ -28,11 +29,7 @@ var (
 // ClusterLoadAssignment it is several times cheaper than decoding it and
 // allocates nothing.
 func validate(a *anypb.Any) error {
-	mt, err := protoregistry.GlobalTypes.FindMessageByURL(a.GetTypeUrl())
-	if err != nil {
-		return err
-	}
-	return validateMessage(a.GetValue(), mt.Descriptor(), 0)
+	return validateValue(a.GetTypeUrl(), a.GetValue())
 }
 
 func validateMessage(b []byte, md protoreflect.MessageDescriptor, depth int) error {
@@ -44,6 +41,9 @@ func validateMessage(b []byte, md protoreflect.MessageDescriptor, depth int) err
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
 			return protowire.ParseError(n)
+		}
+		if num > protowire.MaxValidNumber {
+			return errFieldNumber // ConsumeTag takes these; proto.Unmarshal does not
 		}
 		b = b[n:]
 		fd := fields.ByNumber(num)

@@ -68,10 +68,10 @@ var marshal = proto.MarshalOptions{Deterministic: true}
 // a hash of the resource's bytes.
 func Encode(name, version string, a *anypb.Any, ttl *durationpb.Duration, aliases []string) (*cache.Resource, error) {
 	if name == "" {
-		return nil, fmt.Errorf("resource of type %s has no name", a.GetTypeUrl())
+		return nil, errNoName(a.GetTypeUrl())
 	}
 	if err := validate(a); err != nil {
-		return nil, fmt.Errorf("resource %q: cannot decode %s: %w", name, a.GetTypeUrl(), err)
+		return nil, errUndecodable(name, a.GetTypeUrl(), err)
 	}
 	r := &cache.Resource{Name: name, Version: version, Aliases: aliases}
 	if version != "" && ttl == nil && resResource == sotwResources && resVersion < resResource && resResource < resName && resName < resAliases {
