@@ -27,8 +27,9 @@
 //
 // With --relay it also starts xdsrelay in this process (package relay, its
 // defaults but no admission limits and no bound on the streams of a
-// connection, clients grouped by node.cluster, no admin endpoint) in front
-// of the --serve-cp control plane, and the clients load the relay.
+// connection unless --relay-limits, clients grouped by node.cluster, no
+// admin endpoint but for --soak) in front of the --serve-cp control plane,
+// and the clients load the relay.
 //
 // With --compare it runs five setups one after the other, with the same
 // clients, resources and updates, in this process: clients through
@@ -67,6 +68,53 @@
 // heap) before the clients, at the end of the churn, --churn-settle after
 // the last client stopped, and after the server ran runtime.GC and
 // debug.FreeOSMemory: whether it went back to its baseline.
+//
+// With --relay-limits the relay keeps its default admission limits
+// (limits.stream_rate 1000/s in bursts of 2000, max_streams, max_groups,
+// max_streams_per_connection 100, ...) instead of running without them, and
+// the clients retry a stream refused with RESOURCE_EXHAUSTED or UNAVAILABLE
+// as Envoy does: exponential backoff from 500ms to 30s, doubling, with
+// jitter (grpc-go's backoff.Config). The result reports the streams retried,
+// by how many clients, and when every client was configured. With
+// --relay-persist DIR the relay saves its cache in DIR (cache.persist_dir,
+// every second and on shutdown) and restores it on start: a first run fills
+// DIR, a second one with the same DIR measures admission after a restart
+// with a warm cache, and counts the first configs that carried resources the
+// run's control plane never published, which the relay served from the
+// restored cache before its control plane answered. Both reach the relay's
+// child with --split, and the relay's setup of --compare.
+//
+// With --soak D it soaks the relay (--relay and --serve-cp 127.0.0.1:0 are
+// implied; the control plane's cache is linear unless --cp-cache says
+// otherwise): once every client has its first config, for D, even clients
+// speak delta and odd ones SotW, each subscribed to half the names; every
+// --soak-churn-every (5s) a --soak-churn fraction (5%) of the clients
+// reconnect and as many move their subscriptions by one name (delta:
+// subscribe one, unsubscribe one; SotW: new resource_names); one response in
+// --soak-nack-every (100) is NACKed. The control plane changes a resource
+// every --update-every (2s with --soak) and every --soak-restart-every (60s,
+// or a third of a shorter soak) stops serving for --soak-down (1s) and comes
+// back on its address. Every --soak-every (1m; for a soak under 10m a tenth
+// of it, 5s at least) it prints a row: the elapsed time, the relay's RSS and
+// live heap after a forced collection (runtime.GC and debug.FreeOSMemory),
+// goroutines, open fds (/proc/PID/fd), open downstream streams (the relay's
+// xdsrelay_downstream_streams, from an admin endpoint on a loopback port),
+// and the p50 of the update fan-out over every receipt in the interval
+// (a receipt counts if the client subscribed before the change was
+// published). Rows are taken once the last change has settled, never while
+// the control plane is down or before the relay is back on it; the first
+// change after a restart, which waits for the relay's reconnection, is left
+// out of the fan-out. At the end each figure is held to its value after the
+// first 5 minutes (after the first half for a soak shorter than 10 minutes:
+// the output says so): the command exits 1 unless every figure that
+// --soak-gate names (all of them: rss,heap,goroutines,fds,streams,fanout)
+// stayed within 10% of it, or with --soak-report-only. Without --split the
+// figures are this process's (clients, control plane and relay); with
+// --split the relay runs in a child process and they are its alone. The
+// fan-out p50 is a few milliseconds on loopback and moves by more than 10%
+// from one interval to the next on a busy machine: gate it on a quiet one.
+// In CI (.ci/run) a 20s soak gates goroutines, fds and the heap; see
+// README.md for why not RSS.
 //
 // With --floor it measures the socket floor instead: as many plain TCP
 // connections on loopback, to which a server writes, for the initial config
@@ -145,8 +193,19 @@
 //	--floor              measure the plain TCP socket floor instead
 //	--grpc-floor         measure the gRPC floor instead
 //	--relay              start xdsrelay in this process in front of --serve-cp and load it
+//	--relay-limits       keep the relay's admission limits; clients retry as Envoy does
+//	--relay-persist DIR  the relay's cache.persist_dir: a second run restarts warm
 //	--split              server side in a child process
 //	--compare            relay, linear, snapshot, gRPC floor and floor side by side
+//	--soak D             soak the relay for D (see above)
+//	--soak-every D       a row every D (default 1m; D/10, 5s at least, under 10m)
+//	--soak-restart-every D  control-plane restarts (default 60s, or D/3)
+//	--soak-down D        the control plane's downtime per restart (default 1s)
+//	--soak-churn F       fraction of clients reconnecting, and resubscribing (default 0.05)
+//	--soak-churn-every D how often (default 5s)
+//	--soak-nack-every N  one response in N is NACKed (default 100)
+//	--soak-gate a,b      figures that fail the soak (default all but fanout)
+//	--soak-report-only   report the verdict, exit 0
 //	--json FILE          also write the results as JSON
 //	--cpuprofile FILE    CPU profile of this process while the updates fan out
 //	                     (with --compare: FILE.relay, FILE.linear, ...), and
@@ -164,6 +223,10 @@
 //	xdsload --compare --split --churn 30s --clients 200 --names cla-0 --rate 0
 //	xdsload --compare --split --type cds --resources 100000 --clients 4 --updates 100 --update-every 100ms
 //	xdsload --compare --split --variant sotw --type cds --resources 5000 --clients 1000 --updates 10 --update-every 2s
+//	xdsload --serve-cp 127.0.0.1:0 --relay --relay-limits --clients 2000 --rate 0
+//	xdsload --serve-cp 127.0.0.1:0 --relay --split --relay-persist /tmp/xdsload-cache --clients 2000 --rate 0
+//	xdsload --soak 1h --split --clients 2000
+//	xdsload --soak 20s --split --clients 200 --soak-every 5s --soak-gate goroutines,fds,heap
 //
 // BENCHMARKS.md describes these scenarios.
 package main

@@ -35,6 +35,10 @@ Usage:
                                               and the socket floor, one after the
                                               other, side by side
   xdsload --compare --split --churn 20s       connect/disconnect churn, side by side
+  xdsload --soak 1h --split [flags]           soak the relay: churn, resubscriptions,
+                                              NACKs, control-plane changes and
+                                              restarts; a row of the relay's figures
+                                              every --soak-every, and a verdict
 
 Flags:
 `
@@ -63,6 +67,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 	} else {
 		var res *loadtest.Result
+		f.cfg.Soak.Rows = stdout // a soak's rows, as they come
 		if res, err = loadtest.Run(ctx, f.cfg); res != nil {
 			out = res
 		}
@@ -86,6 +91,7 @@ type flags struct {
 	names   string
 	pid     string
 	json    string
+	gate    string
 	compare bool
 }
 
@@ -115,6 +121,18 @@ func (f *flags) define(fs *flag.FlagSet) {
 	fs.BoolVar(&c.Relay, "relay", false, "start xdsrelay in this process in front of the --serve-cp control plane and load it")
 	fs.BoolVar(&c.Split, "split", false, "run the server side (control plane, relay, floor or gRPC floor server) in a child process: clients and server then each have the whole open-file limit, and RSS is the server's alone")
 	fs.BoolVar(&f.compare, "compare", false, "run, one after the other with the same flags, clients through xdsrelay (in this process, its upstream a control plane with --cp-cache), directly on go-control-plane's linear cache, on its snapshot cache, on the gRPC floor, and the socket floor; print them side by side with the relay's ratios (--cp-cache is then the relay's upstream, default linear; --timeout bounds each setup)")
+	fs.BoolVar(&c.RelayLimits, "relay-limits", false, "keep the relay's default admission limits (stream_rate 1000/s burst 2000, max_streams, max_groups, max_streams_per_connection 100...) instead of turning them off; the clients retry a refused stream (RESOURCE_EXHAUSTED or UNAVAILABLE) as Envoy does, with exponential backoff from 500ms to 30s and jitter, and the result reports the retries and when every client was configured")
+	fs.StringVar(&c.RelayPersist, "relay-persist", "", "the relay saves its cache in `dir` (cache.persist_dir, every second and on shutdown) and restores it on start: a second run with the same dir measures admission after a restart with a warm cache, and counts the first configs served from it")
+	s := &c.Soak
+	fs.DurationVar(&s.Duration, "soak", 0, "soak the relay for `D` (it implies --relay, and --serve-cp 127.0.0.1:0 unless given): clients of both variants reconnect, change subscriptions and NACK while the control plane changes resources (every --update-every, default 2s with --soak) and restarts; a row of the relay's RSS, heap, goroutines, fds, streams and fan-out p50 every --soak-every; exits 1 unless each --soak-gate figure stays within 10% of its value after the first 5m (half, for a soak under 10m)")
+	fs.DurationVar(&s.Every, "soak-every", 0, "a soak row every `D`; default 1m, or for a soak under 10m a tenth of it, 5s at least")
+	fs.DurationVar(&s.RestartEvery, "soak-restart-every", 0, "restart the control plane every `D`; default 60s, or a third of a shorter soak")
+	fs.DurationVar(&s.Down, "soak-down", 0, "keep the control plane down for `D` at each restart; default 1s (a quarter of --soak-restart-every at most)")
+	fs.Float64Var(&s.Churn, "soak-churn", 0, "the `fraction` of the clients that reconnect every --soak-churn-every, and of those that change their subscriptions; default 0.05")
+	fs.DurationVar(&s.ChurnEvery, "soak-churn-every", 0, "churn every `D`; default 5s")
+	fs.IntVar(&s.NACKEvery, "soak-nack-every", 0, "NACK one response in `N`, over all clients; default 100")
+	fs.StringVar(&f.gate, "soak-gate", "", "the `figures` that fail the soak, comma-separated among rss,heap,goroutines,fds,streams,fanout; default all but fanout (a latency, too noisy to gate)")
+	fs.BoolVar(&s.ReportOnly, "soak-report-only", false, "report the soak's verdict, but exit 0 whatever it is")
 	fs.StringVar(&f.json, "json", "", "also write the results as JSON to `file`")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (the clients, and the control plane and relay it serves) while the updates fan out to `file`; with --compare, one per setup, named file.<setup>; the server side of a --split run is file.server; each with the mutex contention of the same window in <file>.mutex; and the split server's heap once every client is configured in file.server.heap")
 }
@@ -134,10 +152,13 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	}
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
-	if f.compare && !set["cp-cache"] {
+	if (f.compare || f.cfg.Soak.Duration > 0) && !set["cp-cache"] {
 		// The relay's upstream is then the leaner of go-control-plane's
 		// caches, so that the relay's figures are the relay's.
 		f.cfg.CPCache = loadtest.CacheLinear
+	}
+	if f.cfg.Soak.Duration > 0 {
+		f.soakDefaults(set)
 	}
 	err := f.finish(fs.Args())
 	if err != nil {
@@ -145,6 +166,23 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	}
 	f.cfg.Progress = stderr
 	return &f, err
+}
+
+// soakDefaults makes a soak what --soak says: through the relay in front of
+// the tool's control plane, and its defaults (Config.Defaults) for the
+// flags not given whose default is not a soak's.
+func (f *flags) soakDefaults(set map[string]bool) {
+	c := &f.cfg
+	c.Relay = true
+	if c.ServeCP == "" {
+		c.ServeCP = "127.0.0.1:0"
+	}
+	if !set["update-every"] {
+		c.UpdateEvery = 0
+	}
+	if !set["timeout"] {
+		c.Timeout = 0
+	}
 }
 
 // finish fills the Config from the string flags and checks it.
@@ -159,6 +197,9 @@ func (f *flags) finish(rest []string) error {
 	if f.names != "" {
 		f.cfg.Names = strings.Split(f.names, ",")
 	}
+	if f.gate != "" {
+		f.cfg.Soak.Gate = strings.Split(f.gate, ",")
+	}
 	if f.compare {
 		if f.cfg.ServeCP == "" {
 			f.cfg.ServeCP = "127.0.0.1:0"
@@ -166,7 +207,8 @@ func (f *flags) finish(rest []string) error {
 		cfg := f.cfg.Defaults()
 		return cfg.ValidateCompare()
 	}
-	return f.cfg.Validate()
+	cfg := f.cfg.SoakDefaults()
+	return cfg.Validate()
 }
 
 // parsePID reads --pid: a process id, "self" for this process, or empty.

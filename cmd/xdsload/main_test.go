@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -121,6 +122,12 @@ func TestFlagErrors(t *testing.T) {
 		{"compare with the grpc floor", []string{"--compare", "--grpc-floor"}, 2, "grpc-floor"},
 		{"negative churn", []string{"--serve-cp", "127.0.0.1:0", "--churn", "-1s"}, 2, "churn"},
 		{"churn past the timeout", []string{"--compare", "--churn", "1m", "--timeout", "1m"}, 2, "timeout"},
+		{"soak with compare", []string{"--compare", "--soak", "1m"}, 2, "soak"},
+		{"soak against a target", []string{"--soak", "1m", "--target", "127.0.0.1:1"}, 2, "target"},
+		{"soak gate unknown", []string{"--soak", "1m", "--soak-gate", "heap,cpu"}, 2, "soak-gate"},
+		{"soak rows past its end", []string{"--soak", "10s", "--soak-every", "1m"}, 2, "soak-every"},
+		{"relay limits without the relay", []string{"--serve-cp", "127.0.0.1:0", "--relay-limits"}, 2, "relay-limits"},
+		{"relay limits past max_streams_per_connection", []string{"--compare", "--relay-limits", "--streams-per-conn", "200"}, 2, "max_streams_per_connection"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -132,6 +139,34 @@ func TestFlagErrors(t *testing.T) {
 				t.Errorf("stderr lacks %q:\n%s", tt.want, stderr.String())
 			}
 		})
+	}
+}
+
+// --soak implies the relay in front of the tool's control plane, and a
+// soak's own defaults for the flags it shares.
+func TestSoakFlags(t *testing.T) {
+	var stderr strings.Builder
+	f, err := parseFlags([]string{"--soak", "20s", "--clients", "200", "--soak-every", "5s", "--soak-gate", "goroutines,fds,heap"}, &stderr)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	c := f.cfg.Defaults()
+	if !c.Relay || c.ServeCP != "127.0.0.1:0" || c.CPCache != loadtest.CacheLinear || c.UpdateEvery != 2*time.Second ||
+		c.Timeout <= 20*time.Second || c.Soak.Every != 5*time.Second || strings.Join(c.Soak.Gate, ",") != "goroutines,fds,heap" {
+		t.Errorf("config %+v", c)
+	}
+}
+
+// A soak through the command: rows on stdout as they come, the verdict
+// after them.
+func TestSoakCommand(t *testing.T) {
+	var res loadtest.Result
+	runOK(t, []string{
+		"--soak", "2s", "--clients", "10", "--soak-every", "1s", "--soak-restart-every", "1s", "--soak-down", "100ms",
+		"--update-every", "200ms", "--resources", "4", "--endpoints", "5", "--soak-report-only",
+	}, []string{"heap after GC", "fan-out p50", "control-plane restarts", "within 10%", "after the first half"}, &res)
+	if res.Soak == nil || len(res.Soak.Rows) != 2 || res.Soak.Rows[1].Streams != 10 || len(res.Soak.Verdicts) != len(loadtest.SoakFigures) {
+		t.Errorf("JSON soak: %+v", res.Soak)
 	}
 }
 

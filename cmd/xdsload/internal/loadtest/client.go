@@ -2,7 +2,9 @@ package loadtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -77,7 +79,16 @@ func streamContext(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // run runs client i until ctx ends or its stream fails: it subscribes,
 // records what each response brings and ACKs it.
+// With Config.RelayLimits it retries a stream the relay refuses.
 func (x *xdsClients) run(ctx context.Context, i int, tr *tracker) error {
+	if x.cfg.RelayLimits {
+		return retryRefused(ctx, i, tr, func() error { return x.stream(ctx, i, tr) })
+	}
+	return x.stream(ctx, i, tr)
+}
+
+// stream runs client i on one stream until ctx ends or the stream fails.
+func (x *xdsClients) stream(ctx context.Context, i int, tr *tracker) error {
 	return x.onStream(ctx, i,
 		func(s deltaStream) error { return x.delta(s, x.node(i), i, tr) },
 		func(s sotwStream) error { return x.sotw(s, x.node(i), i, tr) })
@@ -120,9 +131,22 @@ func (x *xdsClients) onStream(ctx context.Context, i int, delta func(deltaStream
 // firstResponse sends req on s and waits for the first response.
 func firstResponse[Req, Resp any](s grpc.BidiStreamingClient[Req, Resp], req *Req) error {
 	if err := s.Send(req); err != nil {
-		return err
+		return sendError(s, err)
 	}
 	_, err := s.Recv()
+	return err
+}
+
+// sendError is what a failed Send on s means: io.EOF says the server ended
+// the stream, and Recv tells with which status (a refusal, say). Only the
+// goroutine that receives on s may call it.
+func sendError[Req, Resp any](s grpc.BidiStreamingClient[Req, Resp], err error) error {
+	if !errors.Is(err, io.EOF) {
+		return err
+	}
+	if _, rerr := s.Recv(); rerr != nil {
+		return rerr
+	}
 	return err
 }
 
@@ -151,21 +175,21 @@ func (x *xdsClients) deltaSubscribe(node *corepb.Node) *discoverypb.DeltaDiscove
 // carries the response's version_info and nonce, and the same names.
 func (x *xdsClients) sotw(s sotwStream, node *corepb.Node, i int, tr *tracker) error {
 	if err := s.Send(x.sotwSubscribe(node)); err != nil {
-		return err
+		return sendError(s, err)
 	}
-	tr.established(i)
+	x.established(i, tr)
 	for {
 		resp, err := s.Recv()
 		if err != nil {
 			return err
 		}
-		tr.observe(i, x.newest(resp.GetResources()), time.Now())
+		x.observe(i, tr, resp.GetResources(), time.Now())
 		err = s.Send(&discoverypb.DiscoveryRequest{
 			TypeUrl: x.coding.kind.typeURL, VersionInfo: resp.GetVersionInfo(),
 			ResponseNonce: resp.GetNonce(), ResourceNames: x.cfg.Names,
 		})
 		if err != nil {
-			return err
+			return sendError(s, err)
 		}
 	}
 }
@@ -174,33 +198,55 @@ func (x *xdsClients) sotw(s sotwStream, node *corepb.Node, i int, tr *tracker) e
 // (none: wildcard), each response ACKed by its nonce.
 func (x *xdsClients) delta(s deltaStream, node *corepb.Node, i int, tr *tracker) error {
 	if err := s.Send(x.deltaSubscribe(node)); err != nil {
-		return err
+		return sendError(s, err)
 	}
-	tr.established(i)
+	x.established(i, tr)
 	for {
 		resp, err := s.Recv()
 		if err != nil {
 			return err
 		}
 		now := time.Now()
-		newest := 0
+		resources := make([]*anypb.Any, 0, len(resp.GetResources()))
 		for _, r := range resp.GetResources() {
-			newest = max(newest, x.coding.seqOf(r.GetResource()))
+			resources = append(resources, r.GetResource())
 		}
-		tr.observe(i, newest, now)
+		x.observe(i, tr, resources, now)
 		if err := s.Send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: x.coding.kind.typeURL, ResponseNonce: resp.GetNonce()}); err != nil {
-			return err
+			return sendError(s, err)
 		}
 	}
 }
 
-// newest is the highest sequence number among resources, 0 if none has one.
-func (x *xdsClients) newest(resources []*anypb.Any) int {
-	newest := 0
-	for _, a := range resources {
-		newest = max(newest, x.coding.seqOf(a))
+// established records that client i's stream is open and subscribed;
+// with Config.RelayLimits that waits for its first response (tracker.observe),
+// since the relay refuses a stream after reading its request.
+func (x *xdsClients) established(i int, tr *tracker) {
+	if !x.cfg.RelayLimits {
+		tr.established(i)
 	}
-	return newest
+}
+
+// observe records that client i received resources at t: their newest
+// update, and whether its first config came from elsewhere.
+func (x *xdsClients) observe(i int, tr *tracker, resources []*anypb.Any, t time.Time) {
+	newest, foreign := x.scan(resources)
+	if foreign {
+		tr.foreignFirst(i)
+	}
+	tr.observe(i, newest, t)
+}
+
+// scan returns the highest sequence number among resources, 0 if none has
+// one, and whether one of the type carries no mark of this run: a resource
+// this run never published (from a relay's restored cache, say).
+func (x *xdsClients) scan(resources []*anypb.Any) (newest int, foreign bool) {
+	for _, a := range resources {
+		s := x.coding.seqOf(a)
+		newest = max(newest, s)
+		foreign = foreign || (s < 0 && a.GetTypeUrl() == x.coding.kind.typeURL)
+	}
+	return newest, foreign
 }
 
 func openSotW(ctx context.Context, conn *grpc.ClientConn, typ string, ads bool) (sotwStream, error) {

@@ -76,6 +76,9 @@ func setupConfigs(cfg Config) (setups []setupConfig, skipped []Skipped) {
 	}
 	relayCfg, linear, snapshot, grpcFloor, floor := cfg, cfg, cfg, cfg, cfg
 	relayCfg.Relay = true
+	for _, c := range []*Config{&linear, &snapshot, &grpcFloor, &floor} {
+		c.RelayLimits, c.RelayPersist = false, ""
+	}
 	linear.CPCache = CacheLinear
 	snapshot.CPCache = CacheSnapshot
 	grpcFloor.ServeCP, grpcFloor.GRPCFloor = "", true
@@ -100,8 +103,8 @@ func setupConfigs(cfg Config) (setups []setupConfig, skipped []Skipped) {
 // ValidateCompare reports the first problem with a defaulted cfg for
 // Compare: the tool serves everything itself.
 func (cfg *Config) ValidateCompare() error {
-	if cfg.Target != "" || cfg.Floor || cfg.GRPCFloor || cfg.Relay {
-		return errors.New("compare runs every setup itself: give neither target, floor, grpc-floor nor relay")
+	if cfg.Target != "" || cfg.Floor || cfg.GRPCFloor || cfg.Relay || cfg.soaking() {
+		return errors.New("compare runs every setup itself: give neither target, floor, grpc-floor, relay nor soak")
 	}
 	setups, _ := setupConfigs(*cfg)
 	for _, c := range setups {
@@ -285,6 +288,11 @@ func (cmp *Comparison) writeNotes(w io.Writer, c *Config) {
 		fmt.Fprintln(w, "server: the child process of each setup; for the relay, the relay's own process (its control plane runs in another: relay's CP CPU/change).")
 	default:
 		fmt.Fprintln(w, "server: this process, clients included (add --split to measure the server alone); goroutines need --split.")
+	}
+	if r := cmp.setup(SetupRelay); r != nil {
+		if line := r.admission(); line != "" {
+			fmt.Fprintf(w, "%s: %s\n", SetupRelay, line)
+		}
 	}
 	for _, s := range cmp.Skipped {
 		fmt.Fprintf(w, "%s: skipped (%s)\n", s.Name, s.Reason)

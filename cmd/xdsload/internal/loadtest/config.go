@@ -6,6 +6,8 @@ import (
 	"io"
 	"slices"
 	"time"
+
+	"github.com/xdsrelay/xdsrelay/relay"
 )
 
 // Protocol variants.
@@ -53,6 +55,22 @@ type Config struct {
 	// Relay starts xdsrelay in this process in front of the ServeCP
 	// control plane, and the clients load the relay.
 	Relay bool `json:"relay,omitempty"`
+	// RelayLimits keeps the relay's default admission limits
+	// (relay.Default().Limits: limits.stream_rate, max_streams,
+	// max_groups, max_streams_per_connection, ...) instead of turning them
+	// off; the clients then retry a stream refused with RESOURCE_EXHAUSTED
+	// or UNAVAILABLE as Envoy does (envoyBackoff).
+	RelayLimits bool `json:"relay_limits,omitempty"`
+	// RelayPersist, if set, is the relay's cache.persist_dir (made if
+	// missing), saved every second and on shutdown: a run restores what the
+	// one before it saved, and its clients are served from that cache
+	// before the control plane answers.
+	RelayPersist string `json:"relay_persist,omitempty"`
+	// relayTune, if set, edits the in-process relay's configuration last
+	// (tests: limits low enough to refuse a few clients). It does not
+	// reach a split run's child.
+	relayTune func(*relay.Config)
+
 	// Split runs what serves the clients (the control plane, the relay in
 	// front of it, or the floor's server) in a child process of its own:
 	// the clients and the server then each have a whole open-file limit,
@@ -66,6 +84,10 @@ type Config struct {
 	// has stopped before the server's memory is sampled as settled.
 	Churn       time.Duration `json:"churn_ns,omitempty"`
 	ChurnSettle time.Duration `json:"churn_settle_ns,omitempty"`
+
+	// Soak, if its Duration is set, replaces the updates with a soak of
+	// the relay: see SoakConfig.
+	Soak SoakConfig `json:"soak,omitzero"`
 
 	// CPUProfile, if set, is a file that receives a CPU profile of this
 	// process while the updates fan out: from every client configured to
@@ -81,7 +103,9 @@ type Config struct {
 
 // Defaults returns cfg with the zero fields that have one set to their
 // default: 100 clients, a connection each, delta, eds, node cluster "load", a 2m timeout, the
-// snapshot cache with 10 resources of 200 endpoints, progress every second.
+// snapshot cache with 10 resources of 200 endpoints, progress every second;
+// a soak changes a resource every 2s, is bounded by its duration plus two
+// minutes, and takes SoakConfig's defaults.
 // A zero Rate means no limit, zero Updates none, a zero UpdateEvery back to
 // back; ADS is left as it is. A churn run settles for 3s.
 func (cfg Config) Defaults() Config {
@@ -91,11 +115,23 @@ func (cfg Config) Defaults() Config {
 	setDefault(&cfg.Variant, VariantDelta)
 	setDefault(&cfg.Type, "eds")
 	setDefault(&cfg.NodeCluster, "load")
-	setDefault(&cfg.Timeout, 2*time.Minute)
 	setDefault(&cfg.CPCache, CacheSnapshot)
 	setDefault(&cfg.Resources, 10)
 	setDefault(&cfg.Endpoints, 200)
 	setDefault(&cfg.ProgressEvery, time.Second)
+	cfg = cfg.SoakDefaults()
+	setDefault(&cfg.Timeout, 2*time.Minute)
+	return cfg
+}
+
+// SoakDefaults returns cfg with, for a soak, the defaults that Defaults
+// gives its zero fields; cfg as it is otherwise.
+func (cfg Config) SoakDefaults() Config {
+	if cfg.Soak.Duration > 0 {
+		setDefault(&cfg.UpdateEvery, soakChangeEvery)
+		setDefault(&cfg.Timeout, cfg.Soak.Duration+soakGrace)
+		cfg.Soak = cfg.Soak.defaults()
+	}
 	return cfg
 }
 
@@ -141,6 +177,12 @@ func (cfg *Config) Validate() error {
 	if err := cfg.validateStreams(); err != nil {
 		return err
 	}
+	if err := cfg.validateRelay(); err != nil {
+		return err
+	}
+	if err := cfg.Soak.validate(cfg); err != nil {
+		return err
+	}
 	return cfg.validateNames()
 }
 
@@ -159,6 +201,19 @@ func (cfg *Config) validateStreams() error {
 		return fmt.Errorf("churn-settle %s: must not be negative", cfg.ChurnSettle)
 	case cfg.Churn > 0 && cfg.Timeout <= cfg.Churn+cfg.ChurnSettle:
 		return fmt.Errorf("timeout %s: must be longer than churn %s plus churn-settle %s", cfg.Timeout, cfg.Churn, cfg.ChurnSettle)
+	}
+	return nil
+}
+
+// validateRelay checks the relay's options.
+func (cfg *Config) validateRelay() error {
+	switch {
+	case (cfg.RelayLimits || cfg.RelayPersist != "") && !cfg.Relay:
+		return errors.New("relay-limits and relay-persist set up the relay: give relay (or compare)")
+	case cfg.RelayLimits && cfg.StreamsPerConn > relayStreamsPerConn:
+		// Streams past SETTINGS_MAX_CONCURRENT_STREAMS wait for a slot
+		// that a long-lived xDS stream never frees.
+		return fmt.Errorf("relay-limits: the relay's limits.max_streams_per_connection is %d; give streams-per-conn at most that", relayStreamsPerConn)
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 )
 
 // clusterHash keys snapshots by node.cluster.
@@ -34,19 +35,21 @@ type controlPlane struct {
 	nodeGroup string // the node.cluster that snapshots are keyed by
 	snapshots cachev3.SnapshotCache
 	linear    *cachev3.LinearCache
+	cache     cachev3.Cache // snapshots or linear
+
+	// Owned by the publishing goroutine, which also pauses and resumes
+	// the server (a soak's restarts): nil grpc while paused.
+	resources []types.Resource // resource i is catalog.names[i]
 	grpc      *grpc.Server
 	cancel    context.CancelFunc
 	done      chan struct{}
-
-	// Owned by the publishing goroutine.
-	resources []types.Resource // resource i is catalog.names[i]
 }
 
 // startControlPlane serves cfg.Resources resources of cfg.Type on
 // cfg.ServeCP from the cache cfg.CPCache names, on the aggregated and the
 // per-type services.
 func startControlPlane(cfg *Config, coding seqCoding) (*controlPlane, error) {
-	cp := &controlPlane{catalog: newCatalog(cfg, coding), nodeGroup: cfg.NodeCluster, done: make(chan struct{})}
+	cp := &controlPlane{catalog: newCatalog(cfg, coding), nodeGroup: cfg.NodeCluster}
 	for i := range cp.catalog.names {
 		cp.resources = append(cp.resources, cp.catalog.resource(i, 0))
 	}
@@ -58,8 +61,8 @@ func startControlPlane(cfg *Config, coding seqCoding) (*controlPlane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("control plane: %w", err)
 	}
-	cp.addr = ln.Addr().String()
-	cp.serve(ln, cache)
+	cp.addr, cp.cache = ln.Addr().String(), cache
+	cp.serve(ln)
 	return cp, nil
 }
 
@@ -85,18 +88,21 @@ func (cp *controlPlane) setSnapshot(seq int) error {
 	return cp.snapshots.SetSnapshot(context.Background(), cp.nodeGroup, snap)
 }
 
-func (cp *controlPlane) serve(ln net.Listener, cache cachev3.Cache) {
+func (cp *controlPlane) serve(ln net.Listener) {
 	ctx, cancel := context.WithCancel(context.Background())
-	cp.cancel = cancel
-	srv := serverv3.NewServer(ctx, cache, nil)
-	cp.grpc = grpc.NewServer()
+	cp.cancel, cp.done = cancel, make(chan struct{})
+	srv := serverv3.NewServer(ctx, cp.cache, nil)
+	// The relay pings its upstream every 30s (upstream.keepalive.time):
+	// allowed, or the server would send it away as too_many_pings.
+	cp.grpc = grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
 	discoverypb.RegisterAggregatedDiscoveryServiceServer(cp.grpc, srv)
 	endpointsvc.RegisterEndpointDiscoveryServiceServer(cp.grpc, srv)
 	clustersvc.RegisterClusterDiscoveryServiceServer(cp.grpc, srv)
 	listenersvc.RegisterListenerDiscoveryServiceServer(cp.grpc, srv)
 	routesvc.RegisterRouteDiscoveryServiceServer(cp.grpc, srv)
+	done := cp.done
 	go func() {
-		defer close(cp.done)
+		defer close(done)
 		_ = cp.grpc.Serve(ln)
 	}()
 }
@@ -114,9 +120,36 @@ func (cp *controlPlane) publish(seq int) (time.Time, error) {
 	return t, cp.setSnapshot(seq)
 }
 
-// stop closes every stream and waits for the server to end.
+// stop closes every stream and waits for the server to end; a paused
+// control plane has nothing to stop.
 func (cp *controlPlane) stop() {
+	if cp.grpc == nil {
+		return
+	}
 	cp.grpc.Stop()
 	cp.cancel()
 	<-cp.done
+	cp.grpc = nil
+}
+
+// pause stops serving, as a control plane that goes down: every stream
+// and connection is closed and the address refuses connections. The cache
+// keeps its resources, and publish still changes them.
+func (cp *controlPlane) pause() error {
+	cp.stop()
+	return nil
+}
+
+// resume serves again, on the same address, the resources the cache holds
+// now: a control plane come back.
+func (cp *controlPlane) resume() error {
+	if cp.grpc != nil {
+		return nil
+	}
+	ln, err := net.Listen("tcp", cp.addr)
+	if err != nil {
+		return fmt.Errorf("control plane: back on %s: %w", cp.addr, err)
+	}
+	cp.serve(ln)
+	return nil
 }

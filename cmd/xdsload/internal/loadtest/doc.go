@@ -9,5 +9,10 @@
 // would send, encoded ahead of time; and the socket floor, as many bytes
 // written to as many plain TCP connections.
 //
+// A soak (Config.Soak) keeps clients reconnecting, resubscribing and
+// NACKing through xdsrelay while the control plane changes and restarts,
+// samples the relay's process on a schedule, and holds each figure to its
+// value once settled: a leak shows as a figure that keeps moving.
+//
 // Run is the entry point; cmd/xdsload is its command line.
 package loadtest

@@ -52,6 +52,9 @@ type seqCoding struct {
 	kind    kind
 	base    uint32
 	updates int
+	// wrap, for a soak, marks update seq with ((seq-1) mod updates)+1:
+	// seqOf then returns that, which soakTracker.unwrap turns back.
+	wrap bool
 }
 
 func newSeqCoding(kd kind, updates int) seqCoding {
@@ -61,6 +64,9 @@ func newSeqCoding(kd kind, updates int) seqCoding {
 
 // resource builds resource i, named name, as of update seq.
 func (c seqCoding) resource(name string, i, seq, endpoints int) types.Resource {
+	if c.wrap && seq > 0 {
+		seq = (seq-1)%c.updates + 1
+	}
 	return c.kind.build(name, i, c.base+uint32(seq), endpoints)
 }
 

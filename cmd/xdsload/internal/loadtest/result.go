@@ -22,6 +22,18 @@ type Result struct {
 	EstablishedPerSec float64 `json:"established_per_sec"`
 	ConfiguredPerSec  float64 `json:"configured_per_sec"`
 
+	// AllConfigured is from the start to the last client's first config;
+	// zero unless every client got one.
+	AllConfigured time.Duration `json:"all_configured_ns"`
+	// Retries counts the streams the relay refused (Config.RelayLimits)
+	// that clients tried again, RetriedClients the clients that did.
+	Retries        int64 `json:"retries,omitempty"`
+	RetriedClients int64 `json:"retried_clients,omitempty"`
+	// FirstConfigForeign counts first configs that carried resources this
+	// run's control plane never published: with Config.RelayPersist, the
+	// relay served them from the cache it restored.
+	FirstConfigForeign int64 `json:"first_config_foreign,omitempty"`
+
 	FirstConfig Summary  `json:"first_config"`     // time to first config, over clients
 	FanOutLast  Summary  `json:"fan_out_last"`     // time to the last client, over updates
 	FanOutAll   Summary  `json:"fan_out_receipts"` // every client's receipt of every update
@@ -43,6 +55,8 @@ type Result struct {
 	CPU CPU `json:"cpu"`
 	// Churn is what a churn run measured; nil otherwise.
 	Churn *Churn `json:"churn,omitempty"`
+	// Soak is what a soak measured; nil otherwise.
+	Soak *Soak `json:"soak,omitempty"`
 
 	// SeqBase is what the served resources' mark field holds before any
 	// update: update seq makes it SeqBase+seq.
@@ -127,6 +141,7 @@ func (r *Result) fill(tr *tracker, start time.Time) {
 		r.FirstError = tr.firstErr.Error()
 	}
 	r.Early = tr.early.Load()
+	r.Retries, r.RetriedClients, r.FirstConfigForeign = tr.retries.Load(), tr.retried.Load(), tr.foreign.Load()
 	var ttfc []time.Duration
 	var lastEst, lastConf time.Time
 	for i := range tr.clients {
@@ -143,6 +158,9 @@ func (r *Result) fill(tr *tracker, start time.Time) {
 	}
 	r.EstablishedPerSec = perSecond(r.Connected, lastEst.Sub(start))
 	r.ConfiguredPerSec = perSecond(r.Configured, lastConf.Sub(start))
+	if r.Configured == tr.n {
+		r.AllConfigured = lastConf.Sub(start)
+	}
 	r.FirstConfig = Summarize(ttfc)
 	r.fillUpdates(tr, start)
 }
@@ -186,6 +204,9 @@ func perSecond(n int, d time.Duration) float64 {
 
 // WriteTable prints the results as tables.
 func (r *Result) WriteTable(w io.Writer) error {
+	if r.Soak != nil {
+		return r.Soak.writeTable(w, &r.Config)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(w, "%s\n\n", r.describe())
 	if r.Churn != nil {
@@ -286,6 +307,9 @@ func (r *Result) writeFooter(w io.Writer) error {
 			m.Goroutines, float64(m.Goroutines)/float64(n), size(int64(m.StackInuse)), size(int64(m.StackInuse)/n),
 			size(int64(m.HeapInuse)), size(int64(m.HeapInuse)/n), size(int64(m.Sys)))
 	}
+	if line := r.admission(); line != "" {
+		fmt.Fprintln(w, line)
+	}
 	if r.SeqBase > 0 {
 		fmt.Fprintf(w, "update seq is marked in the resources as %d+seq (%s)\n", r.SeqBase, markField[r.Config.Type])
 	}
@@ -296,6 +320,28 @@ func (r *Result) writeFooter(w io.Writer) error {
 		fmt.Fprintf(w, "first client error: %s\n", r.FirstError)
 	}
 	return nil
+}
+
+// admission describes, with the relay's limits or its saved cache, how the
+// clients got in: empty otherwise.
+func (r *Result) admission() string {
+	c := &r.Config
+	if !c.RelayLimits && c.RelayPersist == "" {
+		return ""
+	}
+	all := "not every client configured"
+	if r.AllConfigured > 0 {
+		all = fmt.Sprintf("every client configured after %s", r.AllConfigured.Round(time.Millisecond))
+	}
+	s := "relay admission: " + all
+	if c.RelayLimits {
+		s += fmt.Sprintf("; limits on: %d streams refused and retried, by %d clients (backoff %s to %s, x%g, jitter %g)", r.Retries, r.RetriedClients,
+			envoyBackoff.BaseDelay, envoyBackoff.MaxDelay, envoyBackoff.Multiplier, envoyBackoff.Jitter)
+	}
+	if c.RelayPersist != "" {
+		s += fmt.Sprintf("; first configs from the relay's saved cache (%s), resources this run did not publish: %d/%d", c.RelayPersist, r.FirstConfigForeign, c.Clients)
+	}
+	return s
 }
 
 // upstreamCPU describes the relay's control plane's CPU, if measured.

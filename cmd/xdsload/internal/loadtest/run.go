@@ -3,6 +3,7 @@ package loadtest
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"runtime"
 	"runtime/pprof"
@@ -54,8 +55,8 @@ func (s *cpStack) stop() {
 	s.cp.stop()
 }
 
-// Run runs the load that cfg describes (updates fanned out, or churn if
-// cfg.Churn) and returns what it measured. It stops by itself after
+// Run runs the load that cfg describes (updates fanned out, churn if
+// cfg.Churn, or a soak if cfg.Soak.Duration) and returns what it measured. It stops by itself after
 // cfg.Timeout; on a timeout, a failed publish or ctx ending, it returns the
 // results so far with the error.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
@@ -63,12 +64,18 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if !cfg.updating() || cfg.Churn > 0 {
+	if cfg.Progress != nil {
+		// The progress lines, the relay's log and a split run's children
+		// write to it at once.
+		cfg.Progress = &lockedWriter{w: cfg.Progress}
+	}
+	if !cfg.updating() || cfg.Churn > 0 || cfg.soaking() {
 		cfg.Updates = 0
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	coding := newSeqCoding(kinds[cfg.Type], cfg.Updates)
+	coding := newSeqCoding(kinds[cfg.Type], cfg.markSpan())
+	coding.wrap = cfg.soaking()
 	var b backend
 	var err error
 	// Profile labels tell the servers' CPU from the clients': goroutines
@@ -88,9 +95,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}
 	}
 	res.ServerMemoryStart = serverMemory(b)
-	if cfg.Churn > 0 {
+	switch {
+	case cfg.soaking():
+		start := time.Now()
+		err = soak(ctx, &cfg, b, res)
+		res.Elapsed = time.Since(start)
+	case cfg.Churn > 0:
 		err = churn(ctx, &cfg, b, res)
-	} else {
+	default:
 		err = load(ctx, &cfg, b, res)
 	}
 	res.BytesReceived = b.bytesReceived()
@@ -176,7 +188,7 @@ func startServer(cfg *Config, coding seqCoding) (serverSide, error) {
 	if !cfg.Relay {
 		return &cpStack{cp: cp}, nil
 	}
-	r, err := startRelay(cp.addr, cfg.Progress)
+	r, err := startRelay(cp.addr, cfg)
 	if err != nil {
 		cp.stop()
 		return nil, err
@@ -369,4 +381,16 @@ func progress(cfg *Config, line func(time.Duration) string, start time.Time) (st
 		close(done)
 		<-exited
 	}
+}
+
+// lockedWriter makes w safe for writers on several goroutines.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer // guarded by mu
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -11,6 +11,8 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/debug"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/xdsrelay/xdsrelay/relay"
@@ -47,16 +49,21 @@ type childReady struct {
 
 // childCommand is a later line from the parent.
 type childCommand struct {
-	Op   string `json:"op"` // "publish", "profile" (start), "profile-stop", "memory", "heap" or "gc"
+	// "publish", "profile" (start), "profile-stop", "memory", "heap", "gc",
+	// or for a soak "soak" (sample the relay), "upstream" (the relay's
+	// upstream streams that are up), "cp-pause" and "cp-resume".
+	Op   string `json:"op"`
 	Seq  int    `json:"seq,omitempty"`
 	File string `json:"file,omitempty"`
 }
 
 // childReply answers a command.
 type childReply struct {
-	UnixNano int64         `json:"unix_nano,omitempty"` // when an update was published
-	Memory   *ServerMemory `json:"memory,omitempty"`
-	Error    string        `json:"error,omitempty"`
+	UnixNano  int64         `json:"unix_nano,omitempty"` // when an update was published
+	Memory    *ServerMemory `json:"memory,omitempty"`
+	Sample    *RelaySample  `json:"sample,omitempty"`
+	Connected int           `json:"connected,omitempty"` // the relay's groups with their upstream stream up
+	Error     string        `json:"error,omitempty"`
 }
 
 // ServerMemory is where a split run's server keeps its memory, as the Go
@@ -108,7 +115,7 @@ func serveServerSide(in io.Reader, out io.Writer) error {
 	}
 	cfg := hello.Config
 	cfg.Progress = os.Stderr
-	coding := seqCoding{kind: kinds[cfg.Type], base: hello.Base, updates: cfg.Updates}
+	coding := seqCoding{kind: kinds[cfg.Type], base: hello.Base, updates: cfg.markSpan(), wrap: cfg.soaking()}
 	srv, target, err := startServerSide(&cfg, coding, hello.RelayUpstream)
 	if err != nil {
 		_ = enc.Encode(childReady{Error: err.Error()})
@@ -132,8 +139,9 @@ func serveServerSide(in io.Reader, out io.Writer) error {
 			}
 			return err
 		}
-		var reply childReply
+		reply := soakCommand(srv, cmd)
 		switch cmd.Op {
+		case "soak", "upstream", "cp-pause", "cp-resume":
 		case "publish":
 			t, err := srv.publish(cmd.Seq)
 			reply.UnixNano = t.UnixNano()
@@ -169,6 +177,31 @@ func serveServerSide(in io.Reader, out io.Writer) error {
 	}
 }
 
+// soakCommand carries out a soak's command on srv; other commands get
+// an empty reply.
+func soakCommand(srv serverSide, cmd childCommand) childReply {
+	var reply childReply
+	sampler, samples := srv.(relaySampler)
+	cp, pauses := srv.(pausable)
+	err := fmt.Errorf("%s: not a server side that a soak drives this way", cmd.Op)
+	switch {
+	case cmd.Op == "soak" && samples:
+		reply.Sample, err = sampler.relaySample()
+	case cmd.Op == "upstream" && samples:
+		reply.Connected, err = sampler.upstreamConnected()
+	case cmd.Op == "cp-pause" && pauses:
+		err = cp.pause()
+	case cmd.Op == "cp-resume" && pauses:
+		err = cp.resume()
+	case !slices.Contains([]string{"soak", "upstream", "cp-pause", "cp-resume"}, cmd.Op):
+		return reply
+	}
+	if err != nil {
+		reply.Error = err.Error()
+	}
+	return reply
+}
+
 // serverSide is what serves the clients and publishes updates.
 type serverSide interface {
 	publish(seq int) (time.Time, error)
@@ -180,7 +213,7 @@ type serverSide interface {
 // in front of it if cfg.Relay), and returns the address clients dial.
 func startServerSide(cfg *Config, coding seqCoding, relayUpstream string) (serverSide, string, error) {
 	if relayUpstream != "" {
-		r, err := startRelay(relayUpstream, cfg.Progress)
+		r, err := startRelay(relayUpstream, cfg)
 		if err != nil {
 			return nil, "", err
 		}
@@ -232,8 +265,11 @@ type child struct {
 	// timeout bounds every exchange: a child that does not answer within
 	// it is killed, which ends the wait with an error.
 	timeout time.Duration
-	exited  chan struct{}
-	err     error // set before exited closes
+	// mu makes an exchange (do) whole: a soak's sampler and its control
+	// plane's driver both talk to the relay's child.
+	mu     sync.Mutex
+	exited chan struct{}
+	err    error // set before exited closes
 }
 
 // bounded runs f, killing the child if f has not returned within the
@@ -296,6 +332,8 @@ func startChild(cfg *Config, coding seqCoding, relayUpstream string) (*child, er
 
 // do sends cmd and waits for the reply.
 func (c *child) do(cmd childCommand) (childReply, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	var reply childReply
 	err := c.bounded(func() error {
 		if err := c.enc.Encode(cmd); err != nil {

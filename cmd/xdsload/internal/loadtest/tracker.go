@@ -27,6 +27,9 @@ type tracker struct {
 	failed     atomic.Int64
 	published  atomic.Int64   // updates announced, before they are sent
 	early      atomic.Int64   // responses with an update not yet published
+	foreign    atomic.Int64   // first configs with resources this run did not publish
+	retries    atomic.Int64   // streams refused and tried again
+	retried    atomic.Int64   // clients that tried again at least once
 	delivered  []atomic.Int64 // per seq: clients that have it
 	// Clients that have the first config (or the last update) or failed:
 	// what the driver waits on.
@@ -42,6 +45,8 @@ type clientLog struct {
 	started, established, configured time.Time
 	seq                              int // highest seen; -1 before the first config
 	recv                             []time.Time
+	responses                        int // received, on every stream
+	retries                          int // streams refused and tried again
 }
 
 func newTracker(n, updates int) *tracker {
@@ -81,6 +86,10 @@ func (tr *tracker) established(i int) {
 // from this run.
 func (tr *tracker) observe(i, seq int, t time.Time) {
 	c := &tr.clients[i]
+	c.responses++
+	if c.established.IsZero() {
+		tr.established(i)
+	}
 	if p := int(tr.published.Load()); seq > p {
 		tr.early.Add(1)
 		seq = p
@@ -100,6 +109,23 @@ func (tr *tracker) observe(i, seq int, t time.Time) {
 		tr.poke()
 	}
 	c.seq = max(c.seq, seq)
+}
+
+// foreignFirst records that client i's next response, if it is its first
+// config, carries resources this run did not publish.
+func (tr *tracker) foreignFirst(i int) {
+	if tr.clients[i].seq < 0 {
+		tr.foreign.Add(1)
+	}
+}
+
+// retry records that client i's stream was refused and is tried again.
+func (tr *tracker) retry(i int) {
+	c := &tr.clients[i]
+	if c.retries++; c.retries == 1 {
+		tr.retried.Add(1)
+	}
+	tr.retries.Add(1)
 }
 
 // fail records that client i stopped for err before the run ended.
