@@ -222,3 +222,27 @@ func TestUpstreamFailover(t *testing.T) {
 		t.Errorf("/readyz does not show the primary in use:\n%s", d)
 	}
 }
+
+// A control plane that comes back with nothing new sends nothing on the
+// resumed stream: the relay still reports it connected once the stream is
+// open and subscribed, not only once it answers.
+func TestUpstreamBackWithNothingNewIsConnected(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("x"))
+	r := startRelay(t, cp.Addr, fastReconnect)
+	s := openDelta(t, r.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"x"}})
+	s.recv()
+	cp.Stop()
+	waitMetric(t, r, `xdsrelay_upstream_connected{group="cluster=c1"} 0`)
+	requests := cp.DeltaRequests.Load()
+	cp.Restart()
+	waitMetric(t, r, `xdsrelay_upstream_connected{group="cluster=c1"} 1`)
+	if !strings.Contains(readyz(t, r), "upstream connected") {
+		t.Errorf("/readyz:\n%s", readyz(t, r))
+	}
+	if cp.DeltaRequests.Load() == requests {
+		t.Error("the relay did not resume on the control plane")
+	}
+	s.quiet(100 * time.Millisecond) // and the client is sent nothing
+}

@@ -116,7 +116,7 @@ type server struct {
 
 // Status is what the admin endpoint shows of a group's upstream.
 type Status struct {
-	Connected    bool      // the stream is up and the control plane has answered on it
+	Connected    bool      // the stream is open and subscribed
 	LastResponse time.Time // of the last response received; zero if none yet
 	LastError    string    // why the last stream ended
 	Invalid      string    // what the source holds but does not serve, and why (resource files); empty if nothing
@@ -228,6 +228,7 @@ func (c *Client) Run(ctx context.Context) {
 				cur = c.wait(ctx, cur, false, attempt)
 				continue
 			}
+			c.up(s)
 		}
 		healthy, takeover, err := c.loop(ctx, s)
 		s.close()
@@ -413,6 +414,16 @@ func (c *Client) loop(ctx context.Context, s *session) (healthy bool, takeover *
 }
 
 // received handles one response of s.
+// up records a stream opened and subscribed: the control plane is
+// reachable, even before it answers (a resume it has nothing new for is
+// answered with nothing).
+func (c *Client) up(s *session) {
+	if !c.routed() {
+		c.opts.Metrics.Streams.With(c.opts.Group).Set(1)
+	}
+	c.setStatus(func(st *Status) { st.Connected, st.Server = true, c.servers[s.server].name })
+}
+
 func (c *Client) received(s *session, r *xds.Received, healthy *bool) error {
 	if !*healthy {
 		*healthy = true
