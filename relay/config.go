@@ -315,7 +315,7 @@ func Default() Config {
 	c.Limits.MaxStreamsPerConnection = 100
 	c.Limits.MaxStreams = 100000
 	c.Limits.StreamRate = 1000
-	c.Limits.StreamBurst = 2000
+	c.Limits.StreamBurst = 10000
 	c.Limits.FirstRequestTimeout = 10 * time.Second
 	c.Limits.RESTReadTimeout = 10 * time.Second
 	c.Limits.MaxPolls = 10000
