@@ -9,8 +9,10 @@ import "hash/fnv"
 // business (ReadFor, StateFor); each ACK or NACK is passed on with the
 // version it answers (Verdict).
 
-// rank is a node id's rank among the canaries: the lowest are canaries.
-func rank(nodeID string) uint64 {
+// Rank is a node id's rank among the canaries of its group (rollout.canary):
+// the lowest-ranked clients of each type are its canaries. It is FNV-1a
+// (64 bits) of the id, so an operator can tell which nodes are canaries.
+func Rank(nodeID string) uint64 {
 	h := fnv.New64a()
 	h.Write([]byte(nodeID))
 	return h.Sum64()

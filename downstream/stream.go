@@ -138,7 +138,7 @@ type streamBase struct {
 
 func (s *Server) newStreamBase(send func(any) error, fixed, variant string, c *cache.Cache, node *corepb.Node) streamBase {
 	w := cache.NewWatch()
-	w.SetRank(rank(node.GetId()))
+	w.SetRank(Rank(node.GetId()))
 	return streamBase{srv: s, send: send, fixed: fixed, variant: variant, cache: c, watch: w, node: node,
 		status: &streamStatus{node: node, variant: variant, cache: c, types: map[string]*typeStatus{}}, opened: time.Now()}
 }

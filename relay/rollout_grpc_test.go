@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"fmt"
-	"hash/fnv"
 	"net"
 	"slices"
 	"strconv"
@@ -19,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 
+	"github.com/xdsrelay/xdsrelay/downstream"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
 
@@ -45,11 +45,7 @@ func TestRolloutGRPCClientKeepsOldBackendWhileHeld(t *testing.T) {
 
 	// The canary is the node ranked lowest (FNV-1a 64 of the id, as the
 	// downstream ranks streams): below the gRPC client.
-	rankOfID := func(id string) uint64 {
-		h := fnv.New64a()
-		h.Write([]byte(id))
-		return h.Sum64()
-	}
+	rankOfID := downstream.Rank
 	const grpcID = "greeter-grpc-client"
 	canaryID := ""
 	for i := 0; i < 1000 && canaryID == ""; i++ {

@@ -3,7 +3,6 @@ package relay
 import (
 	"context"
 	"fmt"
-	"hash/fnv"
 	"slices"
 	"strings"
 	"sync"
@@ -18,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/xdsrelay/xdsrelay/downstream"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
 
@@ -30,14 +30,6 @@ const (
 	badTimeout = 13 * time.Second
 	badPort    = 6666
 )
-
-// rankOf is the downstream's rank of a node id (FNV-1a 64): the lowest are
-// the canaries.
-func rankOf(id string) uint64 {
-	h := fnv.New64a()
-	h.Write([]byte(id))
-	return h.Sum64()
-}
 
 // canaryClient is a scripted ADS client of group c1 subscribed to the
 // cluster "app" and its CLA. It records what it is sent, in order, as
@@ -201,7 +193,7 @@ func TestRolloutCanariesGateChanges(t *testing.T) {
 		ids = append(ids, fmt.Sprintf("client-%02d", i))
 	}
 	byRank := slices.Clone(ids)
-	slices.SortFunc(byRank, func(a, b string) int { return compareRank(rankOf(a), rankOf(b)) })
+	slices.SortFunc(byRank, func(a, b string) int { return compareRank(downstream.Rank(a), downstream.Rank(b)) })
 	canaries := byRank[:2]
 	var clients, others []*canaryClient
 	var canaryClients []*canaryClient
@@ -241,7 +233,7 @@ func TestRolloutCanariesGateChanges(t *testing.T) {
 	waitAll(t, []*canaryClient{again}, "cds:13s")
 	// A client that connects during the hold gets the released version.
 	late := "late-client"
-	for i := 0; rankOf(late) <= rankOf(canaries[1]); i++ {
+	for i := 0; downstream.Rank(late) <= downstream.Rank(canaries[1]); i++ {
 		late = fmt.Sprintf("late-client-%d", i)
 	}
 	newcomer := startCanaryClient(t, r.Addr(), late, true)
