@@ -67,6 +67,7 @@ type Server struct {
 	drainOnce sync.Once
 	conns     connSet   // connections accepted by Listen
 	endLog    *bucket   // limits warnings about streams ended with an error
+	nackLog   *bucket   // limits warnings about clients' NACKs
 	registry  registry  // live streams, for CSDS and the admin endpoint
 	live      liveSet   // live streams, for Drain
 	sends     *sendPool // flushes what the caches mark
@@ -110,6 +111,7 @@ func New(opts Options) (*Server, error) {
 		limits:      opts.Limits,
 		admission:   newAdmission(opts.Limits),
 		endLog:      newBucket(endLogRate, endLogBurst),
+		nackLog:     newBucket(endLogRate, endLogBurst),
 		sends:       newSendPool(runtime.GOMAXPROCS(0)),
 		deadlines:   newFirstDeadlines(opts.Limits.FirstRequestTimeout),
 		stuck:       m.Counter("xdsrelay_downstream_stuck_total", "Client connections closed because a send to them stayed blocked (the client read nothing) for downstream.send_timeout.").With(),

@@ -179,9 +179,18 @@ func (b *streamBase) answered(typeURL, short, nonce, version string, d *rpcstatu
 	}
 }
 
-// nacked counts and logs a client's NACK of a response.
+// nacked counts and logs a client's NACK of a response. The log lines are
+// limited as those of streams that end with an error are (endLogRate), so
+// that a fleet rejecting a push cannot flood the log; every NACK is counted.
 func (b *streamBase) nacked(short, nonce, message string, attrs ...any) {
 	b.srv.nacks.With(short).Inc()
+	ok, suppressed := b.srv.nackLog.take()
+	if !ok {
+		return
+	}
+	if suppressed > 0 {
+		b.srv.log.Warn("warnings about clients' NACKs were suppressed by the rate limit", "suppressed", suppressed)
+	}
 	b.srv.log.Warn("client rejected a response", append([]any{"node", xds.Clip(b.node.GetId()), "variant", b.variant,
 		"type", short, "nonce", xds.Clip(nonce), "error", xds.Clip(message)}, attrs...)...)
 }

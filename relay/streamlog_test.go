@@ -112,6 +112,20 @@ func TestStreamEndsAreLogged(t *testing.T) {
 	if errText, _ := nack[0]["error"].(string); len(nack) != 1 || len(errText) > 1100 {
 		t.Errorf("NACK lines %d, error of %d bytes: want one, clipped", len(nack), len(errText))
 	}
+	// A client NACKing over and over is logged within the rate limit, and
+	// every NACK is counted.
+	nacker := openSotW(t, r.Addr())
+	nacker.send(&discoverypb.DiscoveryRequest{Node: node("nacker", "c1"), TypeUrl: resourcev3.ClusterType})
+	resp := nacker.recv()
+	before := len(log.Lines(t, "client rejected a response"))
+	for range 60 {
+		nacker.send(&discoverypb.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: resp.GetNonce(),
+			ErrorDetail: &rpcstatus.Status{Code: 3, Message: "no"}})
+	}
+	waitMetric(t, r, `xdsrelay_downstream_nacks_total{type="Cluster"} 61`)
+	if n := len(log.Lines(t, "client rejected a response")) - before; n < 1 || n > 25 {
+		t.Errorf("%d NACK lines for 60 NACKs: want them rate limited (at most a burst of 20 and a few more)", n)
+	}
 
 	// Ordinary ends: the client closes its side, cancels, or the relay
 	// drains at shutdown.
