@@ -118,6 +118,9 @@ func (f *File) Run(ctx context.Context) error {
 	if err := w.Add(f.dir); err != nil {
 		return fmt.Errorf("upstream: watch %s: %w", f.dir, err)
 	}
+	// What changed between NewFile's load and the watch is read now: Run
+	// starts on a goroutine of its own, after clients may have been served.
+	f.reloadIfChanged()
 	var settle <-chan time.Time
 	for {
 		select {
@@ -131,6 +134,26 @@ func (f *File) Run(ctx context.Context) error {
 		case <-settle:
 			settle = nil
 			f.reload()
+		}
+	}
+}
+
+// reloadIfChanged reloads the files if one was written, added or removed
+// since the last load.
+func (f *File) reloadIfChanged() {
+	f.mu.Lock()
+	since := f.loaded
+	f.mu.Unlock()
+	entries, err := os.ReadDir(f.dir)
+	dir, derr := os.Stat(f.dir)
+	if err != nil || derr != nil || !dir.ModTime().Before(since) {
+		f.reload() // a file added or removed, or why the directory does not read
+		return
+	}
+	for _, e := range entries {
+		if info, err := e.Info(); err != nil || !info.ModTime().Before(since) {
+			f.reload()
+			return
 		}
 	}
 }
