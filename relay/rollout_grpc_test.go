@@ -29,7 +29,7 @@ import (
 // takes the gRPC client to the new backend, never through the NACKed one.
 func TestRolloutGRPCClientKeepsOldBackendWhileHeld(t *testing.T) {
 	const (
-		bake      = 500 * time.Millisecond
+		bake      = time.Second // the canary NACKs well within it, even under load
 		nackError = "backend-2 is not for us"
 	)
 	cp := testcp.Start(t)

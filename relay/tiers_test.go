@@ -166,7 +166,7 @@ func TestRelayTiersFailOver(t *testing.T) {
 	tierRestart(t, r1Addr, cp.Addr, fastReconnect)
 	cp.Set(t, "c1", "2", tierCluster("x", 42), tierCluster("y", 1))
 	tierRecvCluster(t, c, "x", 42, wait)
-	tierWithin(t, tierRecheck+3*time.Second, "the zone relay back on R1", func() bool {
+	tierWithin(t, tierRecheck+wait, "the zone relay back on R1", func() bool {
 		return tierServer(t, z, r1Addr, r2Addr) == r1Addr
 	})
 	c.quiet(2 * tierRecheck) // the move back re-sends and removes nothing
@@ -213,7 +213,7 @@ func TestFallbackWarmCacheOpensNoStream(t *testing.T) {
 
 	p.Set(t, "c1", "2", tierCluster("x", 42), tierCluster("y", 1))
 	p.Restart()
-	tierRecvCluster(t, c, "x", 42, tierRecheck+3*time.Second)
+	tierRecvCluster(t, c, "x", 42, tierRecheck+wait)
 	eventually(t, "the relay on the primary", func() bool { return tierServer(t, r, p.Addr, s.Addr) == p.Addr })
 	eventually(t, "the secondary's stream to close", func() bool { return watched() == 0 })
 	c.quiet(2 * tierRecheck)
