@@ -155,7 +155,7 @@ func TestRolloutKeepsOrder(t *testing.T) {
 func TestRolloutUnwatchedAndNoCanary(t *testing.T) {
 	clk := &clock{t: time.Unix(1000, 0)}
 	var events []RolloutEvent
-	c, ws := rolling(t, 3, clk, &events)
+	c, _ := rolling(t, 3, clk, &events)
 	w := NewWatch()
 	w.SetRank(99) // never a canary
 	if err := c.Watch(w, eds, "y"); err != nil {
@@ -177,12 +177,19 @@ func TestRolloutUnwatchedAndNoCanary(t *testing.T) {
 	if last := events[len(events)-1]; last.Kind != RolloutReleased || !last.Baked {
 		t.Fatalf("last event %+v", last)
 	}
-	// Nobody watches z: its change is released at once.
-	c.Apply(eds, Change{Upserts: []*Resource{res("z", "1")}})
-	if len(c.Rollouts()) != 0 {
-		t.Fatalf("an unwatched change waits: %+v", c.Rollouts())
+	// A name still wanted (retained) that nobody watches: its change goes
+	// to no one, so it is released at once.
+	r := NewWatch()
+	r.SetRank(100)
+	if err := c.Watch(r, eds, "kept"); err != nil {
+		t.Fatal(err)
 	}
-	_ = ws
+	c.Apply(eds, Change{Upserts: []*Resource{res("kept", "1")}})
+	c.Unwatch(r, eds, "kept")
+	c.Apply(eds, Change{Upserts: []*Resource{res("kept", "2")}})
+	if len(c.Rollouts()) != 0 || versionOf(c, nil, eds, "kept") != "2" {
+		t.Fatalf("an unwatched change waits: %+v, the group reads %q", c.Rollouts(), versionOf(c, nil, eds, "kept"))
+	}
 }
 
 // A canary that leaves and comes back (same rank) is a canary again.

@@ -95,6 +95,3 @@ func (r *Routes) Len() int { return len(r.names) }
 
 // Name is upstream i's name.
 func (r *Routes) Name(i int) string { return r.names[i] }
-
-// Index returns the index of the upstream named name, or -1.
-func (r *Routes) Index(name string) int { return slices.Index(r.names, name) }
