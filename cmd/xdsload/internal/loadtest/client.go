@@ -46,13 +46,14 @@ type xdsClients struct {
 	cfg    *Config
 	coding seqCoding
 	pool   *connPool
+	codec  grpc.CallOption // the streams' codec: markCodec
 
 	bytes byteCounter
 }
 
 // newXDSClients makes the clients of cfg; cfg.Target is where they dial.
 func newXDSClients(cfg *Config, coding seqCoding) *xdsClients {
-	x := &xdsClients{cfg: cfg, coding: coding}
+	x := &xdsClients{cfg: cfg, coding: coding, codec: grpc.ForceCodecV2(newMarkCodec(coding))}
 	x.pool = newConnPool(cfg.Target, cfg.Clients, cfg.StreamsPerConn, &x.bytes)
 	return x
 }
@@ -115,13 +116,13 @@ func (x *xdsClients) onStream(ctx context.Context, i int, delta func(deltaStream
 	sctx, cancel := streamContext(ctx)
 	defer cancel()
 	if x.cfg.Variant == VariantDelta {
-		s, err := openDelta(sctx, conn, x.cfg.Type, x.cfg.ADS)
+		s, err := openDelta(sctx, conn, x.cfg.Type, x.cfg.ADS, x.codec)
 		if err != nil {
 			return err
 		}
 		return delta(s)
 	}
-	s, err := openSotW(sctx, conn, x.cfg.Type, x.cfg.ADS)
+	s, err := openSotW(sctx, conn, x.cfg.Type, x.cfg.ADS, x.codec)
 	if err != nil {
 		return err
 	}
@@ -249,36 +250,36 @@ func (x *xdsClients) scan(resources []*anypb.Any) (newest int, foreign bool) {
 	return newest, foreign
 }
 
-func openSotW(ctx context.Context, conn *grpc.ClientConn, typ string, ads bool) (sotwStream, error) {
+func openSotW(ctx context.Context, conn *grpc.ClientConn, typ string, ads bool, opts ...grpc.CallOption) (sotwStream, error) {
 	if ads {
-		return discoverypb.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+		return discoverypb.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx, opts...)
 	}
 	switch typ {
 	case "eds":
-		return endpointsvc.NewEndpointDiscoveryServiceClient(conn).StreamEndpoints(ctx)
+		return endpointsvc.NewEndpointDiscoveryServiceClient(conn).StreamEndpoints(ctx, opts...)
 	case "cds":
-		return clustersvc.NewClusterDiscoveryServiceClient(conn).StreamClusters(ctx)
+		return clustersvc.NewClusterDiscoveryServiceClient(conn).StreamClusters(ctx, opts...)
 	case "lds":
-		return listenersvc.NewListenerDiscoveryServiceClient(conn).StreamListeners(ctx)
+		return listenersvc.NewListenerDiscoveryServiceClient(conn).StreamListeners(ctx, opts...)
 	case "rds":
-		return routesvc.NewRouteDiscoveryServiceClient(conn).StreamRoutes(ctx)
+		return routesvc.NewRouteDiscoveryServiceClient(conn).StreamRoutes(ctx, opts...)
 	}
 	return nil, fmt.Errorf("unknown type %q", typ)
 }
 
-func openDelta(ctx context.Context, conn *grpc.ClientConn, typ string, ads bool) (deltaStream, error) {
+func openDelta(ctx context.Context, conn *grpc.ClientConn, typ string, ads bool, opts ...grpc.CallOption) (deltaStream, error) {
 	if ads {
-		return discoverypb.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+		return discoverypb.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx, opts...)
 	}
 	switch typ {
 	case "eds":
-		return endpointsvc.NewEndpointDiscoveryServiceClient(conn).DeltaEndpoints(ctx)
+		return endpointsvc.NewEndpointDiscoveryServiceClient(conn).DeltaEndpoints(ctx, opts...)
 	case "cds":
-		return clustersvc.NewClusterDiscoveryServiceClient(conn).DeltaClusters(ctx)
+		return clustersvc.NewClusterDiscoveryServiceClient(conn).DeltaClusters(ctx, opts...)
 	case "lds":
-		return listenersvc.NewListenerDiscoveryServiceClient(conn).DeltaListeners(ctx)
+		return listenersvc.NewListenerDiscoveryServiceClient(conn).DeltaListeners(ctx, opts...)
 	case "rds":
-		return routesvc.NewRouteDiscoveryServiceClient(conn).DeltaRoutes(ctx)
+		return routesvc.NewRouteDiscoveryServiceClient(conn).DeltaRoutes(ctx, opts...)
 	}
 	return nil, fmt.Errorf("unknown type %q", typ)
 }

@@ -75,7 +75,13 @@ func (c seqCoding) seqOf(a *anypb.Any) int {
 	if a.GetTypeUrl() != c.kind.typeURL {
 		return -1
 	}
-	v, ok := varintAt(a.GetValue(), c.kind.markPath)
+	return c.markOf(a.GetValue())
+}
+
+// markOf returns the update sequence number that the encoded resource b of
+// the coding's kind carries, or -1.
+func (c seqCoding) markOf(b []byte) int {
+	v, ok := varintAt(b, c.kind.markPath)
 	if !ok || v < uint64(c.base) || v > uint64(c.base)+uint64(c.updates) {
 		return -1
 	}
