@@ -8,7 +8,12 @@
 // --node-cluster, subscribes to --names of --type (wildcard when empty) with
 // the --variant protocol on the aggregated service (--ads) or the per-type
 // one, and ACKs every response: SotW with the response's version_info and
-// nonce and the same resource_names, delta with the response's nonce.
+// nonce and the same resource_names, delta with the response's nonce. A
+// client reads of each response only the nonce, the version and each
+// resource's update mark (below), straight from the received bytes: the
+// clients share the machine with the server measured, and decoding every
+// resource in full made their garbage collector, not the server, set how
+// long a change took to reach 100,000 clients.
 //
 // With --serve-cp it also runs the control plane: a go-control-plane server
 // on that address whose cache (--cp-cache: a snapshot cache keyed by
