@@ -120,7 +120,11 @@ func (f *File) Run(ctx context.Context) error {
 	}
 	// What changed between NewFile's load and the watch is read now: Run
 	// starts on a goroutine of its own, after clients may have been served.
-	f.reloadIfChanged()
+	// The files are read again whatever their times say (a file's time
+	// comes from a coarser clock than time.Now, so a write just after the
+	// load can look older than it); versions are content hashes, so what
+	// did not change is not sent again.
+	f.reload()
 	var settle <-chan time.Time
 	for {
 		select {
@@ -134,26 +138,6 @@ func (f *File) Run(ctx context.Context) error {
 		case <-settle:
 			settle = nil
 			f.reload()
-		}
-	}
-}
-
-// reloadIfChanged reloads the files if one was written, added or removed
-// since the last load.
-func (f *File) reloadIfChanged() {
-	f.mu.Lock()
-	since := f.loaded
-	f.mu.Unlock()
-	entries, err := os.ReadDir(f.dir)
-	dir, derr := os.Stat(f.dir)
-	if err != nil || derr != nil || !dir.ModTime().Before(since) {
-		f.reload() // a file added or removed, or why the directory does not read
-		return
-	}
-	for _, e := range entries {
-		if info, err := e.Info(); err != nil || !info.ModTime().Before(since) {
-			f.reload()
-			return
 		}
 	}
 }

@@ -101,3 +101,26 @@ func TestFileSourceErrorsNameTheFile(t *testing.T) {
 		t.Fatal("a missing directory loaded")
 	}
 }
+
+// A file written after NewFile's load and before Run watches the directory
+// is served once Run starts, with no later change to wake the watch.
+func TestFileSourceReadsWhatChangedBeforeRun(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "a.yaml"), cluster("a", "1s"))
+	f, err := NewFile(dir, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(dir, "b.yaml"), cluster("b", "1s"))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	c := cache.New(cache.Options{Retention: time.Minute})
+	w := cache.NewWatch()
+	c.Watch(w, resourcev3.ClusterType, "a", "b")
+	done := make(chan struct{}, 2)
+	go func() { f.Run(ctx); done <- struct{}{} }()
+	go func() { f.Serve(ctx, c); done <- struct{}{} }()
+	defer func() { cancel(); <-done; <-done }()
+	waitVersion(t, c, "a", "")
+	waitVersion(t, c, "b", "")
+}
