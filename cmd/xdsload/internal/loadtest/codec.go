@@ -9,6 +9,7 @@ import (
 	_ "google.golang.org/grpc/encoding/proto" // registers the "proto" codec
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -51,9 +52,28 @@ func (c *markCodec) Marshal(v any) (mem.BufferSlice, error) { return c.proto.Mar
 func (c *markCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	switch m := v.(type) {
 	case *discoverypb.DeltaDiscoveryResponse:
-		return c.read(data, func(b []byte) error { return c.delta(b, m) })
+		proto.Reset(m) // as the proto codec does
+		return c.read(data, func(b []byte) error {
+			return envelope(b, &m.SystemVersionInfo, &m.Nonce, func(v []byte) error {
+				r := &discoverypb.Resource{}
+				m.Resources = append(m.Resources, r)
+				return fields(v, func(num protowire.Number, v []byte) (err error) {
+					if num == resourceBody {
+						r.Resource, err = c.any(v)
+					}
+					return err
+				})
+			})
+		})
 	case *discoverypb.DiscoveryResponse:
-		return c.read(data, func(b []byte) error { return c.sotw(b, m) })
+		proto.Reset(m)
+		return c.read(data, func(b []byte) error {
+			return envelope(b, &m.VersionInfo, &m.Nonce, func(v []byte) error {
+				a, err := c.any(v)
+				m.Resources = append(m.Resources, a)
+				return err
+			})
+		})
 	}
 	return c.proto.Unmarshal(data, v)
 }
@@ -68,53 +88,26 @@ func (c *markCodec) read(data mem.BufferSlice, parse func([]byte) error) error {
 	return parse(buf.ReadOnlyData())
 }
 
-// Field numbers of envoy.service.discovery.v3 and google.protobuf.Any.
+// Field numbers of envoy.service.discovery.v3 and google.protobuf.Any. A
+// DiscoveryResponse and a DeltaDiscoveryResponse number their version,
+// resources and nonce alike.
 const (
-	sotwVersion, sotwResources, sotwNonce    = 1, 2, 5
-	deltaVersion, deltaResources, deltaNonce = 1, 2, 5
-	resourceBody                             = 2 // Resource.resource
-	anyTypeURL, anyValue                     = 1, 2
+	respVersion, respResources, respNonce = 1, 2, 5
+	resourceBody                          = 2 // Resource.resource
+	anyTypeURL, anyValue                  = 1, 2
 )
 
-func (c *markCodec) sotw(b []byte, m *discoverypb.DiscoveryResponse) error {
+// envelope reads response b: its version and nonce into version and nonce,
+// and each resource's bytes through resource.
+func envelope(b []byte, version, nonce *string, resource func([]byte) error) error {
 	return fields(b, func(num protowire.Number, v []byte) error {
 		switch num {
-		case sotwVersion:
-			m.VersionInfo = string(v)
-		case sotwNonce:
-			m.Nonce = string(v)
-		case sotwResources:
-			a, err := c.any(v)
-			if err != nil {
-				return err
-			}
-			m.Resources = append(m.Resources, a)
-		}
-		return nil
-	})
-}
-
-func (c *markCodec) delta(b []byte, m *discoverypb.DeltaDiscoveryResponse) error {
-	return fields(b, func(num protowire.Number, v []byte) error {
-		switch num {
-		case deltaVersion:
-			m.SystemVersionInfo = string(v)
-		case deltaNonce:
-			m.Nonce = string(v)
-		case deltaResources:
-			r := &discoverypb.Resource{}
-			err := fields(v, func(num protowire.Number, v []byte) error {
-				if num != resourceBody {
-					return nil
-				}
-				a, err := c.any(v)
-				r.Resource = a
-				return err
-			})
-			if err != nil {
-				return err
-			}
-			m.Resources = append(m.Resources, r)
+		case respVersion:
+			*version = string(v)
+		case respNonce:
+			*nonce = string(v)
+		case respResources:
+			return resource(v)
 		}
 		return nil
 	})
