@@ -126,6 +126,17 @@ func TestStreamEndsAreLogged(t *testing.T) {
 	if n := len(log.Lines(t, "client rejected a response")) - before; n < 1 || n > 25 {
 		t.Errorf("%d NACK lines for 60 NACKs: want them rate limited (at most a burst of 20 and a few more)", n)
 	}
+	// Once lines pass again, the first says how many were left out.
+	const suppressed = "warnings about clients' NACKs were suppressed by the rate limit"
+	eventually(t, "the count of the NACK lines left out", func() bool {
+		nacker.send(&discoverypb.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: resp.GetNonce(),
+			ErrorDetail: &rpcstatus.Status{Code: 3, Message: "no"}})
+		time.Sleep(20 * time.Millisecond)
+		return len(log.Lines(t, suppressed)) > 0
+	})
+	if sup := log.Lines(t, suppressed); len(sup) != 1 || sup[0]["suppressed"] == nil || sup[0]["suppressed"].(float64) < 20 {
+		t.Errorf("suppressed-count lines %v: want one, counting the NACK lines the flood left out (about 40)", sup)
+	}
 
 	// Ordinary ends: the client closes its side, cancels, or the relay
 	// drains at shutdown.
