@@ -20,13 +20,13 @@ func interest(c *Cache) Interest { return c.Interest()[eds] }
 
 func taken(w *Watch) map[string][]string {
 	out := map[string][]string{}
-	for typeURL, d := range w.Take() {
+	for _, d := range w.Take() {
 		names := make([]string, 0, len(d.Names))
 		for n := range d.Names {
 			names = append(names, n)
 		}
 		slices.Sort(names)
-		out[typeURL] = names
+		out[d.TypeURL] = names
 	}
 	return out
 }
@@ -156,7 +156,7 @@ func TestWatchCoalesces(t *testing.T) {
 	default:
 		t.Fatal("not woken")
 	}
-	d := w.Take()[eds]
+	d := w.Take().Of(eds)
 	if d.Seq != 3 || len(d.Names) != 2 {
 		t.Fatalf("dirty: seq %d names %v", d.Seq, d.Names)
 	}

@@ -4,6 +4,8 @@ import "sync"
 
 // Dirty is what changed for one type since a watcher last looked.
 type Dirty struct {
+	// TypeURL is the type that changed.
+	TypeURL string
 	// Seq is the sequence number of the earliest change recorded here; the
 	// order of Seq across types is the order in which upstream sent them.
 	Seq uint64
@@ -11,6 +13,22 @@ type Dirty struct {
 	Names map[string]struct{}
 	// Heartbeats are names whose TTL was refreshed without a change.
 	Heartbeats map[string]struct{}
+}
+
+// DirtySet is what changed since a watcher last looked, one Dirty per type.
+// A stream watches a few types, most one: a short list is cheaper to mark,
+// take and read than a map, and a change that reaches many streams does all
+// three for each.
+type DirtySet []*Dirty
+
+// Of returns what changed of typeURL, or nil.
+func (s DirtySet) Of(typeURL string) *Dirty {
+	for _, d := range s {
+		if d.TypeURL == typeURL {
+			return d
+		}
+	}
+	return nil
 }
 
 // Watch is one downstream stream's registration with a cache. The cache marks
@@ -22,10 +40,10 @@ type Watch struct {
 	notify func() // set by OnReady; replaces wake
 
 	mu    sync.Mutex
-	dirty map[string]*Dirty // by type URL; guarded by mu
+	dirty DirtySet // guarded by mu
 	// Given back by Recycle, for the next Take and marks: a watch that is
 	// marked and flushed over and over allocates nothing. Guarded by mu.
-	spare map[string]*Dirty
+	spare DirtySet
 	free  []*Dirty
 
 	// regs records what this watch is registered for: guarded by the
@@ -49,9 +67,8 @@ type reg struct {
 // NewWatch returns a watch with nothing registered.
 func NewWatch() *Watch {
 	return &Watch{
-		wake:  make(chan struct{}, 1),
-		dirty: make(map[string]*Dirty),
-		regs:  make(map[string]*reg),
+		wake: make(chan struct{}, 1),
+		regs: make(map[string]*reg),
 	}
 }
 
@@ -64,19 +81,15 @@ func (w *Watch) Ready() <-chan struct{} { return w.wake }
 // must not block. Call it before the watch is registered with a cache.
 func (w *Watch) OnReady(f func()) { w.notify = f }
 
-// Take returns and clears the dirty sets, by type URL.
-func (w *Watch) Take() map[string]*Dirty {
+// Take returns and clears the dirty sets, one per type; nil if none.
+func (w *Watch) Take() DirtySet {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if len(w.dirty) == 0 {
 		return nil
 	}
 	d := w.dirty
-	if w.spare != nil {
-		w.dirty, w.spare = w.spare, nil
-	} else {
-		w.dirty = make(map[string]*Dirty, len(d))
-	}
+	w.dirty, w.spare = w.spare, nil
 	return d
 }
 
@@ -86,22 +99,22 @@ const recycleMax = 64
 
 // Recycle gives back what Take returned, once the caller is done with it and
 // keeps nothing of it: its small sets are cleared and reused by later marks.
-func (w *Watch) Recycle(d map[string]*Dirty) {
+func (w *Watch) Recycle(d DirtySet) {
 	if d == nil {
 		return
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for _, x := range d {
+	for i, x := range d {
 		if len(w.free) < 4 && len(x.Names) <= recycleMax && len(x.Heartbeats) <= recycleMax {
 			clear(x.Names)
 			clear(x.Heartbeats)
 			w.free = append(w.free, x)
 		}
+		d[i] = nil
 	}
-	if w.spare == nil && len(d) <= recycleMax {
-		clear(d)
-		w.spare = d
+	if w.spare == nil && cap(d) <= recycleMax {
+		w.spare = d[:0]
 	}
 }
 
@@ -120,15 +133,15 @@ func (w *Watch) MarkHeartbeat(typeURL string, seq uint64, names ...string) {
 
 func (w *Watch) mark(typeURL string, seq uint64, heartbeat bool, names []string) {
 	w.mu.Lock()
-	d := w.dirty[typeURL]
+	d := w.dirty.Of(typeURL)
 	if d == nil {
 		if n := len(w.free); n > 0 {
 			d, w.free = w.free[n-1], w.free[:n-1]
-			d.Seq = seq
+			d.TypeURL, d.Seq = typeURL, seq
 		} else {
-			d = &Dirty{Seq: seq, Names: make(map[string]struct{}, len(names))}
+			d = &Dirty{TypeURL: typeURL, Seq: seq, Names: make(map[string]struct{}, len(names))}
 		}
-		w.dirty[typeURL] = d
+		w.dirty = append(w.dirty, d)
 	} else if seq < d.Seq {
 		d.Seq = seq
 	}

@@ -13,11 +13,11 @@ func TestWatchRecycleReusesSets(t *testing.T) {
 	w.Recycle(d)
 	w.Mark("t", 2, "c")
 	got := w.Take()
-	if len(got) != 1 || len(got["t"].Names) != 1 || got["t"].Seq != 2 {
-		t.Fatalf("after recycling: %+v", got["t"])
+	if len(got) != 1 || len(got.Of("t").Names) != 1 || got.Of("t").Seq != 2 {
+		t.Fatalf("after recycling: %+v", got.Of("t"))
 	}
-	if _, ok := got["t"].Names["c"]; !ok {
-		t.Fatalf("names %v, want c alone", got["t"].Names)
+	if _, ok := got.Of("t").Names["c"]; !ok {
+		t.Fatalf("names %v, want c alone", got.Of("t").Names)
 	}
 	w.Recycle(got)
 	allocs := testing.AllocsPerRun(100, func() {
@@ -47,7 +47,7 @@ func TestWatchRecycleDropsLargeSets(t *testing.T) {
 		t.Fatalf("%d sets kept after a change of %d names", kept, len(names))
 	}
 	w.Mark("t", 2, "x")
-	if d := w.Take()["t"]; len(d.Names) != 1 {
+	if d := w.Take().Of("t"); len(d.Names) != 1 {
 		t.Fatalf("after a large change, the next one marks %v", d.Names)
 	}
 }

@@ -188,9 +188,9 @@ func (ds *deltaStream) unsubscribe(typeURL string, t *deltaType, names []string)
 func (ds *deltaStream) flush() error {
 	dirty := ds.watch.Take()
 	defer ds.watch.Recycle(dirty)
-	for _, typeURL := range ordered(dirty) {
+	for _, d := range ordered(dirty) {
+		typeURL := d.TypeURL
 		if t := ds.types[typeURL]; t != nil {
-			d := dirty[typeURL]
 			hbs := d.Heartbeats
 			if !ds.ttl {
 				hbs = nil // heartbeats only refresh TTLs, which this client ignores

@@ -92,7 +92,7 @@ func fill(b *testing.B, c *cache.Cache, typeURL, prefix string, k, payload int) 
 // among 10 resources.
 func BenchmarkDeltaFlush(b *testing.B) {
 	const typeURL = resourcev3.EndpointType
-	for _, n := range []int{1, 1000} {
+	for _, n := range []int{1, 1000, 10000} {
 		b.Run(fmt.Sprintf("streams=%d", n), func(b *testing.B) {
 			srv := benchServer(b)
 			c := cache.New(cache.Options{})
@@ -102,7 +102,7 @@ func BenchmarkDeltaFlush(b *testing.B) {
 				node := &corepb.Node{Id: "bench-" + strconv.Itoa(i), Cluster: "bench"}
 				ds := &deltaStream{streamBase: srv.newStreamBase(codecSend, "", "delta-ads", c, node),
 					types: map[string]*deltaType{}}
-				if err := ds.handle(&discoverypb.DeltaDiscoveryRequest{Node: node, TypeUrl: typeURL, ResourceNamesSubscribe: []string{"cla-0"}}); err != nil {
+				if err := ds.handle(&discoverypb.DeltaDiscoveryRequest{Node: node, TypeUrl: strings.Clone(typeURL), ResourceNamesSubscribe: []string{"cla-0"}}); err != nil {
 					b.Fatal(err)
 				}
 				if err := ds.flush(); err != nil {
@@ -141,7 +141,7 @@ func BenchmarkSotWFlush(b *testing.B) {
 		{"eds-named", resourcev3.EndpointType, "cla-", 10, 8 << 10, []string{"cla-0"}},
 		{"cds-wildcard-100", resourcev3.ClusterType, "cluster-", 100, 300, nil},
 	} {
-		for _, n := range []int{1, 1000} {
+		for _, n := range []int{1, 1000, 10000} {
 			b.Run(fmt.Sprintf("%s/streams=%d", tc.name, n), func(b *testing.B) {
 				srv := benchServer(b)
 				c := cache.New(cache.Options{})
@@ -151,7 +151,7 @@ func BenchmarkSotWFlush(b *testing.B) {
 					node := &corepb.Node{Id: "bench-" + strconv.Itoa(i), Cluster: "bench"}
 					ss := &sotwStream{streamBase: srv.newStreamBase(codecSend, "", "sotw-ads", c, node),
 						types: map[string]*sotwType{}}
-					if err := ss.handle(&discoverypb.DiscoveryRequest{Node: node, TypeUrl: tc.typeURL, ResourceNames: tc.names}); err != nil {
+					if err := ss.handle(&discoverypb.DiscoveryRequest{Node: node, TypeUrl: strings.Clone(tc.typeURL), ResourceNames: tc.names}); err != nil {
 						b.Fatal(err)
 					}
 					if err := ss.flush(); err != nil {

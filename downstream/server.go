@@ -162,7 +162,7 @@ func resolveType(typeURL, fixed string) (string, error) {
 	case !xds.Known(typeURL):
 		return "", status.Errorf(codes.InvalidArgument, "xdsrelay: unknown resource type %q", typeURL)
 	}
-	return typeURL, nil
+	return xds.Canonical(typeURL), nil
 }
 
 // join places the stream's node in its group ("Basic Protocol Overview": the

@@ -141,13 +141,13 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) e
 func (ss *sotwStream) flush() error {
 	dirty := ss.watch.Take()
 	defer ss.watch.Recycle(dirty)
-	for _, typeURL := range ordered(dirty) {
+	for _, d := range ordered(dirty) {
+		typeURL := d.TypeURL
 		t := ss.types[typeURL]
 		if t == nil {
 			continue
 		}
 		var err error
-		d := dirty[typeURL]
 		hbs := d.Heartbeats
 		if !ss.ttl {
 			hbs = nil // heartbeats only refresh TTLs, which this client ignores

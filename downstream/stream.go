@@ -6,7 +6,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
-	"maps"
 	"slices"
 	"strconv"
 	"time"
@@ -22,21 +21,22 @@ import (
 // exist. No version is the empty string with a NUL in it.
 const absent = "\x00"
 
-// ordered returns the dirty types in the order their changes arrived from
-// upstream, make-before-break among changes that arrived together
-// ("Eventual consistency considerations").
-func ordered(dirty map[string]*cache.Dirty) []string {
-	types := slices.Collect(maps.Keys(dirty))
-	slices.SortFunc(types, func(a, b string) int {
-		if sa, sb := dirty[a].Seq, dirty[b].Seq; sa != sb {
-			if sa < sb {
-				return -1
+// ordered sorts the dirty types in place into the order their changes
+// arrived from upstream, make-before-break among changes that arrived
+// together ("Eventual consistency considerations"), and returns them.
+func ordered(dirty cache.DirtySet) cache.DirtySet {
+	if len(dirty) > 1 {
+		slices.SortStableFunc(dirty, func(a, b *cache.Dirty) int {
+			if a.Seq != b.Seq {
+				if a.Seq < b.Seq {
+					return -1
+				}
+				return 1
 			}
-			return 1
-		}
-		return xds.Rank(a) - xds.Rank(b)
-	})
-	return types
+			return xds.Rank(a.TypeURL) - xds.Rank(b.TypeURL)
+		})
+	}
+	return dirty
 }
 
 // nonces hands out a stream's response nonces: fresh for every response,

@@ -43,13 +43,20 @@ func TestOrderedIsUpstreamOrderThenMakeBeforeBreak(t *testing.T) {
 		lds = "type.googleapis.com/envoy.config.listener.v3.Listener"
 		rds = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
 	)
-	got := ordered(map[string]*cache.Dirty{
-		rds: {Seq: 2}, lds: {Seq: 2}, eds: {Seq: 2}, cds: {Seq: 2},
-	})
+	types := func(s cache.DirtySet) []string {
+		var out []string
+		for _, d := range s {
+			out = append(out, d.TypeURL)
+		}
+		return out
+	}
+	got := types(ordered(cache.DirtySet{
+		{TypeURL: rds, Seq: 2}, {TypeURL: lds, Seq: 2}, {TypeURL: eds, Seq: 2}, {TypeURL: cds, Seq: 2},
+	}))
 	if want := []string{cds, eds, lds, rds}; !slices.Equal(got, want) {
 		t.Errorf("changes that arrived together: %v, want %v", got, want)
 	}
-	got = ordered(map[string]*cache.Dirty{rds: {Seq: 1}, cds: {Seq: 3}})
+	got = types(ordered(cache.DirtySet{{TypeURL: cds, Seq: 3}, {TypeURL: rds, Seq: 1}}))
 	if want := []string{rds, cds}; !slices.Equal(got, want) {
 		t.Errorf("changes in upstream order: %v, want %v", got, want)
 	}

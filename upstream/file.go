@@ -300,7 +300,7 @@ func (l *loaded) addFile(path string, where map[string]string) error {
 		if err != nil {
 			return fmt.Errorf("upstream: %s: resource %d: %w", path, i+1, err)
 		}
-		l.add(a.GetTypeUrl(), r)
+		l.add(xds.Canonical(a.GetTypeUrl()), r)
 	}
 	return nil
 }

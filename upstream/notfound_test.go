@@ -48,7 +48,7 @@ func TestNotFoundTimerLeavesAnsweredNames(t *testing.T) {
 		t.Fatalf("after the timer: gone %+v, never %+v, cached %+v", l[0], l[1], l[2])
 	}
 	if d := gone.Take(); d != nil {
-		t.Fatalf("names upstream had answered were marked again: %v", d[eds].Names)
+		t.Fatalf("names upstream had answered were marked again: %v", d.Of(eds).Names)
 	}
 
 	// Should it arrive after the timer, it is applied like any update.

@@ -247,7 +247,7 @@ func (s *session) sendChange(ch change, sub *subscription) error {
 func (s *session) handle(r *xds.Received) error {
 	received := time.Now()
 	s.c.debugResponse(r) // before the resources are let go
-	typeURL := r.TypeURL
+	typeURL := xds.Canonical(r.TypeURL) // the cache's and the streams' keys share one copy
 	short := xds.ShortName(typeURL)
 	ctx, span := s.receiveSpan(r, short)
 	defer span.End()

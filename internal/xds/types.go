@@ -51,6 +51,18 @@ func Known(typeURL string) bool {
 	return ok
 }
 
+// Canonical returns the relay's own copy of a known type URL, and typeURL
+// itself otherwise. A type URL decoded from a request or a response is a
+// string of its own; keys that share the one copy compare by pointer, so a
+// lookup by type URL in a stream's maps does not read that stream's copy
+// (a cache miss per lookup when a change reaches many streams).
+func Canonical(typeURL string) string {
+	if r, ok := known[typeURL]; ok {
+		return Types[r]
+	}
+	return typeURL
+}
+
 // Rank orders type URLs make-before-break; unknown types rank last.
 func Rank(typeURL string) int {
 	if r, ok := known[typeURL]; ok {
