@@ -90,15 +90,25 @@ type streamStatus struct {
 
 	mu    sync.Mutex
 	types map[string]*typeStatus
+	// last is the record typ returned last, by its type URL: a stream
+	// sends and is answered mostly for one type, and its type URLs are the
+	// relay's own copies (xds.Canonical), so this spares a map lookup per
+	// send and per answer.
+	lastType string
+	last     *typeStatus
 }
 
 // typ returns the type's record; call with mu held.
 func (s *streamStatus) typ(typeURL string) *typeStatus {
+	if s.last != nil && s.lastType == typeURL {
+		return s.last
+	}
 	t := s.types[typeURL]
 	if t == nil {
 		t = &typeStatus{res: map[string]resStatus{}}
 		s.types[typeURL] = t
 	}
+	s.lastType, s.last = typeURL, t // records are never removed
 	return t
 }
 

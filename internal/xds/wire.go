@@ -199,7 +199,7 @@ func SotWResponse(version uint64, typeURL, nonce string, rs []*cache.Resource) *
 func SotWFields(version uint64, typeURL, nonce string, fields [][]byte) *Message {
 	h := make([]byte, 0, 64+len(typeURL))
 	h = protowire.AppendTag(h, sotwVersion, protowire.BytesType)
-	h = protowire.AppendString(h, strconv.FormatUint(version, 10))
+	h = appendDecimal(h, version)
 	h = protowire.AppendTag(h, sotwTypeURL, protowire.BytesType)
 	h = protowire.AppendString(h, typeURL)
 	h = protowire.AppendTag(h, sotwNonce, protowire.BytesType)
@@ -229,7 +229,7 @@ func DeltaResponse(version uint64, typeURL, nonce string, rs []*cache.Resource, 
 func DeltaFields(version uint64, typeURL, nonce string, fields [][]byte, removed []string) *Message {
 	h := make([]byte, 0, 64+len(typeURL))
 	h = protowire.AppendTag(h, deltaVersion, protowire.BytesType)
-	h = protowire.AppendString(h, strconv.FormatUint(version, 10))
+	h = appendDecimal(h, version)
 	h = protowire.AppendTag(h, deltaTypeURL, protowire.BytesType)
 	h = protowire.AppendString(h, typeURL)
 	h = protowire.AppendTag(h, deltaNonce, protowire.BytesType)
@@ -239,4 +239,11 @@ func DeltaFields(version uint64, typeURL, nonce string, fields [][]byte, removed
 		h = protowire.AppendString(h, n)
 	}
 	return &Message{Parts: append([][]byte{h}, fields...)}
+}
+
+// appendDecimal appends v in decimal as a length-delimited field's value,
+// as AppendString(strconv.FormatUint(v, 10)) would, without the string.
+func appendDecimal(b []byte, v uint64) []byte {
+	var d [20]byte
+	return protowire.AppendBytes(b, strconv.AppendUint(d[:0], v, 10))
 }
