@@ -247,7 +247,8 @@ func (s *session) sendChange(ch change, sub *subscription) error {
 func (s *session) handle(r *xds.Received) error {
 	received := time.Now()
 	s.c.debugResponse(r) // before the resources are let go
-	typeURL := xds.Canonical(r.TypeURL) // the cache's and the streams' keys share one copy
+	// The cache's and the streams' keys share one copy of the type URL.
+	typeURL := xds.Canonical(r.TypeURL)
 	short := xds.ShortName(typeURL)
 	ctx, span := s.receiveSpan(r, short)
 	defer span.End()
