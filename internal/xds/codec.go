@@ -18,11 +18,7 @@ var protoCodec = encoding.GetCodecV2(proto.Name)
 // Marshal implements encoding.CodecV2.
 func (Codec) Marshal(v any) (mem.BufferSlice, error) {
 	if m, ok := v.(*Message); ok {
-		out := make(mem.BufferSlice, len(m.Parts))
-		for i, p := range m.Parts {
-			out[i] = mem.SliceBuffer(p)
-		}
-		return out, nil
+		return m.wireParts(), nil
 	}
 	return protoCodec.Marshal(v)
 }

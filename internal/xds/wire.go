@@ -7,6 +7,7 @@ import (
 	"strconv"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -171,8 +172,49 @@ func EncodeHeartbeat(name, version string, ttl *durationpb.Duration) (*cache.Hea
 
 // Message is a response already in wire form: a short header and the shared,
 // pre-encoded resource fields. The Codec writes it without marshalling.
+//
+// A response is built for every stream a change reaches, so the usual one
+// (a header of a hundred bytes and one or two fields) is one allocation:
+// the header, the parts and what the Codec hands gRPC live in the Message.
+// A Message is sent once, on one stream.
 type Message struct {
 	Parts [][]byte
+
+	head  [128]byte          // the header's storage, while it fits
+	parts [3][]byte          // Parts' storage, while they fit
+	bufs  [3]mem.SliceBuffer // the Codec's, while they fit
+	out   [3]mem.Buffer      // pointing at bufs
+}
+
+// newMessage returns a Message whose header is begun in its own storage,
+// with room in Parts for the header and n fields.
+func newMessage(n int) (*Message, []byte) {
+	m := &Message{}
+	if n+1 <= len(m.parts) {
+		m.Parts = m.parts[:0]
+	} else {
+		m.Parts = make([][]byte, 0, n+1)
+	}
+	return m, m.head[:0]
+}
+
+// wireParts hands gRPC the parts: boxed in the Message's own storage while
+// they fit, so that writing a Message allocates nothing for the usual
+// response.
+func (m *Message) wireParts() mem.BufferSlice {
+	if len(m.Parts) > len(m.out) {
+		out := make(mem.BufferSlice, len(m.Parts))
+		for i, p := range m.Parts {
+			out[i] = mem.SliceBuffer(p)
+		}
+		return out
+	}
+	out := m.out[:len(m.Parts)]
+	for i, p := range m.Parts {
+		m.bufs[i] = p
+		out[i] = &m.bufs[i]
+	}
+	return out
 }
 
 // Size is the encoded size of the message.
@@ -197,14 +239,15 @@ func SotWResponse(version uint64, typeURL, nonce string, rs []*cache.Resource) *
 // SotWFields assembles a DiscoveryResponse from encoded resources fields
 // (Resource.Any, Resource.SotWWrapped, Heartbeat.SotW).
 func SotWFields(version uint64, typeURL, nonce string, fields [][]byte) *Message {
-	h := make([]byte, 0, 64+len(typeURL))
+	m, h := newMessage(len(fields))
 	h = protowire.AppendTag(h, sotwVersion, protowire.BytesType)
 	h = appendDecimal(h, version)
 	h = protowire.AppendTag(h, sotwTypeURL, protowire.BytesType)
 	h = protowire.AppendString(h, typeURL)
 	h = protowire.AppendTag(h, sotwNonce, protowire.BytesType)
 	h = protowire.AppendString(h, nonce)
-	return &Message{Parts: append([][]byte{h}, fields...)}
+	m.Parts = append(append(m.Parts, h), fields...)
+	return m
 }
 
 // SotWFullState assembles a DiscoveryResponse from a body of concatenated
@@ -227,7 +270,7 @@ func DeltaResponse(version uint64, typeURL, nonce string, rs []*cache.Resource, 
 // fields (Resource.Wire, Resource.WireNoTTL, Heartbeat.Wire) and the names
 // of removed resources.
 func DeltaFields(version uint64, typeURL, nonce string, fields [][]byte, removed []string) *Message {
-	h := make([]byte, 0, 64+len(typeURL))
+	m, h := newMessage(len(fields))
 	h = protowire.AppendTag(h, deltaVersion, protowire.BytesType)
 	h = appendDecimal(h, version)
 	h = protowire.AppendTag(h, deltaTypeURL, protowire.BytesType)
@@ -238,7 +281,8 @@ func DeltaFields(version uint64, typeURL, nonce string, fields [][]byte, removed
 		h = protowire.AppendTag(h, deltaRemoved, protowire.BytesType)
 		h = protowire.AppendString(h, n)
 	}
-	return &Message{Parts: append([][]byte{h}, fields...)}
+	m.Parts = append(append(m.Parts, h), fields...)
+	return m
 }
 
 // appendDecimal appends v in decimal as a length-delimited field's value,
