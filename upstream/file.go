@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -153,6 +154,7 @@ func (f *File) reload() {
 	}
 	f.mu.Lock()
 	l.keepLastGood(f.resources)
+	changed := !sameResources(f.resources, l.resources) || len(l.invalid) > 0 || f.loadErr != nil
 	f.resources, f.loaded, f.invalid, f.loadErr = l.resources, time.Now(), l.invalid, nil
 	f.invalidG.Set(int64(len(l.invalid)))
 	for w := range f.wakes {
@@ -163,7 +165,17 @@ func (f *File) reload() {
 	}
 	f.mu.Unlock()
 	f.reportInvalid(l.invalid)
-	f.log.Info("resource files reloaded")
+	if changed { // Run's first read, or a write that changed nothing, says nothing
+		f.log.Info("resource files reloaded")
+	}
+}
+
+// sameResources reports whether a and b serve the same versions of the
+// same resources.
+func sameResources(a, b map[string]map[string]*cache.Resource) bool {
+	return maps.EqualFunc(a, b, func(x, y map[string]*cache.Resource) bool {
+		return maps.EqualFunc(x, y, func(r, q *cache.Resource) bool { return r.Version == q.Version })
+	})
 }
 
 // reportInvalid logs each invalid resource.
@@ -293,7 +305,7 @@ func (l *loaded) addFile(path string, where map[string]string) error {
 		}
 		where[key] = path
 		if err := validate(m); err != nil {
-			l.invalid = append(l.invalid, invalidResource{file: path, typeURL: a.GetTypeUrl(), name: name, err: err})
+			l.invalid = append(l.invalid, invalidResource{file: path, typeURL: xds.Canonical(a.GetTypeUrl()), name: name, err: err})
 			continue
 		}
 		r, err := xds.Encode(name, "", a, nil, nil)

@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -52,15 +53,7 @@ func TestFileSource(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	c := cache.New(cache.Options{Retention: time.Minute})
-	w := cache.NewWatch()
-	c.Watch(w, resourcev3.ClusterType, "a", "missing")
-	done := make(chan struct{}, 2)
-	go func() { f.Run(ctx); done <- struct{}{} }()
-	go func() { f.Serve(ctx, c); done <- struct{}{} }()
-	defer func() { cancel(); <-done; <-done }()
-
+	c := serveFiles(t, f, "a", "missing")
 	v1 := waitVersion(t, c, "a", "")
 	if l := c.Get(resourcev3.ClusterType, []string{"missing"})[0]; !l.Absent {
 		t.Errorf("missing: %+v, want absent", l)
@@ -113,14 +106,45 @@ func TestFileSourceReadsWhatChangedBeforeRun(t *testing.T) {
 	}
 	writeFile(t, filepath.Join(dir, "b.yaml"), cluster("b", "1s"))
 
+	c := serveFiles(t, f, "a", "b")
+	waitVersion(t, c, "a", "")
+	waitVersion(t, c, "b", "")
+}
+
+// Run's first read of the files says nothing when nothing changed since
+// NewFile's; a change is logged once.
+func TestFileSourceStartsQuietly(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "a.yaml"), cluster("a", "1s"))
+	log := &syncBuffer{}
+	f, err := NewFile(dir, slog.New(slog.NewJSONHandler(log, nil)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	loaded := f.Status().LastResponse
+	c := serveFiles(t, f, "a")
+	v1 := waitVersion(t, c, "a", "")
+	eventually(t, "Run's first read of the files", func() bool { return f.Status().LastResponse.After(loaded) })
+	if n := len(log.Lines(t, "resource files reloaded")); n != 0 {
+		t.Errorf("%d reload lines when nothing changed, want none", n)
+	}
+	writeFile(t, filepath.Join(dir, "a.yaml"), cluster("a", "2s"))
+	waitVersion(t, c, "a", v1)
+	if n := len(log.Lines(t, "resource files reloaded")); n != 1 {
+		t.Errorf("%d reload lines after one change, want one", n)
+	}
+}
+
+// serveFiles runs f into a new cache, watched for names of clusters, until
+// the test ends.
+func serveFiles(t *testing.T, f *File, names ...string) *cache.Cache {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	c := cache.New(cache.Options{Retention: time.Minute})
-	w := cache.NewWatch()
-	c.Watch(w, resourcev3.ClusterType, "a", "b")
+	c.Watch(cache.NewWatch(), resourcev3.ClusterType, names...)
 	done := make(chan struct{}, 2)
 	go func() { f.Run(ctx); done <- struct{}{} }()
 	go func() { f.Serve(ctx, c); done <- struct{}{} }()
-	defer func() { cancel(); <-done; <-done }()
-	waitVersion(t, c, "a", "")
-	waitVersion(t, c, "b", "")
+	t.Cleanup(func() { cancel(); <-done; <-done })
+	return c
 }
