@@ -126,38 +126,53 @@ func (o *op) change(t *typeState, typeURL string, names ...string) {
 
 // mark adds names to what w is marked with for a type.
 func (o *op) mark(set *map[string]map[*Watch][]string, typeURL string, w *Watch, names ...string) {
-	byW := o.byWatch(set, typeURL)
+	byW := o.byWatch(set, typeURL, 0)
 	byW[w] = append(byW[w], names...)
 }
 
-// markShared marks w with names, a slice that every wildcard watcher of the
-// type shares: the last mark of the type in that set, so never appended to
-// in place.
-func (o *op) markShared(set *map[string]map[*Watch][]string, typeURL string, w *Watch, names []string) {
-	byW := o.byWatch(set, typeURL)
-	if prev, ok := byW[w]; ok {
-		byW[w] = append(prev, names...)
-	} else {
-		byW[w] = slices.Clip(names)
+// markShared marks every watcher in ws with names, a slice they all share:
+// clipped, so that a later mark of one of them copies it before appending.
+func (o *op) markShared(set *map[string]map[*Watch][]string, typeURL string, ws map[*Watch]struct{}, names []string) {
+	if len(ws) == 0 {
+		return
+	}
+	byW := o.byWatch(set, typeURL, len(ws))
+	names = slices.Clip(names)
+	for w := range ws {
+		if prev, ok := byW[w]; ok {
+			byW[w] = append(prev, names...)
+		} else {
+			byW[w] = names
+		}
 	}
 }
 
-func (o *op) byWatch(set *map[string]map[*Watch][]string, typeURL string) map[*Watch][]string {
+// byWatch returns the watchers marked for a type in set, made with room for
+// hint of them if it is the first.
+func (o *op) byWatch(set *map[string]map[*Watch][]string, typeURL string, hint int) map[*Watch][]string {
 	if *set == nil {
 		*set = make(map[string]map[*Watch][]string)
 	}
 	byW := (*set)[typeURL]
 	if byW == nil {
-		byW = make(map[*Watch][]string)
+		byW = make(map[*Watch][]string, hint)
 		(*set)[typeURL] = byW
 	}
 	return byW
 }
 
-// markWatchers marks every watcher of e with name.
+// markWatchers marks every watcher of e with name. A name watched by many
+// streams costs one slice for all of them (a later mark of the same watcher
+// copies it before appending, as markShared's do) and a map sized for them.
 func (o *op) markWatchers(e *entry, typeURL, name string) {
+	byW := o.byWatch(&o.names, typeURL, e.watchers.len())
+	one := []string{name}
 	for w := range e.watchers.all() {
-		o.mark(&o.names, typeURL, w, name)
+		if prev, ok := byW[w]; ok {
+			byW[w] = append(prev, name)
+		} else {
+			byW[w] = one
+		}
 	}
 }
 
@@ -173,10 +188,7 @@ func (c *Cache) finishLocked(o *op) {
 	for typeURL, t := range o.touched {
 		t.version++
 		t.state = nil
-		names := o.changed[typeURL]
-		for w := range t.wildcard {
-			o.markShared(&o.names, typeURL, w, names)
-		}
+		o.markShared(&o.names, typeURL, t.wildcard, o.changed[typeURL])
 	}
 }
 
@@ -307,9 +319,7 @@ func (c *Cache) beatLocked(t *typeState, typeURL string, hbs []*Heartbeat, o *op
 		}
 	}
 	if len(beaten) > 0 {
-		for w := range t.wildcard {
-			o.markShared(&o.beats, typeURL, w, beaten)
-		}
+		o.markShared(&o.beats, typeURL, t.wildcard, beaten)
 	}
 }
 

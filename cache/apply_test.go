@@ -109,7 +109,7 @@ func TestApplyIsOneVersion(t *testing.T) {
 		t.Errorf("one response made %d versions", got)
 	}
 	d := a.Take().Of(eds)
-	if d == nil || len(d.Names) != 2 || len(d.Heartbeats) != 1 {
+	if d == nil || d.Names.Len() != 2 || d.Heartbeats.Len() != 1 {
 		t.Errorf("watcher of x and y: %+v", d)
 	}
 	if !c.Read(eds, nil, false).Synced {
@@ -147,7 +147,7 @@ func TestRemovalDropsAliasesAndErrors(t *testing.T) {
 	if l[1].Resource != nil {
 		t.Errorf("alias still resolves after expiry: %+v", l[1])
 	}
-	if d := w.Take().Of(vhds); d == nil || len(d.Names) != 2 {
+	if d := w.Take().Of(vhds); d == nil || d.Names.Len() != 2 {
 		t.Errorf("watchers of the name and the alias were not both marked: %+v", d)
 	}
 }

@@ -473,45 +473,54 @@ type View struct {
 }
 
 // Read looks up names of typeURL, and every present resource of it if all,
-// as one consistent view, as released to the group.
+// as one consistent view, as released to the group. names is the caller's
+// scratch: it is sorted in place, and appended to when all is set.
 func (c *Cache) Read(typeURL string, names []string, all bool) View {
-	return c.ReadFor(nil, typeURL, names, all)
+	return c.ReadInto(nil, typeURL, names, all, nil)
 }
 
 // ReadFor is Read for the stream of w: a canary of the type reads the
 // changes that are not released yet (Rollout).
 func (c *Cache) ReadFor(w *Watch, typeURL string, names []string, all bool) View {
+	return c.ReadInto(w, typeURL, names, all, nil)
+}
+
+// ReadInto is ReadFor with the lookups stored in buf's array while they fit.
+// A stream reads at every change that reaches it: with storage of its own
+// (on its stack) and names it built for the read, the read allocates
+// nothing.
+func (c *Cache) ReadInto(w *Watch, typeURL string, names []string, all bool, buf []Lookup) View {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	t := c.types[typeURL]
-	if t == nil {
-		names = slices.Compact(slices.Sorted(slices.Values(names)))
-		return View{Lookups: (*typeState)(nil).lookupAllLocked(names, false)}
-	}
-	if all {
-		names = slices.Grow(slices.Clip(names), len(t.entries))
+	if all && t != nil {
+		names = slices.Grow(names, len(t.entries))
 		for n, e := range t.entries {
 			if e.res != nil {
 				names = append(names, n)
 			}
 		}
-	} else {
-		names = slices.Clone(names)
 	}
 	slices.Sort(names)
 	names = slices.Compact(names)
+	if t == nil {
+		return View{Lookups: (*typeState)(nil).lookupAllLocked(names, false, buf)}
+	}
 	rel := t.releasedView(w)
 	version := t.version
 	if rel {
 		version = t.relVersion
 	}
-	return View{Version: version, Synced: t.synced, Received: t.received, Trace: t.trace, Lookups: t.lookupAllLocked(names, rel)}
+	return View{Version: version, Synced: t.synced, Received: t.received, Trace: t.trace, Lookups: t.lookupAllLocked(names, rel, buf)}
 }
 
-func (t *typeState) lookupAllLocked(names []string, rel bool) []Lookup {
-	out := make([]Lookup, len(names))
-	for i, n := range names {
-		out[i] = t.lookupLocked(n, rel)
+func (t *typeState) lookupAllLocked(names []string, rel bool, buf []Lookup) []Lookup {
+	out := buf[:0]
+	if cap(out) < len(names) {
+		out = make([]Lookup, 0, len(names))
+	}
+	for _, n := range names {
+		out = append(out, t.lookupLocked(n, rel))
 	}
 	return out
 }

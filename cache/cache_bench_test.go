@@ -169,7 +169,7 @@ func BenchmarkWatchQueue(b *testing.B) {
 		for i := 0; b.Loop(); i++ {
 			w.Mark(benchType, uint64(i), "cla-0")
 			<-w.Ready()
-			if d := w.Take(); len(d.Of(benchType).Names) != 1 {
+			if d := w.Take(); d.Of(benchType).Names.Len() != 1 {
 				b.Fatal("lost the mark")
 			}
 		}
@@ -182,7 +182,7 @@ func BenchmarkWatchQueue(b *testing.B) {
 				w.Mark(benchType, uint64(i*10+j), "cla-0")
 			}
 			<-w.Ready()
-			if d := w.Take(); len(d.Of(benchType).Names) != 1 {
+			if d := w.Take(); d.Of(benchType).Names.Len() != 1 {
 				b.Fatal("marks not coalesced")
 			}
 		}
@@ -195,7 +195,7 @@ func BenchmarkWatchQueue(b *testing.B) {
 				w.Mark(benchType, uint64(i*10+j), n)
 			}
 			<-w.Ready()
-			if d := w.Take(); len(d.Of(benchType).Names) != 10 {
+			if d := w.Take(); d.Of(benchType).Names.Len() != 10 {
 				b.Fatal("lost marks")
 			}
 		}

@@ -21,10 +21,7 @@ func interest(c *Cache) Interest { return c.Interest()[eds] }
 func taken(w *Watch) map[string][]string {
 	out := map[string][]string{}
 	for _, d := range w.Take() {
-		names := make([]string, 0, len(d.Names))
-		for n := range d.Names {
-			names = append(names, n)
-		}
+		names := d.Names.AppendTo(nil)
 		slices.Sort(names)
 		out[d.TypeURL] = names
 	}
@@ -157,7 +154,7 @@ func TestWatchCoalesces(t *testing.T) {
 		t.Fatal("not woken")
 	}
 	d := w.Take().Of(eds)
-	if d.Seq != 3 || len(d.Names) != 2 {
+	if d.Seq != 3 || d.Names.Len() != 2 {
 		t.Fatalf("dirty: seq %d names %v", d.Seq, d.Names)
 	}
 	if w.Take() != nil {

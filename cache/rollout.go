@@ -332,9 +332,7 @@ func (c *Cache) releaseLocked(ch *change, o *op) {
 		if t.held == 0 {
 			t.relVersion = t.version
 		}
-		for w := range t.wildcard {
-			o.markShared(&o.names, typeURL, w, names)
-		}
+		o.markShared(&o.names, typeURL, t.wildcard, names)
 		for _, n := range names {
 			// A removal of what only the wildcard held was kept while it
 			// baked: it is forgotten now.

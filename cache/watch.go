@@ -1,6 +1,9 @@
 package cache
 
-import "sync"
+import (
+	"iter"
+	"sync"
+)
 
 // Dirty is what changed for one type since a watcher last looked.
 type Dirty struct {
@@ -10,9 +13,128 @@ type Dirty struct {
 	// order of Seq across types is the order in which upstream sent them.
 	Seq uint64
 	// Names are the changed resource names.
-	Names map[string]struct{}
+	Names NameSet
 	// Heartbeats are names whose TTL was refreshed without a change.
-	Heartbeats map[string]struct{}
+	Heartbeats NameSet
+}
+
+// fewNames is how many names a NameSet holds before it makes a map.
+const fewNames = 4
+
+// NameSet is a set of resource names. A change marks a stream with one name
+// or a few, and a flush reads them back: they are held in the set itself,
+// and a map is made only for more, so that neither touches a map. Its zero
+// value is empty; a nil *NameSet reads as empty.
+type NameSet struct {
+	n    int // names in few, while big is false
+	few  [fewNames]string
+	big  bool                // the names are in more
+	more map[string]struct{} // kept, cleared, across a reset while small
+}
+
+// Add adds name to the set.
+func (s *NameSet) Add(name string) {
+	if s.big {
+		s.more[name] = struct{}{}
+		return
+	}
+	for _, n := range s.few[:s.n] {
+		if n == name {
+			return
+		}
+	}
+	if s.n < len(s.few) {
+		s.few[s.n] = name
+		s.n++
+		return
+	}
+	if s.more == nil {
+		s.more = make(map[string]struct{}, 2*len(s.few))
+	}
+	for _, n := range s.few {
+		s.more[n] = struct{}{}
+	}
+	s.more[name] = struct{}{}
+	s.few, s.n, s.big = [fewNames]string{}, 0, true
+}
+
+// Has reports whether name is in the set.
+func (s *NameSet) Has(name string) bool {
+	switch {
+	case s == nil:
+		return false
+	case s.big:
+		_, ok := s.more[name]
+		return ok
+	}
+	for _, n := range s.few[:s.n] {
+		if n == name {
+			return true
+		}
+	}
+	return false
+}
+
+// Len is the number of names in the set.
+func (s *NameSet) Len() int {
+	switch {
+	case s == nil:
+		return 0
+	case s.big:
+		return len(s.more)
+	}
+	return s.n
+}
+
+// AppendTo appends the names, in no particular order, to dst.
+func (s *NameSet) AppendTo(dst []string) []string {
+	switch {
+	case s == nil:
+		return dst
+	case s.big:
+		for n := range s.more {
+			dst = append(dst, n)
+		}
+		return dst
+	}
+	return append(dst, s.few[:s.n]...)
+}
+
+// All yields the names, in no particular order.
+func (s *NameSet) All() iter.Seq[string] {
+	return func(yield func(string) bool) {
+		if s == nil {
+			return
+		}
+		if s.big {
+			for n := range s.more {
+				if !yield(n) {
+					return
+				}
+			}
+			return
+		}
+		for _, n := range s.few[:s.n] {
+			if !yield(n) {
+				return
+			}
+		}
+	}
+}
+
+// reset empties the set. Its map is kept for reuse unless it grew past
+// recycleMax: a cleared map keeps its size.
+func (s *NameSet) reset() {
+	clear(s.few[:s.n])
+	s.n = 0
+	if s.big {
+		s.big = false
+		if len(s.more) <= recycleMax {
+			clear(s.more)
+		} else {
+			s.more = nil
+		}
+	}
 }
 
 // DirtySet is what changed since a watcher last looked, one Dirty per type.
@@ -106,9 +228,9 @@ func (w *Watch) Recycle(d DirtySet) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for i, x := range d {
-		if len(w.free) < 4 && len(x.Names) <= recycleMax && len(x.Heartbeats) <= recycleMax {
-			clear(x.Names)
-			clear(x.Heartbeats)
+		if len(w.free) < 4 && x.Names.Len() <= recycleMax && x.Heartbeats.Len() <= recycleMax {
+			x.Names.reset()
+			x.Heartbeats.reset()
 			w.free = append(w.free, x)
 		}
 		d[i] = nil
@@ -139,21 +261,18 @@ func (w *Watch) mark(typeURL string, seq uint64, heartbeat bool, names []string)
 			d, w.free = w.free[n-1], w.free[:n-1]
 			d.TypeURL, d.Seq = typeURL, seq
 		} else {
-			d = &Dirty{TypeURL: typeURL, Seq: seq, Names: make(map[string]struct{}, len(names))}
+			d = &Dirty{TypeURL: typeURL, Seq: seq}
 		}
 		w.dirty = append(w.dirty, d)
 	} else if seq < d.Seq {
 		d.Seq = seq
 	}
-	set := d.Names
+	set := &d.Names
 	if heartbeat {
-		if d.Heartbeats == nil {
-			d.Heartbeats = make(map[string]struct{}, len(names))
-		}
-		set = d.Heartbeats
+		set = &d.Heartbeats
 	}
 	for _, n := range names {
-		set[n] = struct{}{}
+		set.Add(n)
 	}
 	w.mu.Unlock()
 	if w.notify != nil {

@@ -13,11 +13,11 @@ func TestWatchRecycleReusesSets(t *testing.T) {
 	w.Recycle(d)
 	w.Mark("t", 2, "c")
 	got := w.Take()
-	if len(got) != 1 || len(got.Of("t").Names) != 1 || got.Of("t").Seq != 2 {
+	if len(got) != 1 || got.Of("t").Names.Len() != 1 || got.Of("t").Seq != 2 {
 		t.Fatalf("after recycling: %+v", got.Of("t"))
 	}
-	if _, ok := got.Of("t").Names["c"]; !ok {
-		t.Fatalf("names %v, want c alone", got.Of("t").Names)
+	if !got.Of("t").Names.Has("c") {
+		t.Fatalf("names %v, want c alone", got.Of("t").Names.AppendTo(nil))
 	}
 	w.Recycle(got)
 	allocs := testing.AllocsPerRun(100, func() {
@@ -47,7 +47,53 @@ func TestWatchRecycleDropsLargeSets(t *testing.T) {
 		t.Fatalf("%d sets kept after a change of %d names", kept, len(names))
 	}
 	w.Mark("t", 2, "x")
-	if d := w.Take().Of("t"); len(d.Names) != 1 {
+	if d := w.Take().Of("t"); d.Names.Len() != 1 {
 		t.Fatalf("after a large change, the next one marks %v", d.Names)
+	}
+}
+
+// A NameSet holds a few names in itself and more in a map, and reads the
+// same either way: duplicates count once, and a reset empties it.
+func TestNameSet(t *testing.T) {
+	var nilSet *NameSet
+	if nilSet.Has("a") || nilSet.Len() != 0 || len(nilSet.AppendTo(nil)) != 0 {
+		t.Fatal("a nil set is not empty")
+	}
+	for _, n := range []int{1, fewNames, fewNames + 1, 3 * fewNames} {
+		var s NameSet
+		want := map[string]bool{}
+		for i := range n {
+			name := string(rune('a' + i))
+			s.Add(name)
+			s.Add(name) // counted once
+			want[name] = true
+		}
+		if s.Len() != n {
+			t.Fatalf("%d names added, Len %d", n, s.Len())
+		}
+		got := s.AppendTo(nil)
+		seen := map[string]bool{}
+		for name := range s.All() {
+			seen[name] = true
+		}
+		if len(got) != n || len(seen) != n {
+			t.Fatalf("%d names added: AppendTo %v, All %v", n, got, seen)
+		}
+		for _, name := range got {
+			if !want[name] || !seen[name] || !s.Has(name) {
+				t.Fatalf("%d names added: %q read back but not added, or not found", n, name)
+			}
+		}
+		if s.Has("zz") {
+			t.Fatalf("%d names added: Has a name never added", n)
+		}
+		s.reset()
+		if s.Len() != 0 || s.Has("a") || len(s.AppendTo(nil)) != 0 {
+			t.Fatalf("%d names added: not empty after reset", n)
+		}
+		s.Add("x")
+		if s.Len() != 1 || !s.Has("x") {
+			t.Fatalf("%d names added: after reset, one added reads %v", n, s.AppendTo(nil))
+		}
 	}
 }

@@ -191,11 +191,11 @@ func (ds *deltaStream) flush() error {
 	for _, d := range ordered(dirty) {
 		typeURL := d.TypeURL
 		if t := ds.types[typeURL]; t != nil {
-			hbs := d.Heartbeats
+			hbs := &d.Heartbeats
 			if !ds.ttl {
 				hbs = nil // heartbeats only refresh TTLs, which this client ignores
 			}
-			if err := ds.flushType(typeURL, t, d.Names, hbs); err != nil {
+			if err := ds.flushType(typeURL, t, &d.Names, hbs); err != nil {
 				return err
 			}
 		}
@@ -205,25 +205,25 @@ func (ds *deltaStream) flush() error {
 
 // candidates are the names a flush looks at, and whether it must look at
 // every resource of the type too.
-func (ds *deltaStream) candidates(t *deltaType, dirty, hbs map[string]struct{}) (names []string, all bool) {
+func (ds *deltaStream) candidates(t *deltaType, dirty, hbs *cache.NameSet, names []string) ([]string, bool) {
 	if t.all {
 		names = append(names, slices.Collect(maps.Keys(t.names))...)
 		names = append(names, slices.Collect(maps.Keys(t.sent))...)
 	}
-	for _, set := range []map[string]struct{}{dirty, hbs} {
-		for n := range set {
-			names = append(names, n)
-		}
-	}
+	names = hbs.AppendTo(dirty.AppendTo(names))
 	// A wildcard looks only at what changed, not the whole type per change;
 	// a new glob subscription looks at the whole type once.
 	return names, (t.wildcard || t.globs > 0) && t.all
 }
 
-func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[string]struct{}) error {
+func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache.NameSet) error {
 	// One read: the response is one upstream version, never part of one.
-	names, all := ds.candidates(t, dirty, hbs)
-	v := ds.cache.ReadFor(ds.watch, typeURL, names, all)
+	// A change is of a name or a few: their names and lookups are kept on
+	// the stack while they fit.
+	var nameBuf [4]string
+	var lookupBuf [4]cache.Lookup
+	names, all := ds.candidates(t, dirty, hbs, nameBuf[:0])
+	v := ds.cache.ReadInto(ds.watch, typeURL, names, all, lookupBuf[:0])
 	synced := v.Synced
 	var out [][]byte
 	var removed []string
@@ -237,7 +237,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs map[st
 		case !named && !t.wildcard && !mustAnswer:
 			// Not (or no longer) subscribed.
 		case l.Resource != nil:
-			_, beat := hbs[l.Name]
+			beat := hbs.Has(l.Name)
 			switch {
 			case have != l.Resource.Version:
 				out = append(out, ds.field(l.Resource))

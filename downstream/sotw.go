@@ -148,14 +148,14 @@ func (ss *sotwStream) flush() error {
 			continue
 		}
 		var err error
-		hbs := d.Heartbeats
+		hbs := &d.Heartbeats
 		if !ss.ttl {
 			hbs = nil // heartbeats only refresh TTLs, which this client ignores
 		}
 		if xds.FullState(typeURL) {
 			err = ss.flushFull(typeURL, t, hbs)
 		} else {
-			err = ss.flushChanged(typeURL, t, d.Names, hbs)
+			err = ss.flushChanged(typeURL, t, &d.Names, hbs)
 		}
 		if err != nil {
 			return err
@@ -171,7 +171,7 @@ func (ss *sotwStream) flush() error {
 // A heartbeat of a resource the client has goes out as the complete state
 // with that resource as a heartbeat, so that the response still omits
 // nothing ("TTL").
-func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs map[string]struct{}) error {
+func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet) error {
 	t.all = false
 	if t.wildcard && len(t.names) == 0 && !ss.ttl {
 		return ss.flushWildcard(typeURL, t)
@@ -193,7 +193,7 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs map[string]stru
 	for _, l := range want {
 		if v, ok := t.sent[l.Name]; !ok || v != l.Resource.Version {
 			changed = true
-		} else if _, ok := hbs[l.Name]; ok && l.Heartbeat != nil {
+		} else if hbs.Has(l.Name) && l.Heartbeat != nil {
 			beat = true
 		}
 	}
@@ -206,8 +206,7 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs map[string]stru
 	for _, l := range want {
 		t.sent[l.Name] = l.Resource.Version
 		ts.sent(l.Name, l.Resource.Version, nonce, now)
-		_, hb := hbs[l.Name]
-		fields = append(fields, ss.field(l, hb && !changed))
+		fields = append(fields, ss.field(l, hbs.Has(l.Name) && !changed))
 	}
 	ss.status.done()
 	return ss.respond(typeURL, v, t, fields)
@@ -266,15 +265,15 @@ func (t *sotwType) materialize() {
 
 // flushChanged sends, for the other types, only the subscribed resources
 // whose version differs from what the client was sent.
-func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs map[string]struct{}) error {
+func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs *cache.NameSet) error {
 	var names []string
 	all := false
 	if t.all {
 		names = slices.Collect(maps.Keys(t.names))
 		all, t.all = t.wildcard, false
 	}
-	for _, set := range []map[string]struct{}{dirty, hbs} {
-		for n := range set {
+	for _, set := range []*cache.NameSet{dirty, hbs} {
+		for n := range set.All() {
 			if _, ok := t.names[n]; ok || t.wildcard {
 				names = append(names, n)
 			}
@@ -286,7 +285,7 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs map[s
 	var out [][]byte
 	ts, nonce, now := ss.status.sending(typeURL, false), ss.nonces.peek(), time.Now()
 	for _, l := range v.Lookups {
-		_, hb := hbs[l.Name]
+		hb := hbs.Has(l.Name)
 		switch {
 		case l.Resource != nil && t.sent[l.Name] != l.Resource.Version:
 			out = append(out, ss.field(l, false))
