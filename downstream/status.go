@@ -64,9 +64,18 @@ func (r resStatus) sentAt() time.Time {
 }
 
 // typeStatus is a stream's record for one type.
+//
+// A client's answer is recorded in the type's record alone (answers), and
+// applied to the names it covers when the record is next written or read
+// (settle): at the stream's next send, which touches those names anyway,
+// or when CSDS or the admin endpoint reads it. An ACK then costs no visit
+// to the per-name records, which at many streams are cold in the CPU's
+// caches by the time the client answers.
 type typeStatus struct {
 	res      map[string]resStatus
 	pending  []string // names sent and not yet answered
+	answers  [2]answer
+	nanswers int // answers not yet applied to pending, in the order received
 	wildcard bool
 	// shared is the complete state last sent to a wildcard-only SotW
 	// subscription, which keeps no per-name record (see flushWildcard).
@@ -79,6 +88,44 @@ type typeStatus struct {
 	nackVersion string // and of the last NACK, with its message and time
 	nackMsg     string
 	nackAt      time.Time
+}
+
+// answer is a client's ACK or NACK of the responses up to nonce.
+type answer struct {
+	nonce uint64
+	state ResourceState // Acked or Nacked
+	note  *nackNote     // the NACK's, shared by the names it covers
+}
+
+// settle applies the recorded answers to the pending names. A name's fate
+// is the first answer that covers its response, as if each answer had been
+// applied when it came.
+func (t *typeStatus) settle() {
+	if t.nanswers == 0 {
+		return
+	}
+	as := t.answers[:t.nanswers]
+	keep := t.pending[:0]
+	for _, name := range t.pending {
+		r, ok := t.res[name]
+		if !ok || r.nonce == 0 {
+			continue
+		}
+		i := 0
+		for i < len(as) && as[i].nonce < r.nonce {
+			i++
+		}
+		if i == len(as) {
+			keep = append(keep, name)
+			continue
+		}
+		r.state, r.nonce, r.nack = as[i].state, 0, as[i].note
+		t.res[name] = r
+	}
+	clear(t.pending[len(keep):])
+	t.pending = keep
+	clear(as)
+	t.nanswers = 0
 }
 
 // streamStatus is one stream's record, registered with the server while
@@ -152,6 +199,7 @@ func (s *streamStatus) setWildcard(typeURL string, on bool) {
 func (s *streamStatus) sending(typeURL string, full bool) *typeStatus {
 	s.mu.Lock()
 	t := s.typ(typeURL)
+	t.settle()
 	t.unshare()
 	if full {
 		maps.DeleteFunc(t.res, func(_ string, r resStatus) bool { return !r.named })
@@ -238,6 +286,7 @@ func (s *streamStatus) sentShared(typeURL string, st *cache.State, nonce uint64,
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t := s.typ(typeURL)
+	t.settle()
 	if t.shared == nil {
 		t.sharedState = Requested
 	}
@@ -271,24 +320,18 @@ func (s *streamStatus) answered(typeURL, nonce, version string, nack bool, msg s
 			t.sharedNack = msg
 		}
 	}
-	var note *nackNote
+	if len(t.pending) == 0 {
+		return
+	}
+	if t.nanswers == len(t.answers) {
+		t.settle()
+	}
+	a := answer{nonce: n, state: state}
 	if nack {
-		note = &nackNote{msg: msg, at: now}
+		a.note = &nackNote{msg: msg, at: now}
 	}
-	keep := t.pending[:0]
-	for _, name := range t.pending {
-		r, ok := t.res[name]
-		switch {
-		case !ok || r.nonce == 0:
-		case r.nonce <= n:
-			r.state, r.nonce, r.nack = state, 0, note
-			t.res[name] = r
-		default:
-			keep = append(keep, name)
-		}
-	}
-	clear(t.pending[len(keep):])
-	t.pending = keep
+	t.answers[t.nanswers] = a
+	t.nanswers++
 }
 
 // ResourceStatus is what a client holds of one resource.
@@ -336,7 +379,9 @@ func (s *streamStatus) snapshot() ClientStatus {
 	return out
 }
 
+// snapshot copies the type's record; call with the stream's mu held.
 func (t *typeStatus) snapshot(typeURL string) TypeStatus {
+	t.settle()
 	ts := TypeStatus{TypeURL: typeURL, Wildcard: t.wildcard, AckVersion: t.ackVersion,
 		NackVersion: t.nackVersion, NackError: t.nackMsg, NackAt: t.nackAt}
 	for name, r := range t.res {

@@ -71,3 +71,40 @@ func TestStatusRecordsNacks(t *testing.T) {
 		}
 	}
 }
+
+// Answers are applied to the names they cover when the record is next
+// written or read, with the result of applying each when it came: a name
+// takes the first answer that covers its response, more answers than the
+// record holds at once are applied in turn, and an answer never covers a
+// response sent after it.
+func TestStatusAppliesAnswersInOrder(t *testing.T) {
+	s := &streamStatus{types: map[string]*typeStatus{}}
+	const typ = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+	now := time.Unix(1000, 0)
+	s.subscribed(typ, []string{"a", "b", "c", "d", "e"})
+	ts := s.sending(typ, false)
+	for i, n := range []string{"a", "b", "c", "d"} {
+		ts.sent(n, "1", uint64(i+1), now)
+	}
+	s.done()
+	s.answered(typ, "1", "1", false, "", now)
+	s.answered(typ, "2", "0", true, "bad b", now)
+	s.answered(typ, "3", "1", false, "", now)
+	s.answered(typ, "9", "0", true, "bad d", now) // a nonce never sent: covers d, and nothing sent later
+	ts = s.sending(typ, false)
+	ts.sent("e", "1", 5, now)
+	s.done()
+	want := map[string]ResourceState{"a": Acked, "b": Nacked, "c": Acked, "d": Nacked, "e": Requested}
+	wantErr := map[string]string{"b": "bad b", "d": "bad d"}
+	for _, r := range s.snapshot().Types[0].Resources {
+		if r.State != want[r.Name] || r.Error != wantErr[r.Name] {
+			t.Errorf("%s: %v %q, want %v %q", r.Name, r.State, r.Error, want[r.Name], wantErr[r.Name])
+		}
+	}
+	s.answered(typ, "5", "1", false, "", now)
+	for _, r := range s.snapshot().Types[0].Resources {
+		if r.Name == "e" && r.State != Acked {
+			t.Errorf("e after its ACK, read without a send: %v", r.State)
+		}
+	}
+}
