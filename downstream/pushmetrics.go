@@ -62,18 +62,3 @@ func (p *pushMetrics) pushed(typeURL string, size int, received, opened time.Tim
 		m.latency.Observe(time.Since(received).Seconds())
 	}
 }
-
-// firstResponse wraps a stream's send so that its first successful send is
-// observed as the time since opened.
-func (p *pushMetrics) firstResponse(send func(any) error, variant string, opened time.Time) func(any) error {
-	first := p.first.With(variant)
-	done := false
-	return func(m any) error {
-		err := send(m)
-		if err == nil && !done {
-			done = true
-			first.Observe(time.Since(opened).Seconds())
-		}
-		return err
-	}
-}

@@ -188,13 +188,20 @@ var errDraining = status.Error(codes.Unavailable, "xdsrelay: shutting down, reco
 // stalled its whole connection anyway. After slowSend the send pool is told,
 // so that the blocked worker is replaced. The timer is the stream's own,
 // re-armed per send, so that a push costs no allocation and the stream no
-// extra goroutine. Call stop when the stream ends.
+// extra goroutine. The guard also observes the stream's first response
+// (xdsrelay_downstream_first_response_seconds). Call stop when the stream
+// ends.
 type sendGuard struct {
 	srv     *Server
 	ctx     context.Context
 	sendMsg func(any) error
 	t       *time.Timer
 	conn    *sendConn // the stream's connection in the send pool; set before the first send
+
+	// Written by the goroutine that sends, one at a time (the pump's mu).
+	first    metrics.Observer // the time to the first response, by variant
+	opened   time.Time        // when the stream opened
+	answered bool             // a send succeeded: first was observed
 
 	mu      sync.Mutex
 	sending bool
@@ -203,8 +210,8 @@ type sendGuard struct {
 	started time.Time
 }
 
-func (s *Server) guard(ctx context.Context, sendMsg func(any) error) *sendGuard {
-	g := &sendGuard{srv: s, ctx: ctx, sendMsg: sendMsg}
+func (s *Server) guard(ctx context.Context, sendMsg func(any) error, variant string, opened time.Time) *sendGuard {
+	g := &sendGuard{srv: s, ctx: ctx, sendMsg: sendMsg, first: s.first.With(variant), opened: opened}
 	g.t = time.AfterFunc(time.Hour, g.fire)
 	g.t.Stop()
 	return g
@@ -223,6 +230,10 @@ func (g *sendGuard) send(m any) error {
 	g.mu.Unlock()
 	if slow {
 		g.srv.sends.unblocked(g.conn)
+	}
+	if err == nil && !g.answered {
+		g.answered = true
+		g.first.Observe(time.Since(g.opened).Seconds())
 	}
 	return err
 }

@@ -253,9 +253,9 @@ func run[Req any, Resp any, PReq interface {
 	defer release()
 	s.streams.With(end.variant).Inc()
 	defer s.streams.With(end.variant).Dec()
-	g := s.guard(ctx, st.SendMsg)
+	g := s.guard(ctx, st.SendMsg, end.variant, opened)
 	defer g.stop()
-	p := open(c, PReq(first), s.firstResponse(g.send, end.variant, opened))
+	p := open(c, PReq(first), g.send)
 	pm := &pump{pool: s.sends, conn: s.sends.conn(ls.addr), flush: p.flush}
 	g.conn = pm.conn
 	defer s.sends.release(pm.conn)
@@ -267,9 +267,12 @@ func run[Req any, Resp any, PReq interface {
 	if err := handle(pm, p, first); err != nil {
 		return err
 	}
+	// The later requests are decoded into one message: proto.Unmarshal
+	// resets it first, and handle keeps nothing of it but what it copies or
+	// the fields' own values, so a request costs no allocation of its own.
+	req := PReq(new(Req))
 	for {
-		req, err := st.Recv()
-		if err != nil {
+		if err := st.RecvMsg(req); err != nil {
 			if ferr := pm.failure(); ferr != nil {
 				return ferr
 			}
