@@ -47,6 +47,7 @@ type pump struct {
 
 	mu    sync.Mutex   // serializes handle and flush
 	flush func() error // the protocol's flush; called with mu held
+	guard *sendGuard   // the stream's sends; told which worker flushes (nil in tests)
 	ended bool         // guarded by mu: no flush runs once set
 	err   error        // guarded by mu: the flush error that ended the stream
 }
@@ -73,11 +74,11 @@ func (p *pump) ready() {
 
 // runQueued is a worker's turn: it flushes once, and queues the pump again
 // if it was marked meanwhile, behind the streams already waiting.
-func (p *pump) runQueued() {
+func (p *pump) runQueued(slot *sendSlot) {
 	if !p.state.CompareAndSwap(pumpQueued, pumpRunning) {
 		return // the handler flushed it already
 	}
-	p.flushOnce()
+	p.flushOnce(slot)
 	if !p.state.CompareAndSwap(pumpRunning, pumpIdle) {
 		p.state.Store(pumpQueued)
 		p.pool.submit(p)
@@ -92,7 +93,7 @@ func (p *pump) runInline() error {
 		return nil
 	}
 	for {
-		if err := p.flushOnce(); err != nil {
+		if err := p.flushOnce(nil); err != nil {
 			p.state.Store(pumpIdle)
 			return err
 		}
@@ -103,15 +104,19 @@ func (p *pump) runInline() error {
 	}
 }
 
-// flushOnce runs the protocol's flush unless the stream has ended. A flush
-// fails only when its send does, and gRPC ends a stream whose SendMsg
-// failed (it writes the status), which ends the handler's Recv; the handler
-// then returns err (see failure).
-func (p *pump) flushOnce() error {
+// flushOnce runs the protocol's flush unless the stream has ended, on the
+// worker whose slot is slot (nil: the handler's goroutine). A flush fails
+// only when its send does, and gRPC ends a stream whose SendMsg failed (it
+// writes the status), which ends the handler's Recv; the handler then
+// returns err (see failure).
+func (p *pump) flushOnce(slot *sendSlot) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.ended {
 		return p.err
+	}
+	if p.guard != nil {
+		p.guard.slot = slot
 	}
 	if err := p.flush(); err != nil {
 		p.ended, p.err = true, err
@@ -172,6 +177,13 @@ const slowSend = 20 * time.Millisecond
 type sendPool struct {
 	size int
 
+	// The sends in progress, watched for slow and stuck clients (see
+	// watchdog): a slot per worker, and one per send on a handler's
+	// goroutine while it lasts.
+	watchMu  sync.Mutex
+	slots    map[*sendSlot]struct{}
+	watching bool // the watchdog runs
+
 	mu      sync.Mutex
 	queue   []*sendConn // connections with pumps queued, FIFO from head
 	head    int
@@ -193,8 +205,69 @@ type sendConn struct {
 }
 
 func newSendPool(size int) *sendPool {
-	return &sendPool{size: max(size, 1), conns: map[net.Addr]*sendConn{}}
+	return &sendPool{size: max(size, 1), conns: map[net.Addr]*sendConn{}, slots: map[*sendSlot]struct{}{}}
 }
+
+// sendSlot is where a goroutine that sends shows the send in progress to
+// the watchdog.
+type sendSlot struct {
+	g atomic.Pointer[sendGuard] // nil between sends
+}
+
+// watch registers a slot, and starts the watchdog if it is not running.
+func (sp *sendPool) watch(s *sendSlot) {
+	sp.watchMu.Lock()
+	sp.slots[s] = struct{}{}
+	start := !sp.watching
+	sp.watching = true
+	sp.watchMu.Unlock()
+	if start {
+		go sp.watchdog()
+	}
+}
+
+func (sp *sendPool) unwatch(s *sendSlot) {
+	sp.watchMu.Lock()
+	delete(sp.slots, s)
+	sp.watchMu.Unlock()
+}
+
+// watchdog looks at the sends in progress every watchEvery, while there
+// are slots: a send blocked for slowSend is reported to the pool, one
+// blocked for the send timeout has its client's connection closed (see
+// sendGuard). One ticker for every send, running only while something
+// sends, rather than a timer armed and stopped for every send of every
+// stream: at many streams the timer's memory is another cold line per
+// push.
+func (sp *sendPool) watchdog() {
+	t := time.NewTicker(watchEvery)
+	defer t.Stop()
+	var due []*sendGuard
+	for range t.C {
+		sp.watchMu.Lock()
+		if len(sp.slots) == 0 {
+			sp.watching = false
+			sp.watchMu.Unlock()
+			return
+		}
+		for s := range sp.slots {
+			if g := s.g.Load(); g != nil {
+				due = append(due, g)
+			}
+		}
+		sp.watchMu.Unlock()
+		now := time.Now()
+		for i, g := range due {
+			g.check(now)
+			due[i] = nil
+		}
+		due = due[:0]
+	}
+}
+
+// watchEvery is how often the watchdog looks: a slow send is noticed
+// between slowSend and slowSend+watchEvery after it started.
+const watchEvery = slowSend / 2
 
 // conn returns the queue of the connection from addr, for one more stream;
 // call release when the stream ends. Streams whose connection is unknown
@@ -261,6 +334,9 @@ func (sp *sendPool) enqueue(c *sendConn, blocked bool) {
 }
 
 func (sp *sendPool) work() {
+	slot := &sendSlot{}
+	sp.watch(slot)
+	defer sp.unwatch(slot)
 	for {
 		sp.mu.Lock()
 		if sp.head == len(sp.queue) {
@@ -280,7 +356,7 @@ func (sp *sendPool) work() {
 		c.queued = false
 		c.serving++
 		c.mu.Unlock()
-		c.serve()
+		c.serve(slot)
 	}
 }
 
@@ -288,7 +364,7 @@ func (sp *sendPool) work() {
 // left, those queued meanwhile included. Normally one worker serves a
 // connection at a time; another joins when a send on it is slow (see
 // slow).
-func (c *sendConn) serve() {
+func (c *sendConn) serve(slot *sendSlot) {
 	for {
 		c.mu.Lock()
 		if len(c.pumps) == 0 {
@@ -301,7 +377,7 @@ func (c *sendConn) serve() {
 		c.pumps[0] = nil
 		c.pumps = c.pumps[1:]
 		c.mu.Unlock()
-		p.runQueued()
+		p.runQueued(slot)
 	}
 }
 

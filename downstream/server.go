@@ -186,19 +186,20 @@ var errDraining = status.Error(codes.Unavailable, "xdsrelay: shutting down, reco
 // or hostile client hurts only itself"). Closing the connection rather than
 // the stream is what gRPC allows, and a client that reads nothing has
 // stalled its whole connection anyway. After slowSend the send pool is told,
-// so that the blocked worker is replaced. The timer is the stream's own,
-// re-armed per send, so that a push costs no allocation and the stream no
-// extra goroutine. The guard also observes the stream's first response
-// (xdsrelay_downstream_first_response_seconds). Call stop when the stream
-// ends.
+// so that the blocked worker is replaced. The send pool's watchdog does the
+// watching: a send shows itself in its worker's slot, or, on the handler's
+// goroutine, in the guard's own slot while it lasts. The guard also
+// observes the stream's first response
+// (xdsrelay_downstream_first_response_seconds).
 type sendGuard struct {
 	srv     *Server
 	ctx     context.Context
 	sendMsg func(any) error
-	t       *time.Timer
 	conn    *sendConn // the stream's connection in the send pool; set before the first send
 
 	// Written by the goroutine that sends, one at a time (the pump's mu).
+	slot     *sendSlot        // the worker's that flushes; nil on the handler's goroutine
+	own      sendSlot         // the slot of a send on the handler's goroutine
 	first    metrics.Observer // the time to the first response, by variant
 	opened   time.Time        // when the stream opened
 	answered bool             // a send succeeded: first was observed
@@ -211,21 +212,26 @@ type sendGuard struct {
 }
 
 func (s *Server) guard(ctx context.Context, sendMsg func(any) error, variant string, opened time.Time) *sendGuard {
-	g := &sendGuard{srv: s, ctx: ctx, sendMsg: sendMsg, first: s.first.With(variant), opened: opened}
-	g.t = time.AfterFunc(time.Hour, g.fire)
-	g.t.Stop()
-	return g
+	return &sendGuard{srv: s, ctx: ctx, sendMsg: sendMsg, first: s.first.With(variant), opened: opened}
 }
 
 func (g *sendGuard) send(m any) error {
 	g.mu.Lock()
 	g.sending, g.slow, g.started = true, false, time.Now()
-	g.t.Reset(min(slowSend, g.srv.sendTimeout))
 	g.mu.Unlock()
+	slot := g.slot
+	if slot == nil {
+		slot = &g.own
+		g.srv.sends.watch(slot)
+	}
+	slot.g.Store(g)
 	err := g.sendMsg(m)
+	slot.g.Store(nil)
+	if slot == &g.own {
+		g.srv.sends.unwatch(slot)
+	}
 	g.mu.Lock()
 	g.sending = false
-	g.t.Stop()
 	slow := g.slow
 	g.mu.Unlock()
 	if slow {
@@ -238,28 +244,27 @@ func (g *sendGuard) send(m any) error {
 	return err
 }
 
-// fire is the timer: first the send is slow, then it is stuck.
-func (g *sendGuard) fire() {
+// check is the watchdog's look at a send in progress: first it is slow,
+// then it is stuck.
+func (g *sendGuard) check(now time.Time) {
 	g.mu.Lock()
 	if !g.sending || g.closed {
 		g.mu.Unlock()
 		return
 	}
-	if left := g.srv.sendTimeout - time.Since(g.started); left > 0 {
-		if !g.slow {
-			g.slow = true
-			g.srv.sends.slow(g.conn)
-		}
-		g.t.Reset(left)
+	blocked := now.Sub(g.started)
+	switch {
+	case blocked >= g.srv.sendTimeout:
+		g.closed = true
 		g.mu.Unlock()
+		g.srv.closeStuck(g.ctx)
 		return
+	case blocked >= slowSend && !g.slow:
+		g.slow = true
+		g.srv.sends.slow(g.conn)
 	}
-	g.closed = true
 	g.mu.Unlock()
-	g.srv.closeStuck(g.ctx)
 }
-
-func (g *sendGuard) stop() { g.t.Stop() }
 
 // closeStuck closes the connection of the stream whose context ctx is.
 func (s *Server) closeStuck(ctx context.Context) {

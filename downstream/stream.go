@@ -254,9 +254,8 @@ func run[Req any, Resp any, PReq interface {
 	s.streams.With(end.variant).Inc()
 	defer s.streams.With(end.variant).Dec()
 	g := s.guard(ctx, st.SendMsg, end.variant, opened)
-	defer g.stop()
 	p := open(c, PReq(first), g.send)
-	pm := &pump{pool: s.sends, conn: s.sends.conn(ls.addr), flush: p.flush}
+	pm := &pump{pool: s.sends, conn: s.sends.conn(ls.addr), flush: p.flush, guard: g}
 	g.conn = pm.conn
 	defer s.sends.release(pm.conn)
 	p.watcher().OnReady(pm.ready)
