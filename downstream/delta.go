@@ -44,7 +44,8 @@ func (t *deltaType) named(name string) bool {
 
 type deltaStream struct {
 	streamBase
-	types map[string]*deltaType
+	types map[string]*deltaType // never removed
+	last  lastType[deltaType]
 	ttl   bool // the client supports TTLs (xds.config.supports-resource-ttl)
 }
 
@@ -67,7 +68,7 @@ func (ds *deltaStream) handle(req *discoverypb.DeltaDiscoveryRequest) error {
 	// "Incremental xDS": the nonce pairs an ACK or NACK with a response, but
 	// subscription changes are honoured whatever the nonce.
 	ds.answered(typeURL, short, req.GetResponseNonce(), "", req.GetErrorDetail())
-	t := ds.types[typeURL]
+	t := ds.last.get(ds.types, typeURL)
 	var fresh []string // names this request asks to be answered
 	if t == nil {
 		// The first request of a type: initial_resource_versions is what
@@ -190,7 +191,7 @@ func (ds *deltaStream) flush() error {
 	defer ds.watch.Recycle(dirty)
 	for _, d := range ordered(dirty) {
 		typeURL := d.TypeURL
-		if t := ds.types[typeURL]; t != nil {
+		if t := ds.last.get(ds.types, typeURL); t != nil {
 			hbs := &d.Heartbeats
 			if !ds.ttl {
 				hbs = nil // heartbeats only refresh TTLs, which this client ignores

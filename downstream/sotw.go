@@ -53,7 +53,8 @@ func (t *sotwType) nothing() bool {
 
 type sotwStream struct {
 	streamBase
-	types map[string]*sotwType
+	types map[string]*sotwType // never removed
+	last  lastType[sotwType]
 	// ttl is set for clients that take resources wrapped in a Resource
 	// with their TTL: both xds.config.supports-resource-in-sotw and
 	// xds.config.supports-resource-ttl ("TTL").
@@ -76,7 +77,7 @@ func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 		return err
 	}
 	ss.debugRequest(typeURL, len(req.GetResourceNames()), req.GetVersionInfo(), req.GetResponseNonce())
-	t := ss.types[typeURL]
+	t := ss.last.get(ss.types, typeURL)
 	if t == nil {
 		t = &sotwType{names: map[string]struct{}{}, sent: map[string]string{}}
 		ss.types[typeURL] = t
@@ -143,7 +144,7 @@ func (ss *sotwStream) flush() error {
 	defer ss.watch.Recycle(dirty)
 	for _, d := range ordered(dirty) {
 		typeURL := d.TypeURL
-		t := ss.types[typeURL]
+		t := ss.last.get(ss.types, typeURL)
 		if t == nil {
 			continue
 		}
@@ -266,10 +267,13 @@ func (t *sotwType) materialize() {
 // flushChanged sends, for the other types, only the subscribed resources
 // whose version differs from what the client was sent.
 func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs *cache.NameSet) error {
-	var names []string
+	// As the delta flush's: a change's few names and lookups on the stack.
+	var nameBuf [4]string
+	var lookupBuf [4]cache.Lookup
+	names := nameBuf[:0]
 	all := false
 	if t.all {
-		names = slices.Collect(maps.Keys(t.names))
+		names = slices.AppendSeq(names, maps.Keys(t.names))
 		all, t.all = t.wildcard, false
 	}
 	for _, set := range []*cache.NameSet{dirty, hbs} {
@@ -280,7 +284,7 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs *cach
 		}
 	}
 	// One read: the response is one upstream version, never part of one.
-	v := ss.cache.ReadFor(ss.watch, typeURL, names, all)
+	v := ss.cache.ReadInto(ss.watch, typeURL, names, all, lookupBuf[:0])
 	t.all = all && !v.Synced
 	var out [][]byte
 	ts, nonce, now := ss.status.sending(typeURL, false), ss.nonces.peek(), time.Now()

@@ -136,27 +136,18 @@ type streamStatus struct {
 	cache   *cache.Cache // read-only: the group's cache
 
 	mu    sync.Mutex
-	types map[string]*typeStatus
-	// last is the record typ returned last, by its type URL: a stream
-	// sends and is answered mostly for one type, and its type URLs are the
-	// relay's own copies (xds.Canonical), so this spares a map lookup per
-	// send and per answer.
-	lastType string
-	last     *typeStatus
+	types map[string]*typeStatus // never removed
+	last  lastType[typeStatus]
 }
 
 // typ returns the type's record; call with mu held.
 func (s *streamStatus) typ(typeURL string) *typeStatus {
-	if s.last != nil && s.lastType == typeURL {
-		return s.last
+	if t := s.last.get(s.types, typeURL); t != nil {
+		return t
 	}
-	t := s.types[typeURL]
-	if t == nil {
-		t = &typeStatus{res: map[string]resStatus{}}
-		s.types[typeURL] = t
-	}
-	s.lastType, s.last = typeURL, t // records are never removed
-	return t
+	t := &typeStatus{res: map[string]resStatus{}}
+	s.types[typeURL] = t
+	return s.last.get(s.types, typeURL)
 }
 
 // subscribed records names subscribed by name.

@@ -39,6 +39,28 @@ func ordered(dirty cache.DirtySet) cache.DirtySet {
 	return dirty
 }
 
+// lastType is the per-type record a stream looked up last, and its type: a
+// stream mostly sends and is answered for one type, and its type URLs are
+// the relay's own copies (xds.Canonical), so the comparison is of two
+// pointers and spares a visit to the map.
+type lastType[T any] struct {
+	typeURL string
+	rec     *T
+}
+
+// get returns m[typeURL] (nil if none), remembering it. Records must not be
+// removed from m while remembered.
+func (l *lastType[T]) get(m map[string]*T, typeURL string) *T {
+	if l.rec != nil && l.typeURL == typeURL {
+		return l.rec
+	}
+	t := m[typeURL]
+	if t != nil {
+		l.typeURL, l.rec = typeURL, t
+	}
+	return t
+}
+
 // nonces hands out a stream's response nonces: fresh for every response,
 // valid only on the stream ("Basic Protocol Overview").
 type nonces uint64
