@@ -173,7 +173,7 @@ type Watch struct {
 	// free list's array. At many streams a change finds every stream's
 	// memory cold in the CPU's caches: held here, beside the mutex, a mark
 	// and a take touch the watch's own lines rather than objects of their
-	// own.
+	// own. Guarded by mu, as what points into them.
 	own     [2]Dirty
 	ownList [2][1]*Dirty
 	freeArr [4]*Dirty

@@ -179,7 +179,7 @@ type sendPool struct {
 
 	// The sends in progress, watched for slow and stuck clients (see
 	// watchdog): a slot per worker, and one per send on a handler's
-	// goroutine while it lasts.
+	// goroutine while it lasts. Guarded by watchMu.
 	watchMu  sync.Mutex
 	slots    map[*sendSlot]struct{}
 	watching bool // the watchdog runs
