@@ -1,6 +1,7 @@
 package downstream
 
 import (
+	"iter"
 	"maps"
 	"slices"
 	"strconv"
@@ -63,6 +64,82 @@ func (r resStatus) sentAt() time.Time {
 	return time.Unix(0, r.sent)
 }
 
+// resRecords is a type's per-name records. A stream holds one name of a
+// type, or a few: the first record is kept inline and a map is made only
+// for more, since a Go map of one record costs a group of eight (about 600
+// bytes a stream).
+type resRecords struct {
+	oneName string
+	one     resStatus
+	hasOne  bool
+	more    map[string]resStatus // the others
+}
+
+func (m *resRecords) get(name string) (resStatus, bool) {
+	if m.hasOne && m.oneName == name {
+		return m.one, true
+	}
+	r, ok := m.more[name]
+	return r, ok
+}
+
+func (m *resRecords) set(name string, r resStatus) {
+	switch {
+	case m.hasOne && m.oneName == name:
+		m.one = r
+	case !m.hasOne:
+		if _, ok := m.more[name]; !ok {
+			m.oneName, m.one, m.hasOne = name, r, true
+			return
+		}
+		m.more[name] = r
+	default:
+		if m.more == nil {
+			m.more = make(map[string]resStatus)
+		}
+		m.more[name] = r
+	}
+}
+
+func (m *resRecords) remove(name string) {
+	if m.hasOne && m.oneName == name {
+		m.oneName, m.one, m.hasOne = "", resStatus{}, false
+		return
+	}
+	delete(m.more, name)
+}
+
+func (m *resRecords) len() int {
+	n := len(m.more)
+	if m.hasOne {
+		n++
+	}
+	return n
+}
+
+// all yields every record; the yielded name's record may be set or removed
+// meanwhile.
+func (m *resRecords) all() iter.Seq2[string, resStatus] {
+	return func(yield func(string, resStatus) bool) {
+		if m.hasOne && !yield(m.oneName, m.one) {
+			return
+		}
+		for n, r := range m.more {
+			if !yield(n, r) {
+				return
+			}
+		}
+	}
+}
+
+// removeFunc removes the records for which drop is true.
+func (m *resRecords) removeFunc(drop func(resStatus) bool) {
+	if m.hasOne && drop(m.one) {
+		m.remove(m.oneName)
+	}
+	maps.DeleteFunc(m.more, func(_ string, r resStatus) bool { return drop(r) })
+}
+
 // typeStatus is a stream's record for one type.
 //
 // A client's answer is recorded in the type's record alone (answers), and
@@ -72,7 +149,7 @@ func (r resStatus) sentAt() time.Time {
 // to the per-name records, which at many streams are cold in the CPU's
 // caches by the time the client answers.
 type typeStatus struct {
-	res      map[string]resStatus
+	res      resRecords
 	pending  []string // names sent and not yet answered
 	answers  [2]answer
 	nanswers int // answers not yet applied to pending, in the order received
@@ -107,7 +184,7 @@ func (t *typeStatus) settle() {
 	as := t.answers[:t.nanswers]
 	keep := t.pending[:0]
 	for _, name := range t.pending {
-		r, ok := t.res[name]
+		r, ok := t.res.get(name)
 		if !ok || r.nonce == 0 {
 			continue
 		}
@@ -120,7 +197,7 @@ func (t *typeStatus) settle() {
 			continue
 		}
 		r.state, r.nonce, r.nack = as[i].state, 0, as[i].note
-		t.res[name] = r
+		t.res.set(name, r)
 	}
 	clear(t.pending[len(keep):])
 	t.pending = keep
@@ -145,7 +222,7 @@ func (s *streamStatus) typ(typeURL string) *typeStatus {
 	if t := s.last.get(s.types, typeURL); t != nil {
 		return t
 	}
-	t := &typeStatus{res: map[string]resStatus{}}
+	t := &typeStatus{}
 	s.types[typeURL] = t
 	return s.last.get(s.types, typeURL)
 }
@@ -156,9 +233,9 @@ func (s *streamStatus) subscribed(typeURL string, names []string) {
 	defer s.mu.Unlock()
 	t := s.typ(typeURL)
 	for _, n := range names {
-		r := t.res[n]
+		r, _ := t.res.get(n)
 		r.named = true
-		t.res[n] = r
+		t.res.set(n, r)
 	}
 }
 
@@ -168,7 +245,7 @@ func (s *streamStatus) unsubscribed(typeURL string, names []string) {
 	defer s.mu.Unlock()
 	t := s.typ(typeURL)
 	for _, n := range names {
-		delete(t.res, n)
+		t.res.remove(n)
 	}
 }
 
@@ -180,7 +257,7 @@ func (s *streamStatus) setWildcard(typeURL string, on bool) {
 	t.wildcard = on
 	if !on {
 		t.shared = nil
-		maps.DeleteFunc(t.res, func(_ string, r resStatus) bool { return !r.named })
+		t.res.removeFunc(func(r resStatus) bool { return !r.named })
 	}
 }
 
@@ -193,10 +270,10 @@ func (s *streamStatus) sending(typeURL string, full bool) *typeStatus {
 	t.settle()
 	t.unshare()
 	if full {
-		maps.DeleteFunc(t.res, func(_ string, r resStatus) bool { return !r.named })
-		for n, r := range t.res {
+		t.res.removeFunc(func(r resStatus) bool { return !r.named })
+		for n, r := range t.res.all() {
 			r.version, r.state, r.nonce = "", Requested, 0
-			t.res[n] = r
+			t.res.set(n, r)
 		}
 	}
 	return t
@@ -214,36 +291,36 @@ func (t *typeStatus) unshare() {
 		note = &nackNote{msg: t.sharedNack, at: t.nackAt}
 	}
 	for _, r := range t.shared.Resources {
-		e := t.res[r.Name]
+		e, _ := t.res.get(r.Name)
 		e.version, e.state, e.sent, e.nack = r.Version, t.sharedState, t.sharedSent.UnixNano(), note
 		if t.sharedNonce != 0 {
 			e.nonce = t.sharedNonce
 			t.pending = append(t.pending, r.Name)
 		}
-		t.res[r.Name] = e
+		t.res.set(r.Name, e)
 	}
 	t.shared = nil
 }
 
 // sent records that name at version goes out in the response nonce.
 func (t *typeStatus) sent(name, version string, nonce uint64, now time.Time) {
-	r := t.res[name]
+	r, _ := t.res.get(name)
 	if r.nonce == 0 {
-		if len(t.pending) >= 2*len(t.res)+16 {
+		if len(t.pending) >= 2*t.res.len()+16 {
 			t.compact() // a client that never answers, with names coming and going
 		}
 		t.pending = append(t.pending, name)
 	}
 	r.version, r.nonce, r.sent = version, nonce, now.UnixNano()
-	t.res[name] = r
+	t.res.set(name, r)
 }
 
 // compact drops from pending the names no longer waiting for an answer.
 func (t *typeStatus) compact() {
-	keep, seen := t.pending[:0], make(map[string]struct{}, len(t.res))
+	keep, seen := t.pending[:0], make(map[string]struct{}, t.res.len())
 	for _, n := range t.pending {
 		_, dup := seen[n]
-		if r, ok := t.res[n]; ok && r.nonce != 0 && !dup {
+		if r, ok := t.res.get(n); ok && r.nonce != 0 && !dup {
 			keep = append(keep, n)
 			seen[n] = struct{}{}
 		}
@@ -256,20 +333,20 @@ func (t *typeStatus) compact() {
 // is subscribed by name: what only the wildcard brought is not kept once
 // gone, so that the record stays within what the stream holds.
 func (t *typeStatus) forget(name string) {
-	if r, ok := t.res[name]; ok && !r.named {
-		delete(t.res, name)
+	if r, ok := t.res.get(name); ok && !r.named {
+		t.res.remove(name)
 	}
 }
 
 // absent records that the client is told name does not exist.
 func (t *typeStatus) absent(name string, now time.Time) {
-	r, ok := t.res[name]
+	r, ok := t.res.get(name)
 	if !ok || !r.named {
-		delete(t.res, name) // gone from the wildcard: not kept (see forget)
+		t.res.remove(name) // gone from the wildcard: not kept (see forget)
 		return
 	}
 	r.version, r.state, r.nonce, r.sent, r.nack = "", DoesNotExist, 0, now.UnixNano(), nil
-	t.res[name] = r
+	t.res.set(name, r)
 }
 
 // sentShared records the complete state st, sent as one response nonce.
@@ -281,7 +358,7 @@ func (s *streamStatus) sentShared(typeURL string, st *cache.State, nonce uint64,
 	if t.shared == nil {
 		t.sharedState = Requested
 	}
-	maps.DeleteFunc(t.res, func(_ string, r resStatus) bool { return !r.named })
+	t.res.removeFunc(func(r resStatus) bool { return !r.named })
 	t.shared, t.sharedNonce, t.sharedSent = st, nonce, now
 }
 
@@ -375,7 +452,7 @@ func (t *typeStatus) snapshot(typeURL string) TypeStatus {
 	t.settle()
 	ts := TypeStatus{TypeURL: typeURL, Wildcard: t.wildcard, AckVersion: t.ackVersion,
 		NackVersion: t.nackVersion, NackError: t.nackMsg, NackAt: t.nackAt}
-	for name, r := range t.res {
+	for name, r := range t.res.all() {
 		if r.named {
 			ts.Named++
 		}
@@ -387,7 +464,7 @@ func (t *typeStatus) snapshot(typeURL string) TypeStatus {
 	}
 	if t.shared != nil {
 		for _, r := range t.shared.Resources {
-			if _, ok := t.res[r.Name]; ok {
+			if _, ok := t.res.get(r.Name); ok {
 				continue
 			}
 			rs := ResourceStatus{Name: r.Name, Version: r.Version, State: t.sharedState, Sent: t.sharedSent}

@@ -36,7 +36,7 @@ func TestStatusRecordIsBounded(t *testing.T) {
 	}
 	s.done()
 	s.answered(typ, "2000", "", false, "", now)
-	if n := len(s.types[typ].res); n != 0 {
+	if n := s.types[typ].res.len(); n != 0 {
 		t.Fatalf("%d records left of names only the wildcard brought, all gone", n)
 	}
 }
@@ -106,5 +106,55 @@ func TestStatusAppliesAnswersInOrder(t *testing.T) {
 		if r.Name == "e" && r.State != Acked {
 			t.Errorf("e after its ACK, read without a send: %v", r.State)
 		}
+	}
+}
+
+// A type's records read the same whether a name's record is the inline one
+// or in the map, as they are set, removed and set again.
+func TestResRecords(t *testing.T) {
+	var m resRecords
+	want := map[string]string{}
+	check := func(step string) {
+		t.Helper()
+		if m.len() != len(want) {
+			t.Fatalf("%s: %d records, want %d", step, m.len(), len(want))
+		}
+		seen := 0
+		for n, r := range m.all() {
+			seen++
+			if want[n] != r.version {
+				t.Fatalf("%s: %s at %q, want %q", step, n, r.version, want[n])
+			}
+		}
+		for n, v := range want {
+			if r, ok := m.get(n); !ok || r.version != v {
+				t.Fatalf("%s: get %s = %q %v, want %q", step, n, r.version, ok, v)
+			}
+		}
+		if seen != len(want) {
+			t.Fatalf("%s: all yielded %d, want %d", step, seen, len(want))
+		}
+	}
+	set := func(n, v string) { m.set(n, resStatus{version: v}); want[n] = v }
+	set("a", "1")
+	check("one")
+	set("b", "1")
+	set("c", "1")
+	check("three")
+	set("a", "2") // the inline one
+	set("c", "2") // one in the map
+	check("updated")
+	m.remove("a")
+	delete(want, "a")
+	check("inline removed")
+	set("c", "3") // in the map while the inline slot is free: stays one record
+	set("d", "1") // takes the inline slot
+	check("refilled")
+	m.removeFunc(func(r resStatus) bool { return r.version == "1" })
+	delete(want, "b")
+	delete(want, "d")
+	check("removed by func")
+	if _, ok := m.get("zz"); ok {
+		t.Fatal("get found a name never set")
 	}
 }
