@@ -44,8 +44,7 @@ func (t *deltaType) named(name string) bool {
 
 type deltaStream struct {
 	streamBase
-	types map[string]*deltaType // never removed
-	last  lastType[deltaType]
+	types byType[deltaType]
 	ttl   bool // the client supports TTLs (xds.config.supports-resource-ttl)
 }
 
@@ -53,7 +52,6 @@ func (s *Server) serveDelta(st grpc.BidiStreamingServer[discoverypb.DeltaDiscove
 	return serve(s, st, fixed, variant, func(c *cache.Cache, first *discoverypb.DeltaDiscoveryRequest, send func(any) error) protocol[discoverypb.DeltaDiscoveryRequest] {
 		return &deltaStream{
 			streamBase: s.newStreamBase(send, fixed, variant, c, first.GetNode()),
-			types:      make(map[string]*deltaType),
 			ttl:        hasFeature(first.GetNode(), featureResourceTTL),
 		}
 	})
@@ -68,7 +66,7 @@ func (ds *deltaStream) handle(req *discoverypb.DeltaDiscoveryRequest) error {
 	// "Incremental xDS": the nonce pairs an ACK or NACK with a response, but
 	// subscription changes are honoured whatever the nonce.
 	ds.answered(typeURL, short, req.GetResponseNonce(), "", req.GetErrorDetail())
-	t := ds.last.get(ds.types, typeURL)
+	t := ds.types.get(typeURL)
 	var fresh []string // names this request asks to be answered
 	if t == nil {
 		// The first request of a type: initial_resource_versions is what
@@ -80,7 +78,7 @@ func (ds *deltaStream) handle(req *discoverypb.DeltaDiscoveryRequest) error {
 		if t.sent == nil {
 			t.sent = map[string]string{}
 		}
-		ds.types[typeURL] = t
+		ds.types.put(typeURL, t)
 		if len(req.GetResourceNamesSubscribe()) == 0 {
 			ds.subscribeWildcard(typeURL, t)
 		}
@@ -191,7 +189,7 @@ func (ds *deltaStream) flush() error {
 	defer ds.watch.Recycle(dirty)
 	for _, d := range ordered(dirty) {
 		typeURL := d.TypeURL
-		if t := ds.last.get(ds.types, typeURL); t != nil {
+		if t := ds.types.get(typeURL); t != nil {
 			hbs := &d.Heartbeats
 			if !ds.ttl {
 				hbs = nil // heartbeats only refresh TTLs, which this client ignores

@@ -100,8 +100,7 @@ func BenchmarkDeltaFlush(b *testing.B) {
 			streams := make([]*deltaStream, n)
 			for i := range streams {
 				node := &corepb.Node{Id: "bench-" + strconv.Itoa(i), Cluster: "bench"}
-				ds := &deltaStream{streamBase: srv.newStreamBase(codecSend, "", "delta-ads", c, node),
-					types: map[string]*deltaType{}}
+				ds := &deltaStream{streamBase: srv.newStreamBase(codecSend, "", "delta-ads", c, node)}
 				if err := ds.handle(&discoverypb.DeltaDiscoveryRequest{Node: node, TypeUrl: strings.Clone(typeURL), ResourceNamesSubscribe: []string{"cla-0"}}); err != nil {
 					b.Fatal(err)
 				}
@@ -145,8 +144,7 @@ func BenchmarkDeltaChange(b *testing.B) {
 			acks := make([]*discoverypb.DeltaDiscoveryRequest, n)
 			for i := range streams {
 				node := &corepb.Node{Id: "bench-" + strconv.Itoa(i), Cluster: "bench"}
-				ds := &deltaStream{streamBase: srv.newStreamBase(codecSend, "", "delta-ads", c, node),
-					types: map[string]*deltaType{}}
+				ds := &deltaStream{streamBase: srv.newStreamBase(codecSend, "", "delta-ads", c, node)}
 				if err := ds.handle(&discoverypb.DeltaDiscoveryRequest{Node: node, TypeUrl: strings.Clone(typeURL), ResourceNamesSubscribe: []string{"cla-0"}}); err != nil {
 					b.Fatal(err)
 				}
@@ -197,15 +195,14 @@ func BenchmarkSotWFlush(b *testing.B) {
 				streams := make([]*sotwStream, n)
 				for i := range streams {
 					node := &corepb.Node{Id: "bench-" + strconv.Itoa(i), Cluster: "bench"}
-					ss := &sotwStream{streamBase: srv.newStreamBase(codecSend, "", "sotw-ads", c, node),
-						types: map[string]*sotwType{}}
+					ss := &sotwStream{streamBase: srv.newStreamBase(codecSend, "", "sotw-ads", c, node)}
 					if err := ss.handle(&discoverypb.DiscoveryRequest{Node: node, TypeUrl: strings.Clone(tc.typeURL), ResourceNames: tc.names}); err != nil {
 						b.Fatal(err)
 					}
 					if err := ss.flush(); err != nil {
 						b.Fatal(err)
 					}
-					if ss.types[tc.typeURL].nonce == "" {
+					if ss.types.get(tc.typeURL).nonce == "" {
 						b.Fatal("no first response")
 					}
 					streams[i] = ss

@@ -53,8 +53,7 @@ func (t *sotwType) nothing() bool {
 
 type sotwStream struct {
 	streamBase
-	types map[string]*sotwType // never removed
-	last  lastType[sotwType]
+	types byType[sotwType]
 	// ttl is set for clients that take resources wrapped in a Resource
 	// with their TTL: both xds.config.supports-resource-in-sotw and
 	// xds.config.supports-resource-ttl ("TTL").
@@ -65,7 +64,6 @@ func (s *Server) serveSotW(st grpc.BidiStreamingServer[discoverypb.DiscoveryRequ
 	return serve(s, st, fixed, variant, func(c *cache.Cache, first *discoverypb.DiscoveryRequest, send func(any) error) protocol[discoverypb.DiscoveryRequest] {
 		return &sotwStream{
 			streamBase: s.newStreamBase(send, fixed, variant, c, first.GetNode()),
-			types:      make(map[string]*sotwType),
 			ttl:        hasFeature(first.GetNode(), featureResourceInSotW) && hasFeature(first.GetNode(), featureResourceTTL),
 		}
 	})
@@ -77,10 +75,10 @@ func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 		return err
 	}
 	ss.debugRequest(typeURL, len(req.GetResourceNames()), req.GetVersionInfo(), req.GetResponseNonce())
-	t := ss.last.get(ss.types, typeURL)
+	t := ss.types.get(typeURL)
 	if t == nil {
 		t = &sotwType{names: map[string]struct{}{}, sent: map[string]string{}}
-		ss.types[typeURL] = t
+		ss.types.put(typeURL, t)
 	}
 	// "EDS update race motivates nonces": a request carrying a nonce older
 	// than the last response of its type is stale and not answered.
@@ -144,7 +142,7 @@ func (ss *sotwStream) flush() error {
 	defer ss.watch.Recycle(dirty)
 	for _, d := range ordered(dirty) {
 		typeURL := d.TypeURL
-		t := ss.last.get(ss.types, typeURL)
+		t := ss.types.get(typeURL)
 		if t == nil {
 			continue
 		}

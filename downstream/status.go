@@ -213,18 +213,17 @@ type streamStatus struct {
 	cache   *cache.Cache // read-only: the group's cache
 
 	mu    sync.Mutex
-	types map[string]*typeStatus // never removed
-	last  lastType[typeStatus]
+	types byType[typeStatus]
 }
 
 // typ returns the type's record; call with mu held.
 func (s *streamStatus) typ(typeURL string) *typeStatus {
-	if t := s.last.get(s.types, typeURL); t != nil {
+	if t := s.types.get(typeURL); t != nil {
 		return t
 	}
 	t := &typeStatus{}
-	s.types[typeURL] = t
-	return s.last.get(s.types, typeURL)
+	s.types.put(typeURL, t)
+	return t
 }
 
 // subscribed records names subscribed by name.
@@ -440,7 +439,7 @@ func (s *streamStatus) snapshot() ClientStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := ClientStatus{Node: s.node, Variant: s.variant, Cache: s.cache}
-	for typeURL, t := range s.types {
+	for typeURL, t := range s.types.all() {
 		out.Types = append(out.Types, t.snapshot(typeURL))
 	}
 	slices.SortFunc(out.Types, func(a, b TypeStatus) int { return strings.Compare(a.TypeURL, b.TypeURL) })

@@ -11,7 +11,7 @@ import (
 // come and go for a client that never answers, and names only the
 // wildcard brought that are gone, are not kept.
 func TestStatusRecordIsBounded(t *testing.T) {
-	s := &streamStatus{types: map[string]*typeStatus{}}
+	s := &streamStatus{}
 	const typ = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 	now := time.Now()
 	for i := range 1000 {
@@ -22,7 +22,7 @@ func TestStatusRecordIsBounded(t *testing.T) {
 		s.done()
 		s.unsubscribed(typ, []string{name})
 	}
-	if p := len(s.types[typ].pending); p > 2*10+16+1 {
+	if p := len(s.types.get(typ).pending); p > 2*10+16+1 {
 		t.Fatalf("%d names pending for a client that never answers, churning 10 names", p)
 	}
 
@@ -36,7 +36,7 @@ func TestStatusRecordIsBounded(t *testing.T) {
 	}
 	s.done()
 	s.answered(typ, "2000", "", false, "", now)
-	if n := s.types[typ].res.len(); n != 0 {
+	if n := s.types.get(typ).res.len(); n != 0 {
 		t.Fatalf("%d records left of names only the wildcard brought, all gone", n)
 	}
 }
@@ -47,7 +47,7 @@ func TestStatusRecordsNacks(t *testing.T) {
 	if size := unsafe.Sizeof(resStatus{}); size > 48 {
 		t.Errorf("a name's status record is %d bytes, want at most 48", size)
 	}
-	s := &streamStatus{types: map[string]*typeStatus{}}
+	s := &streamStatus{}
 	const typ = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 	now := time.Unix(1000, 0)
 	s.subscribed(typ, []string{"a", "b"})
@@ -78,7 +78,7 @@ func TestStatusRecordsNacks(t *testing.T) {
 // record holds at once are applied in turn, and an answer never covers a
 // response sent after it.
 func TestStatusAppliesAnswersInOrder(t *testing.T) {
-	s := &streamStatus{types: map[string]*typeStatus{}}
+	s := &streamStatus{}
 	const typ = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 	now := time.Unix(1000, 0)
 	s.subscribed(typ, []string{"a", "b", "c", "d", "e"})

@@ -1,6 +1,8 @@
 package downstream
 
 import (
+	"iter"
+
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
@@ -39,26 +41,58 @@ func ordered(dirty cache.DirtySet) cache.DirtySet {
 	return dirty
 }
 
-// lastType is the per-type record a stream looked up last, and its type: a
-// stream mostly sends and is answered for one type, and its type URLs are
-// the relay's own copies (xds.Canonical), so the comparison is of two
-// pointers and spares a visit to the map.
-type lastType[T any] struct {
-	typeURL string
-	rec     *T
+// byType is a stream's per-type records, never removed. A stream
+// subscribes to one type or a few: the first type's record is held inline
+// and a map is made only for a second (a Go map of one record costs a
+// group of eight). The record looked up last is remembered: a stream mostly
+// sends and is answered for one type, and its type URLs are the relay's
+// own copies (xds.Canonical), so finding it is a comparison of pointers.
+type byType[T any] struct {
+	firstType, lastType string
+	first, last         *T
+	more                map[string]*T // the types after the first
 }
 
-// get returns m[typeURL] (nil if none), remembering it. Records must not be
-// removed from m while remembered.
-func (l *lastType[T]) get(m map[string]*T, typeURL string) *T {
-	if l.rec != nil && l.typeURL == typeURL {
-		return l.rec
+// get returns the record of typeURL, nil if none.
+func (b *byType[T]) get(typeURL string) *T {
+	switch {
+	case b.last != nil && b.lastType == typeURL:
+		return b.last
+	case b.first != nil && b.firstType == typeURL:
+		b.lastType, b.last = typeURL, b.first
+		return b.first
 	}
-	t := m[typeURL]
+	t := b.more[typeURL]
 	if t != nil {
-		l.typeURL, l.rec = typeURL, t
+		b.lastType, b.last = typeURL, t
 	}
 	return t
+}
+
+// put adds the record of typeURL, a type it does not hold yet.
+func (b *byType[T]) put(typeURL string, t *T) {
+	if b.first == nil {
+		b.firstType, b.first = typeURL, t
+		return
+	}
+	if b.more == nil {
+		b.more = make(map[string]*T)
+	}
+	b.more[typeURL] = t
+}
+
+// all yields every type's record.
+func (b *byType[T]) all() iter.Seq2[string, *T] {
+	return func(yield func(string, *T) bool) {
+		if b.first != nil && !yield(b.firstType, b.first) {
+			return
+		}
+		for typeURL, t := range b.more {
+			if !yield(typeURL, t) {
+				return
+			}
+		}
+	}
 }
 
 // nonces hands out a stream's response nonces: fresh for every response,
@@ -162,7 +196,7 @@ func (s *Server) newStreamBase(send func(any) error, fixed, variant string, c *c
 	w := cache.NewWatch()
 	w.SetRank(Rank(node.GetId()))
 	return streamBase{srv: s, send: send, fixed: fixed, variant: variant, cache: c, watch: w, node: node,
-		status: &streamStatus{node: node, variant: variant, cache: c, types: map[string]*typeStatus{}}, opened: time.Now()}
+		status: &streamStatus{node: node, variant: variant, cache: c}, opened: time.Now()}
 }
 
 func (b *streamBase) watcher() *cache.Watch { return b.watch }

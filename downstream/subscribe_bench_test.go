@@ -38,7 +38,6 @@ func BenchmarkDeltaSubscribeOne(b *testing.B) {
 			c.Release(w)
 			ds := &deltaStream{
 				streamBase: benchServer(b).newStreamBase(codecSend, "", "delta-ads", c, &corepb.Node{Id: "n"}),
-				types:      make(map[string]*deltaType),
 			}
 			pending := make([]string, held)
 			for i := range pending {
@@ -51,7 +50,7 @@ func BenchmarkDeltaSubscribeOne(b *testing.B) {
 			if err := ds.flush(); err != nil {
 				b.Fatal(err)
 			}
-			if got := len(ds.types[typeURL].answer); got != held {
+			if got := len(ds.types.get(typeURL).answer); got != held {
 				b.Fatalf("%d names waiting, want %d", got, held)
 			}
 			b.ReportAllocs()
