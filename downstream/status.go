@@ -1,7 +1,6 @@
 package downstream
 
 import (
-	"iter"
 	"maps"
 	"slices"
 	"strconv"
@@ -64,82 +63,6 @@ func (r resStatus) sentAt() time.Time {
 	return time.Unix(0, r.sent)
 }
 
-// resRecords is a type's per-name records. A stream holds one name of a
-// type, or a few: the first record is kept inline and a map is made only
-// for more, since a Go map of one record costs a group of eight (about 600
-// bytes a stream).
-type resRecords struct {
-	oneName string
-	one     resStatus
-	hasOne  bool
-	more    map[string]resStatus // the others
-}
-
-func (m *resRecords) get(name string) (resStatus, bool) {
-	if m.hasOne && m.oneName == name {
-		return m.one, true
-	}
-	r, ok := m.more[name]
-	return r, ok
-}
-
-func (m *resRecords) set(name string, r resStatus) {
-	switch {
-	case m.hasOne && m.oneName == name:
-		m.one = r
-	case !m.hasOne:
-		if _, ok := m.more[name]; !ok {
-			m.oneName, m.one, m.hasOne = name, r, true
-			return
-		}
-		m.more[name] = r
-	default:
-		if m.more == nil {
-			m.more = make(map[string]resStatus)
-		}
-		m.more[name] = r
-	}
-}
-
-func (m *resRecords) remove(name string) {
-	if m.hasOne && m.oneName == name {
-		m.oneName, m.one, m.hasOne = "", resStatus{}, false
-		return
-	}
-	delete(m.more, name)
-}
-
-func (m *resRecords) len() int {
-	n := len(m.more)
-	if m.hasOne {
-		n++
-	}
-	return n
-}
-
-// all yields every record; the yielded name's record may be set or removed
-// meanwhile.
-func (m *resRecords) all() iter.Seq2[string, resStatus] {
-	return func(yield func(string, resStatus) bool) {
-		if m.hasOne && !yield(m.oneName, m.one) {
-			return
-		}
-		for n, r := range m.more {
-			if !yield(n, r) {
-				return
-			}
-		}
-	}
-}
-
-// removeFunc removes the records for which drop is true.
-func (m *resRecords) removeFunc(drop func(resStatus) bool) {
-	if m.hasOne && drop(m.one) {
-		m.remove(m.oneName)
-	}
-	maps.DeleteFunc(m.more, func(_ string, r resStatus) bool { return drop(r) })
-}
-
 // typeStatus is a stream's record for one type.
 //
 // A client's answer is recorded in the type's record alone (answers), and
@@ -149,8 +72,8 @@ func (m *resRecords) removeFunc(drop func(resStatus) bool) {
 // to the per-name records, which at many streams are cold in the CPU's
 // caches by the time the client answers.
 type typeStatus struct {
-	res      resRecords
-	pending  []string // names sent and not yet answered
+	res      inlineMap[resStatus] // by name
+	pending  []string             // names sent and not yet answered
 	answers  [2]answer
 	nanswers int // answers not yet applied to pending, in the order received
 	wildcard bool
@@ -256,7 +179,7 @@ func (s *streamStatus) setWildcard(typeURL string, on bool) {
 	t.wildcard = on
 	if !on {
 		t.shared = nil
-		t.res.removeFunc(func(r resStatus) bool { return !r.named })
+		t.res.removeFunc(func(_ string, r resStatus) bool { return !r.named })
 	}
 }
 
@@ -269,7 +192,7 @@ func (s *streamStatus) sending(typeURL string, full bool) *typeStatus {
 	t.settle()
 	t.unshare()
 	if full {
-		t.res.removeFunc(func(r resStatus) bool { return !r.named })
+		t.res.removeFunc(func(_ string, r resStatus) bool { return !r.named })
 		for n, r := range t.res.all() {
 			r.version, r.state, r.nonce = "", Requested, 0
 			t.res.set(n, r)
@@ -357,7 +280,7 @@ func (s *streamStatus) sentShared(typeURL string, st *cache.State, nonce uint64,
 	if t.shared == nil {
 		t.sharedState = Requested
 	}
-	t.res.removeFunc(func(r resStatus) bool { return !r.named })
+	t.res.removeFunc(func(_ string, r resStatus) bool { return !r.named })
 	t.shared, t.sharedNonce, t.sharedSent = st, nonce, now
 }
 

@@ -109,10 +109,10 @@ func TestStatusAppliesAnswersInOrder(t *testing.T) {
 	}
 }
 
-// A type's records read the same whether a name's record is the inline one
-// or in the map, as they are set, removed and set again.
-func TestResRecords(t *testing.T) {
-	var m resRecords
+// An inline map reads the same whether an entry is the inline one or in
+// the map, as entries are set, removed and set again.
+func TestInlineMap(t *testing.T) {
+	var m inlineMap[resStatus]
 	want := map[string]string{}
 	check := func(step string) {
 		t.Helper()
@@ -150,7 +150,7 @@ func TestResRecords(t *testing.T) {
 	set("c", "3") // in the map while the inline slot is free: stays one record
 	set("d", "1") // takes the inline slot
 	check("refilled")
-	m.removeFunc(func(r resStatus) bool { return r.version == "1" })
+	m.removeFunc(func(_ string, r resStatus) bool { return r.version == "1" })
 	delete(want, "b")
 	delete(want, "d")
 	check("removed by func")
