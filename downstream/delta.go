@@ -1,8 +1,6 @@
 package downstream
 
 import (
-	"maps"
-	"slices"
 	"time"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -13,15 +11,18 @@ import (
 )
 
 // deltaType is an incremental stream's state for one resource type.
+//
+// Its maps by name hold their first entry inline (inlineMap): most streams
+// subscribe to one name of a type, or a few.
 type deltaType struct {
-	names    map[string]struct{} // explicitly subscribed names
+	names    inlineMap[struct{}] // explicitly subscribed names
 	wildcard bool
 	// sent is what the client has: name → version, or absent for a name it
 	// was told does not exist.
-	sent map[string]string
+	sent inlineMap[string]
 	// answer holds names that need an answer even if the client seems to
 	// have them: re-subscribed names, and the wildcard-plus-name exception.
-	answer    map[string]struct{}
+	answer    inlineMap[struct{}]
 	errSent   map[string]*cache.ResourceError // upstream errors passed on
 	responded bool
 	all       bool // the next flush considers everything subscribed
@@ -32,14 +33,10 @@ type deltaType struct {
 // member of an xdstp glob collection, by the collection ("xDS Resource
 // Names").
 func (t *deltaType) named(name string) bool {
-	if _, ok := t.names[name]; ok {
+	if t.names.has(name) {
 		return true
 	}
-	if t.globs == 0 {
-		return false
-	}
-	_, ok := t.names[cache.GlobOf(name)]
-	return ok
+	return t.globs > 0 && t.names.has(cache.GlobOf(name))
 }
 
 type deltaStream struct {
@@ -73,10 +70,9 @@ func (ds *deltaStream) handle(req *discoverypb.DeltaDiscoveryRequest) error {
 		// the client already has ("Incremental reconnect example"), and an
 		// empty subscribe list is the legacy wildcard ("How the client
 		// specifies what resources to return").
-		t = &deltaType{names: map[string]struct{}{}, answer: map[string]struct{}{}, all: true}
-		t.sent = maps.Clone(req.GetInitialResourceVersions())
-		if t.sent == nil {
-			t.sent = map[string]string{}
+		t = &deltaType{all: true}
+		for n, v := range req.GetInitialResourceVersions() {
+			t.sent.set(n, v)
 		}
 		ds.types.put(typeURL, t)
 		if len(req.GetResourceNamesSubscribe()) == 0 {
@@ -118,8 +114,8 @@ func (ds *deltaStream) subscribe(typeURL string, t *deltaType, names []string, f
 			ds.subscribeWildcard(typeURL, t)
 			continue
 		}
-		if _, ok := t.names[n]; !ok {
-			t.names[n] = struct{}{}
+		if !t.names.has(n) {
+			t.names.set(n, struct{}{})
 			added = append(added, n)
 			if cache.IsGlob(n) {
 				t.globs++
@@ -127,8 +123,8 @@ func (ds *deltaStream) subscribe(typeURL string, t *deltaType, names []string, f
 			}
 		}
 		if !first {
-			delete(t.sent, n)
-			t.answer[n] = struct{}{}
+			t.sent.remove(n)
+			t.answer.set(n, struct{}{})
 			fresh = append(fresh, n)
 		}
 	}
@@ -138,7 +134,7 @@ func (ds *deltaStream) subscribe(typeURL string, t *deltaType, names []string, f
 		}
 		ds.status.subscribed(typeURL, added)
 		for _, n := range added {
-			t.answer[n] = struct{}{}
+			t.answer.set(n, struct{}{})
 		}
 		fresh = append(fresh, added...)
 	}
@@ -157,22 +153,22 @@ func (ds *deltaStream) unsubscribe(typeURL string, t *deltaType, names []string)
 				t.wildcard = false
 				ds.cache.UnwatchWildcard(ds.watch, typeURL)
 				ds.status.setWildcard(typeURL, false)
-				maps.DeleteFunc(t.sent, func(n, _ string) bool { _, ok := t.names[n]; return !ok })
+				t.sent.removeFunc(func(n, _ string) bool { return !t.names.has(n) })
 			}
 			continue
 		}
-		if _, ok := t.names[n]; !ok {
+		if !t.names.has(n) {
 			continue
 		}
-		delete(t.names, n)
-		delete(t.sent, n)
-		delete(t.answer, n)
+		t.names.remove(n)
+		t.sent.remove(n)
+		t.answer.remove(n)
 		removed = append(removed, n)
 		if cache.IsGlob(n) {
 			t.globs--
 		}
 		if t.wildcard {
-			t.answer[n] = struct{}{}
+			t.answer.set(n, struct{}{})
 			fresh = append(fresh, n)
 		}
 	}
@@ -206,8 +202,7 @@ func (ds *deltaStream) flush() error {
 // every resource of the type too.
 func (ds *deltaStream) candidates(t *deltaType, dirty, hbs *cache.NameSet, names []string) ([]string, bool) {
 	if t.all {
-		names = append(names, slices.Collect(maps.Keys(t.names))...)
-		names = append(names, slices.Collect(maps.Keys(t.sent))...)
+		names = t.sent.appendKeys(t.names.appendKeys(names))
 	}
 	names = hbs.AppendTo(dirty.AppendTo(names))
 	// A wildcard looks only at what changed, not the whole type per change;
@@ -230,8 +225,8 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 	for _, l := range v.Lookups {
 		l.Absent = l.Absent || l.Name == noName // known not to exist
 		named := t.named(l.Name)
-		_, mustAnswer := t.answer[l.Name]
-		have, had := t.sent[l.Name]
+		mustAnswer := t.answer.has(l.Name)
+		have, had := t.sent.get(l.Name)
 		switch {
 		case !named && !t.wildcard && !mustAnswer:
 			// Not (or no longer) subscribed.
@@ -240,7 +235,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 			switch {
 			case have != l.Resource.Version:
 				out = append(out, ds.field(l.Resource))
-				t.sent[l.Name] = l.Resource.Version
+				t.sent.set(l.Name, l.Resource.Version)
 				ts.sent(l.Name, l.Resource.Version, nonce, now)
 			case beat && l.Heartbeat != nil:
 				// "TTL": the heartbeat refreshes the client's TTL.
@@ -249,12 +244,12 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 		case had && have != absent && (l.Absent || t.wildcard && synced || !named):
 			// Removed upstream, or gone from the wildcard set.
 			removed = append(removed, l.Name)
-			t.sent[l.Name] = absent
+			t.sent.set(l.Name, absent)
 			ts.absent(l.Name, now)
 		case !had && named && l.Absent:
 			// "Knowing When a Requested Resource Does Not Exist".
 			removed = append(removed, l.Name)
-			t.sent[l.Name] = absent
+			t.sent.set(l.Name, absent)
 			ts.absent(l.Name, now)
 		case mustAnswer && !named && !had:
 			// Dropped by name and not covered by the wildcard.
@@ -268,15 +263,15 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 			out = append(out, l.Error.Delta) // "The upstream's ... per-resource errors are passed on"
 		}
 		if l.Resource != nil || l.Absent || !named {
-			delete(t.answer, l.Name)
+			t.answer.remove(l.Name)
 		}
 	}
 	ds.status.done()
 	// Forget the not-found names that are not subscribed by name, among
 	// those looked at (not the whole record: work per flush is per change).
 	for _, l := range v.Lookups {
-		if t.sent[l.Name] == absent && !t.named(l.Name) {
-			delete(t.sent, l.Name)
+		if v, _ := t.sent.get(l.Name); v == absent && !t.named(l.Name) {
+			t.sent.remove(l.Name)
 		}
 	}
 	first := !t.responded && t.wildcard && synced

@@ -50,7 +50,7 @@ func BenchmarkDeltaSubscribeOne(b *testing.B) {
 			if err := ds.flush(); err != nil {
 				b.Fatal(err)
 			}
-			if got := len(ds.types.get(typeURL).answer); got != held {
+			if got := ds.types.get(typeURL).answer.len(); got != held {
 				b.Fatalf("%d names waiting, want %d", got, held)
 			}
 			b.ReportAllocs()
