@@ -24,6 +24,12 @@ func (m *inlineMap[V]) get(key string) (V, bool) {
 	return v, ok
 }
 
+// value is the entry of key, the zero value if none.
+func (m *inlineMap[V]) value(key string) V {
+	v, _ := m.get(key)
+	return v
+}
+
 func (m *inlineMap[V]) has(key string) bool {
 	_, ok := m.get(key)
 	return ok
@@ -88,6 +94,13 @@ func (m *inlineMap[V]) appendKeys(dst []string) []string {
 		dst = append(dst, k)
 	}
 	return dst
+}
+
+// clear removes every entry, keeping the map for the next ones.
+func (m *inlineMap[V]) clear() {
+	var zero V
+	m.oneKey, m.one, m.hasOne = "", zero, false
+	clear(m.more)
 }
 
 // removeFunc removes the entries for which drop is true.

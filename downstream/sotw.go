@@ -1,7 +1,6 @@
 package downstream
 
 import (
-	"maps"
 	"slices"
 	"time"
 
@@ -12,15 +11,17 @@ import (
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
-// sotwType is a SotW stream's state for one resource type.
+// sotwType is a SotW stream's state for one resource type. Its maps by
+// name hold their first entry inline (inlineMap): most streams subscribe to
+// one name of a type, or a few.
 type sotwType struct {
-	names    map[string]struct{} // explicitly subscribed names
+	names    inlineMap[struct{}] // explicitly subscribed names
 	wildcard bool
 	// explicit is set once a request named resources: from then on an
 	// empty resource_names is not the legacy wildcard.
 	explicit bool
 	nonce    string            // of the last response
-	sent     map[string]string // name → version the client was sent, unless sentState holds it
+	sent     inlineMap[string] // name → version the client was sent, unless sentState holds it
 	// sentState is the shared complete state last sent to a wildcard-only
 	// subscription, which then keeps no per-name record (sent is stale).
 	sentState *cache.State
@@ -32,14 +33,14 @@ type sotwType struct {
 // subscription applies the SotW rules of "How the client specifies what
 // resources to return" to a request's resource_names: an empty list before
 // any name was ever given is the legacy wildcard; "*" is the wildcard.
-func (t *sotwType) subscription(names []string) (wildcard bool, named map[string]struct{}) {
+func (t *sotwType) subscription(names []string) (wildcard bool, named inlineMap[struct{}]) {
 	if !t.explicit && len(names) == 0 {
-		return true, map[string]struct{}{}
+		return true, named
 	}
 	t.explicit = true
 	named = set(names)
-	_, wildcard = named["*"]
-	delete(named, "*")
+	wildcard = named.has("*")
+	named.remove("*")
 	return wildcard, named
 }
 
@@ -47,8 +48,7 @@ func (t *sotwType) subscription(names []string) (wildcard bool, named map[string
 // exists: it is answered at once with no resources, as go-control-plane
 // answers a first request, and the client knows it holds nothing.
 func (t *sotwType) nothing() bool {
-	_, ok := t.names[noName]
-	return ok && len(t.names) == 1 && !t.wildcard
+	return t.names.has(noName) && t.names.len() == 1 && !t.wildcard
 }
 
 type sotwStream struct {
@@ -77,7 +77,7 @@ func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 	ss.debugRequest(typeURL, len(req.GetResourceNames()), req.GetVersionInfo(), req.GetResponseNonce())
 	t := ss.types.get(typeURL)
 	if t == nil {
-		t = &sotwType{names: map[string]struct{}{}, sent: map[string]string{}}
+		t = &sotwType{}
 		ss.types.put(typeURL, t)
 	}
 	// "EDS update race motivates nonces": a request carrying a nonce older
@@ -100,12 +100,12 @@ func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) error {
 	t.materialize()
 	wildcard, named := t.subscription(names)
-	added, removed := diff(t.names, named), diff(named, t.names)
+	added, removed := diff(&t.names, &named), diff(&named, &t.names)
 	if len(removed) > 0 {
 		ss.unwatchNames(typeURL, removed)
 		ss.status.unsubscribed(typeURL, removed)
 		for _, n := range removed {
-			delete(t.sent, n)
+			t.sent.remove(n)
 		}
 	}
 	if len(added) > 0 {
@@ -114,17 +114,17 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) e
 		}
 		ss.status.subscribed(typeURL, watchable(added))
 		for _, n := range added {
-			delete(t.sent, n)
+			t.sent.remove(n)
 		}
 	}
 	switch {
 	case wildcard && !t.wildcard:
 		ss.cache.WatchWildcard(ss.watch, typeURL)
 		t.all = true
-		clear(t.sent)
+		t.sent.clear()
 	case !wildcard && t.wildcard:
 		ss.cache.UnwatchWildcard(ss.watch, typeURL)
-		maps.DeleteFunc(t.sent, func(n, _ string) bool { _, ok := named[n]; return !ok })
+		t.sent.removeFunc(func(n, _ string) bool { return !named.has(n) })
 	}
 	if wildcard != t.wildcard {
 		ss.status.setWildcard(typeURL, wildcard)
@@ -172,12 +172,12 @@ func (ss *sotwStream) flush() error {
 // nothing ("TTL").
 func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet) error {
 	t.all = false
-	if t.wildcard && len(t.names) == 0 && !ss.ttl {
+	if t.wildcard && t.names.len() == 0 && !ss.ttl {
 		return ss.flushWildcard(typeURL, t)
 	}
 	t.materialize()
 	// One read: the response is one upstream version, never part of one.
-	v := ss.cache.ReadFor(ss.watch, typeURL, slices.Collect(maps.Keys(t.names)), t.wildcard)
+	v := ss.cache.ReadFor(ss.watch, typeURL, t.names.appendKeys(nil), t.wildcard)
 	want := slices.DeleteFunc(v.Lookups, func(l cache.Lookup) bool { return l.Resource == nil })
 	// A wildcard's full state waits for upstream's complete state.
 	ready := v.Synced || len(want) > 0 || t.nothing()
@@ -187,10 +187,10 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet)
 	if !t.responded && !ready {
 		return nil
 	}
-	changed := !t.responded || len(want) != len(t.sent)
+	changed := !t.responded || len(want) != t.sent.len()
 	beat := false
 	for _, l := range want {
-		if v, ok := t.sent[l.Name]; !ok || v != l.Resource.Version {
+		if v, ok := t.sent.get(l.Name); !ok || v != l.Resource.Version {
 			changed = true
 		} else if hbs.Has(l.Name) && l.Heartbeat != nil {
 			beat = true
@@ -199,11 +199,11 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet)
 	if !changed && !beat {
 		return nil
 	}
-	clear(t.sent)
+	t.sent.clear()
 	fields := make([][]byte, 0, len(want))
 	ts, nonce, now := ss.status.sending(typeURL, true), ss.nonces.peek(), time.Now()
 	for _, l := range want {
-		t.sent[l.Name] = l.Resource.Version
+		t.sent.set(l.Name, l.Resource.Version)
 		ts.sent(l.Name, l.Resource.Version, nonce, now)
 		fields = append(fields, ss.field(l, hbs.Has(l.Name) && !changed))
 	}
@@ -255,9 +255,9 @@ func (t *sotwType) materialize() {
 	if t.sentState == nil {
 		return
 	}
-	clear(t.sent)
+	t.sent.clear()
 	for _, r := range t.sentState.Resources {
-		t.sent[r.Name] = r.Version
+		t.sent.set(r.Name, r.Version)
 	}
 	t.sentState = nil
 }
@@ -271,12 +271,12 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs *cach
 	names := nameBuf[:0]
 	all := false
 	if t.all {
-		names = slices.AppendSeq(names, maps.Keys(t.names))
+		names = t.names.appendKeys(names)
 		all, t.all = t.wildcard, false
 	}
 	for _, set := range []*cache.NameSet{dirty, hbs} {
 		for n := range set.All() {
-			if _, ok := t.names[n]; ok || t.wildcard {
+			if t.names.has(n) || t.wildcard {
 				names = append(names, n)
 			}
 		}
@@ -289,14 +289,14 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs *cach
 	for _, l := range v.Lookups {
 		hb := hbs.Has(l.Name)
 		switch {
-		case l.Resource != nil && t.sent[l.Name] != l.Resource.Version:
+		case l.Resource != nil && t.sent.value(l.Name) != l.Resource.Version:
 			out = append(out, ss.field(l, false))
-			t.sent[l.Name] = l.Resource.Version
+			t.sent.set(l.Name, l.Resource.Version)
 			ts.sent(l.Name, l.Resource.Version, nonce, now)
 		case l.Resource != nil && hb && l.Heartbeat != nil:
 			out = append(out, ss.field(l, true))
 		case l.Resource == nil:
-			delete(t.sent, l.Name)
+			t.sent.remove(l.Name)
 			ts.forget(l.Name)
 		}
 		if l.Error != nil && t.errSent[l.Name] != l.Error {

@@ -107,11 +107,11 @@ func (n *nonces) next() string {
 // peek is the number of the nonce next will hand out.
 func (n nonces) peek() uint64 { return uint64(n) + 1 }
 
-// diff returns what is in b and not in a.
-func diff(a, b map[string]struct{}) []string {
+// diff returns what is in b and not in a, sorted.
+func diff(a, b *inlineMap[struct{}]) []string {
 	var out []string
-	for k := range b {
-		if _, ok := a[k]; !ok {
+	for k := range b.all() {
+		if !a.has(k) {
 			out = append(out, k)
 		}
 	}
@@ -119,10 +119,10 @@ func diff(a, b map[string]struct{}) []string {
 	return out
 }
 
-func set(names []string) map[string]struct{} {
-	m := make(map[string]struct{}, len(names))
+func set(names []string) inlineMap[struct{}] {
+	var m inlineMap[struct{}]
 	for _, n := range names {
-		m[n] = struct{}{}
+		m.set(n, struct{}{})
 	}
 	return m
 }
