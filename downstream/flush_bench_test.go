@@ -87,6 +87,30 @@ func fill(b *testing.B, c *cache.Cache, typeURL, prefix string, k, payload int) 
 	c.Release(w)
 }
 
+// deltaStreams is n delta streams subscribed by name to cla-0 of an EDS
+// cache of 10 ClusterLoadAssignments (about 8 KiB each), each sent its first
+// response, and two new versions of cla-0 to alternate.
+func deltaStreams(b *testing.B, n int) (*cache.Cache, []*deltaStream, [2]*cache.Resource) {
+	b.Helper()
+	const typeURL = resourcev3.EndpointType
+	srv := benchServer(b)
+	c := cache.New(cache.Options{})
+	fill(b, c, typeURL, "cla-", 10, 8<<10)
+	streams := make([]*deltaStream, n)
+	for i := range streams {
+		node := &corepb.Node{Id: "bench-" + strconv.Itoa(i), Cluster: "bench"}
+		ds := &deltaStream{streamBase: srv.newStreamBase(codecSend, "", "delta-ads", c, node)}
+		if err := ds.handle(&discoverypb.DeltaDiscoveryRequest{Node: node, TypeUrl: strings.Clone(typeURL), ResourceNamesSubscribe: []string{"cla-0"}}); err != nil {
+			b.Fatal(err)
+		}
+		if err := ds.flush(); err != nil {
+			b.Fatal(err)
+		}
+		streams[i] = ds
+	}
+	return c, streams, [2]*cache.Resource{encoded(b, typeURL, "cla-0", "v1", 8<<10), encoded(b, typeURL, "cla-0", "v2", 8<<10)}
+}
+
 // BenchmarkDeltaFlush is one changed 200-endpoint ClusterLoadAssignment
 // (about 8 KiB) reaching n delta streams that subscribe to it by name,
 // among 10 resources.
@@ -94,22 +118,7 @@ func BenchmarkDeltaFlush(b *testing.B) {
 	const typeURL = resourcev3.EndpointType
 	for _, n := range []int{1, 1000, 10000} {
 		b.Run(fmt.Sprintf("streams=%d", n), func(b *testing.B) {
-			srv := benchServer(b)
-			c := cache.New(cache.Options{})
-			fill(b, c, typeURL, "cla-", 10, 8<<10)
-			streams := make([]*deltaStream, n)
-			for i := range streams {
-				node := &corepb.Node{Id: "bench-" + strconv.Itoa(i), Cluster: "bench"}
-				ds := &deltaStream{streamBase: srv.newStreamBase(codecSend, "", "delta-ads", c, node)}
-				if err := ds.handle(&discoverypb.DeltaDiscoveryRequest{Node: node, TypeUrl: strings.Clone(typeURL), ResourceNamesSubscribe: []string{"cla-0"}}); err != nil {
-					b.Fatal(err)
-				}
-				if err := ds.flush(); err != nil {
-					b.Fatal(err)
-				}
-				streams[i] = ds
-			}
-			versions := [2]*cache.Resource{encoded(b, typeURL, "cla-0", "v1", 8<<10), encoded(b, typeURL, "cla-0", "v2", 8<<10)}
+			c, streams, versions := deltaStreams(b, n)
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
 				b.StopTimer()
@@ -137,24 +146,11 @@ func BenchmarkDeltaChange(b *testing.B) {
 	const typeURL = resourcev3.EndpointType
 	for _, n := range []int{10000, 100000} {
 		b.Run(fmt.Sprintf("streams=%d", n), func(b *testing.B) {
-			srv := benchServer(b)
-			c := cache.New(cache.Options{})
-			fill(b, c, typeURL, "cla-", 10, 8<<10)
-			streams := make([]*deltaStream, n)
+			c, streams, versions := deltaStreams(b, n)
 			acks := make([]*discoverypb.DeltaDiscoveryRequest, n)
-			for i := range streams {
-				node := &corepb.Node{Id: "bench-" + strconv.Itoa(i), Cluster: "bench"}
-				ds := &deltaStream{streamBase: srv.newStreamBase(codecSend, "", "delta-ads", c, node)}
-				if err := ds.handle(&discoverypb.DeltaDiscoveryRequest{Node: node, TypeUrl: strings.Clone(typeURL), ResourceNamesSubscribe: []string{"cla-0"}}); err != nil {
-					b.Fatal(err)
-				}
-				if err := ds.flush(); err != nil {
-					b.Fatal(err)
-				}
-				streams[i] = ds
+			for i := range acks {
 				acks[i] = &discoverypb.DeltaDiscoveryRequest{TypeUrl: strings.Clone(typeURL)}
 			}
-			versions := [2]*cache.Resource{encoded(b, typeURL, "cla-0", "v1", 8<<10), encoded(b, typeURL, "cla-0", "v2", 8<<10)}
 			b.ReportAllocs()
 			for i := 0; b.Loop(); i++ {
 				c.Apply(typeURL, cache.Change{Upserts: []*cache.Resource{versions[i%2]}})
