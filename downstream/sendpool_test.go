@@ -2,11 +2,17 @@ package downstream
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/peer"
+
+	"github.com/xdsrelay/xdsrelay/internal/metrics"
 )
 
 // Marks from many goroutines while flushes run: never two flushes of one
@@ -140,5 +146,75 @@ func TestSendPoolGroupsByConnection(t *testing.T) {
 	pool.release(c2)
 	if _, ok := pool.conns[a]; ok {
 		t.Fatal("the connection's queue outlived its streams")
+	}
+}
+
+// The watchdog finds a send that stays blocked, whether a send worker runs
+// it or the stream's handler does (a request's own flush): after slowSend
+// the pool counts the worker out, at the send timeout the client's
+// connection is closed (xdsrelay_downstream_stuck_total), and once the send
+// returns the pool counts it back and the watchdog stops.
+func TestWatchdogFindsBlockedSends(t *testing.T) {
+	for _, onWorker := range []bool{true, false} {
+		s, err := New(Options{Groups: noGroups{}, Metrics: &metrics.Registry{},
+			Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), SendTimeout: 200 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}})
+		release := make(chan struct{})
+		g := s.guard(ctx, func(any) error { <-release; return nil }, "test", time.Now())
+		p := &pump{pool: s.sends, conn: s.sends.conn(nil), guard: g}
+		g.conn = p.conn
+		p.flush = func() error { return g.send(nil) }
+		done := make(chan error, 1)
+		if onWorker {
+			p.ready()
+		} else {
+			p.state.Store(pumpQueued) // as handle leaves it for runInline
+			go func() { done <- p.runInline() }()
+		}
+		blocked := func() int {
+			s.sends.mu.Lock()
+			defer s.sends.mu.Unlock()
+			return s.sends.blocked
+		}
+		within(t, "the blocked send to be counted out of the pool", func() bool { return blocked() == 1 })
+		if s.stuck.Get() != 0 {
+			t.Fatalf("worker %v: the connection was closed before the send timeout", onWorker)
+		}
+		within(t, "the stuck client's connection to be closed", func() bool { return s.stuck.Get() == 1 })
+		close(release)
+		if !onWorker {
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the handler's send did not return")
+			}
+		}
+		within(t, "the send to be counted back", func() bool { return blocked() == 0 })
+		within(t, "the watchdog to stop", func() bool {
+			s.sends.watchMu.Lock()
+			defer s.sends.watchMu.Unlock()
+			return !s.sends.watching
+		})
+		if n := s.stuck.Get(); n != 1 {
+			t.Fatalf("worker %v: %d connections closed for one stuck send", onWorker, n)
+		}
+	}
+}
+
+// within waits up to 10 seconds for cond.
+func within(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
