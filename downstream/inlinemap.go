@@ -9,6 +9,9 @@ import (
 // and makes a Go map only for a second. A stream holds one name of a type,
 // or a few, and a Go map of one entry costs a group of eight: hundreds of
 // bytes a stream, for each of the stream's maps. The zero value is empty.
+// (cache.NameSet is its cousin for what a change marks: up to four names
+// inline, added to and read but never removed from one by one, and kept
+// for reuse across marks.)
 type inlineMap[V any] struct {
 	oneKey string
 	one    V

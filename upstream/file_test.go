@@ -145,6 +145,16 @@ func serveFiles(t *testing.T, f *File, names ...string) *cache.Cache {
 	done := make(chan struct{}, 2)
 	go func() { f.Run(ctx); done <- struct{}{} }()
 	go func() { f.Serve(ctx, c); done <- struct{}{} }()
-	t.Cleanup(func() { cancel(); <-done; <-done })
+	t.Cleanup(func() {
+		cancel()
+		for range 2 {
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Error("the file source's Run or Serve did not end with its context")
+				return
+			}
+		}
+	})
 	return c
 }
