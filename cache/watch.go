@@ -241,10 +241,12 @@ func (w *Watch) Recycle(d DirtySet) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for i, x := range d {
+		// Reset even when not kept: a record may be one of the watch's
+		// own, which would otherwise hold a large change's names.
+		x.Names.reset()
+		x.Heartbeats.reset()
+		x.TypeURL = ""
 		if len(w.free) < cap(w.freeArr) {
-			x.Names.reset()
-			x.Heartbeats.reset()
-			x.TypeURL = ""
 			w.free = append(w.free, x)
 		}
 		d[i] = nil

@@ -49,7 +49,23 @@ func TestWatchRecycleDropsLargeSets(t *testing.T) {
 	w.mu.Unlock()
 	w.Mark("t", 2, "x")
 	if d := w.Take().Of("t"); d.Names.Len() != 1 {
-		t.Fatalf("after a large change, the next one marks %v", d.Names)
+		t.Fatalf("after a large change, the next one marks %v", d.Names.AppendTo(nil))
+	}
+
+	// A record Recycle has no room to keep is emptied all the same: it may
+	// be one of the watch's own, which stays as long as the watch.
+	w = NewWatch()
+	w.OnReady(func() {})
+	w.Mark("t", 1, names...)
+	d := w.Take()
+	w.mu.Lock()
+	for len(w.free) < cap(w.freeArr) {
+		w.free = append(w.free, &Dirty{})
+	}
+	w.mu.Unlock()
+	w.Recycle(d)
+	if own := &w.own[0]; own.Names.Len() != 0 || own.Names.more != nil {
+		t.Errorf("a record not kept still holds %d names and a map: %v", own.Names.Len(), own.Names.more != nil)
 	}
 }
 
