@@ -41,28 +41,23 @@ func ordered(dirty cache.DirtySet) cache.DirtySet {
 	return dirty
 }
 
-// byType is a stream's per-type records, never removed. A stream
-// subscribes to one type or a few: the first type's record is held inline
-// and a map is made only for a second (a Go map of one record costs a
-// group of eight). The record looked up last is remembered: a stream mostly
-// sends and is answered for one type, and its type URLs are the relay's
-// own copies (xds.Canonical), so finding it is a comparison of pointers.
+// byType is a stream's per-type records, never removed: an inlineMap (a
+// stream subscribes to one type or a few) that remembers the record looked
+// up last. A stream mostly sends and is answered for one type, and its type
+// URLs are the relay's own copies (xds.Canonical), so finding it is a
+// comparison of pointers.
 type byType[T any] struct {
-	firstType, lastType string
-	first, last         *T
-	more                map[string]*T // the types after the first
+	recs     inlineMap[*T]
+	lastType string
+	last     *T
 }
 
 // get returns the record of typeURL, nil if none.
 func (b *byType[T]) get(typeURL string) *T {
-	switch {
-	case b.last != nil && b.lastType == typeURL:
+	if b.last != nil && b.lastType == typeURL {
 		return b.last
-	case b.first != nil && b.firstType == typeURL:
-		b.lastType, b.last = typeURL, b.first
-		return b.first
 	}
-	t := b.more[typeURL]
+	t := b.recs.value(typeURL)
 	if t != nil {
 		b.lastType, b.last = typeURL, t
 	}
@@ -70,30 +65,10 @@ func (b *byType[T]) get(typeURL string) *T {
 }
 
 // put adds the record of typeURL, a type it does not hold yet.
-func (b *byType[T]) put(typeURL string, t *T) {
-	if b.first == nil {
-		b.firstType, b.first = typeURL, t
-		return
-	}
-	if b.more == nil {
-		b.more = make(map[string]*T)
-	}
-	b.more[typeURL] = t
-}
+func (b *byType[T]) put(typeURL string, t *T) { b.recs.set(typeURL, t) }
 
 // all yields every type's record.
-func (b *byType[T]) all() iter.Seq2[string, *T] {
-	return func(yield func(string, *T) bool) {
-		if b.first != nil && !yield(b.firstType, b.first) {
-			return
-		}
-		for typeURL, t := range b.more {
-			if !yield(typeURL, t) {
-				return
-			}
-		}
-	}
-}
+func (b *byType[T]) all() iter.Seq2[string, *T] { return b.recs.all() }
 
 // nonces hands out a stream's response nonces: fresh for every response,
 // valid only on the stream ("Basic Protocol Overview").
