@@ -179,11 +179,11 @@ func TestWatchdogFindsBlockedSends(t *testing.T) {
 			defer s.sends.mu.Unlock()
 			return s.sends.blocked
 		}
-		within(t, "the blocked send to be counted out of the pool", func() bool { return blocked() == 1 })
+		eventually(t, "the blocked send to be counted out of the pool", func() bool { return blocked() == 1 })
 		if s.stuck.Get() != 0 {
 			t.Fatalf("worker %v: the connection was closed before the send timeout", onWorker)
 		}
-		within(t, "the stuck client's connection to be closed", func() bool { return s.stuck.Get() == 1 })
+		eventually(t, "the stuck client's connection to be closed", func() bool { return s.stuck.Get() == 1 })
 		close(release)
 		if !onWorker {
 			select {
@@ -195,8 +195,8 @@ func TestWatchdogFindsBlockedSends(t *testing.T) {
 				t.Fatal("the handler's send did not return")
 			}
 		}
-		within(t, "the send to be counted back", func() bool { return blocked() == 0 })
-		within(t, "the watchdog to stop", func() bool {
+		eventually(t, "the send to be counted back", func() bool { return blocked() == 0 })
+		eventually(t, "the watchdog to stop", func() bool {
 			s.sends.watchMu.Lock()
 			defer s.sends.watchMu.Unlock()
 			return !s.sends.watching
@@ -207,8 +207,8 @@ func TestWatchdogFindsBlockedSends(t *testing.T) {
 	}
 }
 
-// within waits up to 10 seconds for cond.
-func within(t *testing.T, what string, cond func() bool) {
+// eventually waits up to 10 seconds for cond, as the other packages' tests do.
+func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {
