@@ -31,6 +31,11 @@ type Resource struct {
 	TTL         time.Duration
 	WireNoTTL   []byte
 	SotWWrapped []byte
+	// Warm is, for a Cluster whose endpoints come from EDS, the name of
+	// the ClusterLoadAssignment that finishes its warming in Envoy ("Resource
+	// warming"): a stream that is sent the Cluster new or changed and holds
+	// those endpoints is sent them again. Empty for every other resource.
+	Warm string
 }
 
 // Heartbeat refreshes a resource's TTL without changing it ("TTL"): the

@@ -209,7 +209,7 @@ func (r *ReceivedResource) Encode() (*cache.Resource, error) {
 	if err := validateValue(r.TypeURL, r.value); err != nil {
 		return nil, errUndecodable(r.Name, r.TypeURL, err)
 	}
-	out := &cache.Resource{Name: r.Name, Version: r.Version, Aliases: r.aliases}
+	out := &cache.Resource{Name: r.Name, Version: r.Version, Aliases: r.aliases, Warm: Warm(r.TypeURL, r.value)}
 	if out.Version == "" {
 		sum := sha256.Sum256(r.anyMsg)
 		out.Version = hex.EncodeToString(sum[:8])
