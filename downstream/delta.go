@@ -4,6 +4,7 @@ import (
 	"time"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 
 	"github.com/xdsrelay/xdsrelay/cache"
@@ -179,8 +180,12 @@ func (ds *deltaStream) unsubscribe(typeURL string, t *deltaType, names []string)
 	return fresh
 }
 
-// flush sends what changed, type by type in the order upstream sent it.
+// flush sends what changed, type by type in the order upstream sent it,
+// each Cluster followed by the endpoints that warm it (warming.go).
 func (ds *deltaStream) flush() error {
+	if err := ds.flushInbox(ds.resendEndpoints); err != nil {
+		return err
+	}
 	dirty := ds.watch.Take()
 	defer ds.watch.Recycle(dirty)
 	for _, d := range ordered(dirty) {
@@ -193,9 +198,30 @@ func (ds *deltaStream) flush() error {
 			if err := ds.flushType(typeURL, t, &d.Names, hbs); err != nil {
 				return err
 			}
+			if err := ds.flushWarm(ds.resendEndpoints); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
+}
+
+// resendEndpoints sends again, of names, the endpoints the stream holds:
+// subscribed (by name, collection or wildcard) and sent, not as absent.
+func (ds *deltaStream) resendEndpoints(names []string) error {
+	t := ds.types.get(resourcev3.EndpointType)
+	if t == nil {
+		return nil
+	}
+	held := func(n string) bool {
+		v, ok := t.sent.get(n)
+		return ok && v != absent && (t.wildcard || t.named(n))
+	}
+	set := heldNames(names, held, t.sent.remove)
+	if set.Len() == 0 {
+		return nil
+	}
+	return ds.flushType(resourcev3.EndpointType, t, set, nil)
 }
 
 // candidates are the names a flush looks at, and whether it must look at
@@ -237,6 +263,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 				out = append(out, ds.field(l.Resource))
 				t.sent.set(l.Name, l.Resource.Version)
 				ts.sent(l.Name, l.Resource.Version, nonce, now)
+				ds.warmed(l.Resource)
 			case beat && l.Heartbeat != nil:
 				// "TTL": the heartbeat refreshes the client's TTL.
 				out = append(out, l.Heartbeat.Wire)

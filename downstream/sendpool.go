@@ -202,6 +202,12 @@ type sendConn struct {
 	queued  bool    // in the pool's queue
 	serving int     // workers taking its pumps
 	blocked int     // of those, blocked in a slow send
+
+	// The connection's per-type EDS streams, which its CDS streams (cds
+	// of them) warm (warming.go). Guarded by warmMu.
+	warmMu sync.Mutex
+	eds    []*streamBase
+	cds    int
 }
 
 func newSendPool(size int) *sendPool {

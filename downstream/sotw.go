@@ -5,6 +5,7 @@ import (
 	"time"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 
 	"github.com/xdsrelay/xdsrelay/cache"
@@ -21,6 +22,10 @@ type sotwType struct {
 	// empty resource_names is not the legacy wildcard.
 	explicit bool
 	nonce    string            // of the last response
+	// asked is the nonce of the last request that answered a response
+	// without a NACK: a request with that nonce again, the same names and
+	// no error repeats it (see repeated).
+	asked string
 	sent     inlineMap[string] // name → version the client was sent, unless sentState holds it
 	// sentState is the shared complete state last sent to a wildcard-only
 	// subscription, which then keeps no per-name record (sent is stale).
@@ -89,15 +94,44 @@ func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 	// What was NACKed stays recorded as sent, so it is not sent again; the
 	// next change is.
 	ss.answered(typeURL, short, req.GetResponseNonce(), req.GetVersionInfo(), req.GetErrorDetail())
-	return ss.resubscribe(typeURL, t, req.GetResourceNames())
+	nonce, ack := req.GetResponseNonce(), req.GetResponseNonce() != "" && req.GetErrorDetail() == nil
+	repeat := ack && nonce == t.asked
+	if ack {
+		t.asked = nonce
+	}
+	same, err := ss.resubscribe(typeURL, t, req.GetResourceNames())
+	if err != nil || !repeat || !same {
+		return err
+	}
+	return ss.repeated(typeURL, t)
+}
+
+// repeated answers a request that repeats the last one: the same nonce,
+// names and no error. Envoy sends one on its SotW EDS subscription after
+// every Cluster update, to be sent the endpoints that finish the Cluster's
+// warming ("Resource warming"): they are sent again, unchanged, unless the
+// relay warms the stream itself (warming.go) and so sends exactly those
+// the Clusters need. Other clients do not repeat a request, and a repeat
+// of another type is not answered ("When to send an update").
+func (ss *sotwStream) repeated(typeURL string, t *sotwType) error {
+	if typeURL != resourcev3.EndpointType || ss.warmsItself() {
+		return nil
+	}
+	names := t.sent.appendKeys(nil)
+	for _, n := range names {
+		t.sent.remove(n)
+	}
+	ss.watch.Mark(typeURL, 0, names...)
+	return nil
 }
 
 // resubscribe moves the type's subscription to what the request names and
 // schedules an answer for what it newly asks for: "the server must resend
 // any newly requested resources, even if it previously sent those
 // resources ... and the resources have not changed". Names past a limit
-// are refused (see watchNames).
-func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) error {
+// are refused (see watchNames). same reports that the subscription did not
+// change.
+func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) (same bool, err error) {
 	t.materialize()
 	wildcard, named := t.subscription(names)
 	added, removed := diff(&t.names, &named), diff(&named, &t.names)
@@ -110,7 +144,7 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) e
 	}
 	if len(added) > 0 {
 		if err := ss.watchNames(typeURL, added); err != nil {
-			return err
+			return false, err
 		}
 		ss.status.subscribed(typeURL, watchable(added))
 		for _, n := range added {
@@ -126,6 +160,7 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) e
 		ss.cache.UnwatchWildcard(ss.watch, typeURL)
 		t.sent.removeFunc(func(n, _ string) bool { return !named.has(n) })
 	}
+	same = len(added) == 0 && len(removed) == 0 && wildcard == t.wildcard
 	if wildcard != t.wildcard {
 		ss.status.setWildcard(typeURL, wildcard)
 	}
@@ -133,11 +168,15 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) e
 	if t.all || len(added) > 0 {
 		ss.watch.Mark(typeURL, 0, added...)
 	}
-	return nil
+	return same, nil
 }
 
-// flush sends what changed, type by type in the order upstream sent it.
+// flush sends what changed, type by type in the order upstream sent it,
+// each Cluster followed by the endpoints that warm it (warming.go).
 func (ss *sotwStream) flush() error {
+	if err := ss.flushInbox(ss.resendEndpoints); err != nil {
+		return err
+	}
 	dirty := ss.watch.Take()
 	defer ss.watch.Recycle(dirty)
 	for _, d := range ordered(dirty) {
@@ -159,8 +198,54 @@ func (ss *sotwStream) flush() error {
 		if err != nil {
 			return err
 		}
+		if err := ss.flushWarm(ss.resendEndpoints); err != nil {
+			return err
+		}
 	}
 	return nil
+}
+
+// resendEndpoints sends again, of names, the endpoints the stream holds:
+// those its EDS subscription names (or the wildcard covers) and that it
+// was sent.
+func (ss *sotwStream) resendEndpoints(names []string) error {
+	t := ss.types.get(resourcev3.EndpointType)
+	if t == nil {
+		return nil
+	}
+	held := func(n string) bool { return t.sent.has(n) && (t.wildcard || t.names.has(n)) }
+	set := heldNames(names, held, t.sent.remove)
+	if set.Len() == 0 {
+		return nil
+	}
+	return ss.flushChanged(resourcev3.EndpointType, t, set, nil)
+}
+
+// warmsItself reports whether the relay sends this stream's endpoints
+// after the Clusters they warm: on ADS that carries Clusters, and on a
+// per-type EDS stream whose connection has a CDS stream.
+func (ss *sotwStream) warmsItself() bool {
+	switch ss.fixed {
+	case "":
+		return ss.types.get(resourcev3.ClusterType) != nil
+	case resourcev3.EndpointType:
+		return ss.conn.hasCDS()
+	}
+	return false
+}
+
+// holdsEndpoints reports whether a Cluster sent on the stream may have
+// endpoints to warm: on ADS, the stream holds some; on a per-type CDS
+// stream, its connection has an EDS stream.
+func (ss *sotwStream) holdsEndpoints() bool {
+	switch ss.fixed {
+	case "":
+		t := ss.types.get(resourcev3.EndpointType)
+		return t != nil && t.sent.len() > 0
+	case resourcev3.ClusterType:
+		return ss.conn.hasEDS()
+	}
+	return false
 }
 
 // flushFull sends the complete state of a Listener or Cluster subscription
@@ -189,15 +274,20 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet)
 	}
 	changed := !t.responded || len(want) != t.sent.len()
 	beat := false
+	var fresh []*cache.Resource // new or changed for the client
 	for _, l := range want {
 		if v, ok := t.sent.get(l.Name); !ok || v != l.Resource.Version {
 			changed = true
+			fresh = append(fresh, l.Resource)
 		} else if hbs.Has(l.Name) && l.Heartbeat != nil {
 			beat = true
 		}
 	}
 	if !changed && !beat {
 		return nil
+	}
+	for _, r := range fresh {
+		ss.warmed(r)
 	}
 	t.sent.clear()
 	fields := make([][]byte, 0, len(want))
@@ -235,6 +325,9 @@ func (ss *sotwStream) flushWildcard(typeURL string, t *sotwType) error {
 	if t.sentState != nil && t.sentState.Version == st.Version && t.responded {
 		return nil
 	}
+	if ss.holdsEndpoints() {
+		ss.warmState(t, st)
+	}
 	t.sentState = st
 	t.nonce = ss.nonces.next()
 	t.responded = true
@@ -248,6 +341,31 @@ func (ss *sotwStream) flushWildcard(typeURL string, t *sotwType) error {
 	ss.tracePush(st.Trace, typeURL, st.Version, len(st.Resources))
 	ss.srv.pushed(typeURL, msg.Size(), st.Received, ss.opened)
 	return nil
+}
+
+// warmState notes the resources of st that are new or changed for the
+// client: against the shared state it was sent last (both are sorted by
+// name, and an unchanged resource is the same *Resource), or its per-name
+// record.
+func (ss *sotwStream) warmState(t *sotwType, st *cache.State) {
+	prev := t.sentState
+	if prev == nil {
+		for _, r := range st.Resources {
+			if r.Warm != "" && t.sent.value(r.Name) != r.Version {
+				ss.warmed(r)
+			}
+		}
+		return
+	}
+	i := 0
+	for _, r := range st.Resources {
+		for i < len(prev.Resources) && prev.Resources[i].Name < r.Name {
+			i++
+		}
+		if r.Warm != "" && (i == len(prev.Resources) || prev.Resources[i] != r) {
+			ss.warmed(r)
+		}
+	}
 }
 
 // materialize turns a shared sent state back into the per-name record.

@@ -4,6 +4,7 @@ import (
 	"iter"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/peer"
@@ -147,8 +148,7 @@ func hasFeature(n *corepb.Node, feature string) bool {
 type protocol[Req any] interface {
 	handle(*Req) error // a request from the client
 	flush() error      // send what changed
-	watcher() *cache.Watch
-	statusView() *streamStatus // registered while the stream runs
+	base() *streamBase
 }
 
 // streamBase is what SotW and incremental streams share.
@@ -165,6 +165,16 @@ type streamBase struct {
 	status  *streamStatus          // what CSDS and the admin endpoint read
 	opened  time.Time              // for the push latency
 	sent    map[string]sentVersion // by type, for the rollout's verdicts; nil unless it rolls out
+	// Warming (warming.go): the client connection's queue, set before the
+	// first flush; the endpoints of the Clusters a flush just sent; on a
+	// per-type CDS stream, those waiting for the client's ACK of the
+	// response warmNonce; on a per-type EDS stream, what the connection's
+	// CDS stream asks it to send again.
+	conn      *sendConn
+	warming   []string
+	warmOnAck []string
+	warmNonce uint64
+	inbox     *warmInbox
 }
 
 func (s *Server) newStreamBase(send func(any) error, fixed, variant string, c *cache.Cache, node *corepb.Node) streamBase {
@@ -174,9 +184,7 @@ func (s *Server) newStreamBase(send func(any) error, fixed, variant string, c *c
 		status: &streamStatus{node: node, variant: variant, cache: c}, opened: time.Now()}
 }
 
-func (b *streamBase) watcher() *cache.Watch { return b.watch }
-
-func (b *streamBase) statusView() *streamStatus { return b.status }
+func (b *streamBase) base() *streamBase { return b }
 
 // admit makes the checks every request gets (its type against the
 // service, its node against the first request's) and counts it.
@@ -203,6 +211,9 @@ func (b *streamBase) answered(typeURL, short, nonce, version string, d *rpcstatu
 		b.srv.acks.With(short).Inc()
 	}
 	if nonce != "" {
+		if b.fixed == resourcev3.ClusterType {
+			b.ackedClusters(nonce, d != nil)
+		}
 		b.status.answered(typeURL, nonce, version, d != nil, d.GetMessage(), time.Now())
 		if b.sent != nil {
 			b.verdict(typeURL, nonce, d != nil, d.GetMessage())
@@ -286,13 +297,15 @@ func run[Req any, Resp any, PReq interface {
 	defer s.streams.With(end.variant).Dec()
 	g := s.guard(ctx, st.SendMsg, end.variant, opened)
 	p := open(c, PReq(first), g.send)
+	b := p.base()
 	pm := &pump{pool: s.sends, conn: s.sends.conn(ls.addr), flush: p.flush, guard: g}
 	g.conn = pm.conn
 	defer s.sends.release(pm.conn)
-	p.watcher().OnReady(pm.ready)
-	defer c.Release(p.watcher())
-	s.registry.add(p.statusView())
-	defer s.registry.remove(p.statusView())
+	defer b.linkConn(pm.conn)()
+	b.watch.OnReady(pm.ready)
+	defer c.Release(b.watch)
+	s.registry.add(b.status)
+	defer s.registry.remove(b.status)
 	defer pm.end()
 	if err := handle(pm, p, first); err != nil {
 		return err
