@@ -19,7 +19,9 @@ import (
 	routepb "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	routerpb "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmpb "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	clustersvc "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	endpointsvc "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -249,4 +251,47 @@ func Endpoints(cluster string, addrs ...string) *endpointpb.ClusterLoadAssignmen
 			LoadBalancingWeight: wrapperspb.UInt32(1),
 		}},
 	}
+}
+
+// Linear is a go-control-plane server whose clusters and endpoints are
+// each kept in a LinearCache, served over ADS and the per-type CDS and EDS
+// services (SotW and delta): a control plane that sends a resource only
+// when it changed, as most do.
+type Linear struct {
+	Addr      string
+	Clusters  *cachev3.LinearCache
+	Endpoints *cachev3.LinearCache
+}
+
+// StartLinear runs a LinearCache control plane until the test ends.
+func StartLinear(t testing.TB) *Linear {
+	t.Helper()
+	l := &Linear{Clusters: cachev3.NewLinearCache(resourcev3.ClusterType), Endpoints: cachev3.NewLinearCache(resourcev3.EndpointType)}
+	mux := &cachev3.MuxCache{
+		Classify:      func(r *cachev3.Request) string { return r.GetTypeUrl() },
+		ClassifyDelta: func(r *cachev3.DeltaRequest) string { return r.GetTypeUrl() },
+		Caches:        map[string]cachev3.Cache{resourcev3.ClusterType: l.Clusters, resourcev3.EndpointType: l.Endpoints},
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	srv := serverv3.NewServer(ctx, mux, nil)
+	g := grpc.NewServer(grpc.WaitForHandlers(true))
+	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, srv)
+	clustersvc.RegisterClusterDiscoveryServiceServer(g, srv)
+	endpointsvc.RegisterEndpointDiscoveryServiceServer(g, srv)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Addr = ln.Addr().String()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = g.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		g.Stop()
+		<-done
+		cancel()
+	})
+	return l
 }
