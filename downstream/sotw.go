@@ -21,12 +21,12 @@ type sotwType struct {
 	// explicit is set once a request named resources: from then on an
 	// empty resource_names is not the legacy wildcard.
 	explicit bool
-	nonce    string            // of the last response
+	nonce    string // of the last response
 	// asked is the nonce of the last request that answered a response
 	// without a NACK: a request with that nonce again, the same names and
 	// no error repeats it (see repeated).
 	asked string
-	sent     inlineMap[string] // name → version the client was sent, unless sentState holds it
+	sent  inlineMap[string] // name → version the client was sent, unless sentState holds it
 	// sentState is the shared complete state last sent to a wildcard-only
 	// subscription, which then keeps no per-name record (sent is stale).
 	sentState *cache.State
