@@ -2,6 +2,7 @@ package relay
 
 import (
 	"crypto/tls"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -58,7 +59,7 @@ func get(t *testing.T, c *http.Client, url string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-// relayWithDownGroup starts a relay whose one group ("cluster=tenant-a")
+// relayWithDownGroup starts a relay whose one group (keyOf("tenant-a"))
 // has lost its control plane.
 func relayWithDownGroup(t *testing.T, mutate ...func(*Config)) (*Relay, *testcp.ControlPlane) {
 	cp := testcp.Start(t)
@@ -121,7 +122,7 @@ func TestAdminTLSClientCertSeesDetails(t *testing.T) {
 	url := "https://" + r.AdminAddr() + "/readyz"
 
 	code, body := get(t, client(clientCert), url)
-	if code != http.StatusOK || !strings.Contains(body, `group "cluster=tenant-a": upstream DOWN`) {
+	if code != http.StatusOK || !strings.Contains(body, fmt.Sprintf("group %q: upstream DOWN", keyOf("tenant-a"))) {
 		t.Errorf("/readyz with a client certificate: %d %q, want the group's details", code, body)
 	}
 	code, body = get(t, client(), url)

@@ -231,7 +231,7 @@ func TestDeltaWildcardAndReconnect(t *testing.T) {
 	changed.ConnectTimeout.Seconds = 7
 	cp.Set(t, "c1", "3", changed, testcp.Cluster("z"))
 	eventually(t, "the relay to see version 3", func() bool {
-		all, _ := r.groupCache("cluster=c1").All(resourcev3.ClusterType)
+		all, _ := r.groupCache(keyOf("c1")).All(resourcev3.ClusterType)
 		return len(all) == 2
 	})
 
@@ -254,7 +254,7 @@ func TestDeltaWildcardAndReconnect(t *testing.T) {
 	// Unchanged resources are not re-sent on reconnect.
 	s2 := openDelta(t, r.Addr())
 	now := map[string]string{}
-	for n, v := range r.groupCache("cluster=c1").Versions(resourcev3.ClusterType) {
+	for n, v := range r.groupCache(keyOf("c1")).Versions(resourcev3.ClusterType) {
 		now[n] = v
 	}
 	s2.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n2", "c1"), TypeUrl: resourcev3.ClusterType, InitialResourceVersions: now})

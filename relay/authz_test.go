@@ -215,7 +215,7 @@ func TestAuthorizationBindsNodesToCertificates(t *testing.T) {
 		}
 	}
 
-	if r.groupCache("cluster=tenant-b") != nil {
+	if r.groupCache(keyOf("tenant-b")) != nil {
 		t.Error("a denied client created a group for tenant-b")
 	}
 	for _, n := range cp.Nodes() {
@@ -244,7 +244,7 @@ func TestAuthorizationRefusesUnknownIdentity(t *testing.T) {
 	if m := getMetrics(t, r); !strings.Contains(m, `xdsrelay_downstream_denied_total{reason="identity",variant="delta-ads"} 1`) {
 		t.Errorf("/metrics does not count the denial:\n%s", m)
 	}
-	if r.groupCache("cluster=tenant-a") != nil {
+	if r.groupCache(keyOf("tenant-a")) != nil {
 		t.Error("a denied client created a group")
 	}
 }
@@ -271,7 +271,7 @@ func TestAuthorizationREST(t *testing.T) {
 	if code != http.StatusForbidden || strings.TrimSpace(body) != want {
 		t.Errorf("claiming tenant-b: %d %q, want 403 %q", code, body, want)
 	}
-	if r.groupCache("cluster=tenant-b") != nil {
+	if r.groupCache(keyOf("tenant-b")) != nil {
 		t.Error("a denied REST client created a group for tenant-b")
 	}
 	if m := getMetrics(t, r); !strings.Contains(m, `xdsrelay_downstream_denied_total{reason="node",variant="rest"} 1`) {

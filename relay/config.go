@@ -287,7 +287,7 @@ func DefaultUpstream() UpstreamConfig {
 func Default() Config {
 	var c Config
 	c.Upstream.UpstreamConfig = DefaultUpstream()
-	c.Upstream.GroupBy = []string{"cluster"}
+	c.Upstream.GroupBy = []string{"cluster", xds.FieldUserAgent, xds.FieldClientFeatures}
 	c.Downstream.Address = "0.0.0.0:18001"
 	c.Downstream.PollTimeout = 30 * time.Second
 	c.Downstream.SendTimeout = 30 * time.Second

@@ -102,17 +102,21 @@ type debugUpstream struct {
 }
 
 type debugGroup struct {
-	Key          string           `json:"key"`
-	Upstreams    []debugUpstream  `json:"upstreams"`
-	Holds        []debugHold      `json:"guard_holds"` // removals held by the guard
-	Rollouts     []debugRollout   `json:"rollouts"`    // changes waiting for the canaries
-	Connected    bool             `json:"upstream_connected"`
-	LastError    string           `json:"upstream_last_error,omitempty"`
-	Invalid      string           `json:"invalid,omitempty"`
-	LastResponse *time.Time       `json:"last_response,omitempty"`
-	Resources    int              `json:"resources"`
-	Clients      int              `json:"clients"`
-	Types        []debugGroupType `json:"types"`
+	Key string `json:"key"`
+	// The kind the group's clients share, as its upstream node presents
+	// it: the user agent (name/version) and the client features.
+	UserAgent      string           `json:"user_agent"`
+	ClientFeatures []string         `json:"client_features"`
+	Upstreams      []debugUpstream  `json:"upstreams"`
+	Holds          []debugHold      `json:"guard_holds"` // removals held by the guard
+	Rollouts       []debugRollout   `json:"rollouts"`    // changes waiting for the canaries
+	Connected      bool             `json:"upstream_connected"`
+	LastError      string           `json:"upstream_last_error,omitempty"`
+	Invalid        string           `json:"invalid,omitempty"`
+	LastResponse   *time.Time       `json:"last_response,omitempty"`
+	Resources      int              `json:"resources"`
+	Clients        int              `json:"clients"`
+	Types          []debugGroupType `json:"types"`
 }
 
 // debugGroups lists the groups: upstream state and what each subscribes.
@@ -120,7 +124,8 @@ func (r *Relay) debugGroups(w http.ResponseWriter, _ *http.Request) {
 	out := []debugGroup{}
 	for _, g := range r.snapshotGroups() {
 		s := g.status()
-		dg := debugGroup{Key: g.key, Connected: s.Connected, LastError: s.LastError, Invalid: s.Invalid,
+		dg := debugGroup{Key: g.key, UserAgent: xds.UserAgent(g.node), ClientFeatures: g.node.GetClientFeatures(),
+			Connected: s.Connected, LastError: s.LastError, Invalid: s.Invalid,
 			Resources: g.cache.Len(), Clients: r.groupClients(g), Types: []debugGroupType{}}
 		if !s.LastResponse.IsZero() {
 			dg.LastResponse = &s.LastResponse

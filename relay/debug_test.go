@@ -78,7 +78,7 @@ func TestDebugEndpoints(t *testing.T) {
 // On a public admin address, /debug/ is refused with 403 and says why.
 func TestDebugRefusedOnPublicAdmin(t *testing.T) {
 	r, _ := relayWithDownGroup(t, publicAdmin(t))
-	for _, path := range []string{"/debug/clients", "/debug/groups", "/debug/cache?group=cluster%3Dtenant-a&type=" + url.QueryEscape(resourcev3.ClusterType)} {
+	for _, path := range []string{"/debug/clients", "/debug/groups", "/debug/cache?group=" + url.QueryEscape(keyOf("tenant-a")) + "&type=" + url.QueryEscape(resourcev3.ClusterType)} {
 		code, body := get(t, http.DefaultClient, "http://"+r.AdminAddr()+path)
 		if code != http.StatusForbidden || !strings.Contains(body, "loopback") || strings.Contains(body, "tenant-a") {
 			t.Errorf("%s: %d %q, want 403 saying why", path, code, body)

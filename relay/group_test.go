@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -24,11 +25,42 @@ func TestGroupKey(t *testing.T) {
 		{[]string{"metadata.team"}, "metadata.team=payments"},
 		{[]string{"metadata.shard"}, "metadata.shard=3"},
 		{[]string{"metadata.absent", "cluster"}, "metadata.absent=,cluster=checkout"},
+		{[]string{"user_agent", "client_features"}, "user_agent=,client_features="},
 	}
 	for _, tc := range tests {
 		if got := GroupKey(n, tc.fields); got != tc.want {
 			t.Errorf("GroupKey(%v) = %q, want %q", tc.fields, got, tc.want)
 		}
+	}
+}
+
+// The kinds: the user agent with its version, string or Envoy's build
+// version (its metadata left out), and the set of features.
+func TestGroupKeyKinds(t *testing.T) {
+	envoy := func(major, minor, patch uint32, build string, features ...string) *corepb.Node {
+		meta, _ := structpb.NewStruct(map[string]any{"revision": build})
+		return &corepb.Node{Cluster: "c", UserAgentName: "envoy", ClientFeatures: features,
+			UserAgentVersionType: &corepb.Node_UserAgentBuildVersion{UserAgentBuildVersion: &corepb.BuildVersion{
+				Version: &typev3.SemanticVersion{MajorNumber: major, MinorNumber: minor, Patch: patch}, Metadata: meta}}}
+	}
+	grpc := &corepb.Node{Cluster: "c", UserAgentName: "gRPC Go", ClientFeatures: []string{"b", "a", "b"},
+		UserAgentVersionType: &corepb.Node_UserAgentVersion{UserAgentVersion: "1.85.0"}}
+	by := Default().Upstream.GroupBy
+	for _, tc := range []struct {
+		node *corepb.Node
+		want string
+	}{
+		{envoy(1, 36, 2, "abc"), "cluster=c,user_agent=envoy/1.36.2,client_features="},
+		{envoy(1, 37, 0, "abc", "y", "x"), "cluster=c,user_agent=envoy/1.37.0,client_features=x,y"},
+		{grpc, "cluster=c,user_agent=gRPC Go/1.85.0,client_features=a,b"},
+		{&corepb.Node{Cluster: "c", UserAgentName: "bare"}, "cluster=c,user_agent=bare,client_features="},
+	} {
+		if got := GroupKey(tc.node, by); got != tc.want {
+			t.Errorf("GroupKey = %q, want %q", got, tc.want)
+		}
+	}
+	if GroupKey(envoy(1, 36, 2, "abc"), by) != GroupKey(envoy(1, 36, 2, "def"), by) {
+		t.Error("two builds of one Envoy version are two kinds")
 	}
 }
 

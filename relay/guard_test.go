@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -87,7 +88,7 @@ func TestGuardHoldsAClearedType(t *testing.T) {
 	// A new client is still served the held resources.
 	subscribeAll(t, r, "late", names)
 
-	if got := postRelease(t, r, "?group=cluster%3Dc1&type=endpoints"); len(got) != 1 || got[0].Names != 100 {
+	if got := postRelease(t, r, "?group="+url.QueryEscape(keyOf("c1"))+"&type=endpoints"); len(got) != 1 || got[0].Names != 100 {
 		t.Fatalf("released %+v", got)
 	}
 	removed := 0

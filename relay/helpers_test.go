@@ -209,3 +209,10 @@ func (r *Relay) groupCache(key string) *cache.Cache {
 	}
 	return nil
 }
+
+// keyOf is the group key, under the default upstream.group_by, of the
+// clients of node.cluster cluster that send no user agent and no features
+// (as node does).
+func keyOf(cluster string) string {
+	return GroupKey(&corepb.Node{Cluster: cluster}, Default().Upstream.GroupBy)
+}

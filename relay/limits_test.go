@@ -180,7 +180,7 @@ func TestMaxNamesPerStream(t *testing.T) {
 	if got := deltaNames(other.recv()); !slices.Equal(got, []string{"a"}) {
 		t.Fatalf("the other stream after the refusal: %v", got)
 	}
-	waitMetric(t, r, `xdsrelay_upstream_connected{group="cluster=c1"} 1`)
+	waitMetric(t, r, `xdsrelay_upstream_connected{group="`+keyOf("c1")+`"} 1`)
 	if n := cp.DeltaStreams.Load(); n != 1 {
 		t.Fatalf("the control plane saw %d streams, want the group's one", n)
 	}
@@ -212,7 +212,7 @@ func TestMaxNamesPerGroup(t *testing.T) {
 	if got := sotwNames(first.recv()); !slices.Equal(got, []string{"a", "b"}) {
 		t.Fatalf("the other stream after the refusal: %v", got)
 	}
-	waitMetric(t, r, `xdsrelay_upstream_connected{group="cluster=c1"} 1`)
+	waitMetric(t, r, `xdsrelay_upstream_connected{group="`+keyOf("c1")+`"} 1`)
 	if n := cp.DeltaStreams.Load(); n != 1 {
 		t.Fatalf("the control plane saw %d streams, want the group's one", n)
 	}

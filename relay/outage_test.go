@@ -54,7 +54,7 @@ func TestUpstreamOutage(t *testing.T) {
 	eventually(t, "the relay to notice the outage", func() bool {
 		return strings.Contains(readyz(t, r), "upstream DOWN")
 	})
-	if m := getMetrics(t, r); !strings.Contains(m, `xdsrelay_upstream_connected{group="cluster=c1"} 0`) {
+	if m := getMetrics(t, r); !strings.Contains(m, `xdsrelay_upstream_connected{group="`+keyOf("c1")+`"} 0`) {
 		t.Errorf("/metrics does not show the group's upstream down:\n%s", m)
 	}
 	old.quiet(100 * time.Millisecond) // the stream stays open, nothing is taken away
@@ -117,7 +117,7 @@ func TestUpstreamFlapping(t *testing.T) {
 		cp.Restart()
 		cp.Set(t, "c1", fmt.Sprint(i)+"b", testcp.Endpoints("a", fmt.Sprintf("10.0.1.%d:80", i)))
 	}
-	want := r.groupCache("cluster=c1")
+	want := r.groupCache(keyOf("c1"))
 	eventually(t, "the client to reach the final state", func() bool {
 		l := want.Get(resourcev3.EndpointType, []string{"a"})[0]
 		return l.Resource != nil && strings.Contains(string(l.Resource.Any), "10.0.1.5")
@@ -234,10 +234,10 @@ func TestUpstreamBackWithNothingNewIsConnected(t *testing.T) {
 	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"x"}})
 	s.recv()
 	cp.Stop()
-	waitMetric(t, r, `xdsrelay_upstream_connected{group="cluster=c1"} 0`)
+	waitMetric(t, r, `xdsrelay_upstream_connected{group="`+keyOf("c1")+`"} 0`)
 	requests := cp.DeltaRequests.Load()
 	cp.Restart()
-	waitMetric(t, r, `xdsrelay_upstream_connected{group="cluster=c1"} 1`)
+	waitMetric(t, r, `xdsrelay_upstream_connected{group="`+keyOf("c1")+`"} 1`)
 	if !strings.Contains(readyz(t, r), "upstream connected") {
 		t.Errorf("/readyz:\n%s", readyz(t, r))
 	}

@@ -171,7 +171,7 @@ func TestPersistSaveFailureReported(t *testing.T) {
 	eventually(t, "the save failure on /readyz", func() bool {
 		return strings.Contains(readyz(t, r), `cache.persist_dir: saving is failing`)
 	})
-	if ready := readyz(t, r); !strings.Contains(ready, `group "cluster=c1"`) || !strings.Contains(ready, "not a directory") {
+	if ready := readyz(t, r); !strings.Contains(ready, fmt.Sprintf("group %q", keyOf("c1"))) || !strings.Contains(ready, "not a directory") {
 		t.Errorf("/readyz does not name the group and the error:\n%s", ready)
 	}
 	if m := getMetrics(t, r); strings.Contains(m, `xdsrelay_persist_errors_total{op="save"} 0`) {

@@ -41,7 +41,11 @@ func TestRolloutGRPCClientKeepsOldBackendWhileHeld(t *testing.T) {
 			testcp.Cluster("greeter-cluster"), testcp.Endpoints("greeter-cluster", backend))
 	}
 	greeters("1", b1)
-	r := startRelay(t, cp.Addr, func(c *Config) { c.Rollout.Canary, c.Rollout.Bake = 1, bake })
+	// The canary (a raw stream) and the gRPC client share a group: kinds
+	// merged on purpose.
+	r := startRelay(t, cp.Addr, func(c *Config) {
+		c.Rollout.Canary, c.Rollout.Bake, c.Upstream.GroupBy = 1, bake, []string{"cluster"}
+	})
 
 	// The canary is the node ranked lowest (FNV-1a 64 of the id, as the
 	// downstream ranks streams): below the gRPC client.

@@ -43,19 +43,19 @@ func TestUpstreamStreamOpensAndClosesWithInterest(t *testing.T) {
 	s := openDelta(t, r.Addr())
 	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"a"}})
 	s.recv()
-	if got := groupUpstreams(t, r, "cluster=c1"); !slices.Equal(got, []string{"default"}) || secrets.DeltaStreams.Load() != 0 {
+	if got := groupUpstreams(t, r, keyOf("c1")); !slices.Equal(got, []string{"default"}) || secrets.DeltaStreams.Load() != 0 {
 		t.Fatalf("before a secret is asked for: upstreams %v, secrets streams %d", got, secrets.DeltaStreams.Load())
 	}
 	s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.SecretType, ResourceNamesSubscribe: []string{"cert"}})
 	if resp := s.recv(); deltaNames(resp)[0] != "cert" {
 		t.Fatalf("secret: %v", deltaNames(resp))
 	}
-	if got := groupUpstreams(t, r, "cluster=c1"); !slices.Equal(got, []string{"default", "secrets"}) {
+	if got := groupUpstreams(t, r, keyOf("c1")); !slices.Equal(got, []string{"default", "secrets"}) {
 		t.Fatalf("with a secret: upstreams %v", got)
 	}
 	s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.SecretType, ResourceNamesUnsubscribe: []string{"cert"}})
 	eventually(t, "the stream to the secrets control plane to close", func() bool {
-		return slices.Equal(groupUpstreams(t, r, "cluster=c1"), []string{"default"})
+		return slices.Equal(groupUpstreams(t, r, keyOf("c1")), []string{"default"})
 	})
 	if n := secrets.DeltaStreams.Load(); n != 1 {
 		t.Errorf("secrets control plane saw %d streams, want 1", n)

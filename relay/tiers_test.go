@@ -144,7 +144,7 @@ func TestRelayTiersFailOver(t *testing.T) {
 	// R1 goes away. Everything wanted is cached: the zone relay keeps
 	// trying R1 and its client is undisturbed.
 	shutdown(t, r1)
-	waitMetric(t, z, `xdsrelay_upstream_connected{group="cluster=c1"} 0`)
+	waitMetric(t, z, `xdsrelay_upstream_connected{group="`+keyOf("c1")+`"} 0`)
 	c.quiet(3 * tierRecheck)
 	if n := tierFallbacks(t, z); n != 0 {
 		t.Fatalf("%v fallbacks with everything cached", n)
@@ -187,9 +187,9 @@ func TestFallbackWarmCacheOpensNoStream(t *testing.T) {
 	tierRecvCluster(t, c, "x", 1, wait)
 
 	p.Stop()
-	waitMetric(t, r, `xdsrelay_upstream_connected{group="cluster=c1"} 0`)
+	waitMetric(t, r, `xdsrelay_upstream_connected{group="`+keyOf("c1")+`"} 0`)
 	reconnects := func() float64 {
-		return value(scrape(t, r), "xdsrelay_upstream_reconnects_total", map[string]string{"group": "cluster=c1"})
+		return value(scrape(t, r), "xdsrelay_upstream_reconnects_total", map[string]string{"group": keyOf("c1")})
 	}
 	before := reconnects()
 	tierHolds(t, time.Second, "no stream to the secondary", func() bool { return s.DeltaStreams.Load() == 0 })

@@ -27,7 +27,8 @@ func ttlNode(id string, features ...string) *corepb.Node {
 // here is scripted.
 func TestTTLAndHeartbeats(t *testing.T) {
 	up := testcp.StartScripted(t)
-	r := startRelay(t, up.Addr, func(c *Config) { c.Cache.Retention = 40 * time.Millisecond })
+	// One group for clients that differ in their features (merged on purpose).
+	r := startRelay(t, up.Addr, func(c *Config) { c.Cache.Retention, c.Upstream.GroupBy = 40*time.Millisecond, []string{"cluster"} })
 
 	ttlDelta := openDelta(t, r.Addr())
 	ttlDelta.send(&discoverypb.DeltaDiscoveryRequest{Node: ttlNode("d-ttl", "xds.config.supports-resource-ttl"),

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -62,17 +63,23 @@ func hostname() string {
 	return h
 }
 
+// relayFeatures are the client features the relay supports itself,
+// whatever its clients do: it passes TTLs and heartbeats through ("TTL").
+var relayFeatures = []string{"xds.config.supports-resource-ttl"}
+
 // groupNode is the node the relay presents upstream for a group: the
 // group's fields as its clients sent them (client is any of them: they all
 // agree on those), an id from the template, the configured metadata and
-// the relay's user agent. Nothing else of any client reaches the control
-// plane (DESIGN.md, "Identity decides the tenant").
+// the relay's user agent and features. With user_agent among the fields,
+// the user agent is the clients'; with client_features, the features are
+// theirs with the relay's own: a control plane that tailors its config by
+// either gives each kind its own (DESIGN.md, "Kinds apart"). Nothing else of
+// any client reaches the control plane ("Identity decides the tenant").
 func groupNode(cfg *Config, host, key string, client *corepb.Node) *corepb.Node {
 	n := &corepb.Node{
 		UserAgentName:        cfg.Upstream.Node.UserAgentName,
 		UserAgentVersionType: &corepb.Node_UserAgentVersion{UserAgentVersion: cfg.Upstream.Node.UserAgentVersion},
-		// The relay passes TTLs and heartbeats through ("TTL").
-		ClientFeatures: []string{"xds.config.supports-resource-ttl"},
+		ClientFeatures:       slices.Clone(relayFeatures),
 	}
 	for k, v := range cfg.Upstream.Node.Metadata {
 		setMetadata(n, k, structpb.NewStringValue(v))
@@ -112,11 +119,34 @@ func copyField(dst, src *corepb.Node, f string) {
 		loc().Zone = src.GetLocality().GetZone()
 	case "locality.sub_zone":
 		loc().SubZone = src.GetLocality().GetSubZone()
+	case xds.FieldUserAgent:
+		copyUserAgent(dst, src)
+	case xds.FieldClientFeatures:
+		fs := append(slices.Clone(dst.GetClientFeatures()), xds.ClientFeatures(src)...)
+		slices.Sort(fs)
+		dst.ClientFeatures = slices.Compact(fs)
 	default:
 		key := strings.TrimPrefix(f, "metadata.")
 		if v := src.GetMetadata().GetFields()[key]; v != nil {
 			setMetadata(dst, key, proto.Clone(v).(*structpb.Value))
 		}
+	}
+}
+
+// copyUserAgent copies the user agent as the group key reads it
+// (xds.UserAgent): the name, and the version string or Envoy's semantic
+// build version without its build metadata, which clients of one kind need
+// not share.
+func copyUserAgent(dst, src *corepb.Node) {
+	dst.UserAgentName = src.GetUserAgentName()
+	switch {
+	case src.GetUserAgentVersion() != "":
+		dst.UserAgentVersionType = &corepb.Node_UserAgentVersion{UserAgentVersion: src.GetUserAgentVersion()}
+	case src.GetUserAgentBuildVersion().GetVersion() != nil:
+		v := proto.Clone(src.GetUserAgentBuildVersion().GetVersion()).(*typev3.SemanticVersion)
+		dst.UserAgentVersionType = &corepb.Node_UserAgentBuildVersion{UserAgentBuildVersion: &corepb.BuildVersion{Version: v}}
+	default:
+		dst.UserAgentVersionType = nil
 	}
 }
 

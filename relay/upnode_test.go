@@ -79,3 +79,28 @@ func TestKeyNodeKeepsTheGroupKey(t *testing.T) {
 		t.Errorf("the saved node holds more than the group's fields: %v", saved)
 	}
 }
+
+// With the kind fields in group_by (the default), the group's node carries
+// the clients' user agent (Envoy's semantic version without its build
+// metadata) and their features with the relay's own, sorted; the saved key
+// node restores the same key.
+func TestUpstreamNodeCarriesTheKind(t *testing.T) {
+	cfg := Default()
+	client := envoyOf("sidecar-1", 36, 2, "z.feature", overprovisioning, "z.feature")
+	key := GroupKey(client, cfg.Upstream.GroupBy)
+	n := groupNode(&cfg, "host", key, client)
+	if n.GetUserAgentName() != "envoy" || n.GetUserAgentBuildVersion().GetVersion().GetMinorNumber() != 36 ||
+		n.GetUserAgentBuildVersion().GetMetadata() != nil {
+		t.Errorf("user agent %q %v", n.GetUserAgentName(), n.GetUserAgentBuildVersion())
+	}
+	if want := []string{overprovisioning, "xds.config.supports-resource-ttl", "z.feature"}; !slices.Equal(n.GetClientFeatures(), want) {
+		t.Errorf("features %v, want %v", n.GetClientFeatures(), want)
+	}
+	if got := GroupKey(keyNode(cfg.Upstream.GroupBy, client), cfg.Upstream.GroupBy); got != key {
+		t.Errorf("restored key %q, want %q", got, key)
+	}
+	grpc := &corepb.Node{Cluster: "c", UserAgentName: "gRPC Go", UserAgentVersionType: &corepb.Node_UserAgentVersion{UserAgentVersion: "1.85.0"}}
+	if n := groupNode(&cfg, "host", "k", grpc); n.GetUserAgentVersion() != "1.85.0" || n.GetUserAgentName() != "gRPC Go" {
+		t.Errorf("gRPC's user agent: %q %q", n.GetUserAgentName(), n.GetUserAgentVersion())
+	}
+}

@@ -20,7 +20,7 @@ func TestLoadConfig(t *testing.T) {
 				if o.Relay.Upstream.Address != "127.0.0.1:18000" || o.Relay.Cache.Retention != 5*time.Minute {
 					t.Errorf("defaults: %+v", o.Relay)
 				}
-				if !reflect.DeepEqual(o.Relay.Upstream.GroupBy, []string{"cluster"}) {
+				if !reflect.DeepEqual(o.Relay.Upstream.GroupBy, []string{"cluster", "user_agent", "client_features"}) {
 					t.Errorf("group_by default: %v", o.Relay.Upstream.GroupBy)
 				}
 			},

@@ -80,7 +80,7 @@ func TestGuardReleaseCommand(t *testing.T) {
 	if c := run(context.Background(), []string{"guard", "release", "--server", r.AdminAddr(), "--type", "clusters"}, nil, &out, &errOut); c != 0 {
 		t.Fatalf("exit %d: %s", c, errOut.String())
 	}
-	if !strings.Contains(out.String(), `released 12 removals of Cluster in group "cluster=c1"`) {
+	if !strings.Contains(out.String(), `released 12 removals of Cluster in group "cluster=c1,user_agent=,client_features="`) {
 		t.Fatalf("output: %s", out.String())
 	}
 	select {

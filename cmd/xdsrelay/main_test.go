@@ -100,7 +100,7 @@ func TestHelp(t *testing.T) {
 		if errOut.Len() != 0 || !strings.HasPrefix(out.String(), "Usage: xdsrelay") {
 			t.Fatalf("%s: stdout %q, stderr %q", arg, out.String(), errOut.String())
 		}
-		for _, want := range []string{"--config FILE", "--version", "cache.not_found_timeout (duration, default 15s)", "upstream.group_by (list, default [cluster])"} {
+		for _, want := range []string{"--config FILE", "--version", "cache.not_found_timeout (duration, default 15s)", "upstream.group_by (list, default [cluster, user_agent, client_features])"} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("%s: usage lacks %q", arg, want)
 			}

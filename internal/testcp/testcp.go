@@ -68,7 +68,14 @@ func Start(t testing.TB) *ControlPlane {
 // StartWith runs a control plane with server options (credentials, say).
 func StartWith(t testing.TB, opts ...grpc.ServerOption) *ControlPlane {
 	t.Helper()
-	cp := &ControlPlane{Cache: cachev3.NewSnapshotCache(false, ClusterHash{}, nil)}
+	return StartKeyed(t, ClusterHash{}, opts...)
+}
+
+// StartKeyed runs a control plane whose snapshots are keyed by hash: Set's
+// cluster argument is then hash's key.
+func StartKeyed(t testing.TB, hash cachev3.NodeHash, opts ...grpc.ServerOption) *ControlPlane {
+	t.Helper()
+	cp := &ControlPlane{Cache: cachev3.NewSnapshotCache(false, hash, nil)}
 	cb := serverv3.CallbackFuncs{
 		DeltaStreamOpenFunc: func(context.Context, int64, string) error {
 			cp.DeltaStreams.Add(1)
@@ -162,7 +169,8 @@ func (cp *ControlPlane) Requests() []*discoverypb.DeltaDiscoveryRequest {
 	return append([]*discoverypb.DeltaDiscoveryRequest(nil), cp.reqs...)
 }
 
-// Set publishes a snapshot for the nodes of cluster.
+// Set publishes a snapshot for the nodes of cluster (the hash's key, with
+// StartKeyed).
 func (cp *ControlPlane) Set(t testing.TB, cluster, version string, rs ...types.Resource) {
 	t.Helper()
 	byType := map[resourcev3.Type][]types.Resource{}

@@ -1,0 +1,159 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/xdsrelay/xdsrelay/internal/envoysim"
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+const overprovisioning = "envoy.lb.does_not_support_overprovisioning"
+
+// kindHash keys a control plane's snapshots by the client's kind, as
+// Consul keys by Envoy's version and any server by client features: the
+// user agent with its version, and whether the client does without
+// overprovisioning. gRPC clients are one kind whatever their version.
+type kindHash struct{}
+
+func (kindHash) ID(n *corepb.Node) string {
+	ua := xds.UserAgent(n)
+	if strings.HasPrefix(ua, "gRPC") {
+		ua = "grpc"
+	}
+	if slices.Contains(n.GetClientFeatures(), overprovisioning) {
+		ua += "+no-overprovisioning"
+	}
+	return ua
+}
+
+// envoyOf is the node of an Envoy of the given version, with features.
+func envoyOf(id string, minor, patch uint32, features ...string) *corepb.Node {
+	meta, _ := structpb.NewStruct(map[string]any{"build": id}) // differs per proxy
+	return &corepb.Node{Id: id, Cluster: "mesh", UserAgentName: "envoy", ClientFeatures: features,
+		UserAgentVersionType: &corepb.Node_UserAgentBuildVersion{UserAgentBuildVersion: &corepb.BuildVersion{
+			Version: &typev3.SemanticVersion{MajorNumber: 1, MinorNumber: minor, Patch: patch}, Metadata: meta}}}
+}
+
+// Clients of four kinds in one node.cluster, through one relay in front of
+// one control plane that tailors its config by kind: each gets its own
+// kind's endpoints, and the control plane sees each kind's user agent and
+// features (with the relay's own) in the group's node.
+func TestClientKindsKeptApart(t *testing.T) {
+	cp := testcp.StartKeyed(t, kindHash{})
+	grpcBackend := startBackend(t, "for-grpc")
+	kinds := map[string]string{ // kind → the address its endpoints hold
+		"envoy/1.36.2":                     "10.0.36.1:80",
+		"envoy/1.36.2+no-overprovisioning": "10.0.36.2:80",
+		"envoy/1.37.0":                     "10.0.37.1:80",
+		"grpc+no-overprovisioning":         grpcBackend,
+	}
+	for kind, addr := range kinds {
+		cp.Set(t, kind, "1", testcp.Listener("svc", "svc-route"), testcp.Route("svc-route", "svc"),
+			testcp.Cluster("svc"), testcp.Endpoints("svc", addr))
+	}
+	r := startRelay(t, cp.Addr)
+
+	envoys := map[string]*corepb.Node{
+		"envoy/1.36.2":                     envoyOf("e-136", 36, 2),
+		"envoy/1.36.2+no-overprovisioning": envoyOf("e-136-nop", 36, 2, overprovisioning),
+		"envoy/1.37.0":                     envoyOf("e-137", 37, 0),
+	}
+	for kind, n := range envoys {
+		sim, err := envoysim.Start(context.Background(), envoysim.Options{Conn: dial(t, r.Addr()), Node: n, Delta: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sim.Close() })
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		err = sim.WaitFor(ctx, envoysim.Usable("svc"))
+		cancel()
+		if err != nil {
+			t.Fatalf("%s: %v", kind, err)
+		}
+		got := sim.Clusters()["svc"].Endpoints.GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress()
+		if want := kinds[kind]; got.GetAddress()+":80" != want {
+			t.Errorf("%s got endpoints %v, want %s", kind, got, want)
+		}
+	}
+	cc := grpcXDSClient(t, r.Addr(), "grpc-1", "mesh", "xds:///svc")
+	rpcReaches(t, cc, "for-grpc", func() {})
+
+	// What the control plane saw: one stream per kind, each under a node
+	// that carries the kind, and the relay's own feature.
+	seen := map[string]bool{}
+	for _, n := range cp.Nodes() {
+		seen[kindHash{}.ID(n)] = true
+		if !slices.Contains(n.GetClientFeatures(), "xds.config.supports-resource-ttl") {
+			t.Errorf("upstream node %s lacks the relay's own feature: %v", n.GetId(), n.GetClientFeatures())
+		}
+		if md := n.GetUserAgentBuildVersion().GetMetadata(); md != nil {
+			t.Errorf("upstream node %s carries a proxy's build metadata %v", n.GetId(), md)
+		}
+	}
+	for kind := range kinds {
+		if !seen[kind] {
+			t.Errorf("the control plane never saw kind %s (saw %v)", kind, seen)
+		}
+	}
+	if len(cp.Nodes()) != len(kinds) {
+		t.Errorf("%d upstream streams, want one per kind (%d)", len(cp.Nodes()), len(kinds))
+	}
+
+	// /debug/groups shows each group's kind.
+	resp, err := http.Get("http://" + r.AdminAddr() + "/debug/groups")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var groups []debugGroup
+	if err := json.NewDecoder(resp.Body).Decode(&groups); err != nil {
+		t.Fatal(err)
+	}
+	shown := map[string]bool{}
+	for _, g := range groups {
+		shown[g.UserAgent+" "+strings.Join(g.ClientFeatures, ",")] = true
+	}
+	for _, want := range []string{
+		"envoy/1.36.2 xds.config.supports-resource-ttl",
+		"envoy/1.36.2 " + overprovisioning + ",xds.config.supports-resource-ttl",
+		"envoy/1.37.0 xds.config.supports-resource-ttl",
+	} {
+		if !shown[want] {
+			t.Errorf("/debug/groups does not show %q: %v", want, shown)
+		}
+	}
+}
+
+// An explicit group_by without the kind fields merges them on purpose:
+// one group, and the relay's own user agent upstream.
+func TestClientKindsMergedOnPurpose(t *testing.T) {
+	cp := testcp.StartKeyed(t, kindHash{})
+	cp.Set(t, "xdsrelay", "1", testcp.Cluster("svc"), testcp.Endpoints("svc", "10.0.0.9:80"))
+	r := startRelay(t, cp.Addr, func(c *Config) { c.Upstream.GroupBy = []string{"cluster"} })
+	for _, n := range []*corepb.Node{envoyOf("a", 36, 2), envoyOf("b", 37, 0, overprovisioning)} {
+		sim, err := envoysim.Start(context.Background(), envoysim.Options{Conn: dial(t, r.Addr()), Node: n})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { sim.Close() })
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		err = sim.WaitFor(ctx, envoysim.Usable("svc"))
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if nodes := cp.Nodes(); len(nodes) != 1 || nodes[0].GetUserAgentName() != "xdsrelay" {
+		t.Fatalf("upstream nodes %v, want one with the relay's user agent", nodes)
+	}
+}
