@@ -15,8 +15,9 @@ type Change struct {
 	// Heartbeats refresh the TTL of the present version of a resource
 	// without changing it ("TTL").
 	Heartbeats []*Heartbeat
-	// Errors are upstream's errors for single resources, passed on to the
-	// clients that watch them.
+	// Errors are errors for single resources (gRFC A88), upstream's or the
+	// relay's, passed on to the clients that watch them. They are applied
+	// after the removals: a name removed with an error keeps the error.
 	Errors []*ResourceError
 	// Synced is set when the response answers the wildcard subscription: the
 	// type's resources are from now on the complete state of the world.
@@ -323,8 +324,8 @@ func (c *Cache) beatLocked(t *typeState, typeURL string, hbs []*Heartbeat, o *op
 	}
 }
 
-// errorsLocked records upstream's per-resource errors, so that they are
-// passed on to the watchers of those names.
+// errorsLocked records per-resource errors, so that they are passed on to
+// the watchers of those names.
 func (c *Cache) errorsLocked(t *typeState, typeURL string, errs []*ResourceError, o *op) {
 	for _, re := range errs {
 		e := t.entries[re.Name]

@@ -47,10 +47,14 @@ type Heartbeat struct {
 	Wire, SotW    []byte
 }
 
-// ResourceError is upstream's error for one resource, encoded once for the
+// ResourceError is an error for one resource (xDS TP3, gRFC A88): the
+// control plane's, or one the relay makes where it knows the answer
+// (NOT_FOUND, PERMISSION_DENIED, UNAVAILABLE). It is encoded once for the
 // resource_errors field of delta (Delta) and SotW (SotW) responses.
 type ResourceError struct {
 	Name        string
+	Code        int32  // the google.rpc.Code of error_detail
+	Message     string // error_detail's message
 	Delta, SotW []byte
 }
 
@@ -64,8 +68,8 @@ type Lookup struct {
 	Absent bool
 	// Heartbeat is the last heartbeat of the present version, if any.
 	Heartbeat *Heartbeat
-	// Error is upstream's last error for the name, until it next sends
-	// or removes the resource.
+	// Error is the last error for the name, upstream's or the relay's,
+	// until the resource is next sent or removed.
 	Error *ResourceError
 }
 
@@ -189,7 +193,7 @@ type typeState struct {
 type entry struct {
 	res      *Resource
 	hb       *Heartbeat     // last heartbeat of res's version
-	err      *ResourceError // upstream's error for the name, until it is sent again
+	err      *ResourceError // the error for the name, until the resource is sent or removed
 	expires  time.Time      // when res's TTL runs out; zero without a TTL
 	absent   bool
 	watchers watchSet

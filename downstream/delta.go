@@ -24,7 +24,7 @@ type deltaType struct {
 	// answer holds names that need an answer even if the client seems to
 	// have them: re-subscribed names, and the wildcard-plus-name exception.
 	answer    inlineMap[struct{}]
-	errSent   map[string]*cache.ResourceError // upstream errors passed on
+	errSent   errorsSent // the per-resource errors the client was sent
 	responded bool
 	all       bool // the next flush considers everything subscribed
 	globs     int  // xdstp glob collections among names (LEDS)
@@ -180,6 +180,11 @@ func (ds *deltaStream) unsubscribe(typeURL string, t *deltaType, names []string)
 	return fresh
 }
 
+// awaitsAnswer is false: an incremental client is told that a name does
+// not exist in removed_resources, which every one reads, and is sent the
+// other errors (see onlyErrors).
+func (ds *deltaStream) awaitsAnswer() bool { return false }
+
 // flush sends what changed, type by type in the order upstream sent it,
 // each Cluster followed by the endpoints that warm it (warming.go).
 func (ds *deltaStream) flush() error {
@@ -247,6 +252,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 	synced := v.Synced
 	var out [][]byte
 	var removed []string
+	var errs []*cache.ResourceError
 	ts, nonce, now := ds.status.sending(typeURL, false), ds.nonces.peek(), time.Now()
 	for _, l := range v.Lookups {
 		l.Absent = l.Absent || l.Name == noName // known not to exist
@@ -264,6 +270,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 				t.sent.set(l.Name, l.Resource.Version)
 				ts.sent(l.Name, l.Resource.Version, nonce, now)
 				ds.warmed(l.Resource)
+				t.errSent.forget(l.Name)
 			case beat && l.Heartbeat != nil:
 				// "TTL": the heartbeat refreshes the client's TTL.
 				out = append(out, l.Heartbeat.Wire)
@@ -282,12 +289,8 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 			// Dropped by name and not covered by the wildcard.
 			removed = append(removed, l.Name)
 		}
-		if l.Error != nil && (named || t.wildcard) && t.errSent[l.Name] != l.Error {
-			if t.errSent == nil {
-				t.errSent = make(map[string]*cache.ResourceError)
-			}
-			t.errSent[l.Name] = l.Error
-			out = append(out, l.Error.Delta) // "The upstream's ... per-resource errors are passed on"
+		if (named || t.wildcard) && t.errSent.fresh(l) {
+			errs = append(errs, l.Error)
 		}
 		if l.Resource != nil || l.Absent || !named {
 			t.answer.remove(l.Name)
@@ -305,8 +308,14 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 	// Until the wildcard is synced, what the client has cannot be compared
 	// with the complete set: look at everything again next time.
 	t.all = t.wildcard && !synced
-	if len(out) == 0 && len(removed) == 0 && !first {
+	if len(out) == 0 && len(removed) == 0 && len(errs) == 0 && !first {
 		return nil
+	}
+	short := xds.ShortName(typeURL)
+	for _, e := range errs {
+		out = append(out, e.Delta)
+		t.errSent.record(e)
+		ds.sentError(short, e)
 	}
 	t.responded = true
 	sent := ds.nonces.next()
@@ -314,6 +323,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 	if err := ds.send(msg); err != nil {
 		return err
 	}
+	ds.spoke = true
 	ds.sentAs(typeURL, sent, v.Version)
 	ds.debugResponse(typeURL, v.Version, sent, len(out), len(removed))
 	ds.tracePush(v.Trace, typeURL, v.Version, len(out))

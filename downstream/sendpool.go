@@ -1,6 +1,7 @@
 package downstream
 
 import (
+	"context"
 	"net"
 	"reflect"
 	"sync"
@@ -45,11 +46,12 @@ type pump struct {
 	conn  *sendConn // the client connection's queue in the pool
 	state atomic.Int32
 
-	mu    sync.Mutex   // serializes handle and flush
-	flush func() error // the protocol's flush; called with mu held
-	guard *sendGuard   // the stream's sends; told which worker flushes (nil in tests)
-	ended bool         // guarded by mu: no flush runs once set
-	err   error        // guarded by mu: the flush error that ended the stream
+	mu     sync.Mutex   // serializes handle and flush
+	flush  func() error // the protocol's flush; called with mu held
+	guard  *sendGuard   // the stream's sends; told which worker flushes (nil in tests)
+	stream *streamBase  // the protocol's state, for the first answer (nil in tests); set before the first request
+	ended  bool         // guarded by mu: no flush runs once set
+	err    error        // guarded by mu: the flush error that ended the stream
 }
 
 // ready is the stream's watch notification: the cache, or a request, marked
@@ -118,11 +120,57 @@ func (p *pump) flushOnce(slot *sendSlot) error {
 	if p.guard != nil {
 		p.guard.slot = slot
 	}
-	if err := p.flush(); err != nil {
+	err := p.flush()
+	if err != nil {
 		p.ended, p.err = true, err
+	}
+	if b := p.stream; b != nil && b.first != nil && (b.spoke || p.ended) {
+		close(b.first) // the handler's awaitFirst returns
+		b.first = nil
+	}
+	return err
+}
+
+// canEnd says whether the handler returns a flush's error (see
+// onlyErrors): while it handles the first request and waits for its
+// answer, and never again once it reads requests.
+func (p *pump) canEnd(on bool) {
+	p.mu.Lock()
+	if p.stream != nil {
+		p.stream.endable = on
+	}
+	p.mu.Unlock()
+}
+
+// awaitFirst holds the handler, after a first request that names what the
+// client waits for, until the stream's first response is sent, a flush
+// ends the stream, ctx ends or bound passes. A stream ended by a flush
+// that ran on a worker ends here, with the flush's error: the handler
+// returns it, which only the handler can do. The client sends nothing more
+// before it is answered, so no request waits meanwhile (one that does is
+// read once this returns). bound 0 waits for nothing.
+func (p *pump) awaitFirst(ctx context.Context, bound time.Duration) error {
+	p.mu.Lock()
+	b := p.stream
+	if p.ended || b == nil || b.spoke || bound <= 0 {
+		err := p.err
+		p.mu.Unlock()
 		return err
 	}
-	return nil
+	b.first = make(chan struct{})
+	ch := b.first
+	p.mu.Unlock()
+	t := time.NewTimer(bound)
+	defer t.Stop()
+	select {
+	case <-ch:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b.first = nil
+	return p.err
 }
 
 // failure is the flush error that ended the stream, if one did.

@@ -47,6 +47,11 @@ type Options struct {
 	Authorizer *authz.Authorizer
 	// Limits are the bounds on streams, names and REST-JSON requests.
 	Limits Limits
+	// AnswerWait bounds how long a stream whose first request names what
+	// its client waits for is held for its first answer, so that an answer
+	// of errors only can end the stream (see pump.awaitFirst); 0 holds
+	// none. The relay sets cache.not_found_timeout.
+	AnswerWait time.Duration
 }
 
 // Server implements the xDS services on top of the groups' caches.
@@ -60,6 +65,7 @@ type Server struct {
 	drain       chan struct{} // closed by Drain
 	pollTimeout time.Duration
 	sendTimeout time.Duration
+	answerWait  time.Duration
 	limits      Limits
 	admission   *admission
 	deadlines   *deadlines // limits.first_request_timeout; nil for none
@@ -81,6 +87,8 @@ type Server struct {
 	stuck    *metrics.Value
 	pending  *metrics.Value // streams waiting for their first request
 	refusals *metrics.Vec
+	// resourceErrors counts per-resource errors sent, by type and code.
+	resourceErrors *metrics.Vec
 }
 
 // New returns a server; register it on a grpc.Server with Register.
@@ -102,27 +110,29 @@ func New(opts Options) (*Server, error) {
 	}
 	m := opts.Metrics
 	return &Server{
-		groups:      opts.Groups,
-		authz:       opts.Authorizer,
-		log:         opts.Logger.With("component", "downstream"),
-		drain:       make(chan struct{}),
-		pollTimeout: opts.PollTimeout,
-		sendTimeout: opts.SendTimeout,
-		limits:      opts.Limits,
-		admission:   newAdmission(opts.Limits),
-		endLog:      newBucket(endLogRate, endLogBurst),
-		nackLog:     newBucket(endLogRate, endLogBurst),
-		sends:       newSendPool(runtime.GOMAXPROCS(0)),
-		deadlines:   newFirstDeadlines(opts.Limits.FirstRequestTimeout),
-		stuck:       m.Counter("xdsrelay_downstream_stuck_total", "Client connections closed because a send to them stayed blocked (the client read nothing) for downstream.send_timeout.").With(),
-		streams:     m.Gauge("xdsrelay_downstream_streams", "Open downstream xDS streams.", "variant"),
-		pushMetrics: newPushMetrics(m),
-		requests:    m.Counter("xdsrelay_downstream_requests_total", "Requests received from downstream clients.", "type"),
-		nacks:       m.Counter("xdsrelay_downstream_nacks_total", "Responses rejected (NACKed) by downstream clients.", "type"),
-		acks:        m.Counter("xdsrelay_downstream_acks_total", "Requests that accept (ACK) a response: they carry its nonce and no error_detail.", "type"),
-		denied:      m.Counter("xdsrelay_downstream_denied_total", "Clients refused by downstream.authorization.rules (PERMISSION_DENIED, or 403 over REST-JSON); reason identity: no rule matches the certificate, node: a rule matches it but not the node claimed.", "variant", "reason"),
-		pending:     m.Gauge("xdsrelay_downstream_pending_streams", "Open downstream xDS streams that have not sent their first request (ended after limits.first_request_timeout).").With(),
-		refusals:    m.Counter("xdsrelay_limit_refusals_total", "Streams, requests and polls refused at a limit, by the limits.* key.", "limit"),
+		groups:         opts.Groups,
+		authz:          opts.Authorizer,
+		log:            opts.Logger.With("component", "downstream"),
+		drain:          make(chan struct{}),
+		pollTimeout:    opts.PollTimeout,
+		sendTimeout:    opts.SendTimeout,
+		answerWait:     opts.AnswerWait,
+		limits:         opts.Limits,
+		admission:      newAdmission(opts.Limits),
+		endLog:         newBucket(endLogRate, endLogBurst),
+		nackLog:        newBucket(endLogRate, endLogBurst),
+		sends:          newSendPool(runtime.GOMAXPROCS(0)),
+		deadlines:      newFirstDeadlines(opts.Limits.FirstRequestTimeout),
+		stuck:          m.Counter("xdsrelay_downstream_stuck_total", "Client connections closed because a send to them stayed blocked (the client read nothing) for downstream.send_timeout.").With(),
+		streams:        m.Gauge("xdsrelay_downstream_streams", "Open downstream xDS streams.", "variant"),
+		pushMetrics:    newPushMetrics(m),
+		requests:       m.Counter("xdsrelay_downstream_requests_total", "Requests received from downstream clients.", "type"),
+		nacks:          m.Counter("xdsrelay_downstream_nacks_total", "Responses rejected (NACKed) by downstream clients.", "type"),
+		acks:           m.Counter("xdsrelay_downstream_acks_total", "Requests that accept (ACK) a response: they carry its nonce and no error_detail.", "type"),
+		denied:         m.Counter("xdsrelay_downstream_denied_total", "Clients refused by downstream.authorization.rules (PERMISSION_DENIED, or 403 over REST-JSON); reason identity: no rule matches the certificate, node: a rule matches it but not the node claimed.", "variant", "reason"),
+		pending:        m.Gauge("xdsrelay_downstream_pending_streams", "Open downstream xDS streams that have not sent their first request (ended after limits.first_request_timeout).").With(),
+		refusals:       m.Counter("xdsrelay_limit_refusals_total", "Streams, requests and polls refused at a limit, by the limits.* key.", "limit"),
+		resourceErrors: m.Counter("xdsrelay_resource_errors_total", "Per-resource errors sent to clients (gRFC A88 resource_errors), the control plane's and the relay's own (NOT_FOUND: an authority no upstream serves or a name the control plane did not send in time; UNAVAILABLE: every server that could serve it unreachable), by type and code.", "type", "code"),
 	}, nil
 }
 

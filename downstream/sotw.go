@@ -31,8 +31,8 @@ type sotwType struct {
 	// subscription, which then keeps no per-name record (sent is stale).
 	sentState *cache.State
 	responded bool
-	all       bool                            // the next flush considers every subscribed name
-	errSent   map[string]*cache.ResourceError // upstream errors passed on
+	all       bool       // the next flush considers every subscribed name
+	errSent   errorsSent // the per-resource errors the client was sent
 }
 
 // subscription applies the SotW rules of "How the client specifies what
@@ -171,6 +171,18 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) (
 	return same, nil
 }
 
+// awaitsAnswer reports whether the stream names resources of one type and
+// nothing else (see protocol).
+func (ss *sotwStream) awaitsAnswer() bool {
+	if ss.types.recs.len() != 1 {
+		return false
+	}
+	for _, t := range ss.types.all() {
+		return !t.wildcard && t.names.len() > 0
+	}
+	return false
+}
+
 // flush sends what changed, type by type in the order upstream sent it,
 // each Cluster followed by the endpoints that warm it (warming.go).
 func (ss *sotwStream) flush() error {
@@ -263,16 +275,31 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet)
 	t.materialize()
 	// One read: the response is one upstream version, never part of one.
 	v := ss.cache.ReadFor(ss.watch, typeURL, t.names.appendKeys(nil), t.wildcard)
+	var errs []*cache.ResourceError
+	for _, l := range v.Lookups {
+		if l.Resource != nil && t.sent.value(l.Name) != l.Resource.Version {
+			t.errSent.forget(l.Name) // a new version: the client drops the error it remembers
+		}
+		if t.errSent.fresh(l) {
+			errs = append(errs, l.Error) // recorded once sent (withErrors)
+		}
+	}
 	want := slices.DeleteFunc(v.Lookups, func(l cache.Lookup) bool { return l.Resource == nil })
-	// A wildcard's full state waits for upstream's complete state.
-	ready := v.Synced || len(want) > 0 || t.nothing()
+	// A wildcard's full state waits for upstream's complete state; an
+	// error is an answer.
+	ready := v.Synced || len(want) > 0 || t.nothing() || len(errs) > 0
 	if t.wildcard {
 		ready = v.Synced
 	}
 	if !t.responded && !ready {
 		return nil
 	}
-	changed := !t.responded || len(want) != t.sent.len()
+	if !t.responded && len(want) == 0 && !t.wildcard {
+		if err := ss.onlyErrors(xds.ShortName(typeURL), ss.types.recs.len(), errs); err != nil {
+			return err
+		}
+	}
+	changed := !t.responded || len(want) != t.sent.len() || len(errs) > 0
 	beat := false
 	var fresh []*cache.Resource // new or changed for the client
 	for _, l := range want {
@@ -290,7 +317,7 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet)
 		ss.warmed(r)
 	}
 	t.sent.clear()
-	fields := make([][]byte, 0, len(want))
+	fields := make([][]byte, 0, len(want)+len(errs))
 	ts, nonce, now := ss.status.sending(typeURL, true), ss.nonces.peek(), time.Now()
 	for _, l := range want {
 		t.sent.set(l.Name, l.Resource.Version)
@@ -298,7 +325,9 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet)
 		fields = append(fields, ss.field(l, hbs.Has(l.Name) && !changed))
 	}
 	ss.status.done()
-	return ss.respond(typeURL, v, t, fields)
+	// The errors go with the complete state: no client deletes what the
+	// response still holds.
+	return ss.respond(typeURL, v, t, ss.withErrors(typeURL, t, fields, errs))
 }
 
 // field is how this client is sent a resource: wrapped in a Resource with
@@ -336,6 +365,7 @@ func (ss *sotwStream) flushWildcard(typeURL string, t *sotwType) error {
 	if err := ss.send(msg); err != nil {
 		return err
 	}
+	ss.spoke = true
 	ss.sentAs(typeURL, t.nonce, st.Version)
 	ss.debugResponse(typeURL, st.Version, t.nonce, len(st.Resources), 0)
 	ss.tracePush(st.Trace, typeURL, st.Version, len(st.Resources))
@@ -403,6 +433,7 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs *cach
 	v := ss.cache.ReadInto(ss.watch, typeURL, names, all, lookupBuf[:0])
 	t.all = all && !v.Synced
 	var out [][]byte
+	var errs []*cache.ResourceError
 	ts, nonce, now := ss.status.sending(typeURL, false), ss.nonces.peek(), time.Now()
 	for _, l := range v.Lookups {
 		hb := hbs.Has(l.Name)
@@ -411,25 +442,39 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs *cach
 			out = append(out, ss.field(l, false))
 			t.sent.set(l.Name, l.Resource.Version)
 			ts.sent(l.Name, l.Resource.Version, nonce, now)
+			t.errSent.forget(l.Name)
 		case l.Resource != nil && hb && l.Heartbeat != nil:
 			out = append(out, ss.field(l, true))
 		case l.Resource == nil:
 			t.sent.remove(l.Name)
 			ts.forget(l.Name)
 		}
-		if l.Error != nil && t.errSent[l.Name] != l.Error {
-			if t.errSent == nil {
-				t.errSent = make(map[string]*cache.ResourceError)
-			}
-			t.errSent[l.Name] = l.Error
-			out = append(out, l.Error.SotW)
+		if t.errSent.fresh(l) {
+			errs = append(errs, l.Error)
 		}
 	}
 	ss.status.done()
-	if len(out) == 0 && (t.responded || !t.nothing()) {
+	if len(out) == 0 && len(errs) == 0 && (t.responded || !t.nothing()) {
 		return nil
 	}
-	return ss.respond(typeURL, v, t, out)
+	if len(out) == 0 {
+		if err := ss.onlyErrors(xds.ShortName(typeURL), ss.types.recs.len(), errs); err != nil {
+			return err
+		}
+	}
+	return ss.respond(typeURL, v, t, ss.withErrors(typeURL, t, out, errs))
+}
+
+// withErrors appends the errors' fields to a response's, records them as
+// sent and counts them.
+func (ss *sotwStream) withErrors(typeURL string, t *sotwType, fields [][]byte, errs []*cache.ResourceError) [][]byte {
+	short := xds.ShortName(typeURL)
+	for _, e := range errs {
+		fields = append(fields, e.SotW)
+		t.errSent.record(e)
+		ss.sentError(short, e)
+	}
+	return fields
 }
 
 func (ss *sotwStream) respond(typeURL string, v cache.View, t *sotwType, fields [][]byte) error {
@@ -439,6 +484,7 @@ func (ss *sotwStream) respond(typeURL string, v cache.View, t *sotwType, fields 
 	if err := ss.send(msg); err != nil {
 		return err
 	}
+	ss.spoke = true
 	ss.sentAs(typeURL, t.nonce, v.Version)
 	ss.debugResponse(typeURL, v.Version, t.nonce, len(fields), 0)
 	ss.tracePush(v.Trace, typeURL, v.Version, len(fields))

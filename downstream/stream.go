@@ -149,6 +149,10 @@ type protocol[Req any] interface {
 	handle(*Req) error // a request from the client
 	flush() error      // send what changed
 	base() *streamBase
+	// awaitsAnswer reports, after the first request, whether the stream
+	// names resources of one type and nothing else: the client waits for
+	// them before it asks for anything more (see pump.awaitFirst).
+	awaitsAnswer() bool
 }
 
 // streamBase is what SotW and incremental streams share.
@@ -170,8 +174,15 @@ type streamBase struct {
 	// per-type CDS stream, those waiting for the client's ACK of the
 	// response warmNonce; on a per-type EDS stream, what the connection's
 	// CDS stream asks it to send again.
-	conn      *sendConn
-	warming   []string
+	conn    *sendConn
+	warming []string
+	// spoke is set once a response was sent; while endable, the handler
+	// returns a flush's error, and first is closed once the stream has
+	// spoken or ended (see onlyErrors, pump.awaitFirst). Guarded by the
+	// pump's mu.
+	spoke     bool
+	endable   bool
+	first     chan struct{}
 	warmOnAck []string
 	warmNonce uint64
 	inbox     *warmInbox
@@ -307,9 +318,17 @@ func run[Req any, Resp any, PReq interface {
 	s.registry.add(b.status)
 	defer s.registry.remove(b.status)
 	defer pm.end()
+	pm.stream = b
+	pm.canEnd(true) // the first request's flush ends the stream by returning
 	if err := handle(pm, p, first); err != nil {
 		return err
 	}
+	if p.awaitsAnswer() {
+		if err := pm.awaitFirst(ctx, s.answerWait); err != nil {
+			return err
+		}
+	}
+	pm.canEnd(false)
 	// The later requests are decoded into one message: proto.Unmarshal
 	// resets it first, and handle keeps nothing of it but what it copies or
 	// the fields' own values, so a request costs no allocation of its own.

@@ -12,7 +12,9 @@ import (
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/grpc/xds"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -130,8 +132,10 @@ func TestFederationGRPCClient(t *testing.T) {
 
 // An xdstp name whose authority no upstream lists does not exist (gRFC
 // A47): a delta client gets it in removed_resources at once, long before
-// cache.not_found_timeout, next to the names that do exist; a SotW client
-// never gets it; no control plane is asked for it, and it is counted.
+// cache.not_found_timeout, next to the names that do exist, with a
+// NOT_FOUND error (gRFC A88); a SotW client gets the error, or the end of
+// its stream if that would be its only answer; no control plane is asked
+// for it, and it is counted.
 func TestUnknownAuthority(t *testing.T) {
 	const unknown = "xdstp://other.example.com/envoy.config.cluster.v3.Cluster/x"
 	def, partner := testcp.Start(t), testcp.Start(t)
@@ -144,10 +148,15 @@ func TestUnknownAuthority(t *testing.T) {
 	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.ClusterType,
 		ResourceNamesSubscribe: []string{unknown, "a"}})
 	var got, removed []string
+	var errs []*discoverypb.ResourceError
 	for !slices.Contains(got, "a") || !slices.Contains(removed, unknown) {
 		resp := d.recv()
 		got, removed = append(got, deltaNames(resp)...), append(removed, resp.GetRemovedResources()...)
+		errs = append(errs, resp.GetResourceErrors()...)
 		d.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: resp.GetNonce()})
+	}
+	if len(errs) != 1 || errs[0].GetResourceName().GetName() != unknown || errs[0].GetErrorDetail().GetCode() != int32(codes.NotFound) {
+		t.Errorf("delta client's resource errors: %v", errs)
 	}
 	if slices.Contains(got, unknown) || slices.Contains(removed, "a") {
 		t.Fatalf("delta client got %v and removed %v, want [a] and [%s]", got, removed, unknown)
@@ -166,20 +175,33 @@ func TestUnknownAuthority(t *testing.T) {
 		t.Fatalf("second delta client got %v, removed %v; want only %s removed", deltaNames(resp), resp.GetRemovedResources(), unknown)
 	}
 
-	// A SotW client asking for it alone is not sent it; asking for it
-	// next to "a", it gets "a" only.
+	// A SotW client asking for it alone: the stream ends with NOT_FOUND at
+	// once, which clients that do not read resource_errors understand.
+	alone := openSotW(t, r.Addr())
+	alone.send(&discoverypb.DiscoveryRequest{Node: node("n2", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNames: []string{unknown}})
+	select {
+	case <-alone.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the SotW stream asking for an unknown authority alone did not end")
+	}
+	if err := alone.err(); grpcstatus.Code(err) != codes.NotFound {
+		t.Errorf("SotW client alone: %v, want NOT_FOUND", err)
+	}
+	// Asking for it next to "a", it gets "a" and the error: the complete
+	// state, so that nothing is taken for deleted.
 	s := openSotW(t, r.Addr())
-	s.send(&discoverypb.DiscoveryRequest{Node: node("n2", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNames: []string{unknown}})
-	noResponseWith(t, s, unknown, 300*time.Millisecond)
-	s.send(&discoverypb.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResourceNames: []string{unknown, "a"}})
+	s.send(&discoverypb.DiscoveryRequest{Node: node("n4", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNames: []string{unknown, "a"}})
 	for {
-		names := resourceNames(t, s.recv())
+		resp := s.recv()
+		names := resourceNames(t, resp)
 		if slices.Contains(names, unknown) {
 			t.Fatalf("SotW client got %v", names)
 		}
-		if slices.Equal(names, []string{"a"}) {
+		if e := resp.GetResourceErrors(); len(e) == 1 && e[0].GetResourceName().GetName() == unknown && slices.Equal(names, []string{"a"}) {
 			break
 		}
+		s.send(&discoverypb.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResourceNames: []string{unknown, "a"},
+			VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
 	}
 	noResponseWith(t, s, unknown, 300*time.Millisecond)
 

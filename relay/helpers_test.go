@@ -102,6 +102,7 @@ type stream[Req, Resp any] struct {
 	resps  chan *Resp
 	cancel context.CancelFunc
 	done   chan struct{}
+	end    error // why Recv failed; set before done is closed
 }
 
 func newStream[Req, Resp any](t *testing.T, open func(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[Req, Resp], error)) *stream[Req, Resp] {
@@ -119,6 +120,7 @@ func newStream[Req, Resp any](t *testing.T, open func(context.Context, ...grpc.C
 		for {
 			r, err := st.Recv()
 			if err != nil {
+				s.end = err
 				return
 			}
 			s.resps <- r
@@ -127,6 +129,9 @@ func newStream[Req, Resp any](t *testing.T, open func(context.Context, ...grpc.C
 	t.Cleanup(s.close)
 	return s
 }
+
+// err is why the stream ended; call once done is closed.
+func (s *stream[Req, Resp]) err() error { return s.end }
 
 func (s *stream[Req, Resp]) close() {
 	s.cancel()

@@ -138,7 +138,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	r.warnAllowAll()
 	ds, err := downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: logger,
 		PollTimeout: cfg.Downstream.PollTimeout, SendTimeout: cfg.Downstream.SendTimeout, Authorizer: az,
-		Limits: downstreamLimits(cfg)})
+		Limits: downstreamLimits(cfg), AnswerWait: min(cfg.Cache.NotFoundTimeout, firstAnswerWait)})
 	if err != nil {
 		return nil, err
 	}
@@ -185,6 +185,13 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	ok = true
 	return r, nil
 }
+
+// firstAnswerWait bounds how long a SotW stream whose first request names
+// what its client waits for is held for the answer (downstream's
+// AnswerWait): long enough for the relay to learn that a name's authority
+// is served by no upstream, or that its control plane refuses connections,
+// and short, since a request the client sends meanwhile waits too.
+const firstAnswerWait = 2 * time.Second
 
 // newSource opens what the configuration names upstream: a directory of
 // resource files, a control plane, or several behind a router.

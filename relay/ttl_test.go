@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,6 +11,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -108,9 +111,27 @@ func TestUpstreamResourceErrorsPassedOn(t *testing.T) {
 		errs[0].GetErrorDetail().GetMessage() != "no such cluster" {
 		t.Fatalf("delta client got %v", resp)
 	}
+	// A SotW client already answered is sent the error in a response.
+	cla, _ := anypb.New(testcp.Endpoints("fine", "10.0.0.1:80"))
 	s := openSotW(t, r.Addr())
-	s.send(&discoverypb.DiscoveryRequest{Node: node("n2", "c1"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{"broken"}})
+	s.send(&discoverypb.DiscoveryRequest{Node: node("n2", "c1"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{"fine"}})
+	for req := st.Recv(); !slices.Contains(req.GetResourceNamesSubscribe(), "fine"); req = st.Recv() {
+	}
+	st.Send(&discoverypb.DeltaDiscoveryResponse{TypeUrl: resourcev3.EndpointType, Nonce: "2",
+		Resources: []*discoverypb.Resource{{Name: "fine", Version: "1", Resource: cla}}})
+	first := s.recv()
+	s.send(&discoverypb.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{"fine", "broken"},
+		VersionInfo: first.GetVersionInfo(), ResponseNonce: first.GetNonce()})
 	if errs := s.recv().GetResourceErrors(); len(errs) != 1 || errs[0].GetErrorDetail().GetCode() != int32(codes.NotFound) {
 		t.Fatalf("SotW client got %v", errs)
+	}
+	// A SotW client whose first answer would be the error alone is told by
+	// the end of its stream, as a client that does not read resource_errors
+	// understands (gRFC A57).
+	fresh := openSotW(t, r.Addr())
+	fresh.send(&discoverypb.DiscoveryRequest{Node: node("n3", "c1"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{"broken"}})
+	<-fresh.done
+	if err := fresh.err(); grpcstatus.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "no such cluster") {
+		t.Fatalf("fresh SotW client: stream ended with %v", err)
 	}
 }

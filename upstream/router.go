@@ -3,6 +3,7 @@ package upstream
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+	"google.golang.org/grpc/codes"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
@@ -200,11 +202,17 @@ func (f *routedFeed) noteUnroutable(typeURL, name string, wanted bool, before ma
 }
 
 // unroutable reports xdstp names whose authority no upstream lists as not
-// existing: delta clients get them in removed_resources at once, SotW
-// clients never get them, and no control plane is asked.
+// existing, with a NOT_FOUND error (gRFC A88) that says why: delta clients
+// get them in removed_resources and the error at once, SotW clients the
+// error, and no control plane is asked.
 func (f *routedFeed) unroutable(typeURL string, names []string) {
 	slices.Sort(names)
-	f.g.Cache.Apply(typeURL, cache.Change{Removed: names})
+	errs := make([]*cache.ResourceError, len(names))
+	for i, n := range names {
+		auth, _ := xds.Authority(n)
+		errs[i] = xds.NewError(n, codes.NotFound, fmt.Sprintf("no upstream of this relay serves the xdstp authority %q", auth))
+	}
+	f.g.Cache.Apply(typeURL, cache.Change{Removed: names, Errors: errs})
 	f.r.unroutable.With(xds.ShortName(typeURL)).Add(int64(len(names)))
 	f.r.logLimit.Do(func() {
 		f.r.log.Warn("xdstp names whose authority no upstream lists: reported as not existing", "group", xds.Clip(f.g.Key),

@@ -5,8 +5,12 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"strings"
+	"unicode"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -39,18 +43,51 @@ var (
 	resAliases  = field(&discoverypb.Resource{}, "aliases")
 )
 
-// EncodeError encodes a per-resource error from upstream once, as the
-// resource_errors field of delta and SotW responses.
+// EncodeError encodes a per-resource error once, as the resource_errors
+// field of delta and SotW responses (xDS TP3, gRFC A88).
 func EncodeError(e *discoverypb.ResourceError) (*cache.ResourceError, error) {
 	b, err := marshal.Marshal(e)
 	if err != nil {
 		return nil, err
 	}
 	return &cache.ResourceError{
-		Name:  e.GetResourceName().GetName(),
-		Delta: protowire.AppendBytes(protowire.AppendTag(nil, deltaErrors, protowire.BytesType), b),
-		SotW:  protowire.AppendBytes(protowire.AppendTag(nil, sotwErrors, protowire.BytesType), b),
+		Name:    e.GetResourceName().GetName(),
+		Code:    e.GetErrorDetail().GetCode(),
+		Message: e.GetErrorDetail().GetMessage(),
+		Delta:   protowire.AppendBytes(protowire.AppendTag(nil, deltaErrors, protowire.BytesType), b),
+		SotW:    protowire.AppendBytes(protowire.AppendTag(nil, sotwErrors, protowire.BytesType), b),
 	}, nil
+}
+
+// NewError is an error the relay makes for one resource, encoded: the
+// relay knows the answer (an authority nobody serves, a name refused, a
+// control plane that cannot be reached) and says so rather than leave the
+// client to its does-not-exist timer.
+func NewError(name string, code codes.Code, message string) *cache.ResourceError {
+	e, err := EncodeError(&discoverypb.ResourceError{ResourceName: &discoverypb.ResourceName{Name: name},
+		ErrorDetail: &rpcstatus.Status{Code: int32(code), Message: message}})
+	if err != nil {
+		panic(fmt.Sprintf("xds: encode a resource error: %v", err)) // a name and a message always encode
+	}
+	return e
+}
+
+// CodeName is a google.rpc.Code as the protos name it (NOT_FOUND,
+// UNAVAILABLE...), for metric labels; UNKNOWN for a code out of range.
+func CodeName(code int32) string {
+	c := codes.Code(code)
+	if code < 0 || c > codes.Unauthenticated {
+		return "UNKNOWN"
+	}
+	var b strings.Builder
+	name := c.String()
+	for i, r := range name {
+		if i > 0 && unicode.IsUpper(r) && unicode.IsLower(rune(name[i-1])) {
+			b.WriteByte('_')
+		}
+		b.WriteRune(unicode.ToUpper(r))
+	}
+	return b.String()
 }
 
 func field(m proto.Message, name protoreflect.Name) protowire.Number {

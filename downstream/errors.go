@@ -1,0 +1,74 @@
+package downstream
+
+import (
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// Per-resource errors (xDS TP3, gRFC A88): the control plane's, and those
+// the relay makes where it knows the answer (see cache.ResourceError). A
+// client is sent an error once, and again only when it changes: it
+// remembers the error until the resource or another error arrives. A SotW
+// Listener or Cluster response that carries an error still carries the
+// type's complete state (flushFull), so that no client deletes what it has.
+
+// errorsSent is what one type of a stream was sent of errors, by name.
+type errorsSent map[string]*cache.ResourceError
+
+// fresh reports whether l's error is one the client was not sent.
+func (m *errorsSent) fresh(l cache.Lookup) bool {
+	return l.Error != nil && (*m)[l.Name] != l.Error
+}
+
+// record notes e as sent.
+func (m *errorsSent) record(e *cache.ResourceError) {
+	if *m == nil {
+		*m = make(errorsSent)
+	}
+	(*m)[e.Name] = e
+}
+
+// forget drops the record of name, once its resource went out or it is no
+// longer subscribed: a later error is new to the client.
+func (m errorsSent) forget(name string) {
+	if m != nil {
+		delete(m, name)
+	}
+}
+
+// sentError counts an error sent to the client
+// (xdsrelay_resource_errors_total).
+func (b *streamBase) sentError(short string, e *cache.ResourceError) {
+	b.srv.resourceErrors.With(short, xds.CodeName(e.Code)).Inc()
+}
+
+// onlyErrors is the end of a SotW stream in place of its first response
+// when that response would carry nothing but errors and the client
+// subscribes to nothing but that one type: the client is told as if the
+// control plane were out of its reach, which clients that do not read
+// resource_errors (gRPC before A88) understand at once (gRFC A57: a stream
+// that fails before its first response fails the resources it waits for),
+// where they would otherwise wait for their does-not-exist timer. SotW has
+// no other way to say that a name does not exist; incremental clients get
+// removed_resources. A client that has been answered, or that waits for
+// other types, is sent the
+// errors in a response, as is one whose handler already reads its next
+// request (the handler alone can end a stream: see pump.awaitFirst). nil
+// if the response is to be sent.
+func (b *streamBase) onlyErrors(short string, types int, errs []*cache.ResourceError) error {
+	if b.spoke || !b.endable || types != 1 || len(errs) == 0 {
+		return nil
+	}
+	for _, e := range errs {
+		b.sentError(short, e)
+	}
+	e := errs[0]
+	code := codes.Code(e.Code)
+	if code == codes.OK {
+		code = codes.Unknown
+	}
+	return status.Errorf(code, "xdsrelay: %s %q: %s", short, xds.Clip(e.Name), xds.Clip(e.Message))
+}
