@@ -107,6 +107,8 @@ type Client struct {
 
 	mu     sync.Mutex
 	status Status // guarded by mu
+
+	reach reach // owned by Run
 }
 
 type server struct {
@@ -225,6 +227,7 @@ func (c *Client) Run(ctx context.Context) {
 				if !c.ended(ctx, cur, false, err) {
 					return
 				}
+				c.unreached(cur)
 				cur = c.wait(ctx, cur, false, attempt)
 				continue
 			}
@@ -243,6 +246,8 @@ func (c *Client) Run(ctx context.Context) {
 		}
 		if healthy {
 			attempt = 0 // the stream had worked: start the backoff again
+		} else {
+			c.unreached(cur)
 		}
 		cur = c.wait(ctx, cur, healthy, attempt)
 	}
@@ -273,7 +278,7 @@ func (c *Client) wait(ctx context.Context, cur int, healthy bool, attempt int) i
 	t := time.NewTimer(delay)
 	defer t.Stop()
 	var interest <-chan struct{}
-	if !healthy && len(c.servers) > 1 {
+	if !healthy && (len(c.servers) > 1 || c.reach.down) {
 		interest = c.opts.Interest.InterestChanged()
 	}
 	for {
@@ -284,10 +289,21 @@ func (c *Client) wait(ctx context.Context, cur int, healthy bool, attempt int) i
 			return c.nextServer(cur, healthy)
 		case <-interest:
 			// A new session syncs the whole interest: the signal is not lost.
-			if c.missing() {
+			if c.reach.down {
+				c.markUnavailable() // what clients ask meanwhile
+			}
+			if len(c.servers) > 1 && c.missing() {
 				return c.nextServer(cur, healthy)
 			}
 		}
+	}
+}
+
+// unreached records that server cur failed without answering; once every
+// server has, what is wanted and not cached is UNAVAILABLE (see reach).
+func (c *Client) unreached(cur int) {
+	if c.reach.fail(cur, len(c.servers)) {
+		c.markUnavailable()
 	}
 }
 
@@ -427,6 +443,7 @@ func (c *Client) up(s *session) {
 func (c *Client) received(s *session, r *xds.Received, healthy *bool) error {
 	if !*healthy {
 		*healthy = true
+		c.reach.answered()
 		if !c.routed() {
 			c.opts.Metrics.Streams.With(c.opts.Group).Set(1)
 		}

@@ -1,0 +1,122 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/xds"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+)
+
+// grpcClientOf is a real gRPC client of target whose bootstrap names the
+// relay at addr for the default servers and for authority auth.
+func grpcClientOf(t *testing.T, addr, auth, target string) *grpc.ClientConn {
+	t.Helper()
+	server := fmt.Sprintf(`{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}`, addr)
+	bootstrap := fmt.Sprintf(`{
+		"xds_servers": [%s],
+		"node": {"id": "grpc-answers-1", "cluster": "greeters"},
+		"authorities": {%q: {
+			"xds_servers": [%s],
+			"client_listener_resource_name_template": "xdstp://%s/envoy.config.listener.v3.Listener/%%s"
+		}}
+	}`, server, auth, server, auth)
+	resolver, err := xds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := grpc.NewClient(target, grpc.WithResolvers(resolver), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// rpcFails makes one RPC on cc with a deadline of bound and returns its
+// error and how long it took to fail.
+func rpcFails(t *testing.T, cc *grpc.ClientConn, bound time.Duration) (error, time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	defer cancel()
+	start := time.Now()
+	_, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testgrpc.SimpleRequest{})
+	return err, time.Since(start)
+}
+
+// A real gRPC client whose target sits under an authority no upstream of
+// the relay serves fails its RPC at once: the relay knows the name does not
+// exist and says so, rather than leave the client to its 15 s
+// does-not-exist timer.
+func TestGRPCClientUnknownAuthorityFailsFast(t *testing.T) {
+	def := testcp.Start(t)
+	partner := testcp.Start(t)
+	r := startRelay(t, def.Addr, withUpstream("partner", partner.Addr, nil, []string{"partner.example.com"}))
+	cc := grpcClientOf(t, r.Addr(), "other.example.com", "xds://other.example.com/greeter")
+	err, took := rpcFails(t, cc, 10*time.Second)
+	if err == nil || status.Code(err) == codes.DeadlineExceeded {
+		t.Fatalf("RPC: %v after %v, want a fast failure", err, took)
+	}
+	t.Logf("the RPC failed after %v: %v", took, err)
+	if took > time.Second {
+		t.Errorf("the RPC failed after %v, want under 1s", took)
+	}
+}
+
+// With the control plane unreachable and nothing cached, a real gRPC
+// client's RPC fails at once with UNAVAILABLE; once the control plane is
+// up, the client's next attempts succeed.
+func TestGRPCClientUnreachableControlPlaneFailsFastThenWorks(t *testing.T) {
+	cp := testcp.Start(t)
+	backend := startBackend(t, "backend-1")
+	cp.Set(t, "greeters", "1",
+		testcp.Listener("greeter", "greeter-route"), testcp.Route("greeter-route", "greeter-cluster"),
+		testcp.Cluster("greeter-cluster"), testcp.Endpoints("greeter-cluster", backend))
+	cp.Stop()
+	r := startRelay(t, cp.Addr, fastReconnect)
+	cc := grpcXDSClient(t, r.Addr(), "grpc-client-1", "greeters", "xds:///greeter")
+	err, took := rpcFails(t, cc, 10*time.Second)
+	t.Logf("the RPC failed after %v: %v", took, err)
+	if status.Code(err) != codes.Unavailable || took > time.Second {
+		t.Fatalf("RPC: %v after %v, want UNAVAILABLE under 1s", err, took)
+	}
+	cp.Restart()
+	rpcReaches(t, cc, "backend-1", func() {})
+}
+
+// While every server of the control plane is unreachable, a name the
+// relay has not cached is UNAVAILABLE (gRFC A88), never removed: the relay
+// cannot know whether it exists. The resource replaces the error once the
+// control plane is back.
+func TestUnavailableIsNotARemoval(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("a"))
+	cp.Stop()
+	r := startRelay(t, cp.Addr, fastReconnect)
+	d := openDelta(t, r.Addr())
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"a"}})
+	resp := d.recv()
+	errs := resp.GetResourceErrors()
+	if len(errs) != 1 || errs[0].GetResourceName().GetName() != "a" || errs[0].GetErrorDetail().GetCode() != int32(codes.Unavailable) ||
+		len(resp.GetRemovedResources()) > 0 || len(resp.GetResources()) > 0 {
+		t.Fatalf("during the outage: %v", resp)
+	}
+	d.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: resp.GetNonce()})
+	waitMetric(t, r, `xdsrelay_resource_errors_total{code="UNAVAILABLE",type="Cluster"} 1`)
+	cp.Restart()
+	resp = d.recv()
+	if got := deltaNames(resp); !slices.Equal(got, []string{"a"}) || len(resp.GetRemovedResources()) > 0 {
+		t.Fatalf("once the control plane is back: %v", resp)
+	}
+}

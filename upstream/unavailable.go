@@ -1,0 +1,65 @@
+package upstream
+
+import (
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// reach is what a client knows of its servers since its last stream that
+// answered: which failed without answering. Once every one has, the
+// control plane is unreachable, and the names the group wants that the
+// cache does not hold get UNAVAILABLE (gRFC A88): clients learn it at once
+// instead of waiting for a does-not-exist timer, and since the relay cannot
+// know whether such a name exists, it is never a removal (DESIGN.md,
+// "Silence is not an answer"). The error clears when the resource arrives.
+// Owned by Run.
+type reach struct {
+	failed []bool // by server
+	down   bool   // every server failed
+}
+
+// failed records that server i failed without answering; it reports
+// whether every server now has.
+func (r *reach) fail(i, servers int) bool {
+	if r.failed == nil {
+		r.failed = make([]bool, servers)
+	}
+	r.failed[i] = true
+	for _, f := range r.failed {
+		if !f {
+			return false
+		}
+	}
+	r.down = true
+	return true
+}
+
+// answered records a stream that answered: the control plane is reachable.
+func (r *reach) answered() {
+	clear(r.failed)
+	r.down = false
+}
+
+// markUnavailable gives every name the group wants of this upstream that
+// the cache neither holds nor knows not to exist an UNAVAILABLE error,
+// unless it has one already.
+func (c *Client) markUnavailable() {
+	msg := fmt.Sprintf("every server of upstream %q is unreachable, and the relay has not cached this resource", c.opts.Upstream)
+	for typeURL, in := range c.opts.Interest.Interest() {
+		var errs []*cache.ResourceError
+		for _, l := range c.opts.Cache.Get(typeURL, in.Names) {
+			if l.Resource == nil && !l.Absent && (l.Error == nil || l.Error.Code != int32(codes.Unavailable)) {
+				errs = append(errs, xds.NewError(l.Name, codes.Unavailable, msg))
+			}
+		}
+		if len(errs) > 0 {
+			c.opts.Cache.Apply(typeURL, cache.Change{Errors: errs})
+			c.log.Warn("control plane unreachable: names not cached are reported UNAVAILABLE to clients", "type", xds.ShortName(typeURL),
+				"names", len(errs), "first", xds.Clip(errs[0].Name))
+		}
+	}
+}
