@@ -89,6 +89,23 @@
 // restored cache before its control plane answered. Both reach the relay's
 // child with --split, and the relay's setup of --compare.
 //
+// With --envoy the clients behave as Envoy does for clusters and their
+// endpoints (internal/envoysim): wildcard CDS, EDS for every EDS cluster,
+// and a new or changed cluster warming until its ClusterLoadAssignment
+// arrives again ("Resource warming"); SotW clients repeat their last EDS
+// request after every CDS response, delta clients ask for nothing when the
+// names did not change. The --serve-cp control plane then serves
+// --resources EDS clusters cluster-0..K-1 and their endpoints from
+// go-control-plane's LinearCache, and each of --updates changes one cluster
+// and not its endpoints. The clients load the control plane directly, the
+// relay started with --relay, or --target (a relay started apart, whose CPU
+// per change --pid samples). Each row is one change: from its publication,
+// how long the changed cluster took to arrive and to be usable (p50, p99,
+// max over the clients), on how many clients it was usable within a second
+// of its arrival, and on how many it still warmed after
+// --initial-fetch-timeout (Envoy's default, 15s), where it counts as usable
+// then, as Envoy would use it on stale or no endpoints.
+//
 // With --soak D it soaks the relay (--relay and --serve-cp 127.0.0.1:0 are
 // implied; the control plane's cache is linear unless --cp-cache says
 // otherwise): once every client has its first config, for D, even clients

@@ -39,6 +39,9 @@ Usage:
                                               NACKs, control-plane changes and
                                               restarts; a row of the relay's figures
                                               every --soak-every, and a verdict
+  xdsload --envoy --serve-cp ADDR [--relay]   clients that behave as Envoy (cluster
+                                              warming): how long a cluster change
+                                              takes to make the cluster usable
 
 Flags:
 `
@@ -60,7 +63,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	var out interface{ WriteTable(io.Writer) error }
-	if f.compare {
+	if f.envoy {
+		var res *loadtest.EnvoyResult
+		if res, err = loadtest.RunEnvoy(ctx, f.envoyConfig()); res != nil {
+			out = res
+		}
+	} else if f.compare {
 		var cmp *loadtest.Comparison
 		if cmp, err = loadtest.Compare(ctx, f.cfg); cmp != nil {
 			out = cmp
@@ -93,6 +101,18 @@ type flags struct {
 	json    string
 	gate    string
 	compare bool
+	// --envoy: Envoy-behaving clients (loadtest.RunEnvoy).
+	envoy        bool
+	initialFetch time.Duration
+}
+
+// envoyConfig is the run --envoy asks for.
+func (f *flags) envoyConfig() loadtest.EnvoyConfig {
+	c := &f.cfg
+	return loadtest.EnvoyConfig{Target: c.Target, ServeCP: c.ServeCP, Relay: c.Relay, Clients: c.Clients,
+		StreamsPerConn: c.StreamsPerConn, Rate: c.Rate, Delta: c.Variant == loadtest.VariantDelta, PerType: !c.ADS,
+		Clusters: c.Resources, Endpoints: c.Endpoints, Updates: c.Updates, UpdateEvery: c.UpdateEvery,
+		InitialFetchTimeout: f.initialFetch, PID: c.PID, Timeout: c.Timeout, Progress: c.Progress}
 }
 
 func (f *flags) define(fs *flag.FlagSet) {
@@ -133,6 +153,8 @@ func (f *flags) define(fs *flag.FlagSet) {
 	fs.IntVar(&s.NACKEvery, "soak-nack-every", 0, "NACK one response in `N`, over all clients; default 100")
 	fs.StringVar(&f.gate, "soak-gate", "", "the `figures` that fail the soak, comma-separated among rss,heap,goroutines,fds,streams,fanout; default all but fanout (a latency, too noisy to gate)")
 	fs.BoolVar(&s.ReportOnly, "soak-report-only", false, "report the soak's verdict, but exit 0 whatever it is")
+	fs.BoolVar(&f.envoy, "envoy", false, "clients that behave as Envoy (wildcard CDS, EDS for every cluster, and a cluster warming until its endpoints come again): the control plane serves --resources EDS clusters from a LinearCache, each update changes one cluster and not its endpoints, and each row says how long the change took to make the cluster usable on every client (--variant, --ads, --relay, --target, --pid, --streams-per-conn apply)")
+	fs.DurationVar(&f.initialFetch, "initial-fetch-timeout", 15*time.Second, "with --envoy, Envoy's initial_fetch_timeout: a changed cluster still warming this long after it arrived counts as stalled (and usable then, on old endpoints)")
 	fs.StringVar(&f.json, "json", "", "also write the results as JSON to `file`")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (the clients, and the control plane and relay it serves) while the updates fan out to `file`; with --compare, one per setup, named file.<setup>; the server side of a --split run is file.server; each with the mutex contention of the same window in <file>.mutex; and the split server's heap once every client is configured in file.server.heap")
 }
@@ -199,6 +221,12 @@ func (f *flags) finish(rest []string) error {
 	}
 	if f.gate != "" {
 		f.cfg.Soak.Gate = strings.Split(f.gate, ",")
+	}
+	if f.envoy {
+		if f.cfg.ServeCP == "" {
+			return errors.New("--envoy needs --serve-cp: the clusters come from the tool's control plane")
+		}
+		return nil
 	}
 	if f.compare {
 		if f.cfg.ServeCP == "" {

@@ -54,6 +54,10 @@ type Options struct {
 	// PerType opens CDS and EDS streams of their own on the connection
 	// instead of one ADS stream.
 	PerType bool
+	// OnCluster, if set, is called with a cluster's state each time it
+	// changes (a new version arrives, or it finishes warming), on the
+	// goroutine that read the response; it must not block.
+	OnCluster func(Cluster)
 }
 
 // Cluster is what the client knows of one cluster.
@@ -178,6 +182,13 @@ func (c *Client) describe() string {
 	return b.String()
 }
 
+// tell passes a cluster's new state to Options.OnCluster.
+func (c *Client) tell(cs *clusterState) {
+	if c.opts.OnCluster != nil {
+		c.opts.OnCluster(cs.Cluster)
+	}
+}
+
 // notifyLocked wakes the waiters.
 func (c *Client) notifyLocked() {
 	close(c.changed)
@@ -210,6 +221,7 @@ func (c *Client) onClusters(rs []*anypb.Any, removed []string, full bool) ([]str
 			cs.Warming = true
 		}
 		c.clusters[cl.GetName()] = cs
+		c.tell(cs)
 	}
 	for _, n := range removed {
 		delete(c.clusters, n)
@@ -250,6 +262,7 @@ func (c *Client) onEndpoints(rs []*anypb.Any) error {
 				cs.Endpoints = cla
 				if cs.Warming {
 					cs.Warming, cs.Usable = false, now
+					c.tell(cs)
 				}
 			}
 		}
