@@ -1,0 +1,124 @@
+package faultproxy
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// echo is a backend that writes back what it reads.
+func echo(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { io.Copy(c, c); c.Close() }()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
+	return ln.Addr().String()
+}
+
+func start(t *testing.T) (*Proxy, net.Conn) {
+	t.Helper()
+	p, err := Start(echo(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	c, err := net.Dial("tcp", p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return p, c
+}
+
+func roundTrip(t *testing.T, c net.Conn, msg []byte, within time.Duration) error {
+	t.Helper()
+	if _, err := c.Write(msg); err != nil {
+		return err
+	}
+	c.SetReadDeadline(time.Now().Add(within))
+	got := make([]byte, len(msg))
+	_, err := io.ReadFull(c, got)
+	if err == nil && !bytes.Equal(got, msg) {
+		t.Fatalf("echoed %q, want %q", got, msg)
+	}
+	return err
+}
+
+func TestSilentHoldsThenDelivers(t *testing.T) {
+	p, c := start(t)
+	if err := roundTrip(t, c, []byte("hello"), 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	p.Set(Silent, 0)
+	if err := roundTrip(t, c, []byte("held"), 200*time.Millisecond); err == nil {
+		t.Fatal("a silent proxy forwarded bytes")
+	}
+	p.Set(Pass, 0)
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got := make([]byte, 4)
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "held" {
+		t.Fatalf("after the partition healed: %q, %v", got, err)
+	}
+}
+
+func TestTrickle(t *testing.T) {
+	p, c := start(t)
+	p.Set(Trickle, 20<<10) // 20 KiB/s each way, together
+	start := time.Now()
+	if err := roundTrip(t, c, make([]byte, 10<<10), 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// 20 KiB crossed (10 each way) at 20 KiB/s, less the first burst.
+	if took := time.Since(start); took < 500*time.Millisecond {
+		t.Fatalf("trickled 20 KiB in %v", took)
+	}
+}
+
+func TestReset(t *testing.T) {
+	p, c := start(t)
+	if err := roundTrip(t, c, []byte("x"), 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	p.Reset()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("the connection outlived a reset")
+	}
+	// New connections are served.
+	c2, err := net.Dial("tcp", p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if err := roundTrip(t, c2, []byte("y"), 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A silent pair closed by Close does not hold the proxy's goroutines.
+func TestCloseWhileSilent(t *testing.T) {
+	p, c := start(t)
+	p.Set(Silent, 0)
+	c.Write([]byte("stuck"))
+	time.Sleep(50 * time.Millisecond) // the bytes reach the held forward
+	p.Close()
+}
