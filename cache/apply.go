@@ -12,6 +12,12 @@ type Change struct {
 	Upserts []*Resource
 	// Removed are names upstream says do not exist (or no longer do).
 	Removed []string
+	// Unknown are names taken not to exist on a word that no longer
+	// holds: a does-not-exist timer's judgment on a stream that then
+	// proved dead (DESIGN.md, "Silence is not an answer"). Each that is
+	// absent becomes neither present nor absent again, still being
+	// fetched, and loses its error; clients are told nothing new.
+	Unknown []string
 	// Heartbeats refresh the TTL of the present version of a resource
 	// without changing it ("TTL").
 	Heartbeats []*Heartbeat
@@ -65,6 +71,9 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 		// Only the wildcard held it: forget it entirely, once released.
 		forget := !e.wanted && e.res != nil && t.wantWildcard && !rolling
 		c.removeLocked(t, typeURL, n, forget, o)
+	}
+	for _, n := range ch.Unknown {
+		c.unknowLocked(t, typeURL, n, o)
 	}
 	c.beatLocked(t, typeURL, ch.Heartbeats, o)
 	c.errorsLocked(t, typeURL, ch.Errors, o)
@@ -300,6 +309,18 @@ func (c *Cache) removeLocked(t *typeState, typeURL, name string, forget bool, o 
 		o.markWatchers(e, typeURL, name)
 		o.markGlob(t, typeURL, name)
 	}
+}
+
+// unknowLocked withdraws the judgment that name does not exist (see
+// Change.Unknown).
+func (c *Cache) unknowLocked(t *typeState, typeURL, name string, o *op) {
+	e := t.entries[name]
+	if e == nil || e.res != nil || !e.absent {
+		return
+	}
+	e.absent, e.err = false, nil
+	o.change(t, typeURL, name)
+	o.markWatchers(e, typeURL, name)
 }
 
 // beatLocked applies heartbeats: each refreshes the TTL of the resource it

@@ -216,3 +216,25 @@ func TestApplyKeepsReceipt(t *testing.T) {
 		t.Errorf("after a heartbeat, View.Received = %v, Trace = %v, want %v and %v", v.Received, v.Trace, t0, tr)
 	}
 }
+
+// A name taken not to exist on a word withdrawn is missing again: neither
+// present nor absent, and without its error; a present one is untouched.
+func TestApplyUnknown(t *testing.T) {
+	c := New(Options{})
+	w := NewWatch()
+	if err := c.Watch(w, "t", "gone", "here"); err != nil {
+		t.Fatal(err)
+	}
+	c.Apply("t", Change{Upserts: []*Resource{{Name: "here", Version: "1"}}, Removed: []string{"gone"},
+		Errors: []*ResourceError{{Name: "gone", Code: 5}}})
+	if l := c.Get("t", []string{"gone"})[0]; !l.Absent || l.Error == nil {
+		t.Fatalf("before: %+v", l)
+	}
+	c.Apply("t", Change{Unknown: []string{"gone", "here", "never-watched"}})
+	if l := c.Get("t", []string{"gone"})[0]; l.Absent || l.Resource != nil || l.Error != nil {
+		t.Errorf("gone after the withdrawal: %+v", l)
+	}
+	if l := c.Get("t", []string{"here"})[0]; l.Resource == nil {
+		t.Errorf("a present resource was touched: %+v", l)
+	}
+}

@@ -242,9 +242,16 @@ type UpstreamConfig struct {
 	// resumes are split over several requests.
 	MaxRequestBytes int
 	// KeepaliveTime and KeepaliveTimeout are upstream.keepalive.time
-	// and .timeout: HTTP/2 pings on the upstream connection.
+	// and .timeout: HTTP/2 pings on the upstream connection. A silent
+	// connection is found dead within their sum; KeepaliveTimeout also
+	// bounds the probe of a stream's connection that the does-not-exist
+	// timer sends (upstream.ProbeTimeout).
 	KeepaliveTime    time.Duration
 	KeepaliveTimeout time.Duration
+	// ConnectTimeout is upstream.connect_timeout: a connection attempt
+	// (TCP, TLS and the HTTP/2 handshake) that has not completed by then
+	// is given up, as to an address that accepts and answers nothing.
+	ConnectTimeout time.Duration
 	// TLS is upstream.tls.{cert_file,key_file,ca_file,server_name,
 	// insecure_skip_verify}: TLS to the control plane, mTLS with a
 	// client certificate. TLSEnabled (upstream.tls.enabled) turns TLS on
@@ -279,6 +286,7 @@ func DefaultUpstream() UpstreamConfig {
 	u.Node.UserAgentName = "xdsrelay"
 	u.KeepaliveTime = 30 * time.Second
 	u.KeepaliveTimeout = 10 * time.Second
+	u.ConnectTimeout = 10 * time.Second
 	return u
 }
 
@@ -545,6 +553,8 @@ func (u *UpstreamConfig) validate(prefix string, groupBy []string) error {
 		return fmt.Errorf("%skeepalive.time: %s is below gRPC's minimum of 10s", prefix, u.KeepaliveTime)
 	case u.KeepaliveTimeout <= 0:
 		return fmt.Errorf("%skeepalive.timeout: must be positive, got %s", prefix, u.KeepaliveTimeout)
+	case u.ConnectTimeout <= 0:
+		return fmt.Errorf("%sconnect_timeout: must be positive, got %s", prefix, u.ConnectTimeout)
 	}
 	if err := checkNodeID(u.Node.ID, groupBy); err != nil {
 		return fmt.Errorf("%snode.id: %w", prefix, err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
@@ -37,7 +36,9 @@ func dialServer(u UpstreamConfig, addr string, tracing bool, tc credentials.Tran
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{
 			Time: u.KeepaliveTime, Timeout: u.KeepaliveTimeout, PermitWithoutStream: true,
 		}),
-		grpc.WithConnectParams(grpc.ConnectParams{Backoff: reconnectBackoff(u), MinConnectTimeout: 5 * time.Second}),
+		// A connection attempt gets connect_timeout (gRPC lets a later one
+		// take as long as its backoff delay, when that is longer).
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: reconnectBackoff(u), MinConnectTimeout: u.ConnectTimeout}),
 	}
 	if tracing {
 		opts = append(opts, grpc.WithStatsHandler(otelgrpc.NewClientHandler()))

@@ -69,8 +69,13 @@ type Options struct {
 	// higher-priority servers are tried; DefaultFallbackRecheck if 0.
 	FallbackRecheck time.Duration
 	// NotFoundTimeout is how long a subscribed name may go unanswered
-	// before it is taken not to exist; 0 disables the timer.
+	// before it is taken not to exist, on a stream known to be alive; 0
+	// disables the timer.
 	NotFoundTimeout time.Duration
+	// ProbeTimeout bounds the probe of a stream's connection that the
+	// timer sends when the stream has shown no sign of life since the
+	// names were asked (notfound.go); DefaultProbeTimeout if 0.
+	ProbeTimeout time.Duration
 	// MaxRequestBytes bounds every request sent upstream: subscriptions
 	// and resumes larger than this are split. DefaultMaxRequestBytes if 0.
 	MaxRequestBytes int
@@ -85,6 +90,10 @@ type Server struct {
 // DefaultFallbackRecheck is how often higher-priority servers are tried
 // while on a fallback server, unless Options say otherwise.
 const DefaultFallbackRecheck = 30 * time.Second
+
+// DefaultProbeTimeout bounds a probe of a stream's connection, unless
+// Options say otherwise: gRPC's keepalive timeout's order.
+const DefaultProbeTimeout = 10 * time.Second
 
 // Interest is what a client reads of the names it is to subscribe to. The
 // group's *cache.Cache is one; a router's view of one upstream's share is
@@ -113,6 +122,7 @@ type Client struct {
 
 type server struct {
 	name string
+	conn grpc.ClientConnInterface
 	ads  discoverypb.AggregatedDiscoveryServiceClient
 }
 
@@ -170,6 +180,9 @@ func New(opts Options) (*Client, error) {
 	if opts.FallbackRecheck <= 0 {
 		opts.FallbackRecheck = DefaultFallbackRecheck
 	}
+	if opts.ProbeTimeout <= 0 {
+		opts.ProbeTimeout = DefaultProbeTimeout
+	}
 	if opts.Upstream == "" {
 		opts.Upstream = DefaultUpstream
 	}
@@ -185,7 +198,7 @@ func New(opts Options) (*Client, error) {
 		if s.Conn == nil {
 			return nil, fmt.Errorf("upstream: server %q has no connection", s.Name)
 		}
-		c.servers = append(c.servers, server{name: s.Name, ads: discoverypb.NewAggregatedDiscoveryServiceClient(s.Conn)})
+		c.servers = append(c.servers, server{name: s.Name, conn: s.Conn, ads: discoverypb.NewAggregatedDiscoveryServiceClient(s.Conn)})
 	}
 	c.status = Status{Upstream: opts.Upstream, Server: c.servers[0].name}
 	return c, nil
@@ -235,6 +248,9 @@ func (c *Client) Run(ctx context.Context) {
 		}
 		healthy, takeover, err := c.loop(ctx, s)
 		s.close()
+		if takeover == nil && ctx.Err() == nil {
+			s.withdraw() // the stream failed: its silence may have been the network's
+		}
 		if takeover != nil {
 			c.log.Info("higher-priority server reachable again; moved back to it (gRFC A71)",
 				"from", c.servers[cur].name, "to", c.servers[takeover.server].name)
@@ -367,7 +383,7 @@ func (c *Client) open(ctx context.Context, i int) (*session, error) {
 		cancel()
 		return nil, fmt.Errorf("upstream: open stream to %s: %w", c.servers[i].name, err)
 	}
-	s := &session{c: c, server: i, st: st, cancel: cancel, subs: make(map[string]*subscription),
+	s := &session{c: c, server: i, st: st, ctx: ctx, cancel: cancel, subs: make(map[string]*subscription),
 		notFound: notFound{timeout: c.opts.NotFoundTimeout}}
 	s.resps, s.errc = receive(ctx, st)
 	return s, nil
@@ -414,6 +430,8 @@ func (c *Client) loop(ctx context.Context, s *session) (healthy bool, takeover *
 			}
 		case now := <-s.notFound.C():
 			s.timedOut(now)
+		case alive := <-s.probe.done():
+			s.probed(alive)
 		case <-recheck:
 			if p == nil {
 				p = c.startProbe(ctx, s.server)

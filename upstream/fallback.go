@@ -54,7 +54,7 @@ func (c *Client) try(ctx context.Context, i int) *session {
 	if err != nil {
 		return nil
 	}
-	s.probe = true
+	s.probing = true
 	if err := s.syncAll(); err != nil {
 		s.close()
 		return nil

@@ -1,23 +1,34 @@
 package upstream
 
 import (
+	"context"
+	"fmt"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
 // asked is names subscribed together on the stream, not yet answered.
 type asked struct {
 	typeURL  string
 	names    []string
+	at       time.Time // when they were asked
 	deadline time.Time
 }
 
 // notFound is the stream's does-not-exist timer ("Knowing When a Requested
 // Resource Does Not Exist"): a name subscribed on the stream that upstream
 // has neither sent nor removed within the timeout is taken not to exist,
-// as gRPC (A57) and Envoy (initial_fetch_timeout) do. Should it arrive
-// later, it is applied like any update. Owned by the session loop.
+// as gRPC (A57) and Envoy (initial_fetch_timeout) do, but only on the word
+// of a stream known to be alive since the name was asked (see timedOut).
+// Should it arrive later, it is applied like any update. Owned by the
+// session loop.
 type notFound struct {
 	timeout time.Duration // 0: disabled
 	queue   []asked       // by deadline: every batch gets the same timeout
@@ -26,10 +37,17 @@ type notFound struct {
 
 // asked starts the timer of names just subscribed.
 func (n *notFound) asked(typeURL string, names []string) {
-	if n.timeout <= 0 || len(names) == 0 {
+	n.again(asked{typeURL: typeURL, names: names, at: time.Now()})
+}
+
+// again queues a batch for a full timeout from now, keeping when it was
+// asked.
+func (n *notFound) again(a asked) {
+	if n.timeout <= 0 || len(a.names) == 0 {
 		return
 	}
-	n.queue = append(n.queue, asked{typeURL: typeURL, names: names, deadline: time.Now().Add(n.timeout)})
+	a.deadline = time.Now().Add(n.timeout)
+	n.queue = append(n.queue, a)
 	n.arm()
 }
 
@@ -57,43 +75,186 @@ func (n *notFound) stop() {
 	n.queue = nil
 }
 
-// expired takes the names whose deadline has passed, by type.
-func (n *notFound) expired(now time.Time) map[string][]string {
+// expired takes the batches whose deadline has passed.
+func (n *notFound) expired(now time.Time) []asked {
 	n.timer = nil
-	out := make(map[string][]string)
 	i := 0
-	for ; i < len(n.queue) && !n.queue[i].deadline.After(now); i++ {
-		a := n.queue[i]
-		out[a.typeURL] = append(out[a.typeURL], a.names...)
+	for i < len(n.queue) && !n.queue[i].deadline.After(now) {
+		i++
 	}
+	out := append([]asked(nil), n.queue[:i]...)
 	clear(n.queue[:i]) // let the names go
 	n.queue = n.queue[i:]
 	n.arm()
 	return out
 }
 
-// timedOut applies, for each type, the names still subscribed that upstream
-// has not answered as not existing; it returns how many there were.
-func (s *session) timedOut(now time.Time) int {
-	count := 0
-	for typeURL, names := range s.notFound.expired(now) {
-		sub := s.subs[typeURL]
-		if sub == nil {
-			continue
-		}
-		var missing []string
-		for i, l := range s.c.opts.Cache.Get(typeURL, names) {
-			_, subscribed := sub.names[names[i]]
-			if subscribed && l.Resource == nil && !l.Absent {
-				missing = append(missing, names[i])
+// Silence is not an answer (DESIGN.md). A name the timer finds unanswered is
+// reported not to exist only if the stream has shown itself alive since
+// the name was asked: a response received since, or a probe of its
+// connection answered since. Otherwise clients get UNAVAILABLE for it
+// (gRFC A88), never a removal, the connection is probed, and the name waits:
+// the probe's answer, or the next response, decides it; a probe unanswered
+// puts it back on the timer. A name reported not to exist on a stream that
+// then ends in failure is taken back (withdraw): missing again, so that
+// gRFC A71 falls back for it and clients get it when it arrives.
+
+// liveness is a probe of the stream's connection in flight: a health check
+// on the same connection, whose answer, any answer, shows that the server's
+// end is alive (a half-open connection answers nothing; a live server
+// without the health service answers UNIMPLEMENTED).
+type liveness struct {
+	sent   time.Time
+	result chan bool // capacity 1: written once
+}
+
+// probeConn probes conn until timeout; see liveness.
+func probeConn(ctx context.Context, conn grpc.ClientConnInterface, timeout time.Duration) *liveness {
+	p := &liveness{sent: time.Now(), result: make(chan bool, 1)}
+	go func() {
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		_, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{})
+		p.result <- answered(err)
+	}()
+	return p
+}
+
+// answered reports whether an RPC's error is the server's answer, not the
+// connection's failure or the probe's timeout.
+func answered(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+		return false
+	}
+	return true
+}
+
+// done delivers the probe's result; nil (never) without a probe.
+func (p *liveness) done() <-chan bool {
+	if p == nil {
+		return nil
+	}
+	return p.result
+}
+
+// timedOut decides, for the batches whose time ran out, the names still
+// subscribed that upstream has neither sent nor removed: on a stream
+// known alive since they were asked they do not exist; otherwise they are
+// UNAVAILABLE until the stream shows itself alive.
+func (s *session) timedOut(now time.Time) {
+	for _, a := range s.notFound.expired(now) {
+		a.names = s.unanswered(a.typeURL, a.names)
+		switch {
+		case len(a.names) == 0:
+		case s.aliveSince(a.at):
+			s.judge(a.typeURL, a.names)
+		default:
+			s.undecided = append(s.undecided, a)
+			s.unavailable(a.typeURL, a.names)
+			if s.probe == nil {
+				s.probe = probeConn(s.ctx, s.c.servers[s.server].conn, s.c.opts.ProbeTimeout)
 			}
 		}
-		if len(missing) > 0 {
-			s.c.opts.Cache.Apply(typeURL, cache.Change{Removed: missing})
-			s.c.log.Info("no answer from the control plane within cache.not_found_timeout; reported as not existing",
-				"type", typeURL, "names", len(missing), "first", missing[0])
-			count += len(missing)
+	}
+}
+
+// aliveSince reports whether the stream has shown itself alive after t.
+func (s *session) aliveSince(t time.Time) bool {
+	return s.lastResponse.After(t) || s.proven.After(t)
+}
+
+// probed takes the probe's result: the undecided names asked before it
+// was sent are decided; with no answer they go back on the timer.
+func (s *session) probed(alive bool) {
+	sent := s.probe.sent
+	s.probe = nil
+	if alive {
+		s.proven = sent
+		s.decide()
+		return
+	}
+	for _, a := range s.undecided {
+		s.notFound.again(a)
+	}
+	s.undecided = nil
+	s.c.log.Warn("the control plane's connection did not answer a probe: names it has not sent stay UNAVAILABLE to clients, not removed",
+		"server", s.c.servers[s.server].name)
+}
+
+// decide judges the undecided names asked before the stream's latest proof
+// of life.
+func (s *session) decide() {
+	keep := s.undecided[:0]
+	for _, a := range s.undecided {
+		if !s.aliveSince(a.at) {
+			keep = append(keep, a)
+			continue
+		}
+		if names := s.unanswered(a.typeURL, a.names); len(names) > 0 {
+			s.judge(a.typeURL, names)
 		}
 	}
-	return count
+	clear(s.undecided[len(keep):])
+	s.undecided = keep
+}
+
+// unanswered keeps, of names of typeURL, those still subscribed that the
+// cache neither holds nor knows not to exist.
+func (s *session) unanswered(typeURL string, names []string) []string {
+	sub := s.subs[typeURL]
+	if sub == nil {
+		return nil
+	}
+	var out []string
+	for i, l := range s.c.opts.Cache.Get(typeURL, names) {
+		if _, subscribed := sub.names[names[i]]; subscribed && l.Resource == nil && !l.Absent {
+			out = append(out, names[i])
+		}
+	}
+	return out
+}
+
+// judge reports names as not existing, with a NOT_FOUND error that says
+// why, and remembers them in case the stream proves dead (withdraw).
+func (s *session) judge(typeURL string, names []string) {
+	msg := fmt.Sprintf("the control plane did not send it within cache.not_found_timeout (%s)", s.notFound.timeout)
+	errs := make([]*cache.ResourceError, len(names))
+	for i, n := range names {
+		errs[i] = xds.NewError(n, codes.NotFound, msg)
+	}
+	s.c.opts.Cache.Apply(typeURL, cache.Change{Removed: names, Errors: errs})
+	if s.judged == nil {
+		s.judged = map[string][]string{}
+	}
+	s.judged[typeURL] = append(s.judged[typeURL], names...)
+	s.c.log.Info("no answer from the control plane within cache.not_found_timeout; reported as not existing",
+		"type", xds.ShortName(typeURL), "names", len(names), "first", xds.Clip(names[0]))
+}
+
+// unavailable gives names UNAVAILABLE errors, unless they have one.
+func (s *session) unavailable(typeURL string, names []string) {
+	var errs []*cache.ResourceError
+	for _, l := range s.c.opts.Cache.Get(typeURL, names) {
+		if l.Error == nil || l.Error.Code != int32(codes.Unavailable) {
+			errs = append(errs, xds.NewError(l.Name, codes.Unavailable,
+				"the control plane has not sent it, and its connection is not known to be alive"))
+		}
+	}
+	if len(errs) > 0 {
+		s.c.opts.Cache.Apply(typeURL, cache.Change{Errors: errs})
+		s.c.log.Info("no answer within cache.not_found_timeout on a stream not known to be alive: UNAVAILABLE to clients, not removed; probing the connection",
+			"type", xds.ShortName(typeURL), "names", len(errs), "first", xds.Clip(errs[0].Name), "server", s.c.servers[s.server].name)
+	}
+}
+
+// withdraw takes back the names the timer judged on this stream, which
+// has ended in failure: its silence may have been the network's.
+func (s *session) withdraw() {
+	for typeURL, names := range s.judged {
+		s.c.opts.Cache.Apply(typeURL, cache.Change{Unknown: names})
+		s.c.log.Warn("names reported not to exist on a stream that then failed are missing again", "type", xds.ShortName(typeURL),
+			"names", len(names), "first", xds.Clip(names[0]))
+	}
+	s.judged = nil
 }

@@ -43,6 +43,7 @@ type session struct {
 	st     grpc.BidiStreamingClient[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
 	resps  <-chan *xds.Received // see receive
 	errc   <-chan error
+	ctx    context.Context    // the stream's
 	cancel context.CancelFunc // ends the stream
 
 	// Owned by whoever runs the session: the client's loop, or a probe
@@ -52,9 +53,19 @@ type session struct {
 	synced   bool // the first sync, of the whole interest, is done
 	notFound notFound
 	pending  *xds.Received // received by a probe, not yet handled
-	// probe: the session proves a server reachable (see try), so each
+	// probing: the session proves a server reachable (see try), so each
 	// type's resume leaves one cached name out for the server to answer.
-	probe bool
+	probing bool
+
+	// Liveness, for the does-not-exist timer (notfound.go): when the last
+	// response arrived, since when a probe of the connection proved it
+	// alive, the names waiting for such a proof, the probe in flight, and
+	// the names the timer reported not to exist.
+	lastResponse time.Time
+	proven       time.Time
+	undecided    []asked
+	probe        *liveness
+	judged       map[string][]string
 }
 
 // close ends the stream and waits for its receiver; nil is closed.
@@ -65,6 +76,10 @@ func (s *session) close() {
 	s.notFound.stop()
 	s.cancel()
 	<-s.errc
+	if s.probe != nil {
+		<-s.probe.result // ended by the stream's context
+		s.probe = nil
+	}
 }
 
 func (s *session) send(req *discoverypb.DeltaDiscoveryRequest) error {
@@ -197,7 +212,7 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 	if first {
 		ch.versions = s.c.opts.Cache.Versions(typeURL)
 		maps.DeleteFunc(ch.versions, func(n, _ string) bool { return !s.c.owns(typeURL, n) })
-		if s.probe {
+		if s.probing {
 			leaveOneOut(ch.versions, in.Names)
 		}
 	}
@@ -246,6 +261,10 @@ func (s *session) sendChange(ch change, sub *subscription) error {
 // the others are applied ("ACK/NACK and resource type instance version").
 func (s *session) handle(r *xds.Received) error {
 	received := time.Now()
+	s.lastResponse = received // the stream is alive: any response shows it
+	if len(s.undecided) > 0 {
+		s.decide()
+	}
 	s.c.debugResponse(r) // before the resources are let go
 	// The cache's and the streams' keys share one copy of the type URL.
 	typeURL := xds.Canonical(r.TypeURL)

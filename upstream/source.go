@@ -67,6 +67,8 @@ type ADSOptions struct {
 	// NotFoundTimeout is how long a subscribed name may go unanswered
 	// before it is taken not to exist; 0 disables the timer.
 	NotFoundTimeout time.Duration
+	// ProbeTimeout bounds a probe of a stream's connection (see Options).
+	ProbeTimeout time.Duration
 	// MaxRequestBytes bounds every request sent upstream (see Options).
 	MaxRequestBytes int
 	// FallbackRecheck is how often a group on a fallback server tries the
@@ -99,7 +101,7 @@ func (a *ADS) Feed(g Group) (Feed, error) {
 	return New(Options{
 		Servers: a.opts.Servers, Node: g.Node, Cache: g.Cache, Group: g.Key, Upstream: g.Upstream,
 		Interest: g.Interest, Owns: g.Owns, Metrics: a.opts.Metrics,
-		Logger: a.opts.Logger, Backoff: a.opts.Backoff, NotFoundTimeout: a.opts.NotFoundTimeout,
+		Logger: a.opts.Logger, Backoff: a.opts.Backoff, NotFoundTimeout: a.opts.NotFoundTimeout, ProbeTimeout: a.opts.ProbeTimeout,
 		MaxRequestBytes: a.opts.MaxRequestBytes, FallbackRecheck: a.opts.FallbackRecheck,
 	})
 }

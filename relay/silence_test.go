@@ -1,0 +1,145 @@
+package relay
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc/codes"
+
+	"github.com/xdsrelay/xdsrelay/internal/faultproxy"
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+)
+
+// faultWait bounds the waits of the fault tests: detection takes
+// keepalive.time (10s at least) + keepalive.timeout, then a connection
+// attempt connect_timeout.
+const faultWait = 60 * time.Second
+
+// silentSetup is a relay whose primary control plane is behind a proxy
+// that can go silent, with a secondary in upstream.addresses: short
+// timers, gRPC's shortest keepalive.
+func silentSetup(t *testing.T) (r *Relay, proxy *faultproxy.Proxy, primary, secondary *testcp.ControlPlane) {
+	t.Helper()
+	primary, secondary = testcp.Start(t), testcp.Start(t)
+	proxy, err := faultproxy.Start(primary.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	r = startRelay(t, proxy.Addr, fastReconnect, func(c *Config) {
+		c.Upstream.Addresses = []string{secondary.Addr}
+		c.Upstream.KeepaliveTime, c.Upstream.KeepaliveTimeout = 10*time.Second, 2*time.Second
+		c.Upstream.ConnectTimeout, c.Upstream.FallbackRecheck = 2*time.Second, 2*time.Second
+		c.Cache.NotFoundTimeout = 2 * time.Second
+	})
+	return r, proxy, primary, secondary
+}
+
+// deltaUntil reads d's responses, ACKing each, until done says so of the
+// names received, removed and errored so far; it fails the test after
+// bound, or at once if a removal of never arrives.
+func deltaUntil(t *testing.T, d *deltaStream, never string, bound time.Duration, done func(got, removed []string, errs map[string]codes.Code) bool) {
+	t.Helper()
+	var got, removed []string
+	errs := map[string]codes.Code{}
+	deadline := time.Now().Add(bound)
+	for !done(got, removed, errs) {
+		resp := d.recvWithin(time.Until(deadline))
+		got, removed = append(got, deltaNames(resp)...), append(removed, resp.GetRemovedResources()...)
+		for _, e := range resp.GetResourceErrors() {
+			errs[e.GetResourceName().GetName()] = codes.Code(e.GetErrorDetail().GetCode())
+		}
+		if slices.Contains(removed, never) {
+			t.Fatalf("the client was told %s does not exist (got %v, errors %v)", never, got, errs)
+		}
+		d.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()})
+	}
+}
+
+// A control plane that goes silent (the connection stays open and carries
+// nothing) is not taken to say that a name does not exist: a client that
+// asks for a name not cached gets UNAVAILABLE, never a removal; the
+// relay finds the connection dead within keepalive.time + timeout, gives
+// up on the silent address after connect_timeout, falls back to the
+// secondary (gRFC A71) and the client gets the resource; once the primary
+// answers again the relay returns to it.
+func TestSilentControlPlaneIsNotAnAnswer(t *testing.T) {
+	t.Parallel()
+	r, proxy, primary, secondary := silentSetup(t)
+	for _, cp := range []*testcp.ControlPlane{primary, secondary} {
+		cp.Set(t, "c1", "1", testcp.Cluster("known"), testcp.Cluster("later"))
+	}
+	d := openDelta(t, r.Addr())
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"known"}})
+	deltaUntil(t, d, "known", wait, func(got, _ []string, _ map[string]codes.Code) bool { return slices.Contains(got, "known") })
+
+	proxy.Set(faultproxy.Silent, 0)
+	start := time.Now()
+	d.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"later"}})
+	sawUnavailable := false
+	deltaUntil(t, d, "later", faultWait, func(got, _ []string, errs map[string]codes.Code) bool {
+		sawUnavailable = sawUnavailable || errs["later"] == codes.Unavailable
+		return slices.Contains(got, "later")
+	})
+	t.Logf("the name arrived from the secondary %v after the primary went silent", time.Since(start))
+	if !sawUnavailable {
+		t.Error("the client was not told the name was UNAVAILABLE while the control plane was silent")
+	}
+	if m := getMetrics(t, r); !strings.Contains(m, `xdsrelay_upstream_fallbacks_total{upstream="default"} 1`) ||
+		!strings.Contains(m, `xdsrelay_upstream_server{server="`+secondary.Addr+`",upstream="default"} 1`) {
+		t.Errorf("/metrics does not show the fallback:\n%s", grepLines(m, "xdsrelay_upstream_"))
+	}
+
+	// The partition heals: the relay returns to the primary.
+	proxy.Set(faultproxy.Pass, 0)
+	line := `xdsrelay_upstream_server{server="` + proxy.Addr + `",upstream="default"} 1`
+	deadline := time.Now().Add(faultWait)
+	for !strings.Contains(getMetrics(t, r), line) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the relay did not return to the primary:\n%s", grepLines(getMetrics(t, r), "xdsrelay_upstream_server"))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A name reported not to exist by a live stream (its connection answered
+// the relay's probe) is taken back once that stream dies: it is missing
+// again, gRFC A71 falls back for it, and the client gets it from the
+// secondary.
+func TestJudgedOnAStreamThatDiesIsMissingAgain(t *testing.T) {
+	t.Parallel()
+	r, proxy, primary, secondary := silentSetup(t)
+	primary.Set(t, "c1", "1", testcp.Cluster("known"))
+	secondary.Set(t, "c1", "1", testcp.Cluster("known"), testcp.Cluster("elsewhere"))
+	d := openDelta(t, r.Addr())
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.ClusterType,
+		ResourceNamesSubscribe: []string{"known", "elsewhere"}})
+	// The primary is alive and has no "elsewhere": it is reported not to
+	// exist, with NOT_FOUND.
+	var removedOnce bool
+	deadline := time.Now().Add(faultWait)
+	for !removedOnce {
+		resp := d.recvWithin(time.Until(deadline))
+		removedOnce = slices.Contains(resp.GetRemovedResources(), "elsewhere")
+		d.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()})
+	}
+	// The primary's stream then dies: the judgment is taken back, and the
+	// relay falls back to the secondary for the name it now misses.
+	proxy.Set(faultproxy.Silent, 0)
+	deltaUntil(t, d, "", faultWait, func(got, _ []string, _ map[string]codes.Code) bool { return slices.Contains(got, "elsewhere") })
+}
+
+// grepLines keeps the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
