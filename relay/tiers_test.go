@@ -9,6 +9,7 @@ import (
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
+	"github.com/xdsrelay/xdsrelay/internal/faultproxy"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
 
@@ -216,5 +217,43 @@ func TestFallbackWarmCacheOpensNoStream(t *testing.T) {
 	tierRecvCluster(t, c, "x", 42, tierRecheck+wait)
 	eventually(t, "the relay on the primary", func() bool { return tierServer(t, r, p.Addr, s.Addr) == p.Addr })
 	eventually(t, "the secondary's stream to close", func() bool { return watched() == 0 })
+	c.quiet(2 * tierRecheck)
+}
+
+// A zone relay whose link to regional relay R1 goes silent (a partition:
+// the connection stays open and carries nothing) finds it out within
+// keepalive.time + timeout, moves to R2 for a name it had not cached, and
+// returns to R1 once R1 answers again. Its client never sees a removal:
+// meanwhile the name is UNAVAILABLE, not gone.
+func TestZoneRelayPartitionedFromRegional(t *testing.T) {
+	t.Parallel()
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", tierCluster("x", 1), tierCluster("y", 1))
+	r1 := startRelay(t, cp.Addr, fastReconnect)
+	r2 := startRelay(t, cp.Addr, fastReconnect)
+	proxy, err := faultproxy.Start(r1.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	z := startRelay(t, proxy.Addr, tierFallback(r2.Addr()), func(c *Config) {
+		c.Upstream.KeepaliveTime, c.Upstream.KeepaliveTimeout = 10*time.Second, 2*time.Second
+		c.Upstream.ConnectTimeout, c.Cache.NotFoundTimeout = 2*time.Second, 2*time.Second
+	})
+	c := openDelta(t, z.Addr())
+	c.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"x"}})
+	tierRecvCluster(t, c, "x", 1, wait)
+
+	proxy.Set(faultproxy.Silent, 0)
+	start := time.Now()
+	c.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"y"}})
+	tierRecvCluster(t, c, "y", 1, faultWait) // fails on any removal on the way
+	t.Logf("y arrived from R2 %v after the partition", time.Since(start))
+	tierWithin(t, wait, "the zone relay on R2", func() bool { return tierServer(t, z, proxy.Addr, r2.Addr()) == r2.Addr() })
+
+	proxy.Set(faultproxy.Pass, 0)
+	tierWithin(t, tierRecheck+faultWait, "the zone relay back on R1", func() bool {
+		return tierServer(t, z, proxy.Addr, r2.Addr()) == proxy.Addr
+	})
 	c.quiet(2 * tierRecheck)
 }
