@@ -359,19 +359,32 @@ func (r *Relay) AdminAddr() string {
 	return r.adminLn.Addr().String()
 }
 
-// Shutdown drains the relay: it stops accepting, asks every stream to end
-// (clients reconnect elsewhere), waits for them until ctx is done, then
-// closes what is left and the upstream.
+// drainGrace is how long Shutdown lets clients learn that the relay goes
+// (GOAWAY on every connection, gRPC health NOT_SERVING) before it ends
+// their streams: a client that opens a stream meanwhile opens it elsewhere.
+const drainGrace = time.Second
+
+// Shutdown drains the relay: it stops accepting, sends GOAWAY on every
+// connection, and after drainGrace asks every stream to end (clients
+// reconnect elsewhere), waits for them until ctx is done, then closes what
+// is left and the upstream.
 func (r *Relay) Shutdown(ctx context.Context) error {
 	r.stopped.Store(true)
 	r.ready.Store(false)
 	r.health.Shutdown() // NOT_SERVING, for good
-	r.down.Drain()
 	stopped := make(chan struct{})
 	go func() {
-		r.grpc.GracefulStop()
+		r.grpc.GracefulStop() // closes the listener and sends GOAWAY at once
 		close(stopped)
 	}()
+	grace := time.NewTimer(drainGrace)
+	select {
+	case <-grace.C:
+	case <-ctx.Done():
+	case <-stopped:
+	}
+	grace.Stop()
+	r.down.Drain()
 	select {
 	case <-stopped:
 	case <-ctx.Done():

@@ -11,13 +11,15 @@ import (
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
 
-// Shutdown asks open streams to end with UNAVAILABLE (so clients reconnect
-// elsewhere), stops accepting, and closes the upstream stream.
+// Shutdown stops accepting, sends GOAWAY on every connection while the
+// streams still run, then asks them to end with UNAVAILABLE (so clients
+// reconnect elsewhere), and closes the upstream stream.
 func TestShutdownDrains(t *testing.T) {
 	cp := testcp.Start(t)
 	cp.Set(t, "c1", "1", testcp.Cluster("x"))
@@ -45,10 +47,29 @@ func TestShutdownDrains(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	if err := r.Shutdown(ctx); err != nil {
+	ended := make(chan error, 1)
+	go func() {
+		_, err := st.Recv()
+		ended <- err
+	}()
+	shut := make(chan error, 1)
+	go func() { shut <- r.Shutdown(ctx) }()
+	// GOAWAY: the client's connection leaves READY while the stream runs.
+	gctx, gcancel := context.WithTimeout(ctx, drainGrace/2)
+	defer gcancel()
+	cc.WaitForStateChange(gctx, connectivity.Ready)
+	if s := cc.GetState(); s == connectivity.Ready {
+		t.Fatalf("no GOAWAY within %v of the shutdown: the connection is %v", drainGrace/2, s)
+	}
+	select {
+	case err := <-ended:
+		t.Fatalf("the stream ended (%v) with the GOAWAY, not after a drain", err)
+	default:
+	}
+	if err := <-shut; err != nil {
 		t.Fatal(err)
 	}
-	_, err = st.Recv()
+	err = <-ended
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("stream ended with %v, want UNAVAILABLE", err)
 	}
