@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/grpc/codes"
@@ -11,7 +12,9 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/authz"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
 // client is who makes a request, for the authorization check: the variant
@@ -36,15 +39,47 @@ func grpcClient(ctx context.Context, variant string) client {
 // certificate, before the client joins a group, so that a denied client
 // never creates a group or reads a cache. Without rules, or without a node
 // (which join refuses), there is nothing to check.
-func (s *Server) authorize(c client, node *corepb.Node) error {
+//
+// It returns what the client may ask for (nil: anything).
+func (s *Server) authorize(c client, node *corepb.Node) (*authz.Grant, error) {
 	if s.authz == nil || node == nil {
-		return nil
+		return nil, nil
 	}
-	err := s.authz.Check(authz.Identities(c.tls), node)
+	g, err := s.authz.Grant(authz.Identities(c.tls), node)
 	var d *authz.Denied
 	if !errors.As(err, &d) {
-		return err
+		return g, err
 	}
 	s.denied.With(c.variant, d.Reason).Inc()
-	return status.Error(codes.PermissionDenied, "xdsrelay: "+d.Error())
+	return nil, status.Error(codes.PermissionDenied, "xdsrelay: "+d.Error())
+}
+
+// refuse keeps, of names a client subscribes to, those its grant allows;
+// each other one is noted with a PERMISSION_DENIED error, sent for it alone
+// (gRFC A88), and is never asked of a control plane.
+func (b *streamBase) refuse(names []string) []string {
+	if b.grant == nil {
+		return names
+	}
+	keep := names[:0:0]
+	for _, n := range names {
+		if b.grant.Allows(n) {
+			keep = append(keep, n)
+			continue
+		}
+		if b.refused == nil {
+			b.refused = map[string]*cache.ResourceError{}
+		}
+		auth, _ := xds.Authority(n)
+		b.refused[n] = xds.NewError(n, codes.PermissionDenied,
+			fmt.Sprintf("downstream.authorization.rules do not let this client ask for the xdstp authority %q", auth))
+	}
+	return keep
+}
+
+// refusedError is l with the error of a name the client was refused.
+func (b *streamBase) refusedError(l *cache.Lookup) {
+	if e := b.refused[l.Name]; e != nil {
+		l.Error = e
+	}
 }

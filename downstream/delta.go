@@ -255,6 +255,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 	var errs []*cache.ResourceError
 	ts, nonce, now := ds.status.sending(typeURL, false), ds.nonces.peek(), time.Now()
 	for _, l := range v.Lookups {
+		ds.refusedError(&l)
 		l.Absent = l.Absent || l.Name == noName // known not to exist
 		named := t.named(l.Name)
 		mustAnswer := t.answer.has(l.Name)

@@ -59,8 +59,16 @@ func (s *Server) fetch(ctx context.Context, who client, req *discoverypb.Discove
 	if req.GetTypeUrl() != "" && req.GetTypeUrl() != typeURL {
 		return nil, status.Errorf(codes.InvalidArgument, "xdsrelay: type_url %q on a %s request", req.GetTypeUrl(), xds.ShortName(typeURL))
 	}
-	if err := s.authorize(who, req.GetNode()); err != nil {
+	grant, err := s.authorize(who, req.GetNode())
+	if err != nil {
 		return nil, err
+	}
+	for _, n := range req.GetResourceNames() {
+		if !grant.Allows(n) {
+			// A poll is one request: it is refused whole, naming what.
+			auth, _ := xds.Authority(n)
+			return nil, status.Errorf(codes.PermissionDenied, "xdsrelay: downstream.authorization.rules do not let this client ask for the xdstp authority %q (%q)", xds.Clip(auth), xds.Clip(n))
+		}
 	}
 	c, release, err := s.join(req.GetNode())
 	if err != nil {

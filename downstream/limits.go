@@ -162,7 +162,7 @@ func (s *Server) checkNames(held, adding int) error {
 // watchNames subscribes the stream to names of typeURL, or refuses them all
 // at limits.max_names_per_stream or limits.max_names_per_group.
 func (b *streamBase) watchNames(typeURL string, names []string) error {
-	names = watchable(names)
+	names = b.refuse(watchable(names))
 	if err := b.srv.checkNames(b.names, len(names)); err != nil {
 		return err
 	}
@@ -176,8 +176,18 @@ func (b *streamBase) watchNames(typeURL string, names []string) error {
 // unwatchNames unsubscribes the stream from names of typeURL, which it
 // subscribed to with watchNames.
 func (b *streamBase) unwatchNames(typeURL string, names []string) {
+	watched := 0
+	for _, n := range names {
+		switch {
+		case n == noName:
+		case b.refused[n] != nil:
+			delete(b.refused, n) // never watched
+		default:
+			watched++
+		}
+	}
 	b.cache.Unwatch(b.watch, typeURL, names...)
-	b.names -= len(watchable(names))
+	b.names -= watched
 }
 
 // watchGroup is c.Watch, its refusal at the group's bound made a

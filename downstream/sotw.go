@@ -277,6 +277,7 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet)
 	v := ss.cache.ReadFor(ss.watch, typeURL, t.names.appendKeys(nil), t.wildcard)
 	var errs []*cache.ResourceError
 	for _, l := range v.Lookups {
+		ss.refusedError(&l)
 		if l.Resource != nil && t.sent.value(l.Name) != l.Resource.Version {
 			t.errSent.forget(l.Name) // a new version: the client drops the error it remembers
 		}
@@ -436,6 +437,7 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs *cach
 	var errs []*cache.ResourceError
 	ts, nonce, now := ss.status.sending(typeURL, false), ss.nonces.peek(), time.Now()
 	for _, l := range v.Lookups {
+		ss.refusedError(&l)
 		hb := hbs.Has(l.Name)
 		switch {
 		case l.Resource != nil && t.sent.value(l.Name) != l.Resource.Version:

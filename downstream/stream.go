@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/authz"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
@@ -174,18 +175,22 @@ type streamBase struct {
 	// per-type CDS stream, those waiting for the client's ACK of the
 	// response warmNonce; on a per-type EDS stream, what the connection's
 	// CDS stream asks it to send again.
-	conn    *sendConn
-	warming []string
-	// spoke is set once a response was sent; while endable, the handler
-	// returns a flush's error, and first is closed once the stream has
-	// spoken or ended (see onlyErrors, pump.awaitFirst). Guarded by the
-	// pump's mu.
-	spoke     bool
-	endable   bool
-	first     chan struct{}
+	conn      *sendConn
+	warming   []string
 	warmOnAck []string
 	warmNonce uint64
 	inbox     *warmInbox
+	// The first answer (errors.go): spoke is set once a response was
+	// sent; while endable, the handler returns a flush's error, and first
+	// is closed once the stream has spoken or ended (see onlyErrors,
+	// pump.awaitFirst). Guarded by the pump's mu.
+	spoke   bool
+	endable bool
+	first   chan struct{}
+	// What the client's certificate lets it ask for (nil: anything), and
+	// the names it asked for that it may not, with their errors (authz.go).
+	grant   *authz.Grant
+	refused map[string]*cache.ResourceError
 }
 
 func (s *Server) newStreamBase(send func(any) error, fixed, variant string, c *cache.Cache, node *corepb.Node) streamBase {
@@ -296,7 +301,8 @@ func run[Req any, Resp any, PReq interface {
 	defer s.live.remove(ls)
 	end.node = PReq(first).GetNode()
 	end.see(PReq(first).GetTypeUrl())
-	if err := s.authorize(grpcClient(ctx, end.variant), end.node); err != nil {
+	grant, err := s.authorize(grpcClient(ctx, end.variant), end.node)
+	if err != nil {
 		return err
 	}
 	c, release, err := s.join(end.node)
@@ -309,6 +315,7 @@ func run[Req any, Resp any, PReq interface {
 	g := s.guard(ctx, st.SendMsg, end.variant, opened)
 	p := open(c, PReq(first), g.send)
 	b := p.base()
+	b.grant = grant
 	pm := &pump{pool: s.sends, conn: s.sends.conn(ls.addr), flush: p.flush, guard: g}
 	g.conn = pm.conn
 	defer s.sends.release(pm.conn)

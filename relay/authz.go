@@ -6,6 +6,7 @@ import (
 	"log/slog"
 
 	"github.com/xdsrelay/xdsrelay/internal/authz"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
 // The values of downstream.authorization.mode.
@@ -75,6 +76,9 @@ func (r *Relay) warnAllowAll() {
 func warnUnboundGroups(cfg Config, log *slog.Logger) {
 	for i, r := range cfg.Downstream.Authorization.Rules {
 		for _, f := range cfg.Upstream.GroupBy {
+			if f == xds.FieldUserAgent || f == xds.FieldClientFeatures {
+				continue // the client's software, not its tenant
+			}
 			if _, ok := r.Node[f]; !ok {
 				log.Warn("an authorization rule leaves a group_by field open: the clients it admits may join any group",
 					"rule", fmt.Sprintf("downstream.authorization.rules[%d]", i), "field", f)

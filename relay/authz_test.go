@@ -369,3 +369,58 @@ func TestAuthorizationLogs(t *testing.T) {
 		t.Errorf("startup warnings %v", open)
 	}
 }
+
+// A rule's authorities bound the xdstp names its clients may ask for: a
+// name of another authority is refused with PERMISSION_DENIED for that
+// name alone (gRFC A88), on every stream variant, and never asked of a
+// control plane; the client's other names are served; a poll asking for
+// one is refused whole.
+func TestAuthorizationRefusesOtherAuthorities(t *testing.T) {
+	own := "xdstp://a.example.com/envoy.config.cluster.v3.Cluster/mine"
+	other := "xdstp://b.example.com/envoy.config.cluster.v3.Cluster/theirs"
+	r, cp, ca := startTenantRelayLogged(t, testLogger(), func(c *Config) {
+		rule := tenantRule
+		rule.Authorities = []string{"{tenant}.example.com"}
+		c.Downstream.Authorization.Rules = []AuthorizationRule{rule}
+		c.Upstream.Authorities = []string{"a.example.com", "b.example.com"}
+	})
+	cp.Set(t, "tenant-a", "2", testcp.Cluster("a-service"), testcp.Cluster(own), testcp.Cluster(other))
+	cc := ca.dialAs(r.Addr(), ca.client("spiffe://example.org/tenant/a"))
+	ads := discoverypb.NewAggregatedDiscoveryServiceClient(cc)
+
+	d := newStream(t, ads.DeltaAggregatedResources)
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("a-1", "tenant-a"), TypeUrl: resourcev3.ClusterType,
+		ResourceNamesSubscribe: []string{own, other}})
+	deltaUntil(t, d, other, wait, func(got, _ []string, errs map[string]codes.Code) bool {
+		if slices.Contains(got, other) {
+			t.Fatalf("the client was sent %s", other)
+		}
+		return slices.Contains(got, own) && errs[other] == codes.PermissionDenied
+	})
+
+	// SotW, answered before: the error comes with the complete state.
+	s := newStream(t, ads.StreamAggregatedResources)
+	s.send(&discoverypb.DiscoveryRequest{Node: node("a-2", "tenant-a"), TypeUrl: resourcev3.ClusterType, ResourceNames: []string{own}})
+	first := s.recv()
+	s.send(&discoverypb.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResourceNames: []string{own, other},
+		VersionInfo: first.GetVersionInfo(), ResponseNonce: first.GetNonce()})
+	resp := s.recv()
+	if names := resourceNames(t, resp); !slices.Equal(names, []string{own}) || len(resp.GetResourceErrors()) != 1 ||
+		resp.GetResourceErrors()[0].GetErrorDetail().GetCode() != int32(codes.PermissionDenied) {
+		t.Fatalf("SotW client got %v with errors %v", names, resp.GetResourceErrors())
+	}
+
+	// A poll asking for it is refused whole.
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	_, err := clustersvc.NewClusterDiscoveryServiceClient(cc).FetchClusters(ctx,
+		&discoverypb.DiscoveryRequest{Node: node("a-3", "tenant-a"), ResourceNames: []string{other}})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("poll: %v, want PERMISSION_DENIED", err)
+	}
+	for _, n := range upstreamSubscriptions(cp) {
+		if strings.HasSuffix(n, other) {
+			t.Errorf("the control plane was asked for %s", other)
+		}
+	}
+}

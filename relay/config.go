@@ -205,6 +205,10 @@ type Config struct {
 type AuthorizationRule struct {
 	Identity string
 	Node     map[string]string
+	// Authorities, if set, are the xdstp authorities (patterns) whose
+	// names the clients the rule admits may ask for; another's are refused
+	// with PERMISSION_DENIED, name by name (gRFC A88).
+	Authorities []string
 }
 
 // UpstreamConfig is one control plane: upstream.* for the default, or one

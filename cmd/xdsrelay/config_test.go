@@ -203,6 +203,19 @@ func TestLoadConfig(t *testing.T) {
 				}
 			},
 		},
+		{
+			name: "authorization rules with authorities, from the file and the environment",
+			yaml: mtls + "  authorization:\n    rules:\n      - identity: spiffe://example.org/tenant/{t}\n        node: {cluster: \"{t}\"}\n        authorities: [\"{t}.example.com\"]\n",
+			check: func(t *testing.T, o Options) {
+				want := []relay.AuthorizationRule{{Identity: "spiffe://example.org/tenant/{t}", Node: map[string]string{"cluster": "{t}"},
+					Authorities: []string{"{t}.example.com"}}}
+				if got := o.Relay.Downstream.Authorization.Rules; !reflect.DeepEqual(got, want) {
+					t.Errorf("rules %+v, want %+v", got, want)
+				}
+			},
+		},
+		{name: "authorization rule authority with a capture the identity lacks", yaml: mtls + "  authorization:\n    rules: [{identity: x, authorities: [\"{t}.example.com\"]}]\n",
+			wantErr: `downstream.authorization.rules[0].authorities[0]: "{t}.example.com" uses {t}, which the identity does not capture`},
 		{name: "authorization rules without client_ca_file", yaml: "downstream:\n  authorization:\n    rules: [{identity: x}]\n",
 			wantErr: "downstream.authorization.rules: require downstream.tls.client_ca_file"},
 		{name: "authorization rule with an unknown key", yaml: mtls + "  authorization:\n    rules: [{identity: x, nod: {cluster: a}}]\n",

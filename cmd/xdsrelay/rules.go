@@ -56,8 +56,10 @@ func decodeRule(raw any) (relay.AuthorizationRule, error) {
 			err = decodeString(m[k], &r.Identity)
 		case "node":
 			err = decodeMap(m[k], false, &r.Node)
+		case "authorities":
+			err = decodeList(m[k], false, &r.Authorities)
 		default:
-			err = fmt.Errorf("unknown key (a rule has identity and node)")
+			err = fmt.Errorf("unknown key (a rule has identity, node and authorities)")
 		}
 		if err != nil {
 			return r, fmt.Errorf("%s: %w", k, err)
@@ -74,6 +76,9 @@ func formatRules(rules []relay.AuthorizationRule) string {
 	out := make([]map[string]any, len(rules))
 	for i, r := range rules {
 		out[i] = map[string]any{"identity": r.Identity, "node": r.Node}
+		if len(r.Authorities) > 0 {
+			out[i]["authorities"] = r.Authorities
+		}
 	}
 	js, _ := json.Marshal(out)
 	return string(js)

@@ -44,7 +44,7 @@ func settings(o *Options) []setting {
 		{"downstream.tls.key_file", kindString, &d.TLS.KeyFile, "The key of downstream.tls.cert_file."},
 		{"downstream.tls.client_ca_file", kindString, &d.TLS.CAFile, "Require and verify client certificates signed by this CA (mTLS)."},
 		{"downstream.authorization.mode", kindString, &d.Authorization.Mode, "rules: with downstream.tls.client_ca_file, downstream.authorization.rules are required; allow-all: every client may claim every node (warned about)."},
-		{"downstream.authorization.rules", kindRules, &d.Authorization.Rules, "Nodes a client may claim, by its certificate: a list of {identity: PATTERN, node: {FIELD: PATTERN}}; needs downstream.tls.client_ca_file; from the environment as JSON."},
+		{"downstream.authorization.rules", kindRules, &d.Authorization.Rules, "Nodes a client may claim, by its certificate: a list of {identity: PATTERN, node: {FIELD: PATTERN}, authorities: [PATTERN]} (authorities, optional, bound the xdstp authorities it may ask for); needs downstream.tls.client_ca_file; from the environment as JSON."},
 		{"admin.address", kindString, &o.Relay.Admin.Address, "Admin HTTP endpoint (/healthz, /readyz, /metrics); empty disables it. Details naming groups are served only on a loopback address or over admin.tls with a client certificate."},
 		{"admin.tls.cert_file", kindString, &o.Relay.Admin.TLS.CertFile, "TLS certificate for the admin endpoint (HTTPS)."},
 		{"admin.tls.key_file", kindString, &o.Relay.Admin.TLS.KeyFile, "The key of admin.tls.cert_file."},

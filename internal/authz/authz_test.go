@@ -164,3 +164,56 @@ func TestIdentities(t *testing.T) {
 		t.Errorf("no TLS gave identities %q", got)
 	}
 }
+
+// A rule's authorities bound the xdstp names its clients may ask for;
+// other names are not bound; a client admitted by several rules gets what
+// each allows, and a rule without authorities allows them all.
+func TestGrantAuthorities(t *testing.T) {
+	tenant := Rule{Identity: "spiffe://example.org/tenant/{t}", Node: map[string]string{"cluster": "{t}"},
+		Authorities: []string{"{t}.example.com", "shared-*.example.com"}}
+	shared := Rule{Identity: "spiffe://example.org/tenant/a", Node: map[string]string{"cluster": "a"},
+		Authorities: []string{"extra.example.com"}}
+	open := Rule{Identity: "spiffe://example.org/admin", Node: map[string]string{"cluster": "*"}}
+	a, err := New([]Rule{tenant, shared, open})
+	if err != nil {
+		t.Fatal(err)
+	}
+	grant := func(id, cluster string) *Grant {
+		t.Helper()
+		g, err := a.Grant([]string{id}, &corepb.Node{Cluster: cluster})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	a1, b := grant("spiffe://example.org/tenant/a", "a"), grant("spiffe://example.org/tenant/b", "b")
+	admin := grant("spiffe://example.org/admin", "x")
+	for _, tc := range []struct {
+		g    *Grant
+		name string
+		want bool
+	}{
+		{a1, "xdstp://a.example.com/envoy.config.cluster.v3.Cluster/x", true},
+		{a1, "xdstp://b.example.com/envoy.config.cluster.v3.Cluster/x", false},
+		{a1, "xdstp://shared-1.example.com/envoy.config.cluster.v3.Cluster/x", true},
+		{a1, "xdstp://extra.example.com/envoy.config.cluster.v3.Cluster/x", true}, // the second rule's
+		{b, "xdstp://extra.example.com/envoy.config.cluster.v3.Cluster/x", false},
+		{b, "plain-name", true},
+		{admin, "xdstp://b.example.com/envoy.config.cluster.v3.Cluster/x", true},
+		{nil, "xdstp://b.example.com/envoy.config.cluster.v3.Cluster/x", true},
+	} {
+		if got := tc.g.Allows(tc.name); got != tc.want {
+			t.Errorf("%v.Allows(%q) = %v, want %v", tc.g, tc.name, got, tc.want)
+		}
+	}
+	for pattern, want := range map[string]string{
+		"{u}.example.com": "rules[0].authorities[0]: \"{u}.example.com\" uses {u}, which the identity does not capture",
+		"a/b":             "rules[0].authorities[0]: \"a/b\" is not an xdstp authority pattern",
+		"":                "rules[0].authorities[0]: \"\" is not an xdstp authority pattern",
+	} {
+		_, err := New([]Rule{{Identity: "spiffe://x/{t}", Authorities: []string{pattern}}})
+		if err == nil || err.Error() != want {
+			t.Errorf("authority %q: %v, want %q", pattern, err, want)
+		}
+	}
+}
