@@ -298,12 +298,22 @@ func (s *Store) Pending() (stats []*endpointpb.ClusterStats, n int) {
 	return stats, n
 }
 
-// Delivered removes the n oldest pending periods, sent.
-func (s *Store) Delivered(n int) {
+// Delivered removes the n oldest pending periods, sent, but for unsent: the
+// stats of a report sent in parts whose send failed part way. Those stay
+// pending, as one period over the same time, so that nothing is sent twice
+// and nothing is lost.
+func (s *Store) Delivered(n int, unsent []*endpointpb.ClusterStats) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n = min(n, len(s.pending))
-	s.pending = append(s.pending[:0:0], s.pending[n:]...)
+	if n == 0 {
+		return
+	}
+	rest := s.pending[n:]
+	if len(unsent) > 0 {
+		rest = append([]period{{from: s.pending[0].from, to: s.pending[n-1].to, stats: unsent}}, rest...)
+	}
+	s.pending = append(s.pending[:0:0], rest...)
 }
 
 // Discard drops what the store holds undelivered, when its group ends: the

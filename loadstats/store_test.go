@@ -60,7 +60,7 @@ func cut(t *testing.T, s *Store) []*endpointpb.ClusterStats {
 	time.Sleep(time.Millisecond) // a period is never empty of time
 	s.Cut(time.Now())
 	stats, n := s.Pending()
-	s.Delivered(n)
+	s.Delivered(n, nil)
 	return cleared(t, stats)
 }
 
@@ -238,14 +238,24 @@ func TestPendingPeriods(t *testing.T) {
 		t.Errorf("load_report_interval %v, want 3s (the three periods held)", iv)
 	}
 	diff(t, cleared(t, stats), want(clusterStats("c", 3, locStats("z", 30, 0, 30, 4))))
-	s.Delivered(n)
+	s.Delivered(n, nil)
 	if _, n := s.Pending(); n != 0 {
 		t.Errorf("%d periods pending once delivered", n)
 	}
+	// A report sent in parts, the last failing: that part stays pending,
+	// over the same time.
+	r.Report([]*endpointpb.ClusterStats{clusterStats("c", 1), clusterStats("d", 1)})
 	s.Cut(start.Add(6 * time.Second))
+	stats, n = s.Pending()
+	s.Delivered(n, stats[1:])
+	stats, n = s.Pending()
+	if n != 1 || len(stats) != 1 || stats[0].GetClusterName() != "d" || stats[0].GetLoadReportInterval().AsDuration() != time.Second {
+		t.Fatalf("after a part failed, pending %d: %s", n, text(stats...))
+	}
+	s.Cut(start.Add(7 * time.Second))
 	s.Discard()
-	if n := c.dropped.Load(); n != 3 {
-		t.Errorf("dropped %d periods after Discard, want 3", n)
+	if n := c.dropped.Load(); n != 4 {
+		t.Errorf("dropped %d periods after Discard, want 4", n)
 	}
 }
 
@@ -332,7 +342,7 @@ func TestConcurrentReportsAndCuts(t *testing.T) {
 	add := func() {
 		s.Cut(time.Now())
 		stats, n := s.Pending()
-		s.Delivered(n)
+		s.Delivered(n, nil)
 		for _, cs := range stats {
 			drops += cs.GetTotalDroppedRequests()
 			for _, ls := range cs.GetUpstreamLocalityStats() {
