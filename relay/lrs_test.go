@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -17,7 +18,9 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
@@ -313,4 +316,202 @@ func TestLoadReportsSurviveFaults(t *testing.T) {
 	if m := getMetrics(t, r); !strings.Contains(m, "xdsrelay_lrs_dropped_reports_total 0\n") {
 		t.Errorf("reports dropped:\n%s", m)
 	}
+}
+
+// Bad input costs only its own stream: no node is INVALID_ARGUMENT, a
+// report past downstream.max_request_bytes is RESOURCE_EXHAUSTED, and
+// stats for a cluster the client was not told to report are ignored and
+// counted; the good client's counts arrive whole.
+func TestLoadReportsBadInput(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.LRS.Answer(t, lrsAnswer(50*time.Millisecond, "a"))
+	r := startRelay(t, cp.Addr, func(c *Config) { c.Downstream.MaxRequestBytes = 64 << 10 })
+	good, told := startLRSClient(t, r.Addr(), lrsNode("good", "c1", "z1"))
+	for len(told.GetClusters()) == 0 { // until told what the control plane asks: a
+		told = good.recv()
+	}
+	open := lrspb.NewLoadReportingServiceClient(dial(t, r.Addr())).StreamLoadStats
+
+	err := firstReply(t, open, &lrspb.LoadStatsRequest{})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "node") {
+		t.Errorf("a first request without a node: %v, want INVALID_ARGUMENT", err)
+	}
+	big, err := open(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := big.Send(&lrspb.LoadStatsRequest{Node: lrsNode("big", "c1", "z1")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := big.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	huge := loadReport(1, "a")
+	huge.ClusterStats[0].ClusterServiceName = strings.Repeat("x", 65<<10)
+	if err := big.Send(huge); err != nil {
+		t.Fatal(err)
+	}
+	if err := endOf(t, big.Recv); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("a report past downstream.max_request_bytes: %v, want RESOURCE_EXHAUSTED", err)
+	}
+
+	good.send(loadReport(4, "a", "b"))
+	good.send(loadReport(1, "a"))
+	waitMetric(t, r, "xdsrelay_lrs_ignored_stats_total 1")
+	if !cp.LRS.Wait(wait, func(l *testcp.LRS) bool { return l.Load("a").Succeeded == 5 }) {
+		t.Fatalf("the control plane got %+v of a, want 5", cp.LRS.Load("a"))
+	}
+	if cp.LRS.Load("b").Reports != 0 {
+		t.Error("a cluster the control plane did not ask for reached it")
+	}
+	waitMetric(t, r, `xdsrelay_lrs_reports_total{side="downstream"} 2`)
+}
+
+// LRS streams count toward limits.max_streams and
+// limits.max_streams_per_connection, as xDS streams do.
+func TestLoadReportsCountTowardStreamLimits(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("x"))
+	r := startRelay(t, cp.Addr, func(c *Config) {
+		c.Limits.MaxStreams = 2
+		c.Limits.MaxStreamsPerConnection = 1
+	})
+	x := openDelta(t, r.Addr())
+	x.send(cdsDelta(&discoverypb.DeltaDiscoveryRequest{Node: node("x", "c1")}, "x"))
+	x.recv()
+	l, _ := startLRSClient(t, r.Addr(), lrsNode("l", "c1", "z1"))
+	open := lrspb.NewLoadReportingServiceClient(dial(t, r.Addr())).StreamLoadStats
+	wantRefused(t, firstReply(t, open, &lrspb.LoadStatsRequest{Node: lrsNode("l2", "c1", "z1")}), "limits.max_streams")
+	waitMetric(t, r, `xdsrelay_limit_refusals_total{limit="max_streams"} 1`)
+	x.close()
+	finish(t, l)
+
+	// One stream a connection: an LRS stream waits behind an xDS one.
+	cc := dial(t, r.Addr())
+	xs := newStream(t, discoverypb.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources)
+	xs.send(cdsDelta(&discoverypb.DeltaDiscoveryRequest{Node: node("x", "c1")}, "x"))
+	xs.recv()
+	answered := make(chan error, 1)
+	go func() {
+		answered <- firstReply(t, lrspb.NewLoadReportingServiceClient(cc).StreamLoadStats, &lrspb.LoadStatsRequest{Node: lrsNode("l3", "c1", "z1")})
+	}()
+	select {
+	case err := <-answered:
+		t.Fatalf("an LRS stream was served (error %v) beside an xDS stream on a connection allowed one", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	xs.close()
+	select {
+	case err := <-answered:
+		if err != nil {
+			t.Fatalf("the LRS stream, once the xDS stream ended: %v", err)
+		}
+	case <-time.After(wait):
+		t.Fatal("the LRS stream was not served once the xDS stream ended")
+	}
+}
+
+// A client's certificate decides the nodes it may claim on LRS as on xDS.
+func TestLoadReportsAuthorization(t *testing.T) {
+	r, cp, ca := startTenantRelay(t)
+	cc := ca.dialAs(r.Addr(), ca.client("spiffe://example.org/tenant/a"))
+	open := lrspb.NewLoadReportingServiceClient(cc).StreamLoadStats
+	if err := firstReply(t, open, &lrspb.LoadStatsRequest{Node: lrsNode("a-1", "tenant-a", "z1")}); err != nil {
+		t.Fatalf("tenant-a's own node: %v", err)
+	}
+	err := firstReply(t, open, &lrspb.LoadStatsRequest{Node: lrsNode("a-1", "tenant-b", "z1")})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("tenant-a claiming tenant-b's node: %v, want PERMISSION_DENIED", err)
+	}
+	if r.groupCache("cluster=tenant-b") != nil || len(cp.LRS.Streams()) > 1 {
+		t.Error("a denied client made a group or a load report stream")
+	}
+	waitMetric(t, r, `xdsrelay_downstream_denied_total{reason="node",variant="lrs"} 1`)
+}
+
+// The group's stream to the control plane closes cache.retention after
+// the last reporting client leaves, with a last report of what was left;
+// then the group ends.
+func TestLoadReportsStreamClosesAfterRetention(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.LRS.Answer(t, lrsAnswer(time.Hour)) // no report but the last
+	r := startRelay(t, cp.Addr, func(c *Config) { c.Cache.Retention = 300 * time.Millisecond })
+	c, _ := startLRSClient(t, r.Addr(), lrsNode("a", "c1", "z1"))
+	c.send(loadReport(6, "a"))
+	finish(t, c)
+	left := time.Now()
+	if !cp.LRS.Wait(wait, func(l *testcp.LRS) bool { return l.Load("a").Succeeded == 6 }) {
+		t.Fatalf("the last report did not arrive: %+v", cp.LRS.Load("a"))
+	}
+	if since := time.Since(left); since < 300*time.Millisecond {
+		t.Errorf("the stream closed %v after the last client left, before cache.retention", since)
+	}
+	eventually(t, "the group to end", func() bool { return r.groupCache("cluster=c1") == nil })
+	waitMetric(t, r, `xdsrelay_lrs_streams{side="upstream"} 0`)
+	if n := len(cp.LRS.Streams()); n != 1 {
+		t.Errorf("%d load report streams, want 1", n)
+	}
+}
+
+// While the control plane cannot be reached, the relay holds
+// lrs.max_pending of its reports; past that the oldest is dropped and
+// counted, never silently.
+func TestLoadReportsMaxPending(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.LRS.Answer(t, lrsAnswer(30*time.Millisecond))
+	r := startRelay(t, cp.Addr, fastReconnect, func(c *Config) { c.LRS.MaxPending = 2 })
+	c, _ := startLRSClient(t, r.Addr(), lrsNode("a", "c1", "z1"))
+	waitMetric(t, r, `xdsrelay_lrs_streams{side="upstream"} 1`)
+	stopAfterReport(t, cp)
+	c.send(loadReport(1, "a"))
+	eventually(t, "a report dropped", func() bool { return !strings.Contains(getMetrics(t, r), "xdsrelay_lrs_dropped_reports_total 0\n") })
+	var groups []debugGroup
+	getJSON(t, r, "/debug/groups", &groups)
+	if groups[0].Loads.Pending != 2 {
+		t.Errorf("%d reports held, want lrs.max_pending (2)", groups[0].Loads.Pending)
+	}
+}
+
+// Clients of one group that report from different zones while
+// upstream.group_by holds no locality field are warned about once, in the
+// log and on /readyz; with a locality field in the key, they are in
+// groups of their own and nothing is said.
+func TestLoadReportsZonesWarning(t *testing.T) {
+	for _, byZone := range []bool{false, true} {
+		cp := testcp.Start(t)
+		logs := &logBuffer{}
+		r := startRelayLogged(t, cp.Addr, slog.New(slog.NewJSONHandler(logs, nil)), func(c *Config) {
+			if byZone {
+				c.Upstream.GroupBy = append(c.Upstream.GroupBy, "locality.zone")
+			}
+		})
+		for i, zone := range []string{"z1", "z1", "z2", "z3"} {
+			startLRSClient(t, r.Addr(), lrsNode(fmt.Sprint("n", i), "c1", zone))
+		}
+		warned := strings.Count(logs.String(), "report load from different zones")
+		ready := strings.Contains(readyz(t, r), "report load from different zones")
+		if byZone && (warned != 0 || ready) || !byZone && (warned != 1 || !ready) {
+			t.Errorf("grouped by zone %v: warned %d times in the log, on /readyz %v", byZone, warned, ready)
+		}
+	}
+}
+
+// With several control planes, load reports go to the one that serves the
+// Clusters; with resource files, clients are told nothing is asked for.
+func TestLoadReportsGoToTheClustersControlPlane(t *testing.T) {
+	def, clusters := testcp.Start(t), testcp.Start(t)
+	clusters.LRS.Answer(t, lrsAnswer(30*time.Millisecond, "a"))
+	r := startRelay(t, def.Addr, withUpstream("clusters", clusters.Addr, []string{resourcev3.ClusterType}, nil))
+	c, _ := startLRSClient(t, r.Addr(), lrsNode("n", "c1", "z1"))
+	c.send(loadReport(2, "a"))
+	if !clusters.LRS.Wait(wait, func(l *testcp.LRS) bool { return l.Load("a").Succeeded == 2 }) {
+		t.Fatalf("the Clusters' control plane got %+v", clusters.LRS.Load("a"))
+	}
+	if n := len(def.LRS.Streams()); n != 0 {
+		t.Errorf("the default control plane saw %d load report streams", n)
+	}
+
+	files := startRelay(t, FilePrefix+t.TempDir())
+	_, told := startLRSClient(t, files.Addr(), lrsNode("n", "c1", "z1"))
+	wantAnswer(t, told, false, 10*time.Second)
 }
