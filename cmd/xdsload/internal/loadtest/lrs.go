@@ -45,6 +45,8 @@ type LRSResult struct {
 	// relay's control plane. Zero without a process to sample.
 	ServerCPU   time.Duration `json:"server_cpu_ns"`
 	UpstreamCPU time.Duration `json:"upstream_cpu_ns,omitempty"`
+	ServerPID   int           `json:"server_pid,omitempty"`
+	UpstreamPID int           `json:"upstream_pid,omitempty"`
 	// The control plane's load reporting server: its streams open at the
 	// window's end and opened over the run, and the reports it received in
 	// the window.
@@ -209,6 +211,7 @@ func lrsWindow(ctx context.Context, cfg *Config, b *lrsBackend, clients *lrsClie
 		return err
 	}
 	res.ServerCPU, res.UpstreamCPU = sampleCPU(b.pid)-cpu, sampleCPU(b.cpPID)-cpCPU
+	res.ServerPID, res.UpstreamPID = b.pid, b.cpPID
 	res.ClientReports, res.Window = clients.reports.Load()-reports, time.Since(t0)
 	after, err := b.stats()
 	if err != nil {
@@ -295,7 +298,7 @@ func writeLRSTable(w io.Writer, rs ...*LRSResult) error {
 	for _, r := range rs {
 		secs := r.Window.Seconds()
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.0f\t%s\t%s\t%s\t%s\t%d\t%.1f\t%s\t%d\t%d\t\n", r.Setup, r.Told, r.Failed, r.AllTold.Seconds(),
-			perSec(r.ClientReports, secs), perReport(r.ServerCPU, r.ClientReports), r.rssPerStream(), r.heapPerStream(), r.goroutinesPerStream(),
+			perSec(r.ClientReports, secs), r.cpuPerReport(), r.rssPerStream(), r.heapPerStream(), r.goroutinesPerStream(),
 			r.CPStreams, perSec(r.CPReports, secs), r.cpCPU(), r.Sent, r.Received)
 	}
 	if err := tw.Flush(); err != nil {
@@ -319,21 +322,22 @@ func perSec(n int64, secs float64) float64 {
 	return float64(n) / secs
 }
 
-func perReport(cpu time.Duration, reports int64) string {
-	if cpu <= 0 || reports <= 0 {
+// cpuPerReport is the server's CPU per report the clients sent.
+func (r *LRSResult) cpuPerReport() string {
+	if r.ServerPID == 0 || r.ClientReports <= 0 {
 		return "-"
 	}
-	return fmt.Sprintf("%.1f", float64(cpu.Microseconds())/float64(reports))
+	return fmt.Sprintf("%.1f", float64(r.ServerCPU.Microseconds())/float64(r.ClientReports))
 }
 
 // cpCPU is the control plane's CPU per second of the window: the server's
 // when the clients report to it directly, else the relay's upstream's.
 func (r *LRSResult) cpCPU() string {
-	cpu := r.UpstreamCPU
+	cpu, pid := r.UpstreamCPU, r.UpstreamPID
 	if r.Setup == SetupLRSDirect {
-		cpu = r.ServerCPU
+		cpu, pid = r.ServerCPU, r.ServerPID
 	}
-	if cpu <= 0 || r.Window <= 0 {
+	if pid == 0 || r.Window <= 0 {
 		return "-"
 	}
 	return fmt.Sprintf("%.1f", float64(cpu.Milliseconds())/r.Window.Seconds())
