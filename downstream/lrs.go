@@ -1,6 +1,7 @@
 package downstream
 
 import (
+	"slices"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -9,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/loadstats"
@@ -89,7 +91,8 @@ func (s *Server) serveLoads(st loadServer) error {
 // reports into the group's store, while the send pool tells the client
 // again whenever the control plane asks for something else. Only the first
 // request's node counts ("Basic Protocol Overview"): Envoy repeats it in
-// every report, and it is not compared again.
+// every report, and it is not compared again. It is taken as the client's
+// xDS streams send it (see xdsNode).
 func (s *Server) runLoads(st loadServer, end *streamEnd) error {
 	ctx := st.Context()
 	opened := time.Now()
@@ -105,7 +108,7 @@ func (s *Server) runLoads(st loadServer, end *streamEnd) error {
 		return errDraining
 	}
 	defer s.live.remove(ls)
-	end.node = first.GetNode()
+	end.node = xdsNode(first.GetNode())
 	if err := s.authorize(grpcClient(ctx, end.variant), end.node); err != nil {
 		return err
 	}
@@ -143,6 +146,23 @@ func (s *Server) runLoads(st loadServer, end *streamEnd) error {
 		}
 		ld.report(s, req)
 	}
+}
+
+// featureSendAllClusters is what Envoy and gRPC add to the client_features
+// of the node they send on their load report streams, and on no other
+// (load_stats/v3/lrs.proto: send_all_clusters).
+const featureSendAllClusters = "envoy.lrs.supports_send_all_clusters"
+
+// xdsNode is the node of a load report stream as the client's xDS streams
+// send it: without featureSendAllClusters. The stream is authorized as they
+// are, and joins their group (client_features may be a group_by field).
+func xdsNode(n *corepb.Node) *corepb.Node {
+	if !slices.Contains(n.GetClientFeatures(), featureSendAllClusters) {
+		return n
+	}
+	n = proto.Clone(n).(*corepb.Node)
+	n.ClientFeatures = slices.DeleteFunc(n.ClientFeatures, func(f string) bool { return f == featureSendAllClusters })
+	return n
 }
 
 // joinLoads places the stream's node in its group ("Basic Protocol

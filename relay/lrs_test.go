@@ -111,6 +111,13 @@ func TestLoadReportsFromGRPCClients(t *testing.T) {
 			if id := streams[0].Node.GetId(); !strings.HasPrefix(id, "xdsrelay~") || !strings.Contains(id, "cluster=greeters") || streams[0].Node.GetCluster() != "greeters" {
 				t.Errorf("load reported under node %q (cluster %q), want the group's", id, streams[0].Node.GetCluster())
 			}
+			// Each client's load reports are in the group of its xDS
+			// stream, though their node names one more client feature.
+			var groups []debugGroup
+			getJSON(t, r, "/debug/groups", &groups)
+			if len(groups) != 1 || groups[0].Loads == nil || groups[0].Loads.Clients != 3 || groups[0].Clients != 6 {
+				t.Errorf("/debug/groups: %+v; want one group of 3 xDS and 3 load report streams", groups)
+			}
 			m := getMetrics(t, r)
 			for _, want := range []string{`xdsrelay_lrs_streams{side="downstream"} 3`, `xdsrelay_lrs_streams{side="upstream"} 1`, `xdsrelay_lrs_dropped_reports_total 0`} {
 				if !strings.Contains(m, want) {
@@ -423,7 +430,7 @@ func TestLoadReportsAuthorization(t *testing.T) {
 	if status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("tenant-a claiming tenant-b's node: %v, want PERMISSION_DENIED", err)
 	}
-	if r.groupCache("cluster=tenant-b") != nil || len(cp.LRS.Streams()) > 1 {
+	if r.groupCache(keyOf("tenant-b")) != nil || len(cp.LRS.Streams()) > 1 {
 		t.Error("a denied client made a group or a load report stream")
 	}
 	waitMetric(t, r, `xdsrelay_downstream_denied_total{reason="node",variant="lrs"} 1`)
@@ -446,7 +453,7 @@ func TestLoadReportsStreamClosesAfterRetention(t *testing.T) {
 	if since := time.Since(left); since < 300*time.Millisecond {
 		t.Errorf("the stream closed %v after the last client left, before cache.retention", since)
 	}
-	eventually(t, "the group to end", func() bool { return r.groupCache("cluster=c1") == nil })
+	eventually(t, "the group to end", func() bool { return r.groupCache(keyOf("c1")) == nil })
 	waitMetric(t, r, `xdsrelay_lrs_streams{side="upstream"} 0`)
 	if n := len(cp.LRS.Streams()); n != 1 {
 		t.Errorf("%d load report streams, want 1", n)
