@@ -522,3 +522,23 @@ func TestLoadReportsGoToTheClustersControlPlane(t *testing.T) {
 	_, told := startLRSClient(t, files.Addr(), lrsNode("n", "c1", "z1"))
 	wantAnswer(t, told, false, 10*time.Second)
 }
+
+// On shutdown, each group's reporter sends what its clients reported since
+// its last report before the relay closes its connection upstream.
+func TestLoadReportsSentOnShutdown(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.LRS.Answer(t, lrsAnswer(time.Hour)) // no report but the last
+	r := startRelay(t, cp.Addr)
+	c, _ := startLRSClient(t, r.Addr(), lrsNode("a", "c1", "z1"))
+	eventually(t, "the control plane to answer the relay", func() bool {
+		var groups []debugGroup
+		getJSON(t, r, "/debug/groups", &groups)
+		return len(groups) == 1 && groups[0].Loads != nil && groups[0].Loads.Answered
+	})
+	c.send(loadReport(3, "a"))
+	waitMetric(t, r, `xdsrelay_lrs_reports_total{side="downstream"} 1`)
+	shutdown(t, r)
+	if got := cp.LRS.Load("a").Succeeded; got != 3 {
+		t.Errorf("the control plane counted %d requests once the relay had shut down, want 3", got)
+	}
+}
