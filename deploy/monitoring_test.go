@@ -312,8 +312,8 @@ log:
 }
 
 // exercise makes the relay fall back to cp, serve a canary client that
-// NACKs a change, NACK a response from cp, hold cp's mass removal, and
-// refuse a second group.
+// NACKs a change, NACK a response from cp, hold cp's mass removal, refuse a
+// second group, and take a client's load report.
 func exercise(t *testing.T, r *relayProc, cp *controlPlane) {
 	names := make([]string, 10)
 	for i := range names {
@@ -373,6 +373,8 @@ func exercise(t *testing.T, r *relayProc, cp *controlPlane) {
 	if _, err := other.recv(t); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("a second group: %v, want RESOURCE_EXHAUSTED", err)
 	}
+
+	reportLoad(t, r.downstream, "fleet")
 }
 
 func recvOK(t *testing.T, c *xdsClient) *discoverypb.DeltaDiscoveryResponse {

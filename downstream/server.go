@@ -52,6 +52,9 @@ type Options struct {
 	// of errors only can end the stream (see pump.awaitFirst); 0 holds
 	// none. The relay sets cache.not_found_timeout.
 	AnswerWait time.Duration
+	// Loads configure the load reporting service (LRS); not served if
+	// Loads.Groups is nil.
+	Loads LoadOptions
 }
 
 // Server implements the xDS services on top of the groups' caches.
@@ -69,6 +72,7 @@ type Server struct {
 	limits      Limits
 	admission   *admission
 	deadlines   *deadlines // limits.first_request_timeout; nil for none
+	loads       LoadOptions
 
 	drainOnce sync.Once
 	conns     connSet   // connections accepted by Listen
@@ -118,6 +122,7 @@ func New(opts Options) (*Server, error) {
 		sendTimeout:    opts.SendTimeout,
 		answerWait:     opts.AnswerWait,
 		limits:         opts.Limits,
+		loads:          opts.Loads.defaults(),
 		admission:      newAdmission(opts.Limits),
 		endLog:         newBucket(endLogRate, endLogBurst),
 		nackLog:        newBucket(endLogRate, endLogBurst),

@@ -40,10 +40,12 @@ var (
 	_ extensionsvc.ExtensionConfigDiscoveryServiceServer = (*Server)(nil)
 )
 
-// Register registers every xDS service on g: ADS, the per-type services
-// and the Client Status Discovery Service (CSDS).
+// Register registers every xDS service on g: ADS, the per-type services,
+// the Client Status Discovery Service (CSDS) and, with load groups, the
+// load reporting service (LRS).
 func (s *Server) Register(g *grpc.Server) {
 	s.registerCSDS(g)
+	s.registerLoads(g)
 	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, s)
 	listenersvc.RegisterListenerDiscoveryServiceServer(g, s)
 	routesvc.RegisterRouteDiscoveryServiceServer(g, s)

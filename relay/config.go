@@ -183,6 +183,18 @@ type Config struct {
 		// in progress (held ones included) at once.
 		MaxPolls int
 	}
+	// LRS is lrs.*: load reports (LRS) from clients, summed per group and
+	// sent to the control plane.
+	LRS struct {
+		// Interval is lrs.interval: how often clients are told to report
+		// until the control plane has answered, or when it names no
+		// interval.
+		Interval time.Duration
+		// MaxPending is lrs.max_pending: per group, the relay's own
+		// reports (one per interval) held while the control plane cannot
+		// be reached; past it the oldest is dropped, and counted.
+		MaxPending int
+	}
 	// Tracing installs OpenTelemetry instrumentation (gRPC stats handlers on
 	// both edges) on the global tracer provider; the binary sets it when
 	// tracing.otlp_endpoint is configured.
@@ -331,6 +343,8 @@ func Default() Config {
 	c.Limits.FirstRequestTimeout = 10 * time.Second
 	c.Limits.RESTReadTimeout = 10 * time.Second
 	c.Limits.MaxPolls = 10000
+	c.LRS.Interval = 10 * time.Second
+	c.LRS.MaxPending = 1000
 	return c
 }
 
@@ -402,6 +416,9 @@ func (c *Config) Validate() error {
 		}
 	}
 	if err := c.validateGuard(); err != nil {
+		return err
+	}
+	if err := c.validateLRS(); err != nil {
 		return err
 	}
 	if c.ShutdownTimeout <= 0 {

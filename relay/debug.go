@@ -117,6 +117,7 @@ type debugGroup struct {
 	Resources      int              `json:"resources"`
 	Clients        int              `json:"clients"`
 	Types          []debugGroupType `json:"types"`
+	Loads          *debugLoads      `json:"load_reports"` // null: no client has reported load (loads.go)
 }
 
 // debugGroups lists the groups: upstream state and what each subscribes.
@@ -132,6 +133,7 @@ func (r *Relay) debugGroups(w http.ResponseWriter, _ *http.Request) {
 		}
 		dg.Holds = holdsOf(g.cache)
 		dg.Rollouts = rolloutsOf(g.cache)
+		dg.Loads = r.loadsOf(g)
 		dg.Upstreams = []debugUpstream{}
 		for _, u := range upstreamsOf(s) {
 			du := debugUpstream{Name: u.Upstream, Server: u.Server, Connected: u.Connected, LastError: u.LastError}

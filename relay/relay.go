@@ -59,6 +59,7 @@ type Relay struct {
 	rolloutM      rolloutMetrics
 	persistHealth *persistHealth
 	warnings      *configWarnings // xdsrelay_config_warnings and their /readyz lines
+	loads         loadReports     // load report metrics (loads.go)
 	adminTLS      *tls.Config     // nil without admin.tls
 
 	mu     sync.Mutex
@@ -88,8 +89,10 @@ type group struct {
 	fields  *corepb.Node // the group_by fields of its clients' nodes (keyNode); read-only
 	cache   *cache.Cache
 	status  func() upstream.Status
-	clients int // guarded by Relay.mu
+	feed    upstream.Feed // what fills cache; read-only
+	clients int           // guarded by Relay.mu
 	cancel  context.CancelFunc
+	loads   *groupLoads // guarded by Relay.mu; nil until a client reports load
 }
 
 // New validates cfg and prepares a relay; Start runs it.
@@ -117,6 +120,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	r.rolloutM = newRolloutMetrics(r.metrics)
 	r.persistHealth = newPersistHealth(r.metrics)
 	r.warnings = newConfigWarnings(r.metrics)
+	r.loads = newLoadReports(r.metrics)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	ok := false
 	defer func() {
@@ -138,7 +142,8 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	r.warnAllowAll()
 	ds, err := downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: logger,
 		PollTimeout: cfg.Downstream.PollTimeout, SendTimeout: cfg.Downstream.SendTimeout, Authorizer: az,
-		Limits: downstreamLimits(cfg), AnswerWait: min(cfg.Cache.NotFoundTimeout, firstAnswerWait)})
+		Limits: downstreamLimits(cfg), AnswerWait: min(cfg.Cache.NotFoundTimeout, firstAnswerWait),
+		Loads: r.loads.downstream(r)})
 	if err != nil {
 		return nil, err
 	}
@@ -488,7 +493,7 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 		cancel()
 		return nil, err
 	}
-	g.status = feed.Status
+	g.status, g.feed = feed.Status, feed
 	r.goRun(func() { feed.Run(ctx) })
 	r.groups[key] = g
 	r.groupsG.Set(int64(len(r.groups)))
@@ -514,7 +519,8 @@ func (r *Relay) sweep() {
 		var ended []*group
 		r.mu.Lock()
 		for key, g := range r.groups {
-			if g.cache.Sweep() && g.clients == 0 {
+			loadsOver := r.sweepLoadsLocked(g)
+			if g.cache.Sweep() && g.clients == 0 && loadsOver {
 				delete(r.groups, key)
 				ended = append(ended, g)
 			}
@@ -525,6 +531,7 @@ func (r *Relay) sweep() {
 			// Not waited for: the group's goroutine ends on its own, and
 			// Shutdown waits for it with a bound.
 			g.cancel()
+			endLoads(g)
 			r.log.Info("group ended", "group", xds.Clip(g.key))
 		}
 	}

@@ -138,6 +138,27 @@
 // In CI (.ci/run) a 20s soak gates goroutines, fds and the heap; see
 // README.md for why not RSS.
 //
+// With --lrs it measures load reports (LRS) instead of xDS: every client
+// opens one LoadReportingService stream (on its connection, or
+// --streams-per-conn to one), sends its node, and reports every interval
+// its first response names: one cluster, one locality, 10 requests issued
+// and succeeded, one in progress. The control plane (--serve-cp, implied)
+// runs a load reporting server on its port that asks every stream for
+// every cluster each --lrs-interval (1s) and counts streams, reports and
+// the requests they tell of. With --relay the clients report to xdsrelay
+// in front of it (lrs.interval also --lrs-interval), which sends the
+// group's sums on one stream; with --compare, the same clients report
+// through the relay, then directly. Once every client has been told what
+// to report and has reported once, it measures for --lrs-for (30s): the
+// reports per second the clients sent; the CPU per report of the process
+// they report to (the relay, or the control plane directly; --split for
+// that process's alone); its RSS growth per stream from before the clients
+// and, with --split, its heap in use (after a collection) and goroutines
+// per stream; the control plane's load report streams and reports per
+// second, and its CPU per second. It then stops the clients (each closes
+// its side and waits for the server to end the stream) and checks that
+// the control plane was told of as many requests as the clients were.
+//
 // With --floor it measures the socket floor instead: as many plain TCP
 // connections on loopback, to which a server writes, for the initial config
 // and for each update, a length-prefixed frame as large as the xDS response
@@ -219,6 +240,9 @@
 //	--relay-persist DIR  the relay's cache.persist_dir: a second run restarts warm
 //	--split              server side in a child process
 //	--compare            relay, linear, snapshot, gRPC floor and floor side by side
+//	--lrs                load reports instead of xDS (see above)
+//	--lrs-interval D     the interval the control plane asks for (default 1s)
+//	--lrs-for D          how long to measure once every client reports (default 30s)
 //	--soak D             soak the relay for D (see above)
 //	--soak-every D       a row every D (default 1m; D/10, 5s at least, under 10m)
 //	--soak-restart-every D  control-plane restarts (default 60s, or D/3)
@@ -247,6 +271,7 @@
 //	xdsload --compare --split --variant sotw --type cds --resources 5000 --clients 1000 --updates 10 --update-every 2s
 //	xdsload --serve-cp 127.0.0.1:0 --relay --relay-limits --clients 2000 --rate 0
 //	xdsload --serve-cp 127.0.0.1:0 --relay --split --relay-persist /tmp/xdsload-cache --clients 2000 --rate 0
+//	xdsload --lrs --compare --split --clients 1000
 //	xdsload --soak 1h --split --clients 2000
 //	xdsload --soak 20s --split --clients 200 --soak-every 5s --soak-gate goroutines,fds,heap
 //

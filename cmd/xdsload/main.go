@@ -35,6 +35,10 @@ Usage:
                                               and the socket floor, one after the
                                               other, side by side
   xdsload --compare --split --churn 20s       connect/disconnect churn, side by side
+  xdsload --lrs --compare --split [flags]     load reports (LRS) through the
+                                              relay and directly: CPU per
+                                              report, memory per stream, the
+                                              control plane's streams and reports
   xdsload --soak 1h --split [flags]           soak the relay: churn, resubscriptions,
                                               NACKs, control-plane changes and
                                               restarts; a row of the relay's figures
@@ -63,17 +67,28 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	var out interface{ WriteTable(io.Writer) error }
-	if f.envoy {
+	switch {
+	case f.envoy:
 		var res *loadtest.EnvoyResult
 		if res, err = loadtest.RunEnvoy(ctx, f.envoyConfig()); res != nil {
 			out = res
 		}
-	} else if f.compare {
+	case f.cfg.LRS && f.compare:
+		var cmp *loadtest.LRSComparison
+		if cmp, err = loadtest.CompareLRS(ctx, f.cfg); cmp != nil {
+			out = cmp
+		}
+	case f.cfg.LRS:
+		var res *loadtest.LRSResult
+		if res, err = loadtest.RunLRS(ctx, f.cfg); res != nil {
+			out = res
+		}
+	case f.compare:
 		var cmp *loadtest.Comparison
 		if cmp, err = loadtest.Compare(ctx, f.cfg); cmp != nil {
 			out = cmp
 		}
-	} else {
+	default:
 		var res *loadtest.Result
 		f.cfg.Soak.Rows = stdout // a soak's rows, as they come
 		if res, err = loadtest.Run(ctx, f.cfg); res != nil {
@@ -155,6 +170,9 @@ func (f *flags) define(fs *flag.FlagSet) {
 	fs.BoolVar(&s.ReportOnly, "soak-report-only", false, "report the soak's verdict, but exit 0 whatever it is")
 	fs.BoolVar(&f.envoy, "envoy", false, "clients that behave as Envoy (wildcard CDS, EDS for every cluster, and a cluster warming until its endpoints come again): the control plane serves --resources EDS clusters from a LinearCache, each update changes one cluster and not its endpoints, and each row says how long the change took to make the cluster usable on every client (--variant, --ads, --relay, --target, --pid, --streams-per-conn apply)")
 	fs.DurationVar(&f.initialFetch, "initial-fetch-timeout", 15*time.Second, "with --envoy, Envoy's initial_fetch_timeout: a changed cluster still warming this long after it arrived counts as stalled (and usable then, on old endpoints)")
+	fs.BoolVar(&c.LRS, "lrs", false, "load reports instead of xDS: every client opens one LRS stream and reports every --lrs-interval, for --lrs-for once all report, to the --serve-cp control plane's load reporting server or, with --relay, to the relay in front of it; with --compare, through the relay and then directly; reports the server's CPU per report and memory per stream, and the control plane's streams and reports per second")
+	fs.DurationVar(&c.LRSInterval, "lrs-interval", 0, "with --lrs, the load_reporting_interval the control plane (and the relay, until it answers) asks for; default 1s")
+	fs.DurationVar(&c.LRSFor, "lrs-for", 0, "with --lrs, how long to measure once every client reports; default 30s")
 	fs.StringVar(&f.json, "json", "", "also write the results as JSON to `file`")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (the clients, and the control plane and relay it serves) while the updates fan out to `file`; with --compare, one per setup, named file.<setup>; the server side of a --split run is file.server; each with the mutex contention of the same window in <file>.mutex; and the split server's heap once every client is configured in file.server.heap")
 }
@@ -228,10 +246,14 @@ func (f *flags) finish(rest []string) error {
 		}
 		return nil
 	}
+	if f.cfg.ServeCP == "" && (f.compare || f.cfg.LRS && f.cfg.Target == "") {
+		f.cfg.ServeCP = "127.0.0.1:0"
+	}
+	if f.cfg.LRS {
+		cfg := f.cfg.Defaults()
+		return cfg.Validate()
+	}
 	if f.compare {
-		if f.cfg.ServeCP == "" {
-			f.cfg.ServeCP = "127.0.0.1:0"
-		}
 		cfg := f.cfg.Defaults()
 		return cfg.ValidateCompare()
 	}

@@ -74,6 +74,8 @@ func settings(o *Options) []setting {
 		{"guard.hold", kindDuration, &o.Relay.Guard.Hold, "How long a hold lasts before its removals are applied; 0 holds until released."},
 		{"rollout.canary", kindRate, &o.Relay.Rollout.Canary, "Per type, the fraction (below 1, e.g. 0.05) or the count (1 or more, e.g. 3) of a group's clients that get a change from the control plane first; the rest get it once they ACK it, or after rollout.bake without a NACK. 0 turns the rollout off."},
 		{"rollout.bake", kindDuration, &o.Relay.Rollout.Bake, "How long a change waits for the canaries' verdict; a NACK within it holds the change from the rest of the group."},
+		{"lrs.interval", kindDuration, &o.Relay.LRS.Interval, "How often load-reporting (LRS) clients are told to report until the control plane answers, or when it names no interval."},
+		{"lrs.max_pending", kindInt, &o.Relay.LRS.MaxPending, "Per group, the relay's load reports (one per interval) held while the control plane cannot be reached; they go out together once it is back. Past this many the oldest is dropped and counted in xdsrelay_lrs_dropped_reports_total."},
 		{"shutdown_timeout", kindDuration, &o.Relay.ShutdownTimeout, "How long shutdown waits for streams to end before closing them."},
 		{"log.level", kindLevel, &o.LogLevel, "debug, info, warn or error; changed at run time with PUT /debug/loglevel."},
 		{"log.format", kindString, &o.LogFormat, "text (key=value) or json (one JSON object a line)."},

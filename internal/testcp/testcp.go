@@ -22,6 +22,7 @@ import (
 	clustersvc "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	endpointsvc "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
+	lrspb "github.com/envoyproxy/go-control-plane/envoy/service/load_stats/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -49,6 +50,9 @@ type ControlPlane struct {
 	SotWStreams   atomic.Int64 // SotW streams opened
 	DeltaRequests atomic.Int64 // delta requests received
 
+	// LRS is its load reporting server, on the same server and port.
+	LRS *LRS
+
 	srv  serverv3.Server
 	t    testing.TB
 	opts []grpc.ServerOption
@@ -75,7 +79,7 @@ func StartWith(t testing.TB, opts ...grpc.ServerOption) *ControlPlane {
 // cluster argument is then hash's key.
 func StartKeyed(t testing.TB, hash cachev3.NodeHash, opts ...grpc.ServerOption) *ControlPlane {
 	t.Helper()
-	cp := &ControlPlane{Cache: cachev3.NewSnapshotCache(false, hash, nil)}
+	cp := &ControlPlane{Cache: cachev3.NewSnapshotCache(false, hash, nil), LRS: newLRS()}
 	cb := serverv3.CallbackFuncs{
 		DeltaStreamOpenFunc: func(context.Context, int64, string) error {
 			cp.DeltaStreams.Add(1)
@@ -116,6 +120,7 @@ func (cp *ControlPlane) serve(ln net.Listener) {
 	// outlives the control plane (goleak).
 	g := grpc.NewServer(append([]grpc.ServerOption{grpc.WaitForHandlers(true)}, cp.opts...)...)
 	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, cp.srv)
+	lrspb.RegisterLoadReportingServiceServer(g, cp.LRS)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

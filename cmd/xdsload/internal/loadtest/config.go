@@ -89,6 +89,15 @@ type Config struct {
 	// the relay: see SoakConfig.
 	Soak SoakConfig `json:"soak,omitzero"`
 
+	// LRS runs load-reporting clients instead of xDS ones (RunLRS): each
+	// opens one LRS stream to the target and reports every LRSInterval (the
+	// interval the control plane names), for LRSFor once all report. The
+	// control plane is the tool's (ServeCP); with Relay, the clients report
+	// to the relay in front of it.
+	LRS         bool          `json:"lrs,omitempty"`
+	LRSInterval time.Duration `json:"lrs_interval_ns,omitempty"`
+	LRSFor      time.Duration `json:"lrs_for_ns,omitempty"`
+
 	// CPUProfile, if set, is a file that receives a CPU profile of this
 	// process while the updates fan out: from every client configured to
 	// the last update delivered (or the run's end). Compare writes one per
@@ -121,6 +130,10 @@ func (cfg Config) Defaults() Config {
 	setDefault(&cfg.ProgressEvery, time.Second)
 	cfg = cfg.SoakDefaults()
 	setDefault(&cfg.Timeout, 2*time.Minute)
+	if cfg.LRS {
+		setDefault(&cfg.LRSInterval, time.Second)
+		setDefault(&cfg.LRSFor, 30*time.Second)
+	}
 	return cfg
 }
 
@@ -183,6 +196,9 @@ func (cfg *Config) Validate() error {
 	if err := cfg.Soak.validate(cfg); err != nil {
 		return err
 	}
+	if err := cfg.validateLRS(); err != nil {
+		return err
+	}
 	return cfg.validateNames()
 }
 
@@ -214,6 +230,21 @@ func (cfg *Config) validateRelay() error {
 		// Streams past SETTINGS_MAX_CONCURRENT_STREAMS wait for a slot
 		// that a long-lived xDS stream never frees.
 		return fmt.Errorf("relay-limits: the relay's limits.max_streams_per_connection is %d; give streams-per-conn at most that", relayStreamsPerConn)
+	}
+	return nil
+}
+
+// validateLRS checks a load-report run's options.
+func (cfg *Config) validateLRS() error {
+	switch {
+	case !cfg.LRS:
+		return nil
+	case cfg.ServeCP == "" || cfg.Target != "":
+		return errors.New("lrs: the control plane's load reporting server is the tool's: give serve-cp, and no target")
+	case cfg.Floor || cfg.GRPCFloor || cfg.Churn > 0 || cfg.Soak.Duration > 0:
+		return errors.New("lrs: give neither floor, grpc-floor, churn nor soak")
+	case cfg.LRSInterval <= 0 || cfg.LRSFor <= 0:
+		return errors.New("lrs-interval and lrs-for must be positive")
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -12,6 +13,7 @@ import (
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	endpointsvc "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
 	listenersvc "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
+	lrspb "github.com/envoyproxy/go-control-plane/envoy/service/load_stats/v3"
 	routesvc "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -32,7 +34,8 @@ type controlPlane struct {
 	// Read-only after startControlPlane.
 	addr      string
 	catalog   *catalog
-	nodeGroup string // the node.cluster that snapshots are keyed by
+	nodeGroup string     // the node.cluster that snapshots are keyed by
+	lrs       *lrsServer // the load reporting server, on the same port
 	snapshots cachev3.SnapshotCache
 	linear    *cachev3.LinearCache
 	cache     cachev3.Cache // snapshots or linear
@@ -49,7 +52,7 @@ type controlPlane struct {
 // cfg.ServeCP from the cache cfg.CPCache names, on the aggregated and the
 // per-type services.
 func startControlPlane(cfg *Config, coding seqCoding) (*controlPlane, error) {
-	cp := &controlPlane{catalog: newCatalog(cfg, coding), nodeGroup: cfg.NodeCluster}
+	cp := &controlPlane{catalog: newCatalog(cfg, coding), nodeGroup: cfg.NodeCluster, lrs: newLRSServer(cmp.Or(cfg.LRSInterval, time.Second))}
 	for i := range cp.catalog.names {
 		cp.resources = append(cp.resources, cp.catalog.resource(i, 0))
 	}
@@ -100,6 +103,7 @@ func (cp *controlPlane) serve(ln net.Listener) {
 	clustersvc.RegisterClusterDiscoveryServiceServer(cp.grpc, srv)
 	listenersvc.RegisterListenerDiscoveryServiceServer(cp.grpc, srv)
 	routesvc.RegisterRouteDiscoveryServiceServer(cp.grpc, srv)
+	lrspb.RegisterLoadReportingServiceServer(cp.grpc, cp.lrs)
 	done := cp.done
 	go func() {
 		defer close(done)

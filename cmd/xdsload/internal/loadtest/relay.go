@@ -78,6 +78,9 @@ func relayConfig(upstream string, cfg *Config) (relay.Config, error) {
 		}
 		rc.Cache.PersistDir, rc.Cache.PersistInterval = dir, relayPersistEvery
 	}
+	if cfg.LRS {
+		rc.LRS.Interval = cfg.LRSInterval
+	}
 	if cfg.relayTune != nil {
 		cfg.relayTune(&rc)
 	}

@@ -50,6 +50,7 @@ type childReady struct {
 // childCommand is a later line from the parent.
 type childCommand struct {
 	// "publish", "profile" (start), "profile-stop", "memory", "heap", "gc",
+	// "lrs" (the control plane's load reporting server's counts),
 	// or for a soak "soak" (sample the relay), "upstream" (the relay's
 	// upstream streams that are up), "cp-pause" and "cp-resume".
 	Op   string `json:"op"`
@@ -63,6 +64,7 @@ type childReply struct {
 	Memory    *ServerMemory `json:"memory,omitempty"`
 	Sample    *RelaySample  `json:"sample,omitempty"`
 	Connected int           `json:"connected,omitempty"` // the relay's groups with their upstream stream up
+	LRS       *LRSStats     `json:"lrs,omitempty"`       // the control plane's load reporting server's counts
 	Error     string        `json:"error,omitempty"`
 }
 
@@ -153,6 +155,13 @@ func serveServerSide(in io.Reader, out io.Writer) error {
 				if stopProfile, err = startCPUProfile(cmd.File); err != nil {
 					reply.Error = err.Error()
 				}
+			}
+		case "lrs":
+			if s, ok := srv.(*cpStack); ok {
+				st := s.lrsStats()
+				reply.LRS = &st
+			} else {
+				reply.Error = "lrs: not a control plane"
 			}
 		case "memory":
 			reply.Memory = readMemory()

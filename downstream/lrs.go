@@ -1,0 +1,200 @@
+package downstream
+
+import (
+	"slices"
+	"time"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	lrspb "github.com/envoyproxy/go-control-plane/envoy/service/load_stats/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/xdsrelay/xdsrelay/internal/metrics"
+	"github.com/xdsrelay/xdsrelay/loadstats"
+)
+
+// The load reporting service (LRS, envoy.service.load_stats.v3): clients
+// report the load they send to each cluster, and are told what to report
+// and how often. A stream is admitted, authorized and placed in a group as
+// an xDS stream is (limits.max_streams, limits.stream_rate,
+// limits.first_request_timeout, downstream.authorization, its first
+// request's node), and writes its reports into the group's loadstats.Store;
+// the relay sends the group's sums upstream.
+
+// LoadGroups places a load-reporting client in its group. The relay
+// implements it.
+type LoadGroups interface {
+	// JoinLoads returns the load store of the group the node belongs to
+	// and a function to call when the stream ends. A *LimitError refuses
+	// the client at a limit (limits.max_groups).
+	JoinLoads(node *corepb.Node) (s *loadstats.Store, release func(), err error)
+}
+
+// LoadOptions configure the load reporting service.
+type LoadOptions struct {
+	Groups  LoadGroups     // nil: the service is not served (UNIMPLEMENTED)
+	Streams *metrics.Value // open streams (xdsrelay_lrs_streams{side="downstream"}); nil: not counted
+	Reports *metrics.Value // reports received (xdsrelay_lrs_reports_total{side="downstream"}); nil: not counted
+}
+
+// variantLRS is a load report stream's variant, in logs and metrics.
+const variantLRS = "lrs"
+
+type loadServer = grpc.BidiStreamingServer[lrspb.LoadStatsRequest, lrspb.LoadStatsResponse]
+
+// loadService is the service as gRPC registers it.
+type loadService struct {
+	lrspb.UnimplementedLoadReportingServiceServer
+	s *Server
+}
+
+var _ lrspb.LoadReportingServiceServer = loadService{}
+
+// StreamLoadStats serves one client's load reports.
+func (ls loadService) StreamLoadStats(st loadServer) error { return ls.s.serveLoads(st) }
+
+// defaults returns o with a value counted nowhere for each metric not given.
+func (o LoadOptions) defaults() LoadOptions {
+	for _, v := range []**metrics.Value{&o.Streams, &o.Reports} {
+		if *v == nil {
+			*v = new(metrics.Value)
+		}
+	}
+	return o
+}
+
+// registerLoads registers the service on g, if the server has load groups.
+func (s *Server) registerLoads(g *grpc.Server) {
+	if s.loads.Groups != nil {
+		lrspb.RegisterLoadReportingServiceServer(g, loadService{s: s})
+	}
+}
+
+// serveLoads runs one stream (see runLoads) and logs how it ended.
+func (s *Server) serveLoads(st loadServer) error {
+	end := streamEnd{variant: variantLRS}
+	release, err := s.admitStream()
+	if err == nil {
+		err = s.runLoads(st, &end)
+		release()
+	}
+	err = s.edge(err)
+	s.ended(st.Context(), end, err)
+	return err
+}
+
+// runLoads runs one stream: its first request places it in a group, and
+// it is told at once what to report; then the handler's goroutine reads
+// reports into the group's store, while the send pool tells the client
+// again whenever the control plane asks for something else. Only the first
+// request's node counts ("Basic Protocol Overview"): Envoy repeats it in
+// every report, and it is not compared again. It is taken as the client's
+// xDS streams send it (see xdsNode).
+func (s *Server) runLoads(st loadServer, end *streamEnd) error {
+	ctx := st.Context()
+	opened := time.Now()
+	first, err := firstRequest(ctx, s, st.Recv)
+	if first == nil {
+		return err
+	}
+	ls := &liveStream{}
+	if p, ok := peer.FromContext(ctx); ok {
+		ls.addr = p.Addr
+	}
+	if !s.live.add(ls) {
+		return errDraining
+	}
+	defer s.live.remove(ls)
+	end.node = xdsNode(first.GetNode())
+	if err := s.authorize(grpcClient(ctx, end.variant), end.node); err != nil {
+		return err
+	}
+	store, release, err := s.joinLoads(end.node)
+	if err != nil {
+		return err
+	}
+	defer release()
+	s.loads.Streams.Inc()
+	defer s.loads.Streams.Dec()
+	g := s.guard(ctx, st.SendMsg, end.variant, opened)
+	ld := &loadStream{send: g.send}
+	pm := &pump{pool: s.sends, conn: s.sends.conn(ls.addr), flush: ld.flush, guard: g}
+	g.conn = pm.conn
+	defer s.sends.release(pm.conn)
+	ld.rep = store.Join(end.node, pm.ready)
+	defer ld.rep.Leave()
+	defer pm.end()
+	pm.ready()
+	if err := pm.runInline(); err != nil { // the first response
+		return err
+	}
+	if len(first.GetClusterStats()) > 0 {
+		ld.report(s, first)
+	}
+	// Later requests are decoded into one message: its reset drops what the
+	// last one held, which the store may keep (proto.Unmarshal copies).
+	req := new(lrspb.LoadStatsRequest)
+	for {
+		if err := st.RecvMsg(req); err != nil {
+			if ferr := pm.failure(); ferr != nil {
+				return ferr
+			}
+			return recvError(err)
+		}
+		ld.report(s, req)
+	}
+}
+
+// featureSendAllClusters is what Envoy and gRPC add to the client_features
+// of the node they send on their load report streams, and on no other
+// (load_stats/v3/lrs.proto: send_all_clusters).
+const featureSendAllClusters = "envoy.lrs.supports_send_all_clusters"
+
+// xdsNode is the node of a load report stream as the client's xDS streams
+// send it: without featureSendAllClusters. The stream is authorized as they
+// are, and joins their group (client_features may be a group_by field).
+func xdsNode(n *corepb.Node) *corepb.Node {
+	if !slices.Contains(n.GetClientFeatures(), featureSendAllClusters) {
+		return n
+	}
+	n = proto.Clone(n).(*corepb.Node)
+	n.ClientFeatures = slices.DeleteFunc(n.ClientFeatures, func(f string) bool { return f == featureSendAllClusters })
+	return n
+}
+
+// joinLoads places the stream's node in its group ("Basic Protocol
+// Overview": the node is read from the first request only).
+func (s *Server) joinLoads(node *corepb.Node) (*loadstats.Store, func(), error) {
+	if node == nil {
+		return nil, nil, status.Error(codes.InvalidArgument, "xdsrelay: the first request on a load report stream must carry the node")
+	}
+	store, release, err := s.loads.Groups.JoinLoads(node)
+	if err != nil {
+		return nil, nil, joinError(err)
+	}
+	return store, release, nil
+}
+
+// loadStream is one client's load report stream.
+type loadStream struct {
+	send func(any) error     // the stream's SendMsg, guarded against stuck clients
+	rep  *loadstats.Reporter // set before the first flush
+}
+
+// flush tells the client what the control plane asks, if it changed since
+// the client was last told (LoadStatsResponse: every response starts a new
+// reporting period for Envoy, so none is sent without a change).
+func (l *loadStream) flush() error {
+	if resp := l.rep.Next(); resp != nil {
+		return l.send(resp)
+	}
+	return nil
+}
+
+func (l *loadStream) report(s *Server, req *lrspb.LoadStatsRequest) {
+	s.loads.Reports.Inc()
+	l.rep.Report(req.GetClusterStats())
+}

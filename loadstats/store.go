@@ -1,0 +1,351 @@
+package loadstats
+
+import (
+	"errors"
+	"sync"
+	"time"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointpb "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	lrspb "github.com/envoyproxy/go-control-plane/envoy/service/load_stats/v3"
+)
+
+// Options configure a Store.
+type Options struct {
+	// Interval is lrs.interval: what clients are told to report at until
+	// the control plane has answered, and whenever it names no interval.
+	// Required.
+	Interval time.Duration
+	// MaxPending is lrs.max_pending: the periods (Cut) held while they
+	// cannot be delivered; past it the oldest is dropped. Required.
+	MaxPending int
+	// ByLocality tells that the group's key holds a locality field: its
+	// clients are all in one zone, and the zone check is off.
+	ByLocality bool
+	// OnMixedZones is called, once, when two clients of the group report
+	// from different zones (see ByLocality), with the two localities.
+	OnMixedZones func(first, other *corepb.Locality)
+	// OnIgnored counts cluster stats left out: of a report, for a cluster
+	// the client was not told to report or the control plane no longer
+	// asks for; of a period, for a cluster the control plane stopped
+	// asking for within it.
+	OnIgnored func(n int)
+	// OnDropped counts periods dropped undelivered: past MaxPending, or
+	// discarded with the store.
+	OnDropped func(n int)
+}
+
+// Store is one group's load reports and the control plane's instructions.
+type Store struct {
+	// Read-only after New.
+	opts Options
+
+	mu        sync.Mutex
+	cur       *told                   // guarded by mu: what clients are told now
+	answered  bool                    // guarded by mu: the control plane has instructed
+	reporters map[*Reporter]struct{}  // guarded by mu
+	left      time.Time               // guarded by mu: when the last reporter left; zero while any is joined
+	sums      sums                    // guarded by mu: the current period's counts
+	gauges    map[gaugeKey]gaugeEntry // guarded by mu: the sum of every reporter's latest gauges
+	start     time.Time               // guarded by mu: when the current period began
+	pending   []period                // guarded by mu: periods not delivered, oldest first
+	zone      *corepb.Locality        // guarded by mu: the first reporter's, for the zone check
+	mixed     bool                    // guarded by mu: OnMixedZones was called
+}
+
+// period is the stats of one period, [from, to), ready to send.
+type period struct {
+	from, to time.Time
+	stats    []*endpointpb.ClusterStats
+}
+
+// New returns an empty store whose clients are told, until Instruct, to
+// report every cluster at opts.Interval.
+func New(opts Options) (*Store, error) {
+	switch {
+	case opts.Interval <= 0:
+		return nil, errors.New("loadstats: Options.Interval must be positive")
+	case opts.MaxPending <= 0:
+		return nil, errors.New("loadstats: Options.MaxPending must be positive")
+	}
+	for _, f := range []*func(int){&opts.OnIgnored, &opts.OnDropped} {
+		if *f == nil {
+			*f = func(int) {}
+		}
+	}
+	return &Store{
+		opts:      opts,
+		cur:       newTold(Instructions{SendAll: true, Interval: opts.Interval}, 1),
+		reporters: map[*Reporter]struct{}{},
+		left:      time.Now(),
+		sums:      sums{},
+		gauges:    map[gaugeKey]gaugeEntry{},
+		start:     time.Now(),
+	}, nil
+}
+
+// Reporter is one client stream's place in the store.
+type Reporter struct {
+	// Read-only after Join.
+	s      *Store
+	notify func()
+
+	// Guarded by s.mu.
+	told   *told        // what the client was told last; nil before Next
+	latest []gaugeEntry // the gauges of its latest report
+	gone   bool         // Leave was called
+}
+
+// Join adds a reporting client, whose stream's first request carried node.
+// notify is called (never with the store's lock held) whenever the client
+// has something new to be told: read it with Next.
+func (s *Store) Join(node *corepb.Node, notify func()) *Reporter {
+	r := &Reporter{s: s, notify: notify}
+	s.mu.Lock()
+	s.reporters[r] = struct{}{}
+	s.left = time.Time{}
+	first, other := s.checkZoneLocked(node.GetLocality())
+	s.mu.Unlock()
+	if other != nil && s.opts.OnMixedZones != nil {
+		s.opts.OnMixedZones(first, other)
+	}
+	return r
+}
+
+// checkZoneLocked notes the locality of a new reporter, and returns the
+// first one and this one the first time two differ in region or zone.
+func (s *Store) checkZoneLocked(l *corepb.Locality) (first, other *corepb.Locality) {
+	if s.opts.ByLocality || s.mixed {
+		return nil, nil
+	}
+	if s.zone == nil {
+		s.zone = &corepb.Locality{Region: l.GetRegion(), Zone: l.GetZone()}
+		return nil, nil
+	}
+	if s.zone.GetRegion() == l.GetRegion() && s.zone.GetZone() == l.GetZone() {
+		return nil, nil
+	}
+	s.mixed = true
+	return s.zone, &corepb.Locality{Region: l.GetRegion(), Zone: l.GetZone()}
+}
+
+// Leave removes the reporter: its gauges leave the sums, its counts stay.
+func (r *Reporter) Leave() {
+	s := r.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r.gone {
+		return
+	}
+	r.gone = true
+	s.replaceGaugesLocked(r.latest, nil)
+	r.latest = nil
+	delete(s.reporters, r)
+	if len(s.reporters) == 0 {
+		s.left = time.Now()
+	}
+}
+
+// Next returns what the client is to be told, nil if it was told it
+// already; the client counts as told once it is returned.
+func (r *Reporter) Next() *lrspb.LoadStatsResponse {
+	s := r.s
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r.told == s.cur {
+		return nil
+	}
+	r.told = s.cur
+	return s.cur.resp
+}
+
+// Report adds a client's report. Stats for a cluster the client was not
+// told to report, or that the control plane no longer asks for, are left
+// out and counted (OnIgnored). The report's gauges replace the client's
+// previous ones whole: a locality or cluster it leaves out has none.
+func (r *Reporter) Report(stats []*endpointpb.ClusterStats) {
+	s := r.s
+	ignored := 0
+	s.mu.Lock()
+	if r.gone {
+		s.mu.Unlock()
+		return
+	}
+	old := r.latest
+	var latest []gaugeEntry
+	endpoints := s.cur.in.EndpointGranularity
+	for _, cs := range stats {
+		if name := cs.GetClusterName(); !r.told.wants(name) || !s.cur.wants(name) {
+			ignored++
+			continue
+		}
+		s.sums.add(cs, endpoints)
+		latest = gaugesOf(latest, cs, endpoints)
+	}
+	s.replaceGaugesLocked(old, latest)
+	r.latest = latest
+	s.mu.Unlock()
+	if ignored > 0 {
+		s.opts.OnIgnored(ignored)
+	}
+}
+
+// replaceGaugesLocked takes old out of the gauges' sums and puts latest in.
+func (s *Store) replaceGaugesLocked(old, latest []gaugeEntry) {
+	for _, e := range old {
+		sum := s.gauges[e.key]
+		if sum.g = sum.g.minus(e.g); sum.g.zero() {
+			delete(s.gauges, e.key)
+		} else {
+			s.gauges[e.key] = sum
+		}
+	}
+	for _, e := range latest {
+		sum := s.gauges[e.key]
+		sum.key, sum.g = e.key, sum.g.plus(e.g)
+		if e.ep != nil {
+			sum.ep = e.ep // the latest address and metadata
+		}
+		s.gauges[e.key] = sum
+	}
+}
+
+// Instruct records what the control plane asked for, and tells every
+// reporter if it changed (see Next). It reports whether it changed.
+func (s *Store) Instruct(in Instructions) bool {
+	in = in.normal(s.opts.Interval)
+	s.mu.Lock()
+	s.answered = true
+	if s.cur.in.equal(in) {
+		s.mu.Unlock()
+		return false
+	}
+	s.cur = newTold(in, s.cur.version+1)
+	notify := make([]func(), 0, len(s.reporters))
+	for r := range s.reporters {
+		notify = append(notify, r.notify)
+	}
+	s.mu.Unlock()
+	for _, f := range notify {
+		f()
+	}
+	return true
+}
+
+// Instructions returns what clients are told now.
+func (s *Store) Instructions() Instructions {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur.in
+}
+
+// Cut ends the current period at now: its counts and the gauges as they
+// stand become a pending period, ready to send (Pending), and a new period
+// begins. Past Options.MaxPending pending periods, the oldest is dropped
+// (OnDropped).
+func (s *Store) Cut(now time.Time) {
+	s.mu.Lock()
+	for _, e := range s.gauges {
+		s.sums.fold(e)
+	}
+	stats, left := s.sums.build(s.cur.wants, now.Sub(s.start), s.cur.in.EndpointGranularity)
+	s.sums = sums{}
+	s.pending = append(s.pending, period{from: s.start, to: now, stats: stats})
+	s.start = now
+	dropped := 0
+	if over := len(s.pending) - s.opts.MaxPending; over > 0 {
+		dropped = over
+		s.pending = append(s.pending[:0:0], s.pending[over:]...)
+	}
+	s.mu.Unlock()
+	if left > 0 {
+		s.opts.OnIgnored(left)
+	}
+	if dropped > 0 {
+		s.opts.OnDropped(dropped)
+	}
+}
+
+// Pending returns the periods not delivered yet as one report: their
+// counts summed, the latest period's gauges, over the time from the first
+// one's start to the last one's end (the real time since the last report
+// delivered, unless periods were dropped). n is how many periods it holds:
+// pass it to Delivered once the report is sent.
+func (s *Store) Pending() (stats []*endpointpb.ClusterStats, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch n = len(s.pending); n {
+	case 0:
+		return nil, 0
+	case 1:
+		return s.pending[0].stats, 1
+	}
+	merged := sums{}
+	for _, p := range s.pending {
+		for _, cs := range p.stats {
+			merged.add(cs, true)
+		}
+	}
+	last := s.pending[n-1]
+	var latest []gaugeEntry
+	for _, cs := range last.stats {
+		latest = gaugesOf(latest, cs, true)
+	}
+	for _, e := range latest {
+		merged.fold(e)
+	}
+	stats, _ = merged.build(nil, last.to.Sub(s.pending[0].from), true)
+	return stats, n
+}
+
+// Delivered removes the n oldest pending periods, sent, but for unsent: the
+// stats of a report sent in parts whose send failed part way. Those stay
+// pending, as one period over the same time, so that nothing is sent twice
+// and nothing is lost.
+func (s *Store) Delivered(n int, unsent []*endpointpb.ClusterStats) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n = min(n, len(s.pending))
+	if n == 0 {
+		return
+	}
+	rest := s.pending[n:]
+	if len(unsent) > 0 {
+		rest = append([]period{{from: s.pending[0].from, to: s.pending[n-1].to, stats: unsent}}, rest...)
+	}
+	s.pending = append(s.pending[:0:0], rest...)
+}
+
+// Discard drops what the store holds undelivered, when its group ends: the
+// pending periods (counted, OnDropped) and the current one's counts.
+func (s *Store) Discard() {
+	s.mu.Lock()
+	n := len(s.pending)
+	s.pending, s.sums = nil, sums{}
+	s.mu.Unlock()
+	if n > 0 {
+		s.opts.OnDropped(n)
+	}
+}
+
+// Idle reports whether no client reports, and since when.
+func (s *Store) Idle() (since time.Time, idle bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.left, len(s.reporters) == 0
+}
+
+// Status is what the admin endpoint shows of a store.
+type Status struct {
+	Reporters    int          // clients reporting
+	Pending      int          // periods not delivered
+	Answered     bool         // the control plane has instructed (Instruct)
+	Instructions Instructions // what clients are told now
+}
+
+// Status returns the store's status.
+func (s *Store) Status() Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Status{Reporters: len(s.reporters), Pending: len(s.pending), Answered: s.answered, Instructions: s.cur.in}
+}

@@ -1,0 +1,234 @@
+package upstream
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointpb "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	lrspb "github.com/envoyproxy/go-control-plane/envoy/service/load_stats/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/xdsrelay/xdsrelay/internal/metrics"
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+	"github.com/xdsrelay/xdsrelay/loadstats"
+)
+
+const lrsWait = 10 * time.Second
+
+func lrsServer(t *testing.T, cp *testcp.ControlPlane) Server {
+	t.Helper()
+	cc, err := grpc.NewClient(cp.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return Server{Name: cp.Addr, Conn: cc}
+}
+
+func newLoadStore(t *testing.T) *loadstats.Store {
+	t.Helper()
+	s, err := loadstats.New(loadstats.Options{Interval: 50 * time.Millisecond, MaxPending: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// runLoadReporter runs a reporter until the test ends (or the returned
+// stop), reporting to the server that server returns.
+func runLoadReporter(t *testing.T, store *loadstats.Store, server func() (Server, bool), m LoadMetrics) (stop func()) {
+	t.Helper()
+	lr, err := NewLoadReporter(LoadReporterOptions{Store: store, Node: &corepb.Node{Id: "relay~group", Cluster: "c1"},
+		Server: server, Group: "cluster=c1", Metrics: m, Logger: slog.New(slog.DiscardHandler),
+		Backoff: backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, MaxDelay: 50 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		lr.Run(ctx)
+	}()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case <-done:
+			case <-time.After(lrsWait):
+				t.Error("the load reporter did not end")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func fixed(s Server) func() (Server, bool) { return func() (Server, bool) { return s, true } }
+
+// reportRequests has r report n successful requests to cluster c, one a
+// report.
+func reportRequests(r *loadstats.Reporter, c string, n int) {
+	for range n {
+		r.Report([]*endpointpb.ClusterStats{{ClusterName: c, UpstreamLocalityStats: []*endpointpb.UpstreamLocalityStats{
+			{Locality: &corepb.Locality{Zone: "z"}, TotalSuccessfulRequests: 1, TotalIssuedRequests: 1}}}})
+	}
+}
+
+// A group's reporter opens one stream under the group's node (with the
+// send_all_clusters feature), tells the store what the control plane asks,
+// and sends the store's sums on the control plane's interval; its last
+// report goes out when it ends.
+func TestLoadReporterSendsSums(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.LRS.Answer(t, &lrspb.LoadStatsResponse{Clusters: []string{"a"}, LoadReportingInterval: durationpb.New(30 * time.Millisecond)})
+	store := newLoadStore(t)
+	reg := metrics.New(metrics.Options{})
+	m := LoadMetrics{Streams: reg.Gauge("s", "s").With(), Reports: reg.Counter("r", "r").With()}
+	stop := runLoadReporter(t, store, fixed(lrsServer(t, cp)), m)
+	r := store.Join(&corepb.Node{}, func() {})
+	r.Next()
+	if !cp.LRS.Wait(lrsWait, func(*testcp.LRS) bool { return slices.Equal(store.Instructions().Clusters, []string{"a"}) }) {
+		t.Fatalf("the store was not told the control plane's clusters: %+v", store.Instructions())
+	}
+	r.Next()
+	reportRequests(r, "a", 5)
+	if !cp.LRS.Wait(lrsWait, func(l *testcp.LRS) bool { return l.Load("a").Succeeded == 5 }) {
+		t.Fatalf("the control plane got %+v of cluster a, want 5 requests", cp.LRS.Load("a"))
+	}
+	reportRequests(r, "a", 3)
+	reportRequests(r, "b", 3) // not asked for
+	stop()
+	if got := cp.LRS.Load("a"); got.Succeeded != 8 || cp.LRS.Load("b").Reports != 0 {
+		t.Errorf("after the last report the control plane has %+v of a and %+v of b, want 8 and none", got, cp.LRS.Load("b"))
+	}
+	streams := cp.LRS.Streams()
+	if len(streams) != 1 || streams[0].Node.GetId() != "relay~group" ||
+		!slices.Contains(streams[0].Node.GetClientFeatures(), "envoy.lrs.supports_send_all_clusters") {
+		t.Fatalf("streams %d, first node %v: want one, under the group's node with send_all_clusters", len(streams), streams[0].Node)
+	}
+	for _, req := range cp.LRS.Reports(streams[0])[1:] {
+		if req.GetNode() != nil {
+			t.Error("a report after the first request carries the node")
+		}
+		for _, cs := range req.GetClusterStats() {
+			if cs.GetLoadReportInterval().AsDuration() <= 0 {
+				t.Errorf("cluster %s reported over %v", cs.GetClusterName(), cs.GetLoadReportInterval())
+			}
+		}
+	}
+	if m.Streams.Get() != 0 || m.Reports.Get() == 0 {
+		t.Errorf("streams %d, reports %d: want 0 once ended, and some", m.Streams.Get(), m.Reports.Get())
+	}
+}
+
+// While the control plane is down, periods end and are held; once it is
+// back, one report carries them all, over the whole time since the last
+// one. Nothing is lost or sent twice.
+func TestLoadReporterHoldsWhileDown(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.LRS.Answer(t, &lrspb.LoadStatsResponse{SendAllClusters: true, LoadReportingInterval: durationpb.New(20 * time.Millisecond)})
+	store := newLoadStore(t)
+	runLoadReporter(t, store, fixed(lrsServer(t, cp)), LoadMetrics{})
+	r := store.Join(&corepb.Node{}, func() {})
+	r.Next()
+	reportRequests(r, "a", 2)
+	if !cp.LRS.Wait(lrsWait, func(l *testcp.LRS) bool { return l.Load("a").Succeeded == 2 }) {
+		t.Fatalf("the control plane got %+v", cp.LRS.Load("a"))
+	}
+	// Stop right after a report, so that none is in flight.
+	stopped := make(chan struct{})
+	var once sync.Once
+	cp.LRS.OnReport(func(*testcp.LRSStream, *lrspb.LoadStatsRequest) { once.Do(func() { close(stopped) }) })
+	<-stopped
+	cp.Stop()
+	down := time.Now()
+	reportRequests(r, "a", 7)
+	time.Sleep(100 * time.Millisecond) // periods end while it is down
+	if store.Status().Pending < 2 {
+		t.Fatalf("%d periods held while down, want several", store.Status().Pending)
+	}
+	reportRequests(r, "a", 1)
+	cp.Restart()
+	if !cp.LRS.Wait(lrsWait, func(l *testcp.LRS) bool { return l.Load("a").Succeeded >= 10 }) {
+		t.Fatalf("the control plane got %+v after it came back", cp.LRS.Load("a"))
+	}
+	streams := cp.LRS.Streams()
+	var merged *endpointpb.ClusterStats
+	for _, req := range cp.LRS.Reports(streams[len(streams)-1]) {
+		if cs := testcp.ClusterStats(req, "a"); cs != nil && merged == nil {
+			merged = cs
+		}
+	}
+	if merged == nil || merged.GetLoadReportInterval().AsDuration() < time.Since(down)-time.Since(down)/2 {
+		t.Errorf("the report after the outage spans %v; the outage began %v ago", merged.GetLoadReportInterval().AsDuration(), time.Since(down))
+	}
+	cp.LRS.Wait(100*time.Millisecond, func(*testcp.LRS) bool { return false }) // a few more periods
+	if got := cp.LRS.Load("a").Succeeded; got != 10 {
+		t.Errorf("the control plane counted %d requests, want 10", got)
+	}
+}
+
+// When the group's stream moves to another server, the reports follow at
+// the next period: the first server's stream ends, the other's opens.
+func TestLoadReporterFollowsServer(t *testing.T) {
+	primary, secondary := testcp.Start(t), testcp.Start(t)
+	for _, cp := range []*testcp.ControlPlane{primary, secondary} {
+		cp.LRS.Answer(t, &lrspb.LoadStatsResponse{SendAllClusters: true, LoadReportingInterval: durationpb.New(20 * time.Millisecond)})
+	}
+	servers := []Server{lrsServer(t, primary), lrsServer(t, secondary)}
+	var cur atomic.Int32
+	store := newLoadStore(t)
+	runLoadReporter(t, store, func() (Server, bool) { return servers[cur.Load()], true }, LoadMetrics{})
+	r := store.Join(&corepb.Node{}, func() {})
+	r.Next()
+	reportRequests(r, "a", 1)
+	if !primary.LRS.Wait(lrsWait, func(l *testcp.LRS) bool { return l.Load("a").Succeeded == 1 }) {
+		t.Fatal("nothing reached the primary")
+	}
+	cur.Store(1)
+	if !secondary.LRS.Wait(lrsWait, func(l *testcp.LRS) bool { return len(l.Streams()) == 1 }) {
+		t.Fatal("the reports did not follow to the secondary")
+	}
+	reportRequests(r, "a", 4)
+	if !secondary.LRS.Wait(lrsWait, func(l *testcp.LRS) bool { return l.Load("a").Succeeded == 4 }) {
+		t.Fatalf("the secondary got %+v", secondary.LRS.Load("a"))
+	}
+	cur.Store(0)
+	reportRequests(r, "a", 2)
+	if !primary.LRS.Wait(lrsWait, func(l *testcp.LRS) bool { return l.Load("a").Succeeded == 3 }) {
+		t.Fatalf("back on the primary, it got %+v", primary.LRS.Load("a"))
+	}
+	if n := len(primary.LRS.Streams()); n != 2 {
+		t.Errorf("the primary saw %d streams, want 2", n)
+	}
+}
+
+// A report larger than MaxRequestBytes goes in parts, a cluster whole in
+// each.
+func TestPackStats(t *testing.T) {
+	var stats []*endpointpb.ClusterStats
+	for i := range 10 {
+		stats = append(stats, &endpointpb.ClusterStats{ClusterName: string(rune('a' + i)), ClusterServiceName: string(make([]byte, 100))})
+	}
+	parts := packStats(stats, 250)
+	if len(parts) != 5 || !slices.Equal(slices.Concat(parts...), stats) {
+		t.Errorf("%d parts, want 5 of two clusters each", len(parts))
+	}
+	if parts := packStats(nil, 250); len(parts) != 1 || len(parts[0]) != 0 {
+		t.Errorf("no stats: %d parts, want one empty report", len(parts))
+	}
+	if parts := packStats(stats[:2], 10); len(parts) != 2 {
+		t.Errorf("clusters larger than the bound: %d parts, want one each", len(parts))
+	}
+}
