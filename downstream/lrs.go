@@ -109,7 +109,7 @@ func (s *Server) runLoads(st loadServer, end *streamEnd) error {
 	}
 	defer s.live.remove(ls)
 	end.node = xdsNode(first.GetNode())
-	if err := s.authorize(grpcClient(ctx, end.variant), end.node); err != nil {
+	if _, err := s.authorize(grpcClient(ctx, end.variant), end.node); err != nil {
 		return err
 	}
 	store, release, err := s.joinLoads(end.node)
