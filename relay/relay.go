@@ -112,6 +112,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 		certs:   make(map[string]*creds.Reloader),
 	}
 	r.upm = upstream.NewMetrics(r.metrics)
+	r.zeroUpstreamSeries()
 	r.groupsG = r.metrics.Gauge("xdsrelay_groups", "Groups of downstream clients, each with its own upstream stream.").With()
 	r.registerGroupMetrics()
 	r.registerCertMetrics()
@@ -494,6 +495,7 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 		return nil, err
 	}
 	g.status, g.feed = feed.Status, feed
+	r.zeroGroupSeries(key)
 	r.goRun(func() { feed.Run(ctx) })
 	r.groups[key] = g
 	r.groupsG.Set(int64(len(r.groups)))
