@@ -171,9 +171,13 @@ func TestReadyAfterSync(t *testing.T) {
 		}
 		return resp.GetStatus()
 	}
-	if code, body := get(t, http.DefaultClient, readyz); code != http.StatusServiceUnavailable || body != "not ready: waiting for the first upstream sync\n" {
-		t.Fatalf("/readyz before the control plane: %d %q", code, body)
-	}
+	eventually(t, "/readyz naming the refused connection", func() bool {
+		code, body := get(t, http.DefaultClient, readyz)
+		if code != http.StatusServiceUnavailable || !strings.HasPrefix(body, "not ready: waiting for the first upstream sync: ") {
+			t.Fatalf("/readyz before the control plane: %d %q", code, body)
+		}
+		return strings.Contains(body, "upstream "+cp.Addr+" cannot be reached") && strings.Contains(body, "connection refused")
+	})
 	if st := check(); st != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Fatalf("health before the control plane: %v", st)
 	}

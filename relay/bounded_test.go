@@ -1,0 +1,63 @@
+package relay
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"github.com/xdsrelay/xdsrelay/internal/metrics"
+)
+
+// Admin bodies are bounded whatever clients put in their nodes: with 40
+// groups whose node.cluster is 1 MiB each (40 MiB of group keys), every
+// admin body is small, each group is shown by its key's hash as the
+// metrics' group label shows it, and that form names the group in the
+// paths that take one.
+func TestAdminBodiesBounded(t *testing.T) {
+	const groups, keyBytes, bound = 40, 1 << 20, 64 << 10
+	r := startRelay(t, FilePrefix+t.TempDir())
+	var first string
+	for i := range groups {
+		cluster := fmt.Sprintf("%02d", i) + strings.Repeat("x", keyBytes)
+		s := openDelta(t, r.Addr())
+		s.send(&discoverypb.DeltaDiscoveryRequest{Node: node(strings.Repeat("n", keyBytes), cluster), TypeUrl: resourcev3.ClusterType})
+		if i == 0 {
+			first = metrics.Bound(GroupKey(node("", cluster), r.cfg.Upstream.GroupBy))
+		}
+	}
+	eventually(t, "40 groups", func() bool { return len(r.snapshotGroups()) == groups })
+	eventually(t, "40 clients", func() bool { return len(r.down.Clients(nil)) == groups })
+
+	base := "http://" + r.AdminAddr()
+	for _, c := range []struct{ method, path string }{
+		{http.MethodGet, "/readyz"},
+		{http.MethodGet, "/debug/groups"},
+		{http.MethodGet, "/debug/clients"},
+		{http.MethodGet, "/metrics"},
+		{http.MethodPost, "/debug/guard/release"},
+		{http.MethodPost, "/debug/rollout/release"},
+		{http.MethodGet, "/debug/cache?type=" + url.QueryEscape(resourcev3.ClusterType) + "&group=" + url.QueryEscape(first)},
+		{http.MethodPost, "/debug/guard/release?group=" + url.QueryEscape(first)},
+	} {
+		code, body := do(t, c.method, base+c.path, "")
+		if code != http.StatusOK {
+			t.Errorf("%s %s: %d %.200s", c.method, c.path, code, body)
+		}
+		if len(body) > bound {
+			t.Errorf("%s %s: %d bytes, want at most %d", c.method, c.path, len(body), bound)
+		}
+	}
+	var gs []debugGroup
+	getJSON(t, r, "/debug/groups", &gs)
+	if len(gs) != groups || !strings.HasPrefix(gs[0].Key, "sha256:") {
+		t.Fatalf("/debug/groups: %d groups, first key %.80q", len(gs), gs[0].Key)
+	}
+	if !strings.Contains(readyz(t, r), fmt.Sprintf("group %q:", first)) {
+		t.Errorf("/readyz does not show the group as %q", first)
+	}
+}
