@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/downstream"
@@ -185,6 +186,9 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	}
 	r.grpc = grpc.NewServer(opts...)
 	r.down.Register(r.grpc)
+	if cfg.Downstream.Reflection {
+		reflection.Register(r.grpc) // grpcurl, against CSDS and the xDS services
+	}
 	r.health = health.NewServer()
 	r.updateHealth() // NOT_SERVING until Start
 	healthpb.RegisterHealthServer(r.grpc, drainingHealth{Server: r.health, r: r})
