@@ -14,20 +14,28 @@ import (
 )
 
 // Admin bodies are bounded whatever clients put in their nodes: with 40
-// groups whose node.cluster is 1 MiB each (40 MiB of group keys), every
+// groups whose node.cluster is 1 MiB each (40 MiB of group keys; and a
+// quarter MiB each of node id, user agent and client features), every
 // admin body is small, each group is shown by its key's hash as the
 // metrics' group label shows it, and that form names the group in the
 // paths that take one.
 func TestAdminBodiesBounded(t *testing.T) {
-	const groups, keyBytes, bound = 40, 1 << 20, 64 << 10
+	// A few KiB a group at most, whatever its clients' nodes hold.
+	const groups, keyBytes = 40, 1 << 20
+	const bound = groups * 8 << 10
 	r := startRelay(t, FilePrefix+t.TempDir())
 	var first string
+	var features []string // 256 KiB of client_features, which group_by names too
+	for i := range 256 {
+		features = append(features, fmt.Sprintf("%03d", i)+strings.Repeat("f", 1<<10))
+	}
 	for i := range groups {
-		cluster := fmt.Sprintf("%02d", i) + strings.Repeat("x", keyBytes)
+		n := node(strings.Repeat("n", keyBytes/4), fmt.Sprintf("%02d", i)+strings.Repeat("x", keyBytes))
+		n.UserAgentName, n.ClientFeatures = strings.Repeat("u", keyBytes/4), features
 		s := openDelta(t, r.Addr())
-		s.send(&discoverypb.DeltaDiscoveryRequest{Node: node(strings.Repeat("n", keyBytes), cluster), TypeUrl: resourcev3.ClusterType})
+		s.send(&discoverypb.DeltaDiscoveryRequest{Node: n, TypeUrl: resourcev3.ClusterType})
 		if i == 0 {
-			first = metrics.Bound(GroupKey(node("", cluster), r.cfg.Upstream.GroupBy))
+			first = metrics.Bound(GroupKey(n, r.cfg.Upstream.GroupBy))
 		}
 	}
 	eventually(t, "40 groups", func() bool { return len(r.snapshotGroups()) == groups })

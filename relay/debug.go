@@ -30,19 +30,17 @@ import (
 // shownKey is a group key as the admin endpoint and the metrics show it.
 func shownKey(key string) string { return metrics.Bound(key) }
 
-// maxListed bounds the entries of a client-chosen list an admin body shows.
-const maxListed = 32
-
-// clipList is a client-chosen list as an admin body shows it: each entry
-// clipped, at most maxListed of them, then how many more there are.
+// clipList is a client-chosen list as an admin body shows it: as many
+// entries as fit in xds.MaxText bytes, then how many more there are.
 func clipList(list []string) []string {
-	out := make([]string, 0, min(len(list), maxListed+1))
+	out := make([]string, 0, len(list))
+	left := xds.MaxText
 	for i, e := range list {
-		if i == maxListed {
-			out = append(out, fmt.Sprintf("…(%d more)", len(list)-maxListed))
-			break
+		if len(e) > left {
+			return append(out, fmt.Sprintf("…(%d more)", len(list)-i))
 		}
-		out = append(out, xds.Clip(e))
+		out = append(out, e)
+		left -= len(e)
 	}
 	return out
 }

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -49,7 +50,8 @@ func TestReadyzNothingCachedIsNotServingFromCache(t *testing.T) {
 		return len(g) == 1 && g[0].status().LastError != ""
 	})
 	_, private := get(t, http.DefaultClient, "http://"+r.AdminAddr()+"/readyz")
-	if !strings.Contains(private, `group "cluster=tenant-a": upstream DOWN, nothing cached to serve`) {
+	key := GroupKey(node("n", "tenant-a"), r.cfg.Upstream.GroupBy)
+	if !strings.Contains(private, fmt.Sprintf("group %q: upstream DOWN, nothing cached to serve", key)) {
 		t.Errorf("private /readyz: %q", private)
 	}
 	if want := "ready; 1 group with upstream down and nothing cached to serve"; r.readySummary() != want {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -297,8 +298,9 @@ func TestRolloutHeldShowsOnReadyzAndReleases(t *testing.T) {
 	eventually(t, "the halt to be counted", func() bool {
 		return strings.Contains(getMetrics(t, r), `xdsrelay_rollout_halts_total{type="Cluster"} 1`)
 	})
+	key := GroupKey(node("client-0", "c1"), r.cfg.Upstream.GroupBy)
 	detail := readyz(t, r)
-	if !strings.Contains(detail, `group "cluster=c1"`) || !strings.Contains(detail, "DEGRADED: rollout of 1 Cluster resources held since ") ||
+	if !strings.Contains(detail, fmt.Sprintf("group %q", key)) || !strings.Contains(detail, "DEGRADED: rollout of 1 Cluster resources held since ") ||
 		!strings.Contains(detail, "NACKed it: cannot use it (release: POST /debug/rollout/release)") {
 		t.Errorf("/readyz does not show the held rollout:\n%s", detail)
 	}
@@ -311,12 +313,12 @@ func TestRolloutHeldShowsOnReadyzAndReleases(t *testing.T) {
 			t.Errorf("release%s: %d %s, want %d", query, code, body, want)
 		}
 	}
-	code, body := do(t, http.MethodPost, "http://"+r.AdminAddr()+"/debug/rollout/release?group=cluster%3Dc1&type=clusters", "")
+	code, body := do(t, http.MethodPost, "http://"+r.AdminAddr()+"/debug/rollout/release?group="+url.QueryEscape(key)+"&type=clusters", "")
 	var released []debugRollout
 	if err := json.Unmarshal([]byte(body), &released); code != http.StatusOK || err != nil {
 		t.Fatalf("release: %d %s %v", code, body, err)
 	}
-	if len(released) != 1 || released[0].Group != "cluster=c1" || !released[0].Held || released[0].Error != "cannot use it" ||
+	if len(released) != 1 || released[0].Group != key || !released[0].Held || released[0].Error != "cannot use it" ||
 		!slices.Equal(released[0].Types, []string{resourcev3.ClusterType}) {
 		t.Fatalf("release answered %+v", released)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -97,8 +98,9 @@ func TestRolloutReleaseCommand(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	code, out, errOut := runCLI("rollout", "release", "--server", r.AdminAddr(), "--group", "cluster=c1", "--type", "clusters")
-	if code != 0 || !strings.Contains(out, `released a change of 1 Cluster resources in group "cluster=c1", NACKed by canary "node-`) ||
+	key := relay.GroupKey(&corepb.Node{Id: "node-a", Cluster: "c1"}, cfg.Upstream.GroupBy)
+	code, out, errOut := runCLI("rollout", "release", "--server", r.AdminAddr(), "--group", key, "--type", "clusters")
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("released a change of 1 Cluster resources in group %q, NACKed by canary \"node-", key)) ||
 		!strings.Contains(out, "13s is too slow") {
 		t.Fatalf("rollout release: exit %d, %q %q", code, out, errOut)
 	}
