@@ -58,6 +58,9 @@ type RolloutEvent struct {
 	// Baked is set on a release that came with the bake time, not every
 	// canary's ACK (none was sent the change, or some did not answer).
 	Baked bool
+	// Released is set on the release of a held change an operator
+	// released (ReleaseHeld).
+	Released bool
 	// Who and Detail are, on a halt, the canary that NACKed (Watch.SetRank's
 	// label) and its error detail.
 	Who, Detail string
@@ -91,6 +94,7 @@ type change struct {
 	who     string
 	detail  string
 	noticed bool // its halt was told
+	forced  bool // an operator released it while held (ReleaseHeld)
 }
 
 type changeType struct {
@@ -257,7 +261,7 @@ func (c *Cache) advanceLocked(now time.Time, o *op) {
 			}
 			c.releaseLocked(ch, o)
 			ev := ch.event(RolloutReleased)
-			ev.Baked = baked
+			ev.Baked, ev.Released = baked && !ch.forced, ch.forced
 			o.rollout = append(o.rollout, ev)
 			continue
 		}
@@ -285,6 +289,9 @@ func (ch *change) overlaps(names map[[2]string]bool) bool {
 // is unwatched, or ACKed by every canary sent it, or baked. baked is set
 // when the bake time decided.
 func (ch *change) ready(now time.Time, bake time.Duration) (ready, baked bool) {
+	if ch.forced {
+		return true, false
+	}
 	done := now.Sub(ch.at) >= bake
 	for _, ct := range ch.types {
 		if !ct.watched {
@@ -403,18 +410,47 @@ func (c *Cache) Rollouts() []RolloutState {
 	defer c.mu.RUnlock()
 	out := make([]RolloutState, 0, len(c.changes))
 	for _, ch := range c.changes {
-		s := RolloutState{Since: ch.at, Types: slices.Sorted(maps.Keys(ch.types)), Names: ch.names(),
-			Held: ch.held, Who: ch.who, Detail: ch.detail}
-		for _, ct := range ch.types {
-			for _, ok := range ct.canaries {
-				s.Canaries++
-				if ok {
-					s.Acked++
-				}
+		out = append(out, ch.state())
+	}
+	return out
+}
+
+func (ch *change) state() RolloutState {
+	s := RolloutState{Since: ch.at, Types: slices.Sorted(maps.Keys(ch.types)), Names: ch.names(),
+		Held: ch.held, Who: ch.who, Detail: ch.detail}
+	for _, ct := range ch.types {
+		for _, ok := range ct.canaries {
+			s.Canaries++
+			if ok {
+				s.Acked++
 			}
 		}
-		out = append(out, s)
 	}
+	return s
+}
+
+// ReleaseHeld releases the held changes (those a canary NACKed) that change
+// typeURL, or every held change if typeURL is empty: an operator's word
+// overrides the canary's NACK, and the group gets them. They are released
+// in order, as any change: at once, unless an earlier change still waits
+// for its canaries (then as soon as it is released). It returns the
+// changes it released from hold, as they were.
+func (c *Cache) ReleaseHeld(typeURL string) []RolloutState {
+	c.mu.Lock()
+	o := c.beginLocked()
+	var out []RolloutState
+	for _, ch := range c.changes {
+		if !ch.held || (typeURL != "" && ch.types[typeURL] == nil) {
+			continue
+		}
+		out = append(out, ch.state())
+		ch.held, ch.forced = false, true
+	}
+	c.advanceLocked(c.now(), o)
+	c.finishLocked(o)
+	c.mu.Unlock()
+	o.wake()
+	c.tell(o)
 	return out
 }
 

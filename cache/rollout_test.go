@@ -225,3 +225,43 @@ func TestRolloutExportsTheReleased(t *testing.T) {
 		t.Fatalf("exported %+v", states)
 	}
 }
+
+// An operator's release overrides a canary's NACK: the held change reaches
+// the whole group, once, and is told as released by an operator. A filter
+// by another type releases nothing.
+func TestRolloutReleaseHeld(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var events []RolloutEvent
+	c, ws := rolling(t, 5, clk, &events)
+	c.Apply(eds, Change{Upserts: []*Resource{res("x", "bad")}})
+	v := c.ReadFor(ws[0], eds, []string{"x"}, false).Version
+	c.Verdict(ws[0], eds, v, true, "n0", "unknown field")
+	for _, w := range ws {
+		w.Take()
+	}
+	if got := c.ReleaseHeld(cds); len(got) != 0 {
+		t.Fatalf("released by another type: %+v", got)
+	}
+	if got := versionOf(c, ws[4], eds, "x"); got != "1" {
+		t.Fatalf("held change reached the group: %q", got)
+	}
+	got := c.ReleaseHeld(eds)
+	if len(got) != 1 || !got[0].Held || got[0].Who != "n0" || got[0].Detail != "unknown field" || !slices.Equal(got[0].Types, []string{eds}) {
+		t.Fatalf("ReleaseHeld: %+v", got)
+	}
+	if got := taken(ws[4])[eds]; !slices.Equal(got, []string{"x"}) {
+		t.Fatalf("after the release the group is marked with %v", got)
+	}
+	if got := versionOf(c, ws[4], eds, "x"); got != "bad" {
+		t.Errorf("after the release the group reads %q", got)
+	}
+	if rs := c.Rollouts(); len(rs) != 0 {
+		t.Errorf("pending after the release: %+v", rs)
+	}
+	if last := events[len(events)-1]; last.Kind != RolloutReleased || !last.Released || last.Baked {
+		t.Errorf("last event %+v, want released by an operator", last)
+	}
+	if again := c.ReleaseHeld(""); len(again) != 0 {
+		t.Errorf("released twice: %+v", again)
+	}
+}

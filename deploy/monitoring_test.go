@@ -255,7 +255,7 @@ func TestMonitoringMatchesMetrics(t *testing.T) {
 		t.Skip("builds and runs the relay")
 	}
 	queries := append(dashboardQueries(t), alertQueries(t)...)
-	bin := buildRelay(t)
+	bin := relayBinary(t)
 	cp := startControlPlane(t)
 	certFile, keyFile, pool := makeCert(t)
 	r := startRelay(t, bin, monitoredRelayConfig(deadAddress(t), cp.addr, certFile, keyFile), pool)

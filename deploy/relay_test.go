@@ -43,23 +43,11 @@ const wait = 20 * time.Second
 
 const clusterType = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 
-// buildRelay builds cmd/xdsrelay from the repository root (deploy/'s
-// parent) into a temporary directory.
-func buildRelay(t *testing.T) string {
-	t.Helper()
-	bin := filepath.Join(t.TempDir(), "xdsrelay")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/xdsrelay")
-	build.Dir = ".."
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/xdsrelay: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // relayProc is a running xdsrelay process.
 type relayProc struct {
 	downstream, admin string       // listen addresses, from its "relay serving" log line
-	client            *http.Client // trusts the admin certificate
+	scheme            string       // of the admin endpoint: http or https
+	client            *http.Client // for the admin endpoint
 
 	mu  sync.Mutex
 	log []string // its log lines; guarded by mu
@@ -74,8 +62,21 @@ func startRelay(t *testing.T, bin, config string, ca *x509.CertPool) *relayProc 
 	if err := os.WriteFile(file, []byte(config), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	client := &http.Client{Timeout: wait, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca, MinVersion: tls.VersionTLS12}}}
+	p := startProc(t, bin, file, nil, "https", client)
+	p.waitReady(t)
+	return p
+}
+
+// startProc runs bin --config file with env (KEY=value entries) added to
+// the environment until the test ends, and waits for its "relay serving"
+// log line (JSON: set log.format). Its admin endpoint is asked with client
+// over scheme.
+func startProc(t *testing.T, bin, file string, env []string, scheme string, client *http.Client) *relayProc {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, bin, "--config", file)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = 5 * time.Second // then killed
 	stderr, err := cmd.StderrPipe()
@@ -85,8 +86,7 @@ func startRelay(t *testing.T, bin, config string, ca *x509.CertPool) *relayProc 
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &relayProc{client: &http.Client{Timeout: wait,
-		Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca, MinVersion: tls.VersionTLS12}}}}
+	p := &relayProc{scheme: scheme, client: client}
 	serving := make(chan struct{})
 	logged := make(chan struct{})
 	go func() {
@@ -97,7 +97,9 @@ func startRelay(t *testing.T, bin, config string, ca *x509.CertPool) *relayProc 
 		cancel()
 		_ = cmd.Wait()
 		<-logged
-		p.client.CloseIdleConnections()
+		if tr, ok := p.client.Transport.(*http.Transport); ok {
+			tr.CloseIdleConnections()
+		}
 		if t.Failed() {
 			t.Logf("relay log:\n%s", strings.Join(p.logLines(), "\n"))
 		}
@@ -109,7 +111,6 @@ func startRelay(t *testing.T, bin, config string, ca *x509.CertPool) *relayProc 
 	case <-time.After(wait):
 		t.Fatal("the relay did not log \"relay serving\"")
 	}
-	p.waitReady(t)
 	return p
 }
 
@@ -128,10 +129,21 @@ func (p *relayProc) readLog(r io.Reader, serving chan<- struct{}) {
 		p.log = append(p.log, sc.Text())
 		p.mu.Unlock()
 		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "relay serving" && p.downstream == "" {
-			p.downstream, p.admin = line.Downstream, line.Admin
+			p.downstream, p.admin = line.Downstream, loopbackFor(line.Admin)
 			close(serving)
 		}
 	}
+}
+
+// loopbackFor is the address to reach a listener bound to addr: on all
+// interfaces (0.0.0.0, [::]), its port on 127.0.0.1, as kubectl
+// port-forward reaches a pod's port from inside it.
+func loopbackFor(addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || !net.ParseIP(host).IsUnspecified() {
+		return addr
+	}
+	return net.JoinHostPort("127.0.0.1", port)
 }
 
 func (p *relayProc) logLines() []string {
@@ -141,7 +153,7 @@ func (p *relayProc) logLines() []string {
 }
 
 func (p *relayProc) get(path string) (int, []byte, error) {
-	resp, err := p.client.Get("https://" + p.admin + path)
+	resp, err := p.client.Get(p.scheme + "://" + p.admin + path)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -241,6 +253,7 @@ type controlPlane struct {
 	discoverypb.UnimplementedAggregatedDiscoveryServiceServer
 	addr    string
 	streams chan deltaStream
+	stop    func() // ends it: the relay's stream fails, and reconnects fail
 }
 
 // startControlPlane serves on 127.0.0.1:0 until the test ends.
@@ -256,7 +269,9 @@ func startControlPlane(t *testing.T) *controlPlane {
 	cp.addr = ln.Addr().String()
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(ln) }()
-	t.Cleanup(func() { srv.Stop(); <-done })
+	var once sync.Once
+	cp.stop = func() { once.Do(func() { srv.Stop(); <-done }) }
+	t.Cleanup(cp.stop)
 	return cp
 }
 

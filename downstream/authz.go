@@ -24,6 +24,10 @@ type client struct {
 	tls     *tls.ConnectionState
 }
 
+// deniedVariants are the variants an authorization check counts a denial
+// under: every stream variant, and the polls.
+var deniedVariants = []string{"sotw-ads", "delta-ads", "sotw", "delta", "fetch", "rest"}
+
 // grpcClient is the client of a gRPC stream or call.
 func grpcClient(ctx context.Context, variant string) client {
 	c := client{variant: variant}

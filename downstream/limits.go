@@ -62,6 +62,12 @@ func (e *LimitError) Error() string {
 // label is the key without its section: the metric's label value.
 func (e *LimitError) label() string { return strings.TrimPrefix(e.Key, "limits.") }
 
+// LimitLabels are the limit label values of xdsrelay_limit_refusals_total:
+// every key a LimitError names, here or in the relay (max_groups). Each
+// series exists at 0 from the start.
+var LimitLabels = []string{"max_groups", "max_names_per_stream", "max_names_per_group", "max_streams",
+	"stream_rate", "first_request_timeout", "rest_read_timeout", "max_polls"}
+
 // admission counts open streams and polls in progress, and rations new
 // streams.
 type admission struct {

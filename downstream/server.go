@@ -114,32 +114,41 @@ func New(opts Options) (*Server, error) {
 	}
 	m := opts.Metrics
 	return &Server{
-		groups:         opts.Groups,
-		authz:          opts.Authorizer,
-		log:            opts.Logger.With("component", "downstream"),
-		drain:          make(chan struct{}),
-		pollTimeout:    opts.PollTimeout,
-		sendTimeout:    opts.SendTimeout,
-		answerWait:     opts.AnswerWait,
-		limits:         opts.Limits,
-		loads:          opts.Loads.defaults(),
-		admission:      newAdmission(opts.Limits),
-		endLog:         newBucket(endLogRate, endLogBurst),
-		nackLog:        newBucket(endLogRate, endLogBurst),
-		sends:          newSendPool(runtime.GOMAXPROCS(0)),
-		deadlines:      newFirstDeadlines(opts.Limits.FirstRequestTimeout),
-		stuck:          m.Counter("xdsrelay_downstream_stuck_total", "Client connections closed because a send to them stayed blocked (the client read nothing) for downstream.send_timeout.").With(),
-		streams:        m.Gauge("xdsrelay_downstream_streams", "Open downstream xDS streams.", "variant"),
-		pushMetrics:    newPushMetrics(m),
-		requests:       m.Counter("xdsrelay_downstream_requests_total", "Requests received from downstream clients.", "type"),
-		nacks:          m.Counter("xdsrelay_downstream_nacks_total", "Responses rejected (NACKed) by downstream clients.", "type"),
-		acks:           m.Counter("xdsrelay_downstream_acks_total", "Requests that accept (ACK) a response: they carry its nonce and no error_detail.", "type"),
-		denied:         m.Counter("xdsrelay_downstream_denied_total", "Clients refused by downstream.authorization.rules (PERMISSION_DENIED, or 403 over REST-JSON); reason identity: no rule matches the certificate, node: a rule matches it but not the node claimed.", "variant", "reason"),
-		pending:        m.Gauge("xdsrelay_downstream_pending_streams", "Open downstream xDS streams that have not sent their first request (ended after limits.first_request_timeout).").With(),
-		refusals:       m.Counter("xdsrelay_limit_refusals_total", "Streams, requests and polls refused at a limit, by the limits.* key.", "limit"),
-		resourceErrors: m.Counter("xdsrelay_resource_errors_total", "Per-resource errors sent to clients (gRFC A88 resource_errors), the control plane's and the relay's own (NOT_FOUND: an authority no upstream serves or a name the control plane did not send in time; UNAVAILABLE: every server that could serve it unreachable), by type and code.", "type", "code"),
+		groups:      opts.Groups,
+		authz:       opts.Authorizer,
+		log:         opts.Logger.With("component", "downstream"),
+		drain:       make(chan struct{}),
+		pollTimeout: opts.PollTimeout,
+		sendTimeout: opts.SendTimeout,
+		answerWait:  opts.AnswerWait,
+		limits:      opts.Limits,
+		loads:       opts.Loads.defaults(),
+		admission:   newAdmission(opts.Limits),
+		endLog:      newBucket(endLogRate, endLogBurst),
+		nackLog:     newBucket(endLogRate, endLogBurst),
+		sends:       newSendPool(runtime.GOMAXPROCS(0)),
+		deadlines:   newFirstDeadlines(opts.Limits.FirstRequestTimeout),
+		stuck:       m.Counter("xdsrelay_downstream_stuck_total", "Client connections closed because a send to them stayed blocked (the client read nothing) for downstream.send_timeout.").With(),
+		streams:     m.Gauge("xdsrelay_downstream_streams", "Open downstream xDS streams.", "variant"),
+		pushMetrics: newPushMetrics(m),
+		requests:    m.Counter("xdsrelay_downstream_requests_total", "Requests received from downstream clients.", "type").ZeroEach(xds.TypeLabels()...),
+		nacks:       m.Counter("xdsrelay_downstream_nacks_total", "Responses rejected (NACKed) by downstream clients.", "type").ZeroEach(xds.TypeLabels()...),
+		acks:        m.Counter("xdsrelay_downstream_acks_total", "Requests that accept (ACK) a response: they carry its nonce and no error_detail.", "type").ZeroEach(xds.TypeLabels()...),
+		denied: m.Counter("xdsrelay_downstream_denied_total", "Clients refused by downstream.authorization.rules (PERMISSION_DENIED, or 403 over REST-JSON); reason identity: no rule matches the certificate, node: a rule matches it but not the node claimed.", "variant", "reason").
+			Zero(metrics.Cross(deniedVariants, []string{authz.ReasonIdentity, authz.ReasonNode})...),
+		pending:  m.Gauge("xdsrelay_downstream_pending_streams", "Open downstream xDS streams that have not sent their first request (ended after limits.first_request_timeout).").With(),
+		refusals: m.Counter("xdsrelay_limit_refusals_total", "Streams, requests and polls refused at a limit, by the limits.* key.", "limit").ZeroEach(LimitLabels...),
+		resourceErrors: m.Counter("xdsrelay_resource_errors_total", "Per-resource errors sent to clients (gRFC A88 resource_errors), the control plane's and the relay's own (NOT_FOUND: an authority no upstream serves or a name the control plane did not send in time; UNAVAILABLE: every server that could serve it unreachable), by type and code.", "type", "code").
+			Zero(metrics.Cross(xds.TypeLabels(), ownErrorCodes)...),
 	}, nil
 }
+
+// ownErrorCodes are the codes of the per-resource errors the relay makes
+// itself (gRFC A88): each type's series of xdsrelay_resource_errors_total
+// with them exists at 0 from the start. The control plane's codes are
+// counted as they come.
+var ownErrorCodes = []string{xds.CodeName(int32(codes.NotFound)), xds.CodeName(int32(codes.Unavailable)),
+	xds.CodeName(int32(codes.PermissionDenied))}
 
 // ServerOptions are the grpc.ServerOptions the downstream server needs: the
 // codec that writes pre-encoded responses.

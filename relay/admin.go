@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/xdsrelay/xdsrelay/internal/creds"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/upstream"
 )
 
@@ -99,13 +100,20 @@ func (r *Relay) adminHandler(loopback bool) http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, req *http.Request) {
+		priv := private(loopback, req)
 		if why := r.notReady(); why != "" {
-			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.Header().Set("X-Content-Type-Options", "nosniff")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, r.notReadyLine(why, priv))
+			if priv && why == waitingSync {
+				r.groupsDetail(w)
+			}
 			return
 		}
 		// Ready while serving, whatever the control plane does: clients are
 		// served from the cache ("outages are not outages").
-		if private(loopback, req) {
+		if priv {
 			r.readyDetail(w)
 		} else {
 			fmt.Fprintln(w, r.readySummary())
@@ -121,12 +129,19 @@ func (r *Relay) adminHandler(loopback bool) http.Handler {
 // wrong with cache.persist_dir and the configuration warnings.
 func (r *Relay) readyDetail(w io.Writer) {
 	fmt.Fprintln(w, "ready")
+	r.groupsDetail(w)
+}
+
+// groupsDetail writes the private /readyz's lines after the first: the
+// warnings, each group (its key as the metrics show it) with its upstreams,
+// its guard holds and its held rollouts, and cache.persist_dir's health.
+func (r *Relay) groupsDetail(w io.Writer) {
 	for _, line := range r.warnings.detail() {
 		fmt.Fprintln(w, line)
 	}
 	for _, g := range r.snapshotGroups() {
 		s := g.status()
-		fmt.Fprintf(w, "group %q: %s\n", g.key, describe(s, g.cache.Len()))
+		fmt.Fprintf(w, "group %q: %s\n", shownKey(g.key), describe(s, g.cache.Len()))
 		for _, u := range upstreamsOf(s) {
 			state := "connected"
 			if !u.Connected {
@@ -135,6 +150,7 @@ func (r *Relay) readyDetail(w io.Writer) {
 			fmt.Fprintf(w, "  upstream %q: server %s, %s\n", u.Upstream, u.Server, state)
 		}
 		guardDetail(w, g.cache)
+		rolloutDetail(w, g.cache)
 	}
 	for _, line := range r.persistHealth.detail() {
 		fmt.Fprintln(w, line)
@@ -145,22 +161,35 @@ func (r *Relay) readyDetail(w io.Writer) {
 // file name.
 func (r *Relay) readySummary() string {
 	parts := []string{"ready"}
-	down, invalid, held := 0, false, 0
+	down, empty, invalid, held, halted := 0, 0, false, 0, 0
 	for _, g := range r.snapshotGroups() {
 		s := g.status()
-		if !s.Connected {
+		switch {
+		case s.Connected:
+		case g.cache.Len() == 0:
+			empty++
+		default:
 			down++
 		}
 		invalid = invalid || s.Invalid != ""
 		if len(g.cache.Holds()) > 0 {
 			held++
 		}
+		if heldRollouts(g.cache) {
+			halted++
+		}
 	}
 	if held > 0 {
 		parts = append(parts, fmt.Sprintf("degraded: the guard holds removals from the control plane in %d %s", held, plural(held, "group", "groups")))
 	}
+	if halted > 0 {
+		parts = append(parts, fmt.Sprintf("degraded: a canary rejected a change from the control plane, held from the rest of %d %s", halted, plural(halted, "group", "groups")))
+	}
 	if down > 0 {
 		parts = append(parts, fmt.Sprintf("%d %s with upstream down, serving from cache", down, plural(down, "group", "groups")))
+	}
+	if empty > 0 {
+		parts = append(parts, fmt.Sprintf("%d %s with upstream down and nothing cached to serve", empty, plural(empty, "group", "groups")))
 	}
 	if invalid {
 		parts = append(parts, "invalid resources not served")
@@ -183,9 +212,13 @@ func (r *Relay) snapshotGroups() []*group {
 func describe(s upstream.Status, resources int) string {
 	state := "upstream connected"
 	if !s.Connected {
+		// Serving from cache only with something cached to serve.
 		state = "upstream DOWN, serving from cache"
+		if resources == 0 {
+			state = "upstream DOWN, nothing cached to serve"
+		}
 		if s.LastError != "" {
-			state += " (" + s.LastError + ")"
+			state += " (" + xds.Clip(s.LastError) + ")"
 		}
 	}
 	age := "no response yet"
@@ -193,7 +226,7 @@ func describe(s upstream.Status, resources int) string {
 		age = "last response " + time.Since(s.LastResponse).Round(time.Second).String() + " ago"
 	}
 	if s.Invalid != "" {
-		age += "; " + s.Invalid
+		age += "; " + xds.Clip(s.Invalid)
 	}
 	return fmt.Sprintf("%s; %d resources cached; %s", state, resources, age)
 }

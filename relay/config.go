@@ -48,6 +48,9 @@ type Config struct {
 		// MaxRequestBytes is downstream.max_request_bytes: the largest
 		// request accepted from a client.
 		MaxRequestBytes int
+		// Reflection is downstream.reflection: gRPC server reflection
+		// (grpc.reflection.v1) on the downstream port, for grpcurl.
+		Reflection bool
 		// MaxConnectionAge and MaxConnectionAgeGrace are
 		// downstream.max_connection_age and .max_connection_age_grace: a
 		// gRPC client connection is sent GOAWAY after MaxConnectionAge
@@ -316,6 +319,7 @@ func Default() Config {
 	c.Downstream.PollTimeout = 30 * time.Second
 	c.Downstream.SendTimeout = 30 * time.Second
 	c.Downstream.MaxRequestBytes = 4 << 20
+	c.Downstream.Reflection = true
 	c.Downstream.MaxConnectionAge = 30 * time.Minute
 	c.Downstream.MaxConnectionAgeGrace = time.Minute
 	c.Downstream.MaxConnectionIdle = 5 * time.Minute

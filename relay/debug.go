@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/upstream"
 )
@@ -20,6 +21,45 @@ import (
 // The /debug/ paths of the admin endpoint: per-client status, groups and
 // cache contents, as JSON. They reveal the tenants, so they are served only
 // to a private caller (see private); others get 403.
+//
+// Every admin body is bounded whatever clients put in their nodes: a group
+// key is shown as the metrics' group label shows it (shownKey: over
+// metrics.MaxLabelLen bytes, its hash), and the paths that take a group
+// accept that form; node ids and peers' texts are clipped (xds.Clip).
+
+// shownKey is a group key as the admin endpoint and the metrics show it.
+func shownKey(key string) string { return metrics.Bound(key) }
+
+// clipList is a client-chosen list as an admin body shows it: as many
+// entries as fit in xds.MaxText bytes, then how many more there are.
+func clipList(list []string) []string {
+	out := make([]string, 0, len(list))
+	left := xds.MaxText
+	for i, e := range list {
+		if len(e) > left {
+			return append(out, fmt.Sprintf("…(%d more)", len(list)-i))
+		}
+		out = append(out, e)
+		left -= len(e)
+	}
+	return out
+}
+
+// groupShown is the group whose key, or whose shown key, is shown; nil if
+// there is none.
+func (r *Relay) groupShown(shown string) *group {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if g := r.groups[shown]; g != nil {
+		return g
+	}
+	for key, g := range r.groups {
+		if shownKey(key) == shown {
+			return g
+		}
+	}
+	return nil
+}
 
 func (r *Relay) debugRoutes(mux *http.ServeMux, loopback bool) {
 	only := func(h func(http.ResponseWriter, *http.Request)) func(http.ResponseWriter, *http.Request) {
@@ -35,6 +75,7 @@ func (r *Relay) debugRoutes(mux *http.ServeMux, loopback bool) {
 	mux.HandleFunc("GET /debug/groups", only(r.debugGroups))
 	mux.HandleFunc("GET /debug/cache", only(r.debugCache))
 	mux.HandleFunc("POST /debug/guard/release", only(r.guardRelease))
+	mux.HandleFunc("POST /debug/rollout/release", only(r.rolloutRelease))
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
@@ -72,10 +113,10 @@ func (r *Relay) debugClients(w http.ResponseWriter, _ *http.Request) {
 	}
 	out := []debugClient{}
 	for _, c := range r.down.Clients(nil) {
-		dc := debugClient{Node: c.Node.GetId(), Group: keys[c.Cache], Variant: c.Variant, Types: []debugType{}}
+		dc := debugClient{Node: xds.Clip(c.Node.GetId()), Group: shownKey(keys[c.Cache]), Variant: c.Variant, Types: []debugType{}}
 		for _, t := range c.Types {
 			dt := debugType{Type: t.TypeURL, Subscribed: t.Named, Wildcard: t.Wildcard, Resources: len(t.Resources),
-				AckVersion: t.AckVersion, NackVersion: t.NackVersion, NackError: t.NackError}
+				AckVersion: xds.Clip(t.AckVersion), NackVersion: xds.Clip(t.NackVersion), NackError: xds.Clip(t.NackError)}
 			if !t.NackAt.IsZero() {
 				dt.NackAt = &t.NackAt
 			}
@@ -125,8 +166,8 @@ func (r *Relay) debugGroups(w http.ResponseWriter, _ *http.Request) {
 	out := []debugGroup{}
 	for _, g := range r.snapshotGroups() {
 		s := g.status()
-		dg := debugGroup{Key: g.key, UserAgent: xds.UserAgent(g.node), ClientFeatures: g.node.GetClientFeatures(),
-			Connected: s.Connected, LastError: s.LastError, Invalid: s.Invalid,
+		dg := debugGroup{Key: shownKey(g.key), UserAgent: xds.Clip(xds.UserAgent(g.node)), ClientFeatures: clipList(g.node.GetClientFeatures()),
+			Connected: s.Connected, LastError: xds.Clip(s.LastError), Invalid: xds.Clip(s.Invalid),
 			Resources: g.cache.Len(), Clients: r.groupClients(g), Types: []debugGroupType{}}
 		if !s.LastResponse.IsZero() {
 			dg.LastResponse = &s.LastResponse
@@ -136,7 +177,7 @@ func (r *Relay) debugGroups(w http.ResponseWriter, _ *http.Request) {
 		dg.Loads = r.loadsOf(g)
 		dg.Upstreams = []debugUpstream{}
 		for _, u := range upstreamsOf(s) {
-			du := debugUpstream{Name: u.Upstream, Server: u.Server, Connected: u.Connected, LastError: u.LastError}
+			du := debugUpstream{Name: u.Upstream, Server: u.Server, Connected: u.Connected, LastError: xds.Clip(u.LastError)}
 			if !u.LastResponse.IsZero() {
 				du.LastResponse = &u.LastResponse
 			}
@@ -172,13 +213,13 @@ func (r *Relay) debugCache(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, fmt.Sprintf("xdsrelay: type %q: a resource type URL is required", typeURL), http.StatusBadRequest)
 		return
 	}
-	c := r.cacheOf(key)
-	if c == nil {
-		http.Error(w, fmt.Sprintf("xdsrelay: no group %q", key), http.StatusNotFound)
+	g := r.groupShown(key)
+	if g == nil {
+		http.Error(w, fmt.Sprintf("xdsrelay: no group %q", xds.Clip(key)), http.StatusNotFound)
 		return
 	}
 	out := []debugResource{}
-	for _, res := range c.State(typeURL).Resources {
+	for _, res := range g.cache.State(typeURL).Resources {
 		dr := debugResource{Name: res.Name, Version: res.Version}
 		if bodies {
 			b, err := resourceJSON(res.Any)
@@ -191,15 +232,6 @@ func (r *Relay) debugCache(w http.ResponseWriter, req *http.Request) {
 		out = append(out, dr)
 	}
 	writeJSON(w, out)
-}
-
-func (r *Relay) cacheOf(key string) *cache.Cache {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if g := r.groups[key]; g != nil {
-		return g.cache
-	}
-	return nil
 }
 
 // resourceJSON is a resource as protojson. Its SotW encoding is the

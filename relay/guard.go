@@ -24,8 +24,10 @@ type guardMetrics struct {
 
 func newGuardMetrics(reg *metrics.Registry) guardMetrics {
 	return guardMetrics{
-		holds: reg.Counter("xdsrelay_guard_holds_total", "Mass removals from the control plane held by the guard (guard.max_removed_fraction): clients kept the resources.", "type"),
-		ends:  reg.Counter("xdsrelay_guard_hold_ends_total", "Guard holds that ended, by reason: released (an operator), resent (nothing left to remove: the control plane sent the resources again), expired (guard.hold passed; the removals were applied).", "type", "reason"),
+		holds: reg.Counter("xdsrelay_guard_holds_total", "Mass removals from the control plane held by the guard (guard.max_removed_fraction): clients kept the resources.", "type").
+			ZeroEach(xds.TypeLabels()...),
+		ends: reg.Counter("xdsrelay_guard_hold_ends_total", "Guard holds that ended, by reason: released (an operator), resent (nothing left to remove: the control plane sent the resources again), expired (guard.hold passed; the removals were applied).", "type", "reason").
+			Zero(metrics.Cross(xds.TypeLabels(), []string{cache.EndReleased, cache.EndResent, cache.EndExpired})...),
 	}
 }
 
@@ -49,33 +51,43 @@ func (r *Relay) guardEvent(key string, ev cache.GuardEvent) {
 // holds of one group or all, of one type or all, end and their removals
 // are applied.
 func (r *Relay) guardRelease(w http.ResponseWriter, req *http.Request) {
-	q := req.URL.Query()
-	key, typeName := q.Get("group"), q.Get("type")
-	typeURL := ""
-	if typeName != "" {
-		var ok bool
-		if typeURL, ok = xds.TypeNamed(typeName); !ok {
-			http.Error(w, fmt.Sprintf("xdsrelay: type %q: a REST short name (clusters, endpoints, ...) or a type URL is required", typeName), http.StatusBadRequest)
-			return
-		}
-	}
-	groups := r.snapshotGroups()
-	if key != "" {
-		c := r.cacheOf(key)
-		if c == nil {
-			http.Error(w, fmt.Sprintf("xdsrelay: no group %q (see /debug/groups)", key), http.StatusNotFound)
-			return
-		}
-		groups = []*group{{key: key, cache: c}}
+	groups, typeURL, ok := r.releaseScope(w, req)
+	if !ok {
+		return
 	}
 	out := []debugHold{}
 	for _, g := range groups {
 		for _, h := range g.cache.ReleaseHolds(typeURL) {
-			out = append(out, debugHold{Group: g.key, Type: h.TypeURL, Since: h.Since, Names: len(h.Names)})
+			out = append(out, debugHold{Group: shownKey(g.key), Type: h.TypeURL, Since: h.Since, Names: len(h.Names)})
 		}
 	}
-	r.log.Warn("guard: holds released by an operator", "group", xds.Clip(key), "type", typeName, "holds", len(out))
+	q := req.URL.Query()
+	r.log.Warn("guard: holds released by an operator", "group", xds.Clip(q.Get("group")), "type", q.Get("type"), "holds", len(out))
 	writeJSON(w, out)
+}
+
+// releaseScope reads a release's ?group= (the key as /debug/groups shows
+// it) and ?type= (a REST short name or a type URL): the groups it names,
+// every group without it, and the type URL, "" for every type. It answers
+// 400 for an unknown type and 404 for an unknown group itself.
+func (r *Relay) releaseScope(w http.ResponseWriter, req *http.Request) (groups []*group, typeURL string, ok bool) {
+	q := req.URL.Query()
+	shown, typeName := q.Get("group"), q.Get("type")
+	if typeName != "" {
+		if typeURL, ok = xds.TypeNamed(typeName); !ok {
+			http.Error(w, fmt.Sprintf("xdsrelay: type %q: a REST short name (clusters, endpoints, ...) or a type URL is required", typeName), http.StatusBadRequest)
+			return nil, "", false
+		}
+	}
+	if shown == "" {
+		return r.snapshotGroups(), typeURL, true
+	}
+	g := r.groupShown(shown)
+	if g == nil {
+		http.Error(w, fmt.Sprintf("xdsrelay: no group %q (see /debug/groups)", xds.Clip(shown)), http.StatusNotFound)
+		return nil, "", false
+	}
+	return []*group{g}, typeURL, true
 }
 
 // debugHold is one type's held removals in a group.

@@ -96,7 +96,7 @@ func (r *Relay) notReady() string {
 	case !r.ready.Load():
 		return "starting"
 	case r.cfg.Admin.ReadyAfterSync && !r.synced.Load():
-		return "waiting for the first upstream sync"
+		return waitingSync
 	}
 	return ""
 }
@@ -120,7 +120,11 @@ func (r *Relay) watchSync() {
 	}
 	t := time.NewTicker(syncPoll)
 	defer t.Stop()
-	for !r.hasSynced() {
+	var logged string // the last reason logged
+	for tick := 1; !r.hasSynced(); tick++ {
+		if tick%syncLogEvery == 0 {
+			r.logSyncProblem(&logged)
+		}
 		select {
 		case <-r.ctx.Done():
 			return
@@ -133,6 +137,10 @@ func (r *Relay) watchSync() {
 }
 
 const syncPoll = 50 * time.Millisecond
+
+// syncLogEvery is how many syncPolls pass between looks at why the relay
+// is not ready yet, for the log (every 5s).
+const syncLogEvery = 100
 
 // hasSynced reports whether the relay has something to serve: a saved cache
 // was restored, the resource files loaded, a group's control-plane stream

@@ -5,13 +5,17 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
@@ -171,9 +175,13 @@ func TestReadyAfterSync(t *testing.T) {
 		}
 		return resp.GetStatus()
 	}
-	if code, body := get(t, http.DefaultClient, readyz); code != http.StatusServiceUnavailable || body != "not ready: waiting for the first upstream sync\n" {
-		t.Fatalf("/readyz before the control plane: %d %q", code, body)
-	}
+	eventually(t, "/readyz naming the refused connection", func() bool {
+		code, body := get(t, http.DefaultClient, readyz)
+		if code != http.StatusServiceUnavailable || !strings.HasPrefix(body, "not ready: waiting for the first upstream sync: ") {
+			t.Fatalf("/readyz before the control plane: %d %q", code, body)
+		}
+		return strings.Contains(body, "upstream "+cp.Addr+" cannot be reached") && strings.Contains(body, "connection refused")
+	})
 	if st := check(); st != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Fatalf("health before the control plane: %v", st)
 	}
@@ -232,4 +240,43 @@ func TestReadyAfterSyncRestoredCache(t *testing.T) {
 		code, _ := get(t, http.DefaultClient, "http://"+second.AdminAddr()+"/readyz")
 		return code == http.StatusOK
 	})
+}
+
+// gRPC reflection is on the downstream port by default and lists CSDS and
+// the xDS services; downstream.reflection: false turns it off.
+func TestReflection(t *testing.T) {
+	list := func(r *Relay) ([]string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), wait)
+		defer cancel()
+		st, err := reflectionpb.NewServerReflectionClient(dial(t, r.Addr())).ServerReflectionInfo(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := st.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+			return nil, err
+		}
+		resp, err := st.Recv()
+		if err != nil {
+			return nil, err
+		}
+		var out []string
+		for _, s := range resp.GetListServicesResponse().GetService() {
+			out = append(out, s.GetName())
+		}
+		return out, nil
+	}
+	on := startRelay(t, FilePrefix+t.TempDir())
+	services, err := list(on)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"envoy.service.status.v3.ClientStatusDiscoveryService", "envoy.service.discovery.v3.AggregatedDiscoveryService", "grpc.health.v1.Health"} {
+		if !slices.Contains(services, want) {
+			t.Errorf("reflection lists %v, not %s", services, want)
+		}
+	}
+	off := startRelay(t, FilePrefix+t.TempDir(), func(c *Config) { c.Downstream.Reflection = false })
+	if _, err := list(off); status.Code(err) != codes.Unimplemented {
+		t.Errorf("reflection with downstream.reflection false: %v, want UNIMPLEMENTED", err)
+	}
 }

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/downstream"
@@ -112,6 +113,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 		certs:   make(map[string]*creds.Reloader),
 	}
 	r.upm = upstream.NewMetrics(r.metrics)
+	r.zeroUpstreamSeries()
 	r.groupsG = r.metrics.Gauge("xdsrelay_groups", "Groups of downstream clients, each with its own upstream stream.").With()
 	r.registerGroupMetrics()
 	r.registerCertMetrics()
@@ -184,6 +186,9 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	}
 	r.grpc = grpc.NewServer(opts...)
 	r.down.Register(r.grpc)
+	if cfg.Downstream.Reflection {
+		reflection.Register(r.grpc) // grpcurl, against CSDS and the xDS services
+	}
 	r.health = health.NewServer()
 	r.updateHealth() // NOT_SERVING until Start
 	healthpb.RegisterHealthServer(r.grpc, drainingHealth{Server: r.health, r: r})
@@ -494,6 +499,7 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 		return nil, err
 	}
 	g.status, g.feed = feed.Status, feed
+	r.zeroGroupSeries(key)
 	r.goRun(func() { feed.Run(ctx) })
 	r.groups[key] = g
 	r.groupsG.Set(int64(len(r.groups)))

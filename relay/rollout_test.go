@@ -2,7 +2,10 @@ package relay
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -275,4 +278,55 @@ func compareRank(a, b uint64) int {
 		return 1
 	}
 	return 0
+}
+
+// A change a canary NACKed shows on /readyz (DEGRADED, with the type and
+// the canary's error; to anyone, degraded in general terms), and an
+// operator's POST /debug/rollout/release passes it to the whole group.
+func TestRolloutHeldShowsOnReadyzAndReleases(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", appCluster(time.Second), appEndpoints(1001))
+	r := startRelay(t, cp.Addr, func(c *Config) { c.Rollout.Canary, c.Rollout.Bake = 1, time.Hour })
+	var clients []*canaryClient
+	for i := range 3 {
+		c := startCanaryClient(t, r.Addr(), fmt.Sprintf("client-%d", i), i%2 == 0)
+		t.Cleanup(c.stop)
+		clients = append(clients, c)
+	}
+	waitAll(t, clients, "cds:1s")
+	cp.Set(t, "c1", "2", appCluster(badTimeout), appEndpoints(1001))
+	eventually(t, "the halt to be counted", func() bool {
+		return strings.Contains(getMetrics(t, r), `xdsrelay_rollout_halts_total{type="Cluster"} 1`)
+	})
+	key := GroupKey(node("client-0", "c1"), r.cfg.Upstream.GroupBy)
+	detail := readyz(t, r)
+	if !strings.Contains(detail, fmt.Sprintf("group %q", key)) || !strings.Contains(detail, "DEGRADED: rollout of 1 Cluster resources held since ") ||
+		!strings.Contains(detail, "NACKed it: cannot use it (release: POST /debug/rollout/release)") {
+		t.Errorf("/readyz does not show the held rollout:\n%s", detail)
+	}
+	if want := "ready; degraded: a canary rejected a change from the control plane, held from the rest of 1 group"; r.readySummary() != want {
+		t.Errorf("general /readyz: %q, want %q", r.readySummary(), want)
+	}
+
+	for query, want := range map[string]int{"?group=nope": http.StatusNotFound, "?type=nope": http.StatusBadRequest} {
+		if code, body := do(t, http.MethodPost, "http://"+r.AdminAddr()+"/debug/rollout/release"+query, ""); code != want {
+			t.Errorf("release%s: %d %s, want %d", query, code, body, want)
+		}
+	}
+	code, body := do(t, http.MethodPost, "http://"+r.AdminAddr()+"/debug/rollout/release?group="+url.QueryEscape(key)+"&type=clusters", "")
+	var released []debugRollout
+	if err := json.Unmarshal([]byte(body), &released); code != http.StatusOK || err != nil {
+		t.Fatalf("release: %d %s %v", code, body, err)
+	}
+	if len(released) != 1 || released[0].Group != key || !released[0].Held || released[0].Error != "cannot use it" ||
+		!slices.Equal(released[0].Types, []string{resourcev3.ClusterType}) {
+		t.Fatalf("release answered %+v", released)
+	}
+	waitAll(t, clients, "cds:13s")
+	eventually(t, "the operator's release to be counted", func() bool {
+		return strings.Contains(getMetrics(t, r), `xdsrelay_rollout_releases_total{how="operator",type="Cluster"} 1`)
+	})
+	if d := readyz(t, r); strings.Contains(d, "DEGRADED") {
+		t.Errorf("/readyz after the release:\n%s", d)
+	}
 }

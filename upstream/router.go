@@ -46,7 +46,8 @@ func NewRouter(routes *Routes, members []Source, m *Metrics, reg *metrics.Regist
 		members: members,
 		metrics: m,
 		unroutable: reg.Counter("xdsrelay_unroutable_names_total",
-			"xdstp names clients asked for whose authority no upstream lists: reported as not existing, asked of no control plane.", "type"),
+			"xdstp names clients asked for whose authority no upstream lists: reported as not existing, asked of no control plane.", "type").
+			ZeroEach(xds.TypeLabels()...),
 		log:      logger.With("component", "router"),
 		logLimit: &rate.Sometimes{Interval: time.Second},
 	}, nil

@@ -78,6 +78,44 @@ func noArgs(cmd *cobra.Command, args []string) error {
 	return usageError{cmd, fmt.Errorf("unexpected argument %q: name the configuration file with --config FILE", args[0])}
 }
 
+// unknownCommand refuses a word that names none of cmd's commands: a usage
+// error (exit 2) that says "unknown command" and suggests the nearest
+// command, or lists them.
+func unknownCommand(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+	cmd.SuggestionsMinimumDistance = suggestDistance
+	if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+		return usageError{cmd, fmt.Errorf("%s; did you mean %q?", msg, s[0])}
+	}
+	var names []string
+	for _, c := range cmd.Commands() {
+		if c.IsAvailableCommand() {
+			names = append(names, c.Name())
+		}
+	}
+	msg += "; the commands are " + strings.Join(names, ", ")
+	if !cmd.HasParent() {
+		msg += " (a configuration file is named with --config FILE)"
+	}
+	return usageError{cmd, errors.New(msg)}
+}
+
+// suggestDistance is how many edits (Levenshtein) away a command may be
+// from a mistyped word to be suggested: stauts is status, validat validate.
+const suggestDistance = 2
+
+// groupCmd makes cmd a group of the commands subs: alone it prints its
+// help; with a word that names none of them, it is a usage error.
+func groupCmd(cmd *cobra.Command, subs ...*cobra.Command) *cobra.Command {
+	cmd.Args = unknownCommand
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+	cmd.AddCommand(subs...)
+	return cmd
+}
+
 // usageArgs makes check's refusal a usage error.
 func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
@@ -97,7 +135,7 @@ func newRootCmd(environ []string) *cobra.Command {
 	root := &cobra.Command{
 		Use:           "xdsrelay",
 		Short:         "An xDS aggregating relay",
-		Args:          noArgs,
+		Args:          unknownCommand,
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -112,7 +150,8 @@ func newRootCmd(environ []string) *cobra.Command {
 	root.Flags().StringVar(&config, "config", "", "read the configuration from `FILE` (YAML); without it, defaults and the environment only")
 	root.Flags().BoolVar(&showVersion, "version", false, "print the version and exit")
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError{cmd, err} })
-	root.AddCommand(newServeCmd(environ), newValidateCmd(environ), newStatusCmd(), newWatchCmd(), newPersistCmd(), newGuardCmd())
+	root.AddCommand(newServeCmd(environ), newValidateCmd(environ), newStatusCmd(), newWatchCmd(), newPersistCmd(), newGuardCmd(),
+		newRolloutCmd(), newAdminCmd())
 	defaultHelp := root.HelpFunc()
 	root.SetHelpFunc(func(cmd *cobra.Command, args []string) {
 		if cmd == root || cmd.Name() == "serve" {

@@ -328,6 +328,10 @@ func TestValidate(t *testing.T) {
 	writeFile(t, config, "upstream:\n  address: file://"+good+"\n")
 	badConfig := filepath.Join(t.TempDir(), "config.yaml")
 	writeFile(t, badConfig, "cache:\n  retention: soon\n")
+	caseConfig := filepath.Join(t.TempDir(), "config.yaml")
+	writeFile(t, caseConfig, "upstream:\n  address: a:1\nUPSTREAM:\n  address: b:2\n")
+	nestedCaseConfig := filepath.Join(t.TempDir(), "config.yaml")
+	writeFile(t, nestedCaseConfig, "cache:\n  retention: 1m\n  Retention: 2m\n")
 
 	for _, tc := range []struct {
 		name    string
@@ -342,6 +346,13 @@ func TestValidate(t *testing.T) {
 		{name: "invalid resource", env: map[string]string{"XDSRELAY_UPSTREAM_ADDRESS": "file://" + bad}, code: 1, errLine: "listener.yaml"},
 		{name: "missing directory", env: map[string]string{"XDSRELAY_UPSTREAM_ADDRESS": "file://" + filepath.Join(bad, "nope")}, code: 1, errLine: "upstream.address"},
 		{name: "bad configuration", args: []string{"--config", badConfig}, code: 2, errLine: "cache.retention"},
+		{name: "unknown environment variable", env: map[string]string{"XDSRELAY_UPSTREAM_ADDRES": "cp:18000"}, code: 2,
+			errLine: "unknown environment variable XDSRELAY_UPSTREAM_ADDRES (did you mean XDSRELAY_UPSTREAM_ADDRESS?): no configuration key has that name (serve ignores it with a warning)"},
+		{name: "Kubernetes service links", env: map[string]string{"XDSRELAY_SERVICE_HOST": "10.0.0.1", "XDSRELAY_PORT": "tcp://10.0.0.1:18001"}, out: "configuration OK\n"},
+		{name: "keys differing only in case", args: []string{"--config", caseConfig}, code: 2,
+			errLine: `keys "upstream" (line 1) and "UPSTREAM" (line 3) differ only in case`},
+		{name: "nested keys differing only in case", args: []string{"--config", nestedCaseConfig}, code: 2,
+			errLine: `keys "cache.retention" (line 2) and "cache.Retention" (line 3) differ only in case`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errOut bytes.Buffer

@@ -94,6 +94,9 @@ func readFile(file string) (map[string]any, error) {
 	if file == "" {
 		return nil, nil
 	}
+	if err := sameKeysInCase(file); err != nil {
+		return nil, err
+	}
 	v := viper.New()
 	v.SetConfigFile(file)
 	v.SetConfigType("yaml")

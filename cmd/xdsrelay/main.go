@@ -49,7 +49,11 @@ func runRelay(ctx context.Context, configFile string, environ []string, stderr i
 	opts.Relay.LogLevel = level
 	logger := newLogger(opts.LogFormat, stderr, level)
 	for _, name := range unknownEnv {
-		logger.Warn("unknown environment variable ignored", "name", name)
+		attrs := []any{"name", name}
+		if near := nearestEnv(name); near != "" {
+			attrs = append(attrs, "did_you_mean", near)
+		}
+		logger.Warn("unknown environment variable ignored", attrs...)
 	}
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

@@ -118,8 +118,19 @@ func TestUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{args: []string{"config.yaml"}, want: `unexpected argument "config.yaml": name the configuration file with --config FILE`},
-		{args: []string{"--config", "a.yaml", "b.yaml"}, want: `unexpected argument "b.yaml"`},
+		{args: []string{"config.yaml"}, want: `unknown command "config.yaml" for "xdsrelay"; the commands are admin, guard, persist, rollout, serve, status, validate, watch (a configuration file is named with --config FILE)`},
+		{args: []string{"--config", "a.yaml", "b.yaml"}, want: `unknown command "b.yaml"`},
+		{args: []string{"serve", "b.yaml"}, want: `unexpected argument "b.yaml": name the configuration file with --config FILE`},
+		{args: []string{"validat"}, want: `unknown command "validat" for "xdsrelay"; did you mean "validate"?`},
+		{args: []string{"stauts"}, want: `unknown command "stauts" for "xdsrelay"; did you mean "status"?`},
+		{args: []string{"persist", "inspekt", "x"}, want: `unknown command "inspekt" for "xdsrelay persist"; did you mean "inspect"?`},
+		{args: []string{"guard", "relase"}, want: `unknown command "relase" for "xdsrelay guard"; did you mean "release"?`},
+		{args: []string{"rollout", "hold"}, want: `unknown command "hold" for "xdsrelay rollout"; the commands are release`},
+		{args: []string{"rollout", "release", "--server", "x:1", "--type", "bogus"}, want: `--type: "bogus" is not one of`},
+		{args: []string{"admin", "--server", "x:1"}, want: "accepts 1 arg(s)"},
+		{args: []string{"admin", "--server", "x:1", "-X", "DELETE", "/readyz"}, want: `-X: "DELETE" is not GET, POST or PUT`},
+		{args: []string{"admin", "--server", "x:1", "readyz"}, want: `PATH: "readyz" is not a path such as /debug/groups`},
+		{args: []string{"admin", "/readyz"}, want: "--server is required"},
 		{args: []string{"--confg", "a.yaml"}, want: "unknown flag: --confg"},
 		{args: []string{"status"}, want: "--server is required"},
 		{args: []string{"status", "--server", "x:1", "-o", "yaml"}, want: `-o: "yaml" is not table or json`},

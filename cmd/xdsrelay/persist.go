@@ -13,12 +13,10 @@ import (
 )
 
 func newPersistCmd() *cobra.Command {
-	cmd := &cobra.Command{
+	return groupCmd(&cobra.Command{
 		Use:   "persist",
 		Short: "Look into the caches saved in cache.persist_dir",
-		Args:  usageArgs(cobra.NoArgs),
-	}
-	cmd.AddCommand(&cobra.Command{
+	}, &cobra.Command{
 		Use:   "inspect FILE",
 		Short: "Print what a saved cache file holds: node, and per type the resources and their versions",
 		Long: `Reads one of cache.persist_dir's group-*.cache files, checking it as a restore
@@ -34,7 +32,6 @@ and the names known not to exist. Exits 1 when the file does not load.`,
 			return printSaved(cmd.OutOrStdout(), node, states)
 		},
 	})
-	return cmd
 }
 
 // printSaved writes the node, a summary per type, then every resource.

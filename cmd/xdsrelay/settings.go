@@ -37,6 +37,7 @@ func settings(o *Options) []setting {
 		{"downstream.poll_timeout", kindDuration, &d.PollTimeout, "How long a REST-JSON or gRPC Fetch poll with a current version_info is held."},
 		{"downstream.send_timeout", kindDuration, &d.SendTimeout, "A client that reads nothing for this long while a response waits is disconnected."},
 		{"downstream.max_request_bytes", kindInt, &d.MaxRequestBytes, "Largest request accepted from a client."},
+		{"downstream.reflection", kindBool, &d.Reflection, "gRPC server reflection on downstream.address, so that grpcurl can call CSDS and the xDS services by name; false turns it off."},
 		{"downstream.max_connection_age", kindDuration, &d.MaxConnectionAge, "A gRPC client connection is sent GOAWAY after this long (±10% jitter), so that clients reconnect and spread over the replicas; 0 disables."},
 		{"downstream.max_connection_age_grace", kindDuration, &d.MaxConnectionAgeGrace, "After downstream.max_connection_age, how long streams may stay open before the connection is closed (they resume from the cache elsewhere); 0 waits for them."},
 		{"downstream.max_connection_idle", kindDuration, &d.MaxConnectionIdle, "A gRPC connection without streams, or a keep-alive REST-JSON connection without a request, is closed after this long; 0 disables."},

@@ -78,9 +78,14 @@ func (r *Registry) Gather() ([]*dto.MetricFamily, error) {
 	return r.prom().Gather()
 }
 
-// Handler serves the metrics in the format the scraper asks for.
+// Handler serves the metrics in the format the scraper asks for: the
+// Prometheus text format, or OpenMetrics when the Accept header names
+// application/openmetrics-text (as Prometheus's own scraper does).
 func (r *Registry) Handler() http.Handler {
-	return promhttp.HandlerFor(prometheus.GathererFunc(r.Gather), promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+	return promhttp.HandlerFor(prometheus.GathererFunc(r.Gather), promhttp.HandlerOpts{
+		ErrorHandling:     promhttp.ContinueOnError,
+		EnableOpenMetrics: true,
+	})
 }
 
 // WriteTo writes every family in the Prometheus text format.
@@ -205,6 +210,38 @@ func (f *Vec) With(values ...string) *Value {
 		f.values[key] = v
 	}
 	return v
+}
+
+// Zero creates, at 0, the series of each set of label values that does not
+// exist yet, so that a counter is on /metrics before its first event: a
+// series born at 1 shows Prometheus no increase, and an alert on
+// increase() would miss that event. Families whose labels take a finite set
+// of values (types, reasons, configured names) call it at registration.
+func (f *Vec) Zero(sets ...[]string) *Vec {
+	for _, values := range sets {
+		f.With(values...)
+	}
+	return f
+}
+
+// ZeroEach is Zero for a one-label family: a series at 0 for each value.
+func (f *Vec) ZeroEach(values ...string) *Vec {
+	for _, v := range values {
+		f.With(v)
+	}
+	return f
+}
+
+// Cross is every combination of one value of a and one of b, for Zero on
+// a two-label family.
+func Cross(a, b []string) [][]string {
+	out := make([][]string, 0, len(a)*len(b))
+	for _, x := range a {
+		for _, y := range b {
+			out = append(out, []string{x, y})
+		}
+	}
+	return out
 }
 
 // Delete drops the series for the label values (a group that went away).

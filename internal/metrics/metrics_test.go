@@ -1,6 +1,9 @@
 package metrics
 
 import (
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -95,5 +98,49 @@ func TestOnScrapeRunsUnlocked(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("a scrape whose OnScrape function registers a family never ended")
+	}
+}
+
+// The handler serves OpenMetrics to a scraper that asks for it in its
+// Accept header (as Prometheus's does), and the text format otherwise; a
+// series made with Zero is there at 0 before its first event.
+func TestHandlerServesOpenMetricsWhenAsked(t *testing.T) {
+	var r Registry
+	r.Counter("events_total", "Events.", "kind", "why").Zero(Cross([]string{"a", "b"}, []string{"x"})...)
+	r.Counter("holds_total", "Holds.", "type").ZeroEach("Cluster")
+	srv := httptest.NewServer(r.Handler())
+	defer srv.Close()
+	fetch := func(accept string) (string, string) {
+		req, err := http.NewRequest(http.MethodGet, srv.URL, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if accept != "" {
+			req.Header.Set("Accept", accept)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.Header.Get("Content-Type"), string(b)
+	}
+	ct, body := fetch("application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
+	if !strings.HasPrefix(ct, "application/openmetrics-text; version=1.0.0") {
+		t.Errorf("Content-Type %q, want OpenMetrics 1.0.0", ct)
+	}
+	for _, want := range []string{"# TYPE events counter\n", `events_total{kind="a",why="x"} 0.0` + "\n", `events_total{kind="b",why="x"} 0.0` + "\n",
+		`holds_total{type="Cluster"} 0.0` + "\n"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("OpenMetrics: no %q in:\n%s", want, body)
+		}
+	}
+	if !strings.HasSuffix(body, "# EOF\n") {
+		t.Errorf("OpenMetrics body does not end with # EOF: %q", body[max(0, len(body)-40):])
+	}
+	ct, body = fetch("")
+	if !strings.HasPrefix(ct, "text/plain; version=0.0.4") || strings.Contains(body, "# EOF") {
+		t.Errorf("without Accept: Content-Type %q, want the text format", ct)
 	}
 }

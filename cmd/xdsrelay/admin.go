@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/xdsrelay/xdsrelay/internal/creds"
+)
+
+// adminFlags are how the admin commands (admin, guard release, rollout
+// release) reach the relay's admin endpoint: plain HTTP on a loopback
+// address, or HTTPS with a client certificate that admin.tls.client_ca_file
+// verifies, for instance through kubectl port-forward to a pod that serves
+// admin.tls (README: Admin access in a cluster).
+type adminFlags struct {
+	server  string
+	files   creds.TLS
+	timeout time.Duration
+}
+
+func (f *adminFlags) add(cmd *cobra.Command) {
+	fs := cmd.Flags()
+	fs.StringVar(&f.server, "server", "", "the relay's admin endpoint `ADDR` (host:port, or an http:// or https:// URL; https with the TLS flags) (required)")
+	fs.StringVar(&f.files.CAFile, "ca-file", "", "verify the admin endpoint's certificate against the CA bundle in `FILE`")
+	fs.StringVar(&f.files.CertFile, "cert-file", "", "present the client certificate in `FILE` (one admin.tls.client_ca_file verifies; with --key-file)")
+	fs.StringVar(&f.files.KeyFile, "key-file", "", "the client certificate's private key `FILE`")
+	fs.StringVar(&f.files.ServerName, "server-name", "", "verify the admin endpoint's certificate for `NAME` instead of the --server host (through kubectl port-forward, the name in the relay's certificate)")
+	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "give up after this long")
+}
+
+// base is the admin endpoint's URL without a path: --server as given, or
+// with https:// when a TLS flag is set, http:// otherwise.
+func (f *adminFlags) base() string {
+	b := f.server
+	if !strings.Contains(b, "://") {
+		scheme := "http://"
+		if f.files.Enabled() {
+			scheme = "https://"
+		}
+		b = scheme + b
+	}
+	return strings.TrimSuffix(b, "/")
+}
+
+// do sends one request to the admin endpoint and returns the body of a 2xx
+// answer; any other status is an error with the answer's first line.
+func (f *adminFlags) do(ctx context.Context, method, path string, q url.Values, body string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	client := http.DefaultClient
+	if f.files.Enabled() {
+		rl, err := creds.NewReloader(ctx, f.files, slog.New(slog.DiscardHandler))
+		if err != nil {
+			return nil, err
+		}
+		defer rl.Close()
+		tr := &http.Transport{TLSClientConfig: rl.ClientConfig()}
+		defer tr.CloseIdleConnections()
+		client = &http.Client{Transport: tr}
+	}
+	target := f.base() + path
+	if len(q) > 0 {
+		target += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, target, strings.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("--server: %w", err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAdminAnswer))
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode/100 != 2 {
+		line, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
+		return nil, fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, line)
+	}
+	return b, nil
+}
+
+// maxAdminAnswer bounds what the admin commands read of an answer: more
+// than any admin body but a profile.
+const maxAdminAnswer = 256 << 20
+
+func newAdminCmd() *cobra.Command {
+	var (
+		af     adminFlags
+		method string
+		data   string
+	)
+	cmd := &cobra.Command{
+		Use:   "admin --server ADMIN_ADDR [-X METHOD] [-d BODY] PATH",
+		Short: "Call the relay's admin endpoint (/readyz, /debug/...), with a client certificate over admin.tls",
+		Long: `Sends one request to the relay's admin endpoint and prints the answer:
+PATH is /readyz, /debug/groups, /debug/clients, /debug/cache?group=G&type=T,
+/debug/loglevel (-X PUT -d debug), /debug/pprof/heap (with admin.pprof), ...
+The /debug/ paths and the detailed /readyz answer only a private caller: on
+a loopback admin.address, or over admin.tls with a client certificate that
+admin.tls.client_ca_file verifies (--ca-file, --cert-file, --key-file, and
+--server-name through kubectl port-forward). Exits 1 when the endpoint
+answers anything but 2xx, with its status and first line.`,
+		Args: usageArgs(cobra.ExactArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := required(cmd, "server"); err != nil {
+				return err
+			}
+			method = strings.ToUpper(method)
+			switch method {
+			case http.MethodGet, http.MethodPost, http.MethodPut:
+			default:
+				return usageError{cmd, fmt.Errorf("-X: %q is not GET, POST or PUT", method)}
+			}
+			u, err := url.Parse(args[0])
+			if err != nil || !strings.HasPrefix(u.Path, "/") || u.Host != "" {
+				return usageError{cmd, fmt.Errorf("PATH: %q is not a path such as /debug/groups", args[0])}
+			}
+			b, err := af.do(cmd.Context(), method, u.Path, u.Query(), data)
+			if err != nil {
+				return err
+			}
+			_, err = cmd.OutOrStdout().Write(b)
+			return err
+		},
+	}
+	af.add(cmd)
+	cmd.Flags().StringVarP(&method, "request", "X", http.MethodGet, "the `METHOD`: GET, POST or PUT")
+	cmd.Flags().StringVarP(&data, "data", "d", "", "the request's `BODY` (PUT /debug/loglevel: debug, info, warn or error)")
+	return cmd
+}

@@ -1,0 +1,205 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+	"github.com/xdsrelay/xdsrelay/relay"
+)
+
+// runCLI runs the command line and returns its exit code and outputs.
+func runCLI(args ...string) (int, string, string) {
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), args, nil, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// On an admin endpoint that is not loopback, served over admin.tls, `xdsrelay
+// admin` with a client certificate (--ca-file, --cert-file, --key-file, and
+// --server-name for the name in the relay's certificate, as through kubectl
+// port-forward) reaches /debug/ and the detailed /readyz; without one it
+// gets 403 and exits 1.
+func TestAdminCommandOverMTLS(t *testing.T) {
+	certs := testcp.MakeCerts(t)
+	r := startFileRelay(t, t.TempDir(), func(c *relay.Config) {
+		c.Admin.Address = "0.0.0.0:0" // not loopback: only a certificate makes a caller private
+		c.Admin.TLS.CertFile, c.Admin.TLS.KeyFile, c.Admin.TLS.CAFile = certs.ServerCert, certs.ServerKey, certs.CA
+		c.LogLevel = new(slog.LevelVar) // PUT /debug/loglevel
+	})
+	_, port, _ := net.SplitHostPort(r.AdminAddr())
+	server := "127.0.0.1:" + port // as kubectl port-forward makes it
+	tlsFlags := []string{"--server", server, "--ca-file", certs.CA, "--server-name", "localhost"}
+	client := append(tlsFlags, "--cert-file", certs.ClientCert, "--key-file", certs.ClientKey)
+
+	code, out, errOut := runCLI(append([]string{"admin"}, append(client, "/debug/groups")...)...)
+	var groups []map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &groups) != nil {
+		t.Fatalf("admin /debug/groups with a client certificate: exit %d, %q %q", code, out, errOut)
+	}
+	if code, out, _ = runCLI(append([]string{"admin"}, append(client, "-X", "PUT", "-d", "debug", "/debug/loglevel")...)...); code != 0 || out != "debug\n" {
+		t.Errorf("admin -X PUT -d debug /debug/loglevel: exit %d, %q", code, out)
+	}
+	if code, out, _ = runCLI(append([]string{"admin"}, append(client, "/readyz")...)...); code != 0 || !strings.HasPrefix(out, "ready\n") {
+		t.Errorf("admin /readyz with a client certificate: exit %d, %q, want the detailed answer", code, out)
+	}
+	code, _, errOut = runCLI(append([]string{"admin"}, append(tlsFlags, "/debug/groups")...)...)
+	if code != 1 || !strings.Contains(errOut, "GET /debug/groups: 403 Forbidden") {
+		t.Errorf("admin /debug/groups without a client certificate: exit %d, %q", code, errOut)
+	}
+	if code, out, _ = runCLI(append([]string{"admin"}, append(tlsFlags, "/readyz")...)...); code != 0 || out != "ready\n" {
+		t.Errorf("admin /readyz without a client certificate: exit %d, %q, want the general answer", code, out)
+	}
+	code, _, errOut = runCLI("admin", "--server", server, "--ca-file", certs.CA, "/readyz")
+	if code != 1 || !strings.Contains(errOut, "certificate") {
+		t.Errorf("admin without --server-name, by IP address: exit %d, %q, want a certificate error", code, errOut)
+	}
+}
+
+// `xdsrelay rollout release` releases a change a canary NACKed to the rest
+// of the group.
+func TestRolloutReleaseCommand(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", timedCluster(time.Second))
+	cfg := relay.Default()
+	cfg.Upstream.Address = cp.Addr
+	cfg.Downstream.Address, cfg.Admin.Address = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Rollout.Canary, cfg.Rollout.Bake = 1, time.Hour
+	r := startRelayConfig(t, cfg)
+	a, b := judgingClient(t, r.Addr(), "node-a"), judgingClient(t, r.Addr(), "node-b")
+	a.wait(t, "1s")
+	b.wait(t, "1s")
+
+	cp.Set(t, "c1", "2", timedCluster(13*time.Second)) // the canary NACKs it
+	deadline := time.Now().Add(cliWait)
+	for {
+		code, out, _ := runCLI("admin", "--server", r.AdminAddr(), "/debug/groups")
+		if code == 0 && strings.Contains(out, `"held": true`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no held rollout: %s", out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	key := relay.GroupKey(&corepb.Node{Id: "node-a", Cluster: "c1"}, cfg.Upstream.GroupBy)
+	code, out, errOut := runCLI("rollout", "release", "--server", r.AdminAddr(), "--group", key, "--type", "clusters")
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("released a change of 1 Cluster resources in group %q, NACKed by canary \"node-", key)) ||
+		!strings.Contains(out, "13s is too slow") {
+		t.Fatalf("rollout release: exit %d, %q %q", code, out, errOut)
+	}
+	a.wait(t, "13s")
+	b.wait(t, "13s")
+	if code, out, _ := runCLI("rollout", "release", "--server", r.AdminAddr()); code != 0 || out != "nothing was held\n" {
+		t.Errorf("a second release: exit %d, %q", code, out)
+	}
+	if code, _, errOut := runCLI("rollout", "release", "--server", r.AdminAddr(), "--group", "nope"); code != 1 || !strings.Contains(errOut, `no group "nope"`) {
+		t.Errorf("unknown group: exit %d, %q", code, errOut)
+	}
+}
+
+func timedCluster(d time.Duration) *clusterpb.Cluster {
+	c := testcp.Cluster("app")
+	c.ConnectTimeout = durationpb.New(d)
+	return c
+}
+
+// judge is a delta-ADS client that NACKs a cluster whose connect timeout
+// is 13s and records the timeouts it was sent.
+type judge struct{ seen chan string }
+
+func judgingClient(t *testing.T, addr, id string) *judge {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discoverypb.DeltaDiscoveryRequest{Node: &corepb.Node{Id: id, Cluster: "c1"}, TypeUrl: resourcev3.ClusterType}); err != nil {
+		t.Fatal(err)
+	}
+	j := &judge{seen: make(chan string, 16)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			resp, err := st.Recv()
+			if err != nil {
+				return
+			}
+			ack := &discoverypb.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()}
+			for _, res := range resp.GetResources() {
+				var c clusterpb.Cluster
+				if res.GetResource().UnmarshalTo(&c) != nil {
+					continue
+				}
+				timeout := c.GetConnectTimeout().AsDuration().String()
+				j.seen <- timeout
+				if timeout == "13s" {
+					ack.ErrorDetail = &rpcstatus.Status{Code: 3, Message: "13s is too slow"}
+				}
+			}
+			if st.Send(ack) != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done; cc.Close() })
+	return j
+}
+
+// wait waits for the client to be sent a cluster with this timeout.
+func (j *judge) wait(t *testing.T, timeout string) {
+	t.Helper()
+	deadline := time.After(cliWait)
+	for {
+		select {
+		case got := <-j.seen:
+			if got == timeout {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("no cluster with a %s timeout", timeout)
+		}
+	}
+}
+
+// startRelayConfig runs a relay with cfg until the test ends.
+func startRelayConfig(t *testing.T, cfg relay.Config) *relay.Relay {
+	t.Helper()
+	r, err := relay.New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), cliWait)
+		defer cancel()
+		if err := r.Shutdown(ctx); err != nil {
+			t.Error(err)
+		}
+	})
+	return r
+}

@@ -1,0 +1,79 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+func newRolloutCmd() *cobra.Command {
+	return groupCmd(&cobra.Command{Use: "rollout", Short: "Act on the canary rollout's held changes"}, newRolloutReleaseCmd())
+}
+
+func newRolloutReleaseCmd() *cobra.Command {
+	var (
+		af         adminFlags
+		group, typ string
+	)
+	cmd := &cobra.Command{
+		Use:   "release --server ADMIN_ADDR [--group G] [--type T]",
+		Short: "Release changes a canary NACKed: the whole group gets them",
+		Long: `Asks the relay's admin endpoint (POST /debug/rollout/release) to release
+the changes held after a canary NACKed them, overriding the canary: of one
+group (the key as /debug/groups shows it) or all, changing one type (a REST
+short name such as clusters, or a type URL) or any. They reach the group in
+order, after the changes before them. The admin endpoint must be private to
+the caller: loopback, or admin.tls with a client certificate (--ca-file,
+--cert-file, --key-file; --server-name through kubectl port-forward).`,
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			q, err := releaseQuery(cmd, group, typ)
+			if err != nil {
+				return err
+			}
+			b, err := af.do(cmd.Context(), http.MethodPost, "/debug/rollout/release", q, "")
+			if err != nil {
+				return err
+			}
+			return printRollouts(cmd.OutOrStdout(), b)
+		},
+	}
+	af.add(cmd)
+	addReleaseFlags(cmd, &group, &typ)
+	return cmd
+}
+
+// heldChange is a held change that was released, as the admin endpoint
+// answers.
+type heldChange struct {
+	Group    string   `json:"group"`
+	Types    []string `json:"types"`
+	Names    int      `json:"resources"`
+	NackedBy string   `json:"nacked_by"`
+	Error    string   `json:"nack_error"`
+}
+
+func printRollouts(out io.Writer, body []byte) error {
+	var released []heldChange
+	if err := json.Unmarshal(body, &released); err != nil {
+		return fmt.Errorf("the admin endpoint's answer: %w", err)
+	}
+	if len(released) == 0 {
+		fmt.Fprintln(out, "nothing was held")
+	}
+	for _, c := range released {
+		types := make([]string, len(c.Types))
+		for i, t := range c.Types {
+			types[i] = xds.ShortName(t)
+		}
+		fmt.Fprintf(out, "released a change of %d %s resources in group %q, NACKed by canary %q: %s\n",
+			c.Names, strings.Join(types, ","), c.Group, c.NackedBy, c.Error)
+	}
+	return nil
+}

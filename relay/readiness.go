@@ -1,0 +1,144 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/connectivity"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/xdsrelay/xdsrelay/upstream"
+)
+
+// Why the relay is not ready yet, with admin.ready_after_sync: what stands
+// between it and its first sync, in general terms for anyone (the kind of
+// failure, never an address) and in full for a private caller and the log.
+// A pod whose control plane is misnamed or unreachable never becomes ready,
+// and its /readyz says why.
+
+// syncProblem says why the relay has nothing to serve yet.
+type syncProblem struct {
+	public  string // no address, group key or file name
+	private string // the same with the upstream, the group and the error
+}
+
+// waitingSync is notReady's answer while admin.ready_after_sync waits.
+const waitingSync = "waiting for the first upstream sync"
+
+// syncProblem looks at what the first sync waits for: the groups'
+// upstream streams or, before any group exists, the connection to the
+// control plane.
+func (r *Relay) syncProblem() syncProblem {
+	if _, ok := r.source.(*upstream.File); ok {
+		return syncProblem{public: "the resource files are not loaded yet", private: "the resource files are not loaded yet"}
+	}
+	if gs := r.snapshotGroups(); len(gs) > 0 {
+		return groupsProblem(gs)
+	}
+	if r.upConn == nil {
+		return syncProblem{}
+	}
+	target := r.cfg.Upstream.Address
+	switch r.upConn.GetState() {
+	case connectivity.TransientFailure:
+		err := r.lastConnError()
+		return syncProblem{
+			public:  "the control plane cannot be reached (" + failureKind(err) + ")",
+			private: fmt.Sprintf("upstream %s cannot be reached: %s", target, err),
+		}
+	case connectivity.Ready:
+		return syncProblem{public: "the control plane has not answered yet", private: "upstream " + target + " connected, no answer yet"}
+	default:
+		return syncProblem{public: "connecting to the control plane", private: "connecting to upstream " + target}
+	}
+}
+
+// groupsProblem is the first group's upstream that is down, or else what
+// the groups wait for.
+func groupsProblem(gs []*group) syncProblem {
+	for _, g := range gs {
+		for _, u := range upstreamsOf(g.status()) {
+			if u.Connected || u.LastError == "" {
+				continue
+			}
+			return syncProblem{
+				public: "the control plane cannot be reached (" + failureKind(u.LastError) + ")",
+				private: fmt.Sprintf("group %q: upstream %q (server %s) cannot be reached: %s",
+					shownKey(g.key), u.Upstream, u.Server, u.LastError),
+			}
+		}
+	}
+	return syncProblem{public: "the control plane has not answered yet",
+		private: fmt.Sprintf("%d %s waiting for the control plane's first answer", len(gs), plural(len(gs), "group", "groups"))}
+}
+
+// lastConnError is the error of the connection's last attempt to reach the
+// control plane: a call that does not wait for the connection fails at once
+// with it while the connection is in TRANSIENT_FAILURE (gRPC's
+// wait-for-ready semantics), before anything is sent.
+func (r *Relay) lastConnError() string {
+	ctx, cancel := context.WithTimeout(r.ctx, time.Second)
+	defer cancel()
+	err := r.upConn.Invoke(ctx, healthpb.Health_Check_FullMethodName, &healthpb.HealthCheckRequest{}, &healthpb.HealthCheckResponse{})
+	if err == nil {
+		return "connected"
+	}
+	return err.Error()
+}
+
+// failureKind names, in general terms, why a connection failed: what
+// /readyz may say to anyone.
+func failureKind(err string) string {
+	has := func(words ...string) bool {
+		for _, w := range words {
+			if strings.Contains(err, w) {
+				return true
+			}
+		}
+		return false
+	}
+	switch {
+	case has("no such host", "produced zero addresses", "name resolver", "server misbehaving"):
+		return "its name does not resolve"
+	case has("connection refused"):
+		return "connection refused"
+	case has("x509", "certificate", "handshake", "tls:"):
+		return "TLS handshake failed"
+	case has("network is unreachable", "no route to host"):
+		return "network unreachable"
+	case has("i/o timeout", "deadline exceeded", "timed out"):
+		return "connection timed out"
+	}
+	return "connection failing"
+}
+
+// notReadyLine is the first line of /readyz when the relay is not ready: why,
+// and with admin.ready_after_sync what the first sync waits for.
+func (r *Relay) notReadyLine(why string, priv bool) string {
+	line := "not ready: " + why
+	if why != waitingSync {
+		return line
+	}
+	p := r.syncProblem()
+	text := p.public
+	if priv {
+		text = p.private
+	}
+	if text != "" {
+		line += ": " + text
+	}
+	return line
+}
+
+// logSyncProblem logs, at warn, why the relay is not ready yet, when that
+// changes: what a pod that never becomes ready shows in its log.
+func (r *Relay) logSyncProblem(last *string) {
+	p := r.syncProblem()
+	if p.private == "" || p.private == *last {
+		return
+	}
+	*last = p.private
+	r.log.Warn("not ready: waiting for the first upstream sync", "why", p.private, "readme", "Readiness")
+}

@@ -1,0 +1,118 @@
+package relay
+
+import (
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+)
+
+// With admin.ready_after_sync and a control plane that is not there, the
+// relay never becomes ready, and /readyz says why: to anyone in general
+// terms (the kind of failure, no address), to a private caller with the
+// address and the error.
+func TestNotReadySaysWhy(t *testing.T) {
+	dead := deadAddr(t)
+	r := startRelay(t, dead, fastReconnect, publicAdmin(t), func(c *Config) { c.Admin.ReadyAfterSync = true })
+	want := "not ready: waiting for the first upstream sync: the control plane cannot be reached (connection refused)\n"
+	eventually(t, "/readyz naming the failure", func() bool {
+		code, body := get(t, http.DefaultClient, "http://"+r.AdminAddr()+"/readyz")
+		if code != http.StatusServiceUnavailable {
+			t.Fatalf("/readyz with no control plane: %d %q, want 503", code, body)
+		}
+		if strings.Contains(body, dead) {
+			t.Fatalf("/readyz to anyone names the control plane: %q", body)
+		}
+		return body == want
+	})
+	private := r.notReadyLine(r.notReady(), true)
+	if !strings.Contains(private, "upstream "+dead+" cannot be reached: ") || !strings.Contains(private, "connection refused") {
+		t.Errorf("the private /readyz: %q, want the address and the error", private)
+	}
+}
+
+// A group whose control plane is down with nothing cached is not "serving
+// from cache": /readyz says it has nothing to serve, privately and in
+// general terms.
+func TestReadyzNothingCachedIsNotServingFromCache(t *testing.T) {
+	dead := deadAddr(t)
+	r := startRelay(t, dead, fastReconnect)
+	s := openDelta(t, r.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "tenant-a"), TypeUrl: resourcev3.ClusterType})
+	eventually(t, "the group's upstream error", func() bool {
+		g := r.snapshotGroups()
+		return len(g) == 1 && g[0].status().LastError != ""
+	})
+	_, private := get(t, http.DefaultClient, "http://"+r.AdminAddr()+"/readyz")
+	key := GroupKey(node("n", "tenant-a"), r.cfg.Upstream.GroupBy)
+	if !strings.Contains(private, fmt.Sprintf("group %q: upstream DOWN, nothing cached to serve", key)) {
+		t.Errorf("private /readyz: %q", private)
+	}
+	if want := "ready; 1 group with upstream down and nothing cached to serve"; r.readySummary() != want {
+		t.Errorf("general /readyz: %q, want %q", r.readySummary(), want)
+	}
+	for _, body := range []string{private, r.readySummary()} {
+		if strings.Contains(body, "serving from cache") {
+			t.Errorf("/readyz says serving from cache with nothing cached: %q", body)
+		}
+	}
+}
+
+// Once ready after its first sync, a relay stays ready through an outage
+// of its control plane while it serves a warm cache.
+func TestReadyAfterSyncStaysReadyThroughOutage(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "tenant-a", "1", testcp.Cluster("x"))
+	r := startRelay(t, cp.Addr, fastReconnect, func(c *Config) { c.Admin.ReadyAfterSync = true })
+	s := openDelta(t, r.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "tenant-a"), TypeUrl: resourcev3.ClusterType})
+	s.recv()
+	readyz := "http://" + r.AdminAddr() + "/readyz"
+	eventually(t, "/readyz 200 after the first sync", func() bool {
+		code, _ := get(t, http.DefaultClient, readyz)
+		return code == http.StatusOK
+	})
+	cp.Stop()
+	eventually(t, "the group's upstream down", func() bool {
+		g := r.snapshotGroups()
+		return len(g) == 1 && !g[0].status().Connected
+	})
+	code, body := get(t, http.DefaultClient, readyz)
+	if code != http.StatusOK || !strings.Contains(body, "upstream DOWN, serving from cache") {
+		t.Errorf("/readyz during the outage: %d %q, want 200, serving from cache", code, body)
+	}
+}
+
+func TestFailureKind(t *testing.T) {
+	for _, tc := range []struct{ err, want string }{
+		{`rpc error: code = Unavailable desc = connection error: desc = "transport: Error while dialing: dial tcp 10.0.0.1:18000: connect: connection refused"`, "connection refused"},
+		{`rpc error: code = Unavailable desc = name resolver error: produced zero addresses`, "its name does not resolve"},
+		{`rpc error: code = Unavailable desc = dns: A record lookup error: lookup xds-control-plane on 10.96.0.10:53: no such host`, "its name does not resolve"},
+		{`rpc error: code = Unavailable desc = connection error: desc = "transport: authentication handshake failed: tls: failed to verify certificate: x509: certificate signed by unknown authority"`, "TLS handshake failed"},
+		{`rpc error: code = Unavailable desc = connection error: desc = "transport: Error while dialing: dial tcp 10.0.0.1:18000: i/o timeout"`, "connection timed out"},
+		{`rpc error: code = Unavailable desc = connection error: desc = "transport: Error while dialing: dial tcp 10.0.0.1:18000: connect: no route to host"`, "network unreachable"},
+		{`something else`, "connection failing"},
+	} {
+		if got := failureKind(tc.err); got != tc.want {
+			t.Errorf("failureKind(%q) = %q, want %q", tc.err, got, tc.want)
+		}
+	}
+}
+
+// deadAddr is a loopback address that refuses connections.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}

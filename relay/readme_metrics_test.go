@@ -1,0 +1,167 @@
+package relay
+
+import (
+	"os"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// readmeMetric is a row of the README's metrics table.
+type readmeMetric struct {
+	kind   string   // counter, gauge or histogram
+	labels []string // sorted
+}
+
+var readmeMetricRow = regexp.MustCompile("^\\| `(xdsrelay_[a-z_]+)` \\| ([a-z]+) \\| ([^|]*)\\|")
+
+// readmeMetrics reads the table of the README's Metrics section.
+func readmeMetrics(t *testing.T) map[string]readmeMetric {
+	t.Helper()
+	b, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(b), "\n### Metrics\n")
+	if !ok {
+		t.Fatal("README: no Metrics section")
+	}
+	section, _, _ = strings.Cut(section, "\n#")
+	out := map[string]readmeMetric{}
+	for _, line := range strings.Split(section, "\n") {
+		m := readmeMetricRow.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		var labels []string
+		for _, l := range backquotedWords.FindAllStringSubmatch(m[3], -1) {
+			labels = append(labels, l[1])
+		}
+		slices.Sort(labels)
+		out[m[1]] = readmeMetric{kind: m[2], labels: labels}
+	}
+	if len(out) == 0 {
+		t.Fatal("README: no metrics table")
+	}
+	return out
+}
+
+var backquotedWords = regexp.MustCompile("`([a-z_]+)`")
+
+// gathered is what /metrics serves (the handler's own gatherer), by family.
+func gathered(t *testing.T, r *Relay) map[string]*dto.MetricFamily {
+	t.Helper()
+	mfs, err := r.metrics.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*dto.MetricFamily{}
+	for _, mf := range mfs {
+		out[mf.GetName()] = mf
+	}
+	return out
+}
+
+func labelNames(m *dto.Metric) []string {
+	var out []string
+	for _, l := range m.GetLabel() {
+		out = append(out, l.GetName())
+	}
+	slices.Sort(out)
+	return out
+}
+
+func counterValue(m *dto.Metric) float64 { return m.GetCounter().GetValue() }
+
+// The README's metrics table is /metrics: every family it lists is
+// served, of its type and with its labels, and every xdsrelay_ family
+// served is listed. A counter whose labels take a finite set of values
+// (not a group) has its series at 0 from the start, every type's for a
+// type label, so that a first event is an increase; a group's counters
+// are born with the group.
+func TestREADMEMetricsAreMetrics(t *testing.T) {
+	want := readmeMetrics(t)
+	cp := testcp.Start(t)
+	cp.Set(t, "tenant-a", "1", testcp.Cluster("x"))
+	certs := testcp.MakeCerts(t)
+	// A control plane, a second one for secrets (the router), and admin
+	// TLS (a certificate's expiry).
+	a := startRelay(t, cp.Addr, withUpstream("secrets", cp.Addr, []string{"secrets"}, nil), func(c *Config) {
+		c.Admin.TLS.CertFile, c.Admin.TLS.KeyFile = certs.ServerCert, certs.ServerKey
+	})
+	start := gathered(t, a)
+	for name, rm := range want {
+		if rm.kind != "counter" || slices.Contains(rm.labels, "group") {
+			continue
+		}
+		mf := start[name]
+		if mf == nil || len(mf.GetMetric()) == 0 {
+			t.Errorf("%s: not on /metrics at start", name)
+			continue
+		}
+		types := map[string]bool{}
+		for _, m := range mf.GetMetric() {
+			if v := counterValue(m); v != 0 {
+				t.Errorf("%s%v: %v at start, want 0", name, m.GetLabel(), v)
+			}
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "type" {
+					types[l.GetValue()] = true
+				}
+			}
+		}
+		if slices.Contains(rm.labels, "type") && len(types) != len(xds.Types) {
+			t.Errorf("%s: at start, series of types %v, want every type's", name, types)
+		}
+	}
+
+	s := openDelta(t, a.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "tenant-a"), TypeUrl: resourcev3.ClusterType})
+	s.recv()
+	// Resource files, and an admin address that is not loopback without
+	// TLS (a configuration warning).
+	b := startRelay(t, FilePrefix+t.TempDir(), publicAdmin(t))
+	got := gathered(t, a)
+	for name, mf := range gathered(t, b) {
+		if got[name] == nil {
+			got[name] = mf
+		}
+	}
+	for name, mf := range got {
+		if !strings.HasPrefix(name, "xdsrelay_") {
+			continue
+		}
+		rm, ok := want[name]
+		switch {
+		case !ok:
+			t.Errorf("%s is on /metrics, not in the README's table", name)
+			continue
+		case !strings.EqualFold(mf.GetType().String(), rm.kind):
+			t.Errorf("%s: a %s, the README says %s", name, strings.ToLower(mf.GetType().String()), rm.kind)
+		}
+		for _, m := range mf.GetMetric() {
+			if ln := labelNames(m); !slices.Equal(ln, rm.labels) {
+				t.Errorf("%s: labels %v, the README says %v", name, ln, rm.labels)
+				break
+			}
+		}
+	}
+	for name := range want {
+		if got[name] == nil {
+			t.Errorf("the README lists %s, which is not on /metrics", name)
+		}
+	}
+	for _, name := range []string{"xdsrelay_upstream_reconnects_total", "xdsrelay_cache_evictions_total"} {
+		if mf := got[name]; mf == nil || len(mf.GetMetric()) != 1 || counterValue(mf.GetMetric()[0]) != 0 {
+			t.Errorf("%s: %v, want the group's series at 0", name, mf.GetMetric())
+		}
+	}
+}
