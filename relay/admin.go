@@ -146,8 +146,15 @@ func (r *Relay) groupsDetail(w io.Writer) {
 			state := "connected"
 			if !u.Connected {
 				state = "DOWN"
+				if u.LastError != "" {
+					state += " (" + xds.Clip(u.LastError) + ")"
+				}
 			}
-			fmt.Fprintf(w, "  upstream %q: server %s, %s\n", u.Upstream, u.Server, state)
+			server := u.Server
+			if r.onFallback(u) {
+				server += " (a fallback server: the higher ones were unreachable with something not cached, gRFC A71)"
+			}
+			fmt.Fprintf(w, "  upstream %q: server %s, %s\n", u.Upstream, server, state)
 		}
 		guardDetail(w, g.cache)
 		rolloutDetail(w, g.cache)
@@ -161,9 +168,12 @@ func (r *Relay) groupsDetail(w io.Writer) {
 // file name.
 func (r *Relay) readySummary() string {
 	parts := []string{"ready"}
-	down, empty, invalid, held, halted := 0, 0, false, 0, 0
+	down, empty, invalid, held, halted, fallback := 0, 0, false, 0, 0, 0
 	for _, g := range r.snapshotGroups() {
 		s := g.status()
+		if slices.ContainsFunc(upstreamsOf(s), r.onFallback) {
+			fallback++
+		}
 		switch {
 		case s.Connected:
 		case g.cache.Len() == 0:
@@ -191,6 +201,9 @@ func (r *Relay) readySummary() string {
 	if empty > 0 {
 		parts = append(parts, fmt.Sprintf("%d %s with upstream down and nothing cached to serve", empty, plural(empty, "group", "groups")))
 	}
+	if fallback > 0 {
+		parts = append(parts, fmt.Sprintf("%d %s on a fallback server of their control plane", fallback, plural(fallback, "group", "groups")))
+	}
 	if invalid {
 		parts = append(parts, "invalid resources not served")
 	}
@@ -207,6 +220,17 @@ func (r *Relay) snapshotGroups() []*group {
 	}
 	slices.SortFunc(gs, func(a, b *group) int { return strings.Compare(a.key, b.key) })
 	return gs
+}
+
+// onFallback reports whether an upstream's stream uses a server other than
+// its first (gRFC A71 fallback).
+func (r *Relay) onFallback(u upstream.Status) bool {
+	for _, c := range append([]UpstreamConfig{r.cfg.Upstream.UpstreamConfig}, r.cfg.Upstreams...) {
+		if c.Name == u.Upstream {
+			return u.Server != "" && u.Server != c.Address
+		}
+	}
+	return false
 }
 
 func describe(s upstream.Status, resources int) string {

@@ -93,6 +93,9 @@ func TestSilentControlPlaneIsNotAnAnswer(t *testing.T) {
 		!strings.Contains(m, `xdsrelay_upstream_server{server="`+secondary.Addr+`",upstream="default"} 1`) {
 		t.Errorf("/metrics does not show the fallback:\n%s", grepLines(m, "xdsrelay_upstream_"))
 	}
+	if rz := readyz(t, r); !strings.Contains(rz, "server "+secondary.Addr+" (a fallback server") {
+		t.Errorf("/readyz does not show the fallback:\n%s", rz)
+	}
 
 	// The partition heals: the relay returns to the primary.
 	proxy.Set(faultproxy.Pass, 0)
