@@ -10,53 +10,22 @@ import (
 	"time"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
+
+	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
-// Resource is one resource as the relay stores and sends it. It is immutable
-// once handed to the cache: its bytes are shared by every stream.
-type Resource struct {
-	Name    string
-	Version string
-	// Any is the encoded google.protobuf.Any, as a SotW response carries it.
-	Any []byte
-	// Wire is the encoded envoy.service.discovery.v3.Resource (name,
-	// version, resource, aliases, ttl), as a delta response carries it.
-	Wire []byte
-	// Aliases are the resource's aliases (VHDS), if any.
-	Aliases []string
-	// TTL is the resource's time to live as upstream set it, zero if none.
-	// With a TTL the resource is also encoded for clients that do not
-	// support TTLs (WireNoTTL) and, wrapped in a Resource, for SotW clients
-	// that do (SotWWrapped); without one those are nil.
-	TTL         time.Duration
-	WireNoTTL   []byte
-	SotWWrapped []byte
-	// Warm is, for a Cluster whose endpoints come from EDS, the name of
-	// the ClusterLoadAssignment that finishes its warming in Envoy ("Resource
-	// warming"): a stream that is sent the Cluster new or changed and holds
-	// those endpoints is sent them again. Empty for every other resource.
-	Warm string
-}
-
-// Heartbeat refreshes a resource's TTL without changing it ("TTL"): the
-// resource's name and version, its new TTL, and its encodings for delta
-// (Wire) and SotW (SotW, wrapped in a Resource) clients.
-type Heartbeat struct {
-	Name, Version string
-	TTL           time.Duration
-	Wire, SotW    []byte
-}
-
-// ResourceError is an error for one resource (xDS TP3, gRFC A88): the
-// control plane's, or one the relay makes where it knows the answer
-// (NOT_FOUND, PERMISSION_DENIED, UNAVAILABLE). It is encoded once for the
-// resource_errors field of delta (Delta) and SotW (SotW) responses.
-type ResourceError struct {
-	Name        string
-	Code        int32  // the google.rpc.Code of error_detail
-	Message     string // error_detail's message
-	Delta, SotW []byte
-}
+// The encoded forms the cache holds are the wire package's: a resource is
+// encoded once, when it arrives, and its bytes are shared by every stream
+// that sends it (docs/architecture.md, "Encode once"). They are immutable
+// once handed to the cache.
+type (
+	// Resource is one resource as the relay stores and sends it.
+	Resource = xds.Resource
+	// Heartbeat refreshes a resource's TTL without changing it ("TTL").
+	Heartbeat = xds.Heartbeat
+	// ResourceError is an error for one resource (gRFC A88).
+	ResourceError = xds.ResourceError
+)
 
 // Lookup is the state of one name in the cache.
 type Lookup struct {

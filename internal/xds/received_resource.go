@@ -11,8 +11,6 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
-
-	"github.com/xdsrelay/xdsrelay/cache"
 )
 
 var (
@@ -199,7 +197,7 @@ func canonicalTag(b []byte, num protowire.Number, typ protowire.Type) ([]byte, b
 // resource, the same bytes, built from the received ones: a resource
 // received as Encode would write it (a version, no TTL, no other field) is
 // its own encoding, with no copy.
-func (r *ReceivedResource) Encode() (*cache.Resource, error) {
+func (r *ReceivedResource) Encode() (*Resource, error) {
 	if r.pb != nil {
 		return Encode(r.pb.GetName(), r.pb.GetVersion(), r.pb.GetResource(), r.pb.GetTtl(), r.pb.GetAliases())
 	}
@@ -209,7 +207,7 @@ func (r *ReceivedResource) Encode() (*cache.Resource, error) {
 	if err := validateValue(r.TypeURL, r.value); err != nil {
 		return nil, errUndecodable(r.Name, r.TypeURL, err)
 	}
-	out := &cache.Resource{Name: r.Name, Version: r.Version, Aliases: r.aliases, Warm: Warm(r.TypeURL, r.value)}
+	out := &Resource{Name: r.Name, Version: r.Version, Aliases: r.aliases, Warm: Warm(r.TypeURL, r.value)}
 	if out.Version == "" {
 		sum := sha256.Sum256(r.anyMsg)
 		out.Version = hex.EncodeToString(sum[:8])
@@ -255,7 +253,7 @@ func (r *ReceivedResource) build(version string, withTTL bool) (wire, sotw []byt
 
 // EncodeHeartbeat is EncodeHeartbeat(name, version, ttl) of the received
 // resource.
-func (r *ReceivedResource) EncodeHeartbeat() (*cache.Heartbeat, error) {
+func (r *ReceivedResource) EncodeHeartbeat() (*Heartbeat, error) {
 	if r.pb != nil {
 		return EncodeHeartbeat(r.pb.GetName(), r.pb.GetVersion(), r.pb.GetTtl())
 	}

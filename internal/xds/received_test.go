@@ -17,8 +17,6 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
-
-	"github.com/xdsrelay/xdsrelay/cache"
 )
 
 // receivedCases are DeltaDiscoveryResponses as a control plane may send
@@ -203,8 +201,8 @@ func sameError(got, want error) error {
 	return nil
 }
 
-// sameEncoding compares every field of two cache.Resources, byte for byte.
-func sameEncoding(got, want *cache.Resource) error {
+// sameEncoding compares every field of two Resources, byte for byte.
+func sameEncoding(got, want *Resource) error {
 	if got.Name != want.Name || got.Version != want.Version || got.TTL != want.TTL || !slices.Equal(got.Aliases, want.Aliases) {
 		return fmt.Errorf("%q %q %v %q, Encode %q %q %v %q", got.Name, got.Version, got.TTL, got.Aliases,
 			want.Name, want.Version, want.TTL, want.Aliases)

@@ -17,8 +17,6 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
-
-	"github.com/xdsrelay/xdsrelay/cache"
 )
 
 // Field numbers of the response messages, read from their descriptors so
@@ -45,12 +43,12 @@ var (
 
 // EncodeError encodes a per-resource error once, as the resource_errors
 // field of delta and SotW responses (xDS TP3, gRFC A88).
-func EncodeError(e *discoverypb.ResourceError) (*cache.ResourceError, error) {
+func EncodeError(e *discoverypb.ResourceError) (*ResourceError, error) {
 	b, err := marshal.Marshal(e)
 	if err != nil {
 		return nil, err
 	}
-	return &cache.ResourceError{
+	return &ResourceError{
 		Name:    e.GetResourceName().GetName(),
 		Code:    e.GetErrorDetail().GetCode(),
 		Message: e.GetErrorDetail().GetMessage(),
@@ -63,7 +61,7 @@ func EncodeError(e *discoverypb.ResourceError) (*cache.ResourceError, error) {
 // relay knows the answer (an authority nobody serves, a name refused, a
 // control plane that cannot be reached) and says so rather than leave the
 // client to its does-not-exist timer.
-func NewError(name string, code codes.Code, message string) *cache.ResourceError {
+func NewError(name string, code codes.Code, message string) *ResourceError {
 	e, err := EncodeError(&discoverypb.ResourceError{ResourceName: &discoverypb.ResourceName{Name: name},
 		ErrorDetail: &rpcstatus.Status{Code: int32(code), Message: message}})
 	if err != nil {
@@ -104,14 +102,14 @@ var marshal = proto.MarshalOptions{Deterministic: true}
 // cannot decode is caught here and NACKed) and encodes it once into the
 // bytes that SotW and delta responses carry. An empty version is replaced by
 // a hash of the resource's bytes.
-func Encode(name, version string, a *anypb.Any, ttl *durationpb.Duration, aliases []string) (*cache.Resource, error) {
+func Encode(name, version string, a *anypb.Any, ttl *durationpb.Duration, aliases []string) (*Resource, error) {
 	if name == "" {
 		return nil, errNoName(a.GetTypeUrl())
 	}
 	if err := validate(a); err != nil {
 		return nil, errUndecodable(name, a.GetTypeUrl(), err)
 	}
-	r := &cache.Resource{Name: name, Version: version, Aliases: aliases, Warm: Warm(a.GetTypeUrl(), a.GetValue())}
+	r := &Resource{Name: name, Version: version, Aliases: aliases, Warm: Warm(a.GetTypeUrl(), a.GetValue())}
 	if version != "" && ttl == nil && resResource == sotwResources && resVersion < resResource && resResource < resName && resName < resAliases {
 		// The Any field of a Resource and of a SotW response are the
 		// same bytes: one copy of the resource serves both, marshalled
@@ -195,12 +193,12 @@ func wrapSotW(resource []byte) []byte {
 
 // EncodeHeartbeat encodes a heartbeat: the resource unset, its version, and
 // the TTL it refreshes ("TTL").
-func EncodeHeartbeat(name, version string, ttl *durationpb.Duration) (*cache.Heartbeat, error) {
+func EncodeHeartbeat(name, version string, ttl *durationpb.Duration) (*Heartbeat, error) {
 	b, err := marshal.Marshal(&discoverypb.Resource{Name: name, Version: version, Ttl: ttl})
 	if err != nil {
 		return nil, err
 	}
-	return &cache.Heartbeat{
+	return &Heartbeat{
 		Name: name, Version: version, TTL: ttl.AsDuration(),
 		Wire: protowire.AppendBytes(protowire.AppendTag(nil, deltaResources, protowire.BytesType), b),
 		SotW: wrapSotW(b),
@@ -265,7 +263,7 @@ func (m *Message) Size() int {
 
 // SotWResponse assembles a DiscoveryResponse from resources' encoded Any
 // fields.
-func SotWResponse(version uint64, typeURL, nonce string, rs []*cache.Resource) *Message {
+func SotWResponse(version uint64, typeURL, nonce string, rs []*Resource) *Message {
 	fields := make([][]byte, len(rs))
 	for i, r := range rs {
 		fields[i] = r.Any
@@ -295,7 +293,7 @@ func SotWFullState(version uint64, typeURL, nonce string, body []byte) *Message 
 
 // DeltaResponse assembles a DeltaDiscoveryResponse from resources' encoded
 // Resource fields and the names of removed resources.
-func DeltaResponse(version uint64, typeURL, nonce string, rs []*cache.Resource, removed []string) *Message {
+func DeltaResponse(version uint64, typeURL, nonce string, rs []*Resource, removed []string) *Message {
 	fields := make([][]byte, len(rs))
 	for i, r := range rs {
 		fields[i] = r.Wire

@@ -15,8 +15,6 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
-
-	"github.com/xdsrelay/xdsrelay/cache"
 )
 
 // Benchmarks of response assembly: what the relay does per client and
@@ -73,7 +71,7 @@ func benchCluster(name string) *clusterpb.Cluster {
 type corpus struct {
 	msgs []proto.Message
 	anys []*anypb.Any
-	res  []*cache.Resource
+	res  []*Resource
 }
 
 func newCorpus(b *testing.B, k int, build func(name string) proto.Message) corpus {
