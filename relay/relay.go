@@ -266,7 +266,7 @@ func (r *Relay) upstreamSource(u UpstreamConfig, key string) (upstream.Source, e
 	if r.upConn == nil {
 		r.upConn = servers[0].Conn.(*grpc.ClientConn)
 	}
-	src, err := upstream.NewADS(upstream.ADSOptions{Servers: servers, Metrics: r.upm, Logger: r.log,
+	src, err := upstream.NewADS(upstream.Options{Servers: servers, Metrics: r.upm, Logger: r.log,
 		Backoff: reconnectBackoff(u), NotFoundTimeout: r.cfg.Cache.NotFoundTimeout, ProbeTimeout: u.KeepaliveTimeout,
 		MaxRequestBytes: u.MaxRequestBytes, FallbackRecheck: u.FallbackRecheck})
 	if err != nil {

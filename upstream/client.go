@@ -43,28 +43,18 @@ func NewMetrics(r *metrics.Registry) *Metrics {
 	}
 }
 
-// Options configure a Client.
+// Options configure a Client, or an ADS source (NewADS), which makes one
+// Client per group with the group's fields filled from its Group.
 type Options struct {
+	// The control plane's, shared by its groups' clients.
+
 	// Servers are the control plane's servers in priority order (gRFC
 	// A71); Conn alone stands for one server.
 	Servers []Server
 	Conn    grpc.ClientConnInterface // the control plane, if Servers is empty
-	Node    *corepb.Node             // presented upstream; required
-	Cache   *cache.Cache             // the group's cache; required
-	Group   string                   // the group key, for logs and metrics
-	// Upstream names the control plane in logs and metrics;
-	// DefaultUpstream if empty.
-	Upstream string
-	// Interest is the union of interests the client subscribes to: the
-	// cache's whole interest if nil, or a router's share of it.
-	Interest Interest
-	// Owns reports whether a name of a type is this upstream's to serve:
-	// a response's resources and removals of other names are dropped, and
-	// resumes carry only these names. Every name is, if nil.
-	Owns    func(typeURL, name string) bool
-	Metrics *Metrics       // required
-	Logger  *slog.Logger   // slog.Default() if nil
-	Backoff backoff.Config // backoff.DefaultConfig if zero
+	Metrics *Metrics                 // required
+	Logger  *slog.Logger             // slog.Default() if nil
+	Backoff backoff.Config           // backoff.DefaultConfig if zero
 	// FallbackRecheck is how often, while on a fallback server, the
 	// higher-priority servers are tried; DefaultFallbackRecheck if 0.
 	FallbackRecheck time.Duration
@@ -79,6 +69,22 @@ type Options struct {
 	// MaxRequestBytes bounds every request sent upstream: subscriptions
 	// and resumes larger than this are split. DefaultMaxRequestBytes if 0.
 	MaxRequestBytes int
+
+	// The group's (see Group).
+
+	Node  *corepb.Node // presented upstream; required
+	Cache *cache.Cache // the group's cache; required
+	Group string       // the group key, for logs and metrics
+	// Upstream names the control plane in logs and metrics;
+	// DefaultUpstream if empty.
+	Upstream string
+	// Interest is the union of interests the client subscribes to: the
+	// cache's whole interest if nil, or a router's share of it.
+	Interest Interest
+	// Owns reports whether a name of a type is this upstream's to serve:
+	// a response's resources and removals of other names are dropped, and
+	// resumes carry only these names. Every name is, if nil.
+	Owns func(typeURL, name string) bool
 }
 
 // Server is one server of a control plane.

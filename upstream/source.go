@@ -3,12 +3,8 @@ package upstream
 import (
 	"context"
 	"errors"
-	"log/slog"
-	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 )
@@ -55,55 +51,41 @@ var (
 	_ Feed   = (*Client)(nil)
 )
 
-// ADSOptions configure an ADS source.
-type ADSOptions struct {
-	// Servers are the control plane's servers in priority order (gRFC
-	// A71), each a connection closed by Close; Conn alone stands for one.
-	Servers []Server
-	Conn    *grpc.ClientConn // the control plane, if Servers is empty
-	Metrics *Metrics         // required
-	Logger  *slog.Logger     // slog.Default() if nil
-	Backoff backoff.Config   // backoff.DefaultConfig if zero
-	// NotFoundTimeout is how long a subscribed name may go unanswered
-	// before it is taken not to exist; 0 disables the timer.
-	NotFoundTimeout time.Duration
-	// ProbeTimeout bounds a probe of a stream's connection (see Options).
-	ProbeTimeout time.Duration
-	// MaxRequestBytes bounds every request sent upstream (see Options).
-	MaxRequestBytes int
-	// FallbackRecheck is how often a group on a fallback server tries the
-	// higher ones (see Options).
-	FallbackRecheck time.Duration
-}
-
 // ADS is a control plane as a source: one delta-ADS stream (a Client) per
 // group, all on one connection per server.
 type ADS struct {
-	opts ADSOptions // read-only after NewADS
+	opts Options // read-only after NewADS; the group's fields empty
 }
 
-// NewADS returns a source that relays the control plane on opts.Conn.
-func NewADS(opts ADSOptions) (*ADS, error) {
+// NewADS returns a source that relays the control plane opts describes:
+// its servers (each a connection closed by Close) and the settings every
+// group's client shares. The group's fields of opts (Node, Cache, Group,
+// Upstream, Interest, Owns) are ignored: each Feed takes them from its
+// Group.
+func NewADS(opts Options) (*ADS, error) {
 	if len(opts.Servers) == 0 && opts.Conn != nil {
-		opts.Servers = []Server{{Name: opts.Conn.Target(), Conn: opts.Conn}}
+		name := ""
+		if t, ok := opts.Conn.(interface{ Target() string }); ok {
+			name = t.Target()
+		}
+		opts.Servers, opts.Conn = []Server{{Name: name, Conn: opts.Conn}}, nil
 	}
 	switch {
 	case len(opts.Servers) == 0:
-		return nil, errors.New("upstream: ADSOptions.Servers (or Conn) is required")
+		return nil, errors.New("upstream: Options.Servers (or Conn) is required")
 	case opts.Metrics == nil:
-		return nil, errors.New("upstream: ADSOptions.Metrics is required")
+		return nil, errors.New("upstream: Options.Metrics is required")
 	}
+	opts.Node, opts.Cache, opts.Group, opts.Upstream, opts.Interest, opts.Owns = nil, nil, "", "", nil, nil
 	return &ADS{opts: opts}, nil
 }
 
-// Feed returns the group's delta-ADS client.
+// Feed returns the group's delta-ADS client: the source's settings, the
+// group's fields from g.
 func (a *ADS) Feed(g Group) (Feed, error) {
-	return New(Options{
-		Servers: a.opts.Servers, Node: g.Node, Cache: g.Cache, Group: g.Key, Upstream: g.Upstream,
-		Interest: g.Interest, Owns: g.Owns, Metrics: a.opts.Metrics,
-		Logger: a.opts.Logger, Backoff: a.opts.Backoff, NotFoundTimeout: a.opts.NotFoundTimeout, ProbeTimeout: a.opts.ProbeTimeout,
-		MaxRequestBytes: a.opts.MaxRequestBytes, FallbackRecheck: a.opts.FallbackRecheck,
-	})
+	o := a.opts
+	o.Node, o.Cache, o.Group, o.Upstream, o.Interest, o.Owns = g.Node, g.Cache, g.Key, g.Upstream, g.Interest, g.Owns
+	return New(o)
 }
 
 // Run has nothing to share among groups: it waits for ctx.
