@@ -33,22 +33,42 @@ import (
 )
 
 // Relay is a running relay.
+//
+// Who guards what: the configuration, the parts New wires together and the
+// metrics are read-only once New returns; the lifecycle flags are atomic;
+// the groups are guarded by mu, which is never held across a call into
+// another component that could wait (a group's feed is started and
+// cancelled outside it); the listeners and servers are set by Start before
+// the goroutines that use them, and read by Shutdown after.
 type Relay struct {
-	// Read-only after New.
-	cfg     Config
-	log     *slog.Logger
-	metrics *metrics.Registry
-	upm     *upstream.Metrics
-	down    *downstream.Server
-	grpc    *grpc.Server
-	source  upstream.Source  // the control plane, or the resource files, or a router among several
-	routes  *upstream.Routes // which upstream serves which name; nil with one upstream
-	ctx     context.Context  // ends the groups' upstreams
-	cancel  context.CancelFunc
-	host    string           // the host name, for upstream node ids
-	health  *health.Server   // gRPC health on the downstream port
-	upConn  *grpc.ClientConn // the control plane; nil with resource files
-	groupsG *metrics.Value
+	// Read-only after New: the configuration and the wired parts.
+	cfg    Config
+	log    *slog.Logger
+	host   string             // the host name, for upstream node ids
+	ctx    context.Context    // ends the groups' upstreams
+	cancel context.CancelFunc // of ctx
+	source upstream.Source    // the control plane, or the resource files, or a router among several
+	routes *upstream.Routes   // which upstream serves which name; nil with one upstream
+	upConn *grpc.ClientConn   // the control plane; nil with resource files
+	down   *downstream.Server
+	grpc   *grpc.Server
+	health *health.Server // gRPC health on the downstream port
+	// certs are the certificate watchers by side (upstream, downstream,
+	// admin), closed on shutdown; adminTLS and restTLS their admin and
+	// downstream TLS configurations, nil without TLS.
+	certs    map[string]*creds.Reloader
+	adminTLS *tls.Config
+	restTLS  *tls.Config
+
+	// Read-only after New: the metrics and the health records they feed.
+	metrics       *metrics.Registry
+	upm           *upstream.Metrics
+	groupsG       *metrics.Value
+	guardM        guardMetrics
+	rolloutM      rolloutMetrics
+	persistHealth *persistHealth
+	warnings      *configWarnings // xdsrelay_config_warnings and their /readyz lines
+	loads         loadReports     // load report metrics (loads.go)
 
 	// Lifecycle flags, set at run time; atomic.
 	ready    atomic.Bool
@@ -56,25 +76,17 @@ type Relay struct {
 	synced   atomic.Bool // something to serve (admin.ready_after_sync; see hasSynced)
 	restored atomic.Bool // a saved cache loaded (cache.persist_dir)
 
-	guardM        guardMetrics
-	rolloutM      rolloutMetrics
-	persistHealth *persistHealth
-	warnings      *configWarnings // xdsrelay_config_warnings and their /readyz lines
-	loads         loadReports     // load report metrics (loads.go)
-	adminTLS      *tls.Config     // nil without admin.tls
-
+	// The groups, guarded by mu.
 	mu     sync.Mutex
-	groups map[string]*group // guarded by mu
+	groups map[string]*group
 
+	// Set by Start before the goroutines that use them; read by Shutdown.
 	wg       sync.WaitGroup // every goroutine the relay starts, the groups' included
 	listener net.Listener
 	admin    *http.Server
 	adminLn  net.Listener
 	rest     *http.Server
 	restLn   net.Listener
-	restTLS  *tls.Config // nil without downstream TLS
-
-	certs map[string]*creds.Reloader // certificate watchers by side (upstream, downstream, admin), closed on shutdown; written by New only
 }
 
 func (r *Relay) closeReloaders() {
@@ -84,23 +96,48 @@ func (r *Relay) closeReloaders() {
 }
 
 // group is one group of clients: a cache and the upstream that fills it.
+// Its fields are read-only once it is started, but clients and loads,
+// guarded by Relay.mu.
 type group struct {
-	key     string
-	node    *corepb.Node // presented upstream; read-only
-	fields  *corepb.Node // the group_by fields of its clients' nodes (keyNode); read-only
-	cache   *cache.Cache
-	status  func() upstream.Status
-	feed    upstream.Feed // what fills cache; read-only
-	clients int           // guarded by Relay.mu
-	cancel  context.CancelFunc
-	loads   *groupLoads // guarded by Relay.mu; nil until a client reports load
+	key    string
+	node   *corepb.Node // presented upstream
+	fields *corepb.Node // the group_by fields of its clients' nodes (keyNode)
+	cache  *cache.Cache
+	status func() upstream.Status
+	feed   upstream.Feed // what fills cache
+	cancel context.CancelFunc
+
+	// Guarded by Relay.mu.
+	clients int
+	loads   *groupLoads // nil until a client reports load
 }
 
-// New validates cfg and prepares a relay; Start runs it.
+// New validates cfg and prepares a relay; Start runs it. It is the steps
+// below, in order: each adds one part to the relay, and a failure undoes
+// what the earlier ones started.
 func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	r := newRelay(cfg, logger)
+	ok := false
+	defer func() {
+		if !ok {
+			r.cancel()
+			r.closeReloaders()
+		}
+	}()
+	for _, step := range []func() error{r.openSource, r.newDownstream, r.newGRPCServer} {
+		if err := step(); err != nil {
+			return nil, err
+		}
+	}
+	ok = true
+	return r, nil
+}
+
+// newRelay is the relay's record with its metrics registered.
+func newRelay(cfg Config, logger *slog.Logger) *Relay {
 	if logger == nil {
 		logger = slog.Default()
 	}
@@ -112,6 +149,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 		groups:  make(map[string]*group),
 		certs:   make(map[string]*creds.Reloader),
 	}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.upm = upstream.NewMetrics(r.metrics)
 	r.zeroUpstreamSeries()
 	r.groupsG = r.metrics.Gauge("xdsrelay_groups", "Groups of downstream clients, each with its own upstream stream.").With()
@@ -123,33 +161,68 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	r.persistHealth = newPersistHealth(r.metrics)
 	r.warnings = newConfigWarnings(r.metrics)
 	r.loads = newLoadReports(r.metrics)
-	r.ctx, r.cancel = context.WithCancel(context.Background())
-	ok := false
-	defer func() {
-		if !ok {
-			r.cancel()
-			r.closeReloaders()
-		}
-	}()
+	return r
+}
+
+// openSource opens the upstream: a control plane, several, or files.
+func (r *Relay) openSource() error {
 	src, err := r.newSource()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	r.source = src
+	return nil
+}
+
+// newDownstream makes the xDS services' server, with the authorization
+// rules and limits, and warns about the rules' gaps.
+func (r *Relay) newDownstream() error {
+	cfg := r.cfg
 	az, err := cfg.authorizer()
 	if err != nil {
-		return nil, err
+		return err
 	}
-	warnUnboundGroups(cfg, logger)
+	warnUnboundGroups(cfg, r.log)
 	r.warnAllowAll()
-	ds, err := downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: logger,
+	r.down, err = downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: r.log,
 		PollTimeout: cfg.Downstream.PollTimeout, SendTimeout: cfg.Downstream.SendTimeout, Authorizer: az,
 		Limits: downstreamLimits(cfg), AnswerWait: min(cfg.Cache.NotFoundTimeout, firstAnswerWait),
 		Loads: r.loads.downstream(r)})
+	return err
+}
+
+// newGRPCServer makes the downstream gRPC server (with TLS if configured)
+// and registers on it the xDS services, CSDS, load reports, health and,
+// unless turned off, reflection. It loads the admin TLS too.
+func (r *Relay) newGRPCServer() error {
+	opts := serverOptions(r.cfg)
+	down, err := downstreamTLS(r.ctx, r.cfg, r.log)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	r.down = ds
+	if down != nil {
+		r.certs["downstream"] = down
+		opts = append(opts, grpc.Creds(down.ServerCredentials()))
+		r.restTLS = down.ServerConfig()
+	}
+	if err := r.loadAdminTLS(); err != nil {
+		return err
+	}
+	r.grpc = grpc.NewServer(opts...)
+	r.down.Register(r.grpc)
+	if r.cfg.Downstream.Reflection {
+		reflection.Register(r.grpc) // grpcurl, against CSDS and the xDS services
+	}
+	r.health = health.NewServer()
+	r.updateHealth() // NOT_SERVING until Start
+	healthpb.RegisterHealthServer(r.grpc, drainingHealth{Server: r.health, r: r})
+	return nil
+}
+
+// serverOptions are the downstream gRPC server's options: the pre-encoded
+// codec, keepalive and connection bounds, request size and stream limits,
+// and lean per-connection buffers.
+func serverOptions(cfg Config) []grpc.ServerOption {
 	opts := append(downstream.ServerOptions(),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(connectionBounds(cfg)),
@@ -172,28 +245,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	if cfg.Tracing {
 		opts = append(opts, grpc.StatsHandler(otelgrpc.NewServerHandler()))
 	}
-	down, err := downstreamTLS(r.ctx, cfg, logger)
-	if err != nil {
-		return nil, err
-	}
-	if down != nil {
-		r.certs["downstream"] = down
-		opts = append(opts, grpc.Creds(down.ServerCredentials()))
-		r.restTLS = down.ServerConfig()
-	}
-	if err := r.loadAdminTLS(); err != nil {
-		return nil, err
-	}
-	r.grpc = grpc.NewServer(opts...)
-	r.down.Register(r.grpc)
-	if cfg.Downstream.Reflection {
-		reflection.Register(r.grpc) // grpcurl, against CSDS and the xDS services
-	}
-	r.health = health.NewServer()
-	r.updateHealth() // NOT_SERVING until Start
-	healthpb.RegisterHealthServer(r.grpc, drainingHealth{Server: r.health, r: r})
-	ok = true
-	return r, nil
+	return opts
 }
 
 // firstAnswerWait bounds how long a SotW stream whose first request names
