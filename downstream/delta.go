@@ -185,30 +185,16 @@ func (ds *deltaStream) unsubscribe(typeURL string, t *deltaType, names []string)
 // other errors (see onlyErrors).
 func (ds *deltaStream) awaitsAnswer() bool { return false }
 
-// flush sends what changed, type by type in the order upstream sent it,
-// each Cluster followed by the endpoints that warm it (warming.go).
-func (ds *deltaStream) flush() error {
-	if err := ds.flushInbox(ds.resendEndpoints); err != nil {
-		return err
+// flush sends what changed (see flushAll).
+func (ds *deltaStream) flush() error { return ds.flushAll(ds) }
+
+// flushDirty sends what changed of one type.
+func (ds *deltaStream) flushDirty(d *cache.Dirty) error {
+	t := ds.types.get(d.TypeURL)
+	if t == nil {
+		return nil
 	}
-	dirty := ds.watch.Take()
-	defer ds.watch.Recycle(dirty)
-	for _, d := range ordered(dirty) {
-		typeURL := d.TypeURL
-		if t := ds.types.get(typeURL); t != nil {
-			hbs := &d.Heartbeats
-			if !ds.ttl {
-				hbs = nil // heartbeats only refresh TTLs, which this client ignores
-			}
-			if err := ds.flushType(typeURL, t, &d.Names, hbs); err != nil {
-				return err
-			}
-			if err := ds.flushWarm(ds.resendEndpoints); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	return ds.flushType(d.TypeURL, t, &d.Names, heartbeats(d, ds.ttl))
 }
 
 // resendEndpoints sends again, of names, the endpoints the stream holds:

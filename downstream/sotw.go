@@ -183,38 +183,21 @@ func (ss *sotwStream) awaitsAnswer() bool {
 	return false
 }
 
-// flush sends what changed, type by type in the order upstream sent it,
-// each Cluster followed by the endpoints that warm it (warming.go).
-func (ss *sotwStream) flush() error {
-	if err := ss.flushInbox(ss.resendEndpoints); err != nil {
-		return err
+// flush sends what changed (see flushAll).
+func (ss *sotwStream) flush() error { return ss.flushAll(ss) }
+
+// flushDirty sends what changed of one type: a Listener or Cluster
+// subscription's complete state, the changed resources of another type.
+func (ss *sotwStream) flushDirty(d *cache.Dirty) error {
+	t := ss.types.get(d.TypeURL)
+	if t == nil {
+		return nil
 	}
-	dirty := ss.watch.Take()
-	defer ss.watch.Recycle(dirty)
-	for _, d := range ordered(dirty) {
-		typeURL := d.TypeURL
-		t := ss.types.get(typeURL)
-		if t == nil {
-			continue
-		}
-		var err error
-		hbs := &d.Heartbeats
-		if !ss.ttl {
-			hbs = nil // heartbeats only refresh TTLs, which this client ignores
-		}
-		if xds.FullState(typeURL) {
-			err = ss.flushFull(typeURL, t, hbs)
-		} else {
-			err = ss.flushChanged(typeURL, t, &d.Names, hbs)
-		}
-		if err != nil {
-			return err
-		}
-		if err := ss.flushWarm(ss.resendEndpoints); err != nil {
-			return err
-		}
+	hbs := heartbeats(d, ss.ttl)
+	if xds.FullState(d.TypeURL) {
+		return ss.flushFull(d.TypeURL, t, hbs)
 	}
-	return nil
+	return ss.flushChanged(d.TypeURL, t, &d.Names, hbs)
 }
 
 // resendEndpoints sends again, of names, the endpoints the stream holds:

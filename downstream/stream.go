@@ -145,6 +145,46 @@ func hasFeature(n *corepb.Node, feature string) bool {
 	return slices.Contains(n.GetClientFeatures(), feature)
 }
 
+// flusher is what differs between the protocols' flushes: sending what
+// changed of one type, and sending again the endpoints the stream holds of
+// names (warming.go).
+type flusher interface {
+	flushDirty(d *cache.Dirty) error
+	resendEndpoints(names []string) error
+}
+
+// flushAll sends what changed, type by type in the order upstream sent it,
+// each Cluster followed by the endpoints that warm it (warming.go); first,
+// on a per-type EDS stream, the endpoints the connection's CDS stream asks
+// for. SotW and incremental streams flush this way, through f.
+func (b *streamBase) flushAll(f flusher) error {
+	if names := b.inbox.take(); len(names) > 0 {
+		if err := f.resendEndpoints(names); err != nil {
+			return err
+		}
+	}
+	dirty := b.watch.Take()
+	defer b.watch.Recycle(dirty)
+	for _, d := range ordered(dirty) {
+		if err := f.flushDirty(d); err != nil {
+			return err
+		}
+		if err := b.flushWarm(f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// heartbeats are d's heartbeats, for a client that takes TTLs; nil for one
+// that does not (they only refresh TTLs, which it ignores).
+func heartbeats(d *cache.Dirty, ttl bool) *cache.NameSet {
+	if !ttl {
+		return nil
+	}
+	return &d.Heartbeats
+}
+
 // protocol is what differs between a SotW and an incremental stream.
 type protocol[Req any] interface {
 	handle(*Req) error // a request from the client

@@ -42,9 +42,9 @@ func (b *streamBase) warmed(r *cache.Resource) {
 }
 
 // flushWarm sends the endpoints of the Clusters just sent: on this stream
-// for ADS, on the connection's EDS streams for a per-type CDS stream.
-// send is the protocol's: it sends the held names of EDS again.
-func (b *streamBase) flushWarm(send func(names []string) error) error {
+// for ADS (f's resendEndpoints), on the connection's EDS streams for a
+// per-type CDS stream.
+func (b *streamBase) flushWarm(f flusher) error {
 	if len(b.warming) == 0 {
 		return nil
 	}
@@ -55,7 +55,7 @@ func (b *streamBase) flushWarm(send func(names []string) error) error {
 	}
 	switch b.fixed {
 	case "":
-		return send(names)
+		return f.resendEndpoints(names)
 	case resourcev3.ClusterType:
 		b.warmOnAck = append(b.warmOnAck, names...)
 		b.warmNonce = uint64(b.nonces)
@@ -106,14 +106,6 @@ func (in *warmInbox) take() []string {
 	names := in.names
 	in.names = nil
 	return names
-}
-
-// flushInbox sends again what the connection's CDS stream asked for.
-func (b *streamBase) flushInbox(send func(names []string) error) error {
-	if names := b.inbox.take(); len(names) > 0 {
-		return send(names)
-	}
-	return nil
 }
 
 // linkConn ties the stream to its client connection's queue: a per-type EDS
