@@ -8,7 +8,6 @@ import (
 	lrspb "github.com/envoyproxy/go-control-plane/envoy/service/load_stats/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -100,12 +99,9 @@ func (s *Server) runLoads(st loadServer, end *streamEnd) error {
 	if first == nil {
 		return err
 	}
-	ls := &liveStream{}
-	if p, ok := peer.FromContext(ctx); ok {
-		ls.addr = p.Addr
-	}
-	if !s.live.add(ls) {
-		return errDraining
+	ls, err := s.goLive(ctx)
+	if err != nil {
+		return err
 	}
 	defer s.live.remove(ls)
 	end.node = xdsNode(first.GetNode())

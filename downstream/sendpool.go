@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"google.golang.org/grpc/peer"
 )
 
 // How a stream runs on few goroutines.
@@ -477,6 +479,20 @@ type liveSet struct {
 // liveStream is a stream as Drain sees it.
 type liveStream struct {
 	addr net.Addr // the client's address; nil if unknown
+}
+
+// goLive registers a stream that has sent its first request with the
+// streams Drain ends (LRS and xDS alike); errDraining once draining. The
+// caller removes it when the stream ends.
+func (s *Server) goLive(ctx context.Context) (*liveStream, error) {
+	ls := &liveStream{}
+	if p, ok := peer.FromContext(ctx); ok {
+		ls.addr = p.Addr
+	}
+	if !s.live.add(ls) {
+		return nil, errDraining
+	}
+	return ls, nil
 }
 
 // add registers a stream; false once draining.

@@ -7,7 +7,6 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
 	"slices"
 	"strconv"
@@ -331,12 +330,9 @@ func run[Req any, Resp any, PReq interface {
 	if first == nil {
 		return err
 	}
-	ls := &liveStream{}
-	if p, ok := peer.FromContext(ctx); ok {
-		ls.addr = p.Addr
-	}
-	if !s.live.add(ls) {
-		return errDraining
+	ls, err := s.goLive(ctx)
+	if err != nil {
+		return err
 	}
 	defer s.live.remove(ls)
 	end.node = PReq(first).GetNode()
