@@ -18,30 +18,38 @@ func newGuardCmd() *cobra.Command {
 }
 
 func newGuardReleaseCmd() *cobra.Command {
+	return newReleaseCmd("Release held removals: the clients get them now",
+		`Asks the relay's admin endpoint (POST /debug/guard/release) to end the
+guard's holds and apply their removals: of one group (the key as
+/debug/groups shows it) or all, of one type (a REST short name such as
+endpoints, or a type URL) or all.`, "/debug/guard/release", printHolds)
+}
+
+// newReleaseCmd is a "release" subcommand: it POSTs path on the admin
+// endpoint, narrowed by --group and --type, and prints the answer with
+// print. The guard's and the rollout's differ only in these.
+func newReleaseCmd(short, long, path string, print func(io.Writer, []byte) error) *cobra.Command {
 	var (
 		af         adminFlags
 		group, typ string
 	)
 	cmd := &cobra.Command{
 		Use:   "release --server ADMIN_ADDR [--group G] [--type T]",
-		Short: "Release held removals: the clients get them now",
-		Long: `Asks the relay's admin endpoint (POST /debug/guard/release) to end the
-guard's holds and apply their removals: of one group (the key as
-/debug/groups shows it) or all, of one type (a REST short name such as
-endpoints, or a type URL) or all. The admin endpoint must be private to the
-caller: loopback, or admin.tls with a client certificate (--ca-file,
---cert-file, --key-file; --server-name through kubectl port-forward).`,
+		Short: short,
+		Long: long + ` The admin endpoint must be private to the caller:
+loopback, or admin.tls with a client certificate (--ca-file, --cert-file,
+--key-file; --server-name through kubectl port-forward).`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			q, err := releaseQuery(cmd, group, typ)
 			if err != nil {
 				return err
 			}
-			b, err := af.do(cmd.Context(), http.MethodPost, "/debug/guard/release", q, "")
+			b, err := af.do(cmd.Context(), http.MethodPost, path, q, "")
 			if err != nil {
 				return err
 			}
-			return printHolds(cmd.OutOrStdout(), b)
+			return print(cmd.OutOrStdout(), b)
 		},
 	}
 	af.add(cmd)

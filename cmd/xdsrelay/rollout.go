@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net/http"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -17,36 +16,12 @@ func newRolloutCmd() *cobra.Command {
 }
 
 func newRolloutReleaseCmd() *cobra.Command {
-	var (
-		af         adminFlags
-		group, typ string
-	)
-	cmd := &cobra.Command{
-		Use:   "release --server ADMIN_ADDR [--group G] [--type T]",
-		Short: "Release changes a canary NACKed: the whole group gets them",
-		Long: `Asks the relay's admin endpoint (POST /debug/rollout/release) to release
+	return newReleaseCmd("Release changes a canary NACKed: the whole group gets them",
+		`Asks the relay's admin endpoint (POST /debug/rollout/release) to release
 the changes held after a canary NACKed them, overriding the canary: of one
 group (the key as /debug/groups shows it) or all, changing one type (a REST
 short name such as clusters, or a type URL) or any. They reach the group in
-order, after the changes before them. The admin endpoint must be private to
-the caller: loopback, or admin.tls with a client certificate (--ca-file,
---cert-file, --key-file; --server-name through kubectl port-forward).`,
-		Args: usageArgs(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			q, err := releaseQuery(cmd, group, typ)
-			if err != nil {
-				return err
-			}
-			b, err := af.do(cmd.Context(), http.MethodPost, "/debug/rollout/release", q, "")
-			if err != nil {
-				return err
-			}
-			return printRollouts(cmd.OutOrStdout(), b)
-		},
-	}
-	af.add(cmd)
-	addReleaseFlags(cmd, &group, &typ)
-	return cmd
+order, after the changes before them.`, "/debug/rollout/release", printRollouts)
 }
 
 // heldChange is a held change that was released, as the admin endpoint
