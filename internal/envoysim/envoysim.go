@@ -285,6 +285,56 @@ func edsName(cl *clusterpb.Cluster) string {
 // sotw is a SotW stream of either service, for requests and responses.
 type sotw = grpc.BidiStreamingClient[discoverypb.DiscoveryRequest, discoverypb.DiscoveryResponse]
 
+// streams are a client's CDS and EDS streams of one variant: one and the
+// same on ADS, or a per-type stream each on one connection.
+type streams[Req, Resp any] struct {
+	c        *Client
+	cds, eds grpc.BidiStreamingClient[Req, Resp]
+	setNode  func(*Req, *corepb.Node)
+	node     map[grpc.BidiStreamingClient[Req, Resp]]bool // the node was sent on the stream; guarded by the state's mu
+}
+
+func newStreams[Req, Resp any](c *Client, cds, eds grpc.BidiStreamingClient[Req, Resp], setNode func(*Req, *corepb.Node)) streams[Req, Resp] {
+	return streams[Req, Resp]{c: c, cds: cds, eds: eds, setNode: setNode, node: map[grpc.BidiStreamingClient[Req, Resp]]bool{}}
+}
+
+// send sends r on st, with the node if it is the stream's first request.
+func (s *streams[Req, Resp]) send(st grpc.BidiStreamingClient[Req, Resp], r *Req) error {
+	if !s.node[st] {
+		s.setNode(r, s.c.opts.Node)
+		s.node[st] = true
+	}
+	if err := st.Send(r); err != nil {
+		return fmt.Errorf("envoysim: send: %w", err)
+	}
+	return nil
+}
+
+// run reads the responses of both streams into handle until one fails,
+// then ends the other.
+func (s *streams[Req, Resp]) run(handle func(*Resp) error) error {
+	recv := func(st grpc.BidiStreamingClient[Req, Resp]) error {
+		for {
+			resp, err := st.Recv()
+			if err != nil {
+				return err
+			}
+			if err := handle(resp); err != nil {
+				return err
+			}
+		}
+	}
+	if s.cds == s.eds {
+		return recv(s.cds)
+	}
+	errc := make(chan error, 2)
+	go func() { errc <- recv(s.cds) }()
+	go func() { errc <- recv(s.eds) }()
+	err := <-errc
+	s.c.cancel() // ends the other stream
+	return errors.Join(err, <-errc)
+}
+
 // startSotW opens the SotW streams and subscribes clusters with the
 // wildcard.
 func (c *Client) startSotW(ctx context.Context) (func() error, error) {
@@ -301,59 +351,23 @@ func (c *Client) startSotW(ctx context.Context) (func() error, error) {
 	if err != nil {
 		return nil, fmt.Errorf("envoysim: open: %w", err)
 	}
-	s := &sotwState{c: c, cds: cds, eds: eds, node: map[sotw]bool{}}
+	s := &sotwState{streams: newStreams(c, cds, eds, func(r *discoverypb.DiscoveryRequest, n *corepb.Node) { r.Node = n })}
 	if err := s.send(cds, &discoverypb.DiscoveryRequest{TypeUrl: resourcev3.ClusterType}); err != nil {
 		return nil, err
 	}
-	return s.run, nil
+	return func() error { return s.run(s.handle) }, nil
 }
 
 // sotwState is the SotW client's protocol state, owned by run's goroutines
 // one response at a time (mu).
 type sotwState struct {
-	c        *Client
-	cds, eds sotw
+	streams[discoverypb.DiscoveryRequest, discoverypb.DiscoveryResponse]
 
 	mu         sync.Mutex
-	node       map[sotw]bool // the node was sent on the stream
-	edsNames   []string      // the EDS subscription
-	edsVersion string        // of the last EDS response accepted
-	edsNonce   string        // of the last EDS response
+	edsNames   []string // the EDS subscription
+	edsVersion string   // of the last EDS response accepted
+	edsNonce   string   // of the last EDS response
 	edsStarted bool
-}
-
-func (s *sotwState) send(st sotw, r *discoverypb.DiscoveryRequest) error {
-	if !s.node[st] {
-		r.Node, s.node[st] = s.c.opts.Node, true
-	}
-	if err := st.Send(r); err != nil {
-		return fmt.Errorf("envoysim: send: %w", err)
-	}
-	return nil
-}
-
-func (s *sotwState) run() error {
-	if s.cds == s.eds {
-		return s.recv(s.cds)
-	}
-	errc := make(chan error, 2)
-	go func() { errc <- s.recv(s.cds) }()
-	go func() { errc <- s.recv(s.eds) }()
-	err := <-errc
-	s.c.cancel() // ends the other stream
-	return errors.Join(err, <-errc)
-}
-
-func (s *sotwState) recv(st sotw) error {
-	for {
-		resp, err := st.Recv()
-		if err != nil {
-			return err
-		}
-		if err := s.handle(resp); err != nil {
-			return err
-		}
-	}
 }
 
 func (s *sotwState) handle(resp *discoverypb.DiscoveryResponse) error {
@@ -405,56 +419,21 @@ func (c *Client) startDelta(ctx context.Context) (func() error, error) {
 	if err != nil {
 		return nil, fmt.Errorf("envoysim: open: %w", err)
 	}
-	s := &deltaState{c: c, cds: cds, eds: eds, node: map[delta]bool{}, watched: map[string]bool{}}
+	s := &deltaState{streams: newStreams(c, cds, eds, func(r *discoverypb.DeltaDiscoveryRequest, n *corepb.Node) { r.Node = n }),
+		watched: map[string]bool{}}
 	if err := s.send(cds, &discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType,
 		ResourceNamesSubscribe: []string{"*"}}); err != nil {
 		return nil, err
 	}
-	return s.run, nil
+	return func() error { return s.run(s.handle) }, nil
 }
 
 // deltaState is the incremental client's protocol state.
 type deltaState struct {
-	c        *Client
-	cds, eds delta
+	streams[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
 
 	mu      sync.Mutex
-	node    map[delta]bool
 	watched map[string]bool // the EDS names subscribed
-}
-
-func (s *deltaState) send(st delta, r *discoverypb.DeltaDiscoveryRequest) error {
-	if !s.node[st] {
-		r.Node, s.node[st] = s.c.opts.Node, true
-	}
-	if err := st.Send(r); err != nil {
-		return fmt.Errorf("envoysim: send: %w", err)
-	}
-	return nil
-}
-
-func (s *deltaState) run() error {
-	if s.cds == s.eds {
-		return s.recv(s.cds)
-	}
-	errc := make(chan error, 2)
-	go func() { errc <- s.recv(s.cds) }()
-	go func() { errc <- s.recv(s.eds) }()
-	err := <-errc
-	s.c.cancel()
-	return errors.Join(err, <-errc)
-}
-
-func (s *deltaState) recv(st delta) error {
-	for {
-		resp, err := st.Recv()
-		if err != nil {
-			return err
-		}
-		if err := s.handle(resp); err != nil {
-			return err
-		}
-	}
 }
 
 func (s *deltaState) handle(resp *discoverypb.DeltaDiscoveryResponse) error {
