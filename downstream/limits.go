@@ -116,6 +116,20 @@ func (s *Server) admitPoll() (release func(), err error) {
 	return func() { a.polls.Add(-1) }, nil
 }
 
+// startStream waits for a stream's first request (firstRequest) and then
+// registers the stream with Drain (goLive): the first steps of every
+// stream, xDS and load reports alike. The caller removes ls when the
+// stream ends; first is nil with err set if the stream is not to run.
+func startStream[Req any](ctx context.Context, s *Server, recv func() (*Req, error)) (first *Req, ls *liveStream, err error) {
+	if first, err = firstRequest(ctx, s, recv); first == nil {
+		return nil, nil, err
+	}
+	if ls, err = s.goLive(ctx); err != nil {
+		return nil, nil, err
+	}
+	return first, ls, nil
+}
+
 // firstRequest waits for a stream's first request, for
 // limits.first_request_timeout at most; the stream counts as pending
 // meanwhile. A stream the client closed first yields (nil, nil). The wait

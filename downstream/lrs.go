@@ -95,12 +95,8 @@ func (s *Server) serveLoads(st loadServer) error {
 func (s *Server) runLoads(st loadServer, end *streamEnd) error {
 	ctx := st.Context()
 	opened := time.Now()
-	first, err := firstRequest(ctx, s, st.Recv)
+	first, ls, err := startStream(ctx, s, st.Recv)
 	if first == nil {
-		return err
-	}
-	ls, err := s.goLive(ctx)
-	if err != nil {
 		return err
 	}
 	defer s.live.remove(ls)

@@ -19,7 +19,10 @@ import (
 
 // The per-type services ("RPC Services and Methods for Each Variant"): the
 // same streams as ADS, each fixed to one resource type. A client's per-type
-// streams join the same group its ADS stream would, by their node.
+// streams join the same group its ADS stream would, by their node. The
+// methods below have one shape on purpose: gRPC's generated interfaces
+// want a method per service and variant, and each is one line naming its
+// type.
 
 type (
 	sotwServer  = grpc.BidiStreamingServer[discoverypb.DiscoveryRequest, discoverypb.DiscoveryResponse]

@@ -326,12 +326,8 @@ func run[Req any, Resp any, PReq interface {
 	opened := time.Now()
 	// Until its first request a stream is ended by Drain through s.drain,
 	// with errDraining; from then on by closing its connection.
-	first, err := firstRequest(ctx, s, st.Recv)
+	first, ls, err := startStream(ctx, s, st.Recv)
 	if first == nil {
-		return err
-	}
-	ls, err := s.goLive(ctx)
-	if err != nil {
 		return err
 	}
 	defer s.live.remove(ls)

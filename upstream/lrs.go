@@ -75,7 +75,8 @@ type LoadStatus struct {
 	LastReport time.Time // when the last report was sent; zero if none yet
 }
 
-// NewLoadReporter returns a reporter; Run starts it.
+// NewLoadReporter returns a reporter; Run starts it. Its defaults are a
+// Client's (New), on purpose: it talks to the same servers.
 func NewLoadReporter(opts LoadReporterOptions) (*LoadReporter, error) {
 	switch {
 	case opts.Store == nil:

@@ -301,6 +301,10 @@ func DeltaResponse(version uint64, typeURL, nonce string, rs []*Resource, remove
 	return DeltaFields(version, typeURL, nonce, fields, removed)
 }
 
+// The SotW and delta assemblers have one shape on purpose: the two
+// response messages differ in their fields' numbers and in removed
+// resources, and each assembler writes its own message's header.
+
 // DeltaFields assembles a DeltaDiscoveryResponse from encoded resources
 // fields (Resource.Wire, Resource.WireNoTTL, Heartbeat.Wire) and the names
 // of removed resources.

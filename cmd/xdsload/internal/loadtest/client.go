@@ -267,6 +267,8 @@ func openSotW(ctx context.Context, conn *grpc.ClientConn, typ string, ads bool, 
 	return nil, fmt.Errorf("unknown type %q", typ)
 }
 
+// openDelta is openSotW's switch over the incremental methods: gRPC's
+// generated clients have a method per service and variant.
 func openDelta(ctx context.Context, conn *grpc.ClientConn, typ string, ads bool, opts ...grpc.CallOption) (deltaStream, error) {
 	if ads {
 		return discoverypb.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx, opts...)

@@ -177,7 +177,7 @@ func lrsLoad(ctx context.Context, cfg *Config, b *lrsBackend, clients *lrsClient
 	}
 	res.AllTold = time.Since(start)
 	// Every client reports once, and the relay's stream is answered.
-	if err := sleep(ctx, cfg.LRSInterval+cfg.LRSInterval/2); err != nil {
+	if err := pause(ctx, cfg.LRSInterval+cfg.LRSInterval/2); err != nil {
 		return err
 	}
 	if err := lrsWindow(ctx, cfg, b, clients, res); err != nil {
@@ -192,7 +192,7 @@ func lrsLoad(ctx context.Context, cfg *Config, b *lrsBackend, clients *lrsClient
 		return err == nil && st.Succeeded >= clients.succeeded.Load()
 	}, 4*cfg.LRSInterval)
 	if err == nil {
-		err = sleep(ctx, cfg.LRSInterval) // nothing more arrives
+		err = pause(ctx, cfg.LRSInterval) // nothing more arrives
 		st, _ := b.stats()
 		res.Received = st.Succeeded
 	}
@@ -207,7 +207,7 @@ func lrsWindow(ctx context.Context, cfg *Config, b *lrsBackend, clients *lrsClie
 		return err
 	}
 	cpu, cpCPU, reports, t0 := sampleCPU(b.pid), sampleCPU(b.cpPID), clients.reports.Load(), time.Now()
-	if err := sleep(ctx, cfg.LRSFor); err != nil {
+	if err := pause(ctx, cfg.LRSFor); err != nil {
 		return err
 	}
 	res.ServerCPU, res.UpstreamCPU = sampleCPU(b.pid)-cpu, sampleCPU(b.cpPID)-cpCPU
@@ -239,17 +239,6 @@ func waitUntil(ctx context.Context, cond func() bool, bound ...time.Duration) er
 		}
 	}
 	return nil
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 // LRSComparison is the same clients reporting through the relay and
