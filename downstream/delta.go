@@ -227,6 +227,14 @@ func (ds *deltaStream) candidates(t *deltaType, dirty, hbs *cache.NameSet, names
 	return names, (t.wildcard || t.globs > 0) && t.all
 }
 
+// flushType sends, of one type, what changed for the client: resources
+// new or changed, removals, heartbeats and errors, in one response read
+// from one view of the cache. It is one piece on purpose: each name's
+// decision reads and writes the same per-name records (what was sent, what
+// must be answered, the status) in one pass over one read, and a change
+// that reaches many streams runs it for each, where a second pass or a
+// helper's allocation per name would show (BENCHMARKS.md, the flush
+// benchmarks).
 func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache.NameSet) error {
 	// One read: the response is one upstream version, never part of one.
 	// A change is of a name or a few: their names and lookups are kept on

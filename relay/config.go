@@ -357,40 +357,53 @@ const FilePrefix = "file://"
 
 // Validate checks the configuration; an error names the key at fault.
 func (c *Config) Validate() error {
-	if err := c.validateUpstreams(); err != nil {
-		return err
+	for _, check := range []func() error{c.validateUpstreams, c.validateGroupBy, c.validateDownstream,
+		c.validateAuthorization, c.validateConnections, c.validateAdmin, c.validateCache, c.validateGuard,
+		c.validateLRS, c.validateShutdown, c.validateLimits} {
+		if err := check(); err != nil {
+			return err
+		}
 	}
+	return nil
+}
+
+// validateGroupBy checks upstream.group_by.
+func (c *Config) validateGroupBy() error {
 	for _, f := range c.Upstream.GroupBy {
 		if err := xds.CheckNodeField(f); err != nil {
 			return fmt.Errorf("upstream.group_by: %w", err)
 		}
 	}
-	if err := checkHostPort(c.Downstream.Address); err != nil {
+	return nil
+}
+
+// validateDownstream checks the downstream.* keys but authorization and
+// the connections' bounds.
+func (c *Config) validateDownstream() error {
+	d := &c.Downstream
+	if err := checkHostPort(d.Address); err != nil {
 		return fmt.Errorf("downstream.address: %w", err)
 	}
-	if c.Downstream.RESTAddress != "" {
-		if err := checkHostPort(c.Downstream.RESTAddress); err != nil {
+	if d.RESTAddress != "" {
+		if err := checkHostPort(d.RESTAddress); err != nil {
 			return fmt.Errorf("downstream.rest_address: %w", err)
 		}
 	}
-	if t := c.Downstream.TLS; t.Enabled() && (t.CertFile == "" || t.KeyFile == "") {
+	switch t := d.TLS; {
+	case t.Enabled() && (t.CertFile == "" || t.KeyFile == ""):
 		return errors.New("downstream.tls: cert_file and key_file are both required")
+	case d.SendTimeout <= 0:
+		return fmt.Errorf("downstream.send_timeout: must be positive, got %s", d.SendTimeout)
+	case d.MaxRequestBytes < 64<<10:
+		return fmt.Errorf("downstream.max_request_bytes: %d is below 64 KiB", d.MaxRequestBytes)
+	case d.PollTimeout <= 0:
+		return fmt.Errorf("downstream.poll_timeout: must be positive, got %s", d.PollTimeout)
 	}
-	if err := c.validateAuthorization(); err != nil {
-		return err
-	}
-	if err := c.validateConnections(); err != nil {
-		return err
-	}
-	if c.Downstream.SendTimeout <= 0 {
-		return fmt.Errorf("downstream.send_timeout: must be positive, got %s", c.Downstream.SendTimeout)
-	}
-	if c.Downstream.MaxRequestBytes < 64<<10 {
-		return fmt.Errorf("downstream.max_request_bytes: %d is below 64 KiB", c.Downstream.MaxRequestBytes)
-	}
-	if c.Downstream.PollTimeout <= 0 {
-		return fmt.Errorf("downstream.poll_timeout: must be positive, got %s", c.Downstream.PollTimeout)
-	}
+	return nil
+}
+
+// validateAdmin checks the admin.* keys.
+func (c *Config) validateAdmin() error {
 	if c.Admin.Address != "" {
 		if err := checkHostPort(c.Admin.Address); err != nil {
 			return fmt.Errorf("admin.address: %w", err)
@@ -399,36 +412,40 @@ func (c *Config) Validate() error {
 	if t := c.Admin.TLS; t.Enabled() && (t.CertFile == "" || t.KeyFile == "") {
 		return errors.New("admin.tls: cert_file and key_file are both required")
 	}
-	if c.Cache.Retention < 0 {
-		return fmt.Errorf("cache.retention: must not be negative, got %s", c.Cache.Retention)
+	return nil
+}
+
+// validateCache checks the cache.* keys.
+func (c *Config) validateCache() error {
+	cc := &c.Cache
+	switch {
+	case cc.Retention < 0:
+		return fmt.Errorf("cache.retention: must not be negative, got %s", cc.Retention)
+	case cc.NotFoundTimeout < 0:
+		return fmt.Errorf("cache.not_found_timeout: must not be negative, got %s", cc.NotFoundTimeout)
+	case cc.MaxResources < 0:
+		return fmt.Errorf("cache.max_resources: must not be negative, got %d", cc.MaxResources)
+	case cc.PersistDir == "":
+		return nil
 	}
-	if c.Cache.NotFoundTimeout < 0 {
-		return fmt.Errorf("cache.not_found_timeout: must not be negative, got %s", c.Cache.NotFoundTimeout)
+	if st, err := os.Stat(cc.PersistDir); err != nil || !st.IsDir() {
+		return fmt.Errorf("cache.persist_dir: %q is not a directory", cc.PersistDir)
 	}
-	if c.Cache.MaxResources < 0 {
-		return fmt.Errorf("cache.max_resources: must not be negative, got %d", c.Cache.MaxResources)
+	if cc.PersistInterval <= 0 {
+		return fmt.Errorf("cache.persist_interval: must be positive, got %s", cc.PersistInterval)
 	}
-	if c.Cache.PersistDir != "" {
-		if st, err := os.Stat(c.Cache.PersistDir); err != nil || !st.IsDir() {
-			return fmt.Errorf("cache.persist_dir: %q is not a directory", c.Cache.PersistDir)
-		}
-		if c.Cache.PersistInterval <= 0 {
-			return fmt.Errorf("cache.persist_interval: must be positive, got %s", c.Cache.PersistInterval)
-		}
-		if c.Cache.PersistMaxBytes < 64<<10 {
-			return fmt.Errorf("cache.persist_max_bytes: %d is below 64 KiB", c.Cache.PersistMaxBytes)
-		}
+	if cc.PersistMaxBytes < 64<<10 {
+		return fmt.Errorf("cache.persist_max_bytes: %d is below 64 KiB", cc.PersistMaxBytes)
 	}
-	if err := c.validateGuard(); err != nil {
-		return err
-	}
-	if err := c.validateLRS(); err != nil {
-		return err
-	}
+	return nil
+}
+
+// validateShutdown checks shutdown_timeout.
+func (c *Config) validateShutdown() error {
 	if c.ShutdownTimeout <= 0 {
 		return fmt.Errorf("shutdown_timeout: must be positive, got %s", c.ShutdownTimeout)
 	}
-	return c.validateLimits()
+	return nil
 }
 
 // validateLimits checks the limits.* keys.

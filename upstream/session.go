@@ -272,82 +272,93 @@ func (s *session) handle(r *xds.Received) error {
 	ctx, span := s.receiveSpan(r, short)
 	defer span.End()
 	s.c.opts.Metrics.Responses.With(short).Inc()
-	var upserts []*cache.Resource
-	var heartbeats []*cache.Heartbeat
-	var foreign []string // names another upstream serves
-	problems := duplicates(r)
-	for i := range r.Resources {
-		// Let each received resource go once it is encoded: a large
-		// response is not held twice over.
-		res := r.Resources[i]
-		r.Resources[i] = xds.ReceivedResource{}
-		if _, dup := problems.names[res.Name]; dup {
-			continue // neither instance is applied
-		}
-		if !s.c.owns(typeURL, res.Name) {
-			foreign = append(foreign, res.Name)
-			continue
-		}
-		if res.Heartbeat {
-			// A heartbeat: the TTL is refreshed, nothing changed ("TTL").
-			hb, err := res.EncodeHeartbeat()
-			if err != nil {
-				problems.add(err.Error())
-				continue
-			}
-			heartbeats = append(heartbeats, hb)
-			continue
-		}
-		if got := res.TypeURL; got != typeURL {
-			problems.add(fmt.Sprintf("resource %q has type %s in a %s response", res.Name, got, short))
-			continue
-		}
-		enc, err := res.Encode()
-		if err != nil {
-			problems.add(err.Error())
-			continue
-		}
-		upserts = append(upserts, enc)
-	}
+	enc := s.encode(r, typeURL, short)
 	if xds.Known(typeURL) {
-		removed := r.RemovedResources
-		if s.c.opts.Owns != nil {
-			removed = slices.DeleteFunc(removed, func(n string) bool { return !s.c.owns(typeURL, n) })
-		}
-		if len(foreign) > 0 {
-			// Each name has one control plane (DESIGN.md, 11): what this
-			// one sends of another's names is not applied, nor NACKed.
-			s.c.log.Warn("upstream sent names another upstream serves; ignored", "type", short,
-				"names", len(foreign), "first", xds.Clip(foreign[0]))
-		}
-		ch := cache.Change{Upserts: upserts, Removed: removed, Heartbeats: heartbeats, Received: received,
-			Trace: cacheTrace(span.SpanContext())}
-		for _, e := range r.ResourceErrors {
-			if enc, err := xds.EncodeError(e); err == nil {
-				ch.Errors = append(ch.Errors, enc)
-			}
-		}
-		if sub := s.subs[typeURL]; sub != nil && sub.awaitingWildcard {
-			// The first response to a wildcard subscribe is the complete state.
-			sub.awaitingWildcard, ch.Synced = false, true
-		}
-		start := time.Now()
-		_, applying := otel.Tracer(tracerName).Start(ctx, "cache.apply")
-		s.c.opts.Cache.Apply(typeURL, ch)
-		applying.End()
-		s.c.opts.Metrics.Apply.With(short).Observe(time.Since(start).Seconds())
+		s.apply(ctx, r, typeURL, short, enc, cache.Change{Received: received, Trace: cacheTrace(span.SpanContext())})
 	} else {
-		problems.add(fmt.Sprintf("unknown resource type %q", typeURL))
+		enc.problems.add(fmt.Sprintf("unknown resource type %q", typeURL))
 	}
 	ack := &discoverypb.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: r.Nonce}
-	if len(problems.list) > 0 {
+	if len(enc.problems.list) > 0 {
 		span.SetStatus(codes.Error, "NACKed")
 		s.c.opts.Metrics.NACKs.With(short).Inc()
-		msg := problems.String()
+		msg := enc.problems.String()
 		s.c.log.Warn("rejecting upstream resources", "type", short, "error", msg)
 		ack.ErrorDetail = &status.Status{Code: int32(grpccodes.InvalidArgument), Message: "xdsrelay: " + msg}
 	}
 	return s.send(ack)
+}
+
+// encoded is a response's resources as the cache takes them.
+type encoded struct {
+	upserts    []*cache.Resource
+	heartbeats []*cache.Heartbeat
+	foreign    []string // names another upstream serves
+	problems   nackReasons
+}
+
+// encode encodes a response's resources, each once, letting each received
+// one go once it is encoded: a large response is not held twice over.
+// Names sent twice, of another upstream or of another type, and resources
+// that do not decode are left out; the problems are what the NACK says.
+func (s *session) encode(r *xds.Received, typeURL, short string) encoded {
+	out := encoded{problems: duplicates(r)}
+	for i := range r.Resources {
+		res := r.Resources[i]
+		r.Resources[i] = xds.ReceivedResource{}
+		switch _, dup := out.problems.names[res.Name]; {
+		case dup:
+			continue // neither instance is applied
+		case !s.c.owns(typeURL, res.Name):
+			out.foreign = append(out.foreign, res.Name)
+		case res.Heartbeat:
+			// A heartbeat: the TTL is refreshed, nothing changed ("TTL").
+			if hb, err := res.EncodeHeartbeat(); err != nil {
+				out.problems.add(err.Error())
+			} else {
+				out.heartbeats = append(out.heartbeats, hb)
+			}
+		case res.TypeURL != typeURL:
+			out.problems.add(fmt.Sprintf("resource %q has type %s in a %s response", res.Name, res.TypeURL, short))
+		default:
+			if e, err := res.Encode(); err != nil {
+				out.problems.add(err.Error())
+			} else {
+				out.upserts = append(out.upserts, e)
+			}
+		}
+	}
+	return out
+}
+
+// apply applies a response of a known type to the cache, whole: its
+// resources, removals, heartbeats and errors, in ch (which carries its
+// receipt and trace).
+func (s *session) apply(ctx context.Context, r *xds.Received, typeURL, short string, enc encoded, ch cache.Change) {
+	ch.Upserts, ch.Heartbeats, ch.Removed = enc.upserts, enc.heartbeats, r.RemovedResources
+	if s.c.opts.Owns != nil {
+		ch.Removed = slices.DeleteFunc(ch.Removed, func(n string) bool { return !s.c.owns(typeURL, n) })
+	}
+	if len(enc.foreign) > 0 {
+		// Each name has one control plane (docs/architecture.md): what this
+		// one sends of another's names is not applied, nor NACKed.
+		s.c.log.Warn("upstream sent names another upstream serves; ignored", "type", short,
+			"names", len(enc.foreign), "first", xds.Clip(enc.foreign[0]))
+	}
+	for _, e := range r.ResourceErrors {
+		if enc, err := xds.EncodeError(e); err == nil {
+			ch.Errors = append(ch.Errors, enc)
+		}
+	}
+	if sub := s.subs[typeURL]; sub != nil && sub.awaitingWildcard {
+		// The first response to a wildcard subscribe is the complete state.
+		sub.awaitingWildcard, ch.Synced = false, true
+	}
+	start := time.Now()
+	_, applying := otel.Tracer(tracerName).Start(ctx, "cache.apply")
+	s.c.opts.Cache.Apply(typeURL, ch)
+	applying.End()
+	s.c.opts.Metrics.Apply.With(short).Observe(time.Since(start).Seconds())
 }
 
 // receiveSpan starts the span of one upstream response: the root of its own

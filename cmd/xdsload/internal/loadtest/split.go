@@ -108,7 +108,9 @@ func ServerSideMain() {
 }
 
 // serveServerSide starts what the hello read from in describes, reports on
-// out where it serves, then carries out commands until in ends.
+// out where it serves, then carries out commands until in ends. It is one
+// piece on purpose: the child's whole protocol, start, then a loop of
+// commands, read in one place.
 func serveServerSide(in io.Reader, out io.Writer) error {
 	dec, enc := json.NewDecoder(in), json.NewEncoder(out)
 	var hello childHello
