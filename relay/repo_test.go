@@ -1,7 +1,11 @@
 package relay
 
 import (
+	"go/ast"
 	"go/build"
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -49,5 +53,44 @@ func TestImportsPointOneWay(t *testing.T) {
 				t.Errorf("%s imports %s: against the one-way rule", pkg, own)
 			}
 		}
+	}
+}
+
+// maxFuncLines is the longest a function may be without a comment that
+// says why it is one piece.
+const maxFuncLines = 70
+
+// Functions stay short: one longer than maxFuncLines says in its comment
+// why it is one piece.
+func TestLongFunctionsSayWhy(t *testing.T) {
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case d.IsDir() && (strings.HasPrefix(d.Name(), ".") && path != ".." || d.Name() == "testdata"):
+			return filepath.SkipDir
+		case d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go"):
+			return nil
+		}
+		fset := token.NewFileSet()
+		f, err := parser.ParseFile(fset, path, nil, parser.ParseComments)
+		if err != nil {
+			return err
+		}
+		for _, decl := range f.Decls {
+			fd, ok := decl.(*ast.FuncDecl)
+			if !ok || fd.Body == nil {
+				continue
+			}
+			lines := fset.Position(fd.End()).Line - fset.Position(fd.Pos()).Line + 1
+			doc := strings.Join(strings.Fields(fd.Doc.Text()), " ")
+			if lines > maxFuncLines && !strings.Contains(doc, "one piece") {
+				t.Errorf("%s: %s is %d lines, and its comment does not say why it is one piece", fset.Position(fd.Pos()), fd.Name.Name, lines)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
