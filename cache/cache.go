@@ -125,7 +125,12 @@ type idleKey struct {
 	wildcard      bool
 }
 
+// typeState is one type of the cache: its resources and who watches them.
+// Every field is guarded by the Cache's mu, as are its entries'; readers
+// take it shared (RLock) and writers whole. A state built under the shared
+// lock (State) is stored under the whole one.
 type typeState struct {
+	// The resources and their watchers.
 	aliases  map[string]string // alias → resource name
 	state    *State            // the complete state at version, built on demand; nil when stale
 	version  uint64            // bumped on every change of this type
@@ -137,12 +142,14 @@ type typeState struct {
 	// name by name.
 	recheck bool
 
+	// The wildcard, and the latest response that changed the type.
 	wantWildcard bool      // wildcard is part of the interest
 	wildcardIdle time.Time // when the last wildcard watcher left
 	synced       bool      // upstream has answered the wildcard subscription
 	received     time.Time // when the latest upstream response that changed the type arrived
 	trace        Trace     // that response's trace; zero if not traced
 
+	// Counts, and the guard (Guard).
 	present  int       // entries with a resource
 	removals []removal // upstream's removals of present resources within Guard.Window, oldest first
 	hold     *hold     // held removals (Guard); nil if none
@@ -159,6 +166,7 @@ type typeState struct {
 	globs int // entries that are glob collections (IsGlob)
 }
 
+// entry is one name of a type; guarded by the Cache's mu.
 type entry struct {
 	res      *Resource
 	hb       *Heartbeat     // last heartbeat of res's version

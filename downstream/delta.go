@@ -11,7 +11,8 @@ import (
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
-// deltaType is an incremental stream's state for one resource type.
+// deltaType is an incremental stream's state for one resource type, the
+// protocol's (under the stream's pump's mu).
 //
 // Its maps by name hold their first entry inline (inlineMap): most streams
 // subscribe to one name of a type, or a few.
@@ -40,10 +41,14 @@ func (t *deltaType) named(name string) bool {
 	return t.globs > 0 && t.names.has(cache.GlobOf(name))
 }
 
+// deltaStream is an incremental stream. Its fields are guarded as
+// streamBase says: ttl is read-only once the stream is open, types the
+// protocol's.
 type deltaStream struct {
 	streamBase
+	ttl bool // the client supports TTLs (xds.config.supports-resource-ttl); read-only
+	// The protocol's, under the pump's mu: each type's record.
 	types byType[deltaType]
-	ttl   bool // the client supports TTLs (xds.config.supports-resource-ttl)
 }
 
 func (s *Server) serveDelta(st grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse], fixed, variant string) error {

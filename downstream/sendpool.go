@@ -224,8 +224,14 @@ const slowSend = 20 * time.Millisecond
 // wake-up. A connection's pumps have a lock of their own, so that the
 // goroutine marking a change for many streams takes the pool's lock once
 // per connection rather than once per stream.
+//
+// Who guards what: size is read-only; the watched slots are guarded by
+// watchMu, the queue, the workers' counts and the connections by mu; a
+// connection's own queue by its mu. Lock order: a connection's mu, then
+// the pool's (enqueue after submit releases the first); watchMu is taken
+// alone.
 type sendPool struct {
-	size int
+	size int // read-only
 
 	// The sends in progress, watched for slow and stuck clients (see
 	// watchdog): a slot per worker, and one per send on a handler's
@@ -234,6 +240,7 @@ type sendPool struct {
 	slots    map[*sendSlot]struct{}
 	watching bool // the watchdog runs
 
+	// The queue and the workers. Guarded by mu.
 	mu      sync.Mutex
 	queue   []*sendConn // connections with pumps queued, FIFO from head
 	head    int
@@ -244,9 +251,10 @@ type sendPool struct {
 
 // sendConn is the pumps queued for one client connection.
 type sendConn struct {
-	addr    net.Addr // the key in the pool's conns; nil: the stream's own
+	addr    net.Addr // the key in the pool's conns; nil: the stream's own; read-only
 	streams int      // streams registered on the connection; guarded by the pool's mu
 
+	// The connection's queue. Guarded by mu.
 	mu      sync.Mutex
 	pumps   []*pump // queued
 	queued  bool    // in the pool's queue

@@ -12,9 +12,10 @@ import (
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
-// sotwType is a SotW stream's state for one resource type. Its maps by
-// name hold their first entry inline (inlineMap): most streams subscribe to
-// one name of a type, or a few.
+// sotwType is a SotW stream's state for one resource type, the protocol's
+// (under the stream's pump's mu). Its maps by name hold their first entry
+// inline (inlineMap): most streams subscribe to one name of a type, or a
+// few.
 type sotwType struct {
 	names    inlineMap[struct{}] // explicitly subscribed names
 	wildcard bool
@@ -56,13 +57,16 @@ func (t *sotwType) nothing() bool {
 	return t.names.has(noName) && t.names.len() == 1 && !t.wildcard
 }
 
+// sotwStream is a SotW stream. Its fields are guarded as streamBase says:
+// ttl is read-only once the stream is open, types the protocol's.
 type sotwStream struct {
 	streamBase
-	types byType[sotwType]
 	// ttl is set for clients that take resources wrapped in a Resource
 	// with their TTL: both xds.config.supports-resource-in-sotw and
-	// xds.config.supports-resource-ttl ("TTL").
+	// xds.config.supports-resource-ttl ("TTL"). Read-only.
 	ttl bool
+	// The protocol's, under the pump's mu: each type's record.
+	types byType[sotwType]
 }
 
 func (s *Server) serveSotW(st grpc.BidiStreamingServer[discoverypb.DiscoveryRequest, discoverypb.DiscoveryResponse], fixed, variant string) error {

@@ -196,25 +196,37 @@ type protocol[Req any] interface {
 }
 
 // streamBase is what SotW and incremental streams share.
+//
+// Who guards what: the first group is read-only once the stream is open;
+// everything else belongs to the stream's protocol, which runs on one
+// goroutine at a time (the handler or a send worker) under its pump's mu
+// (sendpool.go), as do sotwStream's and deltaStream's own fields and their
+// per-type records. What other goroutines read is behind locks of its own:
+// status (CSDS and the admin endpoint), watch (the cache marks it), inbox
+// (the connection's CDS stream fills it) and conn's warmMu.
 type streamBase struct {
+	// Read-only once the stream is open.
 	srv     *Server
 	send    func(any) error // the stream's SendMsg, guarded against stuck clients
 	fixed   string          // the per-type service's type; "" on ADS
 	variant string          // for the log
 	cache   *cache.Cache
 	watch   *cache.Watch
+	node    *corepb.Node  // from the first request
+	status  *streamStatus // what CSDS and the admin endpoint read; its own mu
+	opened  time.Time     // for the push latency
+	grant   *authz.Grant  // what the client's certificate lets it ask for (authz.go); nil: anything
+	conn    *sendConn     // the client connection's queue in the send pool
+
+	// The protocol's, under the pump's mu.
 	nonces  nonces
-	node    *corepb.Node           // from the first request
-	names   int                    // names subscribed, across types (see watchNames)
-	status  *streamStatus          // what CSDS and the admin endpoint read
-	opened  time.Time              // for the push latency
-	sent    map[string]sentVersion // by type, for the rollout's verdicts; nil unless it rolls out
-	// Warming (warming.go): the client connection's queue, set before the
-	// first flush; the endpoints of the Clusters a flush just sent; on a
-	// per-type CDS stream, those waiting for the client's ACK of the
-	// response warmNonce; on a per-type EDS stream, what the connection's
-	// CDS stream asks it to send again.
-	conn      *sendConn
+	names   int                             // names subscribed, across types (see watchNames)
+	sent    map[string]sentVersion          // by type, for the rollout's verdicts; nil unless it rolls out
+	refused map[string]*cache.ResourceError // names asked for and refused by grant, with their errors
+	// Warming (warming.go): the endpoints of the Clusters a flush just
+	// sent; on a per-type CDS stream, those waiting for the client's ACK of
+	// the response warmNonce; on a per-type EDS stream, what the
+	// connection's CDS stream asks it to send again (its own mu).
 	warming   []string
 	warmOnAck []string
 	warmNonce uint64
@@ -222,14 +234,10 @@ type streamBase struct {
 	// The first answer (errors.go): spoke is set once a response was
 	// sent; while endable, the handler returns a flush's error, and first
 	// is closed once the stream has spoken or ended (see onlyErrors,
-	// pump.awaitFirst). Guarded by the pump's mu.
+	// pump.awaitFirst).
 	spoke   bool
 	endable bool
 	first   chan struct{}
-	// What the client's certificate lets it ask for (nil: anything), and
-	// the names it asked for that it may not, with their errors (authz.go).
-	grant   *authz.Grant
-	refused map[string]*cache.ResourceError
 }
 
 func (s *Server) newStreamBase(send func(any) error, fixed, variant string, c *cache.Cache, node *corepb.Node) streamBase {
