@@ -10,7 +10,6 @@ import (
 	"maps"
 	"net/http"
 	"slices"
-	"strings"
 	"time"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -116,20 +115,20 @@ func (s *Server) fetch(ctx context.Context, who client, req *discoverypb.Discove
 
 // pollState is what a poll would answer now, and whether the cache knows
 // enough to answer: the wildcard's complete state, or every requested name.
+// It reads as a stream does, one view of the type as released to the group
+// (cache.Read).
 func pollState(c *cache.Cache, typeURL string, wildcard bool, names []string) ([]*cache.Resource, bool) {
-	if wildcard {
-		rs, synced := c.All(typeURL)
-		return rs, synced
-	}
+	v := c.Read(typeURL, slices.Clone(names), wildcard) // sorted by name
 	var rs []*cache.Resource
-	ready := true
-	for _, l := range c.Read(typeURL, names, false).Lookups { // as released to the group
+	ready := !wildcard || v.Synced
+	for _, l := range v.Lookups {
 		if l.Resource != nil {
 			rs = append(rs, l.Resource)
 		}
-		ready = ready && (l.Resource != nil || l.Absent || l.Name == noName)
+		if !wildcard {
+			ready = ready && (l.Resource != nil || l.Absent || l.Name == noName)
+		}
 	}
-	slices.SortFunc(rs, func(a, b *cache.Resource) int { return strings.Compare(a.Name, b.Name) })
 	return rs, ready
 }
 
