@@ -153,7 +153,8 @@ type Config struct {
 		Bake time.Duration
 	}
 	// Limits are the bounds on what clients may make the relay hold
-	// ("Every bound is explicit" in DESIGN.md): each refused with
+	// (docs/architecture.md, invariant 9 "Every bound is explicit"): each
+	// refused with
 	// RESOURCE_EXHAUSTED (429 over REST-JSON) naming its key. Zero is no
 	// bound.
 	Limits struct {
