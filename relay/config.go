@@ -210,6 +210,10 @@ type Config struct {
 	// start value); the admin endpoint's /debug/loglevel reads and sets it.
 	// Nil disables /debug/loglevel.
 	LogLevel *slog.LevelVar
+	// Build is the version xdsrelay_build_info reports (not a key): the
+	// binary sets it from its build information; empty, the relay reads
+	// the module's own.
+	Build BuildInfo
 }
 
 // AuthorizationRule is one of downstream.authorization.rules: a client whose
