@@ -151,7 +151,7 @@ func newRootCmd(environ []string) *cobra.Command {
 	root.Flags().BoolVar(&showVersion, "version", false, "print the version and exit")
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError{cmd, err} })
 	root.AddCommand(newServeCmd(environ), newValidateCmd(environ), newStatusCmd(), newWatchCmd(), newPersistCmd(), newGuardCmd(),
-		newRolloutCmd(), newAdminCmd(), newVersionCmd())
+		newRolloutCmd(), newAdminCmd(), newVersionCmd(), newDocsCmd())
 	defaultHelp := root.HelpFunc()
 	root.SetHelpFunc(func(cmd *cobra.Command, args []string) {
 		if cmd == root || cmd.Name() == "serve" {
