@@ -207,7 +207,8 @@ var errDraining = status.Error(codes.Unavailable, "xdsrelay: shutting down, reco
 // sendGuard is a send that cannot block the stream forever: if a send stays
 // blocked for the send timeout (the client reads nothing), the client's
 // connection is closed, which ends the blocked send and the stream
-// (docs/architecture.md, invariant 5 "Slow clients hurt only themselves"). Closing the connection rather than
+// (docs/architecture.md, invariant 5 "Slow clients hurt only themselves").
+// Closing the connection rather than
 // the stream is what gRPC allows, and a client that reads nothing has
 // stalled its whole connection anyway. After slowSend the send pool is told,
 // so that the blocked worker is replaced. The send pool's watchdog does the
