@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 
 FROM golang:1.26-bookworm AS build
-# The version and commit --version prints (.git is not in the build context):
+# The version and revision that `xdsrelay version` and xdsrelay_build_info
+# report (.git is not in the build context, so the build has no VCS data):
 # --build-arg VERSION=$(git describe --tags --always --dirty)
 # --build-arg REVISION=$(git rev-parse HEAD)
 ARG VERSION

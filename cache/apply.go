@@ -14,7 +14,8 @@ type Change struct {
 	Removed []string
 	// Unknown are names taken not to exist on a word that no longer
 	// holds: a does-not-exist timer's judgment on a stream that then
-	// proved dead (DESIGN.md, "Silence is not an answer"). Each that is
+	// proved dead (docs/architecture.md, invariant 15 "Silence is not an
+	// answer"). Each that is
 	// absent becomes neither present nor absent again, still being
 	// fetched, and loses its error; clients are told nothing new.
 	Unknown []string

@@ -52,7 +52,8 @@ type Interest struct {
 // Options configure a Cache.
 type Options struct {
 	// Retention is how long a resource nobody watches any more stays
-	// subscribed and cached ("Union of interests" in DESIGN.md).
+	// subscribed and cached (docs/architecture.md, invariant 2 "Union of
+	// interests").
 	Retention time.Duration
 	// Now returns the current time; time.Now if nil.
 	Now func() time.Time

@@ -10,5 +10,6 @@
 // capacity-1 channel, and the watcher reads the latest state when it is ready.
 //
 // Resources are immutable once stored: the same encoded bytes are shared by
-// every stream that sends them ("Encode once" in DESIGN.md).
+// every stream that sends them (docs/architecture.md, invariant 3 "Encode
+// once").
 package cache

@@ -7,8 +7,9 @@ import (
 	"time"
 )
 
-// Guard is the mass-removal guard ("What clients see is released, not just
-// received" in DESIGN.md): when upstream removes, within Window, more than
+// Guard is the mass-removal guard (docs/architecture.md, invariant 12
+// "Released, not just received"): when upstream removes, within Window,
+// more than
 // MaxRemovedFraction of a type's resources and the type held at least
 // MinResources, those removals are held: clients keep the resources, while
 // additions and changes still flow. The zero Guard is off.

@@ -7,8 +7,9 @@ import (
 	"time"
 )
 
-// Rollout is the NACK-gated canary rollout ("What clients see is released,
-// not just received" in DESIGN.md). A change from upstream (one Apply) that
+// Rollout is the NACK-gated canary rollout (docs/architecture.md,
+// invariant 12 "Released, not just received"). A change from upstream (one
+// Apply) that
 // alters what a type's watchers watch goes first to that type's canary
 // watches: the Canary lowest-ranked ones (Watch.SetRank), at least one.
 // Every other watch keeps reading the released version until the canaries

@@ -58,7 +58,8 @@ func (c *csds) StreamClientStatus(st grpc.BidiStreamingServer[statuspb.ClientSta
 
 // clientStatus builds the answer to req: one ClientConfig per node id, with
 // every stream of that node. With authorization rules, a caller sees only
-// the nodes its certificate may claim ("Identity decides the tenant").
+// the nodes its certificate may claim (docs/architecture.md, invariant 8
+// "Identity decides the tenant").
 func (s *Server) clientStatus(ctx context.Context, req *statuspb.ClientStatusRequest) (*statuspb.ClientStatusResponse, error) {
 	keep, err := nodeFilter(req.GetNodeMatchers())
 	if err != nil {

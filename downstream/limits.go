@@ -20,7 +20,8 @@ import (
 )
 
 // Limits are the bounds the downstream edge enforces, the limits.* keys of
-// the configuration ("Every bound is explicit" in DESIGN.md). A zero field
+// the configuration (docs/architecture.md, invariant 9 "Every bound is
+// explicit"). A zero field
 // is no bound.
 type Limits struct {
 	// MaxStreams is limits.max_streams: open xDS streams in total.

@@ -28,7 +28,8 @@ import (
 // (see endStreams); the first request is waited for apart (see
 // firstRequest).
 //
-// A slow client hurts only itself: a worker whose send stays blocked for
+// A slow client hurts only itself (docs/architecture.md, invariant 5): a
+// worker whose send stays blocked for
 // slowSend is counted out of the pool and another worker starts, so the
 // other streams keep their workers; the stuck send ends at the send timeout,
 // when the client's connection is closed (see sendGuard).

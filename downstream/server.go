@@ -206,8 +206,9 @@ var errDraining = status.Error(codes.Unavailable, "xdsrelay: shutting down, reco
 
 // sendGuard is a send that cannot block the stream forever: if a send stays
 // blocked for the send timeout (the client reads nothing), the client's
-// connection is closed, which ends the blocked send and the stream ("A slow
-// or hostile client hurts only itself"). Closing the connection rather than
+// connection is closed, which ends the blocked send and the stream
+// (docs/architecture.md, invariant 5 "Slow clients hurt only themselves").
+// Closing the connection rather than
 // the stream is what gRPC allows, and a client that reads nothing has
 // stalled its whole connection anyway. After slowSend the send pool is told,
 // so that the blocked worker is replaced. The send pool's watchdog does the

@@ -10,8 +10,8 @@ import (
 	"github.com/xdsrelay/xdsrelay/cache"
 )
 
-// Warming ("Resource warming", Envoy notes): Envoy finishes warming a new or
-// changed Cluster only when its ClusterLoadAssignment is sent again, even
+// Warming ("Resource warming"; docs/architecture.md, invariant 13): Envoy
+// finishes warming a new or changed Cluster only when its ClusterLoadAssignment is sent again, even
 // unchanged, and asks for nothing that would make a server send it (SotW
 // repeats its last EDS request, delta sends nothing). A control plane's
 // forced re-push would reach the relay as "same content, nothing to send",

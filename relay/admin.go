@@ -112,7 +112,8 @@ func (r *Relay) adminHandler(loopback bool) http.Handler {
 			return
 		}
 		// Ready while serving, whatever the control plane does: clients are
-		// served from the cache ("outages are not outages").
+		// served from the cache (docs/architecture.md, invariant 6 "Outages
+		// are not outages").
 		if priv {
 			r.readyDetail(w)
 		} else {

@@ -153,7 +153,8 @@ type Config struct {
 		Bake time.Duration
 	}
 	// Limits are the bounds on what clients may make the relay hold
-	// ("Every bound is explicit" in DESIGN.md): each refused with
+	// (docs/architecture.md, invariant 9 "Every bound is explicit"): each
+	// refused with
 	// RESOURCE_EXHAUSTED (429 over REST-JSON) naming its key. Zero is no
 	// bound.
 	Limits struct {
@@ -209,6 +210,10 @@ type Config struct {
 	// start value); the admin endpoint's /debug/loglevel reads and sets it.
 	// Nil disables /debug/loglevel.
 	LogLevel *slog.LevelVar
+	// Build is the version xdsrelay_build_info reports (not a key): the
+	// binary sets it from its build information; empty, the relay reads
+	// the module's own.
+	Build BuildInfo
 }
 
 // AuthorizationRule is one of downstream.authorization.rules: a client whose

@@ -156,6 +156,7 @@ func newRelay(cfg Config, logger *slog.Logger) *Relay {
 	r.registerGroupMetrics()
 	r.registerCertMetrics()
 	r.registerServerMetrics()
+	r.registerBuildInfo()
 	r.guardM = newGuardMetrics(r.metrics)
 	r.rolloutM = newRolloutMetrics(r.metrics)
 	r.persistHealth = newPersistHealth(r.metrics)

@@ -73,8 +73,9 @@ var relayFeatures = []string{"xds.config.supports-resource-ttl"}
 // the relay's user agent and features. With user_agent among the fields,
 // the user agent is the clients'; with client_features, the features are
 // theirs with the relay's own: a control plane that tailors its config by
-// either gives each kind its own (DESIGN.md, "Kinds apart"). Nothing else of
-// any client reaches the control plane ("Identity decides the tenant").
+// either gives each kind its own (docs/architecture.md, invariant 14 "Kinds
+// apart"). Nothing else of any client reaches the control plane (invariant
+// 8 "Identity decides the tenant").
 func groupNode(cfg *Config, host, key string, client *corepb.Node) *corepb.Node {
 	n := &corepb.Node{
 		UserAgentName:        cfg.Upstream.Node.UserAgentName,

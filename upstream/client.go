@@ -364,7 +364,9 @@ func (c *Client) missing() bool {
 }
 
 // backoffDelay is gRPC's connection backoff: exponential with jitter,
-// capped (gRPC's connection-backoff.md, with grpc/backoff's parameters).
+// capped (gRPC's connection backoff protocol,
+// https://github.com/grpc/grpc/blob/master/doc/connection-backoff.md, with
+// grpc/backoff's parameters).
 func backoffDelay(cfg backoff.Config, retries int) time.Duration {
 	if retries == 0 {
 		return cfg.BaseDelay

@@ -123,7 +123,8 @@ func (lr *LoadReporter) setStatus(f func(*LoadStatus)) {
 
 // Run reports until ctx is done, then sends what is left on the stream if
 // it is up. Periods end on the control plane's interval whether the
-// stream is up or not ("the control plane going away is not an outage"):
+// stream is up or not (docs/architecture.md, invariant 6 "Outages are not
+// outages"):
 // those that cannot be sent stay in the store, and go out together once a
 // stream is answered again. Every response starts a new period, as Envoy
 // takes it. Reports wait for the stream's first response: the interval is

@@ -89,7 +89,8 @@ func (n *notFound) expired(now time.Time) []asked {
 	return out
 }
 
-// Silence is not an answer (DESIGN.md). A name the timer finds unanswered is
+// Silence is not an answer (docs/architecture.md, invariant 15). A name the
+// timer finds unanswered is
 // reported not to exist only if the stream has shown itself alive since
 // the name was asked: a response received since, or a probe of its
 // connection answered since. Otherwise clients get UNAVAILABLE for it

@@ -25,9 +25,9 @@ type Claim struct {
 	Authorities []string
 }
 
-// Routes decide which upstream serves a name ("Each name has one control
-// plane" in DESIGN.md): a pure function of the name and its type. Upstream
-// 0 is the default. Read-only after NewRoutes.
+// Routes decide which upstream serves a name (docs/architecture.md,
+// invariant 11 "Each name has one control plane"): a pure function of the
+// name and its type. Upstream 0 is the default. Read-only after NewRoutes.
 type Routes struct {
 	names       []string
 	byType      map[string]int

@@ -340,8 +340,9 @@ func (s *session) apply(ctx context.Context, r *xds.Received, typeURL, short str
 		ch.Removed = slices.DeleteFunc(ch.Removed, func(n string) bool { return !s.c.owns(typeURL, n) })
 	}
 	if len(enc.foreign) > 0 {
-		// Each name has one control plane (docs/architecture.md): what this
-		// one sends of another's names is not applied, nor NACKed.
+		// Each name has one control plane (docs/architecture.md,
+		// invariant 11): what this one sends of another's names is not
+		// applied, nor NACKed.
 		s.c.log.Warn("upstream sent names another upstream serves; ignored", "type", short,
 			"names", len(enc.foreign), "first", xds.Clip(enc.foreign[0]))
 	}

@@ -14,8 +14,9 @@ import (
 // control plane is unreachable, and the names the group wants that the
 // cache does not hold get UNAVAILABLE (gRFC A88): clients learn it at once
 // instead of waiting for a does-not-exist timer, and since the relay cannot
-// know whether such a name exists, it is never a removal (DESIGN.md,
-// "Silence is not an answer"). The error clears when the resource arrives.
+// know whether such a name exists, it is never a removal
+// (docs/architecture.md, invariant 15 "Silence is not an answer"). The
+// error clears when the resource arrives.
 // Owned by Run.
 type reach struct {
 	failed []bool // by server

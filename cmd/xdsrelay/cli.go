@@ -61,7 +61,7 @@ func legacyFlags(args []string) []string {
 			return append(out, args[i:]...)
 		}
 		name, _, _ := strings.Cut(strings.TrimPrefix(a, "-"), "=")
-		if !strings.HasPrefix(a, "--") && (name == "config" || name == "version" || name == "help") {
+		if strings.HasPrefix(a, "-") && !strings.HasPrefix(a, "--") && (name == "config" || name == "version" || name == "help") {
 			a = "-" + a
 		}
 		out = append(out, a)
@@ -151,7 +151,7 @@ func newRootCmd(environ []string) *cobra.Command {
 	root.Flags().BoolVar(&showVersion, "version", false, "print the version and exit")
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError{cmd, err} })
 	root.AddCommand(newServeCmd(environ), newValidateCmd(environ), newStatusCmd(), newWatchCmd(), newPersistCmd(), newGuardCmd(),
-		newRolloutCmd(), newAdminCmd())
+		newRolloutCmd(), newAdminCmd(), newVersionCmd(), newDocsCmd())
 	defaultHelp := root.HelpFunc()
 	root.SetHelpFunc(func(cmd *cobra.Command, args []string) {
 		if cmd == root || cmd.Name() == "serve" {

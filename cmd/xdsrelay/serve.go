@@ -26,6 +26,7 @@ func serve(ctx context.Context, opts Options, logger *slog.Logger, hup <-chan os
 		}()
 	}
 	opts.Relay.Upstream.Node.UserAgentVersion = currentVersion().Version
+	opts.Relay.Build = currentVersion().relayBuild()
 	r, err := relay.New(opts.Relay, logger)
 	if err != nil {
 		return err

@@ -1,28 +1,39 @@
 package main
 
 import (
+	"fmt"
+	"io"
+	"runtime"
 	"runtime/debug"
 	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/xdsrelay/xdsrelay/relay"
 )
 
 // version and revision may be set at build time, and then win over the build
 // information: -ldflags "-X main.version=v1.2.3 -X main.revision=<commit>".
 var version, revision = "", ""
 
-// buildVersion is what --version reports.
+// buildVersion is what --version and the version command report.
 type buildVersion struct {
-	Version  string // the module version, "(devel)" when unknown
-	Revision string // the VCS commit, "" when unknown
-	Time     string // the commit time (RFC 3339), "" when unknown
-	Modified bool   // the tree had uncommitted changes
+	Version   string // the module version, "(devel)" when unknown
+	Revision  string // the VCS commit, "" when unknown
+	Time      string // the commit time (RFC 3339), "" when unknown
+	Modified  bool   // the tree had uncommitted changes
+	GoVersion string // the Go toolchain that built the binary
 }
 
 // readVersion combines the linker-set values with the build information (bi
 // may be nil).
 func readVersion(bi *debug.BuildInfo, ldVersion, ldRevision string) buildVersion {
-	var v buildVersion
+	v := buildVersion{GoVersion: runtime.Version()}
 	if bi != nil {
 		v.Version = bi.Main.Version
+		if bi.GoVersion != "" {
+			v.GoVersion = bi.GoVersion
+		}
 		for _, s := range bi.Settings {
 			switch s.Key {
 			case "vcs.revision":
@@ -70,4 +81,45 @@ func (v buildVersion) String() string {
 func currentVersion() buildVersion {
 	bi, _ := debug.ReadBuildInfo()
 	return readVersion(bi, version, revision)
+}
+
+// newVersionCmd is xdsrelay version.
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the version, the revision and the Go version",
+		Args:  usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return currentVersion().write(cmd.OutOrStdout())
+		},
+	}
+}
+
+// write prints the version, one field a line; "unknown" for what the
+// build did not record:
+//
+//	version:  v1.2.3
+//	revision: 1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b (modified)
+//	time:     2026-11-02T10:00:00Z
+//	go:       go1.26.8 linux/amd64
+func (v buildVersion) write(w io.Writer) error {
+	rev, when := orUnknown(v.Revision), orUnknown(v.Time)
+	if v.Modified {
+		rev += " (modified)"
+	}
+	_, err := fmt.Fprintf(w, "version:  %s\nrevision: %s\ntime:     %s\ngo:       %s %s/%s\n",
+		v.Version, rev, when, v.GoVersion, runtime.GOOS, runtime.GOARCH)
+	return err
+}
+
+func orUnknown(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
+}
+
+// relayBuild is what the relay reports in xdsrelay_build_info.
+func (v buildVersion) relayBuild() relay.BuildInfo {
+	return relay.BuildInfo{Version: v.Version, Revision: v.Revision, GoVersion: v.GoVersion}
 }

@@ -9,7 +9,8 @@
 //     differs from what it had is new or changed and starts warming. An EDS
 //     cluster warms until a response carrying its ClusterLoadAssignment
 //     (eds_cluster_config.service_name, or its name) arrives after the
-//     Cluster did ("Resource warming", Envoy notes), changed or not.
+//     Cluster did ("Resource warming"; docs/architecture.md, invariant
+//     13), changed or not.
 //   - SotW: after every CDS response it sends an EDS request with the names
 //     its clusters need and the version and nonce of its last EDS ACK:
 //     identical to that ACK when the names did not change. Then it ACKs CDS.

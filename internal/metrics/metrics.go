@@ -122,7 +122,7 @@ func (r *Registry) add(name, help string, kind prometheus.ValueType, labels []st
 		return f
 	}
 	drop, exposed := r.exposedLabels(labels)
-	f := &Vec{name: name, kind: kind, labels: labels, drop: drop,
+	f := &Vec{name: name, help: help, kind: kind, labels: labels, drop: drop,
 		desc: prometheus.NewDesc(name, help, exposed, nil), values: make(map[string]*Value)}
 	r.prom().MustRegister(f)
 	if r.families == nil {
@@ -151,6 +151,7 @@ func (r *Registry) exposedLabels(labels []string) (drop int, exposed []string) {
 type Vec struct {
 	// Read-only after registration.
 	name   string
+	help   string
 	kind   prometheus.ValueType
 	labels []string
 	drop   int // index of the dropped label; -1 if none
@@ -289,6 +290,7 @@ func (f *Vec) Collect(ch chan<- prometheus.Metric) {
 type HistogramVec struct {
 	// Read-only after registration.
 	name   string
+	help   string
 	labels []string
 	drop   int
 	vec    *prometheus.HistogramVec
@@ -309,7 +311,7 @@ func (r *Registry) Histogram(name, help string, buckets []float64, labels ...str
 		return h
 	}
 	drop, exposed := r.exposedLabels(labels)
-	h := &HistogramVec{name: name, labels: labels, drop: drop,
+	h := &HistogramVec{name: name, help: help, labels: labels, drop: drop,
 		vec: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: name, Help: help, Buckets: buckets}, exposed)}
 	r.prom().MustRegister(h.vec)
 	r.hists[name] = h

@@ -12,7 +12,7 @@ import (
 )
 
 // The node fields that name the client's kind: what control planes tailor
-// their config by (DESIGN.md, "Kinds apart").
+// their config by (docs/architecture.md, invariant 14 "Kinds apart").
 const (
 	// FieldUserAgent is user_agent_name with its version (see UserAgent).
 	FieldUserAgent = "user_agent"

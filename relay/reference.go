@@ -1,0 +1,72 @@
+package relay
+
+import "github.com/xdsrelay/xdsrelay/internal/metrics"
+
+// What the generated references (docs/metrics.md, docs/admin.md) read of
+// the relay: its metric families as registered, and its admin paths. A
+// test holds the admin paths to what adminHandler registers, and their
+// access to what each answers a caller who is not private.
+
+// MetricFamilies describes every metric family the relay registered, sorted
+// by name.
+func (r *Relay) MetricFamilies() []metrics.Family { return r.metrics.Families() }
+
+// Who may call an admin path (see private).
+const (
+	// AdminAnyone: any caller that reaches admin.address.
+	AdminAnyone = "anyone"
+	// AdminDetails: any caller; a private one gets more.
+	AdminDetails = "anyone; the details to private callers"
+	// AdminPrivate: private callers; others get 403.
+	AdminPrivate = "private callers only"
+)
+
+// AdminPath is one path of the admin endpoint.
+type AdminPath struct {
+	// Pattern is the path as the endpoint's mux registers it: a method
+	// and a path, or a path alone for every method.
+	Pattern string
+	// Access is AdminAnyone, AdminDetails or AdminPrivate.
+	Access string
+	// Served says when the path is served; empty: always.
+	Served string
+	// Returns is what it answers, in Markdown.
+	Returns string
+}
+
+// AdminPaths are the admin endpoint's paths, in the order the reference
+// lists them.
+func AdminPaths() []AdminPath {
+	return []AdminPath{
+		{Pattern: "GET /healthz", Access: AdminAnyone,
+			Returns: "200 `ok` while the process runs (a liveness probe)."},
+		{Pattern: "GET /readyz", Access: AdminDetails,
+			Returns: "200 once the relay serves, whatever the control plane does (clients are served from the cache); 503 `not ready: starting`, `not ready: waiting for the first upstream sync: ...` (with `admin.ready_after_sync`, and why) or `not ready: shutting down`. To anyone, one line in general terms: `ready`, or `ready; ...` with counts (groups with upstream down, guard holds and held rollouts, invalid resources, saved caches that did not load), never a group key, an address or a file name. To a private caller, each group's upstream state (connected or down, the server in use, resources cached, time since the last response), `DEGRADED:` lines for guard holds and changes a canary NACKed, resource files rejected as invalid, saved caches that did not load or failed to save, and the configuration warnings (`warning: ...`)."},
+		{Pattern: "GET /metrics", Access: AdminAnyone,
+			Returns: "The metrics in the Prometheus text format, or OpenMetrics when the `Accept` header asks for it: every family in [metrics.md](metrics.md). Its `group` label carries group keys: keep `admin.address` private, or set `metrics.group_label: false`, if they are sensitive."},
+		{Pattern: "GET /debug/loglevel", Access: AdminPrivate, Served: "with a run-time log level (the binary always has one)",
+			Returns: "The current log level: `debug`, `info`, `warn` or `error`."},
+		{Pattern: "PUT /debug/loglevel", Access: AdminPrivate, Served: "with a run-time log level (the binary always has one)",
+			Returns: "Sets the log level to the body's `debug`, `info`, `warn` or `error` until the next restart, logs the change at `warn` and answers the new level; 400 for another body."},
+		{Pattern: "/debug/pprof/", Access: AdminPrivate, Served: "with `admin.pprof: true` (else 404)",
+			Returns: "Go's profiler (`net/http/pprof`): the index, and `heap`, `goroutine`, `allocs`, `block`, `mutex` (sampled 1 contention event in 100 with `admin.pprof`), `threadcreate` by name."},
+		{Pattern: "/debug/pprof/cmdline", Access: AdminPrivate, Served: "with `admin.pprof: true` (else 404)",
+			Returns: "The process's command line."},
+		{Pattern: "/debug/pprof/profile", Access: AdminPrivate, Served: "with `admin.pprof: true` (else 404)",
+			Returns: "A CPU profile over `?seconds=N` (default 30)."},
+		{Pattern: "/debug/pprof/symbol", Access: AdminPrivate, Served: "with `admin.pprof: true` (else 404)",
+			Returns: "Symbols for program counters (for `go tool pprof`)."},
+		{Pattern: "/debug/pprof/trace", Access: AdminPrivate, Served: "with `admin.pprof: true` (else 404)",
+			Returns: "An execution trace over `?seconds=N` (default 1)."},
+		{Pattern: "GET /debug/clients", Access: AdminPrivate,
+			Returns: "JSON, one entry per live xDS stream: `node` id, `group` key, `variant` (`sotw-ads`, `delta-ads`, `sotw`, `delta`) and, per type, `subscribed` (names subscribed by name), `wildcard`, `resources` (names with a status), `last_ack_version`, `last_nack_version`, `last_nack_error`, `last_nack_time`."},
+		{Pattern: "GET /debug/groups", Access: AdminPrivate,
+			Returns: "JSON, one entry per group: `key`, the `user_agent` and `client_features` its clients share, `upstream_connected`, `upstream_last_error`, `invalid`, `last_response`, `resources` cached, `clients`, per type what the group subscribes upstream (`wildcard`, `names`), `upstreams` (each upstream it has a stream to: `name`, the `server` in use, `connected`, `last_error`, `last_response`), `guard_holds` (`type`, `since`, `names`), `rollouts` (changes waiting for the canaries: `since`, `types`, `resources`, `canaries`, `acked`, `held`, `nacked_by`, `nack_error`) and `load_reports` (null until a client reports load; then `clients`, `interval`, `send_all_clusters`, `clusters`, `endpoint_granularity`, `control_plane_answered`, `pending_reports`, `upstream_stream` and `last_report`)."},
+		{Pattern: "GET /debug/cache", Access: AdminPrivate,
+			Returns: "`?group=KEY&type=TYPE_URL[&bodies=true]`: JSON list of one type's resources in one group's cache, `name` and `version`, and with `bodies=true` the `resource` as protojson. 400 if `type` is not a type URL the relay knows, 404 if there is no group `KEY`."},
+		{Pattern: "POST /debug/guard/release", Access: AdminPrivate,
+			Returns: "Ends the mass-removal guard's holds and applies their removals; `?group=KEY` and `?type=T` (a REST short name or a type URL) narrow it. Answers the holds it ended as JSON (`group`, `type`, `since`, `names`); 400 for an unknown type, 404 for an unknown group. `xdsrelay guard release` calls it."},
+		{Pattern: "POST /debug/rollout/release", Access: AdminPrivate,
+			Returns: "Releases the changes a canary NACKed to the rest of their groups; `?group=KEY` and `?type=T` narrow it. Answers the changes it released as JSON (`group`, `since`, `types`, `resources`, `canaries`, `nacked_by`, `nack_error`); 400 for an unknown type, 404 for an unknown group. `xdsrelay rollout release` calls it."},
+	}
+}
