@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -189,7 +190,9 @@ func TestDocumentedCommandsParse(t *testing.T) {
 
 // documentedCommands returns the arguments of each xdsload command in the
 // ```sh blocks of file: lines starting "go run ./cmd/xdsload" or
-// "./xdsload", with their backslash continuations.
+// "./xdsload", with their backslash continuations. A shell variable the
+// document sets before (NAME=VALUE) is expanded, $! as a process id; one
+// it never sets is left as written, and fails the flag that reads it.
 func documentedCommands(t *testing.T, file string) [][]string {
 	t.Helper()
 	b, err := os.ReadFile(file)
@@ -197,6 +200,15 @@ func documentedCommands(t *testing.T, file string) [][]string {
 		t.Fatal(err)
 	}
 	var out [][]string
+	vars := map[string]string{"!": "1"}
+	expand := func(s string) string {
+		return os.Expand(s, func(name string) string {
+			if v, ok := vars[name]; ok {
+				return v
+			}
+			return "$" + name
+		})
+	}
 	inSh, line := false, ""
 	for _, l := range strings.Split(string(b), "\n") {
 		switch {
@@ -211,12 +223,18 @@ func documentedCommands(t *testing.T, file string) [][]string {
 			line = strings.TrimSuffix(line, `\`) + " "
 			continue
 		}
+		if name, value, ok := strings.Cut(line, "="); ok && shellName.MatchString(name) && !strings.ContainsAny(value, " \t") {
+			vars[name] = expand(value)
+		}
 		for _, prefix := range []string{"go run ./cmd/xdsload ", "./xdsload "} {
 			if rest, ok := strings.CutPrefix(line, prefix); ok {
-				out = append(out, strings.Fields(rest))
+				out = append(out, strings.Fields(expand(rest)))
 			}
 		}
 		line = ""
 	}
 	return out
 }
+
+// shellName is a shell variable's name.
+var shellName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
