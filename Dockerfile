@@ -21,8 +21,8 @@ COPY examples/resources /etc/xdsrelay/resources
 # to relay a control plane. The admin endpoint listens on all interfaces so
 # that probes and scrapes reach it; there /readyz answers in general terms
 # only (no group, address or file names): set XDSRELAY_ADMIN_TLS_CERT_FILE,
-# _KEY_FILE and _CLIENT_CA_FILE for the details over mTLS (README: Admin
-# exposure).
+# _KEY_FILE and _CLIENT_CA_FILE for the details over mTLS (docs/operations.md:
+# Admin exposure).
 ENV XDSRELAY_UPSTREAM_ADDRESS=file:///etc/xdsrelay/resources \
     XDSRELAY_ADMIN_ADDRESS=0.0.0.0:9901
 EXPOSE 18001 9901

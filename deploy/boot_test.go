@@ -300,28 +300,28 @@ func TestAdminMTLSEndToEnd(t *testing.T) {
 					t.Errorf("xdsrelay %s: exit %d, %q %q, want %q", strings.Join(tc.args, " "), code, out, errOut, tc.want)
 				}
 			}
-			// The README's commands, as written but for the files and the
-			// forwarded port.
-			readme := map[string]string{"localhost:9901": p.admin, "ca.crt": pki.ca, "operator.crt": pki.operatorCert,
+			// docs/kubernetes.md's commands, as written but for the files
+			// and the forwarded port.
+			shown := map[string]string{"localhost:9901": p.admin, "ca.crt": pki.ca, "operator.crt": pki.operatorCert,
 				"operator.key": pki.operatorKey, "xdsrelay.mesh.svc": pki.serverName}
 			ran := 0
-			for _, line := range readmeCommands(t, "Kubernetes") {
+			for _, line := range docCommands(t, "docs/kubernetes.md", "Kubernetes") {
 				words := strings.Fields(line)
 				if words[0] != "xdsrelay" {
 					continue
 				}
 				for i, w := range words {
-					if v, ok := readme[w]; ok {
+					if v, ok := shown[w]; ok {
 						words[i] = v
 					}
 				}
 				if code, out, errOut := cli(t, words[1:]...); code != 0 {
-					t.Errorf("the README's %q: exit %d, %q %q", line, code, out, errOut)
+					t.Errorf("docs/kubernetes.md's %q: exit %d, %q %q", line, code, out, errOut)
 				}
 				ran++
 			}
 			if ran == 0 {
-				t.Error("the README shows no xdsrelay command for admin access in a cluster")
+				t.Error("docs/kubernetes.md shows no xdsrelay command for admin access in a cluster")
 			}
 			if code, out, _ := cli(t, append(append([]string{"admin"}, operator...), "/readyz")...); code != 0 || !strings.HasPrefix(out, "ready\n") {
 				t.Errorf("the operator's /readyz: exit %d, %q", code, out)

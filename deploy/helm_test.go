@@ -28,14 +28,21 @@ func TestChartLint(t *testing.T) {
 	}
 }
 
-// The README's Kubernetes section installs the relay two ways, kustomize
-// (kubectl apply -k) and Helm (helm install): each command it shows
-// renders, as that tool would, to an install that follows the rules
-// (TestInstalls) and whose configuration `xdsrelay validate` accepts.
-func TestREADMEInstallPaths(t *testing.T) {
+// The README's Kubernetes section, and docs/kubernetes.md's, install the
+// relay two ways, kustomize (kubectl apply -k) and Helm (helm install):
+// each command they show renders, as that tool would, to an install that
+// follows the rules (TestInstalls) and whose configuration `xdsrelay
+// validate` accepts.
+func TestDocumentedInstalls(t *testing.T) {
 	bin := relayBinary(t)
+	for _, doc := range []string{"README.md", "docs/kubernetes.md"} {
+		t.Run(doc, func(t *testing.T) { checkInstallCommands(t, bin, doc) })
+	}
+}
+
+func checkInstallCommands(t *testing.T, bin, doc string) {
 	var kustomize, helm int
-	for _, line := range readmeCommands(t, "Kubernetes") {
+	for _, line := range docCommands(t, doc, "Kubernetes") {
 		words := strings.Fields(line)
 		var m manifests
 		switch {
@@ -60,7 +67,7 @@ func TestREADMEInstallPaths(t *testing.T) {
 		})
 	}
 	if kustomize == 0 || helm == 0 {
-		t.Fatalf("the README's Kubernetes section shows %d kubectl apply -k and %d helm install commands, want both", kustomize, helm)
+		t.Fatalf("%s's Kubernetes section shows %d kubectl apply -k and %d helm install commands, want both", doc, kustomize, helm)
 	}
 }
 
@@ -112,17 +119,18 @@ func helmInstall(t *testing.T, args []string) manifests {
 	return renderChart(t, pos[0], namespace, values)
 }
 
-// readmeCommands are the commands of the sh blocks of a README section
-// (lines joined at a trailing backslash, comments dropped).
-func readmeCommands(t *testing.T, section string) []string {
+// docCommands are the commands of the sh blocks of a section of doc, a
+// Markdown file named from the repository root (lines joined at a
+// trailing backslash, comments dropped).
+func docCommands(t *testing.T, doc, section string) []string {
 	t.Helper()
-	b, err := os.ReadFile("../README.md")
+	b, err := os.ReadFile(filepath.Join("..", doc))
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, text, ok := strings.Cut(string(b), "\n## "+section+"\n")
 	if !ok {
-		t.Fatalf("README: no %s section", section)
+		t.Fatalf("%s: no %s section", doc, section)
 	}
 	if i := strings.Index(text, "\n## "); i >= 0 {
 		text = text[:i]

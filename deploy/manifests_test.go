@@ -73,7 +73,7 @@ config:
     format: json
 `
 
-// installs are the relay's installs as the README gives them, rendered:
+// installs are the relay's installs as docs/kubernetes.md gives them, rendered:
 // kustomize's deploy/ and its admin mTLS overlay, and the chart with its
 // defaults and with other values.
 func installs(t *testing.T) []manifests {
@@ -574,7 +574,7 @@ func checkConfigMatchesContainer(t *testing.T, m manifests) {
 	if got := mountedConfig(t, m); got != c.Args[len(c.Args)-1] {
 		t.Errorf("the ConfigMap's config.yaml is mounted at %q, the relay reads %q", got, c.Args[len(c.Args)-1])
 	}
-	// README, Shutdown: shutdown_timeout for streams, then as long again.
+	// docs/operations.md, Shutdown: shutdown_timeout for streams, then as long again.
 	shutdown, err := time.ParseDuration(str(cfg, "shutdown_timeout"))
 	if err != nil {
 		t.Fatalf("shutdown_timeout: %v", err)

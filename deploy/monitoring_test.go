@@ -214,7 +214,7 @@ func TestDashboard(t *testing.T) {
 }
 
 func TestAlerts(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+	doc, err := os.ReadFile("../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,8 +229,8 @@ func TestAlerts(t *testing.T) {
 				t.Errorf("%s: alert %s twice", alertsFile, r.Alert)
 			}
 			seen[r.Alert] = true
-			if !strings.Contains(string(readme), "`"+r.Alert+"`") {
-				t.Errorf("README.md does not list alert %s", r.Alert)
+			if !strings.Contains(string(doc), "`"+r.Alert+"`") {
+				t.Errorf("docs/operations.md does not list alert %s", r.Alert)
 			}
 			if s := r.Labels["severity"]; s != "warning" && s != "critical" {
 				t.Errorf("%s: alert %s: severity %q, want warning or critical", alertsFile, r.Alert, s)

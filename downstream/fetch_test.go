@@ -74,7 +74,7 @@ func TestFetchCountsDistinctNames(t *testing.T) {
 }
 
 // A poll held because nothing changed ends when the server drains, with
-// the relay's own UNAVAILABLE status (the README's Shutdown section).
+// the relay's own UNAVAILABLE status (docs/operations.md, Shutdown).
 func TestFetchHeldPollEndsOnDrain(t *testing.T) {
 	c := cache.New(cache.Options{})
 	a, err := anypb.New(&clusterpb.Cluster{Name: "a"})

@@ -71,7 +71,7 @@ func (r *Relay) startAdmin() error {
 	r.adminLn = aln
 	loopback := isLoopback(aln.Addr())
 	if !loopback && r.adminTLS == nil {
-		r.warnings.warn(r.log, "admin.address", "Admin exposure",
+		r.warnings.warn(r.log, "admin.address", "docs/operations.md#admin-exposure",
 			"admin.address is not a loopback address and admin.tls is not set: /metrics (group keys in its labels) is served in plaintext to whoever reaches it, and the details to no one")
 	}
 	r.admin = &http.Server{Handler: r.adminHandler(loopback), ReadHeaderTimeout: 5 * time.Second,

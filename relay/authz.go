@@ -22,14 +22,14 @@ const (
 // validateAuthorization checks downstream.authorization. Secure by default:
 // with client certificates (mTLS) and the default mode, rules are required,
 // since otherwise any certificate the CA signed could claim any node and
-// read any group's resources ("Tenant isolation" in the README).
+// read any group's resources (docs/protection.md, "Tenant isolation").
 func (c *Config) validateAuthorization() error {
 	a := &c.Downstream.Authorization
 	switch a.Mode {
 	case AuthorizationRules:
 		if len(a.Rules) == 0 && c.Downstream.TLS.CAFile != "" {
 			return errors.New("downstream.authorization.rules: none, with downstream.tls.client_ca_file set: any client certificate could claim any node; " +
-				"add downstream.authorization.rules, or set downstream.authorization.mode: allow-all (README: Tenant isolation)")
+				"add downstream.authorization.rules, or set downstream.authorization.mode: allow-all (see docs/protection.md#tenant-isolation)")
 		}
 	case AuthorizationAllowAll:
 		if len(a.Rules) > 0 {
@@ -65,7 +65,7 @@ func (c *Config) authorizer() (*authz.Authorizer, error) {
 // warnAllowAll warns about downstream.authorization.mode: allow-all.
 func (r *Relay) warnAllowAll() {
 	if r.cfg.Downstream.Authorization.Mode == AuthorizationAllowAll {
-		r.warnings.warn(r.log, "downstream.authorization.mode", "Tenant isolation",
+		r.warnings.warn(r.log, "downstream.authorization.mode", "docs/protection.md#tenant-isolation",
 			"downstream.authorization.mode is allow-all: any client may claim any node, and so join any group and read its resources")
 	}
 }

@@ -11,8 +11,8 @@ import (
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
-// The mass-removal guard's side in the relay ("Protecting the fleet" in the
-// README): the caches hold the removals (cache.Guard); the relay logs and
+// The mass-removal guard's side in the relay (docs/protection.md, "Mass-removal
+// guard"): the caches hold the removals (cache.Guard); the relay logs and
 // counts each hold, shows it on /readyz and /debug/groups, and releases it
 // on an operator's word (POST /debug/guard/release).
 

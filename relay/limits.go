@@ -27,8 +27,8 @@ func downstreamLimits(cfg Config) downstream.Limits {
 // reconnect and spread over the replicas (a new replica gets its share),
 // a forced close after the grace for streams still open, and GOAWAY to a
 // connection without streams after the idle bound. gRPC reads 0 as never,
-// which is what 0 means for each key. The ±10% jitter on the age that the
-// README promises is gRPC's own: grpc-go (v1.85.0,
+// which is what 0 means for each key. The ±10% jitter on the age that
+// docs/configuration.md promises is gRPC's own: grpc-go (v1.85.0,
 // internal/transport/http2_server.go, newHTTP2Server) adds getJitter(age),
 // uniform in ±10%, to MaxConnectionAge per connection, so connections made
 // together do not all end together.

@@ -190,7 +190,7 @@ func endLoads(g *group) {
 // locality field: the control plane sees their load as the group node's.
 func (r *Relay) warnMixedZones(key string, a, b *corepb.Locality) {
 	r.loads.zones.Do(func() {
-		r.warnings.warn(r.log, "upstream.group_by", "Load reports", fmt.Sprintf(
+		r.warnings.warn(r.log, "upstream.group_by", "docs/load-reports.md", fmt.Sprintf(
 			"clients of group %q report load from different zones (%s and %s) and upstream.group_by has no locality.* field: the control plane sees their load summed under one node, from one place",
 			xds.Clip(key), zoneName(a), zoneName(b)))
 	})

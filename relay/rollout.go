@@ -12,8 +12,8 @@ import (
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
-// The canary rollout's side in the relay ("Protecting the fleet" in the
-// README): the caches gate the changes (cache.Rollout) and the streams
+// The canary rollout's side in the relay (docs/protection.md, "NACK-gated
+// canary rollout"): the caches gate the changes (cache.Rollout) and the streams
 // pass their verdicts on; the relay logs and counts each step, shows what
 // waits on /debug/groups and what a canary held on /readyz, and releases a
 // held change on an operator's word (POST /debug/rollout/release).

@@ -99,6 +99,7 @@ func TestShutdownEndsPendingStreamWithItsMessage(t *testing.T) {
 	cfg := Default()
 	cfg.Upstream.Address = cp.Addr
 	cfg.Downstream.Address = "127.0.0.1:0"
+	cfg.Admin.Address = "127.0.0.1:0"
 	r, err := New(cfg, testLogger())
 	if err != nil {
 		t.Fatal(err)

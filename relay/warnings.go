@@ -10,8 +10,8 @@ import (
 
 // configWarnings are the configuration choices the relay runs with but
 // warns about (allow-all authorization, an open admin endpoint): each is
-// logged at warn at startup naming its key and the README section that
-// explains it, set to 1 in xdsrelay_config_warnings{key}, and listed on the
+// logged at warn at startup naming its key and the document (and section)
+// that explains it, set to 1 in xdsrelay_config_warnings{key}, and listed on the
 // private /readyz.
 type configWarnings struct {
 	// Read-only after newConfigWarnings.
@@ -26,13 +26,14 @@ func newConfigWarnings(m *metrics.Registry) *configWarnings {
 		"Configuration choices warned about at startup, by configuration key: 1 each (the log and the private /readyz say why).", "key")}
 }
 
-// warn logs why at warn, naming key and the README section, and counts it.
-func (w *configWarnings) warn(log *slog.Logger, key, section, why string) {
-	log.Warn(why, "key", key, "readme", section)
+// warn logs why at warn, naming key and doc, the document that explains it
+// (docs/operations.md#admin-exposure), and counts it.
+func (w *configWarnings) warn(log *slog.Logger, key, doc, why string) {
+	log.Warn(why, "key", key, "doc", doc)
 	w.gauge.With(key).Set(1)
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.lines = append(w.lines, fmt.Sprintf("warning: %s (README: %s)", why, section))
+	w.lines = append(w.lines, fmt.Sprintf("warning: %s (see %s)", why, doc))
 }
 
 // detail is the warnings as the private /readyz shows them.

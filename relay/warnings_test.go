@@ -5,19 +5,22 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"unicode"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
 
-// wantWarning fails the test unless the relay warned about key, naming the
-// README section: one log line at warn, the gauge at 1, and a line in the
-// /readyz details.
-func wantWarning(t *testing.T, r *Relay, log *logBuffer, key, section string) {
+// wantWarning fails the test unless the relay warned about key, naming doc,
+// a document of the repository and a heading in it: one log line at warn,
+// the gauge at 1, and a line in the /readyz details.
+func wantWarning(t *testing.T, r *Relay, log *logBuffer, key, doc string) {
 	t.Helper()
 	var warned []map[string]any
 	for _, line := range strings.Split(strings.TrimSpace(log.String()), "\n") {
@@ -29,16 +32,20 @@ func wantWarning(t *testing.T, r *Relay, log *logBuffer, key, section string) {
 			warned = append(warned, l)
 		}
 	}
-	if len(warned) != 1 || warned[0]["level"] != "WARN" || warned[0]["readme"] != section ||
+	if len(warned) != 1 || warned[0]["level"] != "WARN" || warned[0]["doc"] != doc ||
 		!strings.HasPrefix(warned[0]["msg"].(string), key+" ") {
-		t.Errorf("logged %v, want one warning naming %s and README %q", warned, key, section)
+		t.Errorf("logged %v, want one warning naming %s and %q", warned, key, doc)
+	}
+	file, anchor, _ := strings.Cut(doc, "#")
+	if b, err := os.ReadFile(filepath.Join("..", file)); err != nil || !hasHeading(string(b), anchor) {
+		t.Errorf("the warning names %s: no such document and heading (%v)", doc, err)
 	}
 	if m := `xdsrelay_config_warnings{key="` + key + `"} 1`; !strings.Contains(getMetrics(t, r), m+"\n") {
 		t.Errorf("/metrics has no %s", m)
 	}
 	var detail bytes.Buffer
 	r.readyDetail(&detail)
-	if want := "(README: " + section + ")"; !slices.ContainsFunc(strings.Split(detail.String(), "\n"), func(l string) bool {
+	if want := "(see " + doc + ")"; !slices.ContainsFunc(strings.Split(detail.String(), "\n"), func(l string) bool {
 		return strings.HasPrefix(l, "warning: "+key+" ") && strings.HasSuffix(l, want)
 	}) {
 		t.Errorf("/readyz details %q: no warning about %s", detail.String(), key)
@@ -63,7 +70,7 @@ func TestAllowAllIsWarnedAbout(t *testing.T) {
 	if got := deltaNames(s.recv()); !slices.Equal(got, []string{"b-secret"}) {
 		t.Fatalf("tenant-a's certificate claiming tenant-b under allow-all: %v", got)
 	}
-	wantWarning(t, r, log, "downstream.authorization.mode", "Tenant isolation")
+	wantWarning(t, r, log, "downstream.authorization.mode", "docs/protection.md#tenant-isolation")
 	code, body := get(t, http.DefaultClient, "http://"+r.AdminAddr()+"/readyz") // loopback: private
 	if code != http.StatusOK || !strings.Contains(body, "warning: downstream.authorization.mode is allow-all") {
 		t.Errorf("private /readyz: %d %q", code, body)
@@ -80,7 +87,7 @@ func TestOpenAdminIsWarnedAbout(t *testing.T) {
 	t.Run("plaintext", func(t *testing.T) {
 		log := &logBuffer{}
 		r := startRelayLogged(t, testcp.Start(t).Addr, slog.New(slog.NewJSONHandler(log, nil)), public)
-		wantWarning(t, r, log, "admin.address", "Admin exposure")
+		wantWarning(t, r, log, "admin.address", "docs/operations.md#admin-exposure")
 		code, body := get(t, http.DefaultClient, "http://"+r.AdminAddr()+"/readyz")
 		if code != http.StatusOK || strings.Contains(body, "warning") {
 			t.Errorf("public /readyz: %d %q, want the general answer", code, body)
@@ -97,4 +104,29 @@ func TestOpenAdminIsWarnedAbout(t *testing.T) {
 			t.Errorf("warned with admin.tls: %q", detail.String())
 		}
 	})
+}
+
+// hasHeading reports whether Markdown text has a heading whose anchor, as
+// GitHub makes it (lower case, punctuation dropped, spaces made hyphens), is
+// anchor; an empty anchor is the document itself.
+func hasHeading(text, anchor string) bool {
+	if anchor == "" {
+		return true
+	}
+	for _, l := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(l, "#") {
+			continue
+		}
+		h := strings.ToLower(strings.TrimSpace(strings.TrimLeft(l, "#")))
+		h = strings.ReplaceAll(strings.Map(func(r rune) rune {
+			if r == ' ' || r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r) {
+				return r
+			}
+			return -1
+		}, h), " ", "-")
+		if h == anchor {
+			return true
+		}
+	}
+	return false
 }

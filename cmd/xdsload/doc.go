@@ -136,7 +136,7 @@
 // fan-out p50 is a few milliseconds on loopback and moves by more than 10%
 // from one interval to the next on a busy machine: gate it on a quiet one.
 // In CI (.ci/run) a 20s soak gates goroutines, fds and the heap; see
-// README.md for why not RSS.
+// docs/protocol.md for why not RSS.
 //
 // With --lrs it measures load reports (LRS) instead of xDS: every client
 // opens one LoadReportingService stream (on its connection, or

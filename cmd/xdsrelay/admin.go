@@ -19,7 +19,7 @@ import (
 // release) reach the relay's admin endpoint: plain HTTP on a loopback
 // address, or HTTPS with a client certificate that admin.tls.client_ca_file
 // verifies, for instance through kubectl port-forward to a pod that serves
-// admin.tls (README: Admin access in a cluster).
+// admin.tls (docs/kubernetes.md: Admin access in a cluster).
 type adminFlags struct {
 	server  string
 	files   creds.TLS

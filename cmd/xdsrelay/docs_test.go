@@ -5,6 +5,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/spf13/cobra"
 )
 
 // config.example.yaml names every key (set, or shown in a comment) and sets
@@ -28,29 +30,30 @@ func TestExampleConfigNamesEveryKey(t *testing.T) {
 	}
 }
 
-// The README's configuration table has a row for every key, with the key's
-// default, and no row for a key the relay lacks.
-func TestREADMEDocumentsEveryKey(t *testing.T) {
-	text, err := os.ReadFile("../../README.md")
+// docs/configuration.md has a row for every key, with the key's default as
+// the relay has it, and no row for a key the relay lacks. (The file is
+// written from the key table; this holds what it says to the relay itself.)
+func TestConfigurationDocDocumentsEveryKey(t *testing.T) {
+	text, err := os.ReadFile("../../docs/configuration.md")
 	if err != nil {
 		t.Fatal(err)
 	}
 	def := defaultOptions()
 	known := settingsByKey(&def)
-	rows := readmeKeys(t, string(text))
+	rows := documentedKeys(t, string(text))
 	for key, s := range known {
 		got, ok := rows[key]
 		if !ok {
-			t.Errorf("README: no row for %s", key)
+			t.Errorf("docs/configuration.md: no row for %s", key)
 			continue
 		}
 		if want := formatValue(s); got != want {
-			t.Errorf("README: %s defaults to %q, the relay to %q", key, got, want)
+			t.Errorf("docs/configuration.md: %s defaults to %q, the relay to %q", key, got, want)
 		}
 	}
 	for key := range rows {
 		if _, ok := known[key]; !ok {
-			t.Errorf("README: a row for %s, which is not a key", key)
+			t.Errorf("docs/configuration.md: a row for %s, which is not a key", key)
 		}
 	}
 }
@@ -104,32 +107,73 @@ func underKey(key string, known map[string]setting) bool {
 	return false
 }
 
-var (
-	readmeRow  = regexp.MustCompile("^\\| *(`[^|]*) *\\| *([^|]*?) *\\|")
-	backquoted = regexp.MustCompile("`([^`]*)`")
-)
+var keyRow = regexp.MustCompile("^\\| *`([a-z_.]+)` *\\| *[^|]*?\\| *([^|]*?) *\\|")
 
-// readmeKeys returns the keys in the README's configuration table, with the
-// default each row gives ("empty" or the value without backquotes).
-func readmeKeys(t *testing.T, text string) map[string]string {
-	_, section, ok := strings.Cut(text, "\n## Configuration\n")
-	if !ok {
-		t.Fatal("README: no Configuration section")
-	}
-	section, _, _ = strings.Cut(section, "\n#")
+// documentedKeys returns the keys in docs/configuration.md's tables of the
+// relay's keys (an upstreams entry's keys aside), with the default each row
+// gives ("empty" or the value without backquotes).
+func documentedKeys(t *testing.T, text string) map[string]string {
+	text, _, _ = strings.Cut(text, "\n## Keys of an `upstreams` entry")
 	rows := map[string]string{}
-	for _, line := range strings.Split(section, "\n") {
-		m := readmeRow.FindStringSubmatch(line)
-		if m == nil {
-			continue
-		}
-		def := strings.Trim(m[2], "`")
-		for _, k := range backquoted.FindAllStringSubmatch(m[1], -1) {
-			rows[k[1]] = def
+	for _, line := range strings.Split(text, "\n") {
+		if m := keyRow.FindStringSubmatch(line); m != nil {
+			rows[m[1]] = strings.Trim(m[2], "`")
 		}
 	}
 	if len(rows) == 0 {
-		t.Fatal("README: no configuration table")
+		t.Fatal("docs/configuration.md: no table of keys")
 	}
 	return rows
+}
+
+// docs/cli.md's synopsis names every command the binary has, and no other;
+// and its table has a row for each.
+func TestCLIDocNamesEveryCommand(t *testing.T) {
+	text, err := os.ReadFile("../../docs/cli.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, synopsis, _ := strings.Cut(string(text), "## Command line\n\n```sh\n")
+	synopsis, _, _ = strings.Cut(synopsis, "```")
+	documented := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(synopsis), "\n") {
+		var path []string
+		for _, w := range strings.Fields(line)[1:] {
+			if strings.ContainsAny(w, "[-") || strings.ToUpper(w) == w {
+				break
+			}
+			path = append(path, w)
+		}
+		documented[strings.Join(path, " ")] = true
+	}
+	var walk func(c *cobra.Command, prefix string)
+	have := map[string]bool{"": true} // xdsrelay [serve]: the root runs the relay
+	walk = func(c *cobra.Command, prefix string) {
+		for _, sub := range c.Commands() {
+			if sub.Hidden || sub.Name() == "help" || sub.Name() == "completion" {
+				continue
+			}
+			name := strings.TrimSpace(prefix + " " + sub.Name())
+			if sub.HasSubCommands() {
+				walk(sub, name)
+				continue
+			}
+			have[name] = true
+		}
+	}
+	walk(newRootCmd(nil), "")
+	delete(have, "serve") // shown as xdsrelay [serve]
+	for name := range have {
+		if !documented[name] {
+			t.Errorf("docs/cli.md: no synopsis for xdsrelay %s", name)
+		}
+		if name != "" && !strings.Contains(string(text), "| `"+name) {
+			t.Errorf("docs/cli.md: no row for %s", name)
+		}
+	}
+	for name := range documented {
+		if !have[name] {
+			t.Errorf("docs/cli.md: xdsrelay %s, which is not a command", name)
+		}
+	}
 }

@@ -8,11 +8,11 @@ import (
 	"time"
 )
 
-// The README's lrs block is configuration the relay takes, with the
+// docs/load-reports.md's lrs block is configuration the relay takes, with the
 // defaults it names.
-func TestReadmeLoadReportsConfig(t *testing.T) {
+func TestDocLoadReportsConfig(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "lrs.yaml")
-	if err := os.WriteFile(file, []byte(readmeBlock(t, "yaml", "max_pending:")), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte(docBlock(t, "docs/load-reports.md", "yaml", "max_pending:")), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	o, _, err := loadConfig(file, nil)
@@ -21,7 +21,7 @@ func TestReadmeLoadReportsConfig(t *testing.T) {
 	}
 	def := defaultOptions()
 	if o.Relay.LRS != def.Relay.LRS || o.Relay.LRS.Interval != 10*time.Second || o.Relay.LRS.MaxPending != 1000 {
-		t.Errorf("the README's lrs block: %+v; the defaults: %+v", o.Relay.LRS, def.Relay.LRS)
+		t.Errorf("docs/load-reports.md's lrs block: %+v; the defaults: %+v", o.Relay.LRS, def.Relay.LRS)
 	}
 	for _, bad := range []string{"lrs:\n  interval: 0s\n", "lrs:\n  max_pending: 0\n"} {
 		if err := os.WriteFile(file, []byte(bad), 0o600); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -28,11 +29,12 @@ import (
 // repo is the repository root (tests start in this package's directory).
 var repo, _ = filepath.Abs(filepath.Join("..", ".."))
 
-// readmeBlock returns the first fenced block of README.md in lang that
-// contains marker.
-func readmeBlock(t *testing.T, lang, marker string) string {
+// docBlock returns the first fenced block in lang that contains marker of
+// doc, a Markdown file named from the repository root (README.md,
+// docs/clients.md).
+func docBlock(t *testing.T, doc, lang, marker string) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(repo, "README.md"))
+	b, err := os.ReadFile(filepath.Join(repo, doc))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +45,7 @@ func readmeBlock(t *testing.T, lang, marker string) string {
 			return code
 		}
 	}
-	t.Fatalf("README.md has no %s block with %q", lang, marker)
+	t.Fatalf("%s has no %s block with %q", doc, lang, marker)
 	return ""
 }
 
@@ -74,6 +76,13 @@ func replaceOnce(t *testing.T, s, old, new string) string {
 // the listening addresses differ: 127.0.0.1:0.
 func bootReadme(t *testing.T, rewrite func(name, content string) string) *relay.Relay {
 	t.Helper()
+	return bootReadmeEnv(t, nil, rewrite)
+}
+
+// bootReadmeEnv is bootReadme with more of the environment set (the
+// listening addresses still 127.0.0.1:0).
+func bootReadmeEnv(t *testing.T, env map[string]string, rewrite func(name, content string) string) *relay.Relay {
+	t.Helper()
 	root := t.TempDir()
 	res := filepath.Join(root, "examples", "resources")
 	if err := os.MkdirAll(res, 0o700); err != nil {
@@ -90,14 +99,21 @@ func bootReadme(t *testing.T, rewrite func(name, content string) string) *relay.
 	copyFile(t, filepath.Join(repo, "config.example.yaml"), filepath.Join(root, "config.example.yaml"),
 		func(s string) string { return s })
 	t.Chdir(root)
-	return bootConfig(t, "config.example.yaml")
+	return bootConfigEnv(t, "config.example.yaml", env)
 }
 
 // bootConfig starts the relay as `xdsrelay --config file` does, listening
 // on 127.0.0.1:0, until the test ends.
 func bootConfig(t *testing.T, file string) *relay.Relay {
 	t.Helper()
+	return bootConfigEnv(t, file, nil)
+}
+
+// bootConfigEnv is bootConfig with more of the environment set.
+func bootConfigEnv(t *testing.T, file string, more map[string]string) *relay.Relay {
+	t.Helper()
 	env := map[string]string{"XDSRELAY_DOWNSTREAM_ADDRESS": "127.0.0.1:0", "XDSRELAY_ADMIN_ADDRESS": "127.0.0.1:0"}
+	maps.Copy(env, more)
 	opts, _, err := loadConfig(file, environ(env))
 	if err != nil {
 		t.Fatal(err)
@@ -158,17 +174,17 @@ func moveGreeter(t *testing.T, port int) func(name, content string) string {
 	}
 }
 
-// The README's gRPC example works: the relay booted from
-// config.example.yaml, a real gRPC client with the README's bootstrap (only
+// docs/clients.md's gRPC bootstrap works: the relay booted from
+// config.example.yaml, a real gRPC client with that bootstrap (only
 // server_uri moved to the relay) dials xds:///greeter, gets greeter.yaml's
 // listener, route, cluster and endpoints, and its RPC reaches the backend.
-func TestReadmeGRPCClient(t *testing.T) {
+func TestDocGRPCBootstrap(t *testing.T) {
 	port := startGreeter(t)
 	r := bootReadme(t, moveGreeter(t, port))
 
 	var bootstrap map[string]any
-	if err := json.Unmarshal([]byte(readmeBlock(t, "json", `"xds_servers"`)), &bootstrap); err != nil {
-		t.Fatalf("the README's bootstrap: %v", err)
+	if err := json.Unmarshal([]byte(docBlock(t, "docs/clients.md", "json", `"xds_servers"`)), &bootstrap); err != nil {
+		t.Fatalf("docs/clients.md's bootstrap: %v", err)
 	}
 	bootstrap["xds_servers"].([]any)[0].(map[string]any)["server_uri"] = r.Addr()
 	b, err := json.Marshal(bootstrap)
@@ -195,17 +211,17 @@ func TestReadmeGRPCClient(t *testing.T) {
 	}
 }
 
-// Every example resource, and the resources the README shows, decode
+// Every example resource, and the resources docs/control-planes.md shows, decode
 // strictly (no unknown field) and pass their protos' validation rules,
 // nested typed_configs included: the checks Envoy makes on receipt, made by
 // the loader the relay itself uses.
 func TestExampleResourcesAreValid(t *testing.T) {
 	dirs := map[string]string{"examples/resources": filepath.Join(repo, "examples", "resources")}
-	readme := t.TempDir()
-	if err := os.WriteFile(filepath.Join(readme, "readme.yaml"), []byte(readmeBlock(t, "yaml", `"@type"`)), 0o600); err != nil {
+	shown := t.TempDir()
+	if err := os.WriteFile(filepath.Join(shown, "shown.yaml"), []byte(docBlock(t, "docs/control-planes.md", "yaml", `"@type"`)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	dirs["README.md"] = readme
+	dirs["docs/control-planes.md"] = shown
 	for name, dir := range dirs {
 		f, err := upstream.NewFile(dir, nil, nil)
 		if err != nil {
@@ -217,15 +233,15 @@ func TestExampleResourcesAreValid(t *testing.T) {
 	}
 }
 
-// The README's Envoy example works: Envoy, with the README's bootstrap (only
+// docs/clients.md's Envoy example works: Envoy, with its bootstrap (only
 // the relay's port moved), takes envoy.yaml's listener and greeter.yaml's
 // route, cluster and endpoints from the relay booted from
 // config.example.yaml, and carries HTTP traffic to the backend. Runs when
 // ENVOY_BIN names an Envoy binary.
-func TestReadmeEnvoy(t *testing.T) {
+func TestDocEnvoyBootstrap(t *testing.T) {
 	bin := os.Getenv("ENVOY_BIN")
 	if bin == "" {
-		t.Skip("ENVOY_BIN is not set: no Envoy binary to run the README's Envoy example")
+		t.Skip("ENVOY_BIN is not set: no Envoy binary to run docs/clients.md's Envoy example")
 	}
 	backend := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		io.WriteString(w, "hello from the greeter")
@@ -244,7 +260,7 @@ func TestReadmeEnvoy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	boot := replaceOnce(t, readmeBlock(t, "yaml", "dynamic_resources"), "port_value: 18001", "port_value: "+relayPort)
+	boot := replaceOnce(t, docBlock(t, "docs/clients.md", "yaml", "dynamic_resources"), "port_value: 18001", "port_value: "+relayPort)
 	bootFile := filepath.Join(t.TempDir(), "envoy.yaml")
 	if err := os.WriteFile(bootFile, []byte(boot), 0o600); err != nil {
 		t.Fatal(err)

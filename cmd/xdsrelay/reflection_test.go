@@ -32,31 +32,10 @@ type grpcurlCall struct {
 	addr, method string
 }
 
-// parseGrpcurl reads a grpcurl command as a shell would: lines joined at a
-// trailing backslash, words split on spaces, single quotes kept whole.
+// parseGrpcurl reads a grpcurl command as a shell would (shellWords).
 func parseGrpcurl(t *testing.T, cmd string) grpcurlCall {
 	t.Helper()
-	cmd = strings.ReplaceAll(cmd, "\\\n", " ")
-	var words []string
-	for len(cmd) > 0 {
-		cmd = strings.TrimLeft(cmd, " \t\n")
-		if cmd == "" {
-			break
-		}
-		if cmd[0] == '\'' {
-			end := strings.IndexByte(cmd[1:], '\'')
-			if end < 0 {
-				t.Fatalf("unterminated quote in %q", cmd)
-			}
-			words, cmd = append(words, cmd[1:end+1]), cmd[end+2:]
-			continue
-		}
-		end := strings.IndexAny(cmd, " \t\n")
-		if end < 0 {
-			end = len(cmd)
-		}
-		words, cmd = append(words, cmd[:end]), cmd[end:]
-	}
+	words := shellWords(t, cmd)
 	if len(words) == 0 || words[0] != "grpcurl" {
 		t.Fatalf("not a grpcurl command: %q", words)
 	}
@@ -128,7 +107,7 @@ func reflectFiles(ctx context.Context, cc *grpc.ClientConn, symbol string) (*pro
 // service only from the relay's gRPC reflection gets the status of the
 // clients it asks for.
 func TestReadmeGrpcurlCSDS(t *testing.T) {
-	call := parseGrpcurl(t, readmeBlock(t, "sh", "ClientStatusDiscoveryService/FetchClientStatus"))
+	call := parseGrpcurl(t, docBlock(t, "README.md", "sh", "ClientStatusDiscoveryService/FetchClientStatus"))
 	r := bootReadme(t, func(_, content string) string { return content })
 	opts, _, err := loadConfig(repo+"/config.example.yaml", nil)
 	if err != nil {

@@ -25,7 +25,7 @@ type setting struct {
 
 // settings is every configuration key, declared once. Loading, defaults, type
 // checking, the environment names, unknown-key detection and --help all read
-// it; the tests hold config.example.yaml and the README to it. The fields
+// it; the tests hold config.example.yaml and docs/configuration.md to it. The fields
 // point into o.
 func settings(o *Options) []setting {
 	d, c, l := &o.Relay.Downstream, &o.Relay.Cache, &o.Relay.Limits

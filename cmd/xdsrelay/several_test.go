@@ -20,18 +20,18 @@ import (
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
 
-// The README's "Several control planes" YAML, with its four servers moved
+// docs/control-planes.md's "Several control planes" YAML, with its four servers moved
 // to real control planes, boots a relay whose ADS client gets clusters from
 // the default, secrets from the secrets server and an xdstp cluster from the
 // partner; none of them is asked for another's names.
-func TestReadmeSeveralControlPlanes(t *testing.T) {
+func TestDocSeveralControlPlanes(t *testing.T) {
 	cpA, cpB, secrets, partner := testcp.Start(t), testcp.Start(t), testcp.Start(t), testcp.Start(t)
 	const xdstpCluster = "xdstp://partner.example.com/envoy.config.cluster.v3.Cluster/pay"
 	cpA.Set(t, "c1", "1", testcp.Cluster("web"), &tlspb.Secret{Name: "cert"}) // a decoy secret
 	secrets.Set(t, "c1", "1", &tlspb.Secret{Name: "cert", Type: &tlspb.Secret_GenericSecret{}})
 	partner.Set(t, "c1", "1", testcp.Cluster(xdstpCluster))
 
-	yaml := readmeBlock(t, "yaml", "upstreams:")
+	yaml := docBlock(t, "docs/control-planes.md", "yaml", "upstreams:")
 	yaml = replaceOnce(t, yaml, "cp-a:18000", cpA.Addr)
 	yaml = replaceOnce(t, yaml, "cp-b:18000", cpB.Addr)
 	yaml = replaceOnce(t, yaml, "secrets:18000", secrets.Addr)

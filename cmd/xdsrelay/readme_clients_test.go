@@ -1,0 +1,318 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+)
+
+// shellWords reads one command as a shell would: lines joined at a
+// trailing backslash, words split on blanks, single quotes kept whole.
+func shellWords(t *testing.T, cmd string) []string {
+	t.Helper()
+	cmd = strings.ReplaceAll(cmd, "\\\n", " ")
+	var words []string
+	for len(cmd) > 0 {
+		cmd = strings.TrimLeft(cmd, " \t\n")
+		if cmd == "" {
+			break
+		}
+		if cmd[0] == '\'' {
+			end := strings.IndexByte(cmd[1:], '\'')
+			if end < 0 {
+				t.Fatalf("unterminated quote in %q", cmd)
+			}
+			words, cmd = append(words, cmd[1:end+1]), cmd[end+2:]
+			continue
+		}
+		end := strings.IndexAny(cmd, " \t\n")
+		if end < 0 {
+			end = len(cmd)
+		}
+		words, cmd = append(words, cmd[:end]), cmd[end:]
+	}
+	return words
+}
+
+// shellCommand is one command of a shell block: its environment
+// assignments, its words, and whether it runs in the background (&).
+type shellCommand struct {
+	env        map[string]string
+	words      []string
+	background bool
+}
+
+// shellCommands returns the commands of a shell block, one a line after
+// the lines are joined at a trailing backslash.
+func shellCommands(t *testing.T, block string) []shellCommand {
+	t.Helper()
+	var out []shellCommand
+	for _, line := range strings.Split(strings.ReplaceAll(block, "\\\n", " "), "\n") {
+		words := shellWords(t, line)
+		if len(words) == 0 || strings.HasPrefix(words[0], "#") {
+			continue
+		}
+		c := shellCommand{env: map[string]string{}}
+		if words[len(words)-1] == "&" {
+			c.background, words = true, words[:len(words)-1]
+		}
+		for len(words) > 0 && envAssignment.MatchString(words[0]) {
+			k, v, _ := strings.Cut(words[0], "=")
+			c.env[k], words = v, words[1:]
+		}
+		c.words = words
+		out = append(out, c)
+	}
+	return out
+}
+
+var envAssignment = regexp.MustCompile(`^[A-Z_][A-Z0-9_]*=`)
+
+// relayArgs returns the arguments of a `go run ./cmd/xdsrelay ...` command,
+// with the quick start's xDS address moved to addr.
+func relayArgs(t *testing.T, c shellCommand, addr string) []string {
+	t.Helper()
+	if len(c.words) < 3 || strings.Join(c.words[:3], " ") != "go run ./cmd/xdsrelay" {
+		t.Fatalf("not a go run ./cmd/xdsrelay command: %q", c.words)
+	}
+	args := slices.Clone(c.words[3:])
+	for i, a := range args {
+		if a == "localhost:18001" {
+			args[i] = addr
+		}
+	}
+	return args
+}
+
+// The README's first client, `xdsrelay watch`, run as written against the
+// relay of the quick start (only its port moved), prints the lines the
+// README shows it printing; and `xdsrelay status`, run while it watches,
+// prints the header and the row the README shows, but for the version.
+func TestReadmeWatchAndStatus(t *testing.T) {
+	r := bootReadme(t, func(_, content string) string { return content })
+
+	watch := shellCommands(t, docBlock(t, "README.md", "sh", " watch "))
+	if len(watch) != 1 {
+		t.Fatalf("the README's watch block: %d commands", len(watch))
+	}
+	out := &syncBuffer{}
+	stop := runAsync(t, out, relayArgs(t, watch[0], r.Addr())...)
+	shown := docBlock(t, "README.md", "text", "name: greeter-cluster")
+	for _, line := range strings.Split(shown, "\n") {
+		if line = strings.TrimSpace(line); line == "" || strings.HasPrefix(line, "versionInfo:") {
+			continue // the version is the resource files'
+		}
+		waitForOutput(t, out, "(?m)^ *"+regexp.QuoteMeta(line)+"$")
+	}
+
+	status := shellCommands(t, docBlock(t, "README.md", "sh", " status "))
+	if len(status) != 1 {
+		t.Fatalf("the README's status block: %d commands", len(status))
+	}
+	want := strings.Split(strings.TrimSpace(docBlock(t, "README.md", "text", "DOES_NOT_EXIST")), "\n")
+	deadline := time.Now().Add(cliWait)
+	for {
+		code, got, errOut := runCLI(relayArgs(t, status[0], r.Addr())...)
+		lines := strings.Split(strings.TrimSpace(got), "\n")
+		if code == 0 && len(lines) == len(want) && lines[0] == want[0] && sameRowButVersion(lines[1], want[1]) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("xdsrelay status: exit %d, %q %q; the README shows %q", code, got, errOut, want)
+		}
+		time.Sleep(20 * time.Millisecond) // the watch's ACK may still be on its way
+	}
+	if c := stop(); c != 0 {
+		t.Fatalf("watch: exit %d, want 0", c)
+	}
+}
+
+// sameRowButVersion reports whether two rows of `xdsrelay status` agree in
+// every column but the fourth, the version.
+func sameRowButVersion(a, b string) bool {
+	fa, fb := strings.Fields(a), strings.Fields(b)
+	if len(fa) != len(fb) || len(fa) < 4 {
+		return false
+	}
+	fa[3], fb[3] = "", ""
+	return slices.Equal(fa, fb)
+}
+
+// The README's gRPC example works as written: the relay of the quick start,
+// `go run ./examples/greeter/server` (listening on a free port, where a
+// copy of greeter.yaml then points), and the client with the
+// GRPC_XDS_BOOTSTRAP the README sets (its server_uri moved to the relay's
+// port) dialing xds:///greeter through gRPC's own xDS resolver: it prints
+// what the README shows.
+func TestReadmeGreeterExample(t *testing.T) {
+	cmds := shellCommands(t, docBlock(t, "README.md", "sh", "examples/greeter/client"))
+	if len(cmds) != 2 || !cmds[0].background || cmds[1].background {
+		t.Fatalf("the README's gRPC example: want the server in the background, then the client: %+v", cmds)
+	}
+	var pkgs []string
+	for _, c := range cmds {
+		if len(c.words) < 3 || c.words[0] != "go" || c.words[1] != "run" {
+			t.Fatalf("not a go run command: %q", c.words)
+		}
+		pkgs = append(pkgs, c.words[2])
+	}
+	bin := buildExamples(t, pkgs...)
+	port := freePort(t)
+	r := bootReadme(t, moveGreeter(t, port))
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var serverOut bytes.Buffer
+	serverArgs := append(slices.Clone(cmds[0].words[3:]), "-addr", fmt.Sprintf("127.0.0.1:%d", port))
+	server := exec.CommandContext(ctx, filepath.Join(bin, filepath.Base(pkgs[0])), serverArgs...)
+	server.Stdout, server.Stderr = &serverOut, &serverOut
+	if err := server.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		server.Process.Kill()
+		server.Wait()
+	}()
+
+	bootstrapFile := cmds[1].env["GRPC_XDS_BOOTSTRAP"]
+	if bootstrapFile == "" {
+		t.Fatal("the README's client runs without GRPC_XDS_BOOTSTRAP")
+	}
+	var bootstrap map[string]any
+	b, err := os.ReadFile(filepath.Join(repo, bootstrapFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &bootstrap); err != nil {
+		t.Fatalf("%s: %v", bootstrapFile, err)
+	}
+	servers := bootstrap["xds_servers"].([]any)
+	if got := servers[0].(map[string]any)["server_uri"]; got != "localhost:18001" {
+		t.Fatalf("%s names %v, not the relay of the quick start (localhost:18001)", bootstrapFile, got)
+	}
+	servers[0].(map[string]any)["server_uri"] = r.Addr()
+	if b, err = json.Marshal(bootstrap); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "bootstrap.json")
+	if err := os.WriteFile(file, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	client := exec.CommandContext(ctx, filepath.Join(bin, filepath.Base(pkgs[1])), cmds[1].words[3:]...)
+	client.Env = append(os.Environ(), "GRPC_XDS_BOOTSTRAP="+file)
+	out, err := client.CombinedOutput()
+	if err != nil {
+		t.Fatalf("client: %v\n%s\nserver:\n%s", err, out, serverOut.String())
+	}
+	want := strings.TrimSpace(docBlock(t, "README.md", "text", "xds:///greeter answered by"))
+	if !strings.Contains(string(out), want) {
+		t.Fatalf("client printed %q, the README shows %q", out, want)
+	}
+}
+
+// The README's REST-JSON example works as written: the relay started with
+// the environment the README sets (the REST address moved to a free
+// port), and its curl command, run with curl when there is one (else the
+// same request made here: the method, headers and body curl would send),
+// answers the cluster the README shows.
+func TestReadmeCurl(t *testing.T) {
+	cmds := shellCommands(t, docBlock(t, "README.md", "sh", "curl "))
+	if len(cmds) != 2 || cmds[1].words[0] != "curl" {
+		t.Fatalf("the README's REST example: want the relay, then curl: %+v", cmds)
+	}
+	if got := relayArgs(t, cmds[0], ""); !slices.Equal(got, []string{"--config", "config.example.yaml"}) {
+		t.Fatalf("the README's relay: %q, want the quick start's", got)
+	}
+	restAddr := cmds[0].env["XDSRELAY_DOWNSTREAM_REST_ADDRESS"]
+	if restAddr == "" || len(cmds[0].env) != 1 {
+		t.Fatalf("the README's relay sets %v, want XDSRELAY_DOWNSTREAM_REST_ADDRESS", cmds[0].env)
+	}
+	r := bootReadmeEnv(t, map[string]string{"XDSRELAY_DOWNSTREAM_REST_ADDRESS": "127.0.0.1:0"}, func(_, content string) string { return content })
+
+	args := slices.Clone(cmds[1].words[1:])
+	for i, a := range args {
+		args[i] = strings.Replace(a, "http://"+restAddr+"/", "http://"+r.RESTAddr()+"/", 1)
+	}
+	var body []byte
+	if curl, err := exec.LookPath("curl"); err == nil {
+		out, err := exec.Command(curl, args...).Output()
+		if err != nil {
+			t.Fatalf("curl %q: %v", args, err)
+		}
+		body = out
+	} else {
+		body = curlRequest(t, args)
+	}
+	var resp discoverypb.DiscoveryResponse
+	if err := protojson.Unmarshal(body, &resp); err != nil {
+		t.Fatalf("the answer is not a DiscoveryResponse: %v\n%s", err, body)
+	}
+	shown := docBlock(t, "README.md", "text", `"versionInfo"`)
+	for _, part := range []string{`"@type":"` + resp.GetTypeUrl() + `"`, `"name":"greeter-cluster"`} {
+		if !strings.Contains(shown, part) || !strings.Contains(string(body), part) {
+			t.Errorf("%s: in the README's answer %v, in the relay's %v", part, strings.Contains(shown, part), strings.Contains(string(body), part))
+		}
+	}
+	if len(resp.GetResources()) != 1 {
+		t.Errorf("%d resources, want the one named", len(resp.GetResources()))
+	}
+}
+
+// curlRequest makes the request curl would for -s, -H and -d and a URL,
+// and returns the body of a 200 answer.
+func curlRequest(t *testing.T, args []string) []byte {
+	t.Helper()
+	var url, data string
+	header := http.Header{}
+	for i := 0; i < len(args); i++ {
+		switch args[i] {
+		case "-s":
+		case "-H":
+			i++
+			k, v, _ := strings.Cut(args[i], ":")
+			header.Add(k, strings.TrimSpace(v))
+		case "-d":
+			i++
+			data = args[i]
+		default:
+			if strings.HasPrefix(args[i], "-") {
+				t.Fatalf("curl flag %s: not one this test makes", args[i])
+			}
+			url = args[i]
+		}
+	}
+	method := http.MethodGet
+	if data != "" {
+		method = http.MethodPost // as curl -d does
+	}
+	req, err := http.NewRequest(method, url, strings.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header = header
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s %s: %s %v\n%s", method, url, resp.Status, err, b)
+	}
+	return b
+}
