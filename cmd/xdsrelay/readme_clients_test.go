@@ -231,7 +231,8 @@ func TestReadmeGreeterExample(t *testing.T) {
 // same request made here: the method, headers and body curl would send),
 // answers the cluster the README shows.
 func TestReadmeCurl(t *testing.T) {
-	cmds := shellCommands(t, docBlock(t, "README.md", "sh", "curl "))
+	cmds := append(shellCommands(t, docBlock(t, "README.md", "sh", "XDSRELAY_DOWNSTREAM_REST_ADDRESS=")),
+		shellCommands(t, docBlock(t, "README.md", "sh", "curl "))...)
 	if len(cmds) != 2 || cmds[1].words[0] != "curl" {
 		t.Fatalf("the README's REST example: want the relay, then curl: %+v", cmds)
 	}
