@@ -17,30 +17,16 @@ import (
 // design note or a spec that no clone contains is never cited.
 func TestDocReferencesExist(t *testing.T) {
 	checked := 0
-	err := filepath.WalkDir(repo, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() {
-			if path != repo && skipDir(d.Name()) {
-				return filepath.SkipDir
-			}
-			return nil
-		}
+	walkRepo(t, func(path, rel string) {
 		text, ok := referringText(t, path)
 		if !ok {
-			return nil
+			return
 		}
 		checked++
-		rel, _ := filepath.Rel(repo, path)
 		for _, ref := range missingDocs(repo, filepath.Dir(path), text) {
 			t.Errorf("%s names %s, which is not in the repository", rel, ref)
 		}
-		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	if checked < 100 {
 		t.Fatalf("checked %d files; the walk did not find the repository", checked)
 	}
@@ -76,6 +62,29 @@ func TestMissingDocs(t *testing.T) {
 		if !slices.Equal(got, tc.want) {
 			t.Errorf("missingDocs(%q) = %q, want %q", tc.text, got, tc.want)
 		}
+	}
+}
+
+// walkRepo calls fn with the path, and the path from the repository root,
+// of every file of the repository's own text (see skipDir).
+func walkRepo(t *testing.T, fn func(path, rel string)) {
+	t.Helper()
+	err := filepath.WalkDir(repo, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != repo && skipDir(d.Name()) {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		rel, _ := filepath.Rel(repo, path)
+		fn(path, rel)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
