@@ -51,18 +51,29 @@ func (r *Relay) guardEvent(key string, ev cache.GuardEvent) {
 // holds of one group or all, of one type or all, end and their removals
 // are applied.
 func (r *Relay) guardRelease(w http.ResponseWriter, req *http.Request) {
+	release(r, w, req, "guard: holds released by an operator", "holds", func(g *group, typeURL string) (out []debugHold) {
+		for _, h := range g.cache.ReleaseHolds(typeURL) {
+			out = append(out, debugHold{Group: shownKey(g.key), Type: h.TypeURL, Since: h.Since, Names: len(h.Names)})
+		}
+		return out
+	})
+}
+
+// release is an operator's release (the guard's or the rollout's): each
+// group in the request's scope releases what it holds of the scope's type
+// (each), and the answer lists what was released; logged at warn, with
+// how many under count.
+func release[T any](r *Relay, w http.ResponseWriter, req *http.Request, msg, count string, each func(g *group, typeURL string) []T) {
 	groups, typeURL, ok := r.releaseScope(w, req)
 	if !ok {
 		return
 	}
-	out := []debugHold{}
+	out := []T{}
 	for _, g := range groups {
-		for _, h := range g.cache.ReleaseHolds(typeURL) {
-			out = append(out, debugHold{Group: shownKey(g.key), Type: h.TypeURL, Since: h.Since, Names: len(h.Names)})
-		}
+		out = append(out, each(g, typeURL)...)
 	}
 	q := req.URL.Query()
-	r.log.Warn("guard: holds released by an operator", "group", xds.Clip(q.Get("group")), "type", q.Get("type"), "holds", len(out))
+	r.log.Warn(msg, "group", xds.Clip(q.Get("group")), "type", q.Get("type"), count, len(out))
 	writeJSON(w, out)
 }
 

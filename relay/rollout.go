@@ -106,21 +106,14 @@ func rolloutOf(s cache.RolloutState) debugRollout {
 // the changes a canary NACKed, of one group or all, changing one type or
 // any, are released to their groups.
 func (r *Relay) rolloutRelease(w http.ResponseWriter, req *http.Request) {
-	groups, typeURL, ok := r.releaseScope(w, req)
-	if !ok {
-		return
-	}
-	out := []debugRollout{}
-	for _, g := range groups {
+	release(r, w, req, "rollout: held changes released by an operator", "changes", func(g *group, typeURL string) (out []debugRollout) {
 		for _, s := range g.cache.ReleaseHeld(typeURL) {
 			d := rolloutOf(s)
 			d.Group = shownKey(g.key)
 			out = append(out, d)
 		}
-	}
-	q := req.URL.Query()
-	r.log.Warn("rollout: held changes released by an operator", "group", xds.Clip(q.Get("group")), "type", q.Get("type"), "changes", len(out))
-	writeJSON(w, out)
+		return out
+	})
 }
 
 // rolloutDetail writes a group's held changes for the private /readyz.
