@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	statuspb "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -131,6 +132,25 @@ func TestClientKindsKeptApart(t *testing.T) {
 		if !shown[want] {
 			t.Errorf("/debug/groups does not show %q: %v", want, shown)
 		}
+	}
+
+	// CSDS shows each client's kind: its node as the client sent it.
+	status, err := fetchStatus(t, r, &statuspb.ClientStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inCSDS := map[string]*corepb.Node{}
+	for _, c := range status.GetConfig() {
+		inCSDS[c.GetNode().GetId()] = c.GetNode()
+	}
+	for kind, n := range envoys {
+		got := inCSDS[n.GetId()]
+		if xds.UserAgent(got) != xds.UserAgent(n) || !slices.Equal(got.GetClientFeatures(), n.GetClientFeatures()) {
+			t.Errorf("%s: CSDS shows node %v", kind, got)
+		}
+	}
+	if got := inCSDS["grpc-1"]; !strings.HasPrefix(xds.UserAgent(got), "gRPC Go/") {
+		t.Errorf("the gRPC client: CSDS shows user agent %q", xds.UserAgent(got))
 	}
 }
 
