@@ -157,7 +157,7 @@ func (s *stream[Req, Resp]) recvWithin(bound time.Duration) *Resp {
 	select {
 	case r, ok := <-s.resps:
 		if !ok {
-			s.t.Fatal("stream ended while waiting for a response")
+			s.t.Fatalf("stream ended while waiting for a response: %v", s.end)
 		}
 		return r
 	case <-time.After(bound):
@@ -196,7 +196,13 @@ func node(id, cluster string) *corepb.Node { return &corepb.Node{Id: id, Cluster
 // eventually polls cond until it holds, failing the test after wait.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(wait)
+	eventuallyWithin(t, wait, what, cond)
+}
+
+// eventuallyWithin is eventually with its own bound.
+func eventuallyWithin(t *testing.T, bound time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

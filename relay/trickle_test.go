@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -76,4 +77,50 @@ func TestTricklingResponseHoldsUpNoOtherGroup(t *testing.T) {
 		t.Fatal("the large response arrived: the link did not trickle")
 	default:
 	}
+}
+
+// A response that stops arriving half-way (the link goes silent while it
+// trickles) is a stream making no progress: the keepalive bound
+// (keepalive.time + keepalive.timeout) ends its connection, the stream is
+// opened again, and once the link carries bytes again the response
+// arrives whole on the new stream; the client never hears of a removal.
+func TestStalledResponseIsRetried(t *testing.T) {
+	t.Parallel()
+	const (
+		rate = 64 << 10 // bytes a second
+		size = 3 << 20  // 48 s at the link's rate (under a test client's 4 MiB)
+	)
+	cp := testcp.Start(t)
+	proxy, err := faultproxy.Start(cp.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	blob, _ := structpb.NewStruct(map[string]any{"blob": strings.Repeat("x", size)})
+	large := testcp.Cluster("large")
+	large.Metadata = &corepb.Metadata{FilterMetadata: map[string]*structpb.Struct{"test": blob}}
+	cp.Set(t, "g", "1", large)
+	r := startRelay(t, proxy.Addr, fastReconnect, func(c *Config) {
+		c.Upstream.KeepaliveTime, c.Upstream.KeepaliveTimeout = 10*time.Second, 2*time.Second
+		c.Upstream.ConnectTimeout = 2 * time.Second
+	})
+
+	proxy.Set(faultproxy.Trickle, rate)
+	client := openDelta(t, r.Addr())
+	client.send(&discoverypb.DeltaDiscoveryRequest{Node: node("g-1", "g"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"*"}})
+	time.Sleep(3 * time.Second) // the response is on its way
+	proxy.Set(faultproxy.Silent, 0)
+	stalled := time.Now()
+	reconnected := regexp.MustCompile(`(?m)^xdsrelay_upstream_reconnects_total\{group="[^"]*"\} [1-9]`)
+	eventuallyWithin(t, faultWait, "the stalled stream to be ended and opened again", func() bool {
+		return reconnected.MatchString(getMetrics(t, r))
+	})
+	t.Logf("the stalled stream was ended %v after the link went silent", time.Since(stalled).Round(100*time.Millisecond))
+	select {
+	case resp := <-client.resps:
+		t.Fatalf("a response before the link carried bytes again: %v", deltaNames(resp))
+	default:
+	}
+	proxy.Set(faultproxy.Pass, 0)
+	deltaUntil(t, client, "large", faultWait, func(got, _ []string, _ map[string]codes.Code) bool { return slices.Contains(got, "large") })
 }
