@@ -330,7 +330,7 @@
 //	xdsload --lrs --compare --split --clients 1000
 //	xdsload --soak 1h --split --clients 2000
 //	xdsload --soak 20s --split --clients 200 --soak-every 5s --soak-gate goroutines,fds,heap
-//	xdsload --soak 30m --split --clients 2000 --soak-faults --type cds
+//	xdsload --soak 30m --split --clients 2000 --soak-faults
 //	xdsload --rolling --relay-bin ./xdsrelay --clients 10000 --streams-per-conn 100
 //
 // BENCHMARKS.md describes these scenarios.
