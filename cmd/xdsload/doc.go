@@ -180,15 +180,17 @@
 // started again with its link silent: a client of the tool's own, on the
 // relay's own address, must get every name from it within 10s, none older
 // than the relay held at SIGTERM (its saved cache, served at once); then
-// the link passes, and the relay must catch up and answer /readyz before
-// the other relay is restarted. At the end every client must hold the
-// control plane's last version of every name it subscribes to, with no
-// removal, as a soak's. It prints a row per restart, and per restart the
-// reconnect times over its clients (min, p50, p90, p99, max): from a
-// stream's end to the first response on the client's next stream (the
-// client's backoff included: its first retry waits 500ms, ±20%), and from
-// that stream's opening to its first response. It exits 1
-// if any check failed, and keeps the relays' configurations and logs then.
+// the link passes, and the relay must catch up and answer /readyz; 5s
+// later (as a rolling update waits for a pod to stay ready) the other
+// relay is restarted, and 5s after the last one the changes stop. Then
+// every client must hold the control plane's last version of every name
+// it subscribes to, with no removal, as a soak's. It prints a row per
+// restart, and per restart the reconnect times over its clients (min,
+// p50, p90, p99, max): from a stream's end to the first response on the
+// client's next stream (the client's backoff included: its first retry
+// waits 500ms, ±20%), and from that stream's opening to its first
+// response. It exits 1 if any check failed, and keeps the relays'
+// configurations and logs then.
 //
 // With --lrs it measures load reports (LRS) instead of xDS: every client
 // opens one LoadReportingService stream (on its connection, or

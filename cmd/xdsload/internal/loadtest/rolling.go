@@ -31,7 +31,8 @@ import (
 //     silent, and a client of its own must get every name from it at once
 //     (bounded), no older than the relay held at SIGTERM: its saved cache;
 //   - the link passes again, and the relay must catch up with the control
-//     plane and answer /readyz before the other relay is restarted.
+//     plane and answer /readyz; rollingDwell later (as a rolling update
+//     waits for a pod to stay ready) the other relay is restarted.
 //
 // At the end every client must hold the control plane's last version of
 // every name it subscribes to, and none may have been told that one was
@@ -43,6 +44,9 @@ const (
 	savedCacheBound = 10 * time.Second // the restarted relay serving its saved cache
 	catchUpBound    = time.Minute      // the restarted relay at the control plane's versions, and ready
 	rollingEndBound = time.Minute      // every client at the last versions
+	// rollingDwell is how long a relay back and ready serves before the
+	// other is restarted, and the last one before the changes stop.
+	rollingDwell = 5 * time.Second
 )
 
 // rollingSetup is what a rolling restart runs: the control plane, the two
@@ -180,7 +184,10 @@ func (rl *Rolling) run(ctx context.Context, cfg *Config, s *rollingSetup, coding
 		r := &rollingRestart{cfg: cfg, s: s, k: k, d: d, st: st, log: log, coding: coding}
 		rr, rerr := r.run(ctx)
 		rl.Restarts = append(rl.Restarts, rr)
-		if err = rerr; err != nil {
+		if err = rerr; err == nil {
+			err = pause(ctx, rollingDwell)
+		}
+		if err != nil {
 			break
 		}
 	}
