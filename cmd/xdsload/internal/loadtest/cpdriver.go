@@ -48,8 +48,8 @@ type publisher interface {
 	publish(seq int) (time.Time, error)
 }
 
-func newCPDriver(cfg *Config, pub publisher, b soakBackend, st *soakTracker) *cpDriver {
-	d := &cpDriver{cfg: cfg, pub: pub, b: b, st: st, count: b != nil, faults: []faultKind{faultRestart}}
+func newCPDriver(cfg *Config, pub publisher, b soakBackend, st *soakTracker, late *lateAsker) *cpDriver {
+	d := &cpDriver{cfg: cfg, pub: pub, b: b, st: st, late: late, count: b != nil, faults: []faultKind{faultRestart}}
 	if cfg.Soak.Faults {
 		d.faults = []faultKind{faultRestart, faultSilence, faultTrickle, faultReset}
 	}
@@ -203,6 +203,10 @@ func (d *cpDriver) change() error {
 // is back.
 func (d *cpDriver) startFault(ctx context.Context) error {
 	d.calm.Lock()
+	if ctx.Err() != nil { // the soak ended while a row was sampled
+		d.calm.Unlock()
+		return nil
+	}
 	kind := d.faults[d.nFault%len(d.faults)]
 	var up int
 	err := d.settled(ctx, func() (err error) {

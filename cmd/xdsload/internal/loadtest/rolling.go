@@ -175,7 +175,7 @@ func (rl *Rolling) run(ctx context.Context, cfg *Config, s *rollingSetup, coding
 		return fmt.Errorf("rolling: waiting for every client's first config: %w", err)
 	}
 	dctx, stopDriver := context.WithCancel(ctx)
-	d := newCPDriver(cfg, s.cp, nil, st)
+	d := newCPDriver(cfg, s.cp, nil, st, nil)
 	var driveErr error
 	var dwg sync.WaitGroup
 	dwg.Go(func() { driveErr = d.run(dctx) })

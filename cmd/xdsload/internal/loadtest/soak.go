@@ -252,8 +252,7 @@ func soak(ctx context.Context, cfg *Config, b backend, res *Result) error {
 func soakFor(ctx context.Context, cfg *Config, b soakBackend, clients *soakClients, late *lateAsker, sk *Soak) error {
 	sk.printHeader(cfg)
 	sctx, stop := context.WithCancel(ctx)
-	d := newCPDriver(cfg, b, b, clients.st)
-	d.late = late
+	d := newCPDriver(cfg, b, b, clients.st, late)
 	var wg sync.WaitGroup
 	var driveErr error
 	wg.Go(func() { driveErr = d.run(sctx) })
