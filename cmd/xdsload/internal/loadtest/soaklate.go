@@ -17,9 +17,9 @@ import (
 // name no one asked the relay for before: a late name, which the control
 // plane serves from the start and no other client subscribes to. The
 // relay cannot have it cached when its link goes quiet, and must not say
-// that it does not exist ("silence is not an answer", DESIGN.md
-// invariant 15): it may say UNAVAILABLE, and must send the name once its
-// link is back. The asker holds what arrives and counts what it is told.
+// that it does not exist (docs/architecture.md, "15. Silence is not an
+// answer"): it may say UNAVAILABLE, and must send the name once its link
+// is back. The asker holds what arrives and counts what it is told.
 type lateAsker struct {
 	// Read-only after newLateAsker.
 	cfg   *Config
