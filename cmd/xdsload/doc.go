@@ -123,20 +123,74 @@
 // xdsrelay_downstream_streams, from an admin endpoint on a loopback port),
 // and the p50 of the update fan-out over every receipt in the interval
 // (a receipt counts if the client subscribed before the change was
-// published). Rows are taken once the last change has settled, never while
-// the control plane is down or before the relay is back on it; the first
-// change after a restart, which waits for the relay's reconnection, is left
-// out of the fan-out. At the end each figure is held to its value after the
-// first 5 minutes (after the first half for a soak shorter than 10 minutes:
-// the output says so): the command exits 1 unless every figure that
-// --soak-gate names (all of them: rss,heap,goroutines,fds,streams,fanout)
-// stayed within 10% of it, or with --soak-report-only. Without --split the
-// figures are this process's (clients, control plane and relay); with
-// --split the relay runs in a child process and they are its alone. The
-// fan-out p50 is a few milliseconds on loopback and moves by more than 10%
-// from one interval to the next on a busy machine: gate it on a quiet one.
-// In CI (.ci/run) a 20s soak gates goroutines, fds and the heap; see
-// docs/protocol.md for why not RSS.
+// published). The changes go on while the control plane is down; rows are
+// taken once the last change has settled, never while it is down nor
+// before the relay has its upstream streams back and every client holds
+// every change, and the receipts of the changes published meanwhile are
+// left out of the fan-out. At the end each figure is held to its value
+// after the first 5 minutes (after the first half for a soak shorter than
+// 10 minutes: the output says so). Then the changes stop, and within 90s
+// every client must hold the control plane's last version of every name it
+// subscribes to (checked per client and per name), and no client may have
+// been told that a name it subscribes to was removed (a delta removal,
+// NOT_FOUND in resource_errors, or for Listeners and Clusters a SotW
+// response without it): the control plane serves every name all along, so
+// any such removal is spurious. The command exits 1 unless every figure
+// that --soak-gate names (all of them: rss,heap,goroutines,fds,streams,
+// fanout) stayed within 10% of it and the clients ended so, or with
+// --soak-report-only. Without --split the figures are this process's
+// (clients, control plane and relay); with --split the relay runs in a
+// child process and they are its alone. The fan-out p50 is a few
+// milliseconds on loopback and moves by more than 10% from one interval to
+// the next on a busy machine: gate it on a quiet one. In CI (.ci/run) a
+// 20s soak gates goroutines, fds and the heap; see docs/protocol.md for
+// why not RSS.
+//
+// With --soak-faults a TCP proxy (internal/faultproxy) sits between the
+// relay and its control plane, and every --soak-restart-every the soak
+// injects the next fault in turn: a control-plane restart (--soak-down),
+// silence for --soak-fault-for (20s: the connections stay open and carry
+// nothing), a trickle at 2 KiB/s for --soak-fault-for, and a reset of
+// every connection. The relay's upstream keepalive is then 10s with a 5s
+// timeout (a silent link is found dead within 15s), its connect_timeout
+// 5s and its cache.not_found_timeout 5s. As each silence starts, a client
+// of its own asks the relay for a name no one asked for before (the
+// control plane serves it from the start): the relay cannot have it
+// cached, its timer runs out during the silence, and it must not say that
+// the name does not exist; the name must arrive after the silence. A row
+// per fault says when it came, how long it lasted, when the relay found it
+// (its xdsrelay_upstream_connected fell) and how soon after its end every
+// client had every change.
+//
+// With --rolling it restarts two relays under load: two xdsrelay
+// processes (--relay-bin, the built binary, with the production defaults
+// but cache.persist_dir, saved every second) behind one address, a TCP
+// balancer (internal/faultproxy) that sends each new connection to the
+// next relay that accepts it, each relay reaching the tool's control plane
+// (--serve-cp, 127.0.0.1:0 unless given, its linear cache unless
+// --cp-cache) through a link of its own. The clients are a soak's (even
+// ones delta, odd ones SotW, each subscribed to half the names), without
+// churn or NACKs, --streams-per-conn to a connection. Once every client is
+// configured, the control plane changes a resource every --update-every
+// (1s unless given) all along, and each relay in turn, once the last
+// change has settled, gets SIGTERM. Each of its streams must end after a
+// GOAWAY (its client reads "received prior goaway" in the stream's status)
+// and its client be answered again on a new stream; the relay must exit
+// 0, and the other relay then hold every client's stream. The relay is
+// started again with its link silent: a client of the tool's own, on the
+// relay's own address, must get every name from it within 10s, none older
+// than the relay held at SIGTERM (its saved cache, served at once); then
+// the link passes, and the relay must catch up and answer /readyz; 5s
+// later (as a rolling update waits for a pod to stay ready) the other
+// relay is restarted, and 5s after the last one the changes stop. Then
+// every client must hold the control plane's last version of every name
+// it subscribes to, with no removal, as a soak's. It prints a row per
+// restart, and per restart the reconnect times over its clients (min,
+// p50, p90, p99, max): from a stream's end to the first response on the
+// client's next stream (the client's backoff included: its first retry
+// waits 500ms, ±20%), and from that stream's opening to its first
+// response. It exits 1 if any check failed, and keeps the relays'
+// configurations and logs then.
 //
 // With --lrs it measures load reports (LRS) instead of xDS: every client
 // opens one LoadReportingService stream (on its connection, or
@@ -252,6 +306,10 @@
 //	--soak-nack-every N  one response in N is NACKed (default 100)
 //	--soak-gate a,b      figures that fail the soak (default all but fanout)
 //	--soak-report-only   report the verdict, exit 0
+//	--soak-faults        silence, trickle and resets too, between relay and control plane
+//	--soak-fault-for D   how long a silence or a trickle lasts (default 20s)
+//	--rolling            restart two relays behind one address in turn (see above)
+//	--relay-bin PATH     with --rolling, the xdsrelay executable
 //	--json FILE          also write the results as JSON
 //	--cpuprofile FILE    CPU profile of this process while the updates fan out
 //	                     (with --compare: FILE.relay, FILE.linear, ...), and
@@ -274,6 +332,8 @@
 //	xdsload --lrs --compare --split --clients 1000
 //	xdsload --soak 1h --split --clients 2000
 //	xdsload --soak 20s --split --clients 200 --soak-every 5s --soak-gate goroutines,fds,heap
+//	xdsload --soak 30m --split --clients 2000 --soak-faults
+//	xdsload --rolling --relay-bin ./xdsrelay --clients 10000 --streams-per-conn 100
 //
 // BENCHMARKS.md describes these scenarios.
 package main

@@ -41,11 +41,16 @@ Usage:
                                               control plane's streams and reports
   xdsload --soak 1h --split [flags]           soak the relay: churn, resubscriptions,
                                               NACKs, control-plane changes and
-                                              restarts; a row of the relay's figures
+                                              restarts (--soak-faults: silence, trickle,
+                                              resets too); a row of the relay's figures
                                               every --soak-every, and a verdict
   xdsload --envoy --serve-cp ADDR [--relay]   clients that behave as Envoy (cluster
                                               warming): how long a cluster change
                                               takes to make the cluster usable
+  xdsload --rolling --relay-bin ./xdsrelay    a rolling restart of two relays behind
+                                              one address, under load: GOAWAY, where
+                                              the clients go, how long they take, the
+                                              saved cache, the last versions
 
 Flags:
 `
@@ -68,6 +73,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	var out interface{ WriteTable(io.Writer) error }
 	switch {
+	case f.rolling:
+		var res *loadtest.Rolling
+		if res, err = loadtest.RunRolling(ctx, f.cfg); res != nil {
+			out = res
+		}
 	case f.envoy:
 		var res *loadtest.EnvoyResult
 		if res, err = loadtest.RunEnvoy(ctx, f.envoyConfig()); res != nil {
@@ -119,6 +129,8 @@ type flags struct {
 	// --envoy: Envoy-behaving clients (loadtest.RunEnvoy).
 	envoy        bool
 	initialFetch time.Duration
+	// --rolling: a rolling restart of two relays (loadtest.RunRolling).
+	rolling bool
 }
 
 // envoyConfig is the run --envoy asks for.
@@ -163,6 +175,8 @@ func (f *flags) define(fs *flag.FlagSet) {
 	fs.DurationVar(&s.Every, "soak-every", 0, "a soak row every `D`; default 1m, or for a soak under 10m a tenth of it, 5s at least")
 	fs.DurationVar(&s.RestartEvery, "soak-restart-every", 0, "restart the control plane every `D`; default 60s, or a third of a shorter soak")
 	fs.DurationVar(&s.Down, "soak-down", 0, "keep the control plane down for `D` at each restart; default 1s (a quarter of --soak-restart-every at most)")
+	fs.BoolVar(&s.Faults, "soak-faults", false, "put a TCP proxy between the relay and its control plane, and every --soak-restart-every inject the next fault in turn: a control-plane restart, silence for --soak-fault-for, a trickle at 2 KiB/s for --soak-fault-for, a reset of every connection; the relay's upstream keepalive is then 10s with a 5s timeout, connect_timeout 5s")
+	fs.DurationVar(&s.FaultFor, "soak-fault-for", 0, "with --soak-faults, how long a silence or a trickle lasts `D`; default 20s, past the relay's 15s keepalive bound")
 	fs.Float64Var(&s.Churn, "soak-churn", 0, "the `fraction` of the clients that reconnect every --soak-churn-every, and of those that change their subscriptions; default 0.05")
 	fs.DurationVar(&s.ChurnEvery, "soak-churn-every", 0, "churn every `D`; default 5s")
 	fs.IntVar(&s.NACKEvery, "soak-nack-every", 0, "NACK one response in `N`, over all clients; default 100")
@@ -173,6 +187,8 @@ func (f *flags) define(fs *flag.FlagSet) {
 	fs.BoolVar(&c.LRS, "lrs", false, "load reports instead of xDS: every client opens one LRS stream and reports every --lrs-interval, for --lrs-for once all report, to the --serve-cp control plane's load reporting server or, with --relay, to the relay in front of it; with --compare, through the relay and then directly; reports the server's CPU per report and memory per stream, and the control plane's streams and reports per second")
 	fs.DurationVar(&c.LRSInterval, "lrs-interval", 0, "with --lrs, the load_reporting_interval the control plane (and the relay, until it answers) asks for; default 1s")
 	fs.DurationVar(&c.LRSFor, "lrs-for", 0, "with --lrs, how long to measure once every client reports; default 30s")
+	fs.BoolVar(&f.rolling, "rolling", false, "a rolling restart: two xdsrelay processes (--relay-bin) behind a TCP balancer in front of the tool's control plane (--serve-cp, 127.0.0.1:0 unless given; a resource changed every --update-every, 1s unless given), each restarted in turn with SIGTERM and started again warm (cache.persist_dir); checks that every stream ends after a GOAWAY and its client is answered by the other relay, that the restarted relay serves its saved cache at once, and that every client ends at the control plane's last version with no removal; prints the reconnect times per restart")
+	fs.StringVar(&c.Rolling.RelayBin, "relay-bin", "", "with --rolling, the xdsrelay executable `path` (go build -o xdsrelay ./cmd/xdsrelay)")
 	fs.StringVar(&f.json, "json", "", "also write the results as JSON to `file`")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (the clients, and the control plane and relay it serves) while the updates fan out to `file`; with --compare, one per setup, named file.<setup>; the server side of a --split run is file.server; each with the mutex contention of the same window in <file>.mutex; and the split server's heap once every client is configured in file.server.heap")
 }
@@ -200,6 +216,9 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	if f.cfg.Soak.Duration > 0 {
 		f.soakDefaults(set)
 	}
+	if f.rolling {
+		f.rollingDefaults(set)
+	}
 	err := f.finish(fs.Args())
 	if err != nil {
 		fmt.Fprintln(stderr, "xdsload:", err)
@@ -225,6 +244,25 @@ func (f *flags) soakDefaults(set map[string]bool) {
 	}
 }
 
+// rollingDefaults makes a rolling restart what --rolling says: in front
+// of the tool's control plane, its leaner cache, a change every second,
+// and room for 10,000 clients.
+func (f *flags) rollingDefaults(set map[string]bool) {
+	c := &f.cfg
+	if c.ServeCP == "" {
+		c.ServeCP = "127.0.0.1:0"
+	}
+	if !set["cp-cache"] {
+		c.CPCache = loadtest.CacheLinear
+	}
+	if !set["update-every"] {
+		c.UpdateEvery = time.Second
+	}
+	if !set["timeout"] {
+		c.Timeout = 10 * time.Minute
+	}
+}
+
 // finish fills the Config from the string flags and checks it.
 func (f *flags) finish(rest []string) error {
 	if len(rest) > 0 {
@@ -239,6 +277,13 @@ func (f *flags) finish(rest []string) error {
 	}
 	if f.gate != "" {
 		f.cfg.Soak.Gate = strings.Split(f.gate, ",")
+	}
+	if f.rolling {
+		if f.envoy || f.compare {
+			return errors.New("rolling: give neither envoy nor compare")
+		}
+		cfg := f.cfg.Defaults()
+		return cfg.ValidateRolling()
 	}
 	if f.envoy {
 		if f.cfg.ServeCP == "" {

@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -129,6 +130,12 @@ func TestFlagErrors(t *testing.T) {
 		{"soak rows past its end", []string{"--soak", "10s", "--soak-every", "1m"}, 2, "soak-every"},
 		{"relay limits without the relay", []string{"--serve-cp", "127.0.0.1:0", "--relay-limits"}, 2, "relay-limits"},
 		{"relay limits past max_streams_per_connection", []string{"--compare", "--relay-limits", "--streams-per-conn", "200"}, 2, "max_streams_per_connection"},
+		{"soak fault duration without faults", []string{"--soak", "1m", "--soak-fault-for", "30s"}, 2, "soak-fault-for"},
+		{"rolling without the relay binary", []string{"--rolling"}, 2, "relay-bin"},
+		{"rolling and a soak", []string{"--rolling", "--relay-bin", "xdsrelay", "--soak", "1m"}, 2, "soak"},
+		{"rolling against a target", []string{"--rolling", "--relay-bin", "xdsrelay", "--target", "127.0.0.1:1"}, 2, "target"},
+		{"rolling and compare", []string{"--rolling", "--relay-bin", "xdsrelay", "--compare"}, 2, "compare"},
+		{"rolling past the relays' stream limit", []string{"--rolling", "--relay-bin", "xdsrelay", "--streams-per-conn", "200"}, 2, "max_streams_per_connection"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -155,6 +162,50 @@ func TestSoakFlags(t *testing.T) {
 	if !c.Relay || c.ServeCP != "127.0.0.1:0" || c.CPCache != loadtest.CacheLinear || c.UpdateEvery != 2*time.Second ||
 		c.Timeout <= 20*time.Second || c.Soak.Every != 5*time.Second || strings.Join(c.Soak.Gate, ",") != "goroutines,fds,heap" {
 		t.Errorf("config %+v", c)
+	}
+}
+
+// --soak-faults takes a silence past the soak relay's keepalive bound
+// unless told.
+func TestSoakFaultsFlags(t *testing.T) {
+	var stderr strings.Builder
+	f, err := parseFlags([]string{"--soak", "30m", "--split", "--clients", "2000", "--soak-faults"}, &stderr)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	if c := f.cfg.Defaults(); !c.Soak.Faults || c.Soak.FaultFor != 20*time.Second || c.Soak.RestartEvery != time.Minute {
+		t.Errorf("soak %+v", c.Soak)
+	}
+}
+
+// --rolling runs in front of the tool's control plane, its linear cache
+// changing every second, with room for 10,000 clients.
+func TestRollingFlags(t *testing.T) {
+	var stderr strings.Builder
+	f, err := parseFlags([]string{"--rolling", "--relay-bin", "./xdsrelay", "--clients", "10000", "--streams-per-conn", "100"}, &stderr)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	c := f.cfg.Defaults()
+	if !f.rolling || c.ServeCP != "127.0.0.1:0" || c.CPCache != loadtest.CacheLinear || c.UpdateEvery != time.Second ||
+		c.Timeout != 10*time.Minute || c.Rolling.RelayBin != "./xdsrelay" {
+		t.Errorf("config %+v", c)
+	}
+}
+
+// A rolling restart through the command, with the built relay.
+func TestRollingCommand(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "xdsrelay")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/xdsrelay")
+	build.Dir = "../.."
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/xdsrelay: %v\n%s", err, out)
+	}
+	var res loadtest.Rolling
+	runOK(t, []string{"--rolling", "--relay-bin", bin, "--clients", "20", "--streams-per-conn", "5", "--resources", "4", "--endpoints", "5"},
+		[]string{"GOAWAY first", "stream end to next response", "rolling restart passed"}, &res)
+	if !res.Passed || len(res.Restarts) != 2 || res.Restarts[1].Streams != 20 || res.Ending.Names != 20*2 {
+		t.Errorf("JSON rolling restart: %+v", res)
 	}
 }
 

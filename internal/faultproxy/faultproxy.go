@@ -5,12 +5,22 @@
 // rate), resets every connection, or accepts new connections without
 // answering. Tests and the load tool put it between the relay and its
 // control plane.
+//
+// Given several backends it is also a TCP balancer: each new connection
+// goes to the next backend in turn that accepts it, and a backend that
+// refuses (a relay that stopped listening to drain) is skipped, as an L4
+// load balancer sends new connections away from a backend that left its
+// endpoints (a Kubernetes Service drops a pod that is terminating). The
+// load tool puts it in front of two relays restarted in turn.
 package faultproxy
 
 import (
 	"context"
+	"errors"
+	"maps"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/time/rate"
 )
@@ -30,39 +40,65 @@ const (
 	Trickle
 )
 
-// Proxy forwards connections accepted on Addr to a backend.
+// Proxy forwards connections accepted on Addr to its backends.
 type Proxy struct {
-	Addr    string // where clients connect
-	backend string
-	ln      net.Listener
-	ctx     context.Context
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+	Addr string // where clients connect
+
+	// Read-only after Serve.
+	backends []string
+	ln       net.Listener
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+
+	next atomic.Uint64 // counts connections: the next one tries backends[next%len] first
 
 	mu      sync.Mutex
 	mode    Mode                  // guarded by mu
 	limit   *rate.Limiter         // for Trickle; guarded by mu
 	changed chan struct{}         // closed and replaced at every change of mode; guarded by mu
 	conns   map[net.Conn]struct{} // both ends of every pair; guarded by mu
+	open    map[string]int        // pairs open per backend; guarded by mu
 }
 
-// Start listens on 127.0.0.1:0 and forwards to backend until Close.
-func Start(backend string) (*Proxy, error) {
+// errNoBackend is Start's and Serve's answer to no backend.
+var errNoBackend = errors.New("faultproxy: no backend to forward to")
+
+// Start listens on 127.0.0.1:0 and forwards to backends until Close: to
+// the one, or with several to each in turn (see Serve).
+func Start(backends ...string) (*Proxy, error) {
+	if len(backends) == 0 {
+		return nil, errNoBackend
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	return Serve(ln, backend), nil
+	return Serve(ln, backends...), nil
 }
 
-// Serve forwards the connections ln accepts to backend until Close.
-func Serve(ln net.Listener, backend string) *Proxy {
+// Serve forwards the connections ln accepts to backends until Close. Each
+// new connection goes to the next backend in turn that accepts it: a
+// backend that refuses is skipped, and a connection that no backend
+// accepts is closed. Serve panics without a backend.
+func Serve(ln net.Listener, backends ...string) *Proxy {
+	if len(backends) == 0 {
+		panic(errNoBackend)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &Proxy{Addr: ln.Addr().String(), backend: backend, ln: ln, ctx: ctx, cancel: cancel,
-		changed: make(chan struct{}), conns: map[net.Conn]struct{}{}}
+	p := &Proxy{Addr: ln.Addr().String(), backends: backends, ln: ln, ctx: ctx, cancel: cancel,
+		changed: make(chan struct{}), conns: map[net.Conn]struct{}{}, open: map[string]int{}}
 	p.wg.Add(1)
 	go p.accept()
 	return p
+}
+
+// Open returns how many connections are open to each backend that has
+// any: where the clients are.
+func (p *Proxy) Open() map[string]int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return maps.Clone(p.open)
 }
 
 // Set switches the proxy to mode; bytesPerSecond is the rate for Trickle.
@@ -121,16 +157,15 @@ func (p *Proxy) accept() {
 	}
 }
 
-// pair dials the backend for client c and forwards both ways.
+// pair dials a backend for client c and forwards both ways.
 func (p *Proxy) pair(c net.Conn) {
 	defer p.wg.Done()
-	var d net.Dialer
-	b, err := d.DialContext(p.ctx, "tcp", p.backend)
+	b, backend, err := p.dial()
 	if err != nil {
 		c.Close()
 		return
 	}
-	if !p.track(c, b) {
+	if !p.track(backend, c, b) {
 		return
 	}
 	done, closed := make(chan struct{}, 2), make(chan struct{})
@@ -141,10 +176,28 @@ func (p *Proxy) pair(c net.Conn) {
 	c.Close()
 	b.Close()
 	<-done
-	p.untrack(c, b)
+	p.untrack(backend, c, b)
 }
 
-func (p *Proxy) track(cs ...net.Conn) bool {
+// dial connects to the next backend in turn that accepts, trying each
+// once, and returns which it is.
+func (p *Proxy) dial() (net.Conn, string, error) {
+	n := uint64(len(p.backends))
+	first := p.next.Add(1) - 1
+	var err error
+	for k := range n {
+		backend := p.backends[(first+k)%n]
+		var d net.Dialer
+		c, derr := d.DialContext(p.ctx, "tcp", backend)
+		if derr == nil {
+			return c, backend, nil
+		}
+		err = errors.Join(err, derr)
+	}
+	return nil, "", err
+}
+
+func (p *Proxy) track(backend string, cs ...net.Conn) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.ctx.Err() != nil {
@@ -156,14 +209,18 @@ func (p *Proxy) track(cs ...net.Conn) bool {
 	for _, c := range cs {
 		p.conns[c] = struct{}{}
 	}
+	p.open[backend]++
 	return true
 }
 
-func (p *Proxy) untrack(cs ...net.Conn) {
+func (p *Proxy) untrack(backend string, cs ...net.Conn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, c := range cs {
 		delete(p.conns, c)
+	}
+	if p.open[backend]--; p.open[backend] == 0 {
+		delete(p.open, backend)
 	}
 }
 

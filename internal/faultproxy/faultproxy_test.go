@@ -2,8 +2,12 @@ package faultproxy
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"net"
+	"os"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -121,4 +125,111 @@ func TestCloseWhileSilent(t *testing.T) {
 	c.Write([]byte("stuck"))
 	time.Sleep(50 * time.Millisecond) // the bytes reach the held forward
 	p.Close()
+}
+
+// named is a backend that writes its name on every connection it accepts,
+// then holds the connection until the client closes it; stop makes it
+// refuse connections, as a server that stopped listening.
+func named(t *testing.T, name string) (addr string, stop func()) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				c.Write([]byte(name))
+				io.Copy(io.Discard, c)
+				c.Close()
+			}()
+		}
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { ln.Close(); <-done }) }
+	t.Cleanup(stop)
+	return ln.Addr().String(), stop
+}
+
+// through opens a connection through p and returns it and the name of the
+// backend that answered.
+func through(t *testing.T, p *Proxy) (net.Conn, string) {
+	t.Helper()
+	c, err := net.Dial("tcp", p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got := make([]byte, 1)
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatalf("no backend answered: %v", err)
+	}
+	return c, string(got)
+}
+
+// With several backends each new connection goes to the next in turn,
+// and a backend that refuses is skipped; Open tells where they are.
+func TestBalancesAndSkipsARefusingBackend(t *testing.T) {
+	a, stopA := named(t, "a")
+	b, _ := named(t, "b")
+	p, err := Start(a, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	var got []string
+	for range 4 {
+		_, name := through(t, p)
+		got = append(got, name)
+	}
+	if strings.Join(got, "") != "abab" {
+		t.Fatalf("connections went to %v, want a and b in turn", got)
+	}
+	if open := p.Open(); open[a] != 2 || open[b] != 2 {
+		t.Fatalf("open %v, want 2 to each", open)
+	}
+	stopA()
+	got = got[:0]
+	for range 3 {
+		_, name := through(t, p)
+		got = append(got, name)
+	}
+	if strings.Join(got, "") != "bbb" {
+		t.Fatalf("with a refusing, connections went to %v, want b", got)
+	}
+	// a keeps the connections it had: it stopped listening, as a relay
+	// that drains.
+	if open := p.Open(); open[a] != 2 || open[b] != 5 {
+		t.Fatalf("open %v, want 2 to a and 5 to b", open)
+	}
+}
+
+// A connection that no backend accepts is closed.
+func TestNoBackendAccepts(t *testing.T) {
+	a, stopA := named(t, "a")
+	stopA()
+	p, err := Start(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	c, err := net.Dial("tcp", p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read %d, %v: want the connection closed", n, err)
+	}
+	if _, err := Start(); err == nil {
+		t.Fatal("Start without a backend: no error")
+	}
 }

@@ -98,6 +98,10 @@ type Config struct {
 	LRSInterval time.Duration `json:"lrs_interval_ns,omitempty"`
 	LRSFor      time.Duration `json:"lrs_for_ns,omitempty"`
 
+	// Rolling describes a rolling restart (RunRolling) of two xdsrelay
+	// processes behind one address.
+	Rolling RollingConfig `json:"rolling,omitzero"`
+
 	// CPUProfile, if set, is a file that receives a CPU profile of this
 	// process while the updates fan out: from every client configured to
 	// the last update delivered (or the run's end). Compare writes one per

@@ -95,9 +95,10 @@ func (cp *controlPlane) serve(ln net.Listener) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cp.cancel, cp.done = cancel, make(chan struct{})
 	srv := serverv3.NewServer(ctx, cp.cache, nil)
-	// The relay pings its upstream every 30s (upstream.keepalive.time):
-	// allowed, or the server would send it away as too_many_pings.
-	cp.grpc = grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}))
+	// The relay pings its upstream every 30s (upstream.keepalive.time),
+	// every 10s in a soak with faults: allowed, or the server would send
+	// it away as too_many_pings.
+	cp.grpc = grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}))
 	discoverypb.RegisterAggregatedDiscoveryServiceServer(cp.grpc, srv)
 	endpointsvc.RegisterEndpointDiscoveryServiceServer(cp.grpc, srv)
 	clustersvc.RegisterClusterDiscoveryServiceServer(cp.grpc, srv)

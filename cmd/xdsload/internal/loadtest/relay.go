@@ -81,6 +81,13 @@ func relayConfig(upstream string, cfg *Config) (relay.Config, error) {
 	if cfg.LRS {
 		rc.LRS.Interval = cfg.LRSInterval
 	}
+	if cfg.Soak.Faults {
+		// A silent link is found dead, a connection attempt through it
+		// given up, and a name asked judged, within the soak's bounds.
+		u := &rc.Upstream.UpstreamConfig
+		u.KeepaliveTime, u.KeepaliveTimeout, u.ConnectTimeout = soakKeepalive, soakKeepaliveTimeout, soakConnectTimeout
+		rc.Cache.NotFoundTimeout = soakNotFoundTimeout
+	}
 	if cfg.relayTune != nil {
 		cfg.relayTune(&rc)
 	}

@@ -23,8 +23,8 @@ import (
 )
 
 // kind is one resource type the tool loads: how its resources are named
-// and built, and which numeric field, the mark, carries the update sequence
-// number (see seqCoding).
+// and built, which numeric field, the mark, carries the update sequence
+// number (see seqCoding), and which field the name.
 type kind struct {
 	typeURL  string
 	prefix   string // resource i is named prefix+i
@@ -32,17 +32,22 @@ type kind struct {
 	markPath []protowire.Number
 	markMin  uint32 // the range of marks that the field can hold
 	markMax  uint32
+	namePath []protowire.Number
+	// full: a SotW response carries every subscribed resource of the
+	// kind ("Grouping Resources into Responses": Listener and Cluster).
+	full bool
 }
 
 var kinds = map[string]kind{
 	"eds": {resourcev3.EndpointType, "cla-", buildEndpoints, fieldPath(&endpointpb.ClusterLoadAssignment{},
-		"endpoints", "lb_endpoints", "endpoint", "address", "socket_address", "port_value"), 10000, 65535},
+		"endpoints", "lb_endpoints", "endpoint", "address", "socket_address", "port_value"), 10000, 65535,
+		fieldPath(&endpointpb.ClusterLoadAssignment{}, "cluster_name"), false},
 	"cds": {resourcev3.ClusterType, "cluster-", buildCluster, fieldPath(&clusterpb.Cluster{},
-		"per_connection_buffer_limit_bytes", "value"), 1 << 20, 1 << 30},
+		"per_connection_buffer_limit_bytes", "value"), 1 << 20, 1 << 30, fieldPath(&clusterpb.Cluster{}, "name"), true},
 	"lds": {resourcev3.ListenerType, "listener-", buildListener, fieldPath(&listenerpb.Listener{},
-		"per_connection_buffer_limit_bytes", "value"), 1 << 20, 1 << 30},
+		"per_connection_buffer_limit_bytes", "value"), 1 << 20, 1 << 30, fieldPath(&listenerpb.Listener{}, "name"), true},
 	"rds": {resourcev3.RouteType, "route-", buildRoute, fieldPath(&routepb.RouteConfiguration{},
-		"max_direct_response_body_size_bytes", "value"), 1 << 20, 1 << 30},
+		"max_direct_response_body_size_bytes", "value"), 1 << 20, 1 << 30, fieldPath(&routepb.RouteConfiguration{}, "name"), false},
 }
 
 // seqCoding carries update sequence numbers in resources of one kind: the
@@ -102,8 +107,9 @@ type catalog struct {
 }
 
 func newCatalog(cfg *Config, coding seqCoding) *catalog {
-	c := &catalog{coding: coding, endpoints: cfg.Endpoints, names: resourceNames(coding.kind, cfg.Resources), index: map[string]int{}}
-	c.rotation = c.names
+	c := &catalog{coding: coding, endpoints: cfg.Endpoints, index: map[string]int{}}
+	c.names = append(resourceNames(coding.kind, cfg.Resources), lateNames(coding.kind, cfg.Soak.lateNames())...)
+	c.rotation = c.names[:cfg.Resources]
 	if len(cfg.Names) > 0 {
 		c.rotation = cfg.Names
 	}
@@ -126,6 +132,16 @@ func (c *catalog) update(seq int) (turn, i int, res types.Resource) {
 	turn = (seq - 1) % len(c.rotation)
 	i = c.index[c.rotation[turn]]
 	return turn, i, c.resource(i, seq)
+}
+
+// lateNames names the k resources of a kind that a soak with faults
+// serves from the start and asks for only during a silence (lateAsker).
+func lateNames(kd kind, k int) []string {
+	names := make([]string, k)
+	for i := range names {
+		names[i] = kd.prefix + "late-" + strconv.Itoa(i)
+	}
+	return names
 }
 
 // resourceNames names the k resources of a kind.
@@ -151,6 +167,44 @@ func fieldPath(m proto.Message, names ...protoreflect.Name) []protowire.Number {
 		md = fd.Message()
 	}
 	return path
+}
+
+// nameOf returns the name an encoded resource of kind kd carries, read
+// without decoding the rest; empty if it has none.
+func (kd kind) nameOf(a *anypb.Any) string {
+	if a.GetTypeUrl() != kd.typeURL {
+		return ""
+	}
+	b, _ := bytesAt(a.GetValue(), kd.namePath)
+	return string(b)
+}
+
+// bytesAt reads the length-delimited field at path in an encoded message,
+// following the first occurrence of each field.
+func bytesAt(b []byte, path []protowire.Number) ([]byte, bool) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, false
+		}
+		b = b[n:]
+		if num == path[0] && typ == protowire.BytesType {
+			v, m := protowire.ConsumeBytes(b)
+			if m < 0 {
+				return nil, false
+			}
+			if len(path) == 1 {
+				return v, true
+			}
+			return bytesAt(v, path[1:])
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			return nil, false
+		}
+		b = b[m:]
+	}
+	return nil, false
 }
 
 // varintAt reads the varint at path in an encoded message, following the

@@ -23,6 +23,23 @@ func TestSeqRoundTrip(t *testing.T) {
 	}
 }
 
+// Each kind reads its resources' names from the encoded bytes.
+func TestNameOf(t *testing.T) {
+	for typ, kd := range kinds {
+		c := newSeqCoding(kd, 10)
+		a, err := anypb.New(c.resource(kd.prefix+"7", 7, 3, 5))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := kd.nameOf(a); got != kd.prefix+"7" {
+			t.Errorf("%s: nameOf = %q, want %q", typ, got, kd.prefix+"7")
+		}
+		if other := kinds[map[string]string{"eds": "cds", "cds": "lds", "lds": "rds", "rds": "eds"}[typ]]; other.nameOf(a) != "" {
+			t.Errorf("%s: another kind read a name from it", typ)
+		}
+	}
+}
+
 func TestSeqOfForeignResource(t *testing.T) {
 	eds, cds := newSeqCoding(kinds["eds"], 10), newSeqCoding(kinds["cds"], 10)
 	a, err := anypb.New(cds.resource("c", 0, 4, 0))

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/xdsrelay/xdsrelay/internal/faultproxy"
 	"github.com/xdsrelay/xdsrelay/relay"
 )
 
@@ -40,10 +41,11 @@ func (b *xdsBackend) stop() {
 }
 
 // cpStack is the tool's control plane and, with cfg.Relay, xdsrelay in
-// front of it.
+// front of it, through a faultproxy with cfg.Soak.Faults.
 type cpStack struct {
 	cp    *controlPlane
-	relay *relay.Relay // nil unless cfg.Relay
+	relay *relay.Relay      // nil unless cfg.Relay
+	proxy *faultproxy.Proxy // nil unless cfg.Soak.Faults
 }
 
 func (s *cpStack) publish(seq int) (time.Time, error) { return s.cp.publish(seq) }
@@ -51,6 +53,9 @@ func (s *cpStack) publish(seq int) (time.Time, error) { return s.cp.publish(seq)
 func (s *cpStack) stop() {
 	if s.relay != nil {
 		stopRelay(s.relay)
+	}
+	if s.proxy != nil {
+		s.proxy.Close()
 	}
 	s.cp.stop()
 }
@@ -185,16 +190,34 @@ func startServer(cfg *Config, coding seqCoding) (serverSide, error) {
 	if cfg.Target == "" {
 		cfg.Target = cp.addr
 	}
+	stack := &cpStack{cp: cp}
 	if !cfg.Relay {
-		return &cpStack{cp: cp}, nil
+		return stack, nil
 	}
-	r, err := startRelay(cp.addr, cfg)
+	upstream, err := faultLinkTo(cfg, cp.addr, &stack.proxy)
+	if err == nil {
+		stack.relay, err = startRelay(upstream, cfg)
+	}
 	if err != nil {
-		cp.stop()
+		stack.stop()
 		return nil, err
 	}
-	cfg.Target = r.Addr()
-	return &cpStack{cp: cp, relay: r}, nil
+	cfg.Target = stack.relay.Addr()
+	return stack, nil
+}
+
+// faultLinkTo returns the address the relay reaches its control plane at
+// (cp): with cfg.Soak.Faults, a faultproxy in front of it, set in *proxy.
+func faultLinkTo(cfg *Config, cp string, proxy **faultproxy.Proxy) (string, error) {
+	if !cfg.Soak.Faults {
+		return cp, nil
+	}
+	p, err := faultproxy.Start(cp)
+	if err != nil {
+		return "", fmt.Errorf("soak: the link to the control plane: %w", err)
+	}
+	*proxy = p
+	return p.Addr, nil
 }
 
 // drive opens the clients, waits for their first config, publishes the

@@ -16,10 +16,14 @@ import (
 // SoakConfig describes a soak (Config.Soak): for Duration, clients of both
 // variants connect, reconnect, change their subscriptions and now and then
 // NACK, through xdsrelay in front of the tool's control plane, which
-// changes a resource every Config.UpdateEvery and restarts on a schedule;
-// every Every the relay's memory, goroutines, open files and streams are
-// sampled, and at the end each is held to its value after the first five
-// minutes (after the first half of a soak shorter than ten). A zero field
+// changes a resource every Config.UpdateEvery and restarts on a schedule
+// (with Faults, the link between them also goes silent, trickles and is
+// reset, in turn); every Every the relay's memory, goroutines, open files
+// and streams are sampled, and at the end each is held to its value after
+// the first five minutes (after the first half of a soak shorter than
+// ten). Then, once the changes have stopped, every client must come to
+// hold the control plane's last version of every name it subscribes to,
+// and none may have been told that one of them was removed. A zero field
 // takes the default its comment gives.
 type SoakConfig struct {
 	Duration time.Duration `json:"duration_ns,omitempty"`
@@ -31,6 +35,14 @@ type SoakConfig struct {
 	// (1s, and a quarter of RestartEvery at most).
 	RestartEvery time.Duration `json:"restart_every_ns,omitempty"`
 	Down         time.Duration `json:"down_ns,omitempty"`
+	// Faults puts a faultproxy between the relay and its control plane,
+	// and every RestartEvery injects the next fault in turn: a restart,
+	// silence for FaultFor, a trickle (soakTrickleRate) for FaultFor, a
+	// reset of every connection. The relay then finds a silent link dead
+	// within soakKeepalive+soakKeepaliveTimeout, and FaultFor is 5s more
+	// than that unless given.
+	Faults   bool          `json:"faults,omitempty"`
+	FaultFor time.Duration `json:"fault_for_ns,omitempty"`
 	// Churn is the fraction of the clients that reconnect every
 	// ChurnEvery, and of those that change their subscriptions: 5% every 5s.
 	Churn      float64       `json:"churn,omitempty"`
@@ -76,6 +88,26 @@ const (
 	// carries ((seq-1) mod soakMarks)+1, so that a soak of any length
 	// fits the mark field (see soakTracker.unwrap).
 	soakMarks = 1000
+	// soakEndBound bounds the wait, once the changes have stopped, for
+	// every client to hold the last ones: past the relay's 30s reconnect
+	// backoff and a keepalive bound, with room.
+	soakEndBound = 90 * time.Second
+)
+
+// With Soak.Faults the relay's upstream keepalive is gRPC's shortest ping
+// interval and a short timeout (a silent link is found dead within their
+// sum), a connection attempt is given up after soakConnectTimeout, and a
+// name not arrived soakNotFoundTimeout after it was asked is judged
+// (cache.not_found_timeout): within a silence, before the keepalive finds
+// the link dead, where only a live stream may say a name does not exist.
+// A trickling link carries soakTrickleRate bytes a second, both ways
+// together: less than the changes need.
+const (
+	soakKeepalive        = 10 * time.Second
+	soakKeepaliveTimeout = 5 * time.Second
+	soakConnectTimeout   = 5 * time.Second
+	soakNotFoundTimeout  = 5 * time.Second
+	soakTrickleRate      = 2 << 10
 )
 
 // defaults fills the zero fields of a soak of s.Duration.
@@ -91,6 +123,9 @@ func (s SoakConfig) defaults() SoakConfig {
 	setDefault(&s.Churn, 0.05)
 	setDefault(&s.ChurnEvery, 5*time.Second)
 	setDefault(&s.NACKEvery, 100)
+	if s.Faults {
+		setDefault(&s.FaultFor, soakKeepalive+soakKeepaliveTimeout+5*time.Second)
+	}
 	if len(s.Gate) == 0 {
 		s.Gate = soakGateDefault
 	}
@@ -124,6 +159,8 @@ func (s *SoakConfig) validate(cfg *Config) error {
 		return errors.New("soak-churn must be a fraction between 0 and 1, soak-churn-every positive")
 	case s.NACKEvery < 1:
 		return fmt.Errorf("soak-nack-every %d: want at least 1", s.NACKEvery)
+	case s.FaultFor < 0 || (s.FaultFor > 0 && !s.Faults):
+		return fmt.Errorf("soak-fault-for %s: give a positive duration, with soak-faults", s.FaultFor)
 	case cfg.UpdateEvery <= 0:
 		return errors.New("update-every: a soak needs a positive interval between changes")
 	case pool < 2:
@@ -132,6 +169,15 @@ func (s *SoakConfig) validate(cfg *Config) error {
 		return fmt.Errorf("timeout %s: must be longer than the soak's %s", cfg.Timeout, s.Duration)
 	}
 	return nil
+}
+
+// lateNames is how many late names a defaulted soak serves: one for each
+// silence its faults may bring, and one to spare.
+func (s SoakConfig) lateNames() int {
+	if !s.Faults || s.RestartEvery <= 0 {
+		return 0
+	}
+	return int(s.Duration/(s.RestartEvery*time.Duration(nFaultKinds))) + 2
 }
 
 // soaking reports whether cfg describes a soak.
@@ -147,29 +193,39 @@ func (cfg *Config) markSpan() int {
 }
 
 // soakBackend is what a soak drives: the clients, the control plane it
-// changes, pauses and resumes, and the relay it samples.
+// changes, pauses and resumes, the link to it that it breaks, and the
+// relay it samples.
 type soakBackend interface {
 	backend
 	pausable
+	faultLink
 	relaySampler
 }
 
 // soak runs the soak cfg describes and fills res.Soak; it fails if a gated
-// figure did not stay within soakTolerance, unless ReportOnly.
+// figure did not stay within soakTolerance, or the clients did not end at
+// the control plane's last versions or were told of a removal, unless
+// ReportOnly.
 func soak(ctx context.Context, cfg *Config, b backend, res *Result) error {
 	sb, ok := b.(soakBackend)
 	x := churnClients(b)
 	if !ok || x == nil {
 		return errors.New("soak: needs the relay and the tool's control plane")
 	}
-	st := newSoakTracker(cfg.Clients)
-	clients := newSoakClients(cfg, x, st)
+	pool, width := soakPool(cfg, x.coding)
+	st := newSoakTracker(cfg.Clients, pool, width)
+	clients := newSoakClients(cfg, x, st, cfg.Soak.NACKEvery)
 	sk := &Soak{}
 	res.Soak = sk
 	cctx, stopClients := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer stopClients()
+	var late *lateAsker
+	if cfg.Soak.Faults {
+		late = newLateAsker(cfg, pool)
+		wg.Go(func() { late.run(cctx, cfg.Target) })
+	}
 	launch(cctx, cfg.Clients, cfg.Rate, func(i int) { wg.Go(func() { clients.run(cctx, i) }) })
 	stopProgress := progress(cfg, func(elapsed time.Duration) string { return st.progressLine(elapsed, cfg.Clients) }, time.Now())
 	defer stopProgress()
@@ -177,24 +233,26 @@ func soak(ctx context.Context, cfg *Config, b backend, res *Result) error {
 	if err != nil {
 		err = fmt.Errorf("soak: waiting for every client's first config: %w", err)
 	} else {
-		err = soakFor(ctx, cfg, sb, clients, sk)
+		err = soakFor(ctx, cfg, sb, clients, late, sk)
+		sk.Ending = endCheck(ctx, st, late, soakEndBound)
+		sk.Ended = true
 	}
 	stopClients()
 	wg.Wait()
 	st.count(sk)
 	sk.judge(&cfg.Soak)
 	if err == nil && !sk.Passed && !cfg.Soak.ReportOnly {
-		err = fmt.Errorf("soak: %s did not stay within %.0f%% of %s", strings.Join(sk.failed(), ", "), soakTolerance*100, sk.ReferenceRule)
+		err = fmt.Errorf("soak: %s", strings.Join(sk.failures(), "; "))
 	}
 	return err
 }
 
 // soakFor runs the schedules for the soak's duration, sampling a row every
 // cfg.Soak.Every, and stops them.
-func soakFor(ctx context.Context, cfg *Config, b soakBackend, clients *soakClients, sk *Soak) error {
+func soakFor(ctx context.Context, cfg *Config, b soakBackend, clients *soakClients, late *lateAsker, sk *Soak) error {
 	sk.printHeader(cfg)
 	sctx, stop := context.WithCancel(ctx)
-	d := &cpDriver{cfg: cfg, b: b, st: clients.st}
+	d := newCPDriver(cfg, b, b, clients.st, late)
 	var wg sync.WaitGroup
 	var driveErr error
 	wg.Go(func() { driveErr = d.run(sctx) })
@@ -202,6 +260,7 @@ func soakFor(ctx context.Context, cfg *Config, b soakBackend, clients *soakClien
 	err := sampleRows(ctx, cfg, d, sk)
 	stop()
 	wg.Wait()
+	sk.Faults = d.log
 	return errors.Join(err, driveErr)
 }
 
@@ -227,129 +286,6 @@ func sampleRows(ctx context.Context, cfg *Config, d *cpDriver, sk *Soak) error {
 		}
 	}
 }
-
-// cpDriver changes a resource every cfg.UpdateEvery and restarts the
-// control plane every cfg.Soak.RestartEvery.
-type cpDriver struct {
-	// Read-only after soakFor makes it.
-	cfg *Config
-	b   soakBackend
-	st  *soakTracker
-	// quiet is held through a change's publication, through a restart
-	// until the relay is back on its upstream, and through a row's sample,
-	// which waits for the last change to have settled: a row is not taken
-	// mid-restart or mid-fan-out.
-	quiet sync.Mutex
-	last  time.Time // the last change published; guarded by quiet
-}
-
-// settle is how long a change takes to settle, as a sample or a restart
-// waits for it: half the interval between changes, settleMax at most.
-func (d *cpDriver) settle() time.Duration { return min(d.cfg.UpdateEvery/2, settleMax) }
-
-const settleMax = 2 * time.Second
-
-// sample samples the relay once the last change has settled, changes and
-// restarts held meanwhile.
-func (d *cpDriver) sample(ctx context.Context) (*RelaySample, error) {
-	d.quiet.Lock()
-	defer d.quiet.Unlock()
-	if err := pause(ctx, time.Until(d.last.Add(d.settle()))); err != nil {
-		return nil, err
-	}
-	return d.b.relaySample()
-}
-
-// run drives the control plane until ctx ends.
-func (d *cpDriver) run(ctx context.Context) error {
-	change, restart := time.NewTicker(d.cfg.UpdateEvery), time.NewTicker(d.cfg.Soak.RestartEvery)
-	defer change.Stop()
-	defer restart.Stop()
-	for seq := 1; ; seq++ {
-		var err error
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-change.C:
-			d.quiet.Lock()
-			err = d.publishLocked(seq, true)
-			d.quiet.Unlock()
-		case <-restart.C:
-			err = d.restart(ctx, seq)
-		}
-		if err != nil || ctx.Err() != nil {
-			return err
-		}
-	}
-}
-
-// publishLocked publishes change seq; unless counted, its receipts are
-// left out of the fan-out.
-func (d *cpDriver) publishLocked(seq int, counted bool) error {
-	d.st.announce(seq)
-	t, err := d.b.publish(seq)
-	if err != nil {
-		return fmt.Errorf("soak: change %d: %w", seq, err)
-	}
-	d.st.published(seq, t, counted)
-	d.last = time.Now()
-	return nil
-}
-
-// restart lets the last change settle, stops the control plane serving
-// and brings it back on its address Down later, with change seq. The relay
-// tells that its upstream stream is back by the response that carries it;
-// that change's fan-out, which waits for the relay's reconnection, is not
-// counted. Rows wait meanwhile.
-func (d *cpDriver) restart(ctx context.Context, seq int) error {
-	d.quiet.Lock()
-	defer d.quiet.Unlock()
-	if pause(ctx, time.Until(d.last.Add(d.settle()))) != nil {
-		return nil
-	}
-	up, err := d.b.upstreamConnected()
-	if err != nil {
-		return fmt.Errorf("soak: %w", err)
-	}
-	if err := d.b.pause(); err != nil {
-		return fmt.Errorf("soak: stopping the control plane: %w", err)
-	}
-	_ = pause(ctx, d.cfg.Soak.Down)
-	if err := d.b.resume(); err != nil {
-		return fmt.Errorf("soak: restarting the control plane: %w", err)
-	}
-	d.st.restarts.Add(1)
-	if err := d.publishLocked(seq, false); err != nil {
-		return err
-	}
-	return d.waitReconnected(ctx, up)
-}
-
-// waitReconnected waits, reconnectBound at most, for the relay to have up
-// groups with their upstream stream answering again.
-func (d *cpDriver) waitReconnected(ctx context.Context, up int) error {
-	deadline := time.Now().Add(reconnectBound)
-	for ctx.Err() == nil {
-		n, err := d.b.upstreamConnected()
-		switch {
-		case err != nil:
-			return fmt.Errorf("soak: %w", err)
-		case n >= up:
-			return nil
-		case time.Now().After(deadline):
-			return fmt.Errorf("soak: the relay was not back on its control plane %s after the control plane's restart (%d of %d groups)", reconnectBound, n, up)
-		}
-		_ = pause(ctx, reconnectPoll)
-	}
-	return nil
-}
-
-// How often, and how long at most, a restart looks whether the relay is
-// back on its control plane: past its 30s reconnect backoff, with room.
-const (
-	reconnectPoll  = 50 * time.Millisecond
-	reconnectBound = 45 * time.Second
-)
 
 // churn, every ChurnEvery (the first half a period in, off the rows'
 // beat), has a Churn fraction of the clients reconnect and as many others

@@ -177,13 +177,13 @@ func TestSoakUnwrap(t *testing.T) {
 		{10*soakMarks + 7, 10*soakMarks + 7}, {10*soakMarks + 7, 10*soakMarks - 990},
 	}
 	for _, tt := range tests {
-		st := newSoakTracker(1)
+		st := newSoakTracker(1, []string{"a", "b"}, 1)
 		st.announce(tt.announced)
 		if got := st.unwrap(mark(tt.seq)); got != tt.seq {
 			t.Errorf("announced %d, mark %d: update %d, want %d", tt.announced, mark(tt.seq), got, tt.seq)
 		}
 	}
-	st := newSoakTracker(1)
+	st := newSoakTracker(1, []string{"a", "b"}, 1)
 	if got := st.unwrap(mark(1)); got != -1 {
 		t.Errorf("nothing announced: update %d, want -1", got)
 	}

@@ -10,8 +10,9 @@ import (
 	"time"
 )
 
-// Soak is what a soak (Config.Soak) measured: a row every Every, and
-// whether each figure stayed within 10% of its reference.
+// Soak is what a soak (Config.Soak) measured: a row every Every, whether
+// each figure stayed within 10% of its reference, and how the clients
+// ended.
 type Soak struct {
 	Rows []SoakRow `json:"rows"`
 	// Reference is when the figures are taken as settled (5m, or half a
@@ -20,17 +21,30 @@ type Soak struct {
 	Reference     time.Duration `json:"reference_ns"`
 	ReferenceRule string        `json:"reference_rule"`
 	Verdicts      []SoakVerdict `json:"verdicts"`
-	Passed        bool          `json:"passed"` // every gated figure within 10%
+	// Ending is how the clients ended, once the changes stopped; Ended
+	// tells whether they were looked at (not if the soak stopped early).
+	Ending Ending `json:"ending"`
+	Ended  bool   `json:"ended"`
+	// Passed: every gated figure within 10%, and every client ended at
+	// the last versions, told of no removal.
+	Passed bool `json:"passed"`
 
 	// Counts over the soak.
-	Changes        int64  `json:"changes"`  // resources changed by the control plane
-	Restarts       int64  `json:"restarts"` // of the control plane
-	Reconnects     int64  `json:"reconnects"`
-	Resubscribes   int64  `json:"resubscribes"`
-	Responses      int64  `json:"responses"`
-	NACKs          int64  `json:"nacks"`
-	StreamFailures int64  `json:"stream_failures"` // streams that failed or were refused, then retried
-	FirstError     string `json:"first_error,omitempty"`
+	Changes  int64 `json:"changes"`  // resources changed by the control plane
+	Restarts int64 `json:"restarts"` // of the control plane
+	// With Faults, the link between the relay and its control plane went
+	// silent, trickled and was reset so many times.
+	Silences int64 `json:"silences,omitempty"`
+	Trickles int64 `json:"trickles,omitempty"`
+	Resets   int64 `json:"resets,omitempty"`
+	// Faults are the faults over (restarts included), in order.
+	Faults         []SoakFault `json:"faults,omitempty"`
+	Reconnects     int64       `json:"reconnects"`
+	Resubscribes   int64       `json:"resubscribes"`
+	Responses      int64       `json:"responses"`
+	NACKs          int64       `json:"nacks"`
+	StreamFailures int64       `json:"stream_failures"` // streams that failed or were refused, then retried
+	FirstError     string      `json:"first_error,omitempty"`
 
 	printed bool // the header and rows went to SoakConfig.Rows
 }
@@ -84,7 +98,8 @@ func soakReference(d time.Duration) (time.Duration, string) {
 	return soakSettle, fmt.Sprintf("its value after the first %s", soakSettle)
 }
 
-// judge holds every figure to its reference and sets Passed.
+// judge holds every figure to its reference, and sets Passed from that
+// and the ending.
 func (sk *Soak) judge(s *SoakConfig) {
 	sk.Reference, sk.ReferenceRule = soakReference(s.Duration)
 	sk.Verdicts, sk.Passed = nil, true
@@ -96,6 +111,21 @@ func (sk *Soak) judge(s *SoakConfig) {
 		}
 		sk.Verdicts = append(sk.Verdicts, v)
 	}
+	if sk.Ended && !sk.Ending.ok() {
+		sk.Passed = false
+	}
+}
+
+// failures says why the soak did not pass.
+func (sk *Soak) failures() []string {
+	var out []string
+	if f := sk.failed(); len(f) > 0 {
+		out = append(out, fmt.Sprintf("%s did not stay within %.0f%% of %s", strings.Join(f, ", "), soakTolerance*100, sk.ReferenceRule))
+	}
+	if sk.Ended {
+		out = append(out, sk.Ending.failures()...)
+	}
+	return out
 }
 
 // judgeFigure compares figure in the rows after the reference row (the
@@ -161,9 +191,15 @@ func describeSoak(c *Config) string {
 	if c.ADS {
 		api = "ADS"
 	}
+	faults := fmt.Sprintf("the control plane restarted every %s (down %s)", s.RestartEvery.Round(time.Millisecond), s.Down)
+	if s.Faults {
+		faults = fmt.Sprintf("every %s a fault between the relay and its control plane, in turn: a control-plane restart (down %s), silence for %s (a name no one asked for before asked as it starts), a trickle at %d B/s for %s, a reset of its connections "+
+			"(the relay's upstream keepalive %s, timeout %s, connect_timeout %s, cache.not_found_timeout %s)",
+			s.RestartEvery.Round(time.Millisecond), s.Down, s.FaultFor, soakTrickleRate, s.FaultFor, soakKeepalive, soakKeepaliveTimeout, soakConnectTimeout, soakNotFoundTimeout)
+	}
 	return fmt.Sprintf("xdsload soak: %d %s clients (even ones delta, odd ones SotW, %s) through %s, in front of go-control-plane (%s cache), for %s: "+
-		"a resource changed every %s, the control plane restarted every %s (down %s), %.0f%% of the clients reconnecting and as many changing subscriptions every %s, a NACK per %d responses; a row every %s, the relay's memory after a forced collection (heap: the live heap)",
-		c.Clients, c.Type, api, where, c.CPCache, s.Duration, c.UpdateEvery, s.RestartEvery.Round(time.Millisecond), s.Down, s.Churn*100, s.ChurnEvery, s.NACKEvery, s.Every)
+		"a resource changed every %s, %s, %.0f%% of the clients reconnecting and as many changing subscriptions every %s, a NACK per %d responses; a row every %s, the relay's memory after a forced collection (heap: the live heap)",
+		c.Clients, c.Type, api, where, c.CPCache, s.Duration, c.UpdateEvery, faults, s.Churn*100, s.ChurnEvery, s.NACKEvery, s.Every)
 }
 
 const (
@@ -204,11 +240,24 @@ func (sk *Soak) writeTable(w io.Writer, c *Config) error {
 			sk.printRow(w, r)
 		}
 	}
-	fmt.Fprintf(w, "\n%d changes, %d control-plane restarts, %d reconnects, %d resubscriptions, %d responses, %d NACKs, %d stream failures\n",
-		sk.Changes, sk.Restarts, sk.Reconnects, sk.Resubscribes, sk.Responses, sk.NACKs, sk.StreamFailures)
+	faults := ""
+	if c.Soak.Faults {
+		faults = fmt.Sprintf(", %d silences, %d trickles, %d resets", sk.Silences, sk.Trickles, sk.Resets)
+	}
+	fmt.Fprintf(w, "\n%d changes, %d control-plane restarts%s, %d reconnects, %d resubscriptions, %d responses, %d NACKs, %d stream failures\n",
+		sk.Changes, sk.Restarts, faults, sk.Reconnects, sk.Resubscribes, sk.Responses, sk.NACKs, sk.StreamFailures)
 	if sk.FirstError != "" {
 		fmt.Fprintf(w, "first stream failure: %s\n", sk.FirstError)
 	}
+	if c.Soak.Faults {
+		if err := sk.writeFaults(w); err != nil {
+			return err
+		}
+	}
+	if sk.Ended {
+		sk.Ending.write(w, c.Clients)
+	}
+	fmt.Fprintln(w)
 	if len(sk.Rows) == 0 {
 		_, err := fmt.Fprintln(w, "soak: no row was taken, nothing to judge")
 		return err
@@ -225,13 +274,30 @@ func (sk *Soak) writeTable(w io.Writer, c *Config) error {
 	fmt.Fprintln(w)
 	switch {
 	case sk.Passed:
-		fmt.Fprintf(w, "soak passed: %s within %.0f%%\n", strings.Join(c.Soak.Gate, ", "), soakTolerance*100)
+		fmt.Fprintf(w, "soak passed: %s within %.0f%%, every client at the control plane's last version, no spurious removal\n", strings.Join(c.Soak.Gate, ", "), soakTolerance*100)
 	case c.Soak.ReportOnly:
-		fmt.Fprintf(w, "soak: %s not within %.0f%% (reported only)\n", strings.Join(sk.failed(), ", "), soakTolerance*100)
+		fmt.Fprintf(w, "soak: %s (reported only)\n", strings.Join(sk.failures(), "; "))
 	default:
-		fmt.Fprintf(w, "soak FAILED: %s not within %.0f%%\n", strings.Join(sk.failed(), ", "), soakTolerance*100)
+		fmt.Fprintf(w, "soak FAILED: %s\n", strings.Join(sk.failures(), "; "))
 	}
 	return nil
+}
+
+// writeFaults prints a row per fault: when, how long, when the relay
+// found it, and how soon after its end the relay was back with every
+// client holding every change made meanwhile.
+func (sk *Soak) writeFaults(w io.Writer) error {
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "fault\tat\tlasted (s)\trelay found it after (s)\tevery client had every change, after its end (s)\t\n")
+	for _, f := range sk.Faults {
+		found := "-"
+		if f.Detected > 0 {
+			found = fmt.Sprintf("%.1f", f.Detected.Seconds())
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.1f\t%s\t%.2f\t\n", f.Kind, f.At.Round(time.Second), f.For.Seconds(), found, f.Back.Seconds())
+	}
+	return tw.Flush()
 }
 
 func (sk *Soak) writeVerdict(tw io.Writer, v SoakVerdict) {

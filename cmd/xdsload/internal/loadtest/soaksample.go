@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/xdsrelay/xdsrelay/internal/faultproxy"
 	"github.com/xdsrelay/xdsrelay/relay"
 )
 
@@ -149,8 +150,9 @@ func (s relayServer) relaySample() (*RelaySample, error) { return sampleRelay(s.
 func (s relayServer) upstreamConnected() (int, error)    { return upstreamConnected(s.r) }
 
 // relaySampler samples a relay; pausable is a control plane that goes
-// down and comes back. A soak drives an in-process server side, or a split
-// run's children, through them.
+// down and comes back; faultLink is the link between the relay and its
+// control plane, through a faultproxy (SoakConfig.Faults). A soak drives
+// an in-process server side, or a split run's children, through them.
 type (
 	relaySampler interface {
 		relaySample() (*RelaySample, error)
@@ -160,9 +162,53 @@ type (
 		pause() error
 		resume() error
 	}
+	faultLink interface {
+		link(mode faultproxy.Mode, bytesPerSecond int) error
+		resetLink() error
+	}
 )
 
-var errNoSoakServer = errors.New("soak: needs the relay in front of the tool's control plane")
+var (
+	errNoSoakServer = errors.New("soak: needs the relay in front of the tool's control plane")
+	errNoFaultLink  = errors.New("soak: no faultproxy between the relay and its control plane: give soak-faults")
+)
+
+// link sets the faultproxy p's mode; resetLink resets its connections.
+func link(p *faultproxy.Proxy, mode faultproxy.Mode, bytesPerSecond int) error {
+	if p == nil {
+		return errNoFaultLink
+	}
+	p.Set(mode, bytesPerSecond)
+	return nil
+}
+
+func resetLink(p *faultproxy.Proxy) error {
+	if p == nil {
+		return errNoFaultLink
+	}
+	p.Reset()
+	return nil
+}
+
+func (s *cpStack) link(mode faultproxy.Mode, rate int) error { return link(s.proxy, mode, rate) }
+func (s *cpStack) resetLink() error                          { return resetLink(s.proxy) }
+
+func (b *xdsBackend) link(mode faultproxy.Mode, rate int) error {
+	if s, ok := b.server.(faultLink); ok {
+		return s.link(mode, rate)
+	}
+	return errNoSoakServer
+}
+
+func (b *xdsBackend) resetLink() error {
+	if s, ok := b.server.(faultLink); ok {
+		return s.resetLink()
+	}
+	return errNoSoakServer
+}
+
+func (b *splitBackend) link(mode faultproxy.Mode, rate int) error { return link(b.proxy, mode, rate) }
+func (b *splitBackend) resetLink() error                          { return resetLink(b.proxy) }
 
 func (b *xdsBackend) pause() error {
 	if s, ok := b.server.(pausable); ok {

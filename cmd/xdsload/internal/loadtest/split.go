@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/xdsrelay/xdsrelay/internal/faultproxy"
 	"github.com/xdsrelay/xdsrelay/relay"
 )
 
@@ -424,6 +425,9 @@ type splitBackend struct {
 	}
 	*child          // what the clients dial
 	upstream *child // the relay's control plane; nil unless cfg.Relay
+	// proxy is the link from the relay to its control plane, in this
+	// process; nil unless cfg.Soak.Faults.
+	proxy *faultproxy.Proxy
 }
 
 func (b *splitBackend) run(ctx context.Context, i int, tr *tracker) error {
@@ -452,6 +456,9 @@ func (b *splitBackend) upstreamPID() int {
 
 func (b *splitBackend) stop() {
 	b.child.stop()
+	if b.proxy != nil {
+		b.proxy.Close()
+	}
 	if b.upstream != nil {
 		b.upstream.stop()
 	}
@@ -469,10 +476,17 @@ func startSplit(cfg *Config, coding seqCoding) (*splitBackend, error) {
 		if err != nil {
 			return nil, err
 		}
-		b.upstream, relayUpstream = up, up.target
+		b.upstream = up
+		if relayUpstream, err = faultLinkTo(cfg, up.target, &b.proxy); err != nil {
+			up.stop()
+			return nil, err
+		}
 	}
 	c, err := startChild(cfg, coding, relayUpstream)
 	if err != nil {
+		if b.proxy != nil {
+			b.proxy.Close()
+		}
 		if b.upstream != nil {
 			b.upstream.stop()
 		}
