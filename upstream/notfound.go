@@ -153,10 +153,17 @@ func (s *session) timedOut(now time.Time) {
 		default:
 			s.undecided = append(s.undecided, a)
 			s.unavailable(a.typeURL, a.names)
-			if s.probe == nil {
-				s.probe = probeConn(s.ctx, s.c.servers[s.server].conn, s.c.opts.ProbeTimeout)
-			}
+			s.probeLiveness()
 		}
+	}
+}
+
+// probeLiveness probes the stream's connection, unless a probe is in
+// flight: one sent before a name was asked cannot decide it, but the probe
+// sent once that one is answered can (probed).
+func (s *session) probeLiveness() {
+	if s.probe == nil {
+		s.probe = probeConn(s.ctx, s.c.servers[s.server].conn, s.c.opts.ProbeTimeout)
 	}
 }
 
@@ -166,13 +173,17 @@ func (s *session) aliveSince(t time.Time) bool {
 }
 
 // probed takes the probe's result: the undecided names asked before it
-// was sent are decided; with no answer they go back on the timer.
+// was sent are decided, and those asked since are probed for again; with
+// no answer they all go back on the timer.
 func (s *session) probed(alive bool) {
 	sent := s.probe.sent
 	s.probe = nil
 	if alive {
 		s.proven = sent
 		s.decide()
+		if len(s.undecided) > 0 {
+			s.probeLiveness()
+		}
 		return
 	}
 	for _, a := range s.undecided {

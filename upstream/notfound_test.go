@@ -1,14 +1,19 @@
 package upstream
 
 import (
+	"context"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/xdsrelay/xdsrelay/cache"
@@ -101,5 +106,102 @@ func TestNotFoundTimerReportsNameTooLongToAsk(t *testing.T) {
 		case <-deadline:
 			t.Fatal("the name too long to ask for was never reported as not existing")
 		}
+	}
+}
+
+// health is a control plane's health service as the stream's liveness
+// probe sees it: it answers SERVING after delay or, while mute, not at all
+// (as a half-open connection answers nothing); it counts the checks.
+type health struct {
+	healthpb.UnimplementedHealthServer
+	delay  time.Duration
+	mute   atomic.Bool
+	checks atomic.Int32
+}
+
+func (h *health) Check(ctx context.Context, _ *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	h.checks.Add(1)
+	if h.mute.Load() {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	t := time.NewTimer(h.delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return &healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// startSilent serves a control plane that answers no subscription, with h
+// as its health service, and runs a client of c on it with the given
+// does-not-exist and probe timeouts.
+func startSilent(t *testing.T, h *health, c *cache.Cache, notFound, probe time.Duration) {
+	t.Helper()
+	srv, conn := startScripted(t, func(g *grpc.Server) { healthpb.RegisterHealthServer(g, h) })
+	st := runClient(t, srv, Options{Conn: conn, Node: &corepb.Node{Id: "n"}, Cache: c, Metrics: NewMetrics(&metrics.Registry{}),
+		NotFoundTimeout: notFound, ProbeTimeout: probe})
+	go func() { // the requests are read, never answered
+		for {
+			if _, err := st.Recv(); err != nil {
+				return
+			}
+		}
+	}()
+}
+
+// lookupWithin waits up to bound, woken by w, until cond holds of name's
+// lookup in c; it reports whether it did.
+func lookupWithin(t *testing.T, c *cache.Cache, w *cache.Watch, typeURL, name string, bound time.Duration, cond func(cache.Lookup) bool) bool {
+	t.Helper()
+	deadline := time.NewTimer(bound)
+	defer deadline.Stop()
+	for {
+		if cond(c.Get(typeURL, []string{name})[0]) {
+			return true
+		}
+		select {
+		case <-w.Ready():
+			w.Take()
+		case <-deadline.C:
+			return cond(c.Get(typeURL, []string{name})[0])
+		}
+	}
+}
+
+func isUnavailable(l cache.Lookup) bool {
+	return !l.Absent && l.Error != nil && l.Error.Code == int32(codes.Unavailable)
+}
+
+func isNotFound(l cache.Lookup) bool {
+	return l.Absent && l.Error != nil && l.Error.Code == int32(codes.NotFound)
+}
+
+// Silence is not an answer (docs/architecture.md, invariant 15): a name
+// the timer finds unanswered on a stream that has shown no sign of life is
+// UNAVAILABLE, not removed, until a probe of the connection is answered;
+// a name asked after that probe was sent waits for a probe of its own, and
+// is decided by it.
+func TestNotFoundWaitsForAProbeSentAfterTheNameWasAsked(t *testing.T) {
+	const eds = resourcev3.EndpointType
+	h := &health{delay: time.Second}
+	c := cache.New(cache.Options{Retention: time.Minute})
+	w := cache.NewWatch()
+	c.Watch(w, eds, "first")
+	startSilent(t, h, c, 100*time.Millisecond, 10*time.Second)
+	if !lookupWithin(t, c, w, eds, "first", 10*time.Second, isUnavailable) {
+		t.Fatalf("first: %+v, want UNAVAILABLE while the probe is in flight", c.Get(eds, []string{"first"})[0])
+	}
+	// The probe sent for "first" is in flight: "second", asked now, times
+	// out before it is answered, and cannot be decided by it.
+	c.Watch(w, eds, "second")
+	if !lookupWithin(t, c, w, eds, "first", 10*time.Second, isNotFound) {
+		t.Fatalf("first: %+v, want NOT_FOUND once the probe was answered", c.Get(eds, []string{"first"})[0])
+	}
+	if !lookupWithin(t, c, w, eds, "second", 10*time.Second, isNotFound) {
+		t.Fatalf("second: %+v, want NOT_FOUND once a probe sent after it was asked was answered (probes: %d)",
+			c.Get(eds, []string{"second"})[0], h.checks.Load())
 	}
 }
