@@ -205,3 +205,37 @@ func TestNotFoundWaitsForAProbeSentAfterTheNameWasAsked(t *testing.T) {
 			c.Get(eds, []string{"second"})[0], h.checks.Load())
 	}
 }
+
+// A probe the connection does not answer leaves the names UNAVAILABLE, not
+// removed, and puts them back on the timer: they are probed again, and
+// decided once a probe is answered.
+func TestNotFoundUnansweredProbeIsTriedAgain(t *testing.T) {
+	const eds = resourcev3.EndpointType
+	h := &health{}
+	h.mute.Store(true)
+	c := cache.New(cache.Options{Retention: time.Minute})
+	w := cache.NewWatch()
+	c.Watch(w, eds, "x")
+	startSilent(t, h, c, 100*time.Millisecond, 100*time.Millisecond)
+	if !lookupWithin(t, c, w, eds, "x", 10*time.Second, isUnavailable) {
+		t.Fatalf("x: %+v, want UNAVAILABLE", c.Get(eds, []string{"x"})[0])
+	}
+	// Probes go unanswered: x is never removed meanwhile.
+	deadline := time.Now().Add(10 * time.Second)
+	for h.checks.Load() < 3 {
+		if l := c.Get(eds, []string{"x"})[0]; l.Absent {
+			t.Fatalf("x removed on the word of a connection that answered no probe: %+v", l)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d probes in 10s, want the unanswered one tried again", h.checks.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if l := c.Get(eds, []string{"x"})[0]; !isUnavailable(l) {
+		t.Fatalf("x after %d unanswered probes: %+v, want UNAVAILABLE", h.checks.Load(), l)
+	}
+	h.mute.Store(false)
+	if !lookupWithin(t, c, w, eds, "x", 10*time.Second, isNotFound) {
+		t.Fatalf("x: %+v, want NOT_FOUND once a probe was answered", c.Get(eds, []string{"x"})[0])
+	}
+}
