@@ -3,6 +3,8 @@ package upstream
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc"
@@ -237,9 +239,14 @@ func (s *session) judge(typeURL string, names []string) {
 	}
 	s.c.opts.Cache.Apply(typeURL, cache.Change{Removed: names, Errors: errs})
 	if s.judged == nil {
-		s.judged = map[string][]string{}
+		s.judged = map[string]map[string]struct{}{}
 	}
-	s.judged[typeURL] = append(s.judged[typeURL], names...)
+	if s.judged[typeURL] == nil {
+		s.judged[typeURL] = map[string]struct{}{}
+	}
+	for _, n := range names {
+		s.judged[typeURL][n] = struct{}{}
+	}
 	s.c.log.Info("no answer from the control plane within cache.not_found_timeout; reported as not existing",
 		"type", xds.ShortName(typeURL), "names", len(names), "first", xds.Clip(names[0]))
 }
@@ -263,7 +270,11 @@ func (s *session) unavailable(typeURL string, names []string) {
 // withdraw takes back the names the timer judged on this stream, which
 // has ended in failure: its silence may have been the network's.
 func (s *session) withdraw() {
-	for typeURL, names := range s.judged {
+	for typeURL, judged := range s.judged {
+		if len(judged) == 0 {
+			continue
+		}
+		names := slices.Sorted(maps.Keys(judged))
 		s.c.opts.Cache.Apply(typeURL, cache.Change{Unknown: names})
 		s.c.log.Warn("names reported not to exist on a stream that then failed are missing again", "type", xds.ShortName(typeURL),
 			"names", len(names), "first", xds.Clip(names[0]))

@@ -2,6 +2,8 @@ package upstream
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -237,5 +239,53 @@ func TestNotFoundUnansweredProbeIsTriedAgain(t *testing.T) {
 	h.mute.Store(false)
 	if !lookupWithin(t, c, w, eds, "x", 10*time.Second, isNotFound) {
 		t.Fatalf("x: %+v, want NOT_FOUND once a probe was answered", c.Get(eds, []string{"x"})[0])
+	}
+}
+
+// discard is a stream to a control plane that takes every request and
+// answers nothing.
+type discard struct {
+	grpc.BidiStreamingClient[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
+}
+
+func (discard) Send(*discoverypb.DeltaDiscoveryRequest) error { return nil }
+
+// What the timer judged on a stream is kept, to be taken back should the
+// stream fail (withdraw), once per name and only while the name is
+// subscribed: a stream that lives for days, its clients asking for names
+// that do not exist and leaving them again, holds no more than it
+// subscribes.
+func TestJudgedNamesAreBoundedBySubscriptions(t *testing.T) {
+	const eds = resourcev3.EndpointType
+	_, conn := startScripted(t)
+	c := cache.New(cache.Options{Retention: time.Nanosecond})
+	cl, err := New(Options{Conn: conn, Node: &corepb.Node{Id: "n"}, Cache: c, Metrics: NewMetrics(&metrics.Registry{}),
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &session{c: cl, st: discard{}, subs: map[string]*subscription{}}
+	sync := func() {
+		t.Helper()
+		if err := s.sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w := cache.NewWatch()
+	for i := range 100 {
+		name := fmt.Sprint("missing-", i%10)
+		c.Watch(w, eds, name)
+		sync()
+		s.judge(eds, []string{name})
+		c.Unwatch(w, eds, name)
+		c.Sweep() // the retention ends: unsubscribed upstream
+		sync()
+	}
+	c.Watch(w, eds, "kept")
+	sync()
+	s.judge(eds, []string{"kept"})
+	s.judge(eds, []string{"kept"}) // again, as after a withdraw on the stream before
+	if n := len(s.judged[eds]); n != 1 {
+		t.Errorf("the stream holds %d judged names, want 1: the one still subscribed, once", n)
 	}
 }

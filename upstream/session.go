@@ -60,12 +60,13 @@ type session struct {
 	// Liveness, for the does-not-exist timer (notfound.go): when the last
 	// response arrived, since when a probe of the connection proved it
 	// alive, the names waiting for such a proof, the probe in flight, and
-	// the names the timer reported not to exist.
+	// the names still subscribed that the timer reported not to exist, by
+	// type.
 	lastResponse time.Time
 	proven       time.Time
 	undecided    []asked
 	probe        *liveness
-	judged       map[string][]string
+	judged       map[string]map[string]struct{}
 }
 
 // close ends the stream and waits for its receiver; nil is closed.
@@ -154,7 +155,7 @@ func (s *session) syncChanges(changes map[string]map[string]bool) error {
 				sub.names[n] = struct{}{}
 				ch.subscribe = append(ch.subscribe, n)
 			case !wanted && has:
-				delete(sub.names, n)
+				s.unsubscribed(typeURL, sub, n)
 				ch.unsubscribe = append(ch.unsubscribe, n)
 			}
 		}
@@ -203,7 +204,7 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 	for n := range sub.names {
 		if _, ok := want[n]; !ok {
 			ch.unsubscribe = append(ch.unsubscribe, n)
-			delete(sub.names, n)
+			s.unsubscribed(typeURL, sub, n)
 		}
 	}
 	if len(ch.subscribe) == 0 && len(ch.unsubscribe) == 0 {
@@ -218,6 +219,14 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 	}
 	slices.Sort(ch.unsubscribe)
 	return s.sendChange(ch, sub)
+}
+
+// unsubscribed drops name from sub, the stream's subscription of typeURL,
+// and from what the timer judged on the stream: withdraw need not take it
+// back.
+func (s *session) unsubscribed(typeURL string, sub *subscription, name string) {
+	delete(sub.names, name)
+	delete(s.judged[typeURL], name)
 }
 
 // sendChange sends a subscription change in as many requests as the
