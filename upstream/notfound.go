@@ -253,15 +253,8 @@ func (s *session) judge(typeURL string, names []string) {
 
 // unavailable gives names UNAVAILABLE errors, unless they have one.
 func (s *session) unavailable(typeURL string, names []string) {
-	var errs []*cache.ResourceError
-	for _, l := range s.c.opts.Cache.Get(typeURL, names) {
-		if l.Error == nil || l.Error.Code != int32(codes.Unavailable) {
-			errs = append(errs, xds.NewError(l.Name, codes.Unavailable,
-				"the control plane has not sent it, and its connection is not known to be alive"))
-		}
-	}
+	errs := s.c.giveUnavailable(typeURL, names, "the control plane has not sent it, and its connection is not known to be alive")
 	if len(errs) > 0 {
-		s.c.opts.Cache.Apply(typeURL, cache.Change{Errors: errs})
 		s.c.log.Info("no answer within cache.not_found_timeout on a stream not known to be alive: UNAVAILABLE to clients, not removed; probing the connection",
 			"type", xds.ShortName(typeURL), "names", len(errs), "first", xds.Clip(errs[0].Name), "server", s.c.servers[s.server].name)
 	}
