@@ -74,6 +74,18 @@ func runLoadReporter(t *testing.T, store *loadstats.Store, server func() (Server
 	return stop
 }
 
+// waitPending waits until the store holds at least n periods undelivered.
+func waitPending(t *testing.T, store *loadstats.Store, n int) {
+	t.Helper()
+	deadline := time.Now().Add(lrsWait)
+	for store.Status().Pending < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d periods held, want %d", store.Status().Pending, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func fixed(s Server) func() (Server, bool) { return func() (Server, bool) { return s, true } }
 
 // reportRequests has r report n successful requests to cluster c, one a
@@ -150,14 +162,15 @@ func TestLoadReporterHoldsWhileDown(t *testing.T) {
 	stopped := make(chan struct{})
 	var once sync.Once
 	cp.LRS.OnReport(func(*testcp.LRSStream, *lrspb.LoadStatsRequest) { once.Do(func() { close(stopped) }) })
-	<-stopped
+	select {
+	case <-stopped:
+	case <-time.After(lrsWait):
+		t.Fatal("no report after the first")
+	}
 	cp.Stop()
 	down := time.Now()
 	reportRequests(r, "a", 7)
-	time.Sleep(100 * time.Millisecond) // periods end while it is down
-	if store.Status().Pending < 2 {
-		t.Fatalf("%d periods held while down, want several", store.Status().Pending)
-	}
+	waitPending(t, store, 2) // periods end while it is down
 	reportRequests(r, "a", 1)
 	cp.Restart()
 	if !cp.LRS.Wait(lrsWait, func(l *testcp.LRS) bool { return l.Load("a").Succeeded >= 10 }) {
