@@ -92,9 +92,8 @@ func (n *notFound) expired(now time.Time) []asked {
 }
 
 // Silence is not an answer (docs/architecture.md, invariant 15). A name the
-// timer finds unanswered is
-// reported not to exist only if the stream has shown itself alive since
-// the name was asked: a response received since, or a probe of its
+// timer finds unanswered is reported not to exist only if the stream has
+// shown itself alive since the name was asked: a response received since, or a probe of its
 // connection answered since. Otherwise clients get UNAVAILABLE for it
 // (gRFC A88), never a removal, the connection is probed, and the name waits:
 // the probe's answer, or the next response, decides it; a probe unanswered

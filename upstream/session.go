@@ -57,11 +57,11 @@ type session struct {
 	// type's resume leaves one cached name out for the server to answer.
 	probing bool
 
-	// Liveness, for the does-not-exist timer (notfound.go): when the last
-	// response arrived, since when a probe of the connection proved it
-	// alive, the names waiting for such a proof, the probe in flight, and
-	// the names still subscribed that the timer reported not to exist, by
-	// type.
+	// Liveness, owned like the above, for the does-not-exist timer
+	// (notfound.go): when the last response arrived, since when a probe of
+	// the connection proved it alive, the names waiting for such a proof,
+	// the probe in flight, and the names still subscribed that the timer
+	// reported not to exist, by type.
 	lastResponse time.Time
 	proven       time.Time
 	undecided    []asked
@@ -69,7 +69,8 @@ type session struct {
 	judged       map[string]map[string]struct{}
 }
 
-// close ends the stream and waits for its receiver; nil is closed.
+// close ends the stream and waits for its receiver and its liveness
+// probe; nil is closed.
 func (s *session) close() {
 	if s == nil {
 		return
