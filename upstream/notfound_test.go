@@ -137,26 +137,28 @@ func (h *health) Check(ctx context.Context, _ *healthpb.HealthCheckRequest) (*he
 	}
 }
 
-// startSilent serves a control plane that answers no subscription, with h
-// as its health service, and runs a client of c on it with the given
-// does-not-exist and probe timeouts.
-func startSilent(t *testing.T, h *health, c *cache.Cache, notFound, probe time.Duration) {
+// startSilent serves a control plane that answers no subscription unless
+// the test sends on the stream it returns, with h as its health service,
+// and runs a client of c on it with the given does-not-exist and probe
+// timeouts. The client's requests are read and dropped.
+func startSilent(t *testing.T, h *health, c *cache.Cache, notFound, probe time.Duration) grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse] {
 	t.Helper()
 	srv, conn := startScripted(t, func(g *grpc.Server) { healthpb.RegisterHealthServer(g, h) })
 	st := runClient(t, srv, Options{Conn: conn, Node: &corepb.Node{Id: "n"}, Cache: c, Metrics: NewMetrics(&metrics.Registry{}),
 		NotFoundTimeout: notFound, ProbeTimeout: probe})
-	go func() { // the requests are read, never answered
+	go func() {
 		for {
 			if _, err := st.Recv(); err != nil {
 				return
 			}
 		}
 	}()
+	return st
 }
 
-// lookupWithin waits up to bound, woken by w, until cond holds of name's
-// lookup in c; it reports whether it did.
-func lookupWithin(t *testing.T, c *cache.Cache, w *cache.Watch, typeURL, name string, bound time.Duration, cond func(cache.Lookup) bool) bool {
+// lookupWithin waits up to bound, woken by wake (a watch's Ready), until
+// cond holds of name's lookup in c; it reports whether it did.
+func lookupWithin(t *testing.T, c *cache.Cache, wake <-chan struct{}, typeURL, name string, bound time.Duration, cond func(cache.Lookup) bool) bool {
 	t.Helper()
 	deadline := time.NewTimer(bound)
 	defer deadline.Stop()
@@ -165,8 +167,7 @@ func lookupWithin(t *testing.T, c *cache.Cache, w *cache.Watch, typeURL, name st
 			return true
 		}
 		select {
-		case <-w.Ready():
-			w.Take()
+		case <-wake:
 		case <-deadline.C:
 			return cond(c.Get(typeURL, []string{name})[0])
 		}
@@ -193,16 +194,16 @@ func TestNotFoundWaitsForAProbeSentAfterTheNameWasAsked(t *testing.T) {
 	w := cache.NewWatch()
 	c.Watch(w, eds, "first")
 	startSilent(t, h, c, 100*time.Millisecond, 10*time.Second)
-	if !lookupWithin(t, c, w, eds, "first", 10*time.Second, isUnavailable) {
+	if !lookupWithin(t, c, w.Ready(), eds, "first", 10*time.Second, isUnavailable) {
 		t.Fatalf("first: %+v, want UNAVAILABLE while the probe is in flight", c.Get(eds, []string{"first"})[0])
 	}
 	// The probe sent for "first" is in flight: "second", asked now, times
 	// out before it is answered, and cannot be decided by it.
 	c.Watch(w, eds, "second")
-	if !lookupWithin(t, c, w, eds, "first", 10*time.Second, isNotFound) {
+	if !lookupWithin(t, c, w.Ready(), eds, "first", 10*time.Second, isNotFound) {
 		t.Fatalf("first: %+v, want NOT_FOUND once the probe was answered", c.Get(eds, []string{"first"})[0])
 	}
-	if !lookupWithin(t, c, w, eds, "second", 10*time.Second, isNotFound) {
+	if !lookupWithin(t, c, w.Ready(), eds, "second", 10*time.Second, isNotFound) {
 		t.Fatalf("second: %+v, want NOT_FOUND once a probe sent after it was asked was answered (probes: %d)",
 			c.Get(eds, []string{"second"})[0], h.checks.Load())
 	}
@@ -219,7 +220,7 @@ func TestNotFoundUnansweredProbeIsTriedAgain(t *testing.T) {
 	w := cache.NewWatch()
 	c.Watch(w, eds, "x")
 	startSilent(t, h, c, 100*time.Millisecond, 100*time.Millisecond)
-	if !lookupWithin(t, c, w, eds, "x", 10*time.Second, isUnavailable) {
+	if !lookupWithin(t, c, w.Ready(), eds, "x", 10*time.Second, isUnavailable) {
 		t.Fatalf("x: %+v, want UNAVAILABLE", c.Get(eds, []string{"x"})[0])
 	}
 	// Probes go unanswered: x is never removed meanwhile.
@@ -237,7 +238,7 @@ func TestNotFoundUnansweredProbeIsTriedAgain(t *testing.T) {
 		t.Fatalf("x after %d unanswered probes: %+v, want UNAVAILABLE", h.checks.Load(), l)
 	}
 	h.mute.Store(false)
-	if !lookupWithin(t, c, w, eds, "x", 10*time.Second, isNotFound) {
+	if !lookupWithin(t, c, w.Ready(), eds, "x", 10*time.Second, isNotFound) {
 		t.Fatalf("x: %+v, want NOT_FOUND once a probe was answered", c.Get(eds, []string{"x"})[0])
 	}
 }
@@ -287,5 +288,50 @@ func TestJudgedNamesAreBoundedBySubscriptions(t *testing.T) {
 	s.judge(eds, []string{"kept"}) // again, as after a withdraw on the stream before
 	if n := len(s.judged[eds]); n != 1 {
 		t.Errorf("the stream holds %d judged names, want 1: the one still subscribed, once", n)
+	}
+}
+
+// A response that arrives while names wait for a proof of life is that
+// proof, and an answer: what it carries is applied before the others are
+// judged, and is never reported not to exist on the way
+// (docs/architecture.md, invariant 15).
+func TestNotFoundResponseAnswersBeforeItProves(t *testing.T) {
+	const eds = resourcev3.EndpointType
+	h := &health{}
+	h.mute.Store(true) // the probe goes unanswered: the response decides
+	c := cache.New(cache.Options{Retention: time.Minute})
+	var removed atomic.Bool
+	wake := make(chan struct{}, 1)
+	w := cache.NewWatch()
+	w.OnReady(func() { // at every change, on the client's goroutine
+		if c.Get(eds, []string{"x"})[0].Absent {
+			removed.Store(true)
+		}
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	})
+	c.Watch(w, eds, "x", "y")
+	st := startSilent(t, h, c, 100*time.Millisecond, 10*time.Second)
+	if !lookupWithin(t, c, wake, eds, "x", 10*time.Second, isUnavailable) {
+		t.Fatalf("x: %+v, want UNAVAILABLE", c.Get(eds, []string{"x"})[0])
+	}
+	a, err := anypb.New(testcp.Endpoints("x", "127.0.0.1:1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discoverypb.DeltaDiscoveryResponse{TypeUrl: eds, Nonce: "1",
+		Resources: []*discoverypb.Resource{{Name: "x", Version: "1", Resource: a}}}); err != nil {
+		t.Fatal(err)
+	}
+	if !lookupWithin(t, c, wake, eds, "y", 10*time.Second, isNotFound) {
+		t.Fatalf("y: %+v, want NOT_FOUND once the stream proved alive", c.Get(eds, []string{"y"})[0])
+	}
+	if l := c.Get(eds, []string{"x"})[0]; l.Resource == nil || l.Error != nil {
+		t.Errorf("x: %+v, want the resource the response carried, without an error", l)
+	}
+	if removed.Load() {
+		t.Error("x was reported not to exist on the way to the response that carries it")
 	}
 }

@@ -271,10 +271,8 @@ func (s *session) sendChange(ch change, sub *subscription) error {
 // the others are applied ("ACK/NACK and resource type instance version").
 func (s *session) handle(r *xds.Received) error {
 	received := time.Now()
-	s.lastResponse = received // the stream is alive: any response shows it
-	if len(s.undecided) > 0 {
-		s.decide()
-	}
+	// The stream is alive: any response shows it.
+	s.lastResponse = received
 	s.c.debugResponse(r) // before the resources are let go
 	// The cache's and the streams' keys share one copy of the type URL.
 	typeURL := xds.Canonical(r.TypeURL)
@@ -287,6 +285,11 @@ func (s *session) handle(r *xds.Received) error {
 		s.apply(ctx, r, typeURL, short, enc, cache.Change{Received: received, Trace: cacheTrace(span.SpanContext())})
 	} else {
 		enc.problems.add(fmt.Sprintf("unknown resource type %q", typeURL))
+	}
+	if len(s.undecided) > 0 {
+		// Once the response is applied: what it carries is answered, not
+		// judged not to exist on the way (notfound.go).
+		s.decide()
 	}
 	ack := &discoverypb.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: r.Nonce}
 	if len(enc.problems.list) > 0 {
