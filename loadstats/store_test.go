@@ -371,3 +371,40 @@ func TestNewChecksOptions(t *testing.T) {
 		}
 	}
 }
+
+// The store calls what it is given (notify, OnIgnored, OnDropped,
+// OnMixedZones) without holding its lock: each may call the store back.
+func TestCallbacksMayCallTheStore(t *testing.T) {
+	var s *Store
+	var notified, ignored, dropped, mixed atomic.Int64
+	back := func(n *atomic.Int64) { n.Add(1); s.Status() }
+	s, _ = newStore(t, func(o *Options) {
+		o.MaxPending = 1
+		o.OnIgnored = func(int) { back(&ignored) }
+		o.OnDropped = func(int) { back(&dropped) }
+		o.OnMixedZones = func(_, _ *corepb.Locality) { back(&mixed) }
+	})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		r := s.Join(&corepb.Node{Locality: loc("z1")}, func() { back(&notified) })
+		r.Next()
+		s.Join(&corepb.Node{Locality: loc("z2")}, func() {})
+		r.Report([]*endpointpb.ClusterStats{clusterStats("a", 1)})
+		s.Instruct(Instructions{Clusters: []string{"b"}})
+		r.Report([]*endpointpb.ClusterStats{clusterStats("a", 1)})
+		s.Cut(time.Now())
+		s.Cut(time.Now())
+		s.Discard()
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a callback that calls the store back did not return: called with the store's lock held")
+	}
+	for name, n := range map[string]*atomic.Int64{"notify": &notified, "OnIgnored": &ignored, "OnDropped": &dropped, "OnMixedZones": &mixed} {
+		if n.Load() == 0 {
+			t.Errorf("%s was not called", name)
+		}
+	}
+}

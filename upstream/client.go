@@ -455,7 +455,6 @@ func (c *Client) loop(ctx context.Context, s *session) (healthy bool, takeover *
 	}
 }
 
-// received handles one response of s.
 // up records a stream opened and subscribed: the control plane is
 // reachable, even before it answers (a resume it has nothing new for is
 // answered with nothing).
@@ -466,6 +465,7 @@ func (c *Client) up(s *session) {
 	c.setStatus(func(st *Status) { st.Connected, st.Server = true, c.servers[s.server].name })
 }
 
+// received handles one response of s; healthy is set at the first.
 func (c *Client) received(s *session, r *xds.Received, healthy *bool) error {
 	if !*healthy {
 		*healthy = true

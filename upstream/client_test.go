@@ -44,13 +44,17 @@ func (s *scripted) DeltaAggregatedResources(st grpc.BidiStreamingServer[discover
 	return nil
 }
 
-// startScripted serves a scripted control plane until the test ends and
-// returns it with a connection to it.
-func startScripted(t *testing.T) (*scripted, *grpc.ClientConn) {
+// startScripted serves a scripted control plane, with the services that
+// register adds beside it, until the test ends and returns it with a
+// connection to it.
+func startScripted(t *testing.T, register ...func(*grpc.Server)) (*scripted, *grpc.ClientConn) {
 	t.Helper()
 	srv := &scripted{streams: make(chan grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse], 1)}
 	g := grpc.NewServer()
 	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, srv)
+	for _, r := range register {
+		r(g)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
@@ -44,12 +45,17 @@ func newLoadStore(t *testing.T) *loadstats.Store {
 }
 
 // runLoadReporter runs a reporter until the test ends (or the returned
-// stop), reporting to the server that server returns.
-func runLoadReporter(t *testing.T, store *loadstats.Store, server func() (Server, bool), m LoadMetrics) (stop func()) {
+// stop), reporting to the server that server returns; mutate changes its
+// options.
+func runLoadReporter(t *testing.T, store *loadstats.Store, server func() (Server, bool), m LoadMetrics, mutate ...func(*LoadReporterOptions)) (stop func()) {
 	t.Helper()
-	lr, err := NewLoadReporter(LoadReporterOptions{Store: store, Node: &corepb.Node{Id: "relay~group", Cluster: "c1"},
+	opts := LoadReporterOptions{Store: store, Node: &corepb.Node{Id: "relay~group", Cluster: "c1"},
 		Server: server, Group: "cluster=c1", Metrics: m, Logger: slog.New(slog.DiscardHandler),
-		Backoff: backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, MaxDelay: 50 * time.Millisecond}})
+		Backoff: backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, MaxDelay: 50 * time.Millisecond}}
+	for _, f := range mutate {
+		f(&opts)
+	}
+	lr, err := NewLoadReporter(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,6 +78,18 @@ func runLoadReporter(t *testing.T, store *loadstats.Store, server func() (Server
 	}
 	t.Cleanup(stop)
 	return stop
+}
+
+// waitPending waits until the store holds at least n periods undelivered.
+func waitPending(t *testing.T, store *loadstats.Store, n int) {
+	t.Helper()
+	deadline := time.Now().Add(lrsWait)
+	for store.Status().Pending < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d periods held, want %d", store.Status().Pending, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 func fixed(s Server) func() (Server, bool) { return func() (Server, bool) { return s, true } }
@@ -150,14 +168,15 @@ func TestLoadReporterHoldsWhileDown(t *testing.T) {
 	stopped := make(chan struct{})
 	var once sync.Once
 	cp.LRS.OnReport(func(*testcp.LRSStream, *lrspb.LoadStatsRequest) { once.Do(func() { close(stopped) }) })
-	<-stopped
+	select {
+	case <-stopped:
+	case <-time.After(lrsWait):
+		t.Fatal("no report after the first")
+	}
 	cp.Stop()
 	down := time.Now()
 	reportRequests(r, "a", 7)
-	time.Sleep(100 * time.Millisecond) // periods end while it is down
-	if store.Status().Pending < 2 {
-		t.Fatalf("%d periods held while down, want several", store.Status().Pending)
-	}
+	waitPending(t, store, 2) // periods end while it is down
 	reportRequests(r, "a", 1)
 	cp.Restart()
 	if !cp.LRS.Wait(lrsWait, func(l *testcp.LRS) bool { return l.Load("a").Succeeded >= 10 }) {
@@ -231,4 +250,83 @@ func TestPackStats(t *testing.T) {
 	if parts := packStats(stats[:2], 10); len(parts) != 2 {
 		t.Errorf("clusters larger than the bound: %d parts, want one each", len(parts))
 	}
+}
+
+// Reports wait for the control plane's first response (the interval is
+// its to set): periods end and are held meanwhile, and go out once it has
+// answered.
+func TestLoadReporterWaitsForTheControlPlanesAnswer(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.LRS.Hold()
+	store := newLoadStore(t)
+	runLoadReporter(t, store, fixed(lrsServer(t, cp)), LoadMetrics{})
+	r := store.Join(&corepb.Node{}, func() {})
+	r.Next()
+	reportRequests(r, "a", 3)
+	if !cp.LRS.Wait(lrsWait, func(l *testcp.LRS) bool { return len(l.Streams()) == 1 }) {
+		t.Fatal("the reporter opened no stream")
+	}
+	waitPending(t, store, 3) // held, not sent
+	if n := len(cp.LRS.Reports(cp.LRS.Streams()[0])); n != 1 {
+		t.Fatalf("%d requests before the control plane answered, want the first (the node) alone", n)
+	}
+	cp.LRS.Answer(t, &lrspb.LoadStatsResponse{SendAllClusters: true, LoadReportingInterval: durationpb.New(20 * time.Millisecond)})
+	if !cp.LRS.Wait(lrsWait, func(l *testcp.LRS) bool { return l.Load("a").Succeeded == 3 }) {
+		t.Fatalf("once it answered, the control plane got %+v", cp.LRS.Load("a"))
+	}
+}
+
+// A period's report larger than MaxRequestBytes goes in parts, none past
+// the bound, a cluster whole in each; the control plane gets it all.
+func TestLoadReporterSendsReportsInParts(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.LRS.Answer(t, &lrspb.LoadStatsResponse{SendAllClusters: true, LoadReportingInterval: durationpb.New(20 * time.Millisecond)})
+	store := newLoadStore(t)
+	const bound = 100
+	runLoadReporter(t, store, fixed(lrsServer(t, cp)), LoadMetrics{}, func(o *LoadReporterOptions) { o.MaxRequestBytes = bound })
+	r := store.Join(&corepb.Node{}, func() {})
+	r.Next()
+	clusters := []string{"a", "b", "c", "d", "e", "f"}
+	var stats []*endpointpb.ClusterStats
+	for _, c := range clusters {
+		stats = append(stats, &endpointpb.ClusterStats{ClusterName: c, UpstreamLocalityStats: []*endpointpb.UpstreamLocalityStats{
+			{Locality: &corepb.Locality{Zone: "z"}, TotalSuccessfulRequests: 1, TotalIssuedRequests: 1}}})
+	}
+	r.Report(stats) // one report: one period
+	if !cp.LRS.Wait(lrsWait, func(l *testcp.LRS) bool {
+		return !slices.ContainsFunc(clusters, func(c string) bool { return l.Load(c).Succeeded != 1 })
+	}) {
+		t.Fatal("the control plane did not get every cluster once")
+	}
+	parts := 0
+	for _, req := range cp.LRS.Reports(cp.LRS.Streams()[0])[1:] {
+		if n := proto.Size(req); n > bound {
+			t.Errorf("a report of %d bytes, past MaxRequestBytes (%d)", n, bound)
+		}
+		if len(req.GetClusterStats()) > 0 {
+			parts++
+		}
+	}
+	if parts < 2 {
+		t.Errorf("the period's report went in %d requests, want it in parts", parts)
+	}
+}
+
+// A reporter told to wait for an earlier one (After) opens no stream until
+// that one has ended, and still stops at once when told to.
+func TestLoadReporterWaitsForTheOneBefore(t *testing.T) {
+	cp := testcp.Start(t)
+	store := newLoadStore(t)
+	earlier := make(chan struct{})
+	runLoadReporter(t, store, fixed(lrsServer(t, cp)), LoadMetrics{}, func(o *LoadReporterOptions) { o.After = earlier })
+	if cp.LRS.Wait(200*time.Millisecond, func(l *testcp.LRS) bool { return len(l.Streams()) > 0 }) {
+		t.Fatal("a stream opened before the earlier reporter ended")
+	}
+	close(earlier)
+	if !cp.LRS.Wait(lrsWait, func(l *testcp.LRS) bool { return len(l.Streams()) == 1 }) {
+		t.Fatal("no stream once the earlier reporter had ended")
+	}
+	// One whose earlier reporter never ends stops when told to (stop
+	// fails the test if it does not).
+	runLoadReporter(t, store, fixed(lrsServer(t, cp)), LoadMetrics{}, func(o *LoadReporterOptions) { o.After = make(chan struct{}) })()
 }

@@ -3,6 +3,8 @@ package upstream
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc"
@@ -90,9 +92,8 @@ func (n *notFound) expired(now time.Time) []asked {
 }
 
 // Silence is not an answer (docs/architecture.md, invariant 15). A name the
-// timer finds unanswered is
-// reported not to exist only if the stream has shown itself alive since
-// the name was asked: a response received since, or a probe of its
+// timer finds unanswered is reported not to exist only if the stream has
+// shown itself alive since the name was asked: a response received since, or a probe of its
 // connection answered since. Otherwise clients get UNAVAILABLE for it
 // (gRFC A88), never a removal, the connection is probed, and the name waits:
 // the probe's answer, or the next response, decides it; a probe unanswered
@@ -153,10 +154,17 @@ func (s *session) timedOut(now time.Time) {
 		default:
 			s.undecided = append(s.undecided, a)
 			s.unavailable(a.typeURL, a.names)
-			if s.probe == nil {
-				s.probe = probeConn(s.ctx, s.c.servers[s.server].conn, s.c.opts.ProbeTimeout)
-			}
+			s.probeLiveness()
 		}
+	}
+}
+
+// probeLiveness probes the stream's connection, unless a probe is in
+// flight: one sent before a name was asked cannot decide it, but the probe
+// sent once that one is answered can (probed).
+func (s *session) probeLiveness() {
+	if s.probe == nil {
+		s.probe = probeConn(s.ctx, s.c.servers[s.server].conn, s.c.opts.ProbeTimeout)
 	}
 }
 
@@ -166,13 +174,17 @@ func (s *session) aliveSince(t time.Time) bool {
 }
 
 // probed takes the probe's result: the undecided names asked before it
-// was sent are decided; with no answer they go back on the timer.
+// was sent are decided, and those asked since are probed for again; with
+// no answer they all go back on the timer.
 func (s *session) probed(alive bool) {
 	sent := s.probe.sent
 	s.probe = nil
 	if alive {
 		s.proven = sent
 		s.decide()
+		if len(s.undecided) > 0 {
+			s.probeLiveness()
+		}
 		return
 	}
 	for _, a := range s.undecided {
@@ -226,24 +238,22 @@ func (s *session) judge(typeURL string, names []string) {
 	}
 	s.c.opts.Cache.Apply(typeURL, cache.Change{Removed: names, Errors: errs})
 	if s.judged == nil {
-		s.judged = map[string][]string{}
+		s.judged = map[string]map[string]struct{}{}
 	}
-	s.judged[typeURL] = append(s.judged[typeURL], names...)
+	if s.judged[typeURL] == nil {
+		s.judged[typeURL] = map[string]struct{}{}
+	}
+	for _, n := range names {
+		s.judged[typeURL][n] = struct{}{}
+	}
 	s.c.log.Info("no answer from the control plane within cache.not_found_timeout; reported as not existing",
 		"type", xds.ShortName(typeURL), "names", len(names), "first", xds.Clip(names[0]))
 }
 
 // unavailable gives names UNAVAILABLE errors, unless they have one.
 func (s *session) unavailable(typeURL string, names []string) {
-	var errs []*cache.ResourceError
-	for _, l := range s.c.opts.Cache.Get(typeURL, names) {
-		if l.Error == nil || l.Error.Code != int32(codes.Unavailable) {
-			errs = append(errs, xds.NewError(l.Name, codes.Unavailable,
-				"the control plane has not sent it, and its connection is not known to be alive"))
-		}
-	}
+	errs := s.c.giveUnavailable(typeURL, names, "the control plane has not sent it, and its connection is not known to be alive")
 	if len(errs) > 0 {
-		s.c.opts.Cache.Apply(typeURL, cache.Change{Errors: errs})
 		s.c.log.Info("no answer within cache.not_found_timeout on a stream not known to be alive: UNAVAILABLE to clients, not removed; probing the connection",
 			"type", xds.ShortName(typeURL), "names", len(errs), "first", xds.Clip(errs[0].Name), "server", s.c.servers[s.server].name)
 	}
@@ -252,7 +262,11 @@ func (s *session) unavailable(typeURL string, names []string) {
 // withdraw takes back the names the timer judged on this stream, which
 // has ended in failure: its silence may have been the network's.
 func (s *session) withdraw() {
-	for typeURL, names := range s.judged {
+	for typeURL, judged := range s.judged {
+		if len(judged) == 0 {
+			continue
+		}
+		names := slices.Sorted(maps.Keys(judged))
 		s.c.opts.Cache.Apply(typeURL, cache.Change{Unknown: names})
 		s.c.log.Warn("names reported not to exist on a stream that then failed are missing again", "type", xds.ShortName(typeURL),
 			"names", len(names), "first", xds.Clip(names[0]))

@@ -57,18 +57,20 @@ type session struct {
 	// type's resume leaves one cached name out for the server to answer.
 	probing bool
 
-	// Liveness, for the does-not-exist timer (notfound.go): when the last
-	// response arrived, since when a probe of the connection proved it
-	// alive, the names waiting for such a proof, the probe in flight, and
-	// the names the timer reported not to exist.
+	// Liveness, owned like the above, for the does-not-exist timer
+	// (notfound.go): when the last response arrived, since when a probe of
+	// the connection proved it alive, the names waiting for such a proof,
+	// the probe in flight, and the names still subscribed that the timer
+	// reported not to exist, by type.
 	lastResponse time.Time
 	proven       time.Time
 	undecided    []asked
 	probe        *liveness
-	judged       map[string][]string
+	judged       map[string]map[string]struct{}
 }
 
-// close ends the stream and waits for its receiver; nil is closed.
+// close ends the stream and waits for its receiver and its liveness
+// probe; nil is closed.
 func (s *session) close() {
 	if s == nil {
 		return
@@ -154,7 +156,7 @@ func (s *session) syncChanges(changes map[string]map[string]bool) error {
 				sub.names[n] = struct{}{}
 				ch.subscribe = append(ch.subscribe, n)
 			case !wanted && has:
-				delete(sub.names, n)
+				s.unsubscribed(typeURL, sub, n)
 				ch.unsubscribe = append(ch.unsubscribe, n)
 			}
 		}
@@ -203,7 +205,7 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 	for n := range sub.names {
 		if _, ok := want[n]; !ok {
 			ch.unsubscribe = append(ch.unsubscribe, n)
-			delete(sub.names, n)
+			s.unsubscribed(typeURL, sub, n)
 		}
 	}
 	if len(ch.subscribe) == 0 && len(ch.unsubscribe) == 0 {
@@ -218,6 +220,14 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 	}
 	slices.Sort(ch.unsubscribe)
 	return s.sendChange(ch, sub)
+}
+
+// unsubscribed drops name from sub, the stream's subscription of typeURL,
+// and from what the timer judged on the stream: withdraw need not take it
+// back.
+func (s *session) unsubscribed(typeURL string, sub *subscription, name string) {
+	delete(sub.names, name)
+	delete(s.judged[typeURL], name)
 }
 
 // sendChange sends a subscription change in as many requests as the
@@ -261,10 +271,8 @@ func (s *session) sendChange(ch change, sub *subscription) error {
 // the others are applied ("ACK/NACK and resource type instance version").
 func (s *session) handle(r *xds.Received) error {
 	received := time.Now()
-	s.lastResponse = received // the stream is alive: any response shows it
-	if len(s.undecided) > 0 {
-		s.decide()
-	}
+	// The stream is alive: any response shows it.
+	s.lastResponse = received
 	s.c.debugResponse(r) // before the resources are let go
 	// The cache's and the streams' keys share one copy of the type URL.
 	typeURL := xds.Canonical(r.TypeURL)
@@ -277,6 +285,11 @@ func (s *session) handle(r *xds.Received) error {
 		s.apply(ctx, r, typeURL, short, enc, cache.Change{Received: received, Trace: cacheTrace(span.SpanContext())})
 	} else {
 		enc.problems.add(fmt.Sprintf("unknown resource type %q", typeURL))
+	}
+	if len(s.undecided) > 0 {
+		// Once the response is applied: what it carries is answered, not
+		// judged not to exist on the way (notfound.go).
+		s.decide()
 	}
 	ack := &discoverypb.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: r.Nonce}
 	if len(enc.problems.list) > 0 {

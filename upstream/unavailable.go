@@ -51,16 +51,25 @@ func (r *reach) answered() {
 func (c *Client) markUnavailable() {
 	msg := fmt.Sprintf("every server of upstream %q is unreachable, and the relay has not cached this resource", c.opts.Upstream)
 	for typeURL, in := range c.opts.Interest.Interest() {
-		var errs []*cache.ResourceError
-		for _, l := range c.opts.Cache.Get(typeURL, in.Names) {
-			if l.Resource == nil && !l.Absent && (l.Error == nil || l.Error.Code != int32(codes.Unavailable)) {
-				errs = append(errs, xds.NewError(l.Name, codes.Unavailable, msg))
-			}
-		}
-		if len(errs) > 0 {
-			c.opts.Cache.Apply(typeURL, cache.Change{Errors: errs})
+		if errs := c.giveUnavailable(typeURL, in.Names, msg); len(errs) > 0 {
 			c.log.Warn("control plane unreachable: names not cached are reported UNAVAILABLE to clients", "type", xds.ShortName(typeURL),
 				"names", len(errs), "first", xds.Clip(errs[0].Name))
 		}
 	}
+}
+
+// giveUnavailable gives the names of typeURL that the cache neither holds
+// nor knows not to exist an UNAVAILABLE error saying msg (gRFC A88), unless
+// they have one; it returns the errors it gave.
+func (c *Client) giveUnavailable(typeURL string, names []string, msg string) []*cache.ResourceError {
+	var errs []*cache.ResourceError
+	for _, l := range c.opts.Cache.Get(typeURL, names) {
+		if l.Resource == nil && !l.Absent && (l.Error == nil || l.Error.Code != int32(codes.Unavailable)) {
+			errs = append(errs, xds.NewError(l.Name, codes.Unavailable, msg))
+		}
+	}
+	if len(errs) > 0 {
+		c.opts.Cache.Apply(typeURL, cache.Change{Errors: errs})
+	}
+	return errs
 }
