@@ -183,23 +183,3 @@ func (j *judge) wait(t *testing.T, timeout string) {
 		}
 	}
 }
-
-// startRelayConfig runs a relay with cfg until the test ends.
-func startRelayConfig(t *testing.T, cfg relay.Config) *relay.Relay {
-	t.Helper()
-	r, err := relay.New(cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), cliWait)
-		defer cancel()
-		if err := r.Shutdown(ctx); err != nil {
-			t.Error(err)
-		}
-	})
-	return r
-}
