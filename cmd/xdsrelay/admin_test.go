@@ -187,3 +187,60 @@ func (j *judge) wait(t *testing.T, timeout string) {
 		}
 	}
 }
+
+// `xdsrelay admin` takes --server as an http:// URL too, and exits 1 with
+// one line for each way a call fails: an answer other than 2xx (its status
+// and first line), a refused connection, and an endpoint that answers
+// nothing within --timeout.
+func TestAdminCommandErrors(t *testing.T) {
+	r := startFileRelay(t, t.TempDir(), func(c *relay.Config) {
+		c.Admin.Address = "127.0.0.1:0"
+		c.LogLevel = new(slog.LevelVar)
+	})
+	if code, out, errOut := runCLI("admin", "--server", "http://"+r.AdminAddr()+"/", "/readyz"); code != 0 || !strings.HasPrefix(out, "ready\n") {
+		t.Errorf("admin --server http://ADDR/ /readyz: exit %d, %q %q", code, out, errOut)
+	}
+
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var held []net.Conn // open, never answered
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				for _, c := range held {
+					c.Close()
+				}
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	t.Cleanup(func() { silent.Close(); <-done })
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed.Close()
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"an unknown path", []string{"--server", r.AdminAddr(), "/nope"}, "xdsrelay: GET /nope: 404 Not Found: 404 page not found\n"},
+		{"a body the endpoint refuses", []string{"--server", r.AdminAddr(), "-X", "PUT", "-d", "loud", "/debug/loglevel"},
+			"xdsrelay: PUT /debug/loglevel: 400 Bad Request: want one of debug, info, warn, error\n"},
+		{"a refused connection", []string{"--server", closed.Addr().String(), "/readyz"}, "connection refused"},
+		{"no answer within --timeout", []string{"--server", silent.Addr().String(), "--timeout", "200ms", "/readyz"}, "context deadline exceeded"},
+	} {
+		code, out, errOut := runCLI(append([]string{"admin"}, tc.args...)...)
+		if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q; want exit 1 and one line with %q", tc.name, code, out, errOut, tc.want)
+		}
+	}
+}
