@@ -116,4 +116,10 @@ func TestDocsCommand(t *testing.T) {
 	if b, _ := os.ReadFile(stale); string(b) != "old\n" {
 		t.Error("docs --check wrote the stale file")
 	}
+	errOut.Reset()
+	missing := filepath.Join(dir, "nope")
+	if code := run(context.Background(), []string{"docs", "--dir", missing}, nil, &out, &errOut); code != 1 ||
+		strings.Count(errOut.String(), "\n") != 1 || !strings.Contains(errOut.String(), missing) {
+		t.Errorf("docs --dir into a missing directory: exit %d, %q; want 1 and one line naming it", code, errOut.String())
+	}
 }
