@@ -34,11 +34,7 @@ var repo, _ = filepath.Abs(filepath.Join("..", ".."))
 // docs/clients.md).
 func docBlock(t *testing.T, doc, lang, marker string) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(repo, doc))
-	if err != nil {
-		t.Fatal(err)
-	}
-	blocks := strings.Split(string(b), "```"+lang+"\n")
+	blocks := strings.Split(docText(t, doc), "```"+lang+"\n")
 	for _, blk := range blocks[1:] {
 		code, _, _ := strings.Cut(blk, "```")
 		if strings.Contains(code, marker) {
@@ -47,6 +43,16 @@ func docBlock(t *testing.T, doc, lang, marker string) string {
 	}
 	t.Fatalf("%s has no %s block with %q", doc, lang, marker)
 	return ""
+}
+
+// docText is a Markdown file named from the repository root.
+func docText(t *testing.T, doc string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repo, doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 func copyFile(t *testing.T, from, to string, rewrite func(string) string) {
