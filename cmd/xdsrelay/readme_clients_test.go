@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -249,16 +251,7 @@ func TestReadmeCurl(t *testing.T) {
 	for i, a := range args {
 		args[i] = strings.Replace(a, "http://"+restAddr+"/", "http://"+r.RESTAddr()+"/", 1)
 	}
-	var body []byte
-	if curl, err := exec.LookPath("curl"); err == nil {
-		out, err := exec.Command(curl, args...).Output()
-		if err != nil {
-			t.Fatalf("curl %q: %v", args, err)
-		}
-		body = out
-	} else {
-		body = curlRequest(t, args)
-	}
+	body := runCurl(t, args)
 	var resp discoverypb.DiscoveryResponse
 	if err := protojson.Unmarshal(body, &resp); err != nil {
 		t.Fatalf("the answer is not a DiscoveryResponse: %v\n%s", err, body)
@@ -274,39 +267,78 @@ func TestReadmeCurl(t *testing.T) {
 	}
 }
 
-// curlRequest makes the request curl would for -s, -H and -d and a URL,
-// and returns the body of a 200 answer.
+// runCurl runs a documented curl command with curl when there is one, else
+// makes the same request (curlRequest), and returns the body of a 200
+// answer.
+func runCurl(t *testing.T, args []string) []byte {
+	t.Helper()
+	curl, err := exec.LookPath("curl")
+	if err != nil {
+		return curlRequest(t, args)
+	}
+	out, err := exec.Command(curl, append([]string{"-sS", "--fail", "--max-time", "10"}, args...)...).Output()
+	if err != nil {
+		t.Fatalf("curl %q: %v", args, err)
+	}
+	return out
+}
+
+// curlRequest makes the request curl would for -s, -H, -X, -d, --cacert,
+// --cert, --key and a URL, and returns the body of a 200 answer.
 func curlRequest(t *testing.T, args []string) []byte {
 	t.Helper()
-	var url, data string
+	var url, data, method, caFile, certFile, keyFile string
 	header := http.Header{}
 	for i := 0; i < len(args); i++ {
-		switch args[i] {
+		flag := args[i]
+		value := func() string {
+			i++
+			if i == len(args) {
+				t.Fatalf("curl %s wants a value", flag)
+			}
+			return args[i]
+		}
+		switch flag {
 		case "-s":
 		case "-H":
-			i++
-			k, v, _ := strings.Cut(args[i], ":")
+			k, v, _ := strings.Cut(value(), ":")
 			header.Add(k, strings.TrimSpace(v))
+		case "-X":
+			method = value()
 		case "-d":
-			i++
-			data = args[i]
+			data = value()
+		case "--cacert":
+			caFile = value()
+		case "--cert":
+			certFile = value()
+		case "--key":
+			keyFile = value()
 		default:
-			if strings.HasPrefix(args[i], "-") {
-				t.Fatalf("curl flag %s: not one this test makes", args[i])
+			if strings.HasPrefix(flag, "-") {
+				t.Fatalf("curl flag %s: not one this test makes", flag)
 			}
-			url = args[i]
+			url = flag
 		}
 	}
-	method := http.MethodGet
-	if data != "" {
-		method = http.MethodPost // as curl -d does
+	if !strings.Contains(url, "://") {
+		url = "http://" + url // as curl takes a bare host:port/path
+	}
+	if method == "" {
+		method = http.MethodGet
+		if data != "" {
+			method = http.MethodPost // as curl -d does
+		}
 	}
 	req, err := http.NewRequest(method, url, strings.NewReader(data))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header = header
-	resp, err := http.DefaultClient.Do(req)
+	client := &http.Client{Timeout: 10 * time.Second}
+	if caFile != "" || certFile != "" {
+		client.Transport = &http.Transport{TLSClientConfig: curlTLS(t, caFile, certFile, keyFile)}
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,4 +348,28 @@ func curlRequest(t *testing.T, args []string) []byte {
 		t.Fatalf("%s %s: %s %v\n%s", method, url, resp.Status, err, b)
 	}
 	return b
+}
+
+// curlTLS is what curl's --cacert, --cert and --key make of TLS.
+func curlTLS(t *testing.T, caFile, certFile, keyFile string) *tls.Config {
+	t.Helper()
+	cfg := &tls.Config{}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			t.Fatalf("--cacert %s: no certificate", caFile)
+		}
+	}
+	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg
 }
