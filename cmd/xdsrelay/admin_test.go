@@ -27,8 +27,13 @@ import (
 
 // runCLI runs the command line and returns its exit code and outputs.
 func runCLI(args ...string) (int, string, string) {
+	return runCLIEnv(nil, args...)
+}
+
+// runCLIEnv runs the command line with env as its environment.
+func runCLIEnv(env map[string]string, args ...string) (int, string, string) {
 	var out, errOut bytes.Buffer
-	code := run(context.Background(), args, nil, &out, &errOut)
+	code := run(context.Background(), args, environ(env), &out, &errOut)
 	return code, out.String(), errOut.String()
 }
 

@@ -373,3 +373,40 @@ func curlTLS(t *testing.T, caFile, certFile, keyFile string) *tls.Config {
 	}
 	return cfg
 }
+
+// Every command of the README and docs/ that runs the relay (`go run
+// ./cmd/xdsrelay [serve] --config ...`, with the environment it sets) is a
+// configuration `xdsrelay validate` accepts, from the repository root as
+// the quick start runs it.
+func TestDocumentedServeCommandsValidate(t *testing.T) {
+	docs, err := filepath.Glob(filepath.Join(repo, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(repo)
+	ran := 0
+	for _, doc := range append([]string{filepath.Join(repo, "README.md")}, docs...) {
+		rel, _ := filepath.Rel(repo, doc)
+		for _, block := range docBlocks(t, rel, "sh") {
+			for _, c := range shellCommands(t, block) {
+				if len(c.words) < 3 || strings.Join(c.words[:3], " ") != "go run ./cmd/xdsrelay" {
+					continue
+				}
+				args := relayArgs(t, c, "")
+				if len(args) > 0 && args[0] == "serve" {
+					args = args[1:]
+				} else if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+					continue // another command, run by the tests of its own
+				}
+				code, out, errOut := runCLIEnv(c.env, append([]string{"validate"}, args...)...)
+				if code != 0 || !strings.HasPrefix(out, "configuration OK") {
+					t.Errorf("%s: %q: xdsrelay validate exits %d, %q %q", rel, c.words, code, out, errOut)
+				}
+				ran++
+			}
+		}
+	}
+	if ran < 4 {
+		t.Errorf("validated %d documented relay commands; the README and docs/control-planes.md show at least 4", ran)
+	}
+}

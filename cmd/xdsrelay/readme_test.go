@@ -38,15 +38,24 @@ var repo, _ = filepath.Abs(filepath.Join("..", ".."))
 // docs/clients.md).
 func docBlock(t *testing.T, doc, lang, marker string) string {
 	t.Helper()
-	blocks := strings.Split(docText(t, doc), "```"+lang+"\n")
-	for _, blk := range blocks[1:] {
-		code, _, _ := strings.Cut(blk, "```")
+	for _, code := range docBlocks(t, doc, lang) {
 		if strings.Contains(code, marker) {
 			return code
 		}
 	}
 	t.Fatalf("%s has no %s block with %q", doc, lang, marker)
 	return ""
+}
+
+// docBlocks returns every fenced block in lang of doc.
+func docBlocks(t *testing.T, doc, lang string) []string {
+	t.Helper()
+	var out []string
+	for _, blk := range strings.Split(docText(t, doc), "```"+lang+"\n")[1:] {
+		code, _, _ := strings.Cut(blk, "```")
+		out = append(out, code)
+	}
+	return out
 }
 
 // docText is a Markdown file named from the repository root.
