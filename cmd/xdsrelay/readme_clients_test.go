@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -408,5 +409,58 @@ func TestDocumentedServeCommandsValidate(t *testing.T) {
 	}
 	if ran < 4 {
 		t.Errorf("validated %d documented relay commands; the README and docs/control-planes.md show at least 4", ran)
+	}
+}
+
+// The commands CONTRIBUTING.md and the README give for testing are what CI
+// runs (.ci/run), and CONTRIBUTING.md's table of fuzz targets lists every
+// target of the repository, in its package.
+func TestContributingCommands(t *testing.T) {
+	ci := map[string]bool{}
+	b, err := os.ReadFile(filepath.Join(repo, ".ci", "run"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		ci[strings.TrimSpace(line)] = true
+	}
+	for _, doc := range []string{"README.md", "CONTRIBUTING.md"} {
+		for _, cmd := range []string{"go vet ./... && go test -race ./...", "(cd deploy && go vet ./... && go test ./...)"} {
+			shown := strings.Contains(docText(t, doc), "```sh\n"+cmd+"\n```")
+			if shown && !ci[cmd] {
+				t.Errorf("%s gives %q, which .ci/run does not run", doc, cmd)
+			}
+			if !shown && doc == "CONTRIBUTING.md" {
+				t.Errorf("CONTRIBUTING.md does not give %q", cmd)
+			}
+		}
+	}
+	if !strings.Contains(docText(t, "README.md"), "```sh\ngo vet ./... && go test -race ./...\n```") {
+		t.Error("the README does not give the test command")
+	}
+
+	have := map[string]string{} // fuzz target → ./package
+	target := regexp.MustCompile(`(?m)^func (Fuzz\w+)\(f \*testing\.F\)`)
+	walkRepo(t, func(path, rel string) {
+		if !strings.HasSuffix(path, "_test.go") {
+			return
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range target.FindAllStringSubmatch(string(src), -1) {
+			have[m[1]] = "./" + filepath.ToSlash(filepath.Dir(rel))
+		}
+	})
+	row := regexp.MustCompile("^\\| `(Fuzz\\w+)` \\| `(\\./[\\w/]+)` \\|")
+	listed := map[string]string{}
+	for _, line := range strings.Split(docText(t, "CONTRIBUTING.md"), "\n") {
+		if m := row.FindStringSubmatch(line); m != nil {
+			listed[m[1]] = m[2]
+		}
+	}
+	if !maps.Equal(listed, have) {
+		t.Errorf("CONTRIBUTING.md lists the fuzz targets %v; the repository has %v", listed, have)
 	}
 }
