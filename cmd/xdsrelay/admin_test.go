@@ -228,12 +228,6 @@ func TestAdminCommandErrors(t *testing.T) {
 		}
 	}()
 	t.Cleanup(func() { silent.Close(); <-done })
-	closed, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed.Close()
-
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -242,7 +236,7 @@ func TestAdminCommandErrors(t *testing.T) {
 		{"an unknown path", []string{"--server", r.AdminAddr(), "/nope"}, "xdsrelay: GET /nope: 404 Not Found: 404 page not found\n"},
 		{"a body the endpoint refuses", []string{"--server", r.AdminAddr(), "-X", "PUT", "-d", "loud", "/debug/loglevel"},
 			"xdsrelay: PUT /debug/loglevel: 400 Bad Request: want one of debug, info, warn, error\n"},
-		{"a refused connection", []string{"--server", closed.Addr().String(), "/readyz"}, "connection refused"},
+		{"a refused connection", []string{"--server", deadAddr(t), "/readyz"}, "connection refused"},
 		{"no answer within --timeout", []string{"--server", silent.Addr().String(), "--timeout", "200ms", "/readyz"}, "context deadline exceeded"},
 	} {
 		code, out, errOut := runCLI(append([]string{"admin"}, tc.args...)...)
@@ -310,4 +304,10 @@ func TestDocOperationsAdminCommands(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &groups) != nil || len(groups) != 1 {
 		t.Errorf("%q: exit %d, %q %q; want the one group", cmds[1].words, code, out, errOut)
 	}
+}
+
+// deadAddr is a loopback address that refuses connections.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	return fmt.Sprintf("127.0.0.1:%d", freePort(t))
 }
