@@ -323,8 +323,19 @@ func TestAdminMTLSEndToEnd(t *testing.T) {
 			if ran == 0 {
 				t.Error("docs/kubernetes.md shows no xdsrelay command for admin access in a cluster")
 			}
-			if code, out, _ := cli(t, append(append([]string{"admin"}, operator...), "/readyz")...); code != 0 || !strings.HasPrefix(out, "ready\n") {
-				t.Errorf("the operator's /readyz: exit %d, %q", code, out)
+			// A group, which the operator's /readyz shows and the probe's does not.
+			dialClient(t, p.downstream).send(t, subscribe("n", "fleet", []string{"c0"}))
+			for deadline := time.Now().Add(wait); ; time.Sleep(20 * time.Millisecond) {
+				code, out, _ := cli(t, append(append([]string{"admin"}, operator...), "/readyz")...)
+				if code == 0 && strings.HasPrefix(out, "ready\ngroup ") {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("the operator's /readyz: exit %d, %q, want the detailed answer with the group", code, out)
+				}
+			}
+			if code, body, err := p.get("/readyz"); err != nil || code != http.StatusOK || string(body) != "ready\n" {
+				t.Errorf("the probe's /readyz with a group: %d %q %v, want the general answer", code, body, err)
 			}
 			code, _, errOut := cli(t, append(append([]string{"admin"}, server...), "/debug/groups")...)
 			if code != 1 || !strings.Contains(errOut, "403 Forbidden") {

@@ -55,16 +55,7 @@ func checkInstallCommands(t *testing.T, bin, doc string) {
 		default:
 			continue
 		}
-		t.Run(line, func(t *testing.T) {
-			checkSelectors(t, m)
-			checkDeployment(t, m)
-			checkSecurity(t, m)
-			checkGoMemLimit(t, m)
-			checkProbesAndPorts(t, m)
-			checkConfigMatchesContainer(t, m)
-			checkNetworkPolicy(t, m)
-			validateConfig(t, bin, m)
-		})
+		t.Run(line, func(t *testing.T) { checkInstall(t, bin, m) })
 	}
 	if kustomize == 0 || helm == 0 {
 		t.Fatalf("%s's Kubernetes section shows %d kubectl apply -k and %d helm install commands, want both", doc, kustomize, helm)

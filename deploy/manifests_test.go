@@ -92,17 +92,22 @@ func installs(t *testing.T) []manifests {
 func TestInstalls(t *testing.T) {
 	bin := relayBinary(t)
 	for _, m := range installs(t) {
-		t.Run(m.source, func(t *testing.T) {
-			checkSelectors(t, m)
-			checkDeployment(t, m)
-			checkSecurity(t, m)
-			checkGoMemLimit(t, m)
-			checkProbesAndPorts(t, m)
-			checkConfigMatchesContainer(t, m)
-			checkNetworkPolicy(t, m)
-			validateConfig(t, bin, m)
-		})
+		t.Run(m.source, func(t *testing.T) { checkInstall(t, bin, m) })
 	}
+}
+
+// checkInstall holds one rendered install to the rules; bin is the relay
+// binary that validates its configuration.
+func checkInstall(t *testing.T, bin string, m manifests) {
+	t.Helper()
+	checkSelectors(t, m)
+	checkDeployment(t, m)
+	checkSecurity(t, m)
+	checkGoMemLimit(t, m)
+	checkProbesAndPorts(t, m)
+	checkConfigMatchesContainer(t, m)
+	checkNetworkPolicy(t, m)
+	validateConfig(t, bin, m)
 }
 
 func TestManifestFilesDecode(t *testing.T) {

@@ -95,8 +95,11 @@ func startProc(t *testing.T, bin, file string, env []string, scheme string, clie
 	}()
 	t.Cleanup(func() {
 		cancel()
-		_ = cmd.Wait()
+		_ = cmd.Wait() // context.Canceled: the exit code is the process state's
 		<-logged
+		if code := cmd.ProcessState.ExitCode(); code != 0 {
+			t.Errorf("the relay exited with code %d on SIGTERM, want 0 (%s)", code, cmd.ProcessState)
+		}
 		if tr, ok := p.client.Transport.(*http.Transport); ok {
 			tr.CloseIdleConnections()
 		}

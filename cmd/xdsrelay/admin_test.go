@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,8 +27,13 @@ import (
 
 // runCLI runs the command line and returns its exit code and outputs.
 func runCLI(args ...string) (int, string, string) {
+	return runCLIEnv(nil, args...)
+}
+
+// runCLIEnv runs the command line with env as its environment.
+func runCLIEnv(env map[string]string, args ...string) (int, string, string) {
 	var out, errOut bytes.Buffer
-	code := run(context.Background(), args, nil, &out, &errOut)
+	code := run(context.Background(), args, environ(env), &out, &errOut)
 	return code, out.String(), errOut.String()
 }
 
@@ -43,6 +49,7 @@ func TestAdminCommandOverMTLS(t *testing.T) {
 		c.Admin.TLS.CertFile, c.Admin.TLS.KeyFile, c.Admin.TLS.CAFile = certs.ServerCert, certs.ServerKey, certs.CA
 		c.LogLevel = new(slog.LevelVar) // PUT /debug/loglevel
 	})
+	adsClient(t, r.Addr(), "ingress-1") // a group, which only a private caller is shown
 	_, port, _ := net.SplitHostPort(r.AdminAddr())
 	server := "127.0.0.1:" + port // as kubectl port-forward makes it
 	tlsFlags := []string{"--server", server, "--ca-file", certs.CA, "--server-name", "localhost"}
@@ -50,13 +57,13 @@ func TestAdminCommandOverMTLS(t *testing.T) {
 
 	code, out, errOut := runCLI(append([]string{"admin"}, append(client, "/debug/groups")...)...)
 	var groups []map[string]any
-	if code != 0 || json.Unmarshal([]byte(out), &groups) != nil {
-		t.Fatalf("admin /debug/groups with a client certificate: exit %d, %q %q", code, out, errOut)
+	if code != 0 || json.Unmarshal([]byte(out), &groups) != nil || len(groups) != 1 {
+		t.Fatalf("admin /debug/groups with a client certificate: exit %d, %q %q; want the one group", code, out, errOut)
 	}
 	if code, out, _ = runCLI(append([]string{"admin"}, append(client, "-X", "PUT", "-d", "debug", "/debug/loglevel")...)...); code != 0 || out != "debug\n" {
 		t.Errorf("admin -X PUT -d debug /debug/loglevel: exit %d, %q", code, out)
 	}
-	if code, out, _ = runCLI(append([]string{"admin"}, append(client, "/readyz")...)...); code != 0 || !strings.HasPrefix(out, "ready\n") {
+	if code, out, _ = runCLI(append([]string{"admin"}, append(client, "/readyz")...)...); code != 0 || !strings.HasPrefix(out, "ready\ngroup ") {
 		t.Errorf("admin /readyz with a client certificate: exit %d, %q, want the detailed answer", code, out)
 	}
 	code, _, errOut = runCLI(append([]string{"admin"}, append(tlsFlags, "/debug/groups")...)...)
@@ -154,7 +161,11 @@ func judgingClient(t *testing.T, addr, id string) *judge {
 					continue
 				}
 				timeout := c.GetConnectTimeout().AsDuration().String()
-				j.seen <- timeout
+				select {
+				case j.seen <- timeout:
+				case <-ctx.Done(): // nobody waits any more: the test is ending
+					return
+				}
 				if timeout == "13s" {
 					ack.ErrorDetail = &rpcstatus.Status{Code: 3, Message: "13s is too slow"}
 				}
@@ -184,22 +195,119 @@ func (j *judge) wait(t *testing.T, timeout string) {
 	}
 }
 
-// startRelayConfig runs a relay with cfg until the test ends.
-func startRelayConfig(t *testing.T, cfg relay.Config) *relay.Relay {
-	t.Helper()
-	r, err := relay.New(cfg, nil)
+// `xdsrelay admin` takes --server as an http:// URL too, and exits 1 with
+// one line for each way a call fails: an answer other than 2xx (its status
+// and first line), a refused connection, and an endpoint that answers
+// nothing within --timeout.
+func TestAdminCommandErrors(t *testing.T) {
+	r := startFileRelay(t, t.TempDir(), func(c *relay.Config) {
+		c.Admin.Address = "127.0.0.1:0"
+		c.LogLevel = new(slog.LevelVar)
+	})
+	if code, out, errOut := runCLI("admin", "--server", "http://"+r.AdminAddr()+"/", "/readyz"); code != 0 || !strings.HasPrefix(out, "ready\n") {
+		t.Errorf("admin --server http://ADDR/ /readyz: exit %d, %q %q", code, out, errOut)
+	}
+
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), cliWait)
-		defer cancel()
-		if err := r.Shutdown(ctx); err != nil {
-			t.Error(err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var held []net.Conn // open, never answered
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				for _, c := range held {
+					c.Close()
+				}
+				return
+			}
+			held = append(held, c)
 		}
+	}()
+	t.Cleanup(func() { silent.Close(); <-done })
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"an unknown path", []string{"--server", r.AdminAddr(), "/nope"}, "xdsrelay: GET /nope: 404 Not Found: 404 page not found\n"},
+		{"a body the endpoint refuses", []string{"--server", r.AdminAddr(), "-X", "PUT", "-d", "loud", "/debug/loglevel"},
+			"xdsrelay: PUT /debug/loglevel: 400 Bad Request: want one of debug, info, warn, error\n"},
+		{"a refused connection", []string{"--server", deadAddr(t), "/readyz"}, "connection refused"},
+		{"no answer within --timeout", []string{"--server", silent.Addr().String(), "--timeout", "200ms", "/readyz"}, "context deadline exceeded"},
+	} {
+		code, out, errOut := runCLI(append([]string{"admin"}, tc.args...)...)
+		if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q; want exit 1 and one line with %q", tc.name, code, out, errOut, tc.want)
+		}
+	}
+}
+
+// docs/operations.md's admin commands run as written, but for the admin
+// endpoint's address and the certificates' files: the two curl commands
+// that turn debug logging on and off, on the loopback endpoint; and, on an
+// endpoint that is not loopback served over admin.tls, the curl command and
+// `xdsrelay admin` that a client certificate makes private.
+func TestDocOperationsAdminCommands(t *testing.T) {
+	level := new(slog.LevelVar)
+	r := startFileRelay(t, t.TempDir(), func(c *relay.Config) {
+		c.Admin.Address = "127.0.0.1:0"
+		c.LogLevel = level
 	})
-	return r
+	var levels []string
+	for _, c := range shellCommands(t, docBlock(t, "docs/operations.md", "sh", "/debug/loglevel")) {
+		args := slices.Clone(c.words[1:])
+		for i, a := range args {
+			args[i] = strings.Replace(a, "localhost:9901/", r.AdminAddr()+"/", 1)
+		}
+		if c.words[0] != "curl" || slices.Equal(args, c.words[1:]) {
+			t.Fatalf("not a curl command on localhost:9901: %q", c.words)
+		}
+		body := strings.TrimSpace(string(runCurl(t, args)))
+		if body != strings.ToLower(level.Level().String()) {
+			t.Errorf("%q answered %q; the level is %s", c.words, body, level.Level())
+		}
+		levels = append(levels, body)
+	}
+	if !slices.Equal(levels, []string{"debug", "info"}) {
+		t.Errorf("docs/operations.md's curl commands set the levels %q, want debug then info", levels)
+	}
+
+	certs := testcp.MakeCerts(t)
+	r = startFileRelay(t, t.TempDir(), func(c *relay.Config) {
+		c.Admin.Address = "0.0.0.0:0" // not loopback: only the certificate makes the caller private
+		c.Admin.TLS.CertFile, c.Admin.TLS.KeyFile, c.Admin.TLS.CAFile = certs.ServerCert, certs.ServerKey, certs.CA
+	})
+	adsClient(t, r.Addr(), "ingress-1") // a group, which only a private caller is shown
+	_, port, _ := net.SplitHostPort(r.AdminAddr())
+	shown := map[string]string{"ca.crt": certs.CA, "operator.crt": certs.ClientCert, "operator.key": certs.ClientKey,
+		"relay:9901": "localhost:" + port, "https://relay:9901/readyz": "https://localhost:" + port + "/readyz"}
+	cmds := shellCommands(t, docBlock(t, "docs/operations.md", "sh", "--cert operator.crt"))
+	if len(cmds) != 2 || cmds[0].words[0] != "curl" || cmds[1].words[0] != "xdsrelay" {
+		t.Fatalf("docs/operations.md's admin.tls block: want curl, then xdsrelay: %+v", cmds)
+	}
+	for _, c := range cmds {
+		for i, w := range c.words {
+			if v, ok := shown[w]; ok {
+				c.words[i] = v
+			}
+		}
+	}
+	if ready := string(runCurl(t, cmds[0].words[1:])); !strings.HasPrefix(ready, "ready\ngroup ") {
+		t.Errorf("curl /readyz with the operator's certificate: %q, want the detailed answer", ready)
+	}
+	code, out, errOut := runCLI(cmds[1].words[1:]...)
+	var groups []map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &groups) != nil || len(groups) != 1 {
+		t.Errorf("%q: exit %d, %q %q; want the one group", cmds[1].words, code, out, errOut)
+	}
+}
+
+// deadAddr is a loopback address that refuses connections.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	return fmt.Sprintf("127.0.0.1:%d", freePort(t))
 }

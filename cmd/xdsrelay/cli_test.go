@@ -54,6 +54,12 @@ func startFileRelay(t *testing.T, dir string, mutate func(*relay.Config)) *relay
 	if mutate != nil {
 		mutate(&cfg)
 	}
+	return startRelayConfig(t, cfg)
+}
+
+// startRelayConfig runs a relay with cfg until the test ends.
+func startRelayConfig(t *testing.T, cfg relay.Config) *relay.Relay {
+	t.Helper()
 	r, err := relay.New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)

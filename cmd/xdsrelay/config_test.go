@@ -115,6 +115,26 @@ func TestLoadConfig(t *testing.T) {
 			},
 		},
 		{name: "bad log level", yaml: "log:\n  level: loud\n", wantErr: "log.level"},
+		{name: "zero connect_timeout", yaml: "upstream:\n  connect_timeout: 0s\n", wantErr: "upstream.connect_timeout: must be positive, got 0s"},
+		{name: "negative connect_timeout from the environment", env: map[string]string{"XDSRELAY_UPSTREAM_CONNECT_TIMEOUT": "-1s"},
+			wantErr: "upstream.connect_timeout: must be positive, got -1s"},
+		{name: "zero lrs interval", yaml: "lrs:\n  interval: 0s\n", wantErr: "lrs.interval: must be positive, got 0s"},
+		{name: "zero lrs max_pending", yaml: "lrs:\n  max_pending: 0\n", wantErr: "lrs.max_pending: must be at least 1, got 0"},
+		{name: "lrs max_pending not a number", env: map[string]string{"XDSRELAY_LRS_MAX_PENDING": "many"}, wantErr: "lrs.max_pending"},
+		{name: "reflection not a bool", yaml: "downstream:\n  reflection: sometimes\n", wantErr: "downstream.reflection"},
+		{
+			name: "connect_timeout, reflection, lrs and kinds in group_by",
+			yaml: "upstream:\n  connect_timeout: 3s\n  group_by: [id, user_agent, client_features]\ndownstream:\n  reflection: false\nlrs:\n  interval: 2s\n  max_pending: 5\n",
+			check: func(t *testing.T, o Options) {
+				r := o.Relay
+				if r.Upstream.ConnectTimeout != 3*time.Second || r.Downstream.Reflection || r.LRS.Interval != 2*time.Second || r.LRS.MaxPending != 5 {
+					t.Errorf("connect_timeout %s, reflection %v, lrs %+v", r.Upstream.ConnectTimeout, r.Downstream.Reflection, r.LRS)
+				}
+				if !reflect.DeepEqual(r.Upstream.GroupBy, []string{"id", "user_agent", "client_features"}) {
+					t.Errorf("group_by: %v", r.Upstream.GroupBy)
+				}
+			},
+		},
 		{name: "address as a list", yaml: "admin:\n  address: [a, b]\n", wantErr: "admin.address"},
 		{name: "group_by a number", yaml: "upstream:\n  group_by: 5\n", wantErr: "upstream.group_by"},
 		{name: "group_by a bare string", yaml: "upstream:\n  group_by: cluster\n", wantErr: "upstream.group_by"},

@@ -116,7 +116,7 @@ var kindDocs = map[kind]string{
 	kindRatio:     "A number from 0 to 1.",
 	kindLevel:     "`debug`, `info`, `warn` or `error`.",
 	kindRules:     "A YAML list of maps `{identity, node, authorities}`; in the environment, the same list as JSON.",
-	kindRate:      "A number of 0 or more, per second.",
+	kindRate:      "A number of 0 or more: a rate per second (`limits.stream_rate`), or a fraction or a count (`rollout.canary`).",
 	kindUpstreams: "A YAML list of maps, each taking the keys below; in the environment, the same list as JSON.",
 }
 

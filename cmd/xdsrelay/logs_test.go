@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"regexp"
 	"strings"
@@ -51,5 +52,21 @@ func TestLogFormatIsChecked(t *testing.T) {
 		case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
 			t.Errorf("%s: error %v, want %q", tc.format, err, tc.wantErr)
 		}
+	}
+}
+
+// upstream.tls.insecure_skip_verify, which SECURITY.md leaves out of scope
+// as a configuration the relay warns about, is warned about at startup.
+func TestInsecureSkipVerifyIsWarned(t *testing.T) {
+	logs := &syncBuffer{}
+	stop := startRun(t, nil, map[string]string{
+		"XDSRELAY_UPSTREAM_ADDRESS":                  deadAddr(t),
+		"XDSRELAY_UPSTREAM_TLS_INSECURE_SKIP_VERIFY": "true",
+		"XDSRELAY_DOWNSTREAM_ADDRESS":                "127.0.0.1:0",
+		"XDSRELAY_ADMIN_ADDRESS":                     "127.0.0.1:0",
+	}, io.Discard, logs)
+	waitForLog(t, logs, regexp.MustCompile(`level=WARN msg="upstream.tls.insecure_skip_verify: the control plane's certificate is NOT verified"`))
+	if c := stop(); c != 0 {
+		t.Fatalf("exit %d; log:\n%s", c, logs)
 	}
 }

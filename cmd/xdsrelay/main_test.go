@@ -131,6 +131,11 @@ func TestUsageErrors(t *testing.T) {
 		{args: []string{"admin", "--server", "x:1", "-X", "DELETE", "/readyz"}, want: `-X: "DELETE" is not GET, POST or PUT`},
 		{args: []string{"admin", "--server", "x:1", "readyz"}, want: `PATH: "readyz" is not a path such as /debug/groups`},
 		{args: []string{"admin", "/readyz"}, want: "--server is required"},
+		{args: []string{"guard", "release"}, want: "--server is required"},
+		{args: []string{"rollout", "release", "--group", "g"}, want: "--server is required"},
+		{args: []string{"rollout", "release", "--server", "x:1", "extra"}, want: `unknown command "extra" for "xdsrelay rollout release"`},
+		{args: []string{"docs", "extra"}, want: `unknown command "extra" for "xdsrelay docs"`},
+		{args: []string{"docs", "--chek"}, want: "unknown flag: --chek"},
 		{args: []string{"--confg", "a.yaml"}, want: "unknown flag: --confg"},
 		{args: []string{"status"}, want: "--server is required"},
 		{args: []string{"status", "--server", "x:1", "-o", "yaml"}, want: `-o: "yaml" is not table or json`},
@@ -147,6 +152,16 @@ func TestUsageErrors(t *testing.T) {
 		}
 		if got := errOut.String(); strings.Count(got, "\n") != 1 || !strings.Contains(got, tc.want) {
 			t.Errorf("%q: stderr %q, want one line with %q", tc.args, got, tc.want)
+		}
+	}
+}
+
+// A command that only groups others prints its help alone, and exits 0.
+func TestGroupCommandsPrintHelp(t *testing.T) {
+	for _, group := range []string{"persist", "guard", "rollout"} {
+		code, out, errOut := runCLI(group)
+		if code != 0 || errOut != "" || !strings.Contains(out, "\n  xdsrelay "+group+" [command]\n") {
+			t.Errorf("xdsrelay %s: exit %d, stdout %q, stderr %q; want its help", group, code, out, errOut)
 		}
 	}
 }

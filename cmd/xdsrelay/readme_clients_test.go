@@ -3,9 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -249,16 +252,7 @@ func TestReadmeCurl(t *testing.T) {
 	for i, a := range args {
 		args[i] = strings.Replace(a, "http://"+restAddr+"/", "http://"+r.RESTAddr()+"/", 1)
 	}
-	var body []byte
-	if curl, err := exec.LookPath("curl"); err == nil {
-		out, err := exec.Command(curl, args...).Output()
-		if err != nil {
-			t.Fatalf("curl %q: %v", args, err)
-		}
-		body = out
-	} else {
-		body = curlRequest(t, args)
-	}
+	body := runCurl(t, args)
 	var resp discoverypb.DiscoveryResponse
 	if err := protojson.Unmarshal(body, &resp); err != nil {
 		t.Fatalf("the answer is not a DiscoveryResponse: %v\n%s", err, body)
@@ -274,39 +268,78 @@ func TestReadmeCurl(t *testing.T) {
 	}
 }
 
-// curlRequest makes the request curl would for -s, -H and -d and a URL,
-// and returns the body of a 200 answer.
+// runCurl runs a documented curl command with curl when there is one, else
+// makes the same request (curlRequest), and returns the body of a 200
+// answer.
+func runCurl(t *testing.T, args []string) []byte {
+	t.Helper()
+	curl, err := exec.LookPath("curl")
+	if err != nil {
+		return curlRequest(t, args)
+	}
+	out, err := exec.Command(curl, append([]string{"-sS", "--fail", "--max-time", "10"}, args...)...).Output()
+	if err != nil {
+		t.Fatalf("curl %q: %v", args, err)
+	}
+	return out
+}
+
+// curlRequest makes the request curl would for -s, -H, -X, -d, --cacert,
+// --cert, --key and a URL, and returns the body of a 200 answer.
 func curlRequest(t *testing.T, args []string) []byte {
 	t.Helper()
-	var url, data string
+	var url, data, method, caFile, certFile, keyFile string
 	header := http.Header{}
 	for i := 0; i < len(args); i++ {
-		switch args[i] {
+		flag := args[i]
+		value := func() string {
+			i++
+			if i == len(args) {
+				t.Fatalf("curl %s wants a value", flag)
+			}
+			return args[i]
+		}
+		switch flag {
 		case "-s":
 		case "-H":
-			i++
-			k, v, _ := strings.Cut(args[i], ":")
+			k, v, _ := strings.Cut(value(), ":")
 			header.Add(k, strings.TrimSpace(v))
+		case "-X":
+			method = value()
 		case "-d":
-			i++
-			data = args[i]
+			data = value()
+		case "--cacert":
+			caFile = value()
+		case "--cert":
+			certFile = value()
+		case "--key":
+			keyFile = value()
 		default:
-			if strings.HasPrefix(args[i], "-") {
-				t.Fatalf("curl flag %s: not one this test makes", args[i])
+			if strings.HasPrefix(flag, "-") {
+				t.Fatalf("curl flag %s: not one this test makes", flag)
 			}
-			url = args[i]
+			url = flag
 		}
 	}
-	method := http.MethodGet
-	if data != "" {
-		method = http.MethodPost // as curl -d does
+	if !strings.Contains(url, "://") {
+		url = "http://" + url // as curl takes a bare host:port/path
+	}
+	if method == "" {
+		method = http.MethodGet
+		if data != "" {
+			method = http.MethodPost // as curl -d does
+		}
 	}
 	req, err := http.NewRequest(method, url, strings.NewReader(data))
 	if err != nil {
 		t.Fatal(err)
 	}
 	req.Header = header
-	resp, err := http.DefaultClient.Do(req)
+	client := &http.Client{Timeout: 10 * time.Second}
+	if caFile != "" || certFile != "" {
+		client.Transport = &http.Transport{TLSClientConfig: curlTLS(t, caFile, certFile, keyFile)}
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,4 +349,118 @@ func curlRequest(t *testing.T, args []string) []byte {
 		t.Fatalf("%s %s: %s %v\n%s", method, url, resp.Status, err, b)
 	}
 	return b
+}
+
+// curlTLS is what curl's --cacert, --cert and --key make of TLS.
+func curlTLS(t *testing.T, caFile, certFile, keyFile string) *tls.Config {
+	t.Helper()
+	cfg := &tls.Config{}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			t.Fatalf("--cacert %s: no certificate", caFile)
+		}
+	}
+	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg
+}
+
+// Every command of the README and docs/ that runs the relay (`go run
+// ./cmd/xdsrelay [serve] --config ...`, with the environment it sets) is a
+// configuration `xdsrelay validate` accepts, from the repository root as
+// the quick start runs it.
+func TestDocumentedServeCommandsValidate(t *testing.T) {
+	docs, err := filepath.Glob(filepath.Join(repo, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(repo)
+	ran := 0
+	for _, doc := range append([]string{filepath.Join(repo, "README.md")}, docs...) {
+		rel, _ := filepath.Rel(repo, doc)
+		for _, block := range docBlocks(t, rel, "sh") {
+			for _, c := range shellCommands(t, block) {
+				if len(c.words) < 3 || strings.Join(c.words[:3], " ") != "go run ./cmd/xdsrelay" {
+					continue
+				}
+				args := relayArgs(t, c, "")
+				if len(args) > 0 && args[0] == "serve" {
+					args = args[1:]
+				} else if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+					continue // another command, run by the tests of its own
+				}
+				code, out, errOut := runCLIEnv(c.env, append([]string{"validate"}, args...)...)
+				if code != 0 || !strings.HasPrefix(out, "configuration OK") {
+					t.Errorf("%s: %q: xdsrelay validate exits %d, %q %q", rel, c.words, code, out, errOut)
+				}
+				ran++
+			}
+		}
+	}
+	if ran < 4 {
+		t.Errorf("validated %d documented relay commands; the README and docs/control-planes.md show at least 4", ran)
+	}
+}
+
+// The commands CONTRIBUTING.md and the README give for testing are what CI
+// runs (.ci/run), and CONTRIBUTING.md's table of fuzz targets lists every
+// target of the repository, in its package.
+func TestContributingCommands(t *testing.T) {
+	ci := map[string]bool{}
+	b, err := os.ReadFile(filepath.Join(repo, ".ci", "run"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		ci[strings.TrimSpace(line)] = true
+	}
+	for _, doc := range []string{"README.md", "CONTRIBUTING.md"} {
+		for _, cmd := range []string{"go vet ./... && go test -race ./...", "(cd deploy && go vet ./... && go test ./...)"} {
+			shown := strings.Contains(docText(t, doc), "```sh\n"+cmd+"\n```")
+			if shown && !ci[cmd] {
+				t.Errorf("%s gives %q, which .ci/run does not run", doc, cmd)
+			}
+			if !shown && doc == "CONTRIBUTING.md" {
+				t.Errorf("CONTRIBUTING.md does not give %q", cmd)
+			}
+		}
+	}
+	if !strings.Contains(docText(t, "README.md"), "```sh\ngo vet ./... && go test -race ./...\n```") {
+		t.Error("the README does not give the test command")
+	}
+
+	have := map[string]string{} // fuzz target → ./package
+	target := regexp.MustCompile(`(?m)^func (Fuzz\w+)\(f \*testing\.F\)`)
+	walkRepo(t, func(path, rel string) {
+		if !strings.HasSuffix(path, "_test.go") {
+			return
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range target.FindAllStringSubmatch(string(src), -1) {
+			have[m[1]] = "./" + filepath.ToSlash(filepath.Dir(rel))
+		}
+	})
+	row := regexp.MustCompile("^\\| `(Fuzz\\w+)` \\| `(\\./[\\w/]+)` \\|")
+	listed := map[string]string{}
+	for _, line := range strings.Split(docText(t, "CONTRIBUTING.md"), "\n") {
+		if m := row.FindStringSubmatch(line); m != nil {
+			listed[m[1]] = m[2]
+		}
+	}
+	if !maps.Equal(listed, have) {
+		t.Errorf("CONTRIBUTING.md lists the fuzz targets %v; the repository has %v", listed, have)
+	}
 }

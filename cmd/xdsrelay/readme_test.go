@@ -17,10 +17,14 @@ import (
 	"testing"
 	"time"
 
+	bootstrappb "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
+	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3" // the bootstrap's typed_extension_protocol_options
+	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/xds"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/xdsrelay/xdsrelay/relay"
 	"github.com/xdsrelay/xdsrelay/upstream"
@@ -34,19 +38,34 @@ var repo, _ = filepath.Abs(filepath.Join("..", ".."))
 // docs/clients.md).
 func docBlock(t *testing.T, doc, lang, marker string) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(repo, doc))
-	if err != nil {
-		t.Fatal(err)
-	}
-	blocks := strings.Split(string(b), "```"+lang+"\n")
-	for _, blk := range blocks[1:] {
-		code, _, _ := strings.Cut(blk, "```")
+	for _, code := range docBlocks(t, doc, lang) {
 		if strings.Contains(code, marker) {
 			return code
 		}
 	}
 	t.Fatalf("%s has no %s block with %q", doc, lang, marker)
 	return ""
+}
+
+// docBlocks returns every fenced block in lang of doc.
+func docBlocks(t *testing.T, doc, lang string) []string {
+	t.Helper()
+	var out []string
+	for _, blk := range strings.Split(docText(t, doc), "```"+lang+"\n")[1:] {
+		code, _, _ := strings.Cut(blk, "```")
+		out = append(out, code)
+	}
+	return out
+}
+
+// docText is a Markdown file named from the repository root.
+func docText(t *testing.T, doc string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(repo, doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 func copyFile(t *testing.T, from, to string, rewrite func(string) string) {
@@ -286,6 +305,46 @@ func TestDocEnvoyBootstrap(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// docs/clients.md's Envoy bootstrap is one Envoy takes, where no Envoy runs
+// it (TestDocEnvoyBootstrap): it decodes strictly (no unknown field, every
+// typed_config a known type), passes the Bootstrap's validation rules, and
+// its ADS cluster is a static cluster at the port config.example.yaml's
+// relay serves xDS on.
+func TestDocEnvoyBootstrapDecodes(t *testing.T) {
+	var doc any
+	if err := yaml.Unmarshal([]byte(docBlock(t, "docs/clients.md", "yaml", "dynamic_resources")), &doc); err != nil {
+		t.Fatal(err)
+	}
+	js, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var boot bootstrappb.Bootstrap
+	if err := protojson.Unmarshal(js, &boot); err != nil {
+		t.Fatalf("docs/clients.md's Envoy bootstrap: %v", err)
+	}
+	if err := boot.ValidateAll(); err != nil {
+		t.Fatalf("docs/clients.md's Envoy bootstrap: %v", err)
+	}
+	ads := boot.GetDynamicResources().GetAdsConfig().GetGrpcServices()[0].GetEnvoyGrpc().GetClusterName()
+	opts, _, err := loadConfig(filepath.Join(repo, "config.example.yaml"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(opts.Relay.Downstream.Address)
+	for _, c := range boot.GetStaticResources().GetClusters() {
+		if c.GetName() != ads {
+			continue
+		}
+		addr := c.GetLoadAssignment().GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress()
+		if fmt.Sprint(addr.GetPortValue()) != port {
+			t.Errorf("the ADS cluster %q is at port %d, config.example.yaml's relay at %s", ads, addr.GetPortValue(), port)
+		}
+		return
+	}
+	t.Errorf("the ADS cluster %q is not a static cluster of the bootstrap", ads)
 }
 
 func freePort(t *testing.T) int {

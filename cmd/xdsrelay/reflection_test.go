@@ -102,12 +102,15 @@ func reflectFiles(ctx context.Context, cc *grpc.ClientConn, symbol string) (*pro
 	return files, services, nil
 }
 
-// The README's CSDS example runs as written, but for the relay's host: its
-// port is downstream.address's, and a client that, like grpcurl, knows the
-// service only from the relay's gRPC reflection gets the status of the
-// clients it asks for.
+// The README's CSDS example, which docs/operations.md repeats, runs as
+// written, but for the relay's host: its port is downstream.address's, and
+// a client that, like grpcurl, knows the service only from the relay's gRPC
+// reflection gets the status of the clients it asks for.
 func TestReadmeGrpcurlCSDS(t *testing.T) {
 	call := parseGrpcurl(t, docBlock(t, "README.md", "sh", "ClientStatusDiscoveryService/FetchClientStatus"))
+	if again := parseGrpcurl(t, docBlock(t, "docs/operations.md", "sh", "ClientStatusDiscoveryService/FetchClientStatus")); again != call {
+		t.Fatalf("docs/operations.md's grpcurl %+v is not the README's %+v, which this test runs", again, call)
+	}
 	r := bootReadme(t, func(_, content string) string { return content })
 	opts, _, err := loadConfig(repo+"/config.example.yaml", nil)
 	if err != nil {

@@ -161,7 +161,7 @@ const (
 	kindRatio                 // *float64 from 0 to 1
 	kindLevel                 // *slog.Level: debug, info, warn or error
 	kindRules                 // *[]relay.AuthorizationRule: a YAML list of maps; JSON in the environment
-	kindRate                  // *float64, not negative: a number per second
+	kindRate                  // *float64, not negative: a rate per second, or rollout.canary's fraction or count
 	kindUpstreams             // *[]relay.UpstreamConfig: a YAML list of maps of upstream keys; JSON in the environment
 )
 

@@ -166,6 +166,8 @@ func TestLoadUpstreams(t *testing.T) {
 			wantErr: `upstreams[0].types: upstream "a" lists neither types nor authorities`},
 		{name: "an entry's value checked", yaml: "upstreams:\n  - {name: a, types: [secrets], fallback_recheck: 0s}\n",
 			wantErr: "upstreams[0].fallback_recheck: must be positive"},
+		{name: "an entry's connect_timeout checked", yaml: "upstreams:\n  - {name: a, types: [secrets], connect_timeout: 0s}\n",
+			wantErr: "upstreams[0].connect_timeout: must be positive, got 0s"},
 		{name: "an entry's address checked", yaml: "upstreams:\n  - {name: a, types: [secrets], addresses: [nowhere]}\n",
 			wantErr: "upstreams[0].addresses"},
 	})
