@@ -56,8 +56,8 @@ type Proxy struct {
 	mu      sync.Mutex
 	mode    Mode                  // guarded by mu
 	limit   *rate.Limiter         // for Trickle; guarded by mu
-	changed chan struct{}         // closed and replaced at every change of mode; guarded by mu
-	conns   map[net.Conn]struct{} // both ends of every pair; guarded by mu
+	changed chan struct{}         // closed and replaced at every change of mode and reset; guarded by mu
+	conns   map[net.Conn]struct{} // both ends of every pair not reset; guarded by mu
 	open    map[string]int        // pairs open per backend; guarded by mu
 }
 
@@ -110,6 +110,11 @@ func (p *Proxy) Set(mode Mode, bytesPerSecond int) {
 	if mode == Trickle {
 		p.limit = rate.NewLimiter(rate.Limit(bytesPerSecond), max(bytesPerSecond/10, 1))
 	}
+	p.notifyLocked()
+}
+
+// notifyLocked wakes the forwards held while Silent.
+func (p *Proxy) notifyLocked() {
 	close(p.changed)
 	p.changed = make(chan struct{})
 }
@@ -122,11 +127,13 @@ func (p *Proxy) Mode() Mode {
 }
 
 // Reset closes every connection (a reset, as a restarted middlebox
-// does); new ones are accepted as before.
+// does); new ones are accepted as before. A pair held while Silent ends
+// too: closed, its connections would only show it when the mode changes.
 func (p *Proxy) Reset() {
 	p.mu.Lock()
 	conns := p.conns
 	p.conns = map[net.Conn]struct{}{}
+	p.notifyLocked()
 	p.mu.Unlock()
 	for c := range conns {
 		if tc, ok := c.(*net.TCPConn); ok {
@@ -241,14 +248,18 @@ func (p *Proxy) copy(dst, src net.Conn, closed <-chan struct{}) {
 
 // forward writes b to dst once the mode lets it: held while Silent (the
 // bytes are not lost: a partition that heals delivers them late, as TCP
-// would until it gives up), paced while Trickle.
+// would until it gives up), paced while Trickle; it gives up once the
+// pair is closed or reset.
 func (p *Proxy) forward(dst net.Conn, b []byte, closed <-chan struct{}) error {
 	for len(b) > 0 {
 		p.mu.Lock()
 		mode, limit, changed := p.mode, p.limit, p.changed
+		_, live := p.conns[dst] // not reset
 		p.mu.Unlock()
-		switch mode {
-		case Silent:
+		switch {
+		case !live:
+			return net.ErrClosed
+		case mode == Silent:
 			select {
 			case <-changed:
 				continue
@@ -257,7 +268,7 @@ func (p *Proxy) forward(dst net.Conn, b []byte, closed <-chan struct{}) error {
 			case <-p.ctx.Done():
 				return p.ctx.Err()
 			}
-		case Trickle:
+		case mode == Trickle:
 			n := min(len(b), limit.Burst())
 			if err := limit.WaitN(p.ctx, n); err != nil {
 				return err

@@ -233,3 +233,30 @@ func TestNoBackendAccepts(t *testing.T) {
 		t.Fatal("Start without a backend: no error")
 	}
 }
+
+// A reset ends a silent pair whose bytes are held both ways: its
+// connections are closed, and it no longer counts as open.
+func TestResetWhileSilent(t *testing.T) {
+	a, _ := named(t, "a")
+	p, err := Start(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	p.Set(Silent, 0)
+	c, err := net.Dial("tcp", p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("x"))              // held on its way to a
+	time.Sleep(50 * time.Millisecond) // a's name is held on its way back
+	p.Reset()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(p.Open()) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("open %v 5s after a reset", p.Open())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
