@@ -44,7 +44,7 @@ const (
 type Proxy struct {
 	Addr string // where clients connect
 
-	// Read-only after Serve.
+	// Read-only after Start.
 	backends []string
 	ln       net.Listener
 	ctx      context.Context
@@ -61,36 +61,24 @@ type Proxy struct {
 	open    map[string]int        // pairs open per backend; guarded by mu
 }
 
-// errNoBackend is Start's and Serve's answer to no backend.
-var errNoBackend = errors.New("faultproxy: no backend to forward to")
-
-// Start listens on 127.0.0.1:0 and forwards to backends until Close: to
-// the one, or with several to each in turn (see Serve).
+// Start listens on 127.0.0.1:0 and forwards to backends until Close. Each
+// new connection goes to the next backend in turn that accepts it: a
+// backend that refuses is skipped, and a connection that no backend
+// accepts is closed.
 func Start(backends ...string) (*Proxy, error) {
 	if len(backends) == 0 {
-		return nil, errNoBackend
+		return nil, errors.New("faultproxy: no backend to forward to")
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
-	}
-	return Serve(ln, backends...), nil
-}
-
-// Serve forwards the connections ln accepts to backends until Close. Each
-// new connection goes to the next backend in turn that accepts it: a
-// backend that refuses is skipped, and a connection that no backend
-// accepts is closed. Serve panics without a backend.
-func Serve(ln net.Listener, backends ...string) *Proxy {
-	if len(backends) == 0 {
-		panic(errNoBackend)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Proxy{Addr: ln.Addr().String(), backends: backends, ln: ln, ctx: ctx, cancel: cancel,
 		changed: make(chan struct{}), conns: map[net.Conn]struct{}{}, open: map[string]int{}}
 	p.wg.Add(1)
 	go p.accept()
-	return p
+	return p, nil
 }
 
 // Open returns how many connections are open to each backend that has
@@ -117,13 +105,6 @@ func (p *Proxy) Set(mode Mode, bytesPerSecond int) {
 func (p *Proxy) notifyLocked() {
 	close(p.changed)
 	p.changed = make(chan struct{})
-}
-
-// Mode is the proxy's mode.
-func (p *Proxy) Mode() Mode {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.mode
 }
 
 // Reset closes every connection (a reset, as a restarted middlebox
