@@ -2,11 +2,18 @@ package envoysim
 
 import (
 	"context"
+	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	clustersvc "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -104,5 +111,92 @@ func TestChangedClusterWarmsUntilItsEndpoints(t *testing.T) {
 				t.Errorf("OnCluster: told %d times, read the client %d, blocked reading it %d", told.Load(), read.Load(), blocked.Load())
 			}
 		})
+	}
+}
+
+// When the server ends, the client's streams end with it: Done is closed
+// and Err says why; Close returns it.
+func TestStreamsEndWithTheServer(t *testing.T) {
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			cp, err := testcp.ServeLinear("127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cp.Stop()
+			cp.Clusters.UpdateResource("a", testcp.Cluster("a"))
+			cp.Endpoints.UpdateResource("a", testcp.Endpoints("a", "127.0.0.1:1"))
+			sim, err := Start(context.Background(), Options{Conn: dial(t, cp.Addr), Node: node(), Delta: v.delta, PerType: v.perType})
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, sim, Usable("a"))
+			cp.Stop()
+			select {
+			case <-sim.Done():
+			case <-time.After(wait):
+				t.Fatal("the streams outlived the server")
+			}
+			if sim.Err() == nil || sim.Close() == nil {
+				t.Errorf("ended without an error: %v", sim.Err())
+			}
+		})
+	}
+}
+
+// With per-type streams, the one that fails ends the other: a server
+// without EDS refuses the endpoints' stream, and the clusters' stream,
+// which it serves (a cluster that needs no endpoints: nothing is sent on
+// the refused stream), ends too.
+func TestPerTypeStreamFailureEndsTheOther(t *testing.T) {
+	clusters := cachev3.NewLinearCache(resourcev3.ClusterType)
+	clusters.UpdateResource("s", &clusterpb.Cluster{Name: "s", ConnectTimeout: durationpb.New(time.Second)})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	g := grpc.NewServer(grpc.WaitForHandlers(true))
+	clustersvc.RegisterClusterDiscoveryServiceServer(g, serverv3.NewServer(ctx, clusters, nil))
+	addr := serve(t, g)
+	for _, delta := range []bool{false, true} {
+		sim, err := Start(context.Background(), Options{Conn: dial(t, addr), Node: node(), Delta: delta, PerType: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-sim.Done():
+		case <-time.After(wait):
+			sim.Close()
+			t.Fatalf("delta %v: the clusters' stream outlived the endpoints' refused one", delta)
+		}
+		if err := sim.Err(); err == nil || !strings.Contains(err.Error(), "Unimplemented") {
+			t.Errorf("delta %v: ended with %v, want the endpoints' stream refused", delta, err)
+		}
+	}
+}
+
+// serve runs g on 127.0.0.1:0 until the test ends.
+func serve(t *testing.T, g *grpc.Server) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = g.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		g.Stop()
+		<-done
+	})
+	return ln.Addr().String()
+}
+
+func TestStartNeedsConnAndNode(t *testing.T) {
+	if _, err := Start(context.Background(), Options{Node: node()}); err == nil {
+		t.Error("started without a connection")
+	}
+	if _, err := Start(context.Background(), Options{Conn: dial(t, "127.0.0.1:1")}); err == nil {
+		t.Error("started without a node")
 	}
 }
