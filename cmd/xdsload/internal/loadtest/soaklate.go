@@ -82,12 +82,14 @@ func (l *lateAsker) session(ctx context.Context, conn *grpc.ClientConn) (got boo
 	if err != nil {
 		return false
 	}
+	// ask sends under mu: what the channel holds is in asked, and a name
+	// asked after this is both sent and not in names.
 	l.mu.Lock()
-	names := append([]string{l.first}, l.asked...)
-	l.mu.Unlock()
 	for len(l.asks) > 0 { // asked already: in names
 		<-l.asks
 	}
+	names := append([]string{l.first}, l.asked...)
+	l.mu.Unlock()
 	typeURL := kinds[l.cfg.Type].typeURL
 	if s.Send(&discoverypb.DeltaDiscoveryRequest{Node: l.node, TypeUrl: typeURL, ResourceNamesSubscribe: names}) != nil {
 		return false
