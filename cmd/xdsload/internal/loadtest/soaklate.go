@@ -94,22 +94,7 @@ func (l *lateAsker) session(ctx context.Context, conn *grpc.ClientConn) (got boo
 	if s.Send(&discoverypb.DeltaDiscoveryRequest{Node: l.node, TypeUrl: typeURL, ResourceNamesSubscribe: names}) != nil {
 		return false
 	}
-	resps, errc, done := make(chan *discoverypb.DeltaDiscoveryResponse), make(chan error, 1), make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			r, err := s.Recv()
-			if err != nil {
-				errc <- err
-				return
-			}
-			select {
-			case resps <- r:
-			case <-sctx.Done():
-				return
-			}
-		}
-	}()
+	resps, errc, done := receive(sctx, s.Recv)
 	defer func() {
 		cancel()
 		<-done
