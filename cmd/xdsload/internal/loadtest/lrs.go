@@ -285,10 +285,9 @@ func writeLRSTable(w io.Writer, rs ...*LRSResult) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "setup\ttold\tfailed\tall told (s)\treports/s in\tserver CPU/report (µs)\tRSS/stream (KiB)\theap/stream (KiB)\tgoroutines/stream\tcp streams\tcp reports/s\tcp CPU (ms/s)\tsent\treceived\t\n")
 	for _, r := range rs {
-		secs := r.Window.Seconds()
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.0f\t%s\t%s\t%s\t%s\t%d\t%.1f\t%s\t%d\t%d\t\n", r.Setup, r.Told, r.Failed, r.AllTold.Seconds(),
-			perSec(r.ClientReports, secs), r.cpuPerReport(), r.rssPerStream(), r.heapPerStream(), r.goroutinesPerStream(),
-			r.CPStreams, perSec(r.CPReports, secs), r.cpCPU(), r.Sent, r.Received)
+			perSecond(r.ClientReports, r.Window), r.cpuPerReport(), r.rssPerStream(), r.heapPerStream(), r.goroutinesPerStream(),
+			r.CPStreams, perSecond(r.CPReports, r.Window), r.cpCPU(), r.Sent, r.Received)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -302,13 +301,6 @@ func writeLRSTable(w io.Writer, rs ...*LRSResult) error {
 		}
 	}
 	return nil
-}
-
-func perSec(n int64, secs float64) float64 {
-	if secs <= 0 {
-		return 0
-	}
-	return float64(n) / secs
 }
 
 // cpuPerReport is the server's CPU per report the clients sent.
