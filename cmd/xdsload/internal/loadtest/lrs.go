@@ -145,10 +145,23 @@ func RunLRS(ctx context.Context, cfg Config) (*LRSResult, error) {
 	if clients.firstErr != nil {
 		res.FirstError = clients.firstErr.Error()
 	}
-	if err == nil && res.Failed > 0 {
-		err = fmt.Errorf("%d of %d clients failed; %s", res.Failed, cfg.Clients, res.FirstError)
+	if err == nil {
+		err = res.verdict()
 	}
 	return res, err
+}
+
+// verdict fails a run that ended without an error of its own if a client
+// failed, or if the control plane was not told of exactly the requests
+// the clients reported: none lost, none counted twice.
+func (r *LRSResult) verdict() error {
+	switch {
+	case r.Failed > 0:
+		return fmt.Errorf("%d of %d clients failed; %s", r.Failed, r.Config.Clients, r.FirstError)
+	case r.Received != r.Sent:
+		return fmt.Errorf("the control plane was told of %d requests, the clients of %d", r.Received, r.Sent)
+	}
+	return nil
 }
 
 // lrsLoad starts the clients, waits until every one is told what to report
