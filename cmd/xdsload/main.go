@@ -286,10 +286,12 @@ func (f *flags) finish(rest []string) error {
 		return cfg.ValidateRolling()
 	}
 	if f.envoy {
-		if f.cfg.ServeCP == "" {
-			return errors.New("--envoy needs --serve-cp: the clusters come from the tool's control plane")
+		c := &f.cfg
+		if f.compare || c.LRS || c.Split || c.Churn > 0 || c.Floor || c.GRPCFloor || c.Soak.Duration > 0 {
+			return errors.New("envoy: give neither compare, lrs, split, churn, floor, grpc-floor nor soak")
 		}
-		return nil
+		cfg := f.envoyConfig()
+		return cfg.Validate()
 	}
 	if f.cfg.ServeCP == "" && (f.compare || f.cfg.LRS && f.cfg.Target == "") {
 		f.cfg.ServeCP = "127.0.0.1:0"

@@ -157,10 +157,25 @@ func (tr *envoyTracker) report(i int, cl envoysim.Cluster) {
 	}
 }
 
+// Validate reports the first problem with cfg.
+func (cfg *EnvoyConfig) Validate() error {
+	switch {
+	case cfg.ServeCP == "":
+		return errors.New("envoy: the clusters come from the tool's control plane: give serve-cp")
+	case cfg.Clients < 1 || cfg.Clusters < 1 || cfg.StreamsPerConn < 1:
+		return errors.New("envoy: clients, resources (clusters) and streams-per-conn must be at least 1")
+	case cfg.Updates < 0 || cfg.UpdateEvery < 0 || cfg.InitialFetchTimeout < 0 || cfg.Rate < 0:
+		return errors.New("envoy: updates, update-every, initial-fetch-timeout and rate must not be negative")
+	case cfg.Timeout <= 0:
+		return errors.New("envoy: timeout must be positive")
+	}
+	return nil
+}
+
 // RunEnvoy runs Envoy-behaving clients against the target (see EnvoyConfig).
 func RunEnvoy(ctx context.Context, cfg EnvoyConfig) (*EnvoyResult, error) {
-	if cfg.Clients < 1 || cfg.Clusters < 1 || cfg.StreamsPerConn < 1 {
-		return nil, errors.New("envoy: clients, clusters and streams per connection must be at least 1")
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
