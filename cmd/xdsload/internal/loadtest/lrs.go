@@ -119,12 +119,9 @@ func (c *child) lrsStats() (LRSStats, error) {
 // it measured; on a timeout or ctx ending, what it measured so far with the
 // error.
 func RunLRS(ctx context.Context, cfg Config) (*LRSResult, error) {
-	cfg = cfg.Defaults()
-	if err := cfg.Validate(); err != nil {
+	cfg, err := prepare(cfg, (*Config).Validate)
+	if err != nil {
 		return nil, err
-	}
-	if cfg.Progress != nil {
-		cfg.Progress = &lockedWriter{w: cfg.Progress}
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
