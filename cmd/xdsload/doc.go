@@ -75,7 +75,7 @@
 // debug.FreeOSMemory: whether it went back to its baseline.
 //
 // With --relay-limits the relay keeps its default admission limits
-// (limits.stream_rate 1000/s in bursts of 2000, max_streams, max_groups,
+// (limits.stream_rate 1000/s in bursts of 10,000, max_streams, max_groups,
 // max_streams_per_connection 100, ...) instead of running without them, and
 // the clients retry a stream refused with RESOURCE_EXHAUSTED or UNAVAILABLE
 // as Envoy does: exponential backoff from 500ms to 30s, doubling, with

@@ -168,7 +168,7 @@ func (f *flags) define(fs *flag.FlagSet) {
 	fs.BoolVar(&c.Relay, "relay", false, "start xdsrelay in this process in front of the --serve-cp control plane and load it")
 	fs.BoolVar(&c.Split, "split", false, "run the server side (control plane, relay, floor or gRPC floor server) in a child process: clients and server then each have the whole open-file limit, and RSS is the server's alone")
 	fs.BoolVar(&f.compare, "compare", false, "run, one after the other with the same flags, clients through xdsrelay (in this process, its upstream a control plane with --cp-cache), directly on go-control-plane's linear cache, on its snapshot cache, on the gRPC floor, and the socket floor; print them side by side with the relay's ratios (--cp-cache is then the relay's upstream, default linear; --timeout bounds each setup)")
-	fs.BoolVar(&c.RelayLimits, "relay-limits", false, "keep the relay's default admission limits (stream_rate 1000/s burst 2000, max_streams, max_groups, max_streams_per_connection 100...) instead of turning them off; the clients retry a refused stream (RESOURCE_EXHAUSTED or UNAVAILABLE) as Envoy does, with exponential backoff from 500ms to 30s and jitter, and the result reports the retries and when every client was configured")
+	fs.BoolVar(&c.RelayLimits, "relay-limits", false, "keep the relay's default admission limits (stream_rate 1000/s burst 10000, max_streams, max_groups, max_streams_per_connection 100...) instead of turning them off; the clients retry a refused stream (RESOURCE_EXHAUSTED or UNAVAILABLE) as Envoy does, with exponential backoff from 500ms to 30s and jitter, and the result reports the retries and when every client was configured")
 	fs.StringVar(&c.RelayPersist, "relay-persist", "", "the relay saves its cache in `dir` (cache.persist_dir, every second and on shutdown) and restores it on start: a second run with the same dir measures admission after a restart with a warm cache, and counts the first configs served from it")
 	s := &c.Soak
 	fs.DurationVar(&s.Duration, "soak", 0, "soak the relay for `D` (it implies --relay, and --serve-cp 127.0.0.1:0 unless given): clients of both variants reconnect, change subscriptions and NACK while the control plane changes resources (every --update-every, default 2s with --soak) and restarts; a row of the relay's RSS, heap, goroutines, fds, streams and fan-out p50 every --soak-every; exits 1 unless each --soak-gate figure stays within 10% of its value after the first 5m (half, for a soak under 10m)")
@@ -286,10 +286,12 @@ func (f *flags) finish(rest []string) error {
 		return cfg.ValidateRolling()
 	}
 	if f.envoy {
-		if f.cfg.ServeCP == "" {
-			return errors.New("--envoy needs --serve-cp: the clusters come from the tool's control plane")
+		c := &f.cfg
+		if f.compare || c.LRS || c.Split || c.Churn > 0 || c.Floor || c.GRPCFloor || c.Soak.Duration > 0 {
+			return errors.New("envoy: give neither compare, lrs, split, churn, floor, grpc-floor nor soak")
 		}
-		return nil
+		cfg := f.envoyConfig()
+		return cfg.Validate()
 	}
 	if f.cfg.ServeCP == "" && (f.compare || f.cfg.LRS && f.cfg.Target == "") {
 		f.cfg.ServeCP = "127.0.0.1:0"

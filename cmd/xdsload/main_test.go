@@ -136,6 +136,12 @@ func TestFlagErrors(t *testing.T) {
 		{"rolling against a target", []string{"--rolling", "--relay-bin", "xdsrelay", "--target", "127.0.0.1:1"}, 2, "target"},
 		{"rolling and compare", []string{"--rolling", "--relay-bin", "xdsrelay", "--compare"}, 2, "compare"},
 		{"rolling past the relays' stream limit", []string{"--rolling", "--relay-bin", "xdsrelay", "--streams-per-conn", "200"}, 2, "max_streams_per_connection"},
+		{"envoy without the control plane", []string{"--envoy"}, 2, "serve-cp"},
+		{"envoy and a soak", []string{"--envoy", "--serve-cp", "127.0.0.1:0", "--soak", "1m"}, 2, "soak"},
+		{"envoy split", []string{"--envoy", "--serve-cp", "127.0.0.1:0", "--split"}, 2, "split"},
+		{"envoy and compare", []string{"--envoy", "--serve-cp", "127.0.0.1:0", "--compare"}, 2, "compare"},
+		{"envoy and lrs", []string{"--envoy", "--serve-cp", "127.0.0.1:0", "--lrs"}, 2, "lrs"},
+		{"envoy without clients", []string{"--envoy", "--serve-cp", "127.0.0.1:0", "--clients", "0"}, 2, "clients"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

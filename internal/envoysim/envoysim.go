@@ -57,7 +57,8 @@ type Options struct {
 	PerType bool
 	// OnCluster, if set, is called with a cluster's state each time it
 	// changes (a new version arrives, or it finishes warming), on the
-	// goroutine that read the response; it must not block.
+	// goroutine that read the response, before the response is ACKed; it
+	// may read the Client, and should not block.
 	OnCluster func(Cluster)
 }
 
@@ -85,12 +86,11 @@ type Client struct {
 	done   chan struct{}
 	err    error // why the streams ended; set before done is closed
 
-	mu        sync.Mutex
-	clusters  map[string]*clusterState
-	endpoints map[string]*endpointpb.ClusterLoadAssignment
-	changed   chan struct{} // closed and replaced at every change
-	cdsSeen   int           // CDS responses received
-	edsSeen   int           // EDS responses received
+	mu       sync.Mutex
+	clusters map[string]*clusterState // guarded by mu
+	changed  chan struct{}            // guarded by mu: closed and replaced at every change
+	cdsSeen  int                      // guarded by mu: CDS responses received
+	edsSeen  int                      // guarded by mu: EDS responses received
 }
 
 type clusterState struct {
@@ -105,7 +105,7 @@ func Start(ctx context.Context, opts Options) (*Client, error) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	c := &Client{opts: opts, cancel: cancel, done: make(chan struct{}), clusters: map[string]*clusterState{},
-		endpoints: map[string]*endpointpb.ClusterLoadAssignment{}, changed: make(chan struct{})}
+		changed: make(chan struct{})}
 	var run func() error
 	var err error
 	if opts.Delta {
@@ -183,10 +183,13 @@ func (c *Client) describe() string {
 	return b.String()
 }
 
-// tell passes a cluster's new state to Options.OnCluster.
-func (c *Client) tell(cs *clusterState) {
+// tell passes the clusters' new states to Options.OnCluster; the caller
+// does not hold mu.
+func (c *Client) tell(cls []Cluster) {
 	if c.opts.OnCluster != nil {
-		c.opts.OnCluster(cs.Cluster)
+		for _, cl := range cls {
+			c.opts.OnCluster(cl)
+		}
 	}
 }
 
@@ -198,8 +201,15 @@ func (c *Client) notifyLocked() {
 
 // onClusters applies a CDS response: resources the clusters now are
 // (SotW: all of them, delta: those that changed), removed the names gone.
-// It returns the EDS names the clusters need.
+// It returns the EDS names the clusters need, after telling the clusters
+// that changed.
 func (c *Client) onClusters(rs []*anypb.Any, removed []string, full bool) ([]string, error) {
+	names, told, err := c.applyClusters(rs, removed, full)
+	c.tell(told)
+	return names, err
+}
+
+func (c *Client) applyClusters(rs []*anypb.Any, removed []string, full bool) (names []string, told []Cluster, err error) {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -208,7 +218,7 @@ func (c *Client) onClusters(rs []*anypb.Any, removed []string, full bool) ([]str
 	for _, a := range rs {
 		var cl clusterpb.Cluster
 		if err := a.UnmarshalTo(&cl); err != nil {
-			return nil, fmt.Errorf("envoysim: cluster: %w", err)
+			return nil, told, fmt.Errorf("envoysim: cluster: %w", err)
 		}
 		seen[cl.GetName()] = true
 		old := c.clusters[cl.GetName()]
@@ -222,7 +232,7 @@ func (c *Client) onClusters(rs []*anypb.Any, removed []string, full bool) ([]str
 			cs.Warming = true
 		}
 		c.clusters[cl.GetName()] = cs
-		c.tell(cs)
+		told = append(told, cs.Cluster)
 	}
 	for _, n := range removed {
 		delete(c.clusters, n)
@@ -231,7 +241,7 @@ func (c *Client) onClusters(rs []*anypb.Any, removed []string, full bool) ([]str
 		maps.DeleteFunc(c.clusters, func(n string, _ *clusterState) bool { return !seen[n] })
 	}
 	c.notifyLocked()
-	return c.edsNamesLocked(), nil
+	return c.edsNamesLocked(), told, nil
 }
 
 // edsNamesLocked is the set of EDS names the clusters need, sorted.
@@ -246,8 +256,15 @@ func (c *Client) edsNamesLocked() []string {
 }
 
 // onEndpoints applies an EDS response: each ClusterLoadAssignment it
-// carries finishes the warming of the clusters it belongs to.
+// carries finishes the warming of the clusters it belongs to, which are
+// told.
 func (c *Client) onEndpoints(rs []*anypb.Any) error {
+	told, err := c.applyEndpoints(rs)
+	c.tell(told)
+	return err
+}
+
+func (c *Client) applyEndpoints(rs []*anypb.Any) (told []Cluster, err error) {
 	now := time.Now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -255,21 +272,20 @@ func (c *Client) onEndpoints(rs []*anypb.Any) error {
 	for _, a := range rs {
 		cla := new(endpointpb.ClusterLoadAssignment)
 		if err := a.UnmarshalTo(cla); err != nil {
-			return fmt.Errorf("envoysim: endpoints: %w", err)
+			return told, fmt.Errorf("envoysim: endpoints: %w", err)
 		}
-		c.endpoints[cla.GetClusterName()] = cla
 		for _, cs := range c.clusters {
 			if cs.EDS == cla.GetClusterName() {
 				cs.Endpoints = cla
 				if cs.Warming {
 					cs.Warming, cs.Usable = false, now
-					c.tell(cs)
+					told = append(told, cs.Cluster)
 				}
 			}
 		}
 	}
 	c.notifyLocked()
-	return nil
+	return told, nil
 }
 
 // edsName is the ClusterLoadAssignment an EDS cluster's endpoints come from.

@@ -44,7 +44,7 @@ const (
 type Proxy struct {
 	Addr string // where clients connect
 
-	// Read-only after Serve.
+	// Read-only after Start.
 	backends []string
 	ln       net.Listener
 	ctx      context.Context
@@ -56,41 +56,29 @@ type Proxy struct {
 	mu      sync.Mutex
 	mode    Mode                  // guarded by mu
 	limit   *rate.Limiter         // for Trickle; guarded by mu
-	changed chan struct{}         // closed and replaced at every change of mode; guarded by mu
-	conns   map[net.Conn]struct{} // both ends of every pair; guarded by mu
+	changed chan struct{}         // closed and replaced at every change of mode and reset; guarded by mu
+	conns   map[net.Conn]struct{} // both ends of every pair not reset; guarded by mu
 	open    map[string]int        // pairs open per backend; guarded by mu
 }
 
-// errNoBackend is Start's and Serve's answer to no backend.
-var errNoBackend = errors.New("faultproxy: no backend to forward to")
-
-// Start listens on 127.0.0.1:0 and forwards to backends until Close: to
-// the one, or with several to each in turn (see Serve).
+// Start listens on 127.0.0.1:0 and forwards to backends until Close. Each
+// new connection goes to the next backend in turn that accepts it: a
+// backend that refuses is skipped, and a connection that no backend
+// accepts is closed.
 func Start(backends ...string) (*Proxy, error) {
 	if len(backends) == 0 {
-		return nil, errNoBackend
+		return nil, errors.New("faultproxy: no backend to forward to")
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
-	}
-	return Serve(ln, backends...), nil
-}
-
-// Serve forwards the connections ln accepts to backends until Close. Each
-// new connection goes to the next backend in turn that accepts it: a
-// backend that refuses is skipped, and a connection that no backend
-// accepts is closed. Serve panics without a backend.
-func Serve(ln net.Listener, backends ...string) *Proxy {
-	if len(backends) == 0 {
-		panic(errNoBackend)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Proxy{Addr: ln.Addr().String(), backends: backends, ln: ln, ctx: ctx, cancel: cancel,
 		changed: make(chan struct{}), conns: map[net.Conn]struct{}{}, open: map[string]int{}}
 	p.wg.Add(1)
 	go p.accept()
-	return p
+	return p, nil
 }
 
 // Open returns how many connections are open to each backend that has
@@ -110,23 +98,23 @@ func (p *Proxy) Set(mode Mode, bytesPerSecond int) {
 	if mode == Trickle {
 		p.limit = rate.NewLimiter(rate.Limit(bytesPerSecond), max(bytesPerSecond/10, 1))
 	}
+	p.notifyLocked()
+}
+
+// notifyLocked wakes the forwards held while Silent.
+func (p *Proxy) notifyLocked() {
 	close(p.changed)
 	p.changed = make(chan struct{})
 }
 
-// Mode is the proxy's mode.
-func (p *Proxy) Mode() Mode {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.mode
-}
-
 // Reset closes every connection (a reset, as a restarted middlebox
-// does); new ones are accepted as before.
+// does); new ones are accepted as before. A pair held while Silent ends
+// too: closed, its connections would only show it when the mode changes.
 func (p *Proxy) Reset() {
 	p.mu.Lock()
 	conns := p.conns
 	p.conns = map[net.Conn]struct{}{}
+	p.notifyLocked()
 	p.mu.Unlock()
 	for c := range conns {
 		if tc, ok := c.(*net.TCPConn); ok {
@@ -241,14 +229,18 @@ func (p *Proxy) copy(dst, src net.Conn, closed <-chan struct{}) {
 
 // forward writes b to dst once the mode lets it: held while Silent (the
 // bytes are not lost: a partition that heals delivers them late, as TCP
-// would until it gives up), paced while Trickle.
+// would until it gives up), paced while Trickle; it gives up once the
+// pair is closed or reset.
 func (p *Proxy) forward(dst net.Conn, b []byte, closed <-chan struct{}) error {
 	for len(b) > 0 {
 		p.mu.Lock()
 		mode, limit, changed := p.mode, p.limit, p.changed
+		_, live := p.conns[dst] // not reset
 		p.mu.Unlock()
-		switch mode {
-		case Silent:
+		switch {
+		case !live:
+			return net.ErrClosed
+		case mode == Silent:
 			select {
 			case <-changed:
 				continue
@@ -257,7 +249,7 @@ func (p *Proxy) forward(dst net.Conn, b []byte, closed <-chan struct{}) error {
 			case <-p.ctx.Done():
 				return p.ctx.Err()
 			}
-		case Trickle:
+		case mode == Trickle:
 			n := min(len(b), limit.Burst())
 			if err := limit.WaitN(p.ctx, n); err != nil {
 				return err

@@ -16,26 +16,41 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// echo is a backend that writes back what it reads.
-func echo(t *testing.T) string {
+// backend listens on 127.0.0.1:0 and runs handle on each connection it
+// accepts, then closes it. stop makes it refuse connections, as a server
+// that stopped listening; at the test's end it also waits for its
+// handlers, which return once their clients close.
+func backend(t *testing.T, handle func(net.Conn)) (addr string, stop func()) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	var wg sync.WaitGroup
+	wg.Go(func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			go func() { io.Copy(c, c); c.Close() }()
+			wg.Go(func() {
+				defer c.Close()
+				handle(c)
+			})
 		}
-	}()
-	t.Cleanup(func() { ln.Close(); <-done })
-	return ln.Addr().String()
+	})
+	stop = func() { ln.Close() }
+	t.Cleanup(func() {
+		stop()
+		wg.Wait()
+	})
+	return ln.Addr().String(), stop
+}
+
+// echo is a backend that writes back what it reads.
+func echo(t *testing.T) string {
+	addr, _ := backend(t, func(c net.Conn) { io.Copy(c, c) })
+	return addr
 }
 
 func start(t *testing.T) (*Proxy, net.Conn) {
@@ -131,30 +146,10 @@ func TestCloseWhileSilent(t *testing.T) {
 // then holds the connection until the client closes it; stop makes it
 // refuse connections, as a server that stopped listening.
 func named(t *testing.T, name string) (addr string, stop func()) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				c.Write([]byte(name))
-				io.Copy(io.Discard, c)
-				c.Close()
-			}()
-		}
-	}()
-	var once sync.Once
-	stop = func() { once.Do(func() { ln.Close(); <-done }) }
-	t.Cleanup(stop)
-	return ln.Addr().String(), stop
+	return backend(t, func(c net.Conn) {
+		c.Write([]byte(name))
+		io.Copy(io.Discard, c)
+	})
 }
 
 // through opens a connection through p and returns it and the name of the
@@ -231,5 +226,32 @@ func TestNoBackendAccepts(t *testing.T) {
 	}
 	if _, err := Start(); err == nil {
 		t.Fatal("Start without a backend: no error")
+	}
+}
+
+// A reset ends a silent pair whose bytes are held both ways: its
+// connections are closed, and it no longer counts as open.
+func TestResetWhileSilent(t *testing.T) {
+	a, _ := named(t, "a")
+	p, err := Start(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	p.Set(Silent, 0)
+	c, err := net.Dial("tcp", p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("x"))              // held on its way to a
+	time.Sleep(50 * time.Millisecond) // a's name is held on its way back
+	p.Reset()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(p.Open()) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("open %v 5s after a reset", p.Open())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

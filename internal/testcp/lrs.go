@@ -24,12 +24,12 @@ type LRS struct {
 	lrspb.UnimplementedLoadReportingServiceServer
 
 	mu      sync.Mutex
-	resp    *lrspb.LoadStatsResponse // what streams are told; guarded by mu
-	hold    bool                     // guarded by mu: first requests wait for Answer
-	streams []*LRSStream             // guarded by mu: every stream, in the order opened
-	live    map[*LRSStream]bool      // guarded by mu
-	onRecv  func(*LRSStream, *lrspb.LoadStatsRequest)
-	changed chan struct{} // guarded by mu: closed at every report or stream, then replaced
+	resp    *lrspb.LoadStatsResponse                  // what streams are told; guarded by mu
+	hold    bool                                      // guarded by mu: first requests wait for Answer
+	streams []*LRSStream                              // guarded by mu: every stream, in the order opened
+	live    map[*LRSStream]bool                       // guarded by mu
+	onRecv  func(*LRSStream, *lrspb.LoadStatsRequest) // guarded by mu: OnReport's f
+	changed chan struct{}                             // guarded by mu: closed at every report or stream, then replaced
 }
 
 // LRSStream is one load-report stream the server received.

@@ -269,17 +269,36 @@ func Endpoints(cluster string, addrs ...string) *endpointpb.ClusterLoadAssignmen
 // Linear is a go-control-plane server whose clusters and endpoints are
 // each kept in a LinearCache, served over ADS and the per-type CDS and EDS
 // services (SotW and delta): a control plane that sends a resource only
-// when it changed, as most do.
+// when it changed, as most do. The load tool serves its Envoy runs from
+// one too.
 type Linear struct {
 	Addr      string
 	Clusters  *cachev3.LinearCache
 	Endpoints *cachev3.LinearCache
+
+	stop func()
 }
 
 // StartLinear runs a LinearCache control plane until the test ends.
 func StartLinear(t testing.TB) *Linear {
 	t.Helper()
-	l := &Linear{Clusters: cachev3.NewLinearCache(resourcev3.ClusterType), Endpoints: cachev3.NewLinearCache(resourcev3.EndpointType)}
+	l, err := ServeLinear("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Stop)
+	return l
+}
+
+// ServeLinear runs a LinearCache control plane on addr, with the gRPC
+// server options opts, until Stop.
+func ServeLinear(addr string, opts ...grpc.ServerOption) (*Linear, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	l := &Linear{Addr: ln.Addr().String(), Clusters: cachev3.NewLinearCache(resourcev3.ClusterType),
+		Endpoints: cachev3.NewLinearCache(resourcev3.EndpointType)}
 	mux := &cachev3.MuxCache{
 		Classify:      func(r *cachev3.Request) string { return r.GetTypeUrl() },
 		ClassifyDelta: func(r *cachev3.DeltaRequest) string { return r.GetTypeUrl() },
@@ -287,24 +306,27 @@ func StartLinear(t testing.TB) *Linear {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	srv := serverv3.NewServer(ctx, mux, nil)
-	g := grpc.NewServer(grpc.WaitForHandlers(true))
+	// Stop waits for the handlers: no go-control-plane goroutine outlives
+	// the server (goleak).
+	g := grpc.NewServer(append([]grpc.ServerOption{grpc.WaitForHandlers(true)}, opts...)...)
 	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, srv)
 	clustersvc.RegisterClusterDiscoveryServiceServer(g, srv)
 	endpointsvc.RegisterEndpointDiscoveryServiceServer(g, srv)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l.Addr = ln.Addr().String()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		_ = g.Serve(ln)
 	}()
-	t.Cleanup(func() {
-		g.Stop()
-		<-done
-		cancel()
-	})
-	return l
+	var once sync.Once
+	l.stop = func() {
+		once.Do(func() {
+			g.Stop()
+			<-done
+			cancel()
+		})
+	}
+	return l, nil
 }
+
+// Stop ends the server: its streams and connections, and its goroutines.
+func (l *Linear) Stop() { l.stop() }

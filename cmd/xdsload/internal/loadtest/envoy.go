@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"slices"
 	"strconv"
 	"sync"
@@ -15,18 +14,13 @@ import (
 	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointpb "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
-	clustersvc "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
-	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	endpointsvc "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/xdsrelay/xdsrelay/internal/envoysim"
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
 
 // EnvoyConfig is a run of Envoy-behaving clients (internal/envoysim):
@@ -85,13 +79,6 @@ type EnvoyUpdate struct {
 	Stalled                         int // clients on which it still warmed after InitialFetchTimeout
 }
 
-// envoyPlane is the control plane of an Envoy run.
-type envoyPlane struct {
-	addr                string
-	clusters, endpoints *cachev3.LinearCache
-	stop                func()
-}
-
 func envoyCluster(i int, timeout time.Duration) *clusterpb.Cluster {
 	return &clusterpb.Cluster{
 		Name:                 "cluster-" + strconv.Itoa(i),
@@ -114,44 +101,20 @@ func envoyEndpoints(i, n int) *endpointpb.ClusterLoadAssignment {
 	return cla
 }
 
-// startEnvoyPlane serves the clusters and endpoints on addr.
-func startEnvoyPlane(cfg *EnvoyConfig) (*envoyPlane, error) {
-	p := &envoyPlane{clusters: cachev3.NewLinearCache(resourcev3.ClusterType), endpoints: cachev3.NewLinearCache(resourcev3.EndpointType)}
-	for i := range cfg.Clusters {
-		name := "cluster-" + strconv.Itoa(i)
-		if err := p.clusters.UpdateResource(name, envoyCluster(i, time.Second)); err != nil {
-			return nil, err
-		}
-		if err := p.endpoints.UpdateResource(name, envoyEndpoints(i, cfg.Endpoints)); err != nil {
-			return nil, err
-		}
-	}
-	mux := &cachev3.MuxCache{
-		Classify:      func(r *cachev3.Request) string { return r.GetTypeUrl() },
-		ClassifyDelta: func(r *cachev3.DeltaRequest) string { return r.GetTypeUrl() },
-		Caches:        map[string]cachev3.Cache{resourcev3.ClusterType: p.clusters, resourcev3.EndpointType: p.endpoints},
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	srv := serverv3.NewServer(ctx, mux, nil)
-	g := grpc.NewServer(grpc.MaxConcurrentStreams(1 << 20))
-	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, srv)
-	clustersvc.RegisterClusterDiscoveryServiceServer(g, srv)
-	endpointsvc.RegisterEndpointDiscoveryServiceServer(g, srv)
-	ln, err := net.Listen("tcp", cfg.ServeCP)
+// startEnvoyPlane serves the clusters and endpoints on cfg.ServeCP.
+func startEnvoyPlane(cfg *EnvoyConfig) (*testcp.Linear, error) {
+	p, err := testcp.ServeLinear(cfg.ServeCP, grpc.MaxConcurrentStreams(1<<20))
 	if err != nil {
-		cancel()
 		return nil, fmt.Errorf("control plane: %w", err)
 	}
-	p.addr = ln.Addr().String()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = g.Serve(ln)
-	}()
-	p.stop = func() {
-		g.Stop()
-		<-done
-		cancel()
+	for i := range cfg.Clusters {
+		name := "cluster-" + strconv.Itoa(i)
+		err = errors.Join(p.Clusters.UpdateResource(name, envoyCluster(i, time.Second)),
+			p.Endpoints.UpdateResource(name, envoyEndpoints(i, cfg.Endpoints)))
+		if err != nil {
+			p.Stop()
+			return nil, err
+		}
 	}
 	return p, nil
 }
@@ -194,10 +157,25 @@ func (tr *envoyTracker) report(i int, cl envoysim.Cluster) {
 	}
 }
 
+// Validate reports the first problem with cfg.
+func (cfg *EnvoyConfig) Validate() error {
+	switch {
+	case cfg.ServeCP == "":
+		return errors.New("envoy: the clusters come from the tool's control plane: give serve-cp")
+	case cfg.Clients < 1 || cfg.Clusters < 1 || cfg.StreamsPerConn < 1:
+		return errors.New("envoy: clients, resources (clusters) and streams-per-conn must be at least 1")
+	case cfg.Updates < 0 || cfg.UpdateEvery < 0 || cfg.InitialFetchTimeout < 0 || cfg.Rate < 0:
+		return errors.New("envoy: updates, update-every, initial-fetch-timeout and rate must not be negative")
+	case cfg.Timeout <= 0:
+		return errors.New("envoy: timeout must be positive")
+	}
+	return nil
+}
+
 // RunEnvoy runs Envoy-behaving clients against the target (see EnvoyConfig).
 func RunEnvoy(ctx context.Context, cfg EnvoyConfig) (*EnvoyResult, error) {
-	if cfg.Clients < 1 || cfg.Clusters < 1 || cfg.StreamsPerConn < 1 {
-		return nil, errors.New("envoy: clients, clusters and streams per connection must be at least 1")
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
@@ -205,7 +183,7 @@ func RunEnvoy(ctx context.Context, cfg EnvoyConfig) (*EnvoyResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer plane.stop()
+	defer plane.Stop()
 	res := &EnvoyResult{Setup: "go-control-plane linear", Clients: cfg.Clients, Variant: VariantSotW}
 	if cfg.Delta {
 		res.Variant = VariantDelta
@@ -213,14 +191,14 @@ func RunEnvoy(ctx context.Context, cfg EnvoyConfig) (*EnvoyResult, error) {
 	target := cfg.Target
 	switch {
 	case cfg.Relay:
-		r, err := startRelay(plane.addr, &Config{Progress: cfg.Progress})
+		r, err := startRelay(plane.Addr, &Config{Progress: cfg.Progress})
 		if err != nil {
 			return nil, err
 		}
 		defer stopRelay(r)
 		target, res.Setup = r.Addr(), "xdsrelay (in process)"
 	case target == "":
-		target = plane.addr
+		target = plane.Addr
 	default:
 		res.Setup = "target " + target
 	}
@@ -327,7 +305,7 @@ func (tr *envoyTracker) wait(ctx context.Context, cond func() bool) error {
 
 // publishEnvoyUpdate changes cluster u%Clusters and waits until it is
 // usable on every client, or InitialFetchTimeout past its arrival.
-func publishEnvoyUpdate(ctx context.Context, cfg *EnvoyConfig, plane *envoyPlane, tr *envoyTracker, u int) (EnvoyUpdate, error) {
+func publishEnvoyUpdate(ctx context.Context, cfg *EnvoyConfig, plane *testcp.Linear, tr *envoyTracker, u int) (EnvoyUpdate, error) {
 	i := u % cfg.Clusters
 	name := "cluster-" + strconv.Itoa(i)
 	tr.mu.Lock()
@@ -336,7 +314,7 @@ func publishEnvoyUpdate(ctx context.Context, cfg *EnvoyConfig, plane *envoyPlane
 		tr.received[k], tr.usable[k], tr.warmed[k] = -1, -1, -1
 	}
 	tr.mu.Unlock()
-	if err := plane.clusters.UpdateResource(name, envoyCluster(i, time.Second+time.Duration(u+1)*time.Millisecond)); err != nil {
+	if err := plane.Clusters.UpdateResource(name, envoyCluster(i, time.Second+time.Duration(u+1)*time.Millisecond)); err != nil {
 		return EnvoyUpdate{}, err
 	}
 	stall := ctx

@@ -31,9 +31,14 @@ func TestRunEnvoy(t *testing.T) {
 			if len(res.Updates) != 2 {
 				t.Fatalf("%d updates", len(res.Updates))
 			}
+			// Every client stalls, or none.
+			wantStalled, wantWithin := 0, 20
+			if tc.wantStalled {
+				wantStalled, wantWithin = 20, 0
+			}
 			for _, u := range res.Updates {
-				if stalled := u.Stalled == 20 && u.Within1s == 0; stalled != tc.wantStalled {
-					t.Errorf("update of %s: stalled %d, within 1s %d; want stalled %v", u.Cluster, u.Stalled, u.Within1s, tc.wantStalled)
+				if u.Stalled != wantStalled || u.Within1s != wantWithin {
+					t.Errorf("update of %s: stalled %d, within 1s %d; want %d and %d", u.Cluster, u.Stalled, u.Within1s, wantStalled, wantWithin)
 				}
 			}
 			var out bytes.Buffer

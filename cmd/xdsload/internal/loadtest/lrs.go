@@ -119,12 +119,9 @@ func (c *child) lrsStats() (LRSStats, error) {
 // it measured; on a timeout or ctx ending, what it measured so far with the
 // error.
 func RunLRS(ctx context.Context, cfg Config) (*LRSResult, error) {
-	cfg = cfg.Defaults()
-	if err := cfg.Validate(); err != nil {
+	cfg, err := prepare(cfg, (*Config).Validate)
+	if err != nil {
 		return nil, err
-	}
-	if cfg.Progress != nil {
-		cfg.Progress = &lockedWriter{w: cfg.Progress}
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
@@ -145,10 +142,23 @@ func RunLRS(ctx context.Context, cfg Config) (*LRSResult, error) {
 	if clients.firstErr != nil {
 		res.FirstError = clients.firstErr.Error()
 	}
-	if err == nil && res.Failed > 0 {
-		err = fmt.Errorf("%d of %d clients failed; %s", res.Failed, cfg.Clients, res.FirstError)
+	if err == nil {
+		err = res.verdict()
 	}
 	return res, err
+}
+
+// verdict fails a run that ended without an error of its own if a client
+// failed, or if the control plane was not told of exactly the requests
+// the clients reported: none lost, none counted twice.
+func (r *LRSResult) verdict() error {
+	switch {
+	case r.Failed > 0:
+		return fmt.Errorf("%d of %d clients failed; %s", r.Failed, r.Config.Clients, r.FirstError)
+	case r.Received != r.Sent:
+		return fmt.Errorf("the control plane was told of %d requests, the clients of %d", r.Received, r.Sent)
+	}
+	return nil
 }
 
 // lrsLoad starts the clients, waits until every one is told what to report
@@ -285,10 +295,9 @@ func writeLRSTable(w io.Writer, rs ...*LRSResult) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "setup\ttold\tfailed\tall told (s)\treports/s in\tserver CPU/report (µs)\tRSS/stream (KiB)\theap/stream (KiB)\tgoroutines/stream\tcp streams\tcp reports/s\tcp CPU (ms/s)\tsent\treceived\t\n")
 	for _, r := range rs {
-		secs := r.Window.Seconds()
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f\t%.0f\t%s\t%s\t%s\t%s\t%d\t%.1f\t%s\t%d\t%d\t\n", r.Setup, r.Told, r.Failed, r.AllTold.Seconds(),
-			perSec(r.ClientReports, secs), r.cpuPerReport(), r.rssPerStream(), r.heapPerStream(), r.goroutinesPerStream(),
-			r.CPStreams, perSec(r.CPReports, secs), r.cpCPU(), r.Sent, r.Received)
+			perSecond(r.ClientReports, r.Window), r.cpuPerReport(), r.rssPerStream(), r.heapPerStream(), r.goroutinesPerStream(),
+			r.CPStreams, perSecond(r.CPReports, r.Window), r.cpCPU(), r.Sent, r.Received)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -302,13 +311,6 @@ func writeLRSTable(w io.Writer, rs ...*LRSResult) error {
 		}
 	}
 	return nil
-}
-
-func perSec(n int64, secs float64) float64 {
-	if secs <= 0 {
-		return 0
-	}
-	return float64(n) / secs
 }
 
 // cpuPerReport is the server's CPU per report the clients sent.

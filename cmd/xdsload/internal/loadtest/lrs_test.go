@@ -66,3 +66,26 @@ func TestValidateLRS(t *testing.T) {
 		}
 	}
 }
+
+// A run fails if a client failed, or if the control plane was told of
+// other requests than the clients reported.
+func TestLRSVerdict(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		res  LRSResult
+		want string
+	}{
+		{"all told", LRSResult{Sent: 100, Received: 100}, ""},
+		{"a client failed", LRSResult{Sent: 100, Received: 100, Failed: 1, FirstError: "boom"}, "1 of 20 clients failed; boom"},
+		{"lost", LRSResult{Sent: 100, Received: 90}, "told of 90 requests, the clients of 100"},
+		{"counted twice", LRSResult{Sent: 100, Received: 110}, "told of 110 requests, the clients of 100"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.res.Config.Clients = 20
+			err := tc.res.verdict()
+			if (err == nil) != (tc.want == "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
+				t.Errorf("%v, want %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -91,6 +91,10 @@ func (c *lrsClients) run(ctx context.Context, i int) error {
 			}
 		}
 	}()
+	defer func() {
+		cancel() // ends the stream, and so the reading
+		<-ended
+	}()
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	report := &lrspb.LoadStatsRequest{ClusterStats: []*endpointpb.ClusterStats{{

@@ -195,7 +195,8 @@ func later(a, b time.Time) time.Time {
 	return a
 }
 
-func perSecond(n int, d time.Duration) float64 {
+// perSecond is n over d, 0 for none or no time.
+func perSecond[N int | int64](n N, d time.Duration) float64 {
 	if n == 0 || d <= 0 {
 		return 0
 	}

@@ -124,12 +124,9 @@ func (s *rollingSetup) stop(keep bool) {
 // RunRolling runs the rolling restart cfg describes (cfg.Rolling) and
 // returns what it measured; it fails if any check above did not hold.
 func RunRolling(ctx context.Context, cfg Config) (*Rolling, error) {
-	cfg = cfg.Defaults()
-	if err := cfg.ValidateRolling(); err != nil {
+	cfg, err := prepare(cfg, (*Config).ValidateRolling)
+	if err != nil {
 		return nil, err
-	}
-	if cfg.Progress != nil {
-		cfg.Progress = &lockedWriter{w: cfg.Progress}
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()

@@ -60,19 +60,28 @@ func (s *cpStack) stop() {
 	s.cp.stop()
 }
 
+// prepare is the start of every kind of run: cfg with its defaults,
+// checked by validate, and its Progress safe to write to at once (the
+// progress lines, the relay's log and a split run's children do).
+func prepare(cfg Config, validate func(*Config) error) (Config, error) {
+	cfg = cfg.Defaults()
+	if err := validate(&cfg); err != nil {
+		return cfg, err
+	}
+	if cfg.Progress != nil {
+		cfg.Progress = &lockedWriter{w: cfg.Progress}
+	}
+	return cfg, nil
+}
+
 // Run runs the load that cfg describes (updates fanned out, churn if
 // cfg.Churn, or a soak if cfg.Soak.Duration) and returns what it measured. It stops by itself after
 // cfg.Timeout; on a timeout, a failed publish or ctx ending, it returns the
 // results so far with the error.
 func Run(ctx context.Context, cfg Config) (*Result, error) {
-	cfg = cfg.Defaults()
-	if err := cfg.Validate(); err != nil {
+	cfg, err := prepare(cfg, (*Config).Validate)
+	if err != nil {
 		return nil, err
-	}
-	if cfg.Progress != nil {
-		// The progress lines, the relay's log and a split run's children
-		// write to it at once.
-		cfg.Progress = &lockedWriter{w: cfg.Progress}
 	}
 	if !cfg.updating() || cfg.Churn > 0 || cfg.soaking() {
 		cfg.Updates = 0
@@ -82,7 +91,6 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	coding := newSeqCoding(kinds[cfg.Type], cfg.markSpan())
 	coding.wrap = cfg.soaking()
 	var b backend
-	var err error
 	// Profile labels tell the servers' CPU from the clients': goroutines
 	// inherit the labels of the goroutine that starts them.
 	pprof.Do(ctx, pprof.Labels("side", "server"), func(context.Context) { b, err = startBackend(&cfg, coding) })

@@ -146,7 +146,7 @@ func (c *soakClient) session(ctx context.Context) (got bool, err error) {
 	if err := s.subscribe(c.x.node(c.i), names); err != nil {
 		return false, err
 	}
-	resps, recvErr, done := c.receive(sctx, s)
+	resps, recvErr, done := receive(sctx, s.recv)
 	defer func() {
 		cancel()
 		<-done
@@ -199,26 +199,27 @@ func (c *soakClient) sendError(err error, resps <-chan soakResponse, recvErr <-c
 	}
 }
 
-// receive reads s on a goroutine of its own until the stream ends, which
-// closes done.
-func (c *soakClient) receive(ctx context.Context, s soakStream) (<-chan soakResponse, <-chan error, <-chan struct{}) {
-	resps, errc, done := make(chan soakResponse), make(chan error, 1), make(chan struct{})
+// receive calls recv on a goroutine of its own, passing on what it reads,
+// until it fails (its error goes to errc) or ctx ends; done is closed once
+// the goroutine has returned.
+func receive[T any](ctx context.Context, recv func() (T, error)) (resps <-chan T, errc <-chan error, done <-chan struct{}) {
+	rc, ec, dc := make(chan T), make(chan error, 1), make(chan struct{})
 	go func() {
-		defer close(done)
+		defer close(dc)
 		for {
-			r, err := s.recv()
+			r, err := recv()
 			if err != nil {
-				errc <- err
+				ec <- err
 				return
 			}
 			select {
-			case resps <- r:
+			case rc <- r:
 			case <-ctx.Done():
 				return
 			}
 		}
 	}()
-	return resps, errc, done
+	return rc, ec, dc
 }
 
 // names are the names the client subscribes to now.

@@ -82,32 +82,19 @@ func (l *lateAsker) session(ctx context.Context, conn *grpc.ClientConn) (got boo
 	if err != nil {
 		return false
 	}
+	// ask sends under mu: what the channel holds is in asked, and a name
+	// asked after this is both sent and not in names.
 	l.mu.Lock()
-	names := append([]string{l.first}, l.asked...)
-	l.mu.Unlock()
 	for len(l.asks) > 0 { // asked already: in names
 		<-l.asks
 	}
+	names := append([]string{l.first}, l.asked...)
+	l.mu.Unlock()
 	typeURL := kinds[l.cfg.Type].typeURL
 	if s.Send(&discoverypb.DeltaDiscoveryRequest{Node: l.node, TypeUrl: typeURL, ResourceNamesSubscribe: names}) != nil {
 		return false
 	}
-	resps, errc, done := make(chan *discoverypb.DeltaDiscoveryResponse), make(chan error, 1), make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			r, err := s.Recv()
-			if err != nil {
-				errc <- err
-				return
-			}
-			select {
-			case resps <- r:
-			case <-sctx.Done():
-				return
-			}
-		}
-	}()
+	resps, errc, done := receive(sctx, s.Recv)
 	defer func() {
 		cancel()
 		<-done
