@@ -228,15 +228,15 @@ func TestSoakCommand(t *testing.T) {
 	}
 }
 
-// Every xdsload command in the shell blocks of the README, BENCHMARKS.md
-// and docs/ parses: the flags it names exist, and their values pass
+// Every xdsload command in the shell blocks of the README, BENCHMARKS.md,
+// CONTRIBUTING.md and docs/ parses: the flags it names exist, and their values pass
 // validation.
 func TestDocumentedCommandsParse(t *testing.T) {
 	docs, err := filepath.Glob("../../docs/*.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, doc := range append([]string{"../../README.md", "../../BENCHMARKS.md"}, docs...) {
+	for _, doc := range append([]string{"../../README.md", "../../BENCHMARKS.md", "../../CONTRIBUTING.md"}, docs...) {
 		cmds := documentedCommands(t, doc)
 		if len(cmds) == 0 && !strings.Contains(doc, "/docs/") {
 			t.Fatalf("%s: no xdsload command in a shell block", doc)
