@@ -1,6 +1,8 @@
 package downstream
 
 import (
+	"maps"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -10,8 +12,9 @@ import (
 
 // Per-resource errors (xDS TP3, gRFC A88): the control plane's, and those
 // the relay makes where it knows the answer (see cache.ResourceError). A
-// client is sent an error once, and again only when it changes: it
-// remembers the error until the resource or another error arrives. A SotW
+// client is sent an error once, and again only when it changes or when it
+// asks for the name anew: it remembers the error until the resource or
+// another error arrives, or it drops the name. A SotW
 // Listener or Cluster response that carries an error still carries the
 // type's complete state (flushFull), so that no client deletes what it has.
 
@@ -31,12 +34,19 @@ func (m *errorsSent) record(e *cache.ResourceError) {
 	(*m)[e.Name] = e
 }
 
-// forget drops the record of name, once its resource went out or it is no
-// longer subscribed: a later error is new to the client.
+// forget drops the record of name, once its resource went out or it is
+// subscribed anew or no longer: a later error is new to the client, which
+// forgets an error with the subscription (gRFC A88).
 func (m errorsSent) forget(name string) {
 	if m != nil {
 		delete(m, name)
 	}
+}
+
+// forgetUnless drops the records of the names keep does not keep: those a
+// wildcard covered, once it is dropped.
+func (m errorsSent) forgetUnless(keep func(name string) bool) {
+	maps.DeleteFunc(m, func(n string, _ *cache.ResourceError) bool { return !keep(n) })
 }
 
 // sentError counts an error sent to the client

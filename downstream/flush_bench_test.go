@@ -43,7 +43,7 @@ func benchServer(b *testing.B) *Server {
 
 // encoded is resource name of typeURL as the relay caches it, about payload
 // bytes long; the padding says version, so that versions differ.
-func encoded(b *testing.B, typeURL, name, version string, payload int) *cache.Resource {
+func encoded(b testing.TB, typeURL, name, version string, payload int) *cache.Resource {
 	b.Helper()
 	pad := version + strings.Repeat("x", max(payload-len(version), 0))
 	var m proto.Message = &clusterpb.Cluster{Name: name, AltStatName: pad}

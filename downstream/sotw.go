@@ -144,6 +144,7 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) (
 		ss.status.unsubscribed(typeURL, removed)
 		for _, n := range removed {
 			t.sent.remove(n)
+			t.errSent.forget(n)
 		}
 	}
 	if len(added) > 0 {
@@ -153,6 +154,7 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) (
 		ss.status.subscribed(typeURL, watchable(added))
 		for _, n := range added {
 			t.sent.remove(n)
+			t.errSent.forget(n)
 		}
 	}
 	switch {
@@ -160,9 +162,11 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) (
 		ss.cache.WatchWildcard(ss.watch, typeURL)
 		t.all = true
 		t.sent.clear()
+		clear(t.errSent)
 	case !wildcard && t.wildcard:
 		ss.cache.UnwatchWildcard(ss.watch, typeURL)
 		t.sent.removeFunc(func(n, _ string) bool { return !named.has(n) })
+		t.errSent.forgetUnless(named.has)
 	}
 	same = len(added) == 0 && len(removed) == 0 && wildcard == t.wildcard
 	if wildcard != t.wildcard {
