@@ -56,20 +56,20 @@ func (b *streamBase) sentError(short string, e *cache.ResourceError) {
 }
 
 // onlyErrors is the end of a SotW stream in place of its first response
-// when that response would carry nothing but errors and the client
-// subscribes to nothing but that one type: the client is told as if the
+// when that response would carry nothing but errors and the client names
+// resources of that one type and nothing else (the flushes ask
+// awaitsAnswer, as run does before it waits): the client is told as if the
 // control plane were out of its reach, which clients that do not read
 // resource_errors (gRPC before A88) understand at once (gRFC A57: a stream
 // that fails before its first response fails the resources it waits for),
 // where they would otherwise wait for their does-not-exist timer. SotW has
 // no other way to say that a name does not exist; incremental clients get
-// removed_resources. A client that has been answered, or that waits for
-// other types, is sent the
-// errors in a response, as is one whose handler already reads its next
-// request (the handler alone can end a stream: see pump.awaitFirst). nil
-// if the response is to be sent.
-func (b *streamBase) onlyErrors(short string, types int, errs []*cache.ResourceError) error {
-	if b.spoke || !b.endable || types != 1 || len(errs) == 0 {
+// removed_resources. A client that has been answered is sent the errors
+// in a response, as is one whose handler already reads its next request
+// (the handler alone can end a stream: see pump.awaitFirst), and so one
+// that asks for another type. nil if the response is to be sent.
+func (b *streamBase) onlyErrors(short string, errs []*cache.ResourceError) error {
+	if b.spoke || !b.endable || len(errs) == 0 {
 		return nil
 	}
 	for _, e := range errs {

@@ -10,8 +10,10 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/authz"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
@@ -102,4 +104,45 @@ func TestErrorSentAgainToANewSubscription(t *testing.T) {
 			}
 		}
 	})
+}
+
+// The first request of a SotW stream, answered with errors alone, ends the
+// stream only if it names resources and nothing else: with the wildcard as
+// well, the client is sent the errors and waits for the rest, as the
+// stream's wait for its first answer says (awaitsAnswer). Here the error
+// is a name its certificate does not allow (PERMISSION_DENIED).
+func TestSotWFirstAnswerEndsOnlyANamedSubscription(t *testing.T) {
+	rules, err := authz.New([]authz.Rule{{Identity: "spiffe://example.org/a", Authorities: []string{"a.example.com"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := &corepb.Node{Id: "n1"}
+	grant, err := rules.Grant([]string{"spiffe://example.org/a"}, node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := "xdstp://b.example.com/envoy.config.endpoint.v3.ClusterLoadAssignment/x"
+	for _, tc := range []struct {
+		names []string
+		ends  bool
+	}{
+		{names: []string{refused}, ends: true},
+		{names: []string{"*", refused}},
+	} {
+		s := benchServer(t)
+		var sent []*xds.Message
+		ss := &sotwStream{streamBase: s.newStreamBase(func(m any) error { sent = append(sent, m.(*xds.Message)); return nil },
+			eds, "sotw", cache.New(cache.Options{}), node)}
+		ss.grant, ss.endable = grant, true
+		if err := ss.handle(&discoverypb.DiscoveryRequest{Node: node, TypeUrl: eds, ResourceNames: tc.names}); err != nil {
+			t.Fatal(err)
+		}
+		err := ss.flush()
+		switch {
+		case tc.ends && (status.Code(err) != codes.PermissionDenied || len(sent) != 0):
+			t.Errorf("%q: ended with %v after %d responses, want PERMISSION_DENIED and none", tc.names, err, len(sent))
+		case !tc.ends && (err != nil || len(sent) != 1):
+			t.Errorf("%q: ended with %v after %d responses, want one response", tc.names, err, len(sent))
+		}
+	}
 }

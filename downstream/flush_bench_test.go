@@ -32,7 +32,7 @@ type noGroups struct{}
 
 func (noGroups) Join(*corepb.Node) (*cache.Cache, func(), error) { return nil, nil, nil }
 
-func benchServer(b *testing.B) *Server {
+func benchServer(b testing.TB) *Server {
 	b.Helper()
 	s, err := New(Options{Groups: noGroups{}, Metrics: &metrics.Registry{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {

@@ -180,7 +180,8 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) (
 }
 
 // awaitsAnswer reports whether the stream names resources of one type and
-// nothing else (see protocol).
+// nothing else (see protocol): the one stream whose first answer of errors
+// alone ends it (see onlyErrors).
 func (ss *sotwStream) awaitsAnswer() bool {
 	if ss.types.recs.len() != 1 {
 		return false
@@ -286,8 +287,8 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet)
 	if !t.responded && !ready {
 		return nil
 	}
-	if !t.responded && len(want) == 0 && !t.wildcard {
-		if err := ss.onlyErrors(xds.ShortName(typeURL), ss.types.recs.len(), errs); err != nil {
+	if len(want) == 0 && ss.awaitsAnswer() {
+		if err := ss.onlyErrors(xds.ShortName(typeURL), errs); err != nil {
 			return err
 		}
 	}
@@ -450,8 +451,8 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs *cach
 	if len(out) == 0 && len(errs) == 0 && (t.responded || !t.nothing()) {
 		return nil
 	}
-	if len(out) == 0 {
-		if err := ss.onlyErrors(xds.ShortName(typeURL), ss.types.recs.len(), errs); err != nil {
+	if len(out) == 0 && ss.awaitsAnswer() {
+		if err := ss.onlyErrors(xds.ShortName(typeURL), errs); err != nil {
 			return err
 		}
 	}
