@@ -85,13 +85,15 @@ func (s *clientStream[Req, Resp]) recv() *Resp {
 func (s *clientStream[Req, Resp]) ended() error {
 	s.t.Helper()
 	select {
+	case r := <-s.resps:
+		s.t.Fatalf("a response where the stream should end: %v", r)
 	case <-s.done:
 	case <-time.After(wait):
 		s.t.Fatal("the stream did not end in time")
 	}
-	select {
+	select { // read before the end
 	case r := <-s.resps:
-		s.t.Fatalf("a response before the stream ended: %v", r)
+		s.t.Fatalf("a response where the stream should end: %v", r)
 	default:
 	}
 	return s.end

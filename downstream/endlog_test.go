@@ -2,6 +2,7 @@ package downstream
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -33,13 +34,16 @@ func startServer(t *testing.T, log *logBuffer) (*Server, *grpc.ClientConn) {
 	return serveOn(t, Options{Groups: oneGroup{cache.New(cache.Options{})}, Logger: slog.New(slog.NewJSONHandler(log, nil))})
 }
 
-// serveOn serves a Server made of opts (with a registry of its own if it
-// has none) on 127.0.0.1:0 until the test ends, and returns it with a
+// serveOn serves a Server made of opts (with a registry of its own and a
+// silent logger if it has none) on 127.0.0.1:0 until the test ends, and returns it with a
 // client connection to it.
 func serveOn(t *testing.T, opts Options) (*Server, *grpc.ClientConn) {
 	t.Helper()
 	if opts.Metrics == nil {
 		opts.Metrics = &metrics.Registry{}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	s, err := New(opts)
 	if err != nil {

@@ -2,6 +2,7 @@ package downstream
 
 import (
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,6 +105,37 @@ func TestErrorSentAgainToANewSubscription(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A SotW stream whose first request names resources of one type, and
+// whose first answer would be errors alone, ends with the error's status
+// when the answer comes within Options.AnswerWait; after it, the client is
+// sent the errors in a response and the stream goes on.
+func TestSotWFirstAnswerOfErrorsWithinTheWait(t *testing.T) {
+	const answerWait = 20 * time.Millisecond
+	for _, within := range []bool{true, false} {
+		c := cache.New(cache.Options{})
+		_, cc := serveOn(t, Options{Groups: oneGroup{c}, AnswerWait: map[bool]time.Duration{true: wait, false: answerWait}[within]})
+		st := openStream(t, discoverypb.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources)
+		st.send(&discoverypb.DiscoveryRequest{Node: &corepb.Node{Id: "n1"}, TypeUrl: eds, ResourceNames: []string{"x"}})
+		watched(t, c, eds, "x")
+		if !within {
+			time.Sleep(25 * answerWait) // not an assertion: the wait passes before the error comes
+		}
+		c.Apply(eds, cache.Change{Errors: []*cache.ResourceError{xds.NewError("x", codes.Unavailable, "no server reachable")}})
+		if within {
+			err := st.ended()
+			if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), `"x": no server reachable`) {
+				t.Errorf("within the wait: the stream ended with %v, want UNAVAILABLE naming x", err)
+			}
+			continue
+		}
+		resp := st.recv()
+		if len(resp.GetResources()) != 0 || !slices.Equal(errorNames(resp.GetResourceErrors()), []string{"x"}) {
+			t.Errorf("after the wait: %v, want x's error in a response", resp)
+		}
+		st.quiet(50 * time.Millisecond)
+	}
 }
 
 // The first request of a SotW stream, answered with errors alone, ends the
