@@ -375,7 +375,9 @@ func run[Req any, Resp any, PReq interface {
 			return err
 		}
 	}
-	pm.canEnd(false)
+	if err := pm.canEnd(false); err != nil {
+		return err
+	}
 	// The later requests are decoded into one message: proto.Unmarshal
 	// resets it first, and handle keeps nothing of it but what it copies or
 	// the fields' own values, so a request costs no allocation of its own.
