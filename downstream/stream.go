@@ -228,7 +228,7 @@ type streamBase struct {
 	// the response warmNonce; on a per-type EDS stream, what the
 	// connection's CDS stream asks it to send again (its own mu).
 	warming   []string
-	warmOnAck []string
+	warmOnAck cache.NameSet
 	warmNonce uint64
 	inbox     *warmInbox
 	// The first answer (errors.go): spoke is set once a response was
