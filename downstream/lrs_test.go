@@ -1,6 +1,7 @@
 package downstream
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -53,4 +54,34 @@ func TestLoadReportsUnderStreamLimits(t *testing.T) {
 	late := openStream(t, open)
 	late.send(&lrspb.LoadStatsRequest{Node: node})
 	refused(late.ended(), "limits.stream_rate")
+}
+
+// A stream may be told what to report (its flush run by the send pool) as
+// soon as it joins its group's store, before its handler goes on: here
+// the control plane's instructions change while the second client joins
+// (in the store's callback for clients of two zones, which holds the join
+// open for a while), and that client's flush must still find its reporter.
+func TestLoadReportsToldAsTheyJoin(t *testing.T) {
+	var store *loadstats.Store
+	store, err := loadstats.New(loadstats.Options{Interval: time.Second, MaxPending: 1,
+		OnMixedZones: func(_, _ *corepb.Locality) {
+			store.Instruct(loadstats.Instructions{Clusters: []string{"a"}, Interval: time.Second})
+			time.Sleep(100 * time.Millisecond) // not an assertion: the send pool flushes meanwhile
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, cc := serveOn(t, Options{Groups: oneGroup{cache.New(cache.Options{})}, Loads: LoadOptions{Groups: oneLoadGroup{store}}})
+	open := lrspb.NewLoadReportingServiceClient(cc).StreamLoadStats
+	for _, zone := range []string{"z1", "z2"} {
+		st := openStream(t, open)
+		st.send(&lrspb.LoadStatsRequest{Node: &corepb.Node{Id: zone, Locality: &corepb.Locality{Zone: zone}}})
+		if zone == "z1" {
+			st.recv()
+			continue
+		}
+		if told := st.recv(); !slices.Equal(told.GetClusters(), []string{"a"}) {
+			t.Errorf("the client that joined as the instructions changed was told %v", told)
+		}
+	}
 }
