@@ -25,8 +25,8 @@ type client struct {
 }
 
 // deniedVariants are the variants an authorization check counts a denial
-// under: every stream variant, and the polls.
-var deniedVariants = []string{"sotw-ads", "delta-ads", "sotw", "delta", "fetch", "rest"}
+// under: every stream variant, load reports included, and the polls.
+var deniedVariants = []string{"sotw-ads", "delta-ads", "sotw", "delta", variantLRS, "fetch", "rest"}
 
 // grpcClient is the client of a gRPC stream or call.
 func grpcClient(ctx context.Context, variant string) client {

@@ -130,6 +130,7 @@ func (ds *deltaStream) subscribe(typeURL string, t *deltaType, names []string, f
 		}
 		if !first {
 			t.sent.remove(n)
+			t.errSent.forget(n)
 			t.answer.set(n, struct{}{})
 			fresh = append(fresh, n)
 		}
@@ -160,6 +161,7 @@ func (ds *deltaStream) unsubscribe(typeURL string, t *deltaType, names []string)
 				ds.cache.UnwatchWildcard(ds.watch, typeURL)
 				ds.status.setWildcard(typeURL, false)
 				t.sent.removeFunc(func(n, _ string) bool { return !t.names.has(n) })
+				t.errSent.forgetUnless(t.named)
 			}
 			continue
 		}
@@ -168,6 +170,7 @@ func (ds *deltaStream) unsubscribe(typeURL string, t *deltaType, names []string)
 		}
 		t.names.remove(n)
 		t.sent.remove(n)
+		t.errSent.forget(n)
 		t.answer.remove(n)
 		removed = append(removed, n)
 		if cache.IsGlob(n) {

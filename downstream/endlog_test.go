@@ -2,6 +2,7 @@ package downstream
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -30,8 +31,21 @@ func (g oneGroup) Join(*corepb.Node) (*cache.Cache, func(), error) { return g.c,
 // startServer serves a Server on 127.0.0.1:0 until the test ends.
 func startServer(t *testing.T, log *logBuffer) (*Server, *grpc.ClientConn) {
 	t.Helper()
-	s, err := New(Options{Groups: oneGroup{cache.New(cache.Options{})}, Metrics: &metrics.Registry{},
-		Logger: slog.New(slog.NewJSONHandler(log, nil))})
+	return serveOn(t, Options{Groups: oneGroup{cache.New(cache.Options{})}, Logger: slog.New(slog.NewJSONHandler(log, nil))})
+}
+
+// serveOn serves a Server made of opts (with a registry of its own and a
+// silent logger if it has none) on 127.0.0.1:0 until the test ends, and returns it with a
+// client connection to it.
+func serveOn(t *testing.T, opts Options) (*Server, *grpc.ClientConn) {
+	t.Helper()
+	if opts.Metrics == nil {
+		opts.Metrics = &metrics.Registry{}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	s, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

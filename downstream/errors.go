@@ -1,6 +1,8 @@
 package downstream
 
 import (
+	"maps"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -10,8 +12,9 @@ import (
 
 // Per-resource errors (xDS TP3, gRFC A88): the control plane's, and those
 // the relay makes where it knows the answer (see cache.ResourceError). A
-// client is sent an error once, and again only when it changes: it
-// remembers the error until the resource or another error arrives. A SotW
+// client is sent an error once, and again only when it changes or when it
+// asks for the name anew: it remembers the error until the resource or
+// another error arrives, or it drops the name. A SotW
 // Listener or Cluster response that carries an error still carries the
 // type's complete state (flushFull), so that no client deletes what it has.
 
@@ -31,12 +34,19 @@ func (m *errorsSent) record(e *cache.ResourceError) {
 	(*m)[e.Name] = e
 }
 
-// forget drops the record of name, once its resource went out or it is no
-// longer subscribed: a later error is new to the client.
+// forget drops the record of name, once its resource went out or it is
+// subscribed anew or no longer: a later error is new to the client, which
+// forgets an error with the subscription (gRFC A88).
 func (m errorsSent) forget(name string) {
 	if m != nil {
 		delete(m, name)
 	}
+}
+
+// forgetUnless drops the records of the names keep does not keep: those a
+// wildcard covered, once it is dropped.
+func (m errorsSent) forgetUnless(keep func(name string) bool) {
+	maps.DeleteFunc(m, func(n string, _ *cache.ResourceError) bool { return !keep(n) })
 }
 
 // sentError counts an error sent to the client
@@ -46,20 +56,20 @@ func (b *streamBase) sentError(short string, e *cache.ResourceError) {
 }
 
 // onlyErrors is the end of a SotW stream in place of its first response
-// when that response would carry nothing but errors and the client
-// subscribes to nothing but that one type: the client is told as if the
+// when that response would carry nothing but errors and the client names
+// resources of that one type and nothing else (the flushes ask
+// awaitsAnswer, as run does before it waits): the client is told as if the
 // control plane were out of its reach, which clients that do not read
 // resource_errors (gRPC before A88) understand at once (gRFC A57: a stream
 // that fails before its first response fails the resources it waits for),
 // where they would otherwise wait for their does-not-exist timer. SotW has
 // no other way to say that a name does not exist; incremental clients get
-// removed_resources. A client that has been answered, or that waits for
-// other types, is sent the
-// errors in a response, as is one whose handler already reads its next
-// request (the handler alone can end a stream: see pump.awaitFirst). nil
-// if the response is to be sent.
-func (b *streamBase) onlyErrors(short string, types int, errs []*cache.ResourceError) error {
-	if b.spoke || !b.endable || types != 1 || len(errs) == 0 {
+// removed_resources. A client that has been answered is sent the errors
+// in a response, as is one whose handler already reads its next request
+// (the handler alone can end a stream: see pump.awaitFirst), and so one
+// that asks for another type. nil if the response is to be sent.
+func (b *streamBase) onlyErrors(short string, errs []*cache.ResourceError) error {
+	if b.spoke || !b.endable || len(errs) == 0 {
 		return nil
 	}
 	for _, e := range errs {

@@ -32,7 +32,7 @@ type noGroups struct{}
 
 func (noGroups) Join(*corepb.Node) (*cache.Cache, func(), error) { return nil, nil, nil }
 
-func benchServer(b *testing.B) *Server {
+func benchServer(b testing.TB) *Server {
 	b.Helper()
 	s, err := New(Options{Groups: noGroups{}, Metrics: &metrics.Registry{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
@@ -43,7 +43,7 @@ func benchServer(b *testing.B) *Server {
 
 // encoded is resource name of typeURL as the relay caches it, about payload
 // bytes long; the padding says version, so that versions differ.
-func encoded(b *testing.B, typeURL, name, version string, payload int) *cache.Resource {
+func encoded(b testing.TB, typeURL, name, version string, payload int) *cache.Resource {
 	b.Helper()
 	pad := version + strings.Repeat("x", max(payload-len(version), 0))
 	var m proto.Message = &clusterpb.Cluster{Name: name, AltStatName: pad}

@@ -181,13 +181,15 @@ func (s *Server) checkNames(held, adding int) error {
 }
 
 // watchNames subscribes the stream to names of typeURL, or refuses them all
-// at limits.max_names_per_stream or limits.max_names_per_group.
+// at limits.max_names_per_stream or limits.max_names_per_group. A name the
+// client's grant refuses (see refuse) is held by the stream, and counts
+// toward the stream's bound, but is not watched.
 func (b *streamBase) watchNames(typeURL string, names []string) error {
-	names = b.refuse(watchable(names))
+	names = watchable(names)
 	if err := b.srv.checkNames(b.names, len(names)); err != nil {
 		return err
 	}
-	if err := watchGroup(b.cache, b.watch, typeURL, names); err != nil {
+	if err := watchGroup(b.cache, b.watch, typeURL, b.refuse(names)); err != nil {
 		return err
 	}
 	b.names += len(names)
@@ -197,18 +199,15 @@ func (b *streamBase) watchNames(typeURL string, names []string) error {
 // unwatchNames unsubscribes the stream from names of typeURL, which it
 // subscribed to with watchNames.
 func (b *streamBase) unwatchNames(typeURL string, names []string) {
-	watched := 0
+	held := 0
 	for _, n := range names {
-		switch {
-		case n == noName:
-		case b.refused[n] != nil:
-			delete(b.refused, n) // never watched
-		default:
-			watched++
+		if n != noName {
+			held++
+			delete(b.refused, n) // if it was refused, it was never watched
 		}
 	}
 	b.cache.Unwatch(b.watch, typeURL, names...)
-	b.names -= watched
+	b.names -= held
 }
 
 // watchGroup is c.Watch, its refusal at the group's bound made a

@@ -2,6 +2,7 @@ package downstream
 
 import (
 	"slices"
+	"sync/atomic"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -116,8 +117,9 @@ func (s *Server) runLoads(st loadServer, end *streamEnd) error {
 	pm := &pump{pool: s.sends, conn: s.sends.conn(ls.addr), flush: ld.flush, guard: g}
 	g.conn = pm.conn
 	defer s.sends.release(pm.conn)
-	ld.rep = store.Join(end.node, pm.ready)
-	defer ld.rep.Leave()
+	rep := store.Join(end.node, pm.ready)
+	ld.rep.Store(rep)
+	defer rep.Leave()
 	defer pm.end()
 	pm.ready()
 	if err := pm.runInline(); err != nil { // the first response
@@ -172,15 +174,23 @@ func (s *Server) joinLoads(node *corepb.Node) (*loadstats.Store, func(), error) 
 
 // loadStream is one client's load report stream.
 type loadStream struct {
-	send func(any) error     // the stream's SendMsg, guarded against stuck clients
-	rep  *loadstats.Reporter // set before the first flush
+	send func(any) error // the stream's SendMsg, guarded against stuck clients; read-only
+	// rep is the stream's place in its store, set once it has joined. The
+	// store may tell it to flush from the moment it joins, before the
+	// handler sets rep: that flush has nothing to tell, and the handler's
+	// own first flush tells the client what is asked by then.
+	rep atomic.Pointer[loadstats.Reporter]
 }
 
 // flush tells the client what the control plane asks, if it changed since
 // the client was last told (LoadStatsResponse: every response starts a new
 // reporting period for Envoy, so none is sent without a change).
 func (l *loadStream) flush() error {
-	if resp := l.rep.Next(); resp != nil {
+	rep := l.rep.Load()
+	if rep == nil {
+		return nil
+	}
+	if resp := rep.Next(); resp != nil {
 		return l.send(resp)
 	}
 	return nil
@@ -188,5 +198,5 @@ func (l *loadStream) flush() error {
 
 func (l *loadStream) report(s *Server, req *lrspb.LoadStatsRequest) {
 	s.loads.Reports.Inc()
-	l.rep.Report(req.GetClusterStats())
+	l.rep.Load().Report(req.GetClusterStats())
 }

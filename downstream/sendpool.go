@@ -136,13 +136,16 @@ func (p *pump) flushOnce(slot *sendSlot) error {
 
 // canEnd says whether the handler returns a flush's error (see
 // onlyErrors): while it handles the first request and waits for its
-// answer, and never again once it reads requests.
-func (p *pump) canEnd(on bool) {
+// answer, and never again once it reads requests. It returns the error a
+// flush ended the stream with, if one did: one that came after the wait
+// and before the handler said no is still the handler's to return.
+func (p *pump) canEnd(on bool) error {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.stream != nil {
 		p.stream.endable = on
 	}
-	p.mu.Unlock()
+	return p.err
 }
 
 // awaitFirst holds the handler, after a first request that names what the

@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 )
@@ -216,5 +218,32 @@ func eventually(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// A flush that ends the stream once the handler's wait for the first
+// answer is over, before the handler stops letting flushes end it, is not
+// lost: the handler is given its error when it stops (canEnd), rather than
+// go on to read requests on a stream that sends nothing more.
+func TestPumpEndAfterTheFirstAnswerWaitIsReturned(t *testing.T) {
+	pool := newSendPool(1)
+	end := status.Error(codes.NotFound, "xdsrelay: x does not exist")
+	var ending atomic.Bool
+	p := &pump{pool: pool, conn: pool.conn(nil), stream: &streamBase{}}
+	p.flush = func() error {
+		if ending.Load() {
+			return end
+		}
+		return nil
+	}
+	p.canEnd(true)
+	if err := p.awaitFirst(context.Background(), time.Millisecond); err != nil {
+		t.Fatalf("the wait: %v", err)
+	}
+	ending.Store(true)
+	p.ready() // a worker's flush, as a change reaches the stream
+	eventually(t, "the flush to end the stream", func() bool { return p.failure() != nil })
+	if err := p.canEnd(false); err != end {
+		t.Fatalf("the handler was given %v, want %v", err, end)
 	}
 }

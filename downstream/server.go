@@ -50,7 +50,7 @@ type Options struct {
 	// AnswerWait bounds how long a stream whose first request names what
 	// its client waits for is held for its first answer, so that an answer
 	// of errors only can end the stream (see pump.awaitFirst); 0 holds
-	// none. The relay sets cache.not_found_timeout.
+	// none. The relay sets cache.not_found_timeout, at most 2 s.
 	AnswerWait time.Duration
 	// Loads configure the load reporting service (LRS); not served if
 	// Loads.Groups is nil.

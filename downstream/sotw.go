@@ -144,6 +144,7 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) (
 		ss.status.unsubscribed(typeURL, removed)
 		for _, n := range removed {
 			t.sent.remove(n)
+			t.errSent.forget(n)
 		}
 	}
 	if len(added) > 0 {
@@ -153,6 +154,7 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) (
 		ss.status.subscribed(typeURL, watchable(added))
 		for _, n := range added {
 			t.sent.remove(n)
+			t.errSent.forget(n)
 		}
 	}
 	switch {
@@ -160,9 +162,11 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) (
 		ss.cache.WatchWildcard(ss.watch, typeURL)
 		t.all = true
 		t.sent.clear()
+		clear(t.errSent)
 	case !wildcard && t.wildcard:
 		ss.cache.UnwatchWildcard(ss.watch, typeURL)
 		t.sent.removeFunc(func(n, _ string) bool { return !named.has(n) })
+		t.errSent.forgetUnless(named.has)
 	}
 	same = len(added) == 0 && len(removed) == 0 && wildcard == t.wildcard
 	if wildcard != t.wildcard {
@@ -176,7 +180,8 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) (
 }
 
 // awaitsAnswer reports whether the stream names resources of one type and
-// nothing else (see protocol).
+// nothing else (see protocol): the one stream whose first answer of errors
+// alone ends it (see onlyErrors).
 func (ss *sotwStream) awaitsAnswer() bool {
 	if ss.types.recs.len() != 1 {
 		return false
@@ -282,8 +287,8 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet)
 	if !t.responded && !ready {
 		return nil
 	}
-	if !t.responded && len(want) == 0 && !t.wildcard {
-		if err := ss.onlyErrors(xds.ShortName(typeURL), ss.types.recs.len(), errs); err != nil {
+	if len(want) == 0 && ss.awaitsAnswer() {
+		if err := ss.onlyErrors(xds.ShortName(typeURL), errs); err != nil {
 			return err
 		}
 	}
@@ -446,8 +451,8 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs *cach
 	if len(out) == 0 && len(errs) == 0 && (t.responded || !t.nothing()) {
 		return nil
 	}
-	if len(out) == 0 {
-		if err := ss.onlyErrors(xds.ShortName(typeURL), ss.types.recs.len(), errs); err != nil {
+	if len(out) == 0 && ss.awaitsAnswer() {
+		if err := ss.onlyErrors(xds.ShortName(typeURL), errs); err != nil {
 			return err
 		}
 	}

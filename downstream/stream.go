@@ -228,7 +228,7 @@ type streamBase struct {
 	// the response warmNonce; on a per-type EDS stream, what the
 	// connection's CDS stream asks it to send again (its own mu).
 	warming   []string
-	warmOnAck []string
+	warmOnAck cache.NameSet
 	warmNonce uint64
 	inbox     *warmInbox
 	// The first answer (errors.go): spoke is set once a response was
@@ -356,16 +356,16 @@ func run[Req any, Resp any, PReq interface {
 	p := open(c, PReq(first), g.send)
 	b := p.base()
 	b.grant = grant
-	pm := &pump{pool: s.sends, conn: s.sends.conn(ls.addr), flush: p.flush, guard: g}
+	pm := &pump{pool: s.sends, conn: s.sends.conn(ls.addr), flush: p.flush, guard: g, stream: b}
 	g.conn = pm.conn
 	defer s.sends.release(pm.conn)
-	defer b.linkConn(pm.conn)()
 	b.watch.OnReady(pm.ready)
 	defer c.Release(b.watch)
+	// From here a CDS stream of the connection may mark the watch (warming.go).
+	defer b.linkConn(pm.conn)()
 	s.registry.add(b.status)
 	defer s.registry.remove(b.status)
 	defer pm.end()
-	pm.stream = b
 	pm.canEnd(true) // the first request's flush ends the stream by returning
 	if err := handle(pm, p, first); err != nil {
 		return err
@@ -375,7 +375,9 @@ func run[Req any, Resp any, PReq interface {
 			return err
 		}
 	}
-	pm.canEnd(false)
+	if err := pm.canEnd(false); err != nil {
+		return err
+	}
 	// The later requests are decoded into one message: proto.Unmarshal
 	// resets it first, and handle keeps nothing of it but what it copies or
 	// the fields' own values, so a request costs no allocation of its own.

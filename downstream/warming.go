@@ -57,7 +57,9 @@ func (b *streamBase) flushWarm(f flusher) error {
 	case "":
 		return f.resendEndpoints(names)
 	case resourcev3.ClusterType:
-		b.warmOnAck = append(b.warmOnAck, names...)
+		for _, n := range names { // each once: a client may answer late
+			b.warmOnAck.Add(n)
+		}
 		b.warmNonce = uint64(b.nonces)
 	}
 	return nil
@@ -68,15 +70,15 @@ func (b *streamBase) flushWarm(f flusher) error {
 // endpoints on the connection's EDS streams. A NACK applied nothing, and
 // nothing warms.
 func (b *streamBase) ackedClusters(nonce string, nack bool) {
-	if len(b.warmOnAck) == 0 {
+	if b.warmOnAck.Len() == 0 {
 		return
 	}
 	n, err := strconv.ParseUint(nonce, 10, 64)
 	if err != nil || n < b.warmNonce {
 		return // an older response's answer: the client has not seen them yet
 	}
-	names := b.warmOnAck
-	b.warmOnAck = nil
+	names := b.warmOnAck.AppendTo(nil)
+	b.warmOnAck = cache.NameSet{}
 	if !nack {
 		b.conn.warmEDS(b.cache, names)
 	}

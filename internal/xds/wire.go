@@ -5,10 +5,9 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
-	"strings"
-	"unicode"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/genproto/googleapis/rpc/code"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/mem"
@@ -72,20 +71,11 @@ func NewError(name string, code codes.Code, message string) *ResourceError {
 
 // CodeName is a google.rpc.Code as the protos name it (NOT_FOUND,
 // UNAVAILABLE...), for metric labels; UNKNOWN for a code out of range.
-func CodeName(code int32) string {
-	c := codes.Code(code)
-	if code < 0 || c > codes.Unauthenticated {
-		return "UNKNOWN"
+func CodeName(c int32) string {
+	if name, ok := code.Code_name[c]; ok {
+		return name
 	}
-	var b strings.Builder
-	name := c.String()
-	for i, r := range name {
-		if i > 0 && unicode.IsUpper(r) && unicode.IsLower(rune(name[i-1])) {
-			b.WriteByte('_')
-		}
-		b.WriteRune(unicode.ToUpper(r))
-	}
-	return b.String()
+	return code.Code_UNKNOWN.String()
 }
 
 func field(m proto.Message, name protoreflect.Name) protowire.Number {

@@ -82,7 +82,7 @@ func TestAssembledResponsesDecode(t *testing.T) {
 }
 
 func TestCodeName(t *testing.T) {
-	for code, want := range map[int32]string{0: "OK", 5: "NOT_FOUND", 7: "PERMISSION_DENIED", 14: "UNAVAILABLE", 4: "DEADLINE_EXCEEDED", 99: "UNKNOWN", -1: "UNKNOWN"} {
+	for code, want := range map[int32]string{0: "OK", 1: "CANCELLED", 5: "NOT_FOUND", 7: "PERMISSION_DENIED", 14: "UNAVAILABLE", 4: "DEADLINE_EXCEEDED", 99: "UNKNOWN", -1: "UNKNOWN"} {
 		if got := CodeName(code); got != want {
 			t.Errorf("CodeName(%d) = %q, want %q", code, got, want)
 		}
