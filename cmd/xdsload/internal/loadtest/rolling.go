@@ -76,11 +76,15 @@ func startRolling(cfg *Config, coding seqCoding) (s *rollingSetup, err error) {
 		return s, err
 	}
 	var addrs []string
+	ports, err := freePorts(2 * len(s.relays)) // xDS and admin of each
+	if err != nil {
+		return s, err
+	}
 	for k, name := range []string{"a", "b"} {
 		if s.links[k], err = faultproxy.Start(s.cp.addr); err != nil {
 			return s, err
 		}
-		if s.relays[k], err = newRelayProc(name, cfg.Rolling.RelayBin, s.dir, s.links[k].Addr); err != nil {
+		if s.relays[k], err = newRelayProc(name, cfg.Rolling.RelayBin, s.dir, s.links[k].Addr, ports[2*k], ports[2*k+1]); err != nil {
 			return s, err
 		}
 		if err = s.relays[k].start(); err != nil {

@@ -1,8 +1,10 @@
 package loadtest
 
 import (
+	"context"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -137,5 +139,37 @@ func TestRollingValidate(t *testing.T) {
 	}
 	if cfg := base(func(*Config) {}); cfg.ValidateRolling() != nil {
 		t.Errorf("a valid rolling restart: %v", cfg.ValidateRolling())
+	}
+}
+
+// A relay that exits before it is ready fails the wait for its /readyz at
+// once, with its exit, rather than after the wait's bound; and the ports
+// given to the relays are all different.
+func TestRelayExitedBeforeReady(t *testing.T) {
+	ports, err := freePorts(4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(slices.Compact(slices.Sorted(slices.Values(ports)))) != 4 {
+		t.Fatalf("ports %v: not all different", ports)
+	}
+	bin, err := exec.LookPath("false")
+	if err != nil {
+		t.Skip("no false(1) to stand for a relay that exits")
+	}
+	p, err := newRelayProc("x", bin, t.TempDir(), "127.0.0.1:1", ports[0], ports[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.start(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = p.waitReady(context.Background(), time.Minute)
+	if err == nil || !strings.Contains(err.Error(), "exited before it was ready") {
+		t.Fatalf("waitReady: %v", err)
+	}
+	if took := time.Since(start); took > 30*time.Second {
+		t.Fatalf("waitReady took %v for a relay that had exited", took)
 	}
 }

@@ -51,18 +51,11 @@ log:
 `
 
 // newRelayProc writes relay name's configuration in dir: upstream is
-// where it reaches its control plane, and it listens on free loopback
-// ports, the same ones at every start.
-func newRelayProc(name, bin, dir, upstream string) (*relayProc, error) {
+// where it reaches its control plane, and it listens on addr (xDS) and
+// admin, the same at every start.
+func newRelayProc(name, bin, dir, upstream, addr, admin string) (*relayProc, error) {
 	p := &relayProc{name: name, bin: bin, config: filepath.Join(dir, "relay-"+name+".yaml"),
-		logFile: filepath.Join(dir, "relay-"+name+".log")}
-	var err error
-	if p.addr, err = freePort(); err != nil {
-		return nil, err
-	}
-	if p.admin, err = freePort(); err != nil {
-		return nil, err
-	}
+		logFile: filepath.Join(dir, "relay-"+name+".log"), addr: addr, admin: admin}
 	cacheDir := filepath.Join(dir, "cache-"+name)
 	if err := os.Mkdir(cacheDir, 0o700); err != nil {
 		return nil, fmt.Errorf("relay %s: %w", name, err)
@@ -74,14 +67,20 @@ func newRelayProc(name, bin, dir, upstream string) (*relayProc, error) {
 	return p, nil
 }
 
-// freePort returns a loopback address free now.
-func freePort() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+// freePorts returns n loopback addresses free now, all different: each
+// is held until all are chosen, so that the kernel cannot hand one out
+// twice.
+func freePorts(n int) ([]string, error) {
+	var addrs []string
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer ln.Close()
+		addrs = append(addrs, ln.Addr().String())
 	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
+	return addrs, nil
 }
 
 // start runs the relay; its log is appended to logFile.
@@ -155,10 +154,16 @@ func (p *relayProc) kill() {
 // shutdown_timeout (10s) for the streams and again for the last save.
 const relayExit = 30 * time.Second
 
-// waitReady waits, bound at most, for the relay's /readyz to answer 200.
+// waitReady waits, bound at most, for the relay's /readyz to answer 200;
+// a relay that has exited will not, and fails it at once.
 func (p *relayProc) waitReady(ctx context.Context, bound time.Duration) error {
 	deadline := time.Now().Add(bound)
 	for {
+		select {
+		case <-p.exited:
+			return fmt.Errorf("relay %s exited before it was ready: %v (its log: %s)", p.name, p.exitErr, p.logFile)
+		default:
+		}
 		resp, err := scrapeClient.Get("http://" + p.admin + "/readyz")
 		if err == nil {
 			resp.Body.Close()
