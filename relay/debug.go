@@ -165,7 +165,7 @@ type debugGroup struct {
 func (r *Relay) debugGroups(w http.ResponseWriter, _ *http.Request) {
 	out := []debugGroup{}
 	for _, g := range r.snapshotGroups() {
-		s := g.status()
+		s := g.feed.Status()
 		dg := debugGroup{Key: shownKey(g.key), UserAgent: xds.Clip(xds.UserAgent(g.node)), ClientFeatures: clipList(g.node.GetClientFeatures()),
 			Connected: s.Connected, LastError: xds.Clip(s.LastError), Invalid: xds.Clip(s.Invalid),
 			Resources: g.cache.Len(), Clients: r.groupClients(g), Types: []debugGroupType{}}

@@ -155,7 +155,7 @@ func (r *Relay) hasSynced() bool {
 	}
 	gs := r.snapshotGroups()
 	for _, g := range gs {
-		if !g.status().LastResponse.IsZero() {
+		if !g.feed.Status().LastResponse.IsZero() {
 			return true
 		}
 	}

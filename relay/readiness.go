@@ -59,7 +59,7 @@ func (r *Relay) syncProblem() syncProblem {
 // the groups wait for.
 func groupsProblem(gs []*group) syncProblem {
 	for _, g := range gs {
-		for _, u := range upstreamsOf(g.status()) {
+		for _, u := range upstreamsOf(g.feed.Status()) {
 			if u.Connected || u.LastError == "" {
 				continue
 			}

@@ -47,7 +47,7 @@ func TestReadyzNothingCachedIsNotServingFromCache(t *testing.T) {
 	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "tenant-a"), TypeUrl: resourcev3.ClusterType})
 	eventually(t, "the group's upstream error", func() bool {
 		g := r.snapshotGroups()
-		return len(g) == 1 && g[0].status().LastError != ""
+		return len(g) == 1 && g[0].feed.Status().LastError != ""
 	})
 	_, private := get(t, http.DefaultClient, "http://"+r.AdminAddr()+"/readyz")
 	key := GroupKey(node("n", "tenant-a"), r.cfg.Upstream.GroupBy)
@@ -81,7 +81,7 @@ func TestReadyAfterSyncStaysReadyThroughOutage(t *testing.T) {
 	cp.Stop()
 	eventually(t, "the group's upstream down", func() bool {
 		g := r.snapshotGroups()
-		return len(g) == 1 && !g[0].status().Connected
+		return len(g) == 1 && !g[0].feed.Status().Connected
 	})
 	code, body := get(t, http.DefaultClient, readyz)
 	if code != http.StatusOK || !strings.Contains(body, "upstream DOWN, serving from cache") {

@@ -103,8 +103,7 @@ type group struct {
 	node   *corepb.Node // presented upstream
 	fields *corepb.Node // the group_by fields of its clients' nodes (keyNode)
 	cache  *cache.Cache
-	status func() upstream.Status
-	feed   upstream.Feed // what fills cache
+	feed   upstream.Feed // what fills cache; its Status is the group's upstream state
 	cancel context.CancelFunc
 
 	// Guarded by Relay.mu.
@@ -551,7 +550,7 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 		cancel()
 		return nil, err
 	}
-	g.status, g.feed = feed.Status, feed
+	g.feed = feed
 	r.zeroGroupSeries(key)
 	r.goRun(func() { feed.Run(ctx) })
 	r.groups[key] = g
@@ -613,7 +612,7 @@ func (r *Relay) registerGroupMetrics() {
 		defer mu.Unlock()
 		seen := map[[2]string]bool{}
 		for _, g := range r.snapshotGroups() {
-			s := g.status()
+			s := g.feed.Status()
 			if r.routes != nil {
 				// With several upstreams: 1 while every stream the group
 				// has is up.
@@ -682,7 +681,7 @@ func (r *Relay) registerServerMetrics() {
 	r.metrics.OnScrape(func() {
 		used := map[[2]string]bool{}
 		for _, g := range r.snapshotGroups() {
-			for _, u := range upstreamsOf(g.status()) {
+			for _, u := range upstreamsOf(g.feed.Status()) {
 				used[[2]string{u.Upstream, u.Server}] = true
 			}
 		}
