@@ -37,9 +37,10 @@ import (
 // Who guards what: the configuration, the parts New wires together and the
 // metrics are read-only once New returns; the lifecycle flags are atomic;
 // the groups are guarded by mu, which is never held across a call into
-// another component that could wait (a group's feed is started and
-// cancelled outside it); the listeners and servers are set by Start before
-// the goroutines that use them, and read by Shutdown after.
+// another component that could wait (a group's feed runs in a goroutine of
+// its own, and cancelling it waits for nothing); the listeners and servers
+// are set by Start before the goroutines that use them, and read by
+// Shutdown after.
 type Relay struct {
 	// Read-only after New: the configuration and the wired parts.
 	cfg    Config
@@ -80,8 +81,13 @@ type Relay struct {
 	mu     sync.Mutex
 	groups map[string]*group
 
+	// wg counts every goroutine the relay starts (goRun), the groups'
+	// included. Goroutines are added by Start or under mu while ctx is
+	// live, so none is added once Shutdown has cancelled ctx under mu and
+	// waits for wg.
+	wg sync.WaitGroup
+
 	// Set by Start before the goroutines that use them; read by Shutdown.
-	wg       sync.WaitGroup // every goroutine the relay starts, the groups' included
 	listener net.Listener
 	admin    *http.Server
 	adminLn  net.Listener
@@ -580,6 +586,7 @@ func (r *Relay) sweep() {
 			loadsOver := r.sweepLoadsLocked(g)
 			if g.cache.Sweep() && g.clients == 0 && loadsOver {
 				delete(r.groups, key)
+				endLoadsLocked(g)
 				ended = append(ended, g)
 			}
 		}
@@ -589,7 +596,6 @@ func (r *Relay) sweep() {
 			// Not waited for: the group's goroutine ends on its own, and
 			// Shutdown waits for it with a bound.
 			g.cancel()
-			endLoads(g)
 			r.log.Info("group ended", "group", xds.Clip(g.key))
 		}
 	}
