@@ -140,5 +140,5 @@ func (r *Relay) logSyncProblem(last *string) {
 		return
 	}
 	*last = p.private
-	r.log.Warn("not ready: waiting for the first upstream sync", "why", p.private, "readme", "Readiness")
+	r.log.Warn("not ready: waiting for the first upstream sync", "why", p.private, "doc", "docs/operations.md#readiness")
 }

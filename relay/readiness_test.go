@@ -1,9 +1,13 @@
 package relay
 
 import (
+	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -86,6 +90,45 @@ func TestReadyAfterSyncStaysReadyThroughOutage(t *testing.T) {
 	code, body := get(t, http.DefaultClient, readyz)
 	if code != http.StatusOK || !strings.Contains(body, "upstream DOWN, serving from cache") {
 		t.Errorf("/readyz during the outage: %d %q, want 200, serving from cache", code, body)
+	}
+}
+
+// While admin.ready_after_sync waits, the log says why at warn, with the
+// upstream's address and error and the document that explains it, once for
+// each reason (docs/operations.md, "Readiness").
+func TestNotReadyIsLoggedOnce(t *testing.T) {
+	dead := deadAddr(t)
+	logs := &logBuffer{}
+	r := startRelayLogged(t, dead, slog.New(slog.NewJSONHandler(logs, nil)), fastReconnect, func(c *Config) { c.Admin.ReadyAfterSync = true })
+	var last string
+	eventually(t, "the refused connection as the reason", func() bool {
+		r.logSyncProblem(&last)
+		return strings.Contains(last, "connection refused")
+	})
+	logged := func() (lines []map[string]any) {
+		for _, l := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+			var m map[string]any
+			if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == "not ready: waiting for the first upstream sync" {
+				lines = append(lines, m)
+			}
+		}
+		return lines
+	}
+	before := logged()
+	r.logSyncProblem(&last) // the same reason again
+	lines := logged()
+	if len(lines) != len(before) || len(lines) == 0 {
+		t.Fatalf("logged %d lines, then %d for the same reason", len(before), len(lines))
+	}
+	l := lines[len(lines)-1]
+	why, _ := l["why"].(string)
+	if l["level"] != "WARN" || !strings.Contains(why, "upstream "+dead+" cannot be reached: ") || !strings.Contains(why, "connection refused") {
+		t.Errorf("logged %v", l)
+	}
+	doc, _ := l["doc"].(string)
+	file, anchor, _ := strings.Cut(doc, "#")
+	if b, err := os.ReadFile(filepath.Join("..", file)); doc == "" || err != nil || !hasHeading(string(b), anchor) {
+		t.Errorf("the log names doc %q: no such document and heading (%v)", doc, err)
 	}
 }
 
