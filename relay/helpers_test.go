@@ -199,15 +199,22 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	eventuallyWithin(t, wait, what, cond)
 }
 
-// eventuallyWithin is eventually with its own bound.
+// eventuallyWithin is eventually with its own bound. A wait longer than
+// wait is for something that takes seconds (a keepalive, a recheck): it
+// polls every 50ms, so that its scrapes do not take a core from the tests
+// that run beside it.
 func eventuallyWithin(t *testing.T, bound time.Duration, what string, cond func() bool) {
 	t.Helper()
+	poll := 5 * time.Millisecond
+	if bound > wait {
+		poll = 50 * time.Millisecond
+	}
 	deadline := time.Now().Add(bound)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(poll)
 	}
 }
 

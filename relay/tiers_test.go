@@ -82,18 +82,6 @@ func tierServer(t *testing.T, r *Relay, servers ...string) string {
 	return inUse
 }
 
-// tierWithin polls cond until it holds, failing the test after bound.
-func tierWithin(t *testing.T, bound time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(bound)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", bound, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // tierHolds fails the test if cond stops holding within d.
 func tierHolds(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
@@ -167,7 +155,7 @@ func TestRelayTiersFailOver(t *testing.T) {
 	tierRestart(t, r1Addr, cp.Addr, fastReconnect)
 	cp.Set(t, "c1", "2", tierCluster("x", 42), tierCluster("y", 1))
 	tierRecvCluster(t, c, "x", 42, wait)
-	tierWithin(t, tierRecheck+wait, "the zone relay back on R1", func() bool {
+	eventuallyWithin(t, tierRecheck+wait, "the zone relay back on R1", func() bool {
 		return tierServer(t, z, r1Addr, r2Addr) == r1Addr
 	})
 	c.quiet(2 * tierRecheck) // the move back re-sends and removes nothing
@@ -249,10 +237,10 @@ func TestZoneRelayPartitionedFromRegional(t *testing.T) {
 	c.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"y"}})
 	tierRecvCluster(t, c, "y", 1, faultWait) // fails on any removal on the way
 	t.Logf("y arrived from R2 %v after the partition", time.Since(start))
-	tierWithin(t, wait, "the zone relay on R2", func() bool { return tierServer(t, z, proxy.Addr, r2.Addr()) == r2.Addr() })
+	eventually(t, "the zone relay on R2", func() bool { return tierServer(t, z, proxy.Addr, r2.Addr()) == r2.Addr() })
 
 	proxy.Set(faultproxy.Pass, 0)
-	tierWithin(t, tierRecheck+faultWait, "the zone relay back on R1", func() bool {
+	eventuallyWithin(t, tierRecheck+faultWait, "the zone relay back on R1", func() bool {
 		return tierServer(t, z, proxy.Addr, r2.Addr()) == proxy.Addr
 	})
 	c.quiet(2 * tierRecheck)
