@@ -2,12 +2,14 @@ package relay
 
 import (
 	"net"
+	"slices"
 	"testing"
 	"time"
 
 	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc/codes"
 
 	"github.com/xdsrelay/xdsrelay/internal/faultproxy"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
@@ -235,8 +237,18 @@ func TestZoneRelayPartitionedFromRegional(t *testing.T) {
 	proxy.Set(faultproxy.Silent, 0)
 	start := time.Now()
 	c.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"y"}})
-	tierRecvCluster(t, c, "y", 1, faultWait) // fails on any removal on the way
+	sawUnavailable := false
+	deltaUntil(t, c, "y", faultWait, func(got, removed []string, errs map[string]codes.Code) bool {
+		if len(removed) > 0 {
+			t.Fatalf("the client was told %v were removed", removed)
+		}
+		sawUnavailable = sawUnavailable || errs["y"] == codes.Unavailable
+		return slices.Contains(got, "y")
+	})
 	t.Logf("y arrived from R2 %v after the partition", time.Since(start))
+	if !sawUnavailable {
+		t.Error("the client was not told y was UNAVAILABLE while R1 was silent")
+	}
 	eventually(t, "the zone relay on R2", func() bool { return tierServer(t, z, proxy.Addr, r2.Addr()) == r2.Addr() })
 
 	proxy.Set(faultproxy.Pass, 0)
