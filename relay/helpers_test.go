@@ -130,8 +130,18 @@ func newStream[Req, Resp any](t *testing.T, open func(context.Context, ...grpc.C
 	return s
 }
 
-// err is why the stream ended; call once done is closed.
-func (s *stream[Req, Resp]) err() error { return s.end }
+// ended waits, within wait, for the stream's receiver to see the stream
+// end, and returns why it ended.
+func ended[Req, Resp any](t *testing.T, s *stream[Req, Resp]) error {
+	t.Helper()
+	select {
+	case <-s.done:
+		return s.end
+	case <-time.After(wait):
+		t.Fatal("the stream did not end in time")
+	}
+	return nil
+}
 
 func (s *stream[Req, Resp]) close() {
 	s.cancel()
