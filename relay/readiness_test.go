@@ -13,6 +13,7 @@ import (
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc/connectivity"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
@@ -129,6 +130,28 @@ func TestNotReadyIsLoggedOnce(t *testing.T) {
 	file, anchor, _ := strings.Cut(doc, "#")
 	if b, err := os.ReadFile(filepath.Join("..", file)); doc == "" || err != nil || !hasHeading(string(b), anchor) {
 		t.Errorf("the log names doc %q: no such document and heading (%v)", doc, err)
+	}
+}
+
+// The probe that learns why the connection to the control plane fails
+// reports no failure once the call reaches the control plane (the
+// connection came up between the state check and the call), though the
+// control plane serves no gRPC health: /readyz must not say "cannot be
+// reached: ... Unimplemented".
+func TestLastConnErrorOnlyForAFailure(t *testing.T) {
+	cp := testcp.Start(t)
+	r := startRelay(t, cp.Addr, fastReconnect, func(c *Config) { c.Admin.ReadyAfterSync = true })
+	eventually(t, "the connection to the control plane", func() bool { return r.upConn.GetState() == connectivity.Ready })
+	if err, failed := r.lastConnError(); failed {
+		t.Errorf("with the connection up: failed with %q", err)
+	}
+	cp.Stop()
+	eventually(t, "the connection to fail", func() bool {
+		r.upConn.Connect() // out of IDLE, where a lost connection goes
+		return r.upConn.GetState() == connectivity.TransientFailure
+	})
+	if err, failed := r.lastConnError(); !failed || !strings.Contains(err, "connection refused") {
+		t.Errorf("with the control plane gone: %q, failed %v", err, failed)
 	}
 }
 
