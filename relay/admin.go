@@ -142,7 +142,7 @@ func (r *Relay) groupsDetail(w io.Writer) {
 	}
 	for _, g := range r.snapshotGroups() {
 		s := g.feed.Status()
-		fmt.Fprintf(w, "group %q: %s\n", shownKey(g.key), describe(s, g.cache.Len()))
+		fmt.Fprintf(w, "group %q: %s\n", g.shown, describe(s, g.cache.Len()))
 		for _, u := range upstreamsOf(s) {
 			state := "connected"
 			if !u.Connected {

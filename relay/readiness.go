@@ -72,7 +72,7 @@ func groupsProblem(gs []*group) syncProblem {
 			return syncProblem{
 				public: "the control plane cannot be reached (" + failureKind(u.LastError) + ")",
 				private: fmt.Sprintf("group %q: upstream %q (server %s) cannot be reached: %s",
-					shownKey(g.key), u.Upstream, u.Server, u.LastError),
+					g.shown, u.Upstream, u.Server, u.LastError),
 			}
 		}
 	}

@@ -106,6 +106,7 @@ func (r *Relay) closeReloaders() {
 // guarded by Relay.mu.
 type group struct {
 	key    string
+	shown  string       // key as the admin endpoint and the metrics show it (shownKey)
 	node   *corepb.Node // presented upstream
 	fields *corepb.Node // the group_by fields of its clients' nodes (keyNode)
 	cache  *cache.Cache
@@ -539,6 +540,7 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 	ctx, cancel := context.WithCancel(r.ctx)
 	g := &group{
 		key:    key,
+		shown:  shownKey(key),
 		node:   groupNode(&r.cfg, r.host, key, client),
 		fields: keyNode(r.cfg.Upstream.GroupBy, client),
 		cache: cache.New(cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources,
