@@ -19,17 +19,24 @@ import (
 // attempt connect_timeout.
 const faultWait = 60 * time.Second
 
+// startProxy is a fault proxy in front of addr until the test ends.
+func startProxy(t *testing.T, addr string) *faultproxy.Proxy {
+	t.Helper()
+	proxy, err := faultproxy.Start(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	return proxy
+}
+
 // silentSetup is a relay whose primary control plane is behind a proxy
 // that can go silent, with a secondary in upstream.addresses: short
 // timers, gRPC's shortest keepalive.
 func silentSetup(t *testing.T) (r *Relay, proxy *faultproxy.Proxy, primary, secondary *testcp.ControlPlane) {
 	t.Helper()
 	primary, secondary = testcp.Start(t), testcp.Start(t)
-	proxy, err := faultproxy.Start(primary.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Close)
+	proxy = startProxy(t, primary.Addr)
 	r = startRelay(t, proxy.Addr, fastReconnect, func(c *Config) {
 		c.Upstream.Addresses = []string{secondary.Addr}
 		c.Upstream.KeepaliveTime, c.Upstream.KeepaliveTimeout = 10*time.Second, 2*time.Second

@@ -221,11 +221,7 @@ func TestZoneRelayPartitionedFromRegional(t *testing.T) {
 	cp.Set(t, "c1", "1", tierCluster("x", 1), tierCluster("y", 1))
 	r1 := startRelay(t, cp.Addr, fastReconnect)
 	r2 := startRelay(t, cp.Addr, fastReconnect)
-	proxy, err := faultproxy.Start(r1.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Close)
+	proxy := startProxy(t, r1.Addr())
 	z := startRelay(t, proxy.Addr, tierFallback(r2.Addr()), func(c *Config) {
 		c.Upstream.KeepaliveTime, c.Upstream.KeepaliveTimeout = 10*time.Second, 2*time.Second
 		c.Upstream.ConnectTimeout, c.Cache.NotFoundTimeout = 2*time.Second, 2*time.Second
