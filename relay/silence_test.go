@@ -16,8 +16,10 @@ import (
 
 // faultWait bounds the waits of the fault tests: detection takes
 // keepalive.time (10s at least) + keepalive.timeout, then a connection
-// attempt connect_timeout.
-const faultWait = 60 * time.Second
+// attempt connect_timeout; 14s in these tests. It stays under the default
+// keepalive bound (30s + 10s), so that a test whose configured keepalive
+// did not reach the connection fails.
+const faultWait = 30 * time.Second
 
 // startProxy is a fault proxy in front of addr until the test ends.
 func startProxy(t *testing.T, addr string) *faultproxy.Proxy {
