@@ -130,6 +130,9 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	defer func() {
 		if !ok {
 			r.cancel()
+			if r.source != nil {
+				r.source.Close()
+			}
 			r.closeReloaders()
 		}
 	}()
