@@ -19,6 +19,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// Most tests shut a relay down with clients connected: a second of
+	// grace each is the package's time, not what they test.
+	drainGrace = 200 * time.Millisecond
 	goleak.VerifyTestMain(m)
 }
 

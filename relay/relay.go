@@ -434,7 +434,8 @@ func (r *Relay) AdminAddr() string {
 // drainGrace is how long Shutdown lets clients learn that the relay goes
 // (GOAWAY on every connection, gRPC health NOT_SERVING) before it ends
 // their streams: a client that opens a stream meanwhile opens it elsewhere.
-const drainGrace = time.Second
+// A variable for the package's tests only, which shorten it.
+var drainGrace = time.Second
 
 // Shutdown drains the relay: it stops accepting, sends GOAWAY on every
 // connection, and after drainGrace asks every stream to end (clients
