@@ -2,8 +2,6 @@ package relay
 
 import (
 	"context"
-	"encoding/json"
-	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -114,15 +112,8 @@ func TestClientKindsKeptApart(t *testing.T) {
 	}
 
 	// /debug/groups shows each group's kind.
-	resp, err := http.Get("http://" + r.AdminAddr() + "/debug/groups")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
 	var groups []debugGroup
-	if err := json.NewDecoder(resp.Body).Decode(&groups); err != nil {
-		t.Fatal(err)
-	}
+	getJSON(t, r, "/debug/groups", &groups)
 	shown := map[string]bool{}
 	for _, g := range groups {
 		shown[g.UserAgent+" "+strings.Join(g.ClientFeatures, ",")] = true
