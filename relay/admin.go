@@ -141,8 +141,8 @@ func (r *Relay) groupsDetail(w io.Writer) {
 		fmt.Fprintln(w, line)
 	}
 	for _, g := range r.snapshotGroups() {
-		s := g.status()
-		fmt.Fprintf(w, "group %q: %s\n", shownKey(g.key), describe(s, g.cache.Len()))
+		s := g.feed.Status()
+		fmt.Fprintf(w, "group %q: %s\n", g.shown, describe(s, g.cache.Len()))
 		for _, u := range upstreamsOf(s) {
 			state := "connected"
 			if !u.Connected {
@@ -171,7 +171,7 @@ func (r *Relay) readySummary() string {
 	parts := []string{"ready"}
 	down, empty, invalid, held, halted, fallback := 0, 0, false, 0, 0, 0
 	for _, g := range r.snapshotGroups() {
-		s := g.status()
+		s := g.feed.Status()
 		if slices.ContainsFunc(upstreamsOf(s), r.onFallback) {
 			fallback++
 		}

@@ -71,7 +71,7 @@ func relayWithDownGroup(t *testing.T, mutate ...func(*Config)) (*Relay, *testcp.
 	cp.Stop()
 	eventually(t, "the group's upstream down", func() bool {
 		g := r.snapshotGroups()
-		return len(g) == 1 && !g[0].status().Connected
+		return len(g) == 1 && !g[0].feed.Status().Connected
 	})
 	return r, cp
 }

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -11,38 +10,11 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/xds"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
-
-// grpcClientOf is a real gRPC client of target whose bootstrap names the
-// relay at addr for the default servers and for authority auth.
-func grpcClientOf(t *testing.T, addr, auth, target string) *grpc.ClientConn {
-	t.Helper()
-	server := fmt.Sprintf(`{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}`, addr)
-	bootstrap := fmt.Sprintf(`{
-		"xds_servers": [%s],
-		"node": {"id": "grpc-answers-1", "cluster": "greeters"},
-		"authorities": {%q: {
-			"xds_servers": [%s],
-			"client_listener_resource_name_template": "xdstp://%s/envoy.config.listener.v3.Listener/%%s"
-		}}
-	}`, server, auth, server, auth)
-	resolver, err := xds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := grpc.NewClient(target, grpc.WithResolvers(resolver), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return cc
-}
 
 // rpcFails makes one RPC on cc with a deadline of bound and returns its
 // error and how long it took to fail.
@@ -63,7 +35,7 @@ func TestGRPCClientUnknownAuthorityFailsFast(t *testing.T) {
 	def := testcp.Start(t)
 	partner := testcp.Start(t)
 	r := startRelay(t, def.Addr, withUpstream("partner", partner.Addr, nil, []string{"partner.example.com"}))
-	cc := grpcClientOf(t, r.Addr(), "other.example.com", "xds://other.example.com/greeter")
+	cc := grpcClientWith(t, federatedBootstrap(r.Addr(), "grpc-answers-1", "other.example.com"), "xds://other.example.com/greeter")
 	err, took := rpcFails(t, cc, 10*time.Second)
 	if err == nil || status.Code(err) == codes.DeadlineExceeded {
 		t.Fatalf("RPC: %v after %v, want a fast failure", err, took)

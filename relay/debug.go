@@ -53,8 +53,8 @@ func (r *Relay) groupShown(shown string) *group {
 	if g := r.groups[shown]; g != nil {
 		return g
 	}
-	for key, g := range r.groups {
-		if shownKey(key) == shown {
+	for _, g := range r.groups {
+		if g.shown == shown {
 			return g
 		}
 	}
@@ -109,11 +109,11 @@ type debugClient struct {
 func (r *Relay) debugClients(w http.ResponseWriter, _ *http.Request) {
 	keys := map[*cache.Cache]string{}
 	for _, g := range r.snapshotGroups() {
-		keys[g.cache] = g.key
+		keys[g.cache] = g.shown
 	}
 	out := []debugClient{}
 	for _, c := range r.down.Clients(nil) {
-		dc := debugClient{Node: xds.Clip(c.Node.GetId()), Group: shownKey(keys[c.Cache]), Variant: c.Variant, Types: []debugType{}}
+		dc := debugClient{Node: xds.Clip(c.Node.GetId()), Group: keys[c.Cache], Variant: c.Variant, Types: []debugType{}}
 		for _, t := range c.Types {
 			dt := debugType{Type: t.TypeURL, Subscribed: t.Named, Wildcard: t.Wildcard, Resources: len(t.Resources),
 				AckVersion: xds.Clip(t.AckVersion), NackVersion: xds.Clip(t.NackVersion), NackError: xds.Clip(t.NackError)}
@@ -165,8 +165,8 @@ type debugGroup struct {
 func (r *Relay) debugGroups(w http.ResponseWriter, _ *http.Request) {
 	out := []debugGroup{}
 	for _, g := range r.snapshotGroups() {
-		s := g.status()
-		dg := debugGroup{Key: shownKey(g.key), UserAgent: xds.Clip(xds.UserAgent(g.node)), ClientFeatures: clipList(g.node.GetClientFeatures()),
+		s := g.feed.Status()
+		dg := debugGroup{Key: g.shown, UserAgent: xds.Clip(xds.UserAgent(g.node)), ClientFeatures: clipList(g.node.GetClientFeatures()),
 			Connected: s.Connected, LastError: xds.Clip(s.LastError), Invalid: xds.Clip(s.Invalid),
 			Resources: g.cache.Len(), Clients: r.groupClients(g), Types: []debugGroupType{}}
 		if !s.LastResponse.IsZero() {

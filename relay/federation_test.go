@@ -11,11 +11,8 @@ import (
 	tlspb "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	grpcstatus "google.golang.org/grpc/status"
-	"google.golang.org/grpc/xds"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
@@ -86,19 +83,7 @@ func TestFederationGRPCClient(t *testing.T) {
 		testcp.Cluster("plain-cluster"), testcp.Endpoints("plain-cluster", defaultBackend))
 	r := startRelay(t, def.Addr, withUpstream("partner", partner.Addr, nil, []string{auth}))
 
-	server := fmt.Sprintf(`{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}`, r.Addr())
-	bootstrap := fmt.Sprintf(`{
-		"xds_servers": [%s],
-		"node": {"id": "grpc-federated-1", "cluster": "greeters"},
-		"authorities": {%q: {
-			"xds_servers": [%s],
-			"client_listener_resource_name_template": "xdstp://%s/envoy.config.listener.v3.Listener/%%s"
-		}}
-	}`, server, auth, server, auth)
-	resolver, err := xds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
-	if err != nil {
-		t.Fatal(err)
-	}
+	bootstrap := federatedBootstrap(r.Addr(), "grpc-federated-1", auth)
 	logAsked := func() {
 		t.Logf("default control plane was asked for %q", upstreamSubscriptions(def))
 		t.Logf("partner control plane was asked for %q", upstreamSubscriptions(partner))
@@ -107,12 +92,7 @@ func TestFederationGRPCClient(t *testing.T) {
 		{"xds://" + auth + "/greeter", "partner-backend"},
 		{"xds:///plain", "default-backend"},
 	} {
-		cc, err := grpc.NewClient(c.target, grpc.WithResolvers(resolver), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cc.Close()
-		rpcReaches(t, cc, c.backend, logAsked)
+		rpcReaches(t, grpcClientWith(t, bootstrap, c.target), c.backend, logAsked)
 	}
 
 	for _, s := range upstreamSubscriptions(def) {
@@ -128,6 +108,21 @@ func TestFederationGRPCClient(t *testing.T) {
 	if t.Failed() {
 		logAsked()
 	}
+}
+
+// federatedBootstrap is a gRPC xDS bootstrap whose node is id in cluster
+// greeters, naming the relay at addr for the default servers and for the
+// authority auth (gRFC A47).
+func federatedBootstrap(addr, id, auth string) string {
+	server := fmt.Sprintf(`{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}`, addr)
+	return fmt.Sprintf(`{
+		"xds_servers": [%s],
+		"node": {"id": %q, "cluster": "greeters"},
+		"authorities": {%q: {
+			"xds_servers": [%s],
+			"client_listener_resource_name_template": "xdstp://%s/envoy.config.listener.v3.Listener/%%s"
+		}}
+	}`, server, id, auth, server, auth)
 }
 
 // An xdstp name whose authority no upstream lists does not exist (gRFC
@@ -179,12 +174,7 @@ func TestUnknownAuthority(t *testing.T) {
 	// once, which clients that do not read resource_errors understand.
 	alone := openSotW(t, r.Addr())
 	alone.send(&discoverypb.DiscoveryRequest{Node: node("n2", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNames: []string{unknown}})
-	select {
-	case <-alone.done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the SotW stream asking for an unknown authority alone did not end")
-	}
-	if err := alone.err(); grpcstatus.Code(err) != codes.NotFound {
+	if err := ended(t, alone); grpcstatus.Code(err) != codes.NotFound {
 		t.Errorf("SotW client alone: %v, want NOT_FOUND", err)
 	}
 	// Asking for it next to "a", it gets "a" and the error: the complete

@@ -74,10 +74,16 @@ func TestGRPCClientThroughRelay(t *testing.T) {
 // the relay at addr and the node id in cluster; closed when the test ends.
 func grpcXDSClient(t *testing.T, addr, id, cluster, target string) *grpc.ClientConn {
 	t.Helper()
-	bootstrap := fmt.Sprintf(`{
+	return grpcClientWith(t, fmt.Sprintf(`{
 		"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}],
 		"node": {"id": %q, "cluster": %q}
-	}`, addr, id, cluster)
+	}`, addr, id, cluster), target)
+}
+
+// grpcClientWith is a real gRPC client of target with the xDS bootstrap;
+// closed when the test ends.
+func grpcClientWith(t *testing.T, bootstrap, target string) *grpc.ClientConn {
+	t.Helper()
 	resolver, err := xds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
 	if err != nil {
 		t.Fatal(err)

@@ -53,7 +53,7 @@ func (r *Relay) guardEvent(key string, ev cache.GuardEvent) {
 func (r *Relay) guardRelease(w http.ResponseWriter, req *http.Request) {
 	release(r, w, req, "guard: holds released by an operator", "holds", func(g *group, typeURL string) (out []debugHold) {
 		for _, h := range g.cache.ReleaseHolds(typeURL) {
-			out = append(out, debugHold{Group: shownKey(g.key), Type: h.TypeURL, Since: h.Since, Names: len(h.Names)})
+			out = append(out, debugHold{Group: g.shown, Type: h.TypeURL, Since: h.Since, Names: len(h.Names)})
 		}
 		return out
 	})

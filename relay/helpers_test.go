@@ -19,6 +19,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// Most tests shut a relay down with clients connected: a second of
+	// grace each is the package's time, not what they test.
+	drainGrace = 200 * time.Millisecond
 	goleak.VerifyTestMain(m)
 }
 
@@ -130,8 +133,18 @@ func newStream[Req, Resp any](t *testing.T, open func(context.Context, ...grpc.C
 	return s
 }
 
-// err is why the stream ended; call once done is closed.
-func (s *stream[Req, Resp]) err() error { return s.end }
+// ended waits, within wait, for the stream's receiver to see the stream
+// end, and returns why it ended.
+func ended[Req, Resp any](t *testing.T, s *stream[Req, Resp]) error {
+	t.Helper()
+	select {
+	case <-s.done:
+		return s.end
+	case <-time.After(wait):
+		t.Fatal("the stream did not end in time")
+	}
+	return nil
+}
 
 func (s *stream[Req, Resp]) close() {
 	s.cancel()
@@ -199,15 +212,22 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	eventuallyWithin(t, wait, what, cond)
 }
 
-// eventuallyWithin is eventually with its own bound.
+// eventuallyWithin is eventually with its own bound. A wait longer than
+// wait is for something that takes seconds (a keepalive, a recheck): it
+// polls every 50ms, so that its scrapes do not take a core from the tests
+// that run beside it.
 func eventuallyWithin(t *testing.T, bound time.Duration, what string, cond func() bool) {
 	t.Helper()
+	poll := 5 * time.Millisecond
+	if bound > wait {
+		poll = 50 * time.Millisecond
+	}
 	deadline := time.Now().Add(bound)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(poll)
 	}
 }
 

@@ -2,8 +2,6 @@ package relay
 
 import (
 	"context"
-	"encoding/json"
-	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -45,6 +43,19 @@ func envoyOf(id string, minor, patch uint32, features ...string) *corepb.Node {
 			Version: &typev3.SemanticVersion{MajorNumber: 1, MinorNumber: minor, Patch: patch}, Metadata: meta}}}
 }
 
+// usableEnvoy connects a simulated Envoy of node n to addr until the test
+// ends, and waits for its cluster svc to be usable.
+func usableEnvoy(t *testing.T, addr string, n *corepb.Node, delta bool) *envoysim.Client {
+	t.Helper()
+	sim := startSim(t, addr, envoysim.Options{Node: n, Delta: delta})
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if err := sim.WaitFor(ctx, envoysim.Usable("svc")); err != nil {
+		t.Fatalf("%s (%s): %v", n.GetId(), xds.UserAgent(n), err)
+	}
+	return sim
+}
+
 // Clients of four kinds in one node.cluster, through one relay in front of
 // one control plane that tailors its config by kind: each gets its own
 // kind's endpoints, and the control plane sees each kind's user agent and
@@ -70,17 +81,7 @@ func TestClientKindsKeptApart(t *testing.T) {
 		"envoy/1.37.0":                     envoyOf("e-137", 37, 0),
 	}
 	for kind, n := range envoys {
-		sim, err := envoysim.Start(context.Background(), envoysim.Options{Conn: dial(t, r.Addr()), Node: n, Delta: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { sim.Close() })
-		ctx, cancel := context.WithTimeout(context.Background(), wait)
-		err = sim.WaitFor(ctx, envoysim.Usable("svc"))
-		cancel()
-		if err != nil {
-			t.Fatalf("%s: %v", kind, err)
-		}
+		sim := usableEnvoy(t, r.Addr(), n, true)
 		got := sim.Clusters()["svc"].Endpoints.GetEndpoints()[0].GetLbEndpoints()[0].GetEndpoint().GetAddress().GetSocketAddress()
 		if want := kinds[kind]; got.GetAddress()+":80" != want {
 			t.Errorf("%s got endpoints %v, want %s", kind, got, want)
@@ -111,15 +112,8 @@ func TestClientKindsKeptApart(t *testing.T) {
 	}
 
 	// /debug/groups shows each group's kind.
-	resp, err := http.Get("http://" + r.AdminAddr() + "/debug/groups")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
 	var groups []debugGroup
-	if err := json.NewDecoder(resp.Body).Decode(&groups); err != nil {
-		t.Fatal(err)
-	}
+	getJSON(t, r, "/debug/groups", &groups)
 	shown := map[string]bool{}
 	for _, g := range groups {
 		shown[g.UserAgent+" "+strings.Join(g.ClientFeatures, ",")] = true
@@ -161,17 +155,7 @@ func TestClientKindsMergedOnPurpose(t *testing.T) {
 	cp.Set(t, "xdsrelay", "1", testcp.Cluster("svc"), testcp.Endpoints("svc", "10.0.0.9:80"))
 	r := startRelay(t, cp.Addr, func(c *Config) { c.Upstream.GroupBy = []string{"cluster"} })
 	for _, n := range []*corepb.Node{envoyOf("a", 36, 2), envoyOf("b", 37, 0, overprovisioning)} {
-		sim, err := envoysim.Start(context.Background(), envoysim.Options{Conn: dial(t, r.Addr()), Node: n})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { sim.Close() })
-		ctx, cancel := context.WithTimeout(context.Background(), wait)
-		err = sim.WaitFor(ctx, envoysim.Usable("svc"))
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
+		usableEnvoy(t, r.Addr(), n, false)
 	}
 	if nodes := cp.Nodes(); len(nodes) != 1 || nodes[0].GetUserAgentName() != "xdsrelay" {
 		t.Fatalf("upstream nodes %v, want one with the relay's user agent", nodes)

@@ -178,8 +178,9 @@ func (r *Relay) sweepLoadsLocked(g *group) (over bool) {
 	}
 }
 
-// endLoads drops what an ended group's store could not deliver, counted.
-func endLoads(g *group) {
+// endLoadsLocked drops what an ended group's store could not deliver,
+// counted.
+func endLoadsLocked(g *group) {
 	if g.loads != nil {
 		g.loads.store.Discard()
 	}

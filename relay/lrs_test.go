@@ -480,9 +480,10 @@ func TestLoadReportsMaxPending(t *testing.T) {
 }
 
 // Clients of one group that report from different zones while
-// upstream.group_by holds no locality field are warned about once, in the
-// log and on /readyz; with a locality field in the key, they are in
-// groups of their own and nothing is said.
+// upstream.group_by holds no locality field are warned about once for the
+// relay (a second such group adds nothing), in the log and on /readyz;
+// with a locality field in the key, they are in groups of their own and
+// nothing is said.
 func TestLoadReportsZonesWarning(t *testing.T) {
 	for _, byZone := range []bool{false, true} {
 		cp := testcp.Start(t)
@@ -495,10 +496,13 @@ func TestLoadReportsZonesWarning(t *testing.T) {
 		for i, zone := range []string{"z1", "z1", "z2", "z3"} {
 			startLRSClient(t, r.Addr(), lrsNode(fmt.Sprint("n", i), "c1", zone))
 		}
+		for i, zone := range []string{"z1", "z2"} {
+			startLRSClient(t, r.Addr(), lrsNode(fmt.Sprint("m", i), "c2", zone))
+		}
 		warned := strings.Count(logs.String(), "report load from different zones")
-		ready := strings.Contains(readyz(t, r), "report load from different zones")
-		if byZone && (warned != 0 || ready) || !byZone && (warned != 1 || !ready) {
-			t.Errorf("grouped by zone %v: warned %d times in the log, on /readyz %v", byZone, warned, ready)
+		ready := strings.Count(readyz(t, r), "report load from different zones")
+		if byZone && (warned != 0 || ready != 0) || !byZone && (warned != 1 || ready != 1) {
+			t.Errorf("grouped by zone %v: warned %d times in the log, %d on /readyz", byZone, warned, ready)
 		}
 	}
 }

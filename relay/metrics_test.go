@@ -183,3 +183,25 @@ func TestMetricsCertificateExpiry(t *testing.T) {
 		t.Fatalf("downstream certificate expires in %vs, want about an hour", left)
 	}
 }
+
+// A group's series end with the group, whatever its upstream: with
+// resource files as with a control plane, /metrics keeps nothing of a
+// group once it has ended.
+func TestGroupSeriesEndWithTheGroup(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("one"))
+	for name, upstream := range map[string]string{"files": exampleFiles(), "control plane": cp.Addr} {
+		r := startRelay(t, upstream, func(c *Config) { c.Cache.Retention = 20 * time.Millisecond })
+		s := openDelta(t, r.Addr())
+		s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType})
+		s.recv()
+		label := `group="` + keyOf("c1") + `"`
+		if !strings.Contains(getMetrics(t, r), label) {
+			t.Fatalf("%s: no series of the group while it runs", name)
+		}
+		s.close()
+		eventually(t, "the group to end", func() bool { return len(r.snapshotGroups()) == 0 })
+		getMetrics(t, r) // the scrape that notices the group has gone
+		eventually(t, name+": the group's series to go", func() bool { return !strings.Contains(getMetrics(t, r), label) })
+	}
+}

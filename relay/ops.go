@@ -25,7 +25,7 @@ import (
 // (admin.ready_after_sync).
 
 // mutexProfileFraction is the mutex profile's sampling with admin.pprof.
-const mutexProfileFraction = 100 // keep in step with docs/admin.md (relay.AdminPaths) and settings.go
+const mutexProfileFraction = 100 // keep in step with settings.go (AdminPaths reads it)
 
 // opsRoutes adds /debug/loglevel and, with admin.pprof, /debug/pprof/ to
 // mux. Both are for private callers only (see private).
@@ -155,7 +155,7 @@ func (r *Relay) hasSynced() bool {
 	}
 	gs := r.snapshotGroups()
 	for _, g := range gs {
-		if !g.status().LastResponse.IsZero() {
+		if !g.feed.Status().LastResponse.IsZero() {
 			return true
 		}
 	}

@@ -6,8 +6,10 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/xdsrelay/xdsrelay/upstream"
 )
@@ -41,15 +43,19 @@ func (r *Relay) syncProblem() syncProblem {
 		return syncProblem{}
 	}
 	target := r.cfg.Upstream.Address
+	connected := syncProblem{public: "the control plane has not answered yet", private: "upstream " + target + " connected, no answer yet"}
 	switch r.upConn.GetState() {
 	case connectivity.TransientFailure:
-		err := r.lastConnError()
+		err, failed := r.lastConnError()
+		if !failed {
+			return connected // since GetState
+		}
 		return syncProblem{
 			public:  "the control plane cannot be reached (" + failureKind(err) + ")",
 			private: fmt.Sprintf("upstream %s cannot be reached: %s", target, err),
 		}
 	case connectivity.Ready:
-		return syncProblem{public: "the control plane has not answered yet", private: "upstream " + target + " connected, no answer yet"}
+		return connected
 	default:
 		return syncProblem{public: "connecting to the control plane", private: "connecting to upstream " + target}
 	}
@@ -59,14 +65,14 @@ func (r *Relay) syncProblem() syncProblem {
 // the groups wait for.
 func groupsProblem(gs []*group) syncProblem {
 	for _, g := range gs {
-		for _, u := range upstreamsOf(g.status()) {
+		for _, u := range upstreamsOf(g.feed.Status()) {
 			if u.Connected || u.LastError == "" {
 				continue
 			}
 			return syncProblem{
 				public: "the control plane cannot be reached (" + failureKind(u.LastError) + ")",
 				private: fmt.Sprintf("group %q: upstream %q (server %s) cannot be reached: %s",
-					shownKey(g.key), u.Upstream, u.Server, u.LastError),
+					g.shown, u.Upstream, u.Server, u.LastError),
 			}
 		}
 	}
@@ -77,15 +83,18 @@ func groupsProblem(gs []*group) syncProblem {
 // lastConnError is the error of the connection's last attempt to reach the
 // control plane: a call that does not wait for the connection fails at once
 // with it while the connection is in TRANSIENT_FAILURE (gRPC's
-// wait-for-ready semantics), before anything is sent.
-func (r *Relay) lastConnError() string {
+// wait-for-ready semantics), before anything is sent. failed is false if
+// the call reached the control plane instead: the connection came up
+// meanwhile (a control plane without gRPC health answers UNIMPLEMENTED).
+func (r *Relay) lastConnError() (err string, failed bool) {
 	ctx, cancel := context.WithTimeout(r.ctx, time.Second)
 	defer cancel()
-	err := r.upConn.Invoke(ctx, healthpb.Health_Check_FullMethodName, &healthpb.HealthCheckRequest{}, &healthpb.HealthCheckResponse{})
-	if err == nil {
-		return "connected"
+	cerr := r.upConn.Invoke(ctx, healthpb.Health_Check_FullMethodName, &healthpb.HealthCheckRequest{}, &healthpb.HealthCheckResponse{})
+	switch status.Code(cerr) {
+	case codes.OK, codes.Unimplemented, codes.NotFound:
+		return "", false
 	}
-	return err.Error()
+	return cerr.Error(), true
 }
 
 // failureKind names, in general terms, why a connection failed: what
@@ -140,5 +149,5 @@ func (r *Relay) logSyncProblem(last *string) {
 		return
 	}
 	*last = p.private
-	r.log.Warn("not ready: waiting for the first upstream sync", "why", p.private, "readme", "Readiness")
+	r.log.Warn("not ready: waiting for the first upstream sync", "why", p.private, "doc", "docs/operations.md#readiness")
 }

@@ -1,14 +1,19 @@
 package relay
 
 import (
+	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc/connectivity"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
@@ -47,7 +52,7 @@ func TestReadyzNothingCachedIsNotServingFromCache(t *testing.T) {
 	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "tenant-a"), TypeUrl: resourcev3.ClusterType})
 	eventually(t, "the group's upstream error", func() bool {
 		g := r.snapshotGroups()
-		return len(g) == 1 && g[0].status().LastError != ""
+		return len(g) == 1 && g[0].feed.Status().LastError != ""
 	})
 	_, private := get(t, http.DefaultClient, "http://"+r.AdminAddr()+"/readyz")
 	key := GroupKey(node("n", "tenant-a"), r.cfg.Upstream.GroupBy)
@@ -81,11 +86,72 @@ func TestReadyAfterSyncStaysReadyThroughOutage(t *testing.T) {
 	cp.Stop()
 	eventually(t, "the group's upstream down", func() bool {
 		g := r.snapshotGroups()
-		return len(g) == 1 && !g[0].status().Connected
+		return len(g) == 1 && !g[0].feed.Status().Connected
 	})
 	code, body := get(t, http.DefaultClient, readyz)
 	if code != http.StatusOK || !strings.Contains(body, "upstream DOWN, serving from cache") {
 		t.Errorf("/readyz during the outage: %d %q, want 200, serving from cache", code, body)
+	}
+}
+
+// While admin.ready_after_sync waits, the log says why at warn, with the
+// upstream's address and error and the document that explains it, once for
+// each reason (docs/operations.md, "Readiness").
+func TestNotReadyIsLoggedOnce(t *testing.T) {
+	dead := deadAddr(t)
+	logs := &logBuffer{}
+	r := startRelayLogged(t, dead, slog.New(slog.NewJSONHandler(logs, nil)), fastReconnect, func(c *Config) { c.Admin.ReadyAfterSync = true })
+	var last string
+	eventually(t, "the refused connection as the reason", func() bool {
+		r.logSyncProblem(&last)
+		return strings.Contains(last, "connection refused")
+	})
+	logged := func() (lines []map[string]any) {
+		for _, l := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+			var m map[string]any
+			if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == "not ready: waiting for the first upstream sync" {
+				lines = append(lines, m)
+			}
+		}
+		return lines
+	}
+	before := logged()
+	r.logSyncProblem(&last) // the same reason again
+	lines := logged()
+	if len(lines) != len(before) || len(lines) == 0 {
+		t.Fatalf("logged %d lines, then %d for the same reason", len(before), len(lines))
+	}
+	l := lines[len(lines)-1]
+	why, _ := l["why"].(string)
+	if l["level"] != "WARN" || !strings.Contains(why, "upstream "+dead+" cannot be reached: ") || !strings.Contains(why, "connection refused") {
+		t.Errorf("logged %v", l)
+	}
+	doc, _ := l["doc"].(string)
+	file, anchor, _ := strings.Cut(doc, "#")
+	if b, err := os.ReadFile(filepath.Join("..", file)); doc == "" || err != nil || !hasHeading(string(b), anchor) {
+		t.Errorf("the log names doc %q: no such document and heading (%v)", doc, err)
+	}
+}
+
+// The probe that learns why the connection to the control plane fails
+// reports no failure once the call reaches the control plane (the
+// connection came up between the state check and the call), though the
+// control plane serves no gRPC health: /readyz must not say "cannot be
+// reached: ... Unimplemented".
+func TestLastConnErrorOnlyForAFailure(t *testing.T) {
+	cp := testcp.Start(t)
+	r := startRelay(t, cp.Addr, fastReconnect, func(c *Config) { c.Admin.ReadyAfterSync = true })
+	eventually(t, "the connection to the control plane", func() bool { return r.upConn.GetState() == connectivity.Ready })
+	if err, failed := r.lastConnError(); failed {
+		t.Errorf("with the connection up: failed with %q", err)
+	}
+	cp.Stop()
+	eventually(t, "the connection to fail", func() bool {
+		r.upConn.Connect() // out of IDLE, where a lost connection goes
+		return r.upConn.GetState() == connectivity.TransientFailure
+	})
+	if err, failed := r.lastConnError(); !failed || !strings.Contains(err, "connection refused") {
+		t.Errorf("with the control plane gone: %q, failed %v", err, failed)
 	}
 }
 

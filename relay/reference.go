@@ -1,6 +1,10 @@
 package relay
 
-import "github.com/xdsrelay/xdsrelay/internal/metrics"
+import (
+	"fmt"
+
+	"github.com/xdsrelay/xdsrelay/internal/metrics"
+)
 
 // What the generated references (docs/metrics.md, docs/admin.md) read of
 // the relay: its metric families as registered, and its admin paths. A
@@ -34,6 +38,12 @@ type AdminPath struct {
 	Returns string
 }
 
+// When the paths served only with a setting are served (AdminPath.Served).
+const (
+	servedWithLogLevel = "with a run-time log level (the binary always has one)"
+	servedWithPprof    = "with `admin.pprof: true` (else 404)"
+)
+
 // AdminPaths are the admin endpoint's paths, in the order the reference
 // lists them.
 func AdminPaths() []AdminPath {
@@ -44,19 +54,19 @@ func AdminPaths() []AdminPath {
 			Returns: "200 once the relay serves, whatever the control plane does (clients are served from the cache); 503 `not ready: starting`, `not ready: waiting for the first upstream sync: ...` (with `admin.ready_after_sync`, and why) or `not ready: shutting down`. To anyone, one line in general terms: `ready`, or `ready; ...` with counts (groups with upstream down, guard holds and held rollouts, invalid resources, saved caches that did not load), never a group key, an address or a file name. To a private caller, each group's upstream state (connected or down, the server in use, resources cached, time since the last response), `DEGRADED:` lines for guard holds and changes a canary NACKed, resource files rejected as invalid, saved caches that did not load or failed to save, and the configuration warnings (`warning: ...`)."},
 		{Pattern: "GET /metrics", Access: AdminAnyone,
 			Returns: "The metrics in the Prometheus text format, or OpenMetrics when the `Accept` header asks for it: every family in [metrics.md](metrics.md). Its `group` label carries group keys: keep `admin.address` private, or set `metrics.group_label: false`, if they are sensitive."},
-		{Pattern: "GET /debug/loglevel", Access: AdminPrivate, Served: "with a run-time log level (the binary always has one)",
+		{Pattern: "GET /debug/loglevel", Access: AdminPrivate, Served: servedWithLogLevel,
 			Returns: "The current log level: `debug`, `info`, `warn` or `error`."},
-		{Pattern: "PUT /debug/loglevel", Access: AdminPrivate, Served: "with a run-time log level (the binary always has one)",
+		{Pattern: "PUT /debug/loglevel", Access: AdminPrivate, Served: servedWithLogLevel,
 			Returns: "Sets the log level to the body's `debug`, `info`, `warn` or `error` until the next restart, logs the change at `warn` and answers the new level; 400 for another body."},
-		{Pattern: "/debug/pprof/", Access: AdminPrivate, Served: "with `admin.pprof: true` (else 404)",
-			Returns: "Go's profiler (`net/http/pprof`): the index, and `heap`, `goroutine`, `allocs`, `block`, `mutex` (sampled 1 contention event in 100 with `admin.pprof`), `threadcreate` by name."},
-		{Pattern: "/debug/pprof/cmdline", Access: AdminPrivate, Served: "with `admin.pprof: true` (else 404)",
+		{Pattern: "/debug/pprof/", Access: AdminPrivate, Served: servedWithPprof,
+			Returns: "Go's profiler (`net/http/pprof`): the index, and `heap`, `goroutine`, `allocs`, `block`, `mutex` (sampled 1 contention event in " + fmt.Sprint(mutexProfileFraction) + " with `admin.pprof`), `threadcreate` by name."},
+		{Pattern: "/debug/pprof/cmdline", Access: AdminPrivate, Served: servedWithPprof,
 			Returns: "The process's command line."},
-		{Pattern: "/debug/pprof/profile", Access: AdminPrivate, Served: "with `admin.pprof: true` (else 404)",
+		{Pattern: "/debug/pprof/profile", Access: AdminPrivate, Served: servedWithPprof,
 			Returns: "A CPU profile over `?seconds=N` (default 30)."},
-		{Pattern: "/debug/pprof/symbol", Access: AdminPrivate, Served: "with `admin.pprof: true` (else 404)",
+		{Pattern: "/debug/pprof/symbol", Access: AdminPrivate, Served: servedWithPprof,
 			Returns: "Symbols for program counters (for `go tool pprof`)."},
-		{Pattern: "/debug/pprof/trace", Access: AdminPrivate, Served: "with `admin.pprof: true` (else 404)",
+		{Pattern: "/debug/pprof/trace", Access: AdminPrivate, Served: servedWithPprof,
 			Returns: "An execution trace over `?seconds=N` (default 1)."},
 		{Pattern: "GET /debug/clients", Access: AdminPrivate,
 			Returns: "JSON, one entry per live xDS stream: `node` id, `group` key, `variant` (`sotw-ads`, `delta-ads`, `sotw`, `delta`) and, per type, `subscribed` (names subscribed by name), `wildcard`, `resources` (names with a status), `last_ack_version`, `last_nack_version`, `last_nack_error`, `last_nack_time`."},

@@ -86,8 +86,10 @@ func adminRequest(p AdminPath) (method, path, body string) {
 		method, path = http.MethodGet, p.Pattern
 	}
 	switch path {
-	case "/debug/pprof/profile", "/debug/pprof/trace":
-		path += "?seconds=1"
+	case "/debug/pprof/profile":
+		path += "?seconds=1" // whole seconds only
+	case "/debug/pprof/trace":
+		path += "?seconds=0.05"
 	case "/debug/loglevel":
 		body = "info"
 	}

@@ -37,9 +37,10 @@ import (
 // Who guards what: the configuration, the parts New wires together and the
 // metrics are read-only once New returns; the lifecycle flags are atomic;
 // the groups are guarded by mu, which is never held across a call into
-// another component that could wait (a group's feed is started and
-// cancelled outside it); the listeners and servers are set by Start before
-// the goroutines that use them, and read by Shutdown after.
+// another component that could wait (a group's feed runs in a goroutine of
+// its own, and cancelling it waits for nothing); the listeners and servers
+// are set by Start before the goroutines that use them, and read by
+// Shutdown after.
 type Relay struct {
 	// Read-only after New: the configuration and the wired parts.
 	cfg    Config
@@ -80,8 +81,13 @@ type Relay struct {
 	mu     sync.Mutex
 	groups map[string]*group
 
+	// wg counts every goroutine the relay starts (goRun), the groups'
+	// included. Goroutines are added by Start or under mu while ctx is
+	// live, so none is added once Shutdown has cancelled ctx under mu and
+	// waits for wg.
+	wg sync.WaitGroup
+
 	// Set by Start before the goroutines that use them; read by Shutdown.
-	wg       sync.WaitGroup // every goroutine the relay starts, the groups' included
 	listener net.Listener
 	admin    *http.Server
 	adminLn  net.Listener
@@ -100,11 +106,11 @@ func (r *Relay) closeReloaders() {
 // guarded by Relay.mu.
 type group struct {
 	key    string
+	shown  string       // key as the admin endpoint and the metrics show it (shownKey)
 	node   *corepb.Node // presented upstream
 	fields *corepb.Node // the group_by fields of its clients' nodes (keyNode)
 	cache  *cache.Cache
-	status func() upstream.Status
-	feed   upstream.Feed // what fills cache
+	feed   upstream.Feed // what fills cache; its Status is the group's upstream state
 	cancel context.CancelFunc
 
 	// Guarded by Relay.mu.
@@ -124,6 +130,9 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 	defer func() {
 		if !ok {
 			r.cancel()
+			if r.source != nil {
+				r.source.Close()
+			}
 			r.closeReloaders()
 		}
 	}()
@@ -425,7 +434,8 @@ func (r *Relay) AdminAddr() string {
 // drainGrace is how long Shutdown lets clients learn that the relay goes
 // (GOAWAY on every connection, gRPC health NOT_SERVING) before it ends
 // their streams: a client that opens a stream meanwhile opens it elsewhere.
-const drainGrace = time.Second
+// A variable for the package's tests only, which shorten it.
+var drainGrace = time.Second
 
 // Shutdown drains the relay: it stops accepting, sends GOAWAY on every
 // connection, and after drainGrace asks every stream to end (clients
@@ -534,6 +544,7 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 	ctx, cancel := context.WithCancel(r.ctx)
 	g := &group{
 		key:    key,
+		shown:  shownKey(key),
 		node:   groupNode(&r.cfg, r.host, key, client),
 		fields: keyNode(r.cfg.Upstream.GroupBy, client),
 		cache: cache.New(cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources,
@@ -551,7 +562,7 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 		cancel()
 		return nil, err
 	}
-	g.status, g.feed = feed.Status, feed
+	g.feed = feed
 	r.zeroGroupSeries(key)
 	r.goRun(func() { feed.Run(ctx) })
 	r.groups[key] = g
@@ -581,6 +592,7 @@ func (r *Relay) sweep() {
 			loadsOver := r.sweepLoadsLocked(g)
 			if g.cache.Sweep() && g.clients == 0 && loadsOver {
 				delete(r.groups, key)
+				endLoadsLocked(g)
 				ended = append(ended, g)
 			}
 		}
@@ -590,7 +602,6 @@ func (r *Relay) sweep() {
 			// Not waited for: the group's goroutine ends on its own, and
 			// Shutdown waits for it with a bound.
 			g.cancel()
-			endLoads(g)
 			r.log.Info("group ended", "group", xds.Clip(g.key))
 		}
 	}
@@ -613,7 +624,7 @@ func (r *Relay) registerGroupMetrics() {
 		defer mu.Unlock()
 		seen := map[[2]string]bool{}
 		for _, g := range r.snapshotGroups() {
-			s := g.status()
+			s := g.feed.Status()
 			if r.routes != nil {
 				// With several upstreams: 1 while every stream the group
 				// has is up.
@@ -682,7 +693,7 @@ func (r *Relay) registerServerMetrics() {
 	r.metrics.OnScrape(func() {
 		used := map[[2]string]bool{}
 		for _, g := range r.snapshotGroups() {
-			for _, u := range upstreamsOf(g.status()) {
+			for _, u := range upstreamsOf(g.feed.Status()) {
 				used[[2]string{u.Upstream, u.Server}] = true
 			}
 		}

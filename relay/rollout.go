@@ -109,7 +109,7 @@ func (r *Relay) rolloutRelease(w http.ResponseWriter, req *http.Request) {
 	release(r, w, req, "rollout: held changes released by an operator", "changes", func(g *group, typeURL string) (out []debugRollout) {
 		for _, s := range g.cache.ReleaseHeld(typeURL) {
 			d := rolloutOf(s)
-			d.Group = shownKey(g.key)
+			d.Group = g.shown
 			out = append(out, d)
 		}
 		return out

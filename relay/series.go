@@ -4,6 +4,7 @@ import (
 	"strings"
 
 	"github.com/xdsrelay/xdsrelay/internal/xds"
+	"github.com/xdsrelay/xdsrelay/upstream"
 )
 
 // Series born at 0. A counter whose series appears only at its first event
@@ -27,7 +28,11 @@ func (r *Relay) zeroUpstreamSeries() {
 	}
 }
 
-// zeroGroupSeries creates a new group's counters, which end with it.
+// zeroGroupSeries creates a new group's counters, which end with it: the
+// reconnects of its control-plane streams, which delete them as they end.
+// Resource files have no stream, and no reconnects.
 func (r *Relay) zeroGroupSeries(key string) {
-	r.upm.Reconnects.ZeroEach(key)
+	if _, files := r.source.(*upstream.File); !files {
+		r.upm.Reconnects.ZeroEach(key)
+	}
 }

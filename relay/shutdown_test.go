@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
@@ -21,6 +23,10 @@ import (
 // streams still run, then asks them to end with UNAVAILABLE (so clients
 // reconnect elsewhere), and closes the upstream stream.
 func TestShutdownDrains(t *testing.T) {
+	// The production grace, for room to see the GOAWAY before the streams
+	// end (the test is not parallel: no other relay reads it meanwhile).
+	defer func(g time.Duration) { drainGrace = g }(drainGrace)
+	drainGrace = time.Second
 	cp := testcp.Start(t)
 	cp.Set(t, "c1", "1", testcp.Cluster("x"))
 	cfg := Default()
@@ -119,4 +125,20 @@ func TestShutdownEndsPendingStreamWithItsMessage(t *testing.T) {
 	if err := drain(st.Recv); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "shutting down, reconnect") {
 		t.Fatalf("the pending stream ended with %v, want UNAVAILABLE saying the relay is shutting down", err)
 	}
+}
+
+// New undoes what its earlier steps opened when a later one fails: the
+// control plane's connections (upstream.address and .addresses) leave no
+// goroutine behind.
+func TestNewFailureLeavesNothingRunning(t *testing.T) {
+	before := goleak.IgnoreCurrent()
+	cfg := Default()
+	cfg.Upstream.Address, cfg.Upstream.Addresses = "127.0.0.1:1", []string{"127.0.0.1:2"}
+	cfg.Downstream.Address = "127.0.0.1:0"
+	missing := filepath.Join(t.TempDir(), "missing.pem")
+	cfg.Downstream.TLS.CertFile, cfg.Downstream.TLS.KeyFile = missing, missing
+	if _, err := New(cfg, testLogger()); err == nil || !strings.Contains(err.Error(), "downstream.tls") {
+		t.Fatalf("New with a missing certificate: %v, want an error naming downstream.tls", err)
+	}
+	goleak.VerifyNone(t, before)
 }

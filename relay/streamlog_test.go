@@ -24,17 +24,6 @@ func startLoggedRelay(t *testing.T, upstream string) (*Relay, *logBuffer) {
 	return r, log
 }
 
-// ended waits, within the bound, for the helper's receiver of s to see the
-// stream end.
-func ended[Req, Resp any](t *testing.T, s *stream[Req, Resp]) {
-	t.Helper()
-	select {
-	case <-s.done:
-	case <-time.After(wait):
-		t.Fatal("the stream did not end in time")
-	}
-}
-
 // recvUntilEnd receives until the stream ends and checks how.
 func recvUntilEnd(t *testing.T, recv func() error, want codes.Code) {
 	t.Helper()

@@ -2,12 +2,14 @@ package relay
 
 import (
 	"net"
+	"slices"
 	"testing"
 	"time"
 
 	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc/codes"
 
 	"github.com/xdsrelay/xdsrelay/internal/faultproxy"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
@@ -80,18 +82,6 @@ func tierServer(t *testing.T, r *Relay, servers ...string) string {
 		return ""
 	}
 	return inUse
-}
-
-// tierWithin polls cond until it holds, failing the test after bound.
-func tierWithin(t *testing.T, bound time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(bound)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", bound, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // tierHolds fails the test if cond stops holding within d.
@@ -167,7 +157,7 @@ func TestRelayTiersFailOver(t *testing.T) {
 	tierRestart(t, r1Addr, cp.Addr, fastReconnect)
 	cp.Set(t, "c1", "2", tierCluster("x", 42), tierCluster("y", 1))
 	tierRecvCluster(t, c, "x", 42, wait)
-	tierWithin(t, tierRecheck+wait, "the zone relay back on R1", func() bool {
+	eventuallyWithin(t, tierRecheck+wait, "the zone relay back on R1", func() bool {
 		return tierServer(t, z, r1Addr, r2Addr) == r1Addr
 	})
 	c.quiet(2 * tierRecheck) // the move back re-sends and removes nothing
@@ -231,11 +221,7 @@ func TestZoneRelayPartitionedFromRegional(t *testing.T) {
 	cp.Set(t, "c1", "1", tierCluster("x", 1), tierCluster("y", 1))
 	r1 := startRelay(t, cp.Addr, fastReconnect)
 	r2 := startRelay(t, cp.Addr, fastReconnect)
-	proxy, err := faultproxy.Start(r1.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Close)
+	proxy := startProxy(t, r1.Addr())
 	z := startRelay(t, proxy.Addr, tierFallback(r2.Addr()), func(c *Config) {
 		c.Upstream.KeepaliveTime, c.Upstream.KeepaliveTimeout = 10*time.Second, 2*time.Second
 		c.Upstream.ConnectTimeout, c.Cache.NotFoundTimeout = 2*time.Second, 2*time.Second
@@ -247,12 +233,22 @@ func TestZoneRelayPartitionedFromRegional(t *testing.T) {
 	proxy.Set(faultproxy.Silent, 0)
 	start := time.Now()
 	c.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"y"}})
-	tierRecvCluster(t, c, "y", 1, faultWait) // fails on any removal on the way
+	sawUnavailable := false
+	deltaUntil(t, c, "y", faultWait, func(got, removed []string, errs map[string]codes.Code) bool {
+		if len(removed) > 0 {
+			t.Fatalf("the client was told %v were removed", removed)
+		}
+		sawUnavailable = sawUnavailable || errs["y"] == codes.Unavailable
+		return slices.Contains(got, "y")
+	})
 	t.Logf("y arrived from R2 %v after the partition", time.Since(start))
-	tierWithin(t, wait, "the zone relay on R2", func() bool { return tierServer(t, z, proxy.Addr, r2.Addr()) == r2.Addr() })
+	if !sawUnavailable {
+		t.Error("the client was not told y was UNAVAILABLE while R1 was silent")
+	}
+	eventually(t, "the zone relay on R2", func() bool { return tierServer(t, z, proxy.Addr, r2.Addr()) == r2.Addr() })
 
 	proxy.Set(faultproxy.Pass, 0)
-	tierWithin(t, tierRecheck+faultWait, "the zone relay back on R1", func() bool {
+	eventuallyWithin(t, tierRecheck+faultWait, "the zone relay back on R1", func() bool {
 		return tierServer(t, z, proxy.Addr, r2.Addr()) == proxy.Addr
 	})
 	c.quiet(2 * tierRecheck)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlspb "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -17,6 +18,14 @@ import (
 	"github.com/xdsrelay/xdsrelay/internal/faultproxy"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
+
+// largeCluster is Cluster "large", made about size bytes by its metadata.
+func largeCluster(size int) *clusterpb.Cluster {
+	blob, _ := structpb.NewStruct(map[string]any{"blob": strings.Repeat("x", size)})
+	large := testcp.Cluster("large")
+	large.Metadata = &corepb.Metadata{FilterMetadata: map[string]*structpb.Struct{"test": blob}}
+	return large
+}
 
 // A large response trickling over a slow link to the control plane holds
 // up no other group and no other upstream: the other group's changes
@@ -30,15 +39,8 @@ func TestTricklingResponseHoldsUpNoOtherGroup(t *testing.T) {
 		big  = 50 << 20 // group big's response: 13 minutes at the link's rate
 	)
 	cp := testcp.Start(t)
-	proxy, err := faultproxy.Start(cp.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Close)
-	blob, _ := structpb.NewStruct(map[string]any{"blob": strings.Repeat("x", big)})
-	large := testcp.Cluster("large")
-	large.Metadata = &corepb.Metadata{FilterMetadata: map[string]*structpb.Struct{"test": blob}}
-	cp.Set(t, "big", "1", large)
+	proxy := startProxy(t, cp.Addr)
+	cp.Set(t, "big", "1", largeCluster(big))
 	cp.Set(t, "small", "1", testcp.Cluster("s1"))
 	secrets := testcp.Start(t)
 	secrets.Set(t, "big", "1", &tlspb.Secret{Name: "key"})
@@ -91,15 +93,8 @@ func TestStalledResponseIsRetried(t *testing.T) {
 		size = 3 << 20  // 48 s at the link's rate (under a test client's 4 MiB)
 	)
 	cp := testcp.Start(t)
-	proxy, err := faultproxy.Start(cp.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Close)
-	blob, _ := structpb.NewStruct(map[string]any{"blob": strings.Repeat("x", size)})
-	large := testcp.Cluster("large")
-	large.Metadata = &corepb.Metadata{FilterMetadata: map[string]*structpb.Struct{"test": blob}}
-	cp.Set(t, "g", "1", large)
+	proxy := startProxy(t, cp.Addr)
+	cp.Set(t, "g", "1", largeCluster(size))
 	r := startRelay(t, proxy.Addr, fastReconnect, func(c *Config) {
 		c.Upstream.KeepaliveTime, c.Upstream.KeepaliveTimeout = 10*time.Second, 2*time.Second
 		c.Upstream.ConnectTimeout = 2 * time.Second

@@ -130,8 +130,7 @@ func TestUpstreamResourceErrorsPassedOn(t *testing.T) {
 	// understands (gRFC A57).
 	fresh := openSotW(t, r.Addr())
 	fresh.send(&discoverypb.DiscoveryRequest{Node: node("n3", "c1"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{"broken"}})
-	<-fresh.done
-	if err := fresh.err(); grpcstatus.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "no such cluster") {
+	if err := ended(t, fresh); grpcstatus.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "no such cluster") {
 		t.Fatalf("fresh SotW client: stream ended with %v", err)
 	}
 }
