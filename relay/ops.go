@@ -159,7 +159,37 @@ func (r *Relay) hasSynced() bool {
 			return true
 		}
 	}
-	return len(gs) == 0 && r.upConn != nil && r.upConn.GetState() == connectivity.Ready
+	return len(gs) == 0 && r.upConn != nil && r.reachable()
+}
+
+// reachable reports, before any group has a stream, whether a group's
+// stream could get an answer: the control plane's connection is up or,
+// while it cannot connect, one of its fallback servers' is (gRFC A71: a
+// fallback server is tried only while the ones above it are unreachable,
+// so it is connected to only then). Without it, a relay whose primary is
+// down at start would never be ready, and so never be sent the clients
+// whose streams would fall back.
+func (r *Relay) reachable() bool {
+	if r.upConn.GetState() == connectivity.Ready {
+		return true
+	}
+	if r.upConn.GetState() != connectivity.TransientFailure {
+		return false
+	}
+	for _, fb := range r.upFallbacks {
+		switch fb.GetState() {
+		case connectivity.Ready:
+			return true
+		case connectivity.Idle:
+			fb.Connect()
+			return false
+		case connectivity.TransientFailure:
+			continue // try the next one down
+		default:
+			return false // connecting: wait for it
+		}
+	}
+	return false
 }
 
 // drainingHealth is the gRPC health service, whose Watch streams end once

@@ -280,3 +280,31 @@ func TestReflection(t *testing.T) {
 		t.Errorf("reflection with downstream.reflection false: %v, want UNIMPLEMENTED", err)
 	}
 }
+
+// With admin.ready_after_sync, no group yet and the control plane down at
+// start, a fallback server that answers is enough: the relay is ready, so
+// that clients are let in and their groups' streams fall back to it (gRFC
+// A71). A fallback server that is down too keeps it unready.
+func TestReadyAfterSyncOnAFallbackServer(t *testing.T) {
+	dead := deadAddr(t)
+	secondary := testcp.Start(t)
+	r := startRelay(t, dead, fastReconnect, func(c *Config) {
+		c.Admin.ReadyAfterSync = true
+		c.Upstream.Addresses = []string{deadAddr(t), secondary.Addr}
+	})
+	eventually(t, "/readyz 200 with the primary down and the secondary up", func() bool {
+		code, _ := get(t, http.DefaultClient, "http://"+r.AdminAddr()+"/readyz")
+		return code == http.StatusOK
+	})
+
+	down := startRelay(t, dead, fastReconnect, func(c *Config) {
+		c.Admin.ReadyAfterSync = true
+		c.Upstream.Addresses = []string{deadAddr(t)}
+	})
+	for range 20 { // every server refuses: a second of polls stays unready
+		if code, _ := get(t, http.DefaultClient, "http://"+down.AdminAddr()+"/readyz"); code == http.StatusOK {
+			t.Fatal("ready with every server down")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

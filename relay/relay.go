@@ -51,9 +51,13 @@ type Relay struct {
 	source upstream.Source    // the control plane, or the resource files, or a router among several
 	routes *upstream.Routes   // which upstream serves which name; nil with one upstream
 	upConn *grpc.ClientConn   // the control plane; nil with resource files
-	down   *downstream.Server
-	grpc   *grpc.Server
-	health *health.Server // gRPC health on the downstream port
+	// upFallbacks are the default upstream's fallback servers
+	// (upstream.addresses), in priority order: readiness before any
+	// group looks at them while upConn cannot connect.
+	upFallbacks []*grpc.ClientConn
+	down        *downstream.Server
+	grpc        *grpc.Server
+	health      *health.Server // gRPC health on the downstream port
 	// certs are the certificate watchers by side (upstream, downstream,
 	// admin), closed on shutdown; adminTLS and restTLS their admin and
 	// downstream TLS configurations, nil without TLS.
@@ -327,6 +331,9 @@ func (r *Relay) upstreamSource(u UpstreamConfig, key string) (upstream.Source, e
 	}
 	if r.upConn == nil {
 		r.upConn = servers[0].Conn.(*grpc.ClientConn)
+		for _, s := range servers[1:] {
+			r.upFallbacks = append(r.upFallbacks, s.Conn.(*grpc.ClientConn))
+		}
 	}
 	src, err := upstream.NewADS(upstream.Options{Servers: servers, Metrics: r.upm, Logger: r.log,
 		Backoff: reconnectBackoff(u), NotFoundTimeout: r.cfg.Cache.NotFoundTimeout, ProbeTimeout: u.KeepaliveTimeout,
