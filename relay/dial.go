@@ -58,9 +58,6 @@ func upstreamTLS(ctx context.Context, u UpstreamConfig, key string, logger *slog
 	if !u.TLSEnabled && !u.TLS.Enabled() {
 		return nil, nil
 	}
-	if u.TLS.Insecure {
-		logger.Warn(key+".tls.insecure_skip_verify: the control plane's certificate is NOT verified", "upstream", u.Name)
-	}
 	rl, err := creds.NewReloader(ctx, u.TLS, logger)
 	if err != nil {
 		return nil, fmt.Errorf("%s.tls: %w", key, err)

@@ -311,6 +311,10 @@ func (r *Relay) upstreamSource(u UpstreamConfig, key string) (upstream.Source, e
 	if err != nil {
 		return nil, err
 	}
+	if up != nil && u.TLS.Insecure {
+		k := key + ".tls.insecure_skip_verify"
+		r.warnings.warn(r.log, k, "docs/control-planes.md#relaying-a-control-plane", k+" is set: the control plane's certificate is NOT verified")
+	}
 	if up != nil {
 		tc = up.ClientCredentials()
 		r.certs[key] = up

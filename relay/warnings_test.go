@@ -106,6 +106,25 @@ func TestOpenAdminIsWarnedAbout(t *testing.T) {
 	})
 }
 
+// upstream.tls.insecure_skip_verify is warned about as the other choices
+// are: log, xdsrelay_config_warnings and the private /readyz; a control
+// plane whose certificate the relay does verify is not.
+func TestInsecureUpstreamIsWarnedAbout(t *testing.T) {
+	log := &logBuffer{}
+	r := startRelayLogged(t, testcp.Start(t).Addr, slog.New(slog.NewJSONHandler(log, nil)), func(c *Config) {
+		c.Upstream.TLS.Insecure = true
+	})
+	wantWarning(t, r, log, "upstream.tls.insecure_skip_verify", "docs/control-planes.md#relaying-a-control-plane")
+
+	certs := testcp.MakeCerts(t)
+	verified := startRelay(t, testcp.Start(t).Addr, func(c *Config) { c.Upstream.TLS.CAFile = certs.CA })
+	var detail bytes.Buffer
+	verified.readyDetail(&detail)
+	if strings.Contains(detail.String(), "warning") {
+		t.Errorf("warned with a verified control plane: %q", detail.String())
+	}
+}
+
 // hasHeading reports whether Markdown text has a heading whose anchor, as
 // GitHub makes it (lower case, punctuation dropped, spaces made hyphens), is
 // anchor; an empty anchor is the document itself.

@@ -65,7 +65,7 @@ func TestInsecureSkipVerifyIsWarned(t *testing.T) {
 		"XDSRELAY_DOWNSTREAM_ADDRESS":                "127.0.0.1:0",
 		"XDSRELAY_ADMIN_ADDRESS":                     "127.0.0.1:0",
 	}, io.Discard, logs)
-	waitForLog(t, logs, regexp.MustCompile(`level=WARN msg="upstream.tls.insecure_skip_verify: the control plane's certificate is NOT verified"`))
+	waitForLog(t, logs, regexp.MustCompile(`level=WARN msg="upstream.tls.insecure_skip_verify is set: the control plane's certificate is NOT verified"`))
 	if c := stop(); c != 0 {
 		t.Fatalf("exit %d; log:\n%s", c, logs)
 	}
