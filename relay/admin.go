@@ -155,6 +155,9 @@ func (r *Relay) groupsDetail(w io.Writer) {
 			if r.onFallback(u) {
 				server += " (a fallback server: the higher ones were unreachable with something not cached, gRFC A71)"
 			}
+			if u.Protocol != "" {
+				server += " (speaks " + u.Protocol + ")"
+			}
 			fmt.Fprintf(w, "  upstream %q: server %s, %s\n", u.Upstream, server, state)
 		}
 		guardDetail(w, g.cache)

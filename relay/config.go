@@ -258,6 +258,9 @@ type UpstreamConfig struct {
 	// backoff (with jitter) between attempts to reach the control plane.
 	ReconnectBaseDelay time.Duration
 	ReconnectMaxDelay  time.Duration
+	// Protocol is upstream.protocol: auto, delta, sotw or sotw-per-type
+	// (upstream.Protocol); auto finds each server's.
+	Protocol string
 	// MaxMessageBytes is upstream.max_message_bytes: the largest
 	// response accepted from the control plane.
 	MaxMessageBytes int
@@ -306,6 +309,7 @@ func DefaultUpstream() UpstreamConfig {
 	u.ReconnectMaxDelay = 30 * time.Second
 	u.MaxMessageBytes = 256 << 20
 	u.MaxRequestBytes = upstream.DefaultMaxRequestBytes
+	u.Protocol = string(upstream.ProtocolAuto)
 	u.Node.ID = DefaultNodeID
 	u.Node.UserAgentName = "xdsrelay"
 	u.KeepaliveTime = 30 * time.Second
@@ -584,6 +588,9 @@ func (u *UpstreamConfig) validate(prefix string, groupBy []string) error {
 	}
 	if len(u.Addresses) > 0 && strings.HasPrefix(u.Address, FilePrefix) {
 		return fmt.Errorf("%saddresses: cannot be combined with a file:// %saddress", prefix, prefix)
+	}
+	if _, err := upstream.ParseProtocol(u.Protocol); err != nil {
+		return fmt.Errorf("%sprotocol: %w", prefix, err)
 	}
 	switch {
 	case u.FallbackRecheck <= 0:

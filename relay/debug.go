@@ -136,7 +136,8 @@ type debugGroupType struct {
 // debugUpstream is one upstream a group has a stream to.
 type debugUpstream struct {
 	Name         string     `json:"name"`
-	Server       string     `json:"server,omitempty"` // the server in use (gRFC A71)
+	Server       string     `json:"server,omitempty"`   // the server in use (gRFC A71)
+	Protocol     string     `json:"protocol,omitempty"` // what the server answered in (upstream.protocol)
 	Connected    bool       `json:"connected"`
 	LastError    string     `json:"last_error,omitempty"`
 	LastResponse *time.Time `json:"last_response,omitempty"`
@@ -177,7 +178,7 @@ func (r *Relay) debugGroups(w http.ResponseWriter, _ *http.Request) {
 		dg.Loads = r.loadsOf(g)
 		dg.Upstreams = []debugUpstream{}
 		for _, u := range upstreamsOf(s) {
-			du := debugUpstream{Name: u.Upstream, Server: u.Server, Connected: u.Connected, LastError: xds.Clip(u.LastError)}
+			du := debugUpstream{Name: u.Upstream, Server: u.Server, Protocol: u.Protocol, Connected: u.Connected, LastError: xds.Clip(u.LastError)}
 			if !u.LastResponse.IsZero() {
 				du.LastResponse = &u.LastResponse
 			}

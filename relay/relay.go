@@ -341,7 +341,7 @@ func (r *Relay) upstreamSource(u UpstreamConfig, key string) (upstream.Source, e
 	}
 	src, err := upstream.NewADS(upstream.Options{Servers: servers, Metrics: r.upm, Logger: r.log,
 		Backoff: reconnectBackoff(u), NotFoundTimeout: r.cfg.Cache.NotFoundTimeout, ProbeTimeout: u.KeepaliveTimeout,
-		MaxRequestBytes: u.MaxRequestBytes, FallbackRecheck: u.FallbackRecheck})
+		MaxRequestBytes: u.MaxRequestBytes, FallbackRecheck: u.FallbackRecheck, Protocol: upstream.Protocol(u.Protocol), Upstream: u.Name})
 	if err != nil {
 		closeAll()
 		return nil, err

@@ -28,18 +28,30 @@ type Metrics struct {
 	Apply      *metrics.HistogramVec // by type: seconds to apply a response to the cache
 	Reconnects *metrics.Vec          // counter, by group: streams that ended and are opened again
 	Fallbacks  *metrics.Vec          // counter, by upstream: moves to a lower-priority server (gRFC A71)
+	// Protocol is a gauge, by upstream, server and protocol: 1 for what
+	// each server was found to speak.
+	Protocol *metrics.Vec
+	// ListTooLarge is a counter, by type: names not subscribed because a
+	// state-of-the-world request with them would exceed
+	// upstream.max_request_bytes.
+	ListTooLarge *metrics.Vec
 }
 
 // NewMetrics registers the upstream families on r.
 func NewMetrics(r *metrics.Registry) *Metrics {
 	return &Metrics{
-		Streams:   r.Gauge("xdsrelay_upstream_connected", "1 while the group's upstream delta-ADS stream is up.", "group"),
+		Streams:   r.Gauge("xdsrelay_upstream_connected", "1 while the group's upstream stream (delta or state of the world) is up.", "group"),
 		Responses: r.Counter("xdsrelay_upstream_responses_total", "Responses received from the control plane.", "type"),
 		NACKs:     r.Counter("xdsrelay_upstream_nacks_total", "Upstream responses the relay rejected (NACKed).", "type"),
 		Apply: r.Histogram("xdsrelay_upstream_apply_seconds", "Time to apply one control-plane response to the group's cache.",
 			metrics.LatencyBuckets, "type"),
-		Reconnects: r.Counter("xdsrelay_upstream_reconnects_total", "Times the group's upstream delta-ADS stream ended and is being opened again (with backoff).", "group"),
+		Reconnects: r.Counter("xdsrelay_upstream_reconnects_total", "Times the group's upstream stream ended and is being opened again (with backoff).", "group"),
 		Fallbacks:  r.Counter("xdsrelay_upstream_fallbacks_total", "Times a group's stream moved to a lower-priority server of the upstream, the higher ones being unreachable with something wanted not cached (gRFC A71).", "upstream"),
+		Protocol: r.Gauge("xdsrelay_upstream_protocol", "1 for the protocol each control-plane server answered in (upstream.protocol): delta, sotw or sotw-per-type.",
+			"upstream", "server", "protocol"),
+		ListTooLarge: r.Counter("xdsrelay_upstream_sotw_names_refused_total",
+			"Names not subscribed upstream because a state-of-the-world request with them would exceed upstream.max_request_bytes (SotW requests cannot be split).", "type").
+			ZeroEach(xds.TypeLabels()...),
 	}
 }
 
@@ -69,6 +81,10 @@ type Options struct {
 	// MaxRequestBytes bounds every request sent upstream: subscriptions
 	// and resumes larger than this are split. DefaultMaxRequestBytes if 0.
 	MaxRequestBytes int
+	// Protocol is what the servers are spoken to in (upstream.protocol);
+	// auto, found per server, if empty.
+	Protocol Protocol
+	found    *found // what each server speaks: shared by an ADS source's clients
 
 	// The group's (see Group).
 
@@ -140,6 +156,9 @@ type Status struct {
 	Invalid      string    // what the source holds but does not serve, and why (resource files); empty if nothing
 	Upstream     string    // the upstream's name (DefaultUpstream for the only one)
 	Server       string    // the server in use, or being tried
+	// Protocol is what the server in use answered in (delta, sotw,
+	// sotw-per-type); empty until it answers.
+	Protocol string
 	// Upstreams is, for a group served by several upstreams, each one's
 	// status (those with a stream open, in configuration order); the
 	// fields above then sum them up.
@@ -196,6 +215,9 @@ func New(opts Options) (*Client, error) {
 		opts.Interest = opts.Cache
 	}
 	opts.Node = proto.Clone(opts.Node).(*corepb.Node)
+	if opts.found == nil {
+		opts.found = newFound(opts.Protocol, opts.Upstream, serverNames(opts.Servers), opts.Metrics, opts.Logger)
+	}
 	c := &Client{
 		opts: opts,
 		log:  opts.Logger.With("component", "upstream", "group", xds.Clip(opts.Group), "upstream", opts.Upstream),
@@ -208,6 +230,14 @@ func New(opts Options) (*Client, error) {
 	}
 	c.status = Status{Upstream: opts.Upstream, Server: c.servers[0].name}
 	return c, nil
+}
+
+func serverNames(servers []Server) []string {
+	out := make([]string, len(servers))
+	for i, s := range servers {
+		out[i] = s.Name
+	}
+	return out
 }
 
 // routed reports whether the client is one of a router's upstreams: the
@@ -239,10 +269,13 @@ func (c *Client) Run(ctx context.Context) {
 			c.setStatus(func(st *Status) { st.Server = c.servers[cur].name })
 			var err error
 			if s, err = c.open(ctx, cur); err == nil {
-				err = s.syncAll()
+				err = s.why(s.syncAll())
 			}
 			if err != nil {
 				s.close()
+				if s != nil && ctx.Err() == nil && c.refusedProtocol(s, err) {
+					continue
+				}
 				if !c.ended(ctx, cur, false, err) {
 					return
 				}
@@ -253,7 +286,12 @@ func (c *Client) Run(ctx context.Context) {
 			c.up(s)
 		}
 		healthy, takeover, err := c.loop(ctx, s)
+		err = s.why(err)
 		s.close()
+		if !healthy && takeover == nil && ctx.Err() == nil && c.refusedProtocol(s, err) {
+			continue
+		}
+		c.refusedType(s, healthy, err)
 		if takeover == nil && ctx.Err() == nil {
 			s.withdraw() // the stream failed: its silence may have been the network's
 		}
@@ -381,20 +419,60 @@ func backoffDelay(cfg backoff.Config, retries int) time.Duration {
 	return time.Duration(max(d, 0))
 }
 
-// open opens a stream to server i. Nothing is sent yet.
+// open opens a stream to server i, in the protocol it speaks (or is to be
+// tried in: see found). Nothing is sent yet.
 func (c *Client) open(ctx context.Context, i int) (*session, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	// The codec decodes responses by hand (xds.Received), out of gRPC's
-	// received frames.
-	st, err := c.servers[i].ads.DeltaAggregatedResources(ctx, grpc.ForceCodecV2(xds.Codec{}))
+	p := c.opts.found.of(c.servers[i].name)
+	s := &session{c: c, server: i, protocol: p, ctx: ctx, cancel: cancel, subs: make(map[string]*subscription),
+		notFound: notFound{timeout: c.opts.NotFoundTimeout}}
+	var err error
+	var st interface{ RecvMsg(any) error }
+	if p.sotw() {
+		name := c.servers[i].name
+		s.sotw, err = openSotW(ctx, c.servers[i].conn, p == ProtocolSotWPerType, c.opts.Node, c.debugSotWRequest,
+			func(typeURL string) bool { return c.opts.found.isUnserved(name, typeURL) })
+		st = s.sotw
+	} else {
+		// The codec decodes responses by hand (xds.Received), out of
+		// gRPC's received frames.
+		s.st, err = c.servers[i].ads.DeltaAggregatedResources(ctx, grpc.ForceCodecV2(xds.Codec{}))
+		st = s.st
+	}
 	if err != nil {
 		cancel()
-		return nil, fmt.Errorf("upstream: open stream to %s: %w", c.servers[i].name, err)
+		return nil, fmt.Errorf("upstream: open %s stream to %s: %w", p, c.servers[i].name, err)
 	}
-	s := &session{c: c, server: i, st: st, ctx: ctx, cancel: cancel, subs: make(map[string]*subscription),
-		notFound: notFound{timeout: c.opts.NotFoundTimeout}}
 	s.resps, s.errc = receive(ctx, st)
 	return s, nil
+}
+
+// refusedType records a per-type service that the server refused while
+// another of its services answered: that type is not asked of it again.
+func (c *Client) refusedType(s *session, healthy bool, err error) {
+	var te *typeStreamError
+	if !healthy || s.protocol != ProtocolSotWPerType || !refused(err) || !errors.As(err, &te) {
+		return
+	}
+	c.opts.found.unserve(c.servers[s.server].name, te.typeURL)
+	c.log.Warn("the control plane does not serve this type's per-type service (UNIMPLEMENTED); its names are UNAVAILABLE to clients",
+		"server", c.servers[s.server].name, "type", xds.ShortName(te.typeURL))
+}
+
+// refusedProtocol reports whether a stream to server i that ended with err
+// before any answer was refused in its protocol, and auto has another to
+// try at once: the server is reachable, and no backoff is due.
+func (c *Client) refusedProtocol(s *session, err error) bool {
+	if !refused(err) {
+		return false
+	}
+	next := c.opts.found.refusedBy(c.servers[s.server].name, s.protocol)
+	if next == "" {
+		c.log.Error("the control plane refused the protocol (UNIMPLEMENTED)", "server", c.servers[s.server].name,
+			"protocol", s.protocol, "upstream.protocol", c.opts.found.configured, "error", err)
+		return false
+	}
+	return true
 }
 
 // loop runs s until its stream ends or ctx is done. healthy reports
@@ -470,12 +548,13 @@ func (c *Client) received(s *session, r *xds.Received, healthy *bool) error {
 	if !*healthy {
 		*healthy = true
 		c.reach.answered()
+		c.opts.found.answered(c.servers[s.server].name, s.protocol)
 		if !c.routed() {
 			c.opts.Metrics.Streams.With(c.opts.Group).Set(1)
 		}
 	}
 	c.setStatus(func(st *Status) {
-		st.Connected, st.LastResponse, st.Server = true, time.Now(), c.servers[s.server].name
+		st.Connected, st.LastResponse, st.Server, st.Protocol = true, time.Now(), c.servers[s.server].name, string(s.protocol)
 	})
 	return s.handle(r)
 }
@@ -484,7 +563,7 @@ func (c *Client) received(s *session, r *xds.Received, healthy *bool) error {
 // by xds.Codec), closed when receiving ends. Why it ended is then written
 // to errc on every path (a Recv error, or the context's end) and errc is
 // closed, so that every wait on errc is answered, the first with the error.
-func receive(ctx context.Context, st grpc.BidiStreamingClient[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]) (<-chan *xds.Received, <-chan error) {
+func receive(ctx context.Context, st interface{ RecvMsg(any) error }) (<-chan *xds.Received, <-chan error) {
 	resps := make(chan *xds.Received)
 	errc := make(chan error, 1)
 	go func() {

@@ -22,6 +22,15 @@ func (c *Client) debugRequest(r *discoverypb.DeltaDiscoveryRequest) {
 		"resume", len(r.GetInitialResourceVersions()), "nonce", xds.Clip(r.GetResponseNonce()), "nack", r.GetErrorDetail() != nil)
 }
 
+func (c *Client) debugSotWRequest(r *discoverypb.DiscoveryRequest) {
+	if !c.log.Enabled(context.Background(), slog.LevelDebug) {
+		return
+	}
+	c.log.Debug("request to control plane (state of the world)", "node", xds.Clip(c.opts.Node.GetId()), "type", xds.ShortName(r.GetTypeUrl()),
+		"names", len(r.GetResourceNames()), "version", xds.Clip(r.GetVersionInfo()), "nonce", xds.Clip(r.GetResponseNonce()),
+		"nack", r.GetErrorDetail() != nil)
+}
+
 func (c *Client) debugResponse(r *xds.Received) {
 	if !c.log.Enabled(context.Background(), slog.LevelDebug) {
 		return

@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -50,17 +51,29 @@ func (p *probe) stop() {
 // if the stream opens and, when something was asked, answers within
 // FallbackRecheck. It returns the session, or nil.
 func (c *Client) try(ctx context.Context, i int) *session {
+	for range Protocols {
+		s, refused := c.tryIn(ctx, i)
+		if !refused {
+			return s
+		}
+	}
+	return nil
+}
+
+// tryIn is try in the protocol server i is to be spoken in; refused
+// reports that the server refused it and auto has another to try.
+func (c *Client) tryIn(ctx context.Context, i int) (s *session, refused bool) {
 	s, err := c.open(ctx, i)
 	if err != nil {
-		return nil
+		return nil, false
 	}
 	s.probing = true
-	if err := s.syncAll(); err != nil {
+	if err := s.why(s.syncAll()); err != nil {
 		s.close()
-		return nil
+		return nil, c.refusedProtocol(s, err)
 	}
 	if len(s.subs) == 0 {
-		return s // nothing to ask: an open stream is a reachable server
+		return s, false // nothing to ask: an open stream is a reachable server
 	}
 	t := time.NewTimer(c.opts.FallbackRecheck)
 	defer t.Stop()
@@ -68,11 +81,12 @@ func (c *Client) try(ctx context.Context, i int) *session {
 	case r := <-s.resps:
 		if r != nil {
 			s.pending = r
-			return s
+			return s, false
 		}
+		err = fmt.Errorf("upstream: %w", <-s.errc)
 	case <-t.C:
 	case <-ctx.Done():
 	}
 	s.close()
-	return nil
+	return nil, err != nil && ctx.Err() == nil && c.refusedProtocol(s, err)
 }

@@ -2,7 +2,9 @@ package upstream
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"strings"
@@ -32,15 +34,29 @@ type subscription struct {
 	// awaitingWildcard is set from the wildcard subscribe until the first
 	// response of the type: that response is the complete state.
 	awaitingWildcard bool
+	list             []string // names, sorted, for SotW requests; nil when names change
+}
+
+// sorted is the subscription's names in order: the list a SotW request
+// carries whole.
+func (sub *subscription) sorted() []string {
+	if sub.list == nil {
+		sub.list = slices.Sorted(maps.Keys(sub.names))
+	}
+	return sub.list
 }
 
 // session is one upstream stream's state: owned by the session loop, the
 // only caller of Send.
 type session struct {
 	// Read-only after open.
-	c      *Client
-	server int // index in c.servers
+	c        *Client
+	server   int // index in c.servers
+	protocol Protocol
+	// The stream: delta (st), or state of the world (sotw, which turns
+	// it into the delta vocabulary: docs/architecture.md, invariant 16).
 	st     grpc.BidiStreamingClient[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
+	sotw   *sotwStream
 	resps  <-chan *xds.Received // see receive
 	errc   <-chan error
 	ctx    context.Context    // the stream's
@@ -78,9 +94,37 @@ func (s *session) close() {
 	s.notFound.stop()
 	s.cancel()
 	<-s.errc
+	if s.sotw != nil {
+		s.sotw.wait()
+	}
 	if s.probe != nil {
 		<-s.probe.result // ended by the stream's context
 		s.probe = nil
+	}
+}
+
+// why is the stream's own error behind err: a send that failed with
+// io.EOF only says that the stream ended, and its status (UNIMPLEMENTED,
+// say) is what the receiver gets, within a bound.
+func (s *session) why(err error) error {
+	if !errors.Is(err, io.EOF) {
+		return err
+	}
+	t := time.NewTimer(s.c.opts.ProbeTimeout)
+	defer t.Stop()
+	for {
+		select {
+		case r := <-s.resps:
+			if r != nil {
+				continue // the stream has ended: what it still delivers is not applied
+			}
+			if e := <-s.errc; e != nil {
+				return fmt.Errorf("upstream: %w", e)
+			}
+			return err
+		case <-t.C:
+			return err
+		}
 	}
 }
 
@@ -153,7 +197,7 @@ func (s *session) syncChanges(changes map[string]map[string]bool) error {
 				ch.unsubscribe = append(ch.unsubscribe, n)
 			case n == "*":
 			case wanted && !has:
-				sub.names[n] = struct{}{}
+				sub.names[n], sub.list = struct{}{}, nil
 				ch.subscribe = append(ch.subscribe, n)
 			case !wanted && has:
 				s.unsubscribed(typeURL, sub, n)
@@ -199,7 +243,7 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 		want[n] = struct{}{}
 		if _, ok := sub.names[n]; !ok {
 			ch.subscribe = append(ch.subscribe, n)
-			sub.names[n] = struct{}{}
+			sub.names[n], sub.list = struct{}{}, nil
 		}
 	}
 	for n := range sub.names {
@@ -211,7 +255,7 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 	if len(ch.subscribe) == 0 && len(ch.unsubscribe) == 0 {
 		return nil
 	}
-	if first {
+	if first && s.sotw == nil { // SotW has no resume
 		ch.versions = s.c.opts.Cache.Versions(typeURL)
 		maps.DeleteFunc(ch.versions, func(n, _ string) bool { return !s.c.owns(typeURL, n) })
 		if s.probing {
@@ -227,6 +271,7 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 // back.
 func (s *session) unsubscribed(typeURL string, sub *subscription, name string) {
 	delete(sub.names, name)
+	sub.list = nil
 	delete(s.judged[typeURL], name)
 }
 
@@ -234,6 +279,9 @@ func (s *session) unsubscribed(typeURL string, sub *subscription, name string) {
 // control plane's limit asks for, and starts the does-not-exist timer of
 // the names it subscribes.
 func (s *session) sendChange(ch change, sub *subscription) error {
+	if s.sotw != nil {
+		return s.requestSotW(ch, sub)
+	}
 	if !s.sentNode {
 		ch.node = s.c.opts.Node // counted in the first request's size
 	}
@@ -245,16 +293,7 @@ func (s *session) sendChange(ch change, sub *subscription) error {
 		s.c.log.Warn("names too long for upstream.max_request_bytes not subscribed", "type", ch.typeURL,
 			"names", len(skipped), "upstream.max_request_bytes", s.c.opts.MaxRequestBytes)
 	}
-	named := ch.subscribe
-	if len(named) > 0 && named[0] == "*" {
-		named = named[1:] // the wildcard is answered whole, never timed out
-	}
-	if slices.ContainsFunc(named, cache.IsGlob) {
-		// A glob collection is answered with its members, never by name:
-		// it is not timed out either.
-		named = slices.DeleteFunc(slices.Clone(named), cache.IsGlob)
-	}
-	s.notFound.asked(ch.typeURL, named)
+	s.notFound.asked(ch.typeURL, timed(ch.subscribe))
 	for _, req := range reqs {
 		if len(req.ResourceNamesSubscribe) == 0 && len(req.ResourceNamesUnsubscribe) == 0 && len(req.InitialResourceVersions) == 0 {
 			continue
@@ -264,6 +303,20 @@ func (s *session) sendChange(ch change, sub *subscription) error {
 		}
 	}
 	return nil
+}
+
+// timed is what of the names just subscribed the does-not-exist timer
+// watches: the wildcard is answered whole, and a glob collection with its
+// members, never by name.
+func timed(subscribe []string) []string {
+	named := subscribe
+	if len(named) > 0 && named[0] == "*" {
+		named = named[1:]
+	}
+	if slices.ContainsFunc(named, cache.IsGlob) {
+		named = slices.DeleteFunc(slices.Clone(named), cache.IsGlob)
+	}
+	return named
 }
 
 // handle applies a response to the cache and ACKs it, or NACKs it naming the
@@ -280,7 +333,11 @@ func (s *session) handle(r *xds.Received) error {
 	ctx, span := s.receiveSpan(r, short)
 	defer span.End()
 	s.c.opts.Metrics.Responses.With(short).Inc()
+	present := s.fullState(r, typeURL)
 	enc := s.encode(r, typeURL, short)
+	if present != nil {
+		r.RemovedResources = s.absent(typeURL, present)
+	}
 	if xds.Known(typeURL) {
 		s.apply(ctx, r, typeURL, short, enc, cache.Change{Received: received, Trace: cacheTrace(span.SpanContext())})
 	} else {
@@ -291,15 +348,30 @@ func (s *session) handle(r *xds.Received) error {
 		// judged not to exist on the way (notfound.go).
 		s.decide()
 	}
-	ack := &discoverypb.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: r.Nonce}
+	var detail *status.Status
 	if len(enc.problems.list) > 0 {
 		span.SetStatus(codes.Error, "NACKed")
 		s.c.opts.Metrics.NACKs.With(short).Inc()
 		msg := enc.problems.String()
 		s.c.log.Warn("rejecting upstream resources", "type", short, "error", msg)
-		ack.ErrorDetail = &status.Status{Code: int32(grpccodes.InvalidArgument), Message: "xdsrelay: " + msg}
+		detail = &status.Status{Code: int32(grpccodes.InvalidArgument), Message: "xdsrelay: " + msg}
 	}
-	return s.send(ack)
+	return s.ack(r, typeURL, detail)
+}
+
+// ack ACKs the response r (detail nil) or NACKs it ("ACK/NACK and resource
+// type instance version"): on SotW with the version accepted and the whole
+// name list; never for a SotW type the stream has not asked for, which
+// a request would subscribe to (legacy wildcard).
+func (s *session) ack(r *xds.Received, typeURL string, detail *status.Status) error {
+	if s.sotw == nil {
+		return s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: r.Nonce, ErrorDetail: detail})
+	}
+	sub := s.subs[typeURL]
+	if sub == nil {
+		return nil
+	}
+	return s.sotw.ack(typeURL, r.Nonce, r.SystemVersionInfo, detail, sub.wildcard, sub.sorted())
 }
 
 // encoded is a response's resources as the cache takes them.
@@ -379,7 +451,7 @@ func (s *session) apply(ctx context.Context, r *xds.Received, typeURL, short str
 // trace, not a child of the stream's, so that each update is one trace. The
 // pushes that carry it link to it (cache.Trace).
 func (s *session) receiveSpan(r *xds.Received, short string) (context.Context, trace.Span) {
-	ctx, span := otel.Tracer(tracerName).Start(s.st.Context(), "upstream.receive", trace.WithNewRoot(),
+	ctx, span := otel.Tracer(tracerName).Start(s.ctx, "upstream.receive", trace.WithNewRoot(),
 		trace.WithSpanKind(trace.SpanKindConsumer))
 	if !span.IsRecording() {
 		return ctx, span

@@ -3,6 +3,7 @@ package upstream
 import (
 	"context"
 	"errors"
+	"log/slog"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 
@@ -59,9 +60,9 @@ type ADS struct {
 
 // NewADS returns a source that relays the control plane opts describes:
 // its servers (each a connection closed by Close) and the settings every
-// group's client shares. The group's fields of opts (Node, Cache, Group,
-// Upstream, Interest, Owns) are ignored: each Feed takes them from its
-// Group.
+// group's client shares, and its name (Upstream: DefaultUpstream if
+// empty). The group's fields of opts (Node, Cache, Group, Interest, Owns)
+// are ignored: each Feed takes them from its Group.
 func NewADS(opts Options) (*ADS, error) {
 	if len(opts.Servers) == 0 && opts.Conn != nil {
 		name := ""
@@ -76,7 +77,14 @@ func NewADS(opts Options) (*ADS, error) {
 	case opts.Metrics == nil:
 		return nil, errors.New("upstream: Options.Metrics is required")
 	}
-	opts.Node, opts.Cache, opts.Group, opts.Upstream, opts.Interest, opts.Owns = nil, nil, "", "", nil, nil
+	if opts.Upstream == "" {
+		opts.Upstream = DefaultUpstream
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	opts.found = newFound(opts.Protocol, opts.Upstream, serverNames(opts.Servers), opts.Metrics, opts.Logger.With("component", "upstream"))
+	opts.Node, opts.Cache, opts.Group, opts.Interest, opts.Owns = nil, nil, "", nil, nil
 	return &ADS{opts: opts}, nil
 }
 
@@ -84,7 +92,10 @@ func NewADS(opts Options) (*ADS, error) {
 // group's fields from g.
 func (a *ADS) Feed(g Group) (Feed, error) {
 	o := a.opts
-	o.Node, o.Cache, o.Group, o.Upstream, o.Interest, o.Owns = g.Node, g.Cache, g.Key, g.Upstream, g.Interest, g.Owns
+	o.Node, o.Cache, o.Group, o.Interest, o.Owns = g.Node, g.Cache, g.Key, g.Interest, g.Owns
+	if g.Upstream != "" {
+		o.Upstream = g.Upstream
+	}
 	return New(o)
 }
 
@@ -96,6 +107,7 @@ func (a *ADS) Run(ctx context.Context) error {
 
 // Close closes the connections to the control plane's servers.
 func (a *ADS) Close() error {
+	a.opts.found.retire()
 	var errs []error
 	for _, s := range a.opts.Servers {
 		if c, ok := s.Conn.(interface{ Close() error }); ok {

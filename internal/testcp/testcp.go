@@ -22,12 +22,17 @@ import (
 	clustersvc "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	endpointsvc "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
+	listenersvc "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
 	lrspb "github.com/envoyproxy/go-control-plane/envoy/service/load_stats/v3"
+	routesvc "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
+	secretsvc "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -53,14 +58,83 @@ type ControlPlane struct {
 	// LRS is its load reporting server, on the same server and port.
 	LRS *LRS
 
-	srv  serverv3.Server
-	t    testing.TB
-	opts []grpc.ServerOption
+	srv     serverv3.Server
+	t       testing.TB
+	opts    []grpc.ServerOption
+	dialect Dialect
 
-	mu    sync.Mutex
-	nodes []*corepb.Node // first request's node of each delta stream
-	reqs  []*discoverypb.DeltaDiscoveryRequest
-	stop  func() // stops the serving gRPC server; nil while stopped
+	mu       sync.Mutex
+	nodes    []*corepb.Node // first request's node of each delta stream
+	reqs     []*discoverypb.DeltaDiscoveryRequest
+	sotwReqs []*discoverypb.DiscoveryRequest
+	stop     func() // stops the serving gRPC server; nil while stopped
+}
+
+// Dialect is what a control plane speaks (upstream.protocol's values):
+// delta and SotW ADS; SotW ADS only, refusing delta with UNIMPLEMENTED as
+// Gloo and kgateway do; or the per-type SotW services only, no ADS, as
+// Contour and Cilium do.
+type Dialect string
+
+// The dialects.
+const (
+	DialectDelta   Dialect = "delta"
+	DialectSotW    Dialect = "sotw"
+	DialectPerType Dialect = "sotw-per-type"
+)
+
+// Dialects are every dialect, for tests run once per protocol.
+var Dialects = []Dialect{DialectDelta, DialectSotW, DialectPerType}
+
+// StartDialect runs a control plane that speaks d.
+func StartDialect(t testing.TB, d Dialect, opts ...grpc.ServerOption) *ControlPlane {
+	t.Helper()
+	return startKeyed(t, ClusterHash{}, d, opts...)
+}
+
+// sotwOnly is a go-control-plane server that refuses delta streams, as
+// Gloo's does ("not implemented").
+type sotwOnly struct{ serverv3.Server }
+
+func (sotwOnly) DeltaAggregatedResources(grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]) error {
+	return status.Error(codes.Unimplemented, "delta xDS is not implemented")
+}
+
+func (sotwOnly) DeltaClusters(grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]) error {
+	return status.Error(codes.Unimplemented, "delta xDS is not implemented")
+}
+
+func (sotwOnly) DeltaEndpoints(grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]) error {
+	return status.Error(codes.Unimplemented, "delta xDS is not implemented")
+}
+
+func (sotwOnly) DeltaListeners(grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]) error {
+	return status.Error(codes.Unimplemented, "delta xDS is not implemented")
+}
+
+func (sotwOnly) DeltaRoutes(grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]) error {
+	return status.Error(codes.Unimplemented, "delta xDS is not implemented")
+}
+
+func (sotwOnly) DeltaSecrets(grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]) error {
+	return status.Error(codes.Unimplemented, "delta xDS is not implemented")
+}
+
+// register registers the dialect's services of srv on g.
+func register(g *grpc.Server, d Dialect, srv serverv3.Server) {
+	switch d {
+	case DialectSotW:
+		discoverypb.RegisterAggregatedDiscoveryServiceServer(g, sotwOnly{srv})
+	case DialectPerType:
+		so := sotwOnly{srv}
+		clustersvc.RegisterClusterDiscoveryServiceServer(g, so)
+		endpointsvc.RegisterEndpointDiscoveryServiceServer(g, so)
+		listenersvc.RegisterListenerDiscoveryServiceServer(g, so)
+		routesvc.RegisterRouteDiscoveryServiceServer(g, so)
+		secretsvc.RegisterSecretDiscoveryServiceServer(g, so)
+	default:
+		discoverypb.RegisterAggregatedDiscoveryServiceServer(g, srv)
+	}
 }
 
 // Start runs a control plane until the test ends.
@@ -79,7 +153,12 @@ func StartWith(t testing.TB, opts ...grpc.ServerOption) *ControlPlane {
 // cluster argument is then hash's key.
 func StartKeyed(t testing.TB, hash cachev3.NodeHash, opts ...grpc.ServerOption) *ControlPlane {
 	t.Helper()
-	cp := &ControlPlane{Cache: cachev3.NewSnapshotCache(false, hash, nil), LRS: newLRS()}
+	return startKeyed(t, hash, DialectDelta, opts...)
+}
+
+func startKeyed(t testing.TB, hash cachev3.NodeHash, d Dialect, opts ...grpc.ServerOption) *ControlPlane {
+	t.Helper()
+	cp := &ControlPlane{Cache: cachev3.NewSnapshotCache(false, hash, nil), LRS: newLRS(), dialect: d}
 	cb := serverv3.CallbackFuncs{
 		DeltaStreamOpenFunc: func(context.Context, int64, string) error {
 			cp.DeltaStreams.Add(1)
@@ -87,6 +166,15 @@ func StartKeyed(t testing.TB, hash cachev3.NodeHash, opts ...grpc.ServerOption) 
 		},
 		StreamOpenFunc: func(context.Context, int64, string) error {
 			cp.SotWStreams.Add(1)
+			return nil
+		},
+		StreamRequestFunc: func(_ int64, r *discoverypb.DiscoveryRequest) error {
+			cp.mu.Lock()
+			if r.GetNode() != nil {
+				cp.nodes = append(cp.nodes, r.GetNode())
+			}
+			cp.sotwReqs = append(cp.sotwReqs, r)
+			cp.mu.Unlock()
 			return nil
 		},
 		StreamDeltaRequestFunc: func(_ int64, r *discoverypb.DeltaDiscoveryRequest) error {
@@ -119,7 +207,7 @@ func (cp *ControlPlane) serve(ln net.Listener) {
 	// Stop waits for the handlers, so that no go-control-plane goroutine
 	// outlives the control plane (goleak).
 	g := grpc.NewServer(append([]grpc.ServerOption{grpc.WaitForHandlers(true)}, cp.opts...)...)
-	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, cp.srv)
+	register(g, cp.dialect, cp.srv)
 	lrspb.RegisterLoadReportingServiceServer(g, cp.LRS)
 	done := make(chan struct{})
 	go func() {
@@ -160,7 +248,7 @@ func (cp *ControlPlane) Restart() {
 	cp.serve(ln)
 }
 
-// Nodes returns the node of every delta stream's first request.
+// Nodes returns the node of every stream's first request (SotW or delta).
 func (cp *ControlPlane) Nodes() []*corepb.Node {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
@@ -172,6 +260,14 @@ func (cp *ControlPlane) Requests() []*discoverypb.DeltaDiscoveryRequest {
 	cp.mu.Lock()
 	defer cp.mu.Unlock()
 	return append([]*discoverypb.DeltaDiscoveryRequest(nil), cp.reqs...)
+}
+
+// SotWRequests returns every state-of-the-world request received, of every
+// stream.
+func (cp *ControlPlane) SotWRequests() []*discoverypb.DiscoveryRequest {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	return append([]*discoverypb.DiscoveryRequest(nil), cp.sotwReqs...)
 }
 
 // Set publishes a snapshot for the nodes of cluster (the hash's key, with

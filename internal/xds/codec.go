@@ -8,7 +8,7 @@ import (
 
 // Codec is gRPC's proto codec, except that a *Message is written as the bytes
 // it already holds, and a *Received is decoded by hand from the received
-// frames. Install it on a server with grpc.ForceServerCodecV2 and send a
+// frames (a *SotWReceived from a state-of-the-world response). Install it on a server with grpc.ForceServerCodecV2 and send a
 // *Message with the stream's SendMsg; on a client's delta-ADS call with
 // grpc.ForceCodecV2, and receive a *Received with the stream's RecvMsg.
 type Codec struct{}
@@ -25,7 +25,10 @@ func (Codec) Marshal(v any) (mem.BufferSlice, error) {
 
 // Unmarshal implements encoding.CodecV2.
 func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
-	if r, ok := v.(*Received); ok {
+	switch r := v.(type) {
+	case *Received:
+		return r.unmarshal(data)
+	case *SotWReceived:
 		return r.unmarshal(data)
 	}
 	return protoCodec.Unmarshal(data, v)

@@ -26,6 +26,10 @@ type Received struct {
 	RemovedResources  []string
 	ResourceErrors    []*discoverypb.ResourceError
 	Size              int // the encoded size, as received
+	// StateOfTheWorld is set for a SotW response (SotWReceived): it holds
+	// every resource of its type the stream is subscribed to ("Grouping
+	// Resources into Responses"), and removes nothing by itself.
+	StateOfTheWorld bool
 }
 
 var deltaFields = (&discoverypb.DeltaDiscoveryResponse{}).ProtoReflect().Descriptor().Fields()

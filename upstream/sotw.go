@@ -1,0 +1,278 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
+	extensionservice "github.com/envoyproxy/go-control-plane/envoy/service/extension/v3"
+	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
+	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
+	runtimeservice "github.com/envoyproxy/go-control-plane/envoy/service/runtime/v3"
+	secretservice "github.com/envoyproxy/go-control-plane/envoy/service/secret/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// perTypeMethods are the per-type state-of-the-world services' stream
+// methods, by type URL ("Variants of the xDS Transport Protocol"). VHDS
+// and LEDS have none: they are incremental only.
+var perTypeMethods = map[string]string{
+	resourcev3.ClusterType:         clusterservice.ClusterDiscoveryService_StreamClusters_FullMethodName,
+	resourcev3.EndpointType:        endpointservice.EndpointDiscoveryService_StreamEndpoints_FullMethodName,
+	resourcev3.ListenerType:        listenerservice.ListenerDiscoveryService_StreamListeners_FullMethodName,
+	resourcev3.RouteType:           routeservice.RouteDiscoveryService_StreamRoutes_FullMethodName,
+	resourcev3.ScopedRouteType:     routeservice.ScopedRoutesDiscoveryService_StreamScopedRoutes_FullMethodName,
+	resourcev3.SecretType:          secretservice.SecretDiscoveryService_StreamSecrets_FullMethodName,
+	resourcev3.RuntimeType:         runtimeservice.RuntimeDiscoveryService_StreamRuntime_FullMethodName,
+	resourcev3.ExtensionConfigType: extensionservice.ExtensionConfigDiscoveryService_StreamExtensionConfigs_FullMethodName,
+}
+
+var sotwDesc = &grpc.StreamDesc{ServerStreams: true, ClientStreams: true}
+
+// errNoSotWService is why a type with no state-of-the-world service
+// (VHDS, LEDS) cannot be asked of a per-type control plane.
+var errNoSotWService = errors.New("not served by the control plane's per-type state-of-the-world services")
+
+// sotwStream speaks state of the world to one server, over ADS or over
+// the per-type services (one stream per type, opened at the type's first
+// request), as Envoy's SotW gRPC mux does (grpc_mux_impl.cc): each
+// request of a type carries the whole name list, the version last
+// accepted and the nonce last answered ("ACK/NACK and resource type
+// instance version"). It gives the session the responses as Received
+// (xds.SotWReceived); what absence means is the session's.
+//
+// A new stream asks with an empty version_info, not the last version
+// seen: the relay keeps no resume in SotW, and wants each type's whole
+// state to learn what was removed meanwhile; a server that skipped
+// "resources the client had already seen" would leave a removal unknown
+// (spec "Basic Protocol Overview" allows either).
+type sotwStream struct {
+	// Read-only after openSotW.
+	ctx     context.Context
+	conn    grpc.ClientConnInterface
+	perType bool
+	node    *corepb.Node
+	debug   func(*discoverypb.DiscoveryRequest)
+	// unserved reports a type whose per-type service the server refused.
+	unserved func(typeURL string) bool
+
+	// Owned by the session's owner, the only caller of request, ack and
+	// wait.
+	ads     grpc.ClientStream            // the one stream over ADS
+	streams map[string]grpc.ClientStream // per type, over the per-type services
+	types   map[string]*sotwType
+	readers sync.WaitGroup // the per-type streams' receivers
+
+	merged chan sotwRecv // per type: the receivers' responses, in arrival order
+}
+
+// sotwType is one type's request state on the stream.
+type sotwType struct {
+	acked     string // version_info of the last response accepted
+	nonce     string // of the last response answered
+	named     bool   // a request with names has been sent: no legacy wildcard since
+	requested bool   // a request has been sent
+}
+
+type sotwRecv struct {
+	r   xds.Received
+	err error
+}
+
+// openSotW opens a state-of-the-world stream to conn: the ADS stream at
+// once, the per-type streams at their first request.
+func openSotW(ctx context.Context, conn grpc.ClientConnInterface, perType bool, node *corepb.Node,
+	debug func(*discoverypb.DiscoveryRequest), unserved func(string) bool) (*sotwStream, error) {
+	s := &sotwStream{ctx: ctx, conn: conn, perType: perType, node: node, debug: debug, unserved: unserved,
+		streams: map[string]grpc.ClientStream{}, types: map[string]*sotwType{}}
+	if perType {
+		s.merged = make(chan sotwRecv)
+		return s, nil
+	}
+	st, err := conn.NewStream(ctx, sotwDesc, discoverypb.AggregatedDiscoveryService_StreamAggregatedResources_FullMethodName,
+		grpc.ForceCodecV2(xds.Codec{}))
+	if err != nil {
+		return nil, err
+	}
+	s.ads = st
+	return s, nil
+}
+
+// Context is the stream's.
+func (s *sotwStream) Context() context.Context { return s.ctx }
+
+// RecvMsg receives the next response of any type into m, a *xds.Received.
+func (s *sotwStream) RecvMsg(m any) error {
+	out := m.(*xds.Received)
+	if !s.perType {
+		var r xds.SotWReceived
+		if err := s.ads.RecvMsg(&r); err != nil {
+			return err
+		}
+		*out = r.Received
+		return nil
+	}
+	select {
+	case got := <-s.merged:
+		if got.err != nil {
+			return got.err
+		}
+		*out = got.r
+		return nil
+	case <-s.ctx.Done():
+		return s.ctx.Err()
+	}
+}
+
+// request sends typeURL's subscription: the whole list, the wildcard as
+// the spec asks ("How the client specifies what resources to return"):
+// legacy (no names) while nothing was ever named on the stream, "*"
+// beside names otherwise. A type never requested with nothing to ask is
+// not sent.
+func (s *sotwStream) request(typeURL string, wildcard bool, names []string) error {
+	t := s.types[typeURL]
+	if t == nil {
+		if !wildcard && len(names) == 0 {
+			return nil
+		}
+		t = &sotwType{}
+		s.types[typeURL] = t
+	}
+	list := names
+	if wildcard && (t.named || len(names) > 0) {
+		list = append([]string{"*"}, names...)
+	}
+	t.named = t.named || len(list) > 0
+	return s.send(typeURL, &discoverypb.DiscoveryRequest{VersionInfo: t.acked, ResourceNames: list, TypeUrl: typeURL,
+		ResponseNonce: t.nonce})
+}
+
+// ack ACKs a response of typeURL (detail nil), accepting its version, or
+// NACKs it, keeping the version accepted before; either way with the
+// whole list again, as Envoy does.
+func (s *sotwStream) ack(typeURL, nonce, version string, detail *rpcstatus.Status, wildcard bool, names []string) error {
+	t := s.types[typeURL]
+	if t == nil {
+		t = &sotwType{}
+		s.types[typeURL] = t
+	}
+	t.nonce = nonce
+	if detail == nil {
+		t.acked = version
+	}
+	list := names
+	if wildcard && (t.named || len(names) > 0) {
+		list = append([]string{"*"}, names...)
+	}
+	t.named = t.named || len(list) > 0
+	return s.send(typeURL, &discoverypb.DiscoveryRequest{VersionInfo: t.acked, ResourceNames: list, TypeUrl: typeURL,
+		ResponseNonce: nonce, ErrorDetail: detail})
+}
+
+// send sends req on typeURL's stream, with the node on each stream's
+// first request ("Basic Protocol Overview").
+func (s *sotwStream) send(typeURL string, req *discoverypb.DiscoveryRequest) error {
+	st, first, err := s.streamOf(typeURL)
+	if err != nil {
+		return err
+	}
+	if first {
+		req.Node = s.node
+	}
+	s.types[typeURL].requested = true
+	if err := st.SendMsg(req); err != nil {
+		return fmt.Errorf("upstream: send: %w", err)
+	}
+	if s.debug != nil {
+		s.debug(req)
+	}
+	return nil
+}
+
+// streamOf is typeURL's stream, opened if it is a per-type one not yet
+// open; first reports whether nothing was sent on it yet.
+func (s *sotwStream) streamOf(typeURL string) (grpc.ClientStream, bool, error) {
+	if !s.perType {
+		first := true
+		for _, t := range s.types {
+			first = first && !t.requested
+		}
+		return s.ads, first, nil
+	}
+	if st, ok := s.streams[typeURL]; ok {
+		return st, false, nil
+	}
+	method, ok := perTypeMethods[typeURL]
+	if !ok || s.unserved(typeURL) {
+		return nil, false, fmt.Errorf("upstream: %s is %w", xds.ShortName(typeURL), errNoSotWService)
+	}
+	st, err := s.conn.NewStream(s.ctx, sotwDesc, method, grpc.ForceCodecV2(xds.Codec{}))
+	if err != nil {
+		return nil, false, fmt.Errorf("upstream: open %s: %w", method, err)
+	}
+	s.streams[typeURL] = st
+	s.readers.Add(1)
+	go s.read(typeURL, st)
+	return st, true, nil
+}
+
+// read passes one per-type stream's responses on, until it fails or the
+// stream's context ends; its error, the first, ends the session.
+func (s *sotwStream) read(typeURL string, st grpc.ClientStream) {
+	defer s.readers.Done()
+	for {
+		var r xds.SotWReceived
+		err := st.RecvMsg(&r)
+		if err != nil {
+			err = &typeStreamError{typeURL: typeURL, err: err}
+		}
+		select {
+		case s.merged <- sotwRecv{r: r.Received, err: err}:
+		case <-s.ctx.Done():
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// typeStreamError is why one per-type stream ended.
+type typeStreamError struct {
+	typeURL string
+	err     error
+}
+
+func (e *typeStreamError) Error() string {
+	return fmt.Sprintf("%s stream: %v", xds.ShortName(e.typeURL), e.err)
+}
+
+func (e *typeStreamError) Unwrap() error { return e.err }
+
+// wait waits for the per-type receivers, once the stream's context is
+// done.
+func (s *sotwStream) wait() { s.readers.Wait() }
+
+// requestSize is the size of typeURL's request with names: what a SotW
+// request cannot split (no name may be left out of the list).
+func requestSize(typeURL string, node *corepb.Node, wildcard bool, names []string) int {
+	n := proto.Size(&discoverypb.DiscoveryRequest{TypeUrl: typeURL, Node: node, VersionInfo: "0123456789abcdef",
+		ResponseNonce: "0123456789abcdef"})
+	if wildcard {
+		n += nameSize("*")
+	}
+	for _, name := range names {
+		n += nameSize(name)
+	}
+	return n
+}

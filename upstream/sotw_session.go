@@ -1,0 +1,104 @@
+package upstream
+
+import (
+	"errors"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// What a session does differently on a state-of-the-world stream: it asks
+// for each type's whole list, and reads absence from full-state responses.
+// Everything else (the cache's vocabulary, the timer, fallback, the
+// guard) is the same as on delta (docs/architecture.md, invariant 16).
+
+// requestSotW sends typeURL's whole subscription, after a change ch to
+// it. A SotW request cannot be split: when the list is larger than
+// upstream.max_request_bytes, the names just subscribed that do not fit
+// are not asked for; they get a RESOURCE_EXHAUSTED error that names the
+// key, and are counted. What was already subscribed stays asked.
+func (s *session) requestSotW(ch change, sub *subscription) error {
+	max := s.c.opts.MaxRequestBytes
+	if requestSize(ch.typeURL, s.c.opts.Node, sub.wildcard, sub.sorted()) > max {
+		s.refuseTooMany(ch.typeURL, sub, ch.subscribe, max)
+	}
+	s.notFound.asked(ch.typeURL, timed(ch.subscribe))
+	err := s.sotw.request(ch.typeURL, sub.wildcard, sub.sorted())
+	if errors.Is(err, errNoSotWService) {
+		// VHDS and LEDS of a per-type control plane: asked of nothing.
+		msg := fmt.Sprintf("the control plane speaks the per-type state-of-the-world services, and %s is %s",
+			xds.ShortName(ch.typeURL), errNoSotWService)
+		if errs := s.c.giveUnavailable(ch.typeURL, sub.sorted(), msg); len(errs) > 0 {
+			s.c.log.Warn("type cannot be asked of a per-type state-of-the-world control plane; its names are UNAVAILABLE to clients",
+				"type", xds.ShortName(ch.typeURL), "names", len(errs))
+		}
+		return nil
+	}
+	return err
+}
+
+// refuseTooMany drops from sub the names of subscribed, the newest first,
+// until the list fits in max bytes (the whole list if the wildcard alone
+// does not fit).
+func (s *session) refuseTooMany(typeURL string, sub *subscription, subscribed []string, max int) {
+	var refused []string
+	for i := len(subscribed) - 1; i >= 0 && requestSize(typeURL, s.c.opts.Node, sub.wildcard, sub.sorted()) > max; i-- {
+		if n := subscribed[i]; n != "*" {
+			delete(sub.names, n)
+			sub.list = nil
+			refused = append(refused, n)
+		}
+	}
+	if len(refused) == 0 {
+		return
+	}
+	msg := fmt.Sprintf("the state-of-the-world request for %s would exceed upstream.max_request_bytes (%d): a SotW request carries every name and cannot be split",
+		xds.ShortName(typeURL), max)
+	errs := make([]*cache.ResourceError, len(refused))
+	for i, n := range refused {
+		errs[i] = xds.NewError(n, codes.ResourceExhausted, msg)
+	}
+	s.c.opts.Cache.Apply(typeURL, cache.Change{Errors: errs})
+	s.c.opts.Metrics.ListTooLarge.With(xds.ShortName(typeURL)).Add(int64(len(refused)))
+	s.c.log.Error("names not subscribed: "+msg, "type", xds.ShortName(typeURL), "names", len(refused),
+		"first", xds.Clip(refused[0]), "upstream.max_request_bytes", max)
+}
+
+// fullState is, for a SotW response of Listener or Cluster, the names it
+// holds: whatever else the stream is subscribed to and the cache holds is
+// removed ("Deleting Resources"). nil for any other response: absence
+// from it says nothing, and only the does-not-exist timer, on a live
+// stream, may say a name does not exist (invariant 15).
+func (s *session) fullState(r *xds.Received, typeURL string) map[string]struct{} {
+	if !r.StateOfTheWorld || !xds.FullState(typeURL) || s.subs[typeURL] == nil {
+		return nil
+	}
+	present := make(map[string]struct{}, len(r.Resources))
+	for i := range r.Resources {
+		present[r.Resources[i].Name] = struct{}{}
+	}
+	return present
+}
+
+// absent is what a full-state response of typeURL removes: the names the
+// cache holds from this upstream that the stream is subscribed to (every
+// one, under the wildcard) and the response left out. A name never
+// received is not removed by absence: a response may have been built
+// before the request that named it; the does-not-exist timer decides it.
+// A removal passes the guard like any other (cache release step).
+func (s *session) absent(typeURL string, present map[string]struct{}) []string {
+	sub := s.subs[typeURL]
+	var out []string
+	for name := range s.c.opts.Cache.Versions(typeURL) {
+		if _, ok := present[name]; ok || !s.c.owns(typeURL, name) {
+			continue
+		}
+		if _, named := sub.names[name]; named || sub.wildcard {
+			out = append(out, name)
+		}
+	}
+	return out
+}
