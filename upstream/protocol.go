@@ -70,9 +70,9 @@ type found struct {
 	metrics    *Metrics     // read-only
 	log        *slog.Logger // read-only
 
-	mu       sync.Mutex
-	found    map[string]Protocol // by server name: to speak; guarded by mu
-	shown    map[string]Protocol // by server name: answered in, metric set; guarded by mu
+	mu    sync.Mutex
+	found map[string]Protocol // by server name: to speak; guarded by mu
+	shown map[string]Protocol // by server name: answered in, metric set; guarded by mu
 	// unserved: by server, the types whose per-type service it refused
 	// while its others answered; guarded by mu.
 	unserved map[string]map[string]bool
