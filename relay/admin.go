@@ -156,7 +156,7 @@ func (r *Relay) groupsDetail(w io.Writer) {
 				server += " (a fallback server: the higher ones were unreachable with something not cached, gRFC A71)"
 			}
 			if u.Protocol != "" {
-				server += " (speaks " + u.Protocol + ")"
+				state += ", speaks " + u.Protocol
 			}
 			fmt.Fprintf(w, "  upstream %q: server %s, %s\n", u.Upstream, server, state)
 		}

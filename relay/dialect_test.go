@@ -1,12 +1,14 @@
 package relay
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
@@ -211,4 +213,34 @@ func TestDialectSotWTier(t *testing.T) {
 	if got := upstreamProtocol(t, lower); got != "sotw" {
 		t.Fatalf("lower tier speaks %q, want sotw", got)
 	}
+}
+
+// A full-state response that leaves out every Cluster is a removal like
+// any other: the guard holds it, whatever the dialect, and no client sees
+// it; the hold ends when the Clusters come back.
+func TestDialectGuardHoldsClustersLeftOut(t *testing.T) {
+	forEachDialect(t, func(t *testing.T, d testcp.Dialect) {
+		cp := testcp.StartDialect(t, d)
+		var rs []types.Resource
+		for i := range 20 {
+			rs = append(rs, testcp.Cluster(fmt.Sprintf("c%02d", i)))
+		}
+		cp.Set(t, "c1", "1", rs...)
+		r := startRelay(t, cp.Addr, func(c *Config) { c.Guard.MinResources = 10 })
+		s := openDelta(t, r.Addr())
+		s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.ClusterType,
+			ResourceNamesSubscribe: []string{"*"}})
+		collectDelta(s, 20)
+
+		cp.Set(t, "c1", "2") // every Cluster left out
+		eventually(t, "the guard to hold the removal", func() bool {
+			return strings.Contains(getMetrics(t, r), `xdsrelay_guard_holds_total{type="Cluster"} 1`)
+		})
+		s.quiet(200 * time.Millisecond)
+		cp.Set(t, "c1", "3", rs...)
+		eventually(t, "the hold to end as the Clusters come back", func() bool {
+			return len(r.groupCache(keyOf("c1")).Holds()) == 0
+		})
+		s.quiet(100 * time.Millisecond) // the same bytes again: nothing to send
+	})
 }

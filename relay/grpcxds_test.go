@@ -49,7 +49,11 @@ func startBackend(t *testing.T, name string) string {
 // listener, route, cluster and endpoints, makes real RPCs to a real backend,
 // and follows an upstream EDS change to another backend.
 func TestGRPCClientThroughRelay(t *testing.T) {
-	cp := testcp.Start(t)
+	forEachDialect(t, testGRPCClientThroughRelay)
+}
+
+func testGRPCClientThroughRelay(t *testing.T, d testcp.Dialect) {
+	cp := testcp.StartDialect(t, d)
 	b1, b2 := startBackend(t, "backend-1"), startBackend(t, "backend-2")
 	cp.Set(t, "greeters", "1",
 		testcp.Listener("greeter", "greeter-route"), testcp.Route("greeter-route", "greeter-cluster"),
@@ -65,8 +69,16 @@ func TestGRPCClientThroughRelay(t *testing.T) {
 		testcp.Cluster("greeter-cluster"), testcp.Endpoints("greeter-cluster", b2))
 	callUntil("backend-2")
 
-	if n := cp.DeltaStreams.Load(); n != 1 {
-		t.Fatalf("control plane saw %d streams, want 1", n)
+	// One stream for the group: ADS, delta or SotW; or one per type.
+	want, streams := int64(1), &cp.DeltaStreams
+	switch d {
+	case testcp.DialectSotW:
+		streams = &cp.SotWStreams
+	case testcp.DialectPerType:
+		want, streams = 4, &cp.SotWStreams // LDS, RDS, CDS, EDS
+	}
+	if n := streams.Load(); n != want {
+		t.Fatalf("control plane saw %d streams, want %d", n, want)
 	}
 }
 

@@ -172,12 +172,20 @@ func TestReconnectStorm(t *testing.T) {
 // upstream.fallback_recheck and clients get the primary's version with no
 // removal in between; the secondary's stream is then closed.
 func TestUpstreamFailover(t *testing.T) {
-	primary := testcp.Start(t)
+	// Each server's protocol is found on its own: the fallback speaks
+	// another dialect than the primary.
+	forEachDialect(t, func(t *testing.T, d testcp.Dialect) {
+		testUpstreamFailover(t, d, testcp.Dialects[(slices.Index(testcp.Dialects, d)+1)%len(testcp.Dialects)])
+	})
+}
+
+func testUpstreamFailover(t *testing.T, primaryDialect, secondaryDialect testcp.Dialect) {
+	primary := testcp.StartDialect(t, primaryDialect)
 	changed := testcp.Cluster("x")
 	changed.ConnectTimeout = durationpb.New(7 * time.Second) // another version of x
 	primary.Set(t, "c1", "2", changed, testcp.Cluster("only-primary"))
 	primary.Stop() // its address now refuses connections
-	secondary := testcp.Start(t)
+	secondary := testcp.StartDialect(t, secondaryDialect)
 	secondary.Set(t, "c1", "1", testcp.Cluster("x"), testcp.Cluster("only-secondary"))
 	r := startRelay(t, primary.Addr, fastReconnect, func(c *Config) {
 		c.Upstream.Addresses = []string{secondary.Addr}
