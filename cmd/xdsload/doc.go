@@ -28,7 +28,10 @@
 // update seq, or a later one. B is drawn for each run and printed, so that
 // resources a relay still holds from an earlier run are not taken for this
 // run's. --target defaults to this control plane; point it at a relay in
-// front of it to load the relay.
+// front of it to load the relay. --cp-protocol sotw makes it refuse delta
+// with UNIMPLEMENTED, as Gloo's does, and sotw-per-type serve only the
+// per-type SotW services, as Contour's does: a relay in front finds which
+// (upstream.protocol: auto).
 //
 // With --relay it also starts xdsrelay in this process (package relay, its
 // defaults but no admission limits and no bound on the streams of a

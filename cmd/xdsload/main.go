@@ -157,6 +157,7 @@ func (f *flags) define(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Timeout, "timeout", 2*time.Minute, "bound on the whole run, which stops by itself then")
 	fs.StringVar(&c.ServeCP, "serve-cp", "", "serve a go-control-plane control plane on `addr` and publish updates")
 	fs.StringVar(&c.CPCache, "cp-cache", loadtest.CacheSnapshot, "control-plane cache: snapshot (keyed by node.cluster) or linear")
+	fs.StringVar(&c.CPProtocol, "cp-protocol", "delta", "what the control plane speaks: delta (delta and SotW, ADS and per type), sotw (SotW ADS, delta refused with UNIMPLEMENTED, as Gloo's) or sotw-per-type (the per-type SotW services only, as Contour's); a relay in front finds it (upstream.protocol: auto)")
 	fs.IntVar(&c.Resources, "resources", 10, "resources `K` served (eds: cla-0..cla-K-1; cds: cluster-i; lds: listener-i; rds: route-i)")
 	fs.IntVar(&c.Endpoints, "endpoints", 200, "endpoints per ClusterLoadAssignment (eds)")
 	fs.DurationVar(&c.UpdateEvery, "update-every", 500*time.Millisecond, "pause `D` before each update")

@@ -120,8 +120,10 @@ func (sotwOnly) DeltaSecrets(grpc.BidiStreamingServer[discoverypb.DeltaDiscovery
 	return status.Error(codes.Unimplemented, "delta xDS is not implemented")
 }
 
-// register registers the dialect's services of srv on g.
-func register(g *grpc.Server, d Dialect, srv serverv3.Server) {
+// Register registers the dialect's services of srv on g: ADS for delta;
+// ADS refusing delta for sotw; the per-type services (CDS, EDS, LDS, RDS,
+// SDS) refusing delta for sotw-per-type.
+func Register(g *grpc.Server, d Dialect, srv serverv3.Server) {
 	switch d {
 	case DialectSotW:
 		discoverypb.RegisterAggregatedDiscoveryServiceServer(g, sotwOnly{srv})
@@ -207,7 +209,7 @@ func (cp *ControlPlane) serve(ln net.Listener) {
 	// Stop waits for the handlers, so that no go-control-plane goroutine
 	// outlives the control plane (goleak).
 	g := grpc.NewServer(append([]grpc.ServerOption{grpc.WaitForHandlers(true)}, cp.opts...)...)
-	register(g, cp.dialect, cp.srv)
+	Register(g, cp.dialect, cp.srv)
 	lrspb.RegisterLoadReportingServiceServer(g, cp.LRS)
 	done := make(chan struct{})
 	go func() {

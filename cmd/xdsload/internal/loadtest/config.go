@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/xdsrelay/xdsrelay/relay"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
 
 // Protocol variants.
@@ -39,8 +41,12 @@ type Config struct {
 	PID            int           `json:"pid"`          // server process whose RSS and CPU are sampled; 0: none
 	Timeout        time.Duration `json:"timeout_ns"`   // bound on the whole run
 
-	ServeCP     string        `json:"serve_cp"`        // run a control plane on this address
-	CPCache     string        `json:"cp_cache"`        // CacheSnapshot or CacheLinear
+	ServeCP string `json:"serve_cp"` // run a control plane on this address
+	CPCache string `json:"cp_cache"` // CacheSnapshot or CacheLinear
+	// CPProtocol is what the control plane speaks (testcp's dialects):
+	// delta (and SotW, every service), sotw (ADS, delta refused) or
+	// sotw-per-type (the per-type SotW services only).
+	CPProtocol  string        `json:"cp_protocol"`
 	Resources   int           `json:"resources"`       // resources the control plane serves
 	Endpoints   int           `json:"endpoints"`       // endpoints per ClusterLoadAssignment
 	UpdateEvery time.Duration `json:"update_every_ns"` // pause before each update
@@ -129,6 +135,7 @@ func (cfg Config) Defaults() Config {
 	setDefault(&cfg.Type, "eds")
 	setDefault(&cfg.NodeCluster, "load")
 	setDefault(&cfg.CPCache, CacheSnapshot)
+	setDefault(&cfg.CPProtocol, string(testcp.DialectDelta))
 	setDefault(&cfg.Resources, 10)
 	setDefault(&cfg.Endpoints, 200)
 	setDefault(&cfg.ProgressEvery, time.Second)
@@ -176,6 +183,8 @@ func (cfg *Config) Validate() error {
 		return fmt.Errorf("type %q: want eds, cds, lds or rds", cfg.Type)
 	case cfg.CPCache != CacheSnapshot && cfg.CPCache != CacheLinear:
 		return fmt.Errorf("cp-cache %q: want %s or %s", cfg.CPCache, CacheSnapshot, CacheLinear)
+	case !slices.Contains(testcp.Dialects, testcp.Dialect(cfg.CPProtocol)):
+		return fmt.Errorf("cp-protocol %q: want delta, sotw or sotw-per-type", cfg.CPProtocol)
 	case cfg.Resources < 1 || cfg.Endpoints < 1:
 		return errors.New("resources and endpoints must be at least 1")
 	case cfg.Updates < 0 || cfg.Updates > maxUpdates:

@@ -20,6 +20,8 @@ import (
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
 
 // clusterHash keys snapshots by node.cluster.
@@ -35,6 +37,7 @@ type controlPlane struct {
 	addr      string
 	catalog   *catalog
 	nodeGroup string     // the node.cluster that snapshots are keyed by
+	protocol  string     // what it speaks (Config.CPProtocol)
 	lrs       *lrsServer // the load reporting server, on the same port
 	snapshots cachev3.SnapshotCache
 	linear    *cachev3.LinearCache
@@ -52,7 +55,7 @@ type controlPlane struct {
 // cfg.ServeCP from the cache cfg.CPCache names, on the aggregated and the
 // per-type services.
 func startControlPlane(cfg *Config, coding seqCoding) (*controlPlane, error) {
-	cp := &controlPlane{catalog: newCatalog(cfg, coding), nodeGroup: cfg.NodeCluster, lrs: newLRSServer(cmp.Or(cfg.LRSInterval, time.Second))}
+	cp := &controlPlane{catalog: newCatalog(cfg, coding), nodeGroup: cfg.NodeCluster, protocol: cfg.CPProtocol, lrs: newLRSServer(cmp.Or(cfg.LRSInterval, time.Second))}
 	for i := range cp.catalog.names {
 		cp.resources = append(cp.resources, cp.catalog.resource(i, 0))
 	}
@@ -99,11 +102,15 @@ func (cp *controlPlane) serve(ln net.Listener) {
 	// every 10s in a soak with faults: allowed, or the server would send
 	// it away as too_many_pings.
 	cp.grpc = grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}))
-	discoverypb.RegisterAggregatedDiscoveryServiceServer(cp.grpc, srv)
-	endpointsvc.RegisterEndpointDiscoveryServiceServer(cp.grpc, srv)
-	clustersvc.RegisterClusterDiscoveryServiceServer(cp.grpc, srv)
-	listenersvc.RegisterListenerDiscoveryServiceServer(cp.grpc, srv)
-	routesvc.RegisterRouteDiscoveryServiceServer(cp.grpc, srv)
+	if d := testcp.Dialect(cp.protocol); d != testcp.DialectDelta {
+		testcp.Register(cp.grpc, d, srv) // state of the world only (--cp-protocol)
+	} else {
+		discoverypb.RegisterAggregatedDiscoveryServiceServer(cp.grpc, srv)
+		endpointsvc.RegisterEndpointDiscoveryServiceServer(cp.grpc, srv)
+		clustersvc.RegisterClusterDiscoveryServiceServer(cp.grpc, srv)
+		listenersvc.RegisterListenerDiscoveryServiceServer(cp.grpc, srv)
+		routesvc.RegisterRouteDiscoveryServiceServer(cp.grpc, srv)
+	}
 	lrspb.RegisterLoadReportingServiceServer(cp.grpc, cp.lrs)
 	done := cp.done
 	go func() {
