@@ -12,6 +12,10 @@ type Change struct {
 	Upserts []*Resource
 	// Removed are names upstream says do not exist (or no longer do).
 	Removed []string
+	// Resent are names upstream sent again with the bytes the cache
+	// holds (a SotW full state re-sends every resource): nothing to
+	// store, but a held removal of them ends as if they had been upserted.
+	Resent []string
 	// Unknown are names taken not to exist on a word that no longer
 	// holds: a does-not-exist timer's judgment on a stream that then
 	// proved dead (docs/architecture.md, invariant 15 "Silence is not an
@@ -63,6 +67,9 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 	}
 	for _, r := range ch.Upserts {
 		c.putLocked(t, typeURL, r, o)
+	}
+	for _, n := range ch.Resent {
+		c.resentLocked(t, typeURL, n, o)
 	}
 	for _, n := range c.guardLocked(t, typeURL, ch.Removed, o) {
 		e := t.entries[n]

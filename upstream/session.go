@@ -333,10 +333,14 @@ func (s *session) handle(r *xds.Received) error {
 	ctx, span := s.receiveSpan(r, short)
 	defer span.End()
 	s.c.opts.Metrics.Responses.With(short).Inc()
+	var held map[string]string // SotW: the versions the cache holds, to skip what did not change
+	if r.StateOfTheWorld {
+		held = s.c.opts.Cache.Versions(typeURL)
+	}
 	present := s.fullState(r, typeURL)
-	enc := s.encode(r, typeURL, short)
+	enc := s.encode(r, typeURL, short, held)
 	if present != nil {
-		r.RemovedResources = s.absent(typeURL, present)
+		r.RemovedResources = s.absent(typeURL, present, held)
 	}
 	if xds.Known(typeURL) {
 		s.apply(ctx, r, typeURL, short, enc, cache.Change{Received: received, Trace: cacheTrace(span.SpanContext())})
@@ -377,6 +381,7 @@ func (s *session) ack(r *xds.Received, typeURL string, detail *status.Status) er
 // encoded is a response's resources as the cache takes them.
 type encoded struct {
 	upserts    []*cache.Resource
+	resent     []string // SotW: the same bytes again, not encoded
 	heartbeats []*cache.Heartbeat
 	foreign    []string // names another upstream serves
 	problems   nackReasons
@@ -386,7 +391,7 @@ type encoded struct {
 // one go once it is encoded: a large response is not held twice over.
 // Names sent twice, of another upstream or of another type, and resources
 // that do not decode are left out; the problems are what the NACK says.
-func (s *session) encode(r *xds.Received, typeURL, short string) encoded {
+func (s *session) encode(r *xds.Received, typeURL, short string, held map[string]string) encoded {
 	out := encoded{problems: duplicates(r)}
 	for i := range r.Resources {
 		res := r.Resources[i]
@@ -405,6 +410,10 @@ func (s *session) encode(r *xds.Received, typeURL, short string) encoded {
 			}
 		case res.TypeURL != typeURL:
 			out.problems.add(fmt.Sprintf("resource %q has type %s in a %s response", res.Name, res.TypeURL, short))
+		case held != nil && !res.HasTTL() && held[res.Name] != "" && held[res.Name] == res.BytesVersion():
+			// SotW: the same bytes again (every resource of a full state
+			// but the changed ones) are no change; nothing to encode.
+			out.resent = append(out.resent, res.Name)
 		default:
 			if e, err := res.Encode(); err != nil {
 				out.problems.add(err.Error())
@@ -420,7 +429,7 @@ func (s *session) encode(r *xds.Received, typeURL, short string) encoded {
 // resources, removals, heartbeats and errors, in ch (which carries its
 // receipt and trace).
 func (s *session) apply(ctx context.Context, r *xds.Received, typeURL, short string, enc encoded, ch cache.Change) {
-	ch.Upserts, ch.Heartbeats, ch.Removed = enc.upserts, enc.heartbeats, r.RemovedResources
+	ch.Upserts, ch.Resent, ch.Heartbeats, ch.Removed = enc.upserts, enc.resent, enc.heartbeats, r.RemovedResources
 	if s.c.opts.Owns != nil {
 		ch.Removed = slices.DeleteFunc(ch.Removed, func(n string) bool { return !s.c.owns(typeURL, n) })
 	}

@@ -89,10 +89,10 @@ func (s *session) fullState(r *xds.Received, typeURL string) map[string]struct{}
 // received is not removed by absence: a response may have been built
 // before the request that named it; the does-not-exist timer decides it.
 // A removal passes the guard like any other (cache release step).
-func (s *session) absent(typeURL string, present map[string]struct{}) []string {
+func (s *session) absent(typeURL string, present map[string]struct{}, held map[string]string) []string {
 	sub := s.subs[typeURL]
 	var out []string
-	for name := range s.c.opts.Cache.Versions(typeURL) {
+	for name := range held {
 		if _, ok := present[name]; ok || !s.c.owns(typeURL, name) {
 			continue
 		}

@@ -53,6 +53,8 @@ type ReceivedResource struct {
 	ttl      *durationpb.Duration // nil if none
 	ttlMsg   []byte
 	pb       *discoverypb.Resource
+
+	bytesVersion string // BytesVersion's, once computed
 }
 
 // newReceivedResource reads a resources field that validateBytesField
@@ -209,8 +211,7 @@ func (r *ReceivedResource) Encode() (*Resource, error) {
 	}
 	out := &Resource{Name: r.Name, Version: r.Version, Aliases: r.aliases, Warm: Warm(r.TypeURL, r.value)}
 	if out.Version == "" {
-		sum := sha256.Sum256(r.anyMsg)
-		out.Version = hex.EncodeToString(sum[:8])
+		out.Version = r.BytesVersion()
 	}
 	out.Wire, out.Any = r.field, r.anyField
 	if !r.exact || r.Version == "" {
@@ -222,6 +223,28 @@ func (r *ReceivedResource) Encode() (*Resource, error) {
 		out.SotWWrapped = wrapSotW(fieldBody(out.Wire))
 	}
 	return out, nil
+}
+
+// BytesVersion is the version Encode gives a resource received without
+// one: a hash of its Any's bytes, the same for the same bytes whatever
+// response, stream or server they came in. "" if the resource was
+// decoded (not as proto.Marshal writes it): Encode is then needed to
+// know it.
+func (r *ReceivedResource) BytesVersion() string {
+	if r.pb != nil || r.anyMsg == nil {
+		return ""
+	}
+	if r.bytesVersion == "" {
+		sum := sha256.Sum256(r.anyMsg)
+		r.bytesVersion = hex.EncodeToString(sum[:8])
+	}
+	return r.bytesVersion
+}
+
+// HasTTL reports whether the resource carries a TTL ("TTL"): sent again,
+// it refreshes the TTL even with the same bytes.
+func (r *ReceivedResource) HasTTL() bool {
+	return r.ttl != nil || r.pb.GetTtl() != nil
 }
 
 // build encodes the resource as a delta resources field, with its TTL if

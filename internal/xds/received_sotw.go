@@ -113,14 +113,20 @@ func sotwResource(anyMsg []byte) (ReceivedResource, error) {
 		}
 		return res, nil
 	}
+	// One allocation: the delta field around a Resource of the Any and
+	// the name.
 	name := NameOf(typeURL, value)
-	body := make([]byte, 0, protowire.SizeTag(resResource)+protowire.SizeBytes(len(anyMsg))+
-		protowire.SizeTag(resName)+protowire.SizeBytes(len(name)))
-	body = protowire.AppendBytes(protowire.AppendTag(body, resResource, protowire.BytesType), anyMsg)
+	n := protowire.SizeTag(resResource) + protowire.SizeBytes(len(anyMsg))
 	if name != "" {
-		body = protowire.AppendString(protowire.AppendTag(body, resName, protowire.BytesType), name)
+		n += protowire.SizeTag(resName) + protowire.SizeBytes(len(name))
 	}
-	return newReceivedResource(deltaField(body))
+	f := make([]byte, 0, protowire.SizeTag(deltaResources)+protowire.SizeBytes(n))
+	f = protowire.AppendVarint(protowire.AppendTag(f, deltaResources, protowire.BytesType), uint64(n))
+	f = protowire.AppendBytes(protowire.AppendTag(f, resResource, protowire.BytesType), anyMsg)
+	if name != "" {
+		f = protowire.AppendString(protowire.AppendTag(f, resName, protowire.BytesType), name)
+	}
+	return newReceivedResource(f)
 }
 
 // deltaField is a delta resources field holding the Resource body.
