@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	clustersvc "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -64,7 +65,7 @@ func TestDialectServesEveryVariant(t *testing.T) {
 		cp := testcp.StartDialect(t, d)
 		cp.Set(t, "c1", "1", testcp.Cluster("a"), testcp.Cluster("b"),
 			testcp.Endpoints("a", "10.0.0.1:80"), testcp.Endpoints("b", "10.0.0.2:80"))
-		r := startRelay(t, cp.Addr)
+		r := startRelay(t, cp.Addr, func(c *Config) { c.Downstream.RESTAddress = "127.0.0.1:0" })
 
 		delta := openDelta(t, r.Addr())
 		delta.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.ClusterType,
@@ -81,6 +82,16 @@ func TestDialectServesEveryVariant(t *testing.T) {
 		}
 		sotw.send(&discoverypb.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{"a", "b"},
 			VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+		// The per-type SotW service and REST-JSON polling.
+		perType := newStream(t, clustersvc.NewClusterDiscoveryServiceClient(dial(t, r.Addr())).StreamClusters)
+		perType.send(&discoverypb.DiscoveryRequest{Node: node("n4", "c1")})
+		if got := sotwClusters(t, perType.recv()); !slices.Equal(got, []string{"a", "b"}) {
+			t.Fatalf("per-type CDS: %v, want [a b]", got)
+		}
+		if code, body := restPoll(t, "http://"+r.RESTAddr()+"/v3/discovery:clusters",
+			&discoverypb.DiscoveryRequest{Node: node("n5", "c1")}); code != 200 || !strings.Contains(body, `"name":"b"`) {
+			t.Fatalf("REST-JSON CDS: %d %s", code, body)
+		}
 		if got := upstreamProtocol(t, r); got != dialectProtocol(d) {
 			t.Fatalf("/debug/groups says the upstream speaks %q, want %q", got, d)
 		}
