@@ -24,14 +24,19 @@ import (
 // Warm restart: a relay restarted while the control plane is down configures
 // its clients from cache.persist_dir; files that do not load are reported and
 // ignored; when the control plane returns the clients converge.
-func TestWarmRestart(t *testing.T) {
+func TestWarmRestart(t *testing.T) { forEachDialect(t, testWarmRestart) }
+
+// testWarmRestart is TestWarmRestart in front of a control plane that
+// speaks dialect: in state of the world the saved versions are the bytes' own,
+// so the control plane's full state on its return changes nothing but y.
+func testWarmRestart(t *testing.T, dialect testcp.Dialect) {
 	dir := t.TempDir()
 	persist := func(c *Config) {
 		c.Cache.PersistDir = dir
 		c.Cache.PersistInterval = 20 * time.Millisecond
 		fastReconnect(c)
 	}
-	cp := testcp.Start(t)
+	cp := testcp.StartDialect(t, dialect)
 	cp.Set(t, "c1", "1", testcp.Cluster("x"), testcp.Cluster("y"), testcp.Endpoints("a", "10.0.0.1:80"))
 
 	first := startRelay(t, cp.Addr, persist)

@@ -72,7 +72,11 @@ func TestReadyzNothingCachedIsNotServingFromCache(t *testing.T) {
 // Once ready after its first sync, a relay stays ready through an outage
 // of its control plane while it serves a warm cache.
 func TestReadyAfterSyncStaysReadyThroughOutage(t *testing.T) {
-	cp := testcp.Start(t)
+	forEachDialect(t, testReadyAfterSyncStaysReadyThroughOutage)
+}
+
+func testReadyAfterSyncStaysReadyThroughOutage(t *testing.T, d testcp.Dialect) {
+	cp := testcp.StartDialect(t, d)
 	cp.Set(t, "tenant-a", "1", testcp.Cluster("x"))
 	r := startRelay(t, cp.Addr, fastReconnect, func(c *Config) { c.Admin.ReadyAfterSync = true })
 	s := openDelta(t, r.Addr())
