@@ -208,9 +208,10 @@ type debugResource struct {
 // their bodies as protojson if bodies=true.
 func (r *Relay) debugCache(w http.ResponseWriter, req *http.Request) {
 	q := req.URL.Query()
-	key, typeURL, bodies := q.Get("group"), q.Get("type"), q.Get("bodies") == "true"
-	if !xds.Known(typeURL) {
-		http.Error(w, fmt.Sprintf("xdsrelay: type %q: a resource type URL is required", typeURL), http.StatusBadRequest)
+	key, bodies := q.Get("group"), q.Get("bodies") == "true"
+	typeURL, err := xds.ParseType(q.Get("type"))
+	if err != nil {
+		http.Error(w, "xdsrelay: type: "+err.Error(), http.StatusBadRequest)
 		return
 	}
 	g := r.groupShown(key)

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/relay"
 )
 
@@ -40,15 +41,15 @@ func printSaved(w io.Writer, node *corepb.Node, states []cache.TypeState) error 
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TYPE\tRESOURCES\tABSENT\tWILDCARD")
 	for _, ts := range states {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", shortType(ts.TypeURL), len(ts.Resources), len(ts.Absent), wildcard(ts))
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", xds.TypeAbbrev(ts.TypeURL), len(ts.Resources), len(ts.Absent), wildcard(ts))
 	}
 	fmt.Fprintln(tw, "\nTYPE\tNAME\tVERSION")
 	for _, ts := range states {
 		for _, r := range ts.Resources {
-			fmt.Fprintf(tw, "%s\t%s\t%s\n", shortType(ts.TypeURL), r.Name, orDash(r.Version))
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", xds.TypeAbbrev(ts.TypeURL), r.Name, orDash(r.Version))
 		}
 		for _, n := range ts.Absent {
-			fmt.Fprintf(tw, "%s\t%s\t(does not exist)\n", shortType(ts.TypeURL), n)
+			fmt.Fprintf(tw, "%s\t%s\t(does not exist)\n", xds.TypeAbbrev(ts.TypeURL), n)
 		}
 	}
 	return tw.Flush()

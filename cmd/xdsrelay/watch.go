@@ -35,8 +35,8 @@ func newWatchCmd() *cobra.Command {
 		Use:   "watch --server ADDR --node-id ID [--cluster C] --type TYPE [NAME...] [--delta] [-o yaml|json]",
 		Short: "Subscribe as a node and print resources as they change",
 		Long: `Opens an ADS stream (state of the world, or incremental with --delta) as the
-node --node-id in --cluster, subscribes to TYPE (lds, rds, cds, eds, sds, leds,
-vhds, srds, rtds, ecds, or a full type URL): the NAMEs given, or every
+node --node-id in --cluster, subscribes to TYPE (any of its names, in any
+case: cds, Cluster, clusters, or a type URL): the NAMEs given, or every
 resource (wildcard) without names. Prints every response as protojson (or
 YAML) and acknowledges it, until interrupted. A stream the server ends
 after it answered (a connection that aged out, a drain) is opened again;
@@ -65,7 +65,7 @@ any other end exits 1.`,
 	fs := cmd.Flags()
 	fs.StringVar(&wf.nodeID, "node-id", "", "subscribe as the node with this `ID` (required)")
 	fs.StringVar(&wf.cluster, "cluster", "", "the node's `CLUSTER`")
-	fs.StringVar(&wf.typ, "type", "", "the resource `TYPE`: lds, rds, cds, eds, sds, ... or a type URL (required)")
+	fs.StringVar(&wf.typ, "type", "", "the resource `TYPE`: any of its names (cds, Cluster, clusters) or a type URL (required)")
 	fs.BoolVar(&wf.delta, "delta", false, "use the incremental (delta) ADS protocol instead of state of the world")
 	fs.StringVarP(&wf.output, "output", "o", "yaml", "`FORMAT`: yaml or json")
 	return cmd
