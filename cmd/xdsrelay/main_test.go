@@ -147,6 +147,8 @@ func TestUsageErrors(t *testing.T) {
 		{args: []string{"watch", "--server", "x:1", "--node-id", "n", "--type", "xds"}, want: `--type: "xds" is not a resource type: Cluster|CDS|clusters, `},
 		{args: []string{"watch", "--server", "x:1", "--node-id", "n", "--type", "lds", "-o", "toml"}, want: `-o: "toml" is not yaml or json`},
 		{args: []string{"watch", "--server", "x:1", "--type", "lds"}, want: "--node-id is required"},
+		{args: []string{"watch", "--server", "x:1", "--node-id", "n", "--type", "lds", "--nack", "--nack-matching", "x"}, want: "--nack and --nack-matching: give one"},
+		{args: []string{"watch", "--server", "x:1", "--node-id", "n", "--type", "lds", "--nack-matching", "("}, want: "--nack-matching: error parsing regexp"},
 		{args: []string{"persist", "inspect"}, want: "accepts 1 arg(s)"},
 	}
 	for _, tc := range tests {
