@@ -9,7 +9,6 @@ import (
 	"time"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/xdsrelay/xdsrelay/cache"
@@ -245,7 +244,7 @@ func resourceJSON(field []byte) (json.RawMessage, error) {
 	if len(m.GetResources()) != 1 {
 		return nil, fmt.Errorf("decode: %d resources, want 1", len(m.GetResources()))
 	}
-	b, err := protojson.Marshal(m.GetResources()[0])
+	b, err := xds.MarshalJSON(m.GetResources()[0])
 	if err != nil {
 		return nil, fmt.Errorf("protojson: %w", err)
 	}

@@ -15,7 +15,6 @@ import (
 	statuspb "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
 	matcherpb "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/xdsrelay/xdsrelay/internal/xds"
@@ -166,10 +165,11 @@ func orDash(s string) string {
 	return s
 }
 
-// printJSON writes m as protojson, indented by encoding/json: protojson's
-// own layout varies on purpose from build to build.
+// printJSON writes m as protojson (an Any of a type not linked raw, see
+// xds.MarshalJSON), indented by encoding/json: protojson's own layout
+// varies on purpose from build to build.
 func printJSON(w io.Writer, m proto.Message) error {
-	b, err := protojson.Marshal(m)
+	b, err := xds.MarshalJSON(m)
 	if err != nil {
 		return err
 	}

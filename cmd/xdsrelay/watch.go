@@ -20,7 +20,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -217,7 +216,7 @@ func (wf *watchFlags) judge() (judgeFunc, error) {
 // compactJSON is a resource as protojson without blanks: one layout for a
 // REGEX to match, whatever protojson's own.
 func compactJSON(a *anypb.Any) ([]byte, error) {
-	b, err := protojson.Marshal(a)
+	b, err := xds.MarshalJSON(a)
 	if err != nil {
 		return nil, err
 	}
@@ -258,7 +257,7 @@ func printDoc(w io.Writer, m proto.Message, format string) error {
 	if format == "json" {
 		return printJSON(w, m)
 	}
-	b, err := protojson.Marshal(m)
+	b, err := xds.MarshalJSON(m)
 	if err != nil {
 		return err
 	}
