@@ -316,7 +316,7 @@ func (r *Relay) upstreamSource(u UpstreamConfig, key string) (upstream.Source, e
 		r.warnings.warn(r.log, k, "docs/control-planes.md#relaying-a-control-plane", k+" is set: the control plane's certificate is NOT verified")
 	}
 	if up != nil {
-		tc = up.ClientCredentials()
+		tc = up.ClientCredentials(key + ".tls.cert_file and key_file")
 		r.certs[key] = up
 	}
 	var servers []upstream.Server

@@ -57,7 +57,7 @@ func (f *clientFlags) credentials(ctx context.Context) (credentials.TransportCre
 		if err != nil {
 			return nil, nil, err
 		}
-		return r.ClientCredentials(), r.Close, nil
+		return r.ClientCredentials("--cert-file and --key-file"), r.Close, nil
 	case f.tls:
 		return credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12}), func() {}, nil
 	default:
