@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/xdsrelay/xdsrelay/internal/creds"
@@ -96,6 +97,7 @@ func private(loopback bool, req *http.Request) bool {
 
 func (r *Relay) adminHandler(loopback bool) http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", r.adminIndex)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
@@ -125,6 +127,25 @@ func (r *Relay) adminHandler(loopback bool) http.Handler {
 	r.opsRoutes(mux, loopback)
 	r.debugRoutes(mux, loopback)
 	return mux
+}
+
+// adminIndex serves GET /: the admin paths, from AdminPaths, as
+// docs/admin.md lists them. Its body is the same for every caller and
+// bounded by the code.
+func (r *Relay) adminIndex(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	fmt.Fprintln(w, "xdsrelay admin endpoint (docs/admin.md): its paths, and who may call them")
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, p := range AdminPaths() {
+		line := p.Shown() + "\t" + p.Access
+		if p.Served != "" {
+			line += "\t" + strings.ReplaceAll(p.Served, "`", "")
+		}
+		fmt.Fprintln(tw, line)
+	}
+	tw.Flush()
 }
 
 // readyDetail writes, for people, each group's upstream state, what went

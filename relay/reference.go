@@ -2,6 +2,7 @@ package relay
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 )
@@ -38,6 +39,10 @@ type AdminPath struct {
 	Returns string
 }
 
+// Shown is the pattern as people write it: "GET /" for the mux's exact
+// root, "GET /{$}".
+func (p AdminPath) Shown() string { return strings.TrimSuffix(p.Pattern, "{$}") }
+
 // When the paths served only with a setting are served (AdminPath.Served).
 const (
 	servedWithLogLevel = "with a run-time log level (the binary always has one)"
@@ -48,6 +53,8 @@ const (
 // lists them.
 func AdminPaths() []AdminPath {
 	return []AdminPath{
+		{Pattern: "GET /{$}", Access: AdminAnyone,
+			Returns: "This index: every path below, who may call it and when it is served, as text (Envoy's admin endpoint has one too). Other paths that are not below are 404."},
 		{Pattern: "GET /healthz", Access: AdminAnyone,
 			Returns: "200 `ok` while the process runs (a liveness probe)."},
 		{Pattern: "GET /readyz", Access: AdminDetails,
