@@ -44,6 +44,10 @@ const (
 	wildcardSynced = "wildcard,synced"
 )
 
+// PersistFilePattern matches the names of the saved caches in
+// cache.persist_dir, one file a group.
+const PersistFilePattern = "group-*.cache"
+
 func persistFile(dir, key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return filepath.Join(dir, "group-"+hex.EncodeToString(sum[:8])+".cache")
@@ -444,7 +448,7 @@ func plural(n int, one, many string) string {
 // left alone.
 func (r *Relay) restore() {
 	dir := r.cfg.Cache.PersistDir
-	paths, err := filepath.Glob(filepath.Join(dir, "group-*.cache"))
+	paths, err := filepath.Glob(filepath.Join(dir, PersistFilePattern))
 	if err != nil {
 		r.log.Error("cache.persist_dir", "error", err)
 		return
