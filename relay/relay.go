@@ -498,6 +498,11 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 	}
 	err = errors.Join(err, r.source.Close())
 	r.closeReloaders()
+	if r.cfg.Cache.PersistDir == "" {
+		r.log.Info("shut down; the caches were not saved (cache.persist_dir is not set): the next start begins empty")
+	} else {
+		r.log.Info("shut down")
+	}
 	return err
 }
 

@@ -348,3 +348,39 @@ func waitForLog(t *testing.T, logs *syncBuffer, re *regexp.Regexp) []string {
 
 // syncBuffer is a buffer safe for a writer and a reader at once.
 type syncBuffer = testlog.Buffer
+
+// After "shutting down", the log says what was saved for the next start
+// and where, then that the relay shut down; without cache.persist_dir, that
+// nothing was saved.
+func TestShutdownSaysWhatWasSaved(t *testing.T) {
+	saved := t.TempDir()
+	for _, tc := range []struct {
+		env  map[string]string
+		want []string
+	}{
+		{env: map[string]string{"XDSRELAY_CACHE_PERSIST_DIR": saved}, want: []string{
+			`level=INFO msg="caches saved for the next start" dir=` + saved + ` groups=1 resources=1 written_now=1 failed=0`,
+			`level=INFO msg="shut down"`,
+		}},
+		{env: map[string]string{}, want: []string{
+			`level=INFO msg="shut down; the caches were not saved (cache.persist_dir is not set): the next start begins empty"`,
+		}},
+	} {
+		logs := &syncBuffer{}
+		stop := startExampleRelay(t, tc.env, logs)
+		addr := waitForLog(t, logs, regexp.MustCompile(`msg="relay serving" downstream=(\S+)`))[1]
+		out := &syncBuffer{}
+		stopWatch := runAsync(t, out, "watch", "--server", addr, "--node-id", "n1", "--cluster", "c1", "--type", "cds")
+		waitForOutput(t, out, "name: greeter-cluster")
+		stopWatch()
+		if c := stop(); c != 0 {
+			t.Fatalf("exit %d; log:\n%s", c, logs)
+		}
+		_, after, _ := strings.Cut(logs.String(), `msg="shutting down"`)
+		for _, w := range tc.want {
+			if !strings.Contains(after, w) {
+				t.Errorf("the log after shutting down lacks %s:\n%s", w, after)
+			}
+		}
+	}
+}
