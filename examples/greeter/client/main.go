@@ -25,6 +25,8 @@ func main() {
 	target := flag.String("target", "xds:///greeter", "the target to dial")
 	wait := flag.Duration("wait", 30*time.Second, "how long to wait for an answer")
 	waitForReady := flag.Bool("wait-for-ready", true, "wait, up to -wait, for a channel that is not ready yet (gRPC's WaitForReady); false fails the call at once with the error the channel has, such as an xDS resource that does not exist")
+	count := flag.Int("count", 1, "how many calls to make, -every apart (a client that stays, to watch its load reports)")
+	every := flag.Duration("every", time.Second, "the time between calls, with -count")
 	xdsServer := flag.String("xds-server", "", "use this `host:port` as the xDS server instead of the bootstrap's server_uri (a relay on another port)")
 	flag.Parse()
 	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
@@ -40,13 +42,26 @@ func main() {
 		log.Fatal(err)
 	}
 	defer cc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), *wait)
-	defer cancel()
-	resp, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(*waitForReady))
-	if err != nil {
-		log.Fatalf("%s: %v", *target, err)
+	for i := range *count {
+		if i > 0 {
+			time.Sleep(*every)
+		}
+		if err := call(cc, *target, *wait, *waitForReady); err != nil {
+			log.Fatal(err)
+		}
 	}
-	fmt.Printf("%s answered by %s\n", *target, resp.GetHostname())
+}
+
+// call makes one call and prints who answered.
+func call(cc *grpc.ClientConn, target string, wait time.Duration, waitForReady bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	resp, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(waitForReady))
+	if err != nil {
+		return fmt.Errorf("%s: %w", target, err)
+	}
+	fmt.Printf("%s answered by %s\n", target, resp.GetHostname())
+	return nil
 }
 
 // resolverFor is an xds:/// resolver whose bootstrap is GRPC_XDS_BOOTSTRAP's
