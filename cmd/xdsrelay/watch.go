@@ -69,9 +69,9 @@ YAML) and acknowledges it, until interrupted. --user-agent and
 --client-feature present the node as the clients it stands in for, so that
 the relay groups it with them. --nack rejects every response, and
 --nack-matching REGEX those with a resource whose JSON matches REGEX (a
-canary that NACKs a change); each NACK is reported on stderr. A stream the server ends
-after it answered (a connection that aged out, a drain) is opened again;
-any other end exits 1.`,
+canary that NACKs a change); each NACK is reported on stderr. A stream the
+server ends after it answered (a connection that aged out, a drain) is
+opened again; any other end exits 1.`,
 		RunE: func(cmd *cobra.Command, names []string) error {
 			if err := required(cmd, "server", "node-id", "type"); err != nil {
 				return err
