@@ -119,3 +119,38 @@ func TestWatchPosesAsEnvoy(t *testing.T) {
 		t.Fatalf("watch: exit %d", c)
 	}
 }
+
+// watch --nack rejects every response on either protocol: the server
+// records the NACK with watch's error, and watch says so on stderr.
+func TestWatchNacks(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "c0.yaml"), clusterFile("c0"))
+	r := startFileRelay(t, dir, func(c *relay.Config) { c.Admin.Address = "127.0.0.1:0" })
+	for _, tc := range []struct {
+		variant string
+		args    []string
+		stderr  string
+	}{
+		{"sotw-ads", nil, `watch: NACKed version \S+ \(nonce \S+\): --nack rejects every response`},
+		{"delta-ads", []string{"--delta"}, `watch: NACKed nonce \S+: --nack rejects every response`},
+	} {
+		out, errOut := &syncBuffer{}, &syncBuffer{}
+		stop := startRun(t, append([]string{"watch", "--server", r.Addr(), "--node-id", "n-" + tc.variant, "--cluster", "c1", "--type", "cds", "--nack"}, tc.args...), nil, out, errOut)
+		waitForOutput(t, out, "name: c0")
+		waitForOutput(t, errOut, tc.stderr)
+		deadline := time.Now().Add(cliWait)
+		for {
+			_, clients, _ := runCLI("admin", "--server", r.AdminAddr(), "/debug/clients")
+			if regexp.MustCompile(`"variant": "` + tc.variant + `",[^\]]*"last_nack_error": "xdsrelay watch: --nack rejects every response"`).MatchString(clients) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: /debug/clients shows no NACK from watch:\n%s", tc.variant, clients)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if c := stop(); c != 0 {
+			t.Errorf("%s: exit %d", tc.variant, c)
+		}
+	}
+}
