@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"github.com/xdsrelay/xdsrelay/internal/creds"
@@ -96,6 +97,7 @@ func private(loopback bool, req *http.Request) bool {
 
 func (r *Relay) adminHandler(loopback bool) http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", r.adminIndex)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
@@ -105,9 +107,10 @@ func (r *Relay) adminHandler(loopback bool) http.Handler {
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 			w.Header().Set("X-Content-Type-Options", "nosniff")
 			w.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(w, r.notReadyLine(why, priv))
+			line := r.notReadyLine(why, priv)
+			fmt.Fprintln(w, line)
 			if priv && why == waitingSync {
-				r.groupsDetail(w)
+				r.groupsDetail(w, line)
 			}
 			return
 		}
@@ -126,17 +129,38 @@ func (r *Relay) adminHandler(loopback bool) http.Handler {
 	return mux
 }
 
+// adminIndex serves GET /: the admin paths, from AdminPaths, as
+// docs/admin.md lists them. Its body is the same for every caller and
+// bounded by the code.
+func (r *Relay) adminIndex(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	fmt.Fprintln(w, "xdsrelay admin endpoint (docs/admin.md): its paths, and who may call them")
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	for _, p := range AdminPaths() {
+		line := p.Shown() + "\t" + p.Access
+		if p.Served != "" {
+			line += "\t" + strings.ReplaceAll(p.Served, "`", "")
+		}
+		fmt.Fprintln(tw, line)
+	}
+	tw.Flush()
+}
+
 // readyDetail writes, for people, each group's upstream state, what went
 // wrong with cache.persist_dir and the configuration warnings.
 func (r *Relay) readyDetail(w io.Writer) {
 	fmt.Fprintln(w, "ready")
-	r.groupsDetail(w)
+	r.groupsDetail(w, "")
 }
 
-// groupsDetail writes the private /readyz's lines after the first: the
-// warnings, each group (its key as the metrics show it) with its upstreams,
-// its guard holds and its held rollouts, and cache.persist_dir's health.
-func (r *Relay) groupsDetail(w io.Writer) {
+// groupsDetail writes the private /readyz's lines after the first, above:
+// the warnings, each group (its key as the metrics show it) with its
+// upstreams, its guard holds and its held rollouts, and cache.persist_dir's
+// health. An upstream's error is written once, on its own line, and not
+// again if the first line said it.
+func (r *Relay) groupsDetail(w io.Writer, above string) {
 	for _, line := range r.warnings.detail() {
 		fmt.Fprintln(w, line)
 	}
@@ -147,18 +171,18 @@ func (r *Relay) groupsDetail(w io.Writer) {
 			state := "connected"
 			if !u.Connected {
 				state = "DOWN"
-				if u.LastError != "" {
+				switch {
+				case u.LastError == "":
+				case strings.Contains(above, xds.Clip(u.LastError)):
+					state += " (the error above)"
+				default:
 					state += " (" + xds.Clip(u.LastError) + ")"
 				}
-			}
-			server := u.Server
-			if r.onFallback(u) {
-				server += " (a fallback server: the higher ones were unreachable with something not cached, gRFC A71)"
 			}
 			if u.Protocol != "" {
 				state += ", speaks " + u.Protocol
 			}
-			fmt.Fprintf(w, "  upstream %q: server %s, %s\n", u.Upstream, server, state)
+			fmt.Fprintf(w, "  upstream %q: %s, %s\n", u.Upstream, r.serverOf(u), state)
 		}
 		guardDetail(w, g.cache)
 		rolloutDetail(w, g.cache)
@@ -237,6 +261,30 @@ func (r *Relay) onFallback(u upstream.Status) bool {
 	return false
 }
 
+// serverOf is where an upstream's resources come from, for the private
+// /readyz: the server in use (gRFC A71), or the files of a file:// source,
+// which has no server.
+func (r *Relay) serverOf(u upstream.Status) string {
+	if u.Server == "" {
+		for _, c := range append([]UpstreamConfig{r.cfg.Upstream.UpstreamConfig}, r.cfg.Upstreams...) {
+			if c.Name == u.Upstream || (u.Upstream == upstream.DefaultUpstream && c.Name == "") {
+				if strings.HasPrefix(c.Address, FilePrefix) {
+					return "files " + c.Address
+				}
+				return "server " + c.Address
+			}
+		}
+		return "no server"
+	}
+	server := "server " + u.Server
+	if r.onFallback(u) {
+		server += " (a fallback server: the higher ones were unreachable with something not cached, gRFC A71)"
+	}
+	return server
+}
+
+// describe is a group's state on the private /readyz; its upstreams' lines,
+// after it, carry their errors.
 func describe(s upstream.Status, resources int) string {
 	state := "upstream connected"
 	if !s.Connected {
@@ -244,9 +292,6 @@ func describe(s upstream.Status, resources int) string {
 		state = "upstream DOWN, serving from cache"
 		if resources == 0 {
 			state = "upstream DOWN, nothing cached to serve"
-		}
-		if s.LastError != "" {
-			state += " (" + xds.Clip(s.LastError) + ")"
 		}
 	}
 	age := "no response yet"

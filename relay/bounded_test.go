@@ -46,6 +46,7 @@ func TestAdminBodiesBounded(t *testing.T) {
 		method, path string
 		bound        int
 	}{
+		{http.MethodGet, "/", bound},
 		{http.MethodGet, "/readyz", bound},
 		{http.MethodGet, "/debug/groups", bound},
 		{http.MethodGet, "/debug/clients", bound},
@@ -64,6 +65,17 @@ func TestAdminBodiesBounded(t *testing.T) {
 			t.Errorf("%s %s: %d bytes, want at most %d", c.method, c.path, len(body), c.bound)
 		}
 		t.Logf("%s %s: %d bytes", c.method, c.path, len(body))
+	}
+	// A type that is not one, however long, is refused in a bounded body.
+	huge := strings.Repeat("x", 1<<20)
+	for _, path := range []string{"/debug/cache?group=" + url.QueryEscape(first) + "&type=" + huge, "/debug/guard/release?type=" + huge} {
+		method := http.MethodGet
+		if strings.HasPrefix(path, "/debug/guard/") {
+			method = http.MethodPost
+		}
+		if code, body := do(t, method, base+path, ""); code != http.StatusBadRequest || len(body) > bound {
+			t.Errorf("%s %.40s...: %d, %d bytes, want 400 in at most %d", method, path, code, len(body), bound)
+		}
 	}
 	var gs []debugGroup
 	getJSON(t, r, "/debug/groups", &gs)

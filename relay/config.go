@@ -549,9 +549,9 @@ func (c *Config) validateUpstreams() error {
 			return fmt.Errorf("%stypes: upstream %q lists neither types nor authorities: it would serve nothing", prefix, u.Name)
 		}
 		for j, t := range u.Types {
-			url, ok := xds.TypeNamed(t)
-			if !ok {
-				return fmt.Errorf("%stypes: %q is not a type (%s, or a type URL)", prefix, t, strings.Join(xds.TypeShortNames(), ", "))
+			url, err := xds.ParseType(t)
+			if err != nil {
+				return fmt.Errorf("%stypes: %w", prefix, err)
 			}
 			u.Types[j] = url
 		}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/xdsrelay/xdsrelay/cache"
@@ -209,9 +208,10 @@ type debugResource struct {
 // their bodies as protojson if bodies=true.
 func (r *Relay) debugCache(w http.ResponseWriter, req *http.Request) {
 	q := req.URL.Query()
-	key, typeURL, bodies := q.Get("group"), q.Get("type"), q.Get("bodies") == "true"
-	if !xds.Known(typeURL) {
-		http.Error(w, fmt.Sprintf("xdsrelay: type %q: a resource type URL is required", typeURL), http.StatusBadRequest)
+	key, bodies := q.Get("group"), q.Get("bodies") == "true"
+	typeURL, err := xds.ParseType(q.Get("type"))
+	if err != nil {
+		http.Error(w, "xdsrelay: type: "+err.Error(), http.StatusBadRequest)
 		return
 	}
 	g := r.groupShown(key)
@@ -245,7 +245,7 @@ func resourceJSON(field []byte) (json.RawMessage, error) {
 	if len(m.GetResources()) != 1 {
 		return nil, fmt.Errorf("decode: %d resources, want 1", len(m.GetResources()))
 	}
-	b, err := protojson.Marshal(m.GetResources()[0])
+	b, err := xds.MarshalJSON(m.GetResources()[0])
 	if err != nil {
 		return nil, fmt.Errorf("protojson: %w", err)
 	}

@@ -78,15 +78,16 @@ func release[T any](r *Relay, w http.ResponseWriter, req *http.Request, msg, cou
 }
 
 // releaseScope reads a release's ?group= (the key as /debug/groups shows
-// it) and ?type= (a REST short name or a type URL): the groups it names,
+// it) and ?type= (any name of a type, xds.ParseType): the groups it names,
 // every group without it, and the type URL, "" for every type. It answers
 // 400 for an unknown type and 404 for an unknown group itself.
 func (r *Relay) releaseScope(w http.ResponseWriter, req *http.Request) (groups []*group, typeURL string, ok bool) {
 	q := req.URL.Query()
 	shown, typeName := q.Get("group"), q.Get("type")
 	if typeName != "" {
-		if typeURL, ok = xds.TypeNamed(typeName); !ok {
-			http.Error(w, fmt.Sprintf("xdsrelay: type %q: a REST short name (clusters, endpoints, ...) or a type URL is required", typeName), http.StatusBadRequest)
+		var err error
+		if typeURL, err = xds.ParseType(typeName); err != nil {
+			http.Error(w, "xdsrelay: type: "+err.Error(), http.StatusBadRequest)
 			return nil, "", false
 		}
 	}

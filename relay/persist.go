@@ -44,6 +44,10 @@ const (
 	wildcardSynced = "wildcard,synced"
 )
 
+// PersistFilePattern matches the names of the saved caches in
+// cache.persist_dir, one file a group.
+const PersistFilePattern = "group-*.cache"
+
 func persistFile(dir, key string) string {
 	sum := sha256.Sum256([]byte(key))
 	return filepath.Join(dir, "group-"+hex.EncodeToString(sum[:8])+".cache")
@@ -444,7 +448,7 @@ func plural(n int, one, many string) string {
 // left alone.
 func (r *Relay) restore() {
 	dir := r.cfg.Cache.PersistDir
-	paths, err := filepath.Glob(filepath.Join(dir, "group-*.cache"))
+	paths, err := filepath.Glob(filepath.Join(dir, PersistFilePattern))
 	if err != nil {
 		r.log.Error("cache.persist_dir", "error", err)
 		return
@@ -503,22 +507,35 @@ func (r *Relay) persist(every time.Duration) {
 		case <-r.ctx.Done():
 			stopping = true
 		}
-		r.writeCaches(written)
+		s := r.writeCaches(written)
 		if stopping {
+			// What a restart will find, and where: the last thing shutdown
+			// does with the caches.
+			r.log.Info("caches saved for the next start", "dir", r.cfg.Cache.PersistDir, "groups", s.saved+s.unchanged,
+				"resources", s.resources, "written_now", s.saved, "failed", s.failed)
 			return
 		}
 	}
 }
 
+// saveCount is what one writeCaches did.
+type saveCount struct {
+	saved, unchanged, failed int // groups
+	resources                int // in the groups saved or unchanged
+}
+
 // writeCaches saves the groups whose caches changed since written; one that
 // fails is tried again next time.
-func (r *Relay) writeCaches(written map[string]uint64) {
+func (r *Relay) writeCaches(written map[string]uint64) saveCount {
+	var s saveCount
 	seen := map[string]bool{}
 	fails, last := 0, ""
 	for _, g := range r.snapshotGroups() {
 		seen[g.key] = true
 		states, gen := g.cache.Export()
 		if gen == written[g.key] {
+			s.unchanged++
+			s.resources += g.cache.Len()
 			continue
 		}
 		if err := r.writeCache(g, states); err != nil {
@@ -527,7 +544,12 @@ func (r *Relay) writeCaches(written map[string]uint64) {
 			continue
 		}
 		written[g.key] = gen
+		s.saved++
+		for _, ts := range states {
+			s.resources += len(ts.Resources)
+		}
 	}
+	s.failed = fails
 	r.persistHealth.saved(fails, last)
 	for key := range written {
 		if !seen[key] {
@@ -536,6 +558,7 @@ func (r *Relay) writeCaches(written map[string]uint64) {
 			delete(written, key)
 		}
 	}
+	return s
 }
 
 // writeCache saves one group's cache, unless it is larger than what a

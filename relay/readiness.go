@@ -11,6 +11,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/upstream"
 )
 
@@ -72,7 +73,7 @@ func groupsProblem(gs []*group) syncProblem {
 			return syncProblem{
 				public: "the control plane cannot be reached (" + failureKind(u.LastError) + ")",
 				private: fmt.Sprintf("group %q: upstream %q (server %s) cannot be reached: %s",
-					g.shown, u.Upstream, u.Server, u.LastError),
+					g.shown, u.Upstream, u.Server, xds.Clip(u.LastError)),
 			}
 		}
 	}

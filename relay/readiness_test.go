@@ -186,3 +186,35 @@ func deadAddr(t *testing.T) string {
 	ln.Close()
 	return addr
 }
+
+// The private /readyz says an upstream's error once (the first line says
+// it while the relay waits for its first sync; the upstream's line then
+// points to it), and names a file:// upstream's files rather than an empty
+// server.
+func TestReadyzSaysEachErrorOnce(t *testing.T) {
+	dead := deadAddr(t)
+	r := startRelay(t, dead, fastReconnect, func(c *Config) { c.Admin.ReadyAfterSync = true })
+	s := openDelta(t, r.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "tenant-a"), TypeUrl: resourcev3.ClusterType})
+	var body string
+	eventually(t, "/readyz with the group's upstream error", func() bool {
+		_, body = get(t, http.DefaultClient, "http://"+r.AdminAddr()+"/readyz")
+		return strings.HasPrefix(body, `not ready: waiting for the first upstream sync: group "`) && strings.Contains(body, `upstream "default": server `+dead+`, DOWN`)
+	})
+	if n := strings.Count(body, "connection refused"); n != 1 || !strings.Contains(body, "DOWN (the error above)") {
+		t.Errorf("the private /readyz says the error %d times, want once:\n%s", n, body)
+	}
+
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "c.yaml"), []byte("\"@type\": type.googleapis.com/envoy.config.cluster.v3.Cluster\nname: c\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rf := startRelay(t, FilePrefix+dir)
+	sf := openDelta(t, rf.Addr())
+	sf.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "tenant-a"), TypeUrl: resourcev3.ClusterType})
+	sf.recv()
+	_, body = get(t, http.DefaultClient, "http://"+rf.AdminAddr()+"/readyz")
+	if !strings.Contains(body, `  upstream "default": files `+FilePrefix+dir+", connected\n") || strings.Contains(body, "server ,") {
+		t.Errorf("the private /readyz of a file:// upstream:\n%s", body)
+	}
+}

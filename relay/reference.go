@@ -2,6 +2,7 @@ package relay
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 )
@@ -38,6 +39,10 @@ type AdminPath struct {
 	Returns string
 }
 
+// Shown is the pattern as people write it: "GET /" for the mux's exact
+// root, "GET /{$}".
+func (p AdminPath) Shown() string { return strings.TrimSuffix(p.Pattern, "{$}") }
+
 // When the paths served only with a setting are served (AdminPath.Served).
 const (
 	servedWithLogLevel = "with a run-time log level (the binary always has one)"
@@ -48,6 +53,8 @@ const (
 // lists them.
 func AdminPaths() []AdminPath {
 	return []AdminPath{
+		{Pattern: "GET /{$}", Access: AdminAnyone,
+			Returns: "This index: every path below, who may call it and when it is served, as text (Envoy's admin endpoint has one too). Other paths that are not below are 404."},
 		{Pattern: "GET /healthz", Access: AdminAnyone,
 			Returns: "200 `ok` while the process runs (a liveness probe)."},
 		{Pattern: "GET /readyz", Access: AdminDetails,
@@ -73,9 +80,9 @@ func AdminPaths() []AdminPath {
 		{Pattern: "GET /debug/groups", Access: AdminPrivate,
 			Returns: "JSON, one entry per group: `key`, the `user_agent` and `client_features` its clients share, `upstream_connected`, `upstream_last_error`, `invalid`, `last_response`, `resources` cached, `clients`, per type what the group subscribes upstream (`wildcard`, `names`), `upstreams` (each upstream it has a stream to: `name`, the `server` in use, `connected`, `last_error`, `last_response`), `guard_holds` (`type`, `since`, `names`), `rollouts` (changes waiting for the canaries: `since`, `types`, `resources`, `canaries`, `acked`, `held`, `nacked_by`, `nack_error`) and `load_reports` (null until a client reports load; then `clients`, `interval`, `send_all_clusters`, `clusters`, `endpoint_granularity`, `control_plane_answered`, `pending_reports`, `upstream_stream` and `last_report`)."},
 		{Pattern: "GET /debug/cache", Access: AdminPrivate,
-			Returns: "`?group=KEY&type=TYPE_URL[&bodies=true]`: JSON list of one type's resources in one group's cache, `name` and `version`, and with `bodies=true` the `resource` as protojson. 400 if `type` is not a type URL the relay knows, 404 if there is no group `KEY`."},
+			Returns: "`?group=KEY&type=TYPE[&bodies=true]`: JSON list of one type's resources in one group's cache, `name` and `version`, and with `bodies=true` the `resource` as protojson. `TYPE` is any name of the type (`clusters`, `Cluster`, `cds` or its type URL; see [Resource types](cli.md#resource-types)). 400 for an unknown type (the answer lists the names), 404 if there is no group `KEY`."},
 		{Pattern: "POST /debug/guard/release", Access: AdminPrivate,
-			Returns: "Ends the mass-removal guard's holds and applies their removals; `?group=KEY` and `?type=T` (a REST short name or a type URL) narrow it. Answers the holds it ended as JSON (`group`, `type`, `since`, `names`); 400 for an unknown type, 404 for an unknown group. `xdsrelay guard release` calls it."},
+			Returns: "Ends the mass-removal guard's holds and applies their removals; `?group=KEY` and `?type=T` (any name of the type: `clusters`, `Cluster`, `cds` or its type URL; see [Resource types](cli.md#resource-types)) narrow it. Answers the holds it ended as JSON (`group`, `type`, `since`, `names`); 400 for an unknown type, 404 for an unknown group. `xdsrelay guard release` calls it."},
 		{Pattern: "POST /debug/rollout/release", Access: AdminPrivate,
 			Returns: "Releases the changes a canary NACKed to the rest of their groups; `?group=KEY` and `?type=T` narrow it. Answers the changes it released as JSON (`group`, `since`, `types`, `resources`, `canaries`, `nacked_by`, `nack_error`); 400 for an unknown type, 404 for an unknown group. `xdsrelay rollout release` calls it."},
 	}

@@ -81,7 +81,7 @@ func TestAdminPathsAreRegistered(t *testing.T) {
 // pattern without one), its path, and a body and query that make a private
 // caller's request succeed quickly.
 func adminRequest(p AdminPath) (method, path, body string) {
-	method, path, ok := strings.Cut(p.Pattern, " ")
+	method, path, ok := strings.Cut(p.Shown(), " ")
 	if !ok {
 		method, path = http.MethodGet, p.Pattern
 	}

@@ -316,7 +316,7 @@ func (r *Relay) upstreamSource(u UpstreamConfig, key string) (upstream.Source, e
 		r.warnings.warn(r.log, k, "docs/control-planes.md#relaying-a-control-plane", k+" is set: the control plane's certificate is NOT verified")
 	}
 	if up != nil {
-		tc = up.ClientCredentials()
+		tc = up.ClientCredentials(key + ".tls.cert_file and key_file")
 		r.certs[key] = up
 	}
 	var servers []upstream.Server
@@ -498,6 +498,11 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 	}
 	err = errors.Join(err, r.source.Close())
 	r.closeReloaders()
+	if r.cfg.Cache.PersistDir == "" {
+		r.log.Info("shut down; the caches were not saved (cache.persist_dir is not set): the next start begins empty")
+	} else {
+		r.log.Info("shut down")
+	}
 	return err
 }
 

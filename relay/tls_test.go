@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"os"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -93,4 +94,36 @@ func TestMutualTLSBothWays(t *testing.T) {
 	if err == nil {
 		t.Fatal("a client without a certificate was served")
 	}
+}
+
+// A control plane that requires a client certificate the relay does not
+// have ends the connection after the handshake: the relay's errors (the
+// private /readyz, the group's upstream error) name what is missing and
+// the keys that set it, not only "write: broken pipe".
+func TestUpstreamRequiringClientCertificateIsExplained(t *testing.T) {
+	certs := testcp.MakeCerts(t)
+	serverCert, err := tls.LoadX509KeyPair(certs.ServerCert, certs.ServerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := testcp.StartWith(t, grpc.Creds(credentials.NewTLS(&tls.Config{
+		Certificates: []tls.Certificate{serverCert},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    pool(t, certs.CA),
+	})))
+	cp.Set(t, "tenant-a", "1", testcp.Cluster("x"))
+	r := startRelay(t, cp.Addr, fastReconnect, func(c *Config) {
+		c.Upstream.TLS.CAFile = certs.CA
+		c.Admin.ReadyAfterSync = true
+	})
+	const want = "the server asked for a client certificate and none is set (upstream.tls.cert_file and key_file); it may require one"
+	eventually(t, "/readyz naming the missing client certificate", func() bool {
+		return strings.Contains(r.notReadyLine(r.notReady(), true), want)
+	})
+	s := openDelta(t, r.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "tenant-a"), TypeUrl: resourcev3.ClusterType})
+	eventually(t, "the group's upstream error naming the missing client certificate", func() bool {
+		g := r.snapshotGroups()
+		return len(g) == 1 && strings.Contains(g[0].feed.Status().LastError, want)
+	})
 }

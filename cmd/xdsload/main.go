@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/xdsrelay/xdsrelay/cmd/xdsload/internal/loadtest"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
 const usage = `xdsload opens many xDS clients against an xDS server, each on its own gRPC
@@ -150,7 +151,7 @@ func (f *flags) define(fs *flag.FlagSet) {
 	fs.Float64Var(&c.Rate, "rate", 1000, "open at most `R` streams per second; 0: no limit")
 	fs.StringVar(&c.Variant, "variant", loadtest.VariantDelta, "protocol variant: delta or sotw")
 	fs.BoolVar(&c.ADS, "ads", true, "use the aggregated service (ADS); false: the per-type service (EDS, CDS, LDS, RDS)")
-	fs.StringVar(&c.Type, "type", "eds", "resource type: eds, cds, lds or rds")
+	fs.StringVar(&c.Type, "type", "eds", "resource type: eds, cds, lds or rds, or another of their names (Cluster, clusters, a type URL)")
 	fs.StringVar(&f.names, "names", "", "comma-separated resource `names` to subscribe to; empty: wildcard")
 	fs.StringVar(&c.NodeCluster, "node-cluster", "load", "node.cluster sent by every client (node.id is xdsload-<i>)")
 	fs.StringVar(&f.pid, "pid", "", "sample the VmRSS of server process `PID` at the start, once every client is configured, and at the end; \"self\": this process, clients included")
@@ -207,6 +208,7 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	if err := fs.Parse(args); err != nil {
 		return &f, err
 	}
+	f.cfg.Type = typeKey(f.cfg.Type)
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
 	if (f.compare || f.cfg.Soak.Duration > 0) && !set["cp-cache"] {
@@ -226,6 +228,16 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	}
 	f.cfg.Progress = stderr
 	return &f, err
+}
+
+// typeKey is the tool's name for a type (eds, cds, lds, rds) given by any
+// of the names the relay takes (xds.ParseType); another word is left as it
+// is, for the configuration's check to refuse.
+func typeKey(s string) string {
+	if t, err := xds.ParseType(s); err == nil {
+		return strings.ToLower(xds.TypeAbbrev(t))
+	}
+	return s
 }
 
 // soakDefaults makes a soak what --soak says: through the relay in front of

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -153,6 +154,22 @@ func TestFlagErrors(t *testing.T) {
 				t.Errorf("stderr lacks %q:\n%s", tt.want, stderr.String())
 			}
 		})
+	}
+}
+
+// --type takes a type by any of the names the relay takes; a type the tool
+// does not load is refused.
+func TestTypeFlag(t *testing.T) {
+	for _, name := range []string{"cds", "CDS", "Cluster", "clusters", "type.googleapis.com/envoy.config.cluster.v3.Cluster"} {
+		f, err := parseFlags([]string{"--floor", "--type", name}, io.Discard)
+		if err != nil || f.cfg.Type != "cds" {
+			t.Errorf("--type %s: %v, type %q, want cds", name, err, f.cfg.Type)
+		}
+	}
+	for _, name := range []string{"secrets", "clusterz"} {
+		if _, err := parseFlags([]string{"--floor", "--type", name}, io.Discard); err == nil || !strings.Contains(err.Error(), "type") {
+			t.Errorf("--type %s: %v, want an error naming the type", name, err)
+		}
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -310,4 +311,27 @@ func TestDocOperationsAdminCommands(t *testing.T) {
 func deadAddr(t *testing.T) string {
 	t.Helper()
 	return fmt.Sprintf("127.0.0.1:%d", freePort(t))
+}
+
+// `xdsrelay admin /` prints the admin endpoint's index: every path
+// docs/admin.md lists, with who may call it; a path it does not list is
+// still 404.
+func TestAdminIndex(t *testing.T) {
+	r := startFileRelay(t, t.TempDir(), func(c *relay.Config) { c.Admin.Address = "127.0.0.1:0" })
+	code, out, errOut := runCLI("admin", "--server", r.AdminAddr(), "/")
+	if code != 0 || !strings.HasPrefix(out, "xdsrelay admin endpoint (docs/admin.md)") {
+		t.Fatalf("admin /: exit %d, %q %q", code, out, errOut)
+	}
+	doc := docText(t, "docs/admin.md")
+	for _, p := range relay.AdminPaths() {
+		if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(p.Shown()) + ` +` + regexp.QuoteMeta(p.Access)).MatchString(out) {
+			t.Errorf("the index lacks %s (%s):\n%s", p.Shown(), p.Access, out)
+		}
+		if !strings.Contains(doc, "| `"+p.Shown()+"` |") {
+			t.Errorf("docs/admin.md lacks %s", p.Shown())
+		}
+	}
+	if code, _, errOut := runCLI("admin", "--server", r.AdminAddr(), "/nope"); code != 1 || !strings.Contains(errOut, "404") {
+		t.Errorf("admin /nope: exit %d, %q", code, errOut)
+	}
 }

@@ -116,6 +116,19 @@ func groupCmd(cmd *cobra.Command, subs ...*cobra.Command) *cobra.Command {
 	return cmd
 }
 
+// flagError is a flag the command does not take: a usage error. When the
+// command groups others and a word before the flag names none of them, the
+// word is the mistake (xdsrelay stauts --server ADDR), not the flag that
+// only its intended command takes.
+func flagError(cmd *cobra.Command, err error) error {
+	if args := cmd.Flags().Args(); cmd.HasAvailableSubCommands() && len(args) > 0 {
+		if found, _, ferr := cmd.Find(args[:1]); ferr == nil && found == cmd {
+			return unknownCommand(cmd, args)
+		}
+	}
+	return usageError{cmd, err}
+}
+
 // usageArgs makes check's refusal a usage error.
 func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
@@ -149,7 +162,7 @@ func newRootCmd(environ []string) *cobra.Command {
 	root.CompletionOptions.DisableDefaultCmd = true
 	root.Flags().StringVar(&config, "config", "", "read the configuration from `FILE` (YAML); without it, defaults and the environment only")
 	root.Flags().BoolVar(&showVersion, "version", false, "print the version and exit")
-	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error { return usageError{cmd, err} })
+	root.SetFlagErrorFunc(flagError)
 	root.AddCommand(newServeCmd(environ), newValidateCmd(environ), newStatusCmd(), newWatchCmd(), newPersistCmd(), newGuardCmd(),
 		newRolloutCmd(), newAdminCmd(), newVersionCmd(), newDocsCmd())
 	defaultHelp := root.HelpFunc()

@@ -517,3 +517,43 @@ func TestStatusVersions(t *testing.T) {
 		}
 	}
 }
+
+// `xdsrelay persist inspect DIR` takes cache.persist_dir itself: it prints
+// every saved cache in it, each under its name, and exits 1 when one does
+// not load (printing the others) or none is there.
+func TestPersistInspectDir(t *testing.T) {
+	dir, saved := t.TempDir(), t.TempDir()
+	writeFile(t, filepath.Join(dir, "listener.yaml"), listenerFile("10001"))
+	r := startFileRelay(t, dir, func(c *relay.Config) {
+		c.Cache.PersistDir = saved
+		c.Cache.PersistInterval = 20 * time.Millisecond
+	})
+	for _, cluster := range []string{"c1", "c2"} {
+		out := &syncBuffer{}
+		stop := runAsync(t, out, "watch", "--server", r.Addr(), "--node-id", "n-"+cluster, "--cluster", cluster, "--type", "lds")
+		waitForOutput(t, out, "name: edge")
+		stop()
+	}
+	deadline := time.Now().Add(cliWait)
+	for files, _ := filepath.Glob(filepath.Join(saved, "group-*.cache")); len(files) < 2; files, _ = filepath.Glob(filepath.Join(saved, "group-*.cache")) {
+		if time.Now().After(deadline) {
+			t.Fatal("the two groups' caches were not saved")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	code, out, errOut := runCLI("persist", "inspect", saved)
+	if code != 0 || strings.Count(out, "== "+saved+string(filepath.Separator)+"group-") != 2 ||
+		!strings.Contains(out, "cluster=c1\n") || !strings.Contains(out, "cluster=c2\n") {
+		t.Fatalf("persist inspect DIR: exit %d, stdout:\n%s\nstderr: %s", code, out, errOut)
+	}
+
+	writeFile(t, filepath.Join(saved, "group-0.cache"), "xdsrelay-cache v1\ngarbage")
+	code, out, errOut = runCLI("persist", "inspect", saved)
+	if code != 1 || strings.Count(out, "node: ") != 2 || !strings.Contains(errOut, "group-0.cache") || !strings.Contains(errOut, "1 of 3 saved caches did not load") {
+		t.Errorf("a corrupt file in DIR: exit %d, stdout:\n%s\nstderr: %s", code, out, errOut)
+	}
+	empty := t.TempDir()
+	if code, _, errOut := runCLI("persist", "inspect", empty); code != 1 || errOut != "xdsrelay: "+empty+": no saved caches (group-*.cache) in the directory\n" {
+		t.Errorf("an empty DIR: exit %d, %q", code, errOut)
+	}
+}

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -58,7 +57,7 @@ func (f *clientFlags) credentials(ctx context.Context) (credentials.TransportCre
 		if err != nil {
 			return nil, nil, err
 		}
-		return r.ClientCredentials(), r.Close, nil
+		return r.ClientCredentials("--cert-file and --key-file"), r.Close, nil
 	case f.tls:
 		return credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12}), func() {}, nil
 	default:
@@ -66,46 +65,17 @@ func (f *clientFlags) credentials(ctx context.Context) (credentials.TransportCre
 	}
 }
 
-// typeNames are the discovery services' short names of the relayed types,
-// in xds.Types' order.
-var typeNames = []struct{ short, typeURL string }{
-	{"CDS", resourcev3.ClusterType},
-	{"EDS", resourcev3.EndpointType},
-	{"LEDS", xds.LbEndpointType},
-	{"LDS", resourcev3.ListenerType},
-	{"RDS", resourcev3.RouteType},
-	{"SRDS", resourcev3.ScopedRouteType},
-	{"VHDS", resourcev3.VirtualHostType},
-	{"SDS", resourcev3.SecretType},
-	{"RTDS", resourcev3.RuntimeType},
-	{"ECDS", resourcev3.ExtensionConfigType},
-}
-
-// shortType is a type URL's short name (LDS), or the URL when it has none.
-func shortType(typeURL string) string {
-	for _, t := range typeNames {
-		if t.typeURL == typeURL {
-			return t.short
-		}
-	}
-	return typeURL
-}
-
-// parseType accepts a short name in any case (lds) or a full type URL.
+// parseType is the type URL that a --type names (xds.ParseType); a type
+// URL the relay does not carry is taken as is, for a control plane's own.
 func parseType(s string) (string, error) {
-	for _, t := range typeNames {
-		if strings.EqualFold(s, t.short) || s == t.typeURL {
-			return t.typeURL, nil
-		}
-	}
-	if strings.HasPrefix(s, resourcev3.APITypePrefix) {
+	t, err := xds.ParseType(s)
+	if err != nil && strings.HasPrefix(s, resourcev3.APITypePrefix) {
 		return s, nil
 	}
-	names := make([]string, len(typeNames))
-	for i, t := range typeNames {
-		names[i] = strings.ToLower(t.short)
+	if err != nil {
+		return "", fmt.Errorf("--type: %w", err)
 	}
-	return "", errors.New("--type: " + s + " is not one of " + strings.Join(names, ", ") + " or a type URL")
+	return t, nil
 }
 
 // required refuses a command line without one of the named flags: exit 2.

@@ -289,7 +289,7 @@ shown as the ` + "`group`" + ` label of the metrics shows it, and the paths that
 		if served == "" {
 			served = "always"
 		}
-		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", p.Pattern, p.Access, cell(served), cell(p.Returns))
+		fmt.Fprintf(&b, "| `%s` | %s | %s | %s |\n", p.Shown(), p.Access, cell(served), cell(p.Returns))
 	}
 	b.WriteString(`
 The downstream port (` + "`downstream.address`" + `) serves gRPC health

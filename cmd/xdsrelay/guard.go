@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -21,8 +20,8 @@ func newGuardReleaseCmd() *cobra.Command {
 	return newReleaseCmd("Release held removals: the clients get them now",
 		`Asks the relay's admin endpoint (POST /debug/guard/release) to end the
 guard's holds and apply their removals: of one group (the key as
-/debug/groups shows it) or all, of one type (a REST short name such as
-endpoints, or a type URL) or all.`, "/debug/guard/release", printHolds)
+/debug/groups shows it) or all, of one type (endpoints, EDS,
+ClusterLoadAssignment or a type URL) or all.`, "/debug/guard/release", printHolds)
 }
 
 // newReleaseCmd is a "release" subcommand: it POSTs path on the admin
@@ -60,7 +59,7 @@ loopback, or admin.tls with a client certificate (--ca-file, --cert-file,
 // addReleaseFlags adds --group and --type, which narrow a release.
 func addReleaseFlags(cmd *cobra.Command, group, typ *string) {
 	cmd.Flags().StringVar(group, "group", "", "only the group with this `KEY`, as /debug/groups shows it (all groups without it)")
-	cmd.Flags().StringVar(typ, "type", "", "only this `TYPE`: a REST short name such as clusters, or a type URL (all types without it)")
+	cmd.Flags().StringVar(typ, "type", "", "only this `TYPE`: clusters, Cluster, cds or a type URL, as watch --type (all types without it)")
 }
 
 // releaseQuery checks a release's flags and makes its query.
@@ -70,10 +69,11 @@ func releaseQuery(cmd *cobra.Command, group, typ string) (url.Values, error) {
 	}
 	q := url.Values{}
 	if typ != "" {
-		if _, ok := xds.TypeNamed(typ); !ok {
-			return nil, usageError{cmd, fmt.Errorf("--type: %q is not one of %s, or a type URL", typ, strings.Join(xds.TypeShortNames(), ", "))}
+		typeURL, err := xds.ParseType(typ)
+		if err != nil {
+			return nil, usageError{cmd, fmt.Errorf("--type: %w", err)}
 		}
-		q.Set("type", typ)
+		q.Set("type", typeURL)
 	}
 	if group != "" {
 		q.Set("group", group)

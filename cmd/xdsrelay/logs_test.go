@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"google.golang.org/grpc/grpclog"
 )
 
 // With log.format json every line is a JSON object, and the binary's log
@@ -68,5 +70,24 @@ func TestInsecureSkipVerifyIsWarned(t *testing.T) {
 	waitForLog(t, logs, regexp.MustCompile(`level=WARN msg="upstream.tls.insecure_skip_verify is set: the control plane's certificate is NOT verified"`))
 	if c := stop(); c != 0 {
 		t.Fatalf("exit %d; log:\n%s", c, logs)
+	}
+}
+
+// gRPC's own lines (here the one its transport writes for a GOAWAY with
+// too_many_pings) are written by the relay's logger, in its format and
+// with component=grpc, not as a bare "ERROR: [transport] ..." line.
+func TestGRPCLogsInTheRelayFormat(t *testing.T) {
+	logs := &syncBuffer{}
+	stop := startExampleRelay(t, map[string]string{"XDSRELAY_LOG_FORMAT": "json"}, logs)
+	waitForLog(t, logs, regexp.MustCompile(`"msg":"relay serving"`))
+	grpclog.Component("transport").Errorf(`Client received GoAway with error code ENHANCE_YOUR_CALM and debug data equal to ASCII "too_many_pings".`)
+	waitForLog(t, logs, regexp.MustCompile(`\{"time":"[^"]+","level":"ERROR","msg":"\[transport\] Client received GoAway with error code ENHANCE_YOUR_CALM and debug data equal to ASCII \\"too_many_pings\\".","component":"grpc"\}`))
+	if c := stop(); c != 0 {
+		t.Fatalf("exit %d; log:\n%s", c, logs)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		if !json.Valid([]byte(line)) {
+			t.Errorf("not JSON: %q", line)
+		}
 	}
 }

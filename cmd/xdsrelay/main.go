@@ -48,6 +48,7 @@ func runRelay(ctx context.Context, configFile string, environ []string, stderr i
 	level.Set(opts.LogLevel)
 	opts.Relay.LogLevel = level
 	logger := newLogger(opts.LogFormat, stderr, level)
+	defer useGRPCLogger(logger)()
 	for _, name := range unknownEnv {
 		attrs := []any{"name", name}
 		if near := nearestEnv(name); near != "" {

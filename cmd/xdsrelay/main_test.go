@@ -123,10 +123,14 @@ func TestUsageErrors(t *testing.T) {
 		{args: []string{"serve", "b.yaml"}, want: `unexpected argument "b.yaml": name the configuration file with --config FILE`},
 		{args: []string{"validat"}, want: `unknown command "validat" for "xdsrelay"; did you mean "validate"?`},
 		{args: []string{"stauts"}, want: `unknown command "stauts" for "xdsrelay"; did you mean "status"?`},
+		{args: []string{"stauts", "--server", "x:1"}, want: `unknown command "stauts" for "xdsrelay"; did you mean "status"?`},
+		{args: []string{"wacth", "--server=x:1", "--type", "cds"}, want: `unknown command "wacth" for "xdsrelay"; did you mean "watch"?`},
+		{args: []string{"--config", "a.yaml", "stauts", "--node-id", "n"}, want: `unknown command "stauts" for "xdsrelay"; did you mean "status"?`},
+		{args: []string{"persist", "inspekt", "--bogus"}, want: `unknown command "inspekt" for "xdsrelay persist"; did you mean "inspect"?`},
 		{args: []string{"persist", "inspekt", "x"}, want: `unknown command "inspekt" for "xdsrelay persist"; did you mean "inspect"?`},
 		{args: []string{"guard", "relase"}, want: `unknown command "relase" for "xdsrelay guard"; did you mean "release"?`},
 		{args: []string{"rollout", "hold"}, want: `unknown command "hold" for "xdsrelay rollout"; the commands are release`},
-		{args: []string{"rollout", "release", "--server", "x:1", "--type", "bogus"}, want: `--type: "bogus" is not one of`},
+		{args: []string{"rollout", "release", "--server", "x:1", "--type", "bogus"}, want: `--type: "bogus" is not a resource type: Cluster|CDS|clusters, `},
 		{args: []string{"admin", "--server", "x:1"}, want: "accepts 1 arg(s)"},
 		{args: []string{"admin", "--server", "x:1", "-X", "DELETE", "/readyz"}, want: `-X: "DELETE" is not GET, POST or PUT`},
 		{args: []string{"admin", "--server", "x:1", "readyz"}, want: `PATH: "readyz" is not a path such as /debug/groups`},
@@ -140,9 +144,11 @@ func TestUsageErrors(t *testing.T) {
 		{args: []string{"status"}, want: "--server is required"},
 		{args: []string{"status", "--server", "x:1", "-o", "yaml"}, want: `-o: "yaml" is not table or json`},
 		{args: []string{"status", "--server", "x:1", "extra"}, want: `unknown command "extra"`},
-		{args: []string{"watch", "--server", "x:1", "--node-id", "n", "--type", "xds"}, want: "--type: xds is not one of"},
+		{args: []string{"watch", "--server", "x:1", "--node-id", "n", "--type", "xds"}, want: `--type: "xds" is not a resource type: Cluster|CDS|clusters, `},
 		{args: []string{"watch", "--server", "x:1", "--node-id", "n", "--type", "lds", "-o", "toml"}, want: `-o: "toml" is not yaml or json`},
 		{args: []string{"watch", "--server", "x:1", "--type", "lds"}, want: "--node-id is required"},
+		{args: []string{"watch", "--server", "x:1", "--node-id", "n", "--type", "lds", "--nack", "--nack-matching", "x"}, want: "--nack and --nack-matching: give one"},
+		{args: []string{"watch", "--server", "x:1", "--node-id", "n", "--type", "lds", "--nack-matching", "("}, want: "--nack-matching: error parsing regexp"},
 		{args: []string{"persist", "inspect"}, want: "accepts 1 arg(s)"},
 	}
 	for _, tc := range tests {
@@ -342,3 +348,39 @@ func waitForLog(t *testing.T, logs *syncBuffer, re *regexp.Regexp) []string {
 
 // syncBuffer is a buffer safe for a writer and a reader at once.
 type syncBuffer = testlog.Buffer
+
+// After "shutting down", the log says what was saved for the next start
+// and where, then that the relay shut down; without cache.persist_dir, that
+// nothing was saved.
+func TestShutdownSaysWhatWasSaved(t *testing.T) {
+	saved := t.TempDir()
+	for _, tc := range []struct {
+		env  map[string]string
+		want []string
+	}{
+		{env: map[string]string{"XDSRELAY_CACHE_PERSIST_DIR": saved}, want: []string{
+			`level=INFO msg="caches saved for the next start" dir=` + saved + ` groups=1 resources=1 written_now=1 failed=0`,
+			`level=INFO msg="shut down"`,
+		}},
+		{env: map[string]string{}, want: []string{
+			`level=INFO msg="shut down; the caches were not saved (cache.persist_dir is not set): the next start begins empty"`,
+		}},
+	} {
+		logs := &syncBuffer{}
+		stop := startExampleRelay(t, tc.env, logs)
+		addr := waitForLog(t, logs, regexp.MustCompile(`msg="relay serving" downstream=(\S+)`))[1]
+		out := &syncBuffer{}
+		stopWatch := runAsync(t, out, "watch", "--server", addr, "--node-id", "n1", "--cluster", "c1", "--type", "cds")
+		waitForOutput(t, out, "name: greeter-cluster")
+		stopWatch()
+		if c := stop(); c != 0 {
+			t.Fatalf("exit %d; log:\n%s", c, logs)
+		}
+		_, after, _ := strings.Cut(logs.String(), `msg="shutting down"`)
+		for _, w := range tc.want {
+			if !strings.Contains(after, w) {
+				t.Errorf("the log after shutting down lacks %s:\n%s", w, after)
+			}
+		}
+	}
+}

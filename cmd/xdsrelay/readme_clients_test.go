@@ -464,3 +464,51 @@ func TestContributingCommands(t *testing.T) {
 		t.Errorf("CONTRIBUTING.md lists the fuzz targets %v; the repository has %v", listed, have)
 	}
 }
+
+// docs/clients.md's fast failure, run as written (the relay's addresses
+// moved, and its unreachable control plane a port known to be closed):
+// the example client with -wait-for-ready=false fails with the relay's
+// UNAVAILABLE, not DEADLINE_EXCEEDED after its -wait; and -xds-server
+// reaches a relay on another port than the bootstrap's.
+func TestDocGreeterFailsFast(t *testing.T) {
+	cmds := shellCommands(t, docBlock(t, "docs/clients.md", "sh", "-wait-for-ready=false"))
+	if len(cmds) != 2 || !cmds[0].background || len(cmds[1].words) < 3 || cmds[1].words[2] != "./examples/greeter/client" {
+		t.Fatalf("docs/clients.md's fast failure: %+v", cmds)
+	}
+	bin := buildExamples(t, "./examples/greeter/client", "./examples/greeter/server")
+	env := maps.Clone(cmds[0].env)
+	if env["XDSRELAY_UPSTREAM_ADDRESS"] != "localhost:1" {
+		t.Fatalf("the doc's relay: %v", env)
+	}
+	env["XDSRELAY_UPSTREAM_ADDRESS"] = deadAddr(t)
+	r := bootReadmeEnv(t, env, func(_, content string) string { return content })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	run := func(args ...string) (string, error) {
+		c := exec.CommandContext(ctx, filepath.Join(bin, "client"), args...)
+		c.Env = append(os.Environ(), "GRPC_XDS_BOOTSTRAP="+filepath.Join(repo, cmds[1].env["GRPC_XDS_BOOTSTRAP"]))
+		out, err := c.CombinedOutput()
+		return string(out), err
+	}
+	start := time.Now()
+	out, err := run(append(slices.Clone(cmds[1].words[3:]), "-xds-server", r.Addr(), "-wait", "50s")...)
+	t.Logf("the client failed after %s: %s", time.Since(start), out)
+	want := strings.TrimSpace(docBlock(t, "docs/clients.md", "text", "xds:///greeter: "))
+	if err == nil || !strings.Contains(out, want) {
+		t.Fatalf("client: %v, %q; the doc shows %q", err, out, want)
+	}
+
+	port := freePort(t)
+	good := bootReadme(t, moveGreeter(t, port))
+	server := exec.CommandContext(ctx, filepath.Join(bin, "server"), "-addr", fmt.Sprintf("127.0.0.1:%d", port))
+	if err := server.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		server.Process.Kill()
+		server.Wait()
+	}()
+	if out, err := run("-xds-server", good.Addr()); err != nil || !strings.Contains(out, "xds:///greeter answered by greeter-1") {
+		t.Fatalf("client -xds-server %s: %v, %q", good.Addr(), err, out)
+	}
+}

@@ -19,8 +19,8 @@ func newRolloutReleaseCmd() *cobra.Command {
 	return newReleaseCmd("Release changes a canary NACKed: the whole group gets them",
 		`Asks the relay's admin endpoint (POST /debug/rollout/release) to release
 the changes held after a canary NACKed them, overriding the canary: of one
-group (the key as /debug/groups shows it) or all, changing one type (a REST
-short name such as clusters, or a type URL) or any. They reach the group in
+group (the key as /debug/groups shows it) or all, changing one type (clusters,
+CDS, Cluster or a type URL) or any. They reach the group in
 order, after the changes before them.`, "/debug/rollout/release", printRollouts)
 }
 

@@ -105,7 +105,7 @@ func upstreamSettings(prefix string, u *relay.UpstreamConfig) []setting {
 		{"keepalive.timeout", kindDuration, &u.KeepaliveTimeout, "How long a keepalive ping may go unanswered before the connection is closed; also bounds the probe of a silent stream's connection before a name is reported not to exist."},
 		{"connect_timeout", kindDuration, &u.ConnectTimeout, "A connection attempt to the control plane (TCP, TLS, HTTP/2 handshake) not complete by then is given up, as to an address that accepts and answers nothing."},
 		{"tls.enabled", kindBool, &u.TLSEnabled, "TLS to the control plane with the system roots; any upstream.tls file also turns TLS on."},
-		{"tls.cert_file", kindString, &u.TLS.CertFile, "The relay's client certificate (mTLS)."},
+		{"tls.cert_file", kindString, &u.TLS.CertFile, "The relay's client certificate (mTLS). Without it, when the control plane asks for one, the upstream's errors (in the log, /readyz, /debug/groups) say so and name this key, rather than only \"broken pipe\"."},
 		{"tls.key_file", kindString, &u.TLS.KeyFile, "The key of the relay's client certificate."},
 		{"tls.ca_file", kindString, &u.TLS.CAFile, "CA bundle verifying the control plane."},
 		{"tls.server_name", kindString, &u.TLS.ServerName, "Name verified in the control plane's certificate, if not the dialled one."},

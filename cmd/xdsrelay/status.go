@@ -15,8 +15,9 @@ import (
 	statuspb "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
 	matcherpb "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"github.com/spf13/cobra"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
 func newStatusCmd() *cobra.Command {
@@ -108,7 +109,7 @@ func printStatus(w io.Writer, resp *statuspb.ClientStatusResponse) error {
 		byType, order := summarize(cfg.GetGenericXdsConfigs())
 		for _, typeURL := range order {
 			ts := byType[typeURL]
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s", orDash(cfg.GetNode().GetId()), orDash(cfg.GetNode().GetCluster()), shortType(typeURL), versions(ts.versions))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s", orDash(cfg.GetNode().GetId()), orDash(cfg.GetNode().GetCluster()), xds.TypeAbbrev(typeURL), versions(ts.versions))
 			for _, s := range statusColumns {
 				fmt.Fprintf(tw, "\t%d", ts.counts[s])
 			}
@@ -136,21 +137,12 @@ func summarize(configs []*statuspb.ClientConfig_GenericXdsConfig) (map[string]*t
 		ts.counts[c.GetClientStatus()]++
 	}
 	slices.SortFunc(order, func(a, b string) int {
-		if ra, rb := typeRank(a), typeRank(b); ra != rb {
+		if ra, rb := xds.Rank(a), xds.Rank(b); ra != rb {
 			return ra - rb
 		}
 		return strings.Compare(a, b)
 	})
 	return byType, order
-}
-
-func typeRank(typeURL string) int {
-	for i, t := range typeNames {
-		if t.typeURL == typeURL {
-			return i
-		}
-	}
-	return len(typeNames)
 }
 
 // versions is one version, or the first two sorted and how many more.
@@ -173,10 +165,11 @@ func orDash(s string) string {
 	return s
 }
 
-// printJSON writes m as protojson, indented by encoding/json: protojson's
-// own layout varies on purpose from build to build.
+// printJSON writes m as protojson (an Any of a type not linked raw, see
+// xds.MarshalJSON), indented by encoding/json: protojson's own layout
+// varies on purpose from build to build.
 func printJSON(w io.Writer, m proto.Message) error {
-	b, err := protojson.Marshal(m)
+	b, err := xds.MarshalJSON(m)
 	if err != nil {
 		return err
 	}

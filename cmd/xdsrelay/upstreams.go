@@ -18,7 +18,7 @@ import (
 func upstreamEntrySettings(u *relay.UpstreamConfig) []setting {
 	return append([]setting{
 		{"name", kindString, &u.Name, "[a-z0-9-]+, unique: the upstream in logs, metrics and /debug."},
-		{"types", kindList, &u.Types, "Types the upstream serves: REST short names (clusters, secrets, ...) or type URLs."},
+		{"types", kindList, &u.Types, "Types the upstream serves, by any of their names: REST short names (clusters, secrets, ...), message names (Cluster), xDS abbreviations (cds) or type URLs."},
 	}, upstreamSettings("", u)...)
 }
 

@@ -157,7 +157,13 @@ func TestLoadUpstreams(t *testing.T) {
 			wantErr: `upstream "b": type ` + resourcev3.SecretType + ` is claimed by "a" too`},
 		{name: "an authority claimed twice", yaml: "upstream:\n  authorities: [x.example]\nupstreams:\n  - {name: a, authorities: [x.example]}\n",
 			wantErr: `upstream "a": authority "x.example" is claimed by "default" too`},
-		{name: "unknown type", yaml: "upstreams:\n  - {name: a, types: [secret]}\n", wantErr: `upstreams[0].types: "secret" is not a type`},
+		{name: "unknown type", yaml: "upstreams:\n  - {name: a, types: [secretz]}\n", wantErr: `upstreams[0].types: "secretz" is not a resource type: Cluster|CDS|clusters, `},
+		{name: "a type by any name", yaml: "upstreams:\n  - {name: a, types: [SDS, Runtime, " + resourcev3.ClusterType + "]}\n",
+			check: func(t *testing.T, o Options) {
+				if got, want := o.Relay.Upstreams[0].Types, []string{resourcev3.SecretType, resourcev3.RuntimeType, resourcev3.ClusterType}; !reflect.DeepEqual(got, want) {
+					t.Errorf("types %q, want %q", got, want)
+				}
+			}},
 		{name: "upstreams with a file:// upstream.address", yaml: "upstream:\n  address: file:///etc/xds\nupstreams:\n  - {name: a, types: [secrets]}\n",
 			wantErr: "upstreams: cannot be combined with a file:// upstream.address"},
 		{name: "group_by in an entry", yaml: "upstreams:\n  - {name: a, types: [secrets], group_by: [id]}\n",

@@ -313,7 +313,7 @@ func TestGRPC(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := startServer(t, reloader(t, tc.server, nil).ServerCredentials())
-			err := check(srv.addr, reloader(t, tc.client, nil).ClientCredentials())
+			err := check(srv.addr, reloader(t, tc.client, nil).ClientCredentials("the test's cert_file and key_file"))
 			switch {
 			case tc.ok && err != nil:
 				t.Fatalf("health check: %v", err)
@@ -400,8 +400,8 @@ func TestServerReload(t *testing.T) {
 	oldCA, newCA := newCA(t, "old CA"), newCA(t, "new CA")
 	oldCert, oldKey := oldCA.issue(t, x509.ExtKeyUsageServerAuth)
 	newCert, newKey := newCA.issue(t, x509.ExtKeyUsageServerAuth)
-	trustOld := reloader(t, TLS{CAFile: writeFile(t, filepath.Join(caDir, "old.crt"), oldCA.pem)}, nil).ClientCredentials()
-	trustNew := reloader(t, TLS{CAFile: writeFile(t, filepath.Join(caDir, "new.crt"), newCA.pem)}, nil).ClientCredentials()
+	trustOld := reloader(t, TLS{CAFile: writeFile(t, filepath.Join(caDir, "old.crt"), oldCA.pem)}, nil).ClientCredentials("the test's cert_file and key_file")
+	trustNew := reloader(t, TLS{CAFile: writeFile(t, filepath.Join(caDir, "new.crt"), newCA.pem)}, nil).ClientCredentials("the test's cert_file and key_file")
 
 	s := &secret{dir: dir}
 	s.write(t, map[string][]byte{"tls.crt": oldCert, "tls.key": oldKey})
@@ -436,7 +436,7 @@ func TestClientReload(t *testing.T) {
 	caFile := writeFile(t, filepath.Join(t.TempDir(), "ca.crt"), oldCA.pem)
 	log := make(logs, 64)
 	r := reloader(t, TLS{CAFile: caFile, ServerName: "localhost"}, slog.New(log))
-	creds, cfg := r.ClientCredentials(), r.ClientConfig()
+	creds, cfg := r.ClientCredentials("the test's cert_file and key_file"), r.ClientConfig()
 	if err := check(addr, creds); err == nil {
 		t.Fatal("a client trusting another CA connects")
 	}
@@ -498,7 +498,7 @@ func TestHeaders(t *testing.T) {
 	c := newCA(t, "CA")
 	certPEM, keyPEM := c.issue(t, x509.ExtKeyUsageServerAuth)
 	srv := startServer(t, reloader(t, pair(t, dir, "server", certPEM, keyPEM), nil).ServerCredentials())
-	creds := reloader(t, TLS{CAFile: writeFile(t, filepath.Join(dir, "ca.crt"), c.pem)}, nil).ClientCredentials()
+	creds := reloader(t, TLS{CAFile: writeFile(t, filepath.Join(dir, "ca.crt"), c.pem)}, nil).ClientCredentials("the test's cert_file and key_file")
 	token := writeFile(t, filepath.Join(dir, "token"), []byte("Bearer one\n"))
 	fromFile, err := HeadersFromFile("Authorization", token)
 	if err != nil {

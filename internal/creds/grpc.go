@@ -2,12 +2,15 @@ package creds
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 
 	"google.golang.org/grpc/credentials"
 )
@@ -20,9 +23,13 @@ func (r *Reloader) ServerCredentials() credentials.TransportCredentials {
 // ClientCredentials returns gRPC transport credentials for the control plane:
 // each connection verifies the server against the CA pool current when it
 // is made, under ServerName or else the dialled authority (an IP address
-// included), and presents the current client certificate, if any.
-func (r *Reloader) ClientCredentials() credentials.TransportCredentials {
-	return &clientCreds{r: r, serverName: r.t.ServerName}
+// included), and presents the current client certificate, if any. Without
+// one, a connection whose server asked for one says so in its errors,
+// naming certKeys, the settings that give one ("upstream.tls.cert_file and
+// key_file"): a server that requires it otherwise shows only "write:
+// broken pipe" or "tls: certificate required".
+func (r *Reloader) ClientCredentials(certKeys string) credentials.TransportCredentials {
+	return &clientCreds{r: r, serverName: r.t.ServerName, certKeys: certKeys}
 }
 
 var _ credentials.TransportCredentials = (*clientCreds)(nil)
@@ -32,10 +39,55 @@ var _ credentials.TransportCredentials = (*clientCreds)(nil)
 type clientCreds struct {
 	r          *Reloader
 	serverName string // set before use, as grpc's own credentials require
+	certKeys   string // the settings that give a client certificate
 }
 
 func (c *clientCreds) ClientHandshake(ctx context.Context, authority string, conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	return credentials.NewTLS(c.r.handshakeConfig()).ClientHandshake(ctx, authority, conn)
+	cfg := c.r.handshakeConfig()
+	var asked atomic.Bool
+	if cfg.GetClientCertificate == nil {
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			asked.Store(true)
+			return &tls.Certificate{}, nil // none: the server decides
+		}
+	}
+	tc, info, err := credentials.NewTLS(cfg).ClientHandshake(ctx, authority, conn)
+	if !asked.Load() {
+		return tc, info, err
+	}
+	hint := fmt.Sprintf("the server asked for a client certificate and none is set (%s); it may require one", c.certKeys)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w (%s)", err, hint)
+	}
+	return &certAskedConn{Conn: tc, hint: hint}, info, nil
+}
+
+// certAskedConn is a connection whose server asked for a client
+// certificate that was not given: its I/O errors say so. A server that
+// requires one ends the connection after the handshake (TLS 1.3), so that
+// the first write fails with "broken pipe" or the first read with "tls:
+// certificate required", neither of which names the cause. io.EOF and a
+// close of our own are passed as they are.
+type certAskedConn struct {
+	net.Conn
+	hint string
+}
+
+func (c *certAskedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	return n, c.explain(err)
+}
+
+func (c *certAskedConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	return n, c.explain(err)
+}
+
+func (c *certAskedConn) explain(err error) error {
+	if err == nil || errors.Is(err, io.EOF) || errors.Is(err, net.ErrClosed) {
+		return err
+	}
+	return fmt.Errorf("%w (%s)", err, c.hint)
 }
 
 func (c *clientCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {

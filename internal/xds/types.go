@@ -1,7 +1,7 @@
 package xds
 
 import (
-	"slices"
+	"fmt"
 	"strings"
 
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -87,39 +87,74 @@ func ShortName(typeURL string) string {
 	return typeURL
 }
 
-// shortNames are the REST short names of the types, as configuration names
-// them (upstreams[].types): the last part of the REST-JSON path
-// (/v3/discovery:clusters), and lb-endpoints for LEDS.
-var shortNames = map[string]string{
-	"listeners":         resourcev3.ListenerType,
-	"routes":            resourcev3.RouteType,
-	"scoped-routes":     resourcev3.ScopedRouteType,
-	"virtual-hosts":     resourcev3.VirtualHostType,
-	"clusters":          resourcev3.ClusterType,
-	"endpoints":         resourcev3.EndpointType,
-	"lb-endpoints":      LbEndpointType,
-	"secrets":           resourcev3.SecretType,
-	"runtime":           resourcev3.RuntimeType,
-	"extension_configs": resourcev3.ExtensionConfigType,
+// typeNames are the names besides its URL that each type goes by, in
+// Types' order: its message name (ShortName: metrics, logs), its xDS
+// abbreviation (the discovery service: CDS, as status prints it) and its
+// REST short name (the last part of the REST-JSON path /v3/discovery:clusters,
+// lb-endpoints for LEDS; upstreams[].types). ParseType takes any of them.
+var typeNames = []struct{ typeURL, abbrev, rest string }{
+	{resourcev3.ClusterType, "CDS", "clusters"},
+	{resourcev3.EndpointType, "EDS", "endpoints"},
+	{LbEndpointType, "LEDS", "lb-endpoints"},
+	{resourcev3.ListenerType, "LDS", "listeners"},
+	{resourcev3.RouteType, "RDS", "routes"},
+	{resourcev3.ScopedRouteType, "SRDS", "scoped-routes"},
+	{resourcev3.VirtualHostType, "VHDS", "virtual-hosts"},
+	{resourcev3.SecretType, "SDS", "secrets"},
+	{resourcev3.RuntimeType, "RTDS", "runtime"},
+	{resourcev3.ExtensionConfigType, "ECDS", "extension_configs"},
 }
 
-// TypeNamed returns the type URL that s names: a REST short name
-// (clusters, secrets, ...) or a type URL the relay carries.
+// byName maps every name of a type, lower case, to its type URL.
+var byName = func() map[string]string {
+	m := make(map[string]string, 3*len(typeNames))
+	for _, n := range typeNames {
+		for _, name := range []string{ShortName(n.typeURL), n.abbrev, n.rest} {
+			m[strings.ToLower(name)] = n.typeURL
+		}
+	}
+	return m
+}()
+
+// ParseType returns the type URL that s names, in every command, admin
+// path and configuration key that takes a type: a type URL the relay
+// carries, or in any case its message name (Cluster), its xDS abbreviation
+// (cds) or its REST short name (clusters). The error lists them all.
+func ParseType(s string) (string, error) {
+	if Known(s) {
+		return Canonical(s), nil
+	}
+	if t, ok := byName[strings.ToLower(s)]; ok {
+		return t, nil
+	}
+	return "", fmt.Errorf("%q is not a resource type: %s, in any case, or a type URL (%s)", Clip(s), TypeNameList(), resourcev3.ClusterType)
+}
+
+// TypeNamed is ParseType without its error.
 func TypeNamed(s string) (string, bool) {
-	if t, ok := shortNames[s]; ok {
-		return t, true
-	}
-	return s, Known(s)
+	t, err := ParseType(s)
+	return t, err == nil
 }
 
-// TypeShortNames lists the REST short names TypeNamed takes, for errors.
-func TypeShortNames() []string {
-	out := make([]string, 0, len(shortNames))
-	for n := range shortNames {
-		out = append(out, n)
+// TypeAbbrev is a type URL's xDS abbreviation (CDS), or the URL when it
+// has none.
+func TypeAbbrev(typeURL string) string {
+	for _, n := range typeNames {
+		if n.typeURL == typeURL {
+			return n.abbrev
+		}
 	}
-	slices.Sort(out)
-	return out
+	return typeURL
+}
+
+// TypeNameList lists, per type, the names ParseType takes besides the URL:
+// "Cluster|CDS|clusters, ClusterLoadAssignment|EDS|endpoints, ...".
+func TypeNameList() string {
+	out := make([]string, len(typeNames))
+	for i, n := range typeNames {
+		out[i] = ShortName(n.typeURL) + "|" + n.abbrev + "|" + n.rest
+	}
+	return strings.Join(out, ", ")
 }
 
 // XdstpPrefix starts a resource name in the xdstp scheme ("xDS Resource

@@ -1,0 +1,48 @@
+package xds
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	listenerpb "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	hcmpb "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// An Any of a type the binary does not link, at any depth (here inside a
+// linked Any), is printed raw: its type URL and its bytes in base64; the
+// rest of the message as protojson; the message itself unchanged.
+func TestMarshalJSONPrintsUnknownAnysRaw(t *testing.T) {
+	unknown := &anypb.Any{TypeUrl: "type.googleapis.com/example.v3.Unknown", Value: []byte{1, 2, 3}}
+	hcm, err := anypb.New(&hcmpb.HttpConnectionManager{StatPrefix: "edge", HttpFilters: []*hcmpb.HttpFilter{
+		{Name: "example", ConfigType: &hcmpb.HttpFilter_TypedConfig{TypedConfig: unknown}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &listenerpb.Listener{Name: "edge", FilterChains: []*listenerpb.FilterChain{{Filters: []*listenerpb.Filter{
+		{Name: "hcm", ConfigType: &listenerpb.Filter_TypedConfig{TypedConfig: hcm}}}}}}
+	a, err := anypb.New(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := proto.Clone(a)
+	b, err := MarshalJSON(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"name":"edge"`, `"statPrefix":"edge"`, `"typedConfig":{"@type":"type.googleapis.com/example.v3.Unknown","value":"AQID"}`} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("%s lacks %s", buf.String(), want)
+		}
+	}
+	if !proto.Equal(a, before) {
+		t.Error("MarshalJSON changed the message")
+	}
+}
