@@ -56,8 +56,10 @@ func (b *streamBase) sentError(short string, e *cache.ResourceError) {
 }
 
 // onlyErrors is the end of a SotW stream in place of its first response
-// when that response would carry nothing but errors and the client names
-// resources of that one type and nothing else (the flushes ask
+// when that response would carry nothing but errors, every name the client
+// asked for has one (a name still coming holds the errors back for the
+// response that carries it: see sotwStream.errorsWait), and the client
+// names resources of that one type and nothing else (the flushes ask
 // awaitsAnswer, as run does before it waits): the client is told as if the
 // control plane were out of its reach, which clients that do not read
 // resource_errors (gRPC before A88) understand at once (gRFC A57: a stream

@@ -92,3 +92,41 @@ func TestUnavailableIsNotARemoval(t *testing.T) {
 		t.Fatalf("once the control plane is back: %v", resp)
 	}
 }
+
+// A SotW stream that asks, in one request, for a served name and for an
+// xdstp name no upstream serves is not ended while the served name is
+// still coming (gRFC A57 would fail it too): the group is new, nothing is
+// cached, and the NOT_FOUND known at once waits for the response that
+// carries the served name. Asked alone, the unroutable name still ends its
+// stream.
+func TestErrorsWaitForANameStillComing(t *testing.T) {
+	const unknown = "xdstp://other.example.com/envoy.config.endpoint.v3.ClusterLoadAssignment/x"
+	def, partner := testcp.Start(t), testcp.Start(t)
+	r := startRelay(t, def.Addr, withUpstream("partner", partner.Addr, nil, []string{"partner.example.com"}),
+		func(c *Config) { c.Cache.NotFoundTimeout = time.Minute })
+	s := openSotW(t, r.Addr())
+	s.send(&discoverypb.DiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{"a", unknown}})
+	// The unroutable name is known at once; the stream stays open, and
+	// the error is not sent alone.
+	waitMetric(t, r, `xdsrelay_unroutable_names_total{type="ClusterLoadAssignment"} 1`)
+	select {
+	case resp, ok := <-s.resps:
+		if !ok {
+			t.Fatalf("the stream ended while a name it asked for was still coming: %v", s.end)
+		}
+		t.Fatalf("a response before the served name arrived: %v", resp)
+	case <-time.After(firstAnswerWait + 500*time.Millisecond):
+	}
+	def.Set(t, "c1", "1", testcp.Endpoints("a", "127.0.0.1:1"))
+	resp := s.recv()
+	errs := resp.GetResourceErrors()
+	if names := resourceNames(t, resp); !slices.Equal(names, []string{"a"}) || len(errs) != 1 ||
+		errs[0].GetResourceName().GetName() != unknown || errs[0].GetErrorDetail().GetCode() != int32(codes.NotFound) {
+		t.Fatalf("got %v with errors %v, want [a] with NOT_FOUND for %s", names, errs, unknown)
+	}
+	alone := openSotW(t, r.Addr())
+	alone.send(&discoverypb.DiscoveryRequest{Node: node("n2", "c1"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{unknown}})
+	if err := ended(t, alone); status.Code(err) != codes.NotFound {
+		t.Errorf("asked alone: %v, want NOT_FOUND", err)
+	}
+}
