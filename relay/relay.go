@@ -270,10 +270,13 @@ func serverOptions(cfg Config) []grpc.ServerOption {
 const firstAnswerWait = 2 * time.Second
 
 // newSource opens what the configuration names upstream: a directory of
-// resource files, a control plane, or several behind a router.
+// resource files, a control plane, or several behind a router. Any listed
+// authority routes through the router, upstream.authorities alone
+// included: an xdstp name under another authority is served by no one
+// (docs/control-planes.md, "Which control plane serves a name").
 func (r *Relay) newSource() (upstream.Source, error) {
 	def, err := r.upstreamSource(r.cfg.Upstream.UpstreamConfig, "upstream")
-	if err != nil || len(r.cfg.Upstreams) == 0 {
+	if err != nil || (len(r.cfg.Upstreams) == 0 && len(r.cfg.Upstream.Authorities) == 0) {
 		return def, err
 	}
 	routes, err := r.cfg.Routes()

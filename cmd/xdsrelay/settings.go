@@ -95,7 +95,7 @@ func upstreamSettings(prefix string, u *relay.UpstreamConfig) []setting {
 		{"address", kindString, &u.Address, "The control plane as host:port (delta ADS), or file://DIR: a directory of resource files."},
 		{"addresses", kindList, &u.Addresses, "Fallback servers (host:port) in priority order after upstream.address: used only while the higher ones are unreachable and something wanted is not cached (gRFC A71)."},
 		{"fallback_recheck", kindDuration, &u.FallbackRecheck, "While on a fallback server, how often the higher-priority servers are checked; the relay moves back to the first that is reachable (gRFC A71)."},
-		{"authorities", kindList, &u.Authorities, "xdstp authorities (xdstp://AUTHORITY/...) the default control plane serves (gRFC A47)."},
+		{"authorities", kindList, &u.Authorities, "xdstp authorities (xdstp://AUTHORITY/...) the default control plane serves (gRFC A47); once any upstream lists one, an xdstp name under an authority none lists does not exist."},
 		{"reconnect.base_delay", kindDuration, &u.ReconnectBaseDelay, "First delay before reconnecting to the control plane; grows exponentially with jitter."},
 		{"reconnect.max_delay", kindDuration, &u.ReconnectMaxDelay, "Largest reconnect delay."},
 		{"max_message_bytes", kindInt, &u.MaxMessageBytes, "Largest response accepted from the control plane."},
