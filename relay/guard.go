@@ -20,6 +20,7 @@ import (
 type guardMetrics struct {
 	holds *metrics.Vec // by type
 	ends  *metrics.Vec // by type, reason
+	wipes *metrics.Vec // by type, reason: wipe holds (guard.wipe_hold) that ended
 }
 
 func newGuardMetrics(reg *metrics.Registry) guardMetrics {
@@ -28,12 +29,18 @@ func newGuardMetrics(reg *metrics.Registry) guardMetrics {
 			ZeroEach(xds.TypeLabels()...),
 		ends: reg.Counter("xdsrelay_guard_hold_ends_total", "Guard holds that ended, by reason: released (an operator), resent (nothing left to remove: the control plane sent the resources again), expired (guard.hold passed; the removals were applied).", "type", "reason").
 			Zero(metrics.Cross(xds.TypeLabels(), []string{cache.EndReleased, cache.EndResent, cache.EndExpired})...),
+		wipes: reg.Counter("xdsrelay_guard_wipe_holds_total", "Removals of every resource of a type held for guard.wipe_hold, by how the hold ended: resent (the control plane sent resources again: clients never saw the gap), expired (guard.wipe_hold passed; the removals were applied) or released (an operator).", "type", "reason").
+			Zero(metrics.Cross(xds.TypeLabels(), []string{cache.EndReleased, cache.EndResent, cache.EndExpired})...),
 	}
 }
 
 // guardEvent logs and counts a hold starting or ending in group key.
 func (r *Relay) guardEvent(key string, ev cache.GuardEvent) {
 	short := xds.ShortName(ev.TypeURL)
+	if ev.Wipe {
+		r.wipeEvent(key, short, ev)
+		return
+	}
 	if ev.End == "" {
 		r.guardM.holds.With(short).Inc()
 		r.log.Error("guard: the control plane removed most of a type; the removals are HELD and clients keep the resources",
@@ -44,6 +51,19 @@ func (r *Relay) guardEvent(key string, ev cache.GuardEvent) {
 	}
 	r.guardM.ends.With(short, ev.End).Inc()
 	r.log.Warn("guard: hold ended", "group", xds.Clip(key), "type", short, "reason", ev.End,
+		"removals_applied", len(ev.Applied))
+}
+
+// wipeEvent logs a wipe hold starting, and logs and counts its end: a
+// short hold, over on its own, that asks nothing of an operator.
+func (r *Relay) wipeEvent(key, short string, ev cache.GuardEvent) {
+	if ev.End == "" {
+		r.log.Warn("guard: the control plane removed every resource of a type; clients keep them while it may send them again",
+			"group", xds.Clip(key), "type", short, "removed", ev.Held, "first", xds.Clip(ev.First), "guard.wipe_hold", r.cfg.Guard.WipeHold)
+		return
+	}
+	r.guardM.wipes.With(short, ev.End).Inc()
+	r.log.Warn("guard: wipe hold ended", "group", xds.Clip(key), "type", short, "reason", ev.End,
 		"removals_applied", len(ev.Applied))
 }
 

@@ -592,6 +592,9 @@ func (r *Relay) sweep() {
 	if r.cfg.Rollout.Canary > 0 {
 		every = min(every, max(r.cfg.Rollout.Bake/4, 10*time.Millisecond)) // bakes end on time
 	}
+	if r.cfg.Guard.WipeHold > 0 {
+		every = min(every, max(r.cfg.Guard.WipeHold/4, 10*time.Millisecond)) // and wipe holds
+	}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {

@@ -73,6 +73,7 @@ func settings(o *Options) []setting {
 		{"guard.min_resources", kindInt, &o.Relay.Guard.MinResources, "A type holding fewer resources than this is never held."},
 		{"guard.window", kindDuration, &o.Relay.Guard.Window, "How far back the guard adds up removals."},
 		{"guard.hold", kindDuration, &o.Relay.Guard.Hold, "How long a hold lasts before its removals are applied; 0 holds until released."},
+		{"guard.wipe_hold", kindDuration, &o.Relay.Guard.WipeHold, "How long a removal of every resource of a type waits, at any size, for the control plane to send them again; then it is applied. 0 lets it through at once."},
 		{"rollout.canary", kindRate, &o.Relay.Rollout.Canary, "Per type, the fraction (below 1, e.g. 0.05) or the count (1 or more, e.g. 3) of a group's clients that get a change from the control plane first; the rest get it once they ACK it, or after rollout.bake without a NACK. 0 turns the rollout off."},
 		{"rollout.bake", kindDuration, &o.Relay.Rollout.Bake, "How long a change waits for the canaries' verdict; a NACK within it holds the change from the rest of the group."},
 		{"lrs.interval", kindDuration, &o.Relay.LRS.Interval, "How often load-reporting (LRS) clients are told to report until the control plane answers, or when it names no interval."},
