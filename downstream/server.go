@@ -52,6 +52,12 @@ type Options struct {
 	// of errors only can end the stream (see pump.awaitFirst); 0 holds
 	// none. The relay sets cache.not_found_timeout, at most 2 s.
 	AnswerWait time.Duration
+	// WildcardWait is AnswerWait for a stream whose first request is a
+	// wildcard of one type: long enough for the relay to learn that its
+	// control plane cannot be reached, so that the stream can be ended
+	// with UNAVAILABLE (see streamBase.wildcardUnreachable); 0 holds none.
+	// The relay sets upstream.connect_timeout and 2 s.
+	WildcardWait time.Duration
 	// Loads configure the load reporting service (LRS); not served if
 	// Loads.Groups is nil.
 	Loads LoadOptions
@@ -69,6 +75,7 @@ type Server struct {
 	pollTimeout time.Duration
 	sendTimeout time.Duration
 	answerWait  time.Duration
+	wildWait    time.Duration // Options.WildcardWait
 	limits      Limits
 	admission   *admission
 	deadlines   *deadlines // limits.first_request_timeout; nil for none
@@ -121,6 +128,7 @@ func New(opts Options) (*Server, error) {
 		pollTimeout: opts.PollTimeout,
 		sendTimeout: opts.SendTimeout,
 		answerWait:  opts.AnswerWait,
+		wildWait:    opts.WildcardWait,
 		limits:      opts.Limits,
 		loads:       opts.Loads.defaults(),
 		admission:   newAdmission(opts.Limits),

@@ -213,6 +213,18 @@ func (ss *sotwStream) errorsWait(typeURL string, t *sotwType, errs []*cache.Reso
 	return false
 }
 
+// awaitsWildcard reports whether the stream's one subscription is a
+// wildcard of one type: the stream wildcardUnreachable may end.
+func (ss *sotwStream) awaitsWildcard() bool {
+	if ss.types.recs.len() != 1 {
+		return false
+	}
+	for _, t := range ss.types.all() {
+		return t.wildcard && t.names.len() == 0
+	}
+	return false
+}
+
 // flush sends what changed (see flushAll).
 func (ss *sotwStream) flush() error { return ss.flushAll(ss) }
 
@@ -222,6 +234,11 @@ func (ss *sotwStream) flushDirty(d *cache.Dirty) error {
 	t := ss.types.get(d.TypeURL)
 	if t == nil {
 		return nil
+	}
+	if t.wildcard && t.names.len() == 0 && !t.responded {
+		if err := ss.wildcardUnreachable(d.TypeURL); err != nil {
+			return err
+		}
 	}
 	hbs := heartbeats(d, ss.ttl)
 	if xds.FullState(d.TypeURL) {

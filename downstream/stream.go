@@ -193,6 +193,11 @@ type protocol[Req any] interface {
 	// names resources of one type and nothing else: the client waits for
 	// them before it asks for anything more (see pump.awaitFirst).
 	awaitsAnswer() bool
+	// awaitsWildcard reports, after the first request, whether the
+	// stream's one subscription is a wildcard of one type, which the client
+	// waits for as well (Envoy asks for Listeners once its Clusters are
+	// in).
+	awaitsWildcard() bool
 }
 
 // streamBase is what SotW and incremental streams share.
@@ -370,10 +375,15 @@ func run[Req any, Resp any, PReq interface {
 	if err := handle(pm, p, first); err != nil {
 		return err
 	}
-	if p.awaitsAnswer() {
-		if err := pm.awaitFirst(ctx, s.answerWait); err != nil {
-			return err
-		}
+	wait := time.Duration(0)
+	switch {
+	case p.awaitsAnswer():
+		wait = s.answerWait
+	case p.awaitsWildcard():
+		wait = s.wildWait
+	}
+	if err := pm.awaitFirst(ctx, wait); err != nil {
+		return err
 	}
 	if err := pm.canEnd(false); err != nil {
 		return err

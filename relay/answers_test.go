@@ -13,6 +13,7 @@ import (
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
 
+	"github.com/xdsrelay/xdsrelay/internal/faultproxy"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
 
@@ -128,5 +129,47 @@ func TestErrorsWaitForANameStillComing(t *testing.T) {
 	alone.send(&discoverypb.DiscoveryRequest{Node: node("n2", "c1"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{unknown}})
 	if err := ended(t, alone); status.Code(err) != codes.NotFound {
 		t.Errorf("asked alone: %v, want NOT_FOUND", err)
+	}
+}
+
+// A wildcard client of a relay that has nothing cached and cannot reach
+// its control plane has no name to carry UNAVAILABLE: its stream, SotW or
+// incremental, is ended with UNAVAILABLE instead, so that it retries
+// (another replica, if it has one). A refused connection is known at once;
+// an address that accepts and answers nothing, after
+// upstream.connect_timeout. Once the relay is answered again, a wildcard
+// client is served.
+func TestWildcardOfAnUnreachableControlPlaneEnds(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("a"))
+	cp.Set(t, "c2", "1", testcp.Cluster("a"))
+	cp.Stop()
+	r := startRelay(t, cp.Addr, fastReconnect)
+	s := openSotW(t, r.Addr())
+	s.send(&discoverypb.DiscoveryRequest{Node: node("envoy-1", "c1"), TypeUrl: resourcev3.ClusterType})
+	if err := ended(t, s); status.Code(err) != codes.Unavailable {
+		t.Errorf("SotW wildcard: %v, want UNAVAILABLE", err)
+	}
+	d := openDelta(t, r.Addr())
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("envoy-2", "c2"), TypeUrl: resourcev3.ClusterType})
+	if err := ended(t, d); status.Code(err) != codes.Unavailable {
+		t.Errorf("delta wildcard: %v, want UNAVAILABLE", err)
+	}
+
+	cp.Restart()
+	eventually(t, "the relay to be answered again", func() bool { return r.groupCache(keyOf("c1")).Synced(resourcev3.ClusterType) })
+	again := openSotW(t, r.Addr())
+	again.send(&discoverypb.DiscoveryRequest{Node: node("envoy-1", "c1"), TypeUrl: resourcev3.ClusterType})
+	if got := resourceNames(t, again.recv()); !slices.Equal(got, []string{"a"}) {
+		t.Errorf("once the control plane is back: %v", got)
+	}
+
+	silent := startProxy(t, cp.Addr)
+	silent.Set(faultproxy.Silent, 0)
+	r2 := startRelay(t, silent.Addr, func(c *Config) { c.Upstream.ConnectTimeout = time.Second })
+	s2 := openSotW(t, r2.Addr())
+	s2.send(&discoverypb.DiscoveryRequest{Node: node("envoy-3", "c1"), TypeUrl: resourcev3.ClusterType})
+	if err := ended(t, s2); status.Code(err) != codes.Unavailable {
+		t.Errorf("SotW wildcard of a silent address: %v, want UNAVAILABLE", err)
 	}
 }

@@ -201,7 +201,7 @@ func (r *Relay) newDownstream() error {
 	r.down, err = downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: r.log,
 		PollTimeout: cfg.Downstream.PollTimeout, SendTimeout: cfg.Downstream.SendTimeout, Authorizer: az,
 		Limits: downstreamLimits(cfg), AnswerWait: min(cfg.Cache.NotFoundTimeout, firstAnswerWait),
-		Loads: r.loads.downstream(r)})
+		WildcardWait: cfg.wildcardWait(), Loads: r.loads.downstream(r)})
 	return err
 }
 
@@ -268,6 +268,18 @@ func serverOptions(cfg Config) []grpc.ServerOption {
 // is served by no upstream, or that its control plane refuses connections,
 // and short, since a request the client sends meanwhile waits too.
 const firstAnswerWait = 2 * time.Second
+
+// wildcardWait bounds how long a stream whose first request is a wildcard
+// of one type is held for its first answer (downstream's WildcardWait):
+// the longest upstream.connect_timeout, by which the relay knows whether
+// its control plane can be reached, and firstAnswerWait for the rest.
+func (c *Config) wildcardWait() time.Duration {
+	longest := c.Upstream.ConnectTimeout
+	for _, u := range c.Upstreams {
+		longest = max(longest, u.ConnectTimeout)
+	}
+	return longest + firstAnswerWait
+}
 
 // newSource opens what the configuration names upstream: a directory of
 // resource files, a control plane, or several behind a router. Any listed

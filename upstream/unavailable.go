@@ -12,7 +12,8 @@ import (
 // reach is what a client knows of its servers since its last stream that
 // answered: which failed without answering. Once every one has, the
 // control plane is unreachable, and the names the group wants that the
-// cache does not hold get UNAVAILABLE (gRFC A88): clients learn it at once
+// cache does not hold get UNAVAILABLE (gRFC A88), as does a wildcard it
+// has not answered (cache.Change.WildcardUnavailable): clients learn it at once
 // instead of waiting for a does-not-exist timer, and since the relay cannot
 // know whether such a name exists, it is never a removal
 // (docs/architecture.md, invariant 15 "Silence is not an answer"). The
@@ -54,6 +55,11 @@ func (c *Client) markUnavailable() {
 		if errs := c.giveUnavailable(typeURL, in.Names, msg); len(errs) > 0 {
 			c.log.Warn("control plane unreachable: names not cached are reported UNAVAILABLE to clients", "type", xds.ShortName(typeURL),
 				"names", len(errs), "first", xds.Clip(errs[0].Name))
+		}
+		if in.Wildcard && !c.opts.Cache.Synced(typeURL) && c.opts.Cache.WildcardUnavailable(typeURL) == "" {
+			c.opts.Cache.Apply(typeURL, cache.Change{WildcardUnavailable: fmt.Sprintf(
+				"every server of upstream %q is unreachable, and the relay has not cached the complete state of this type", c.opts.Upstream)})
+			c.log.Warn("control plane unreachable: wildcard clients not yet answered are ended with UNAVAILABLE", "type", xds.ShortName(typeURL))
 		}
 	}
 }
