@@ -137,7 +137,7 @@ func New(opts Options) (*Server, error) {
 		sends:       newSendPool(runtime.GOMAXPROCS(0)),
 		deadlines:   newFirstDeadlines(opts.Limits.FirstRequestTimeout),
 		stuck:       m.Counter("xdsrelay_downstream_stuck_total", "Client connections closed because a send to them stayed blocked (the client read nothing) for downstream.send_timeout.").With(),
-		streams:     m.Gauge("xdsrelay_downstream_streams", "Open downstream xDS streams.", "variant"),
+		streams:     m.Gauge("xdsrelay_downstream_streams", "Open downstream xDS streams.", "variant").ZeroEach(streamVariants...),
 		pushMetrics: newPushMetrics(m),
 		requests:    m.Counter("xdsrelay_downstream_requests_total", "Requests received from downstream clients.", "type").ZeroEach(xds.TypeLabels()...),
 		nacks:       m.Counter("xdsrelay_downstream_nacks_total", "Responses rejected (NACKed) by downstream clients.", "type").ZeroEach(xds.TypeLabels()...),

@@ -173,7 +173,7 @@ func newRelay(cfg Config, logger *slog.Logger) *Relay {
 	r.guardM = newGuardMetrics(r.metrics)
 	r.rolloutM = newRolloutMetrics(r.metrics)
 	r.persistHealth = newPersistHealth(r.metrics)
-	r.warnings = newConfigWarnings(r.metrics)
+	r.warnings = newConfigWarnings(r.metrics, warnedKeys(cfg))
 	r.loads = newLoadReports(r.metrics)
 	return r
 }
@@ -652,12 +652,16 @@ func (r *Relay) registerGroupMetrics() {
 		mu.Lock()
 		defer mu.Unlock()
 		seen := map[[2]string]bool{}
+		files := r.files()
 		for _, g := range r.snapshotGroups() {
 			s := g.feed.Status()
-			if r.routes != nil {
+			if r.routes != nil || files {
 				// With several upstreams: 1 while every stream the group
-				// has is up.
+				// has is up. With resource files: 1, and no reconnects.
 				r.upm.Streams.With(g.key).Set(boolGauge(s.Connected))
+			}
+			if files {
+				r.upm.Reconnects.ZeroEach(g.key)
 			}
 			age.With(g.key).Set(secondsSince(s.LastResponse))
 			size.With(g.key).Set(int64(g.cache.Len()))
@@ -676,8 +680,11 @@ func (r *Relay) registerGroupMetrics() {
 				continue
 			}
 			if k[1] == "" {
-				if r.routes != nil {
+				if r.routes != nil || files {
 					r.upm.Streams.Delete(k[0])
+				}
+				if files {
+					r.upm.Reconnects.Delete(k[0])
 				}
 				age.Delete(k[0])
 				size.Delete(k[0])
@@ -715,7 +722,7 @@ func secondsSince(t time.Time) int64 {
 
 // registerServerMetrics sets, at each scrape, which server of each upstream
 // the groups' streams use (gRFC A71): 1 for a server some group's stream
-// uses, 0 for the others.
+// uses, 0 for the others; 1 for a directory of resource files.
 func (r *Relay) registerServerMetrics() {
 	inUse := r.metrics.Gauge("xdsrelay_upstream_server", "1 for the server of the upstream that groups' streams use (or are trying), 0 for its other servers (gRFC A71 fallback).", "upstream", "server")
 	all := append([]UpstreamConfig{r.cfg.Upstream.UpstreamConfig}, r.cfg.Upstreams...)
@@ -728,6 +735,7 @@ func (r *Relay) registerServerMetrics() {
 		}
 		for _, u := range all {
 			if strings.HasPrefix(u.Address, FilePrefix) {
+				inUse.With(u.Name, u.Address).Set(1) // the directory: its one server, always in use
 				continue
 			}
 			for _, addr := range u.Servers() {
