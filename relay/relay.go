@@ -724,7 +724,7 @@ func secondsSince(t time.Time) int64 {
 // the groups' streams use (gRFC A71): 1 for a server some group's stream
 // uses, 0 for the others; 1 for a directory of resource files.
 func (r *Relay) registerServerMetrics() {
-	inUse := r.metrics.Gauge("xdsrelay_upstream_server", "1 for the server of the upstream that groups' streams use (or are trying), 0 for its other servers (gRFC A71 fallback).", "upstream", "server")
+	inUse := r.metrics.Gauge("xdsrelay_upstream_server", "1 for the server of the upstream that groups' streams use (or are trying), 0 for its other servers (gRFC A71 fallback); a directory of resource files is its upstream's one server, at 1.", "upstream", "server")
 	all := append([]UpstreamConfig{r.cfg.Upstream.UpstreamConfig}, r.cfg.Upstreams...)
 	r.metrics.OnScrape(func() {
 		used := map[[2]string]bool{}
