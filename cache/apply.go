@@ -32,7 +32,8 @@ type Change struct {
 	// WildcardUnavailable, if set, says why upstream cannot answer the
 	// type's wildcard subscription: every server that could is
 	// unreachable. It holds while the wildcard is wanted and not answered,
-	// until upstream sends anything of the type (WildcardUnavailable).
+	// until upstream sends anything of the type or can be reached again
+	// (WildcardReachable).
 	WildcardUnavailable string
 	// Received is when the response arrived from upstream; zero for now.
 	// The type keeps the latest that changed it (View.Received).
@@ -410,6 +411,16 @@ func (c *Cache) unavailableLocked(t *typeState, typeURL string, ch Change, o *op
 			o.change(t, typeURL)
 		}
 	case t.synced || len(ch.Upserts) > 0 || len(ch.Removed) > 0:
+		t.unavailable = ""
+	}
+}
+
+// WildcardReachable clears what Change.WildcardUnavailable said of
+// typeURL: upstream can be reached again, and may answer the wildcard.
+func (c *Cache) WildcardReachable(typeURL string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t := c.types[typeURL]; t != nil {
 		t.unavailable = ""
 	}
 }

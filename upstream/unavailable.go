@@ -22,6 +22,10 @@ import (
 type reach struct {
 	failed []bool // by server
 	down   bool   // every server failed
+	// The types whose unanswered wildcard was said unavailable, in c:
+	// said reachable again once a stream answers.
+	wild []string
+	c    *cache.Cache
 }
 
 // failed records that server i failed without answering; it reports
@@ -40,10 +44,15 @@ func (r *reach) fail(i, servers int) bool {
 	return true
 }
 
-// answered records a stream that answered: the control plane is reachable.
+// answered records a stream that answered: the control plane is
+// reachable, and the wildcards said unavailable may be answered yet.
 func (r *reach) answered() {
 	clear(r.failed)
 	r.down = false
+	for _, typeURL := range r.wild {
+		r.c.WildcardReachable(typeURL)
+	}
+	r.wild = nil
 }
 
 // markUnavailable gives every name the group wants of this upstream that
@@ -59,6 +68,7 @@ func (c *Client) markUnavailable() {
 		if in.Wildcard && !c.opts.Cache.Synced(typeURL) && c.opts.Cache.WildcardUnavailable(typeURL) == "" {
 			c.opts.Cache.Apply(typeURL, cache.Change{WildcardUnavailable: fmt.Sprintf(
 				"every server of upstream %q is unreachable, and the relay has not cached the complete state of this type", c.opts.Upstream)})
+			c.reach.wild, c.reach.c = append(c.reach.wild, typeURL), c.opts.Cache
 			c.log.Warn("control plane unreachable: wildcard clients not yet answered are ended with UNAVAILABLE", "type", xds.ShortName(typeURL))
 		}
 	}
