@@ -55,6 +55,7 @@ type Hold struct {
 	TypeURL string
 	Since   time.Time
 	Names   []string // sorted
+	Wipe    bool     // a wipe's short hold (Guard.WipeHold)
 }
 
 // hold is a type's held removals. Guarded by Cache.mu.
@@ -213,7 +214,7 @@ func (c *Cache) Holds() []Hold {
 }
 
 func (h *hold) export(typeURL string) Hold {
-	return Hold{TypeURL: typeURL, Since: h.since, Names: slices.Sorted(maps.Keys(h.names))}
+	return Hold{TypeURL: typeURL, Since: h.since, Names: slices.Sorted(maps.Keys(h.names)), Wipe: h.wipe}
 }
 
 // expireHoldLocked ends a hold that has lasted Guard.Hold (a wipe's,

@@ -73,7 +73,7 @@ func (r *Relay) wipeEvent(key, short string, ev cache.GuardEvent) {
 func (r *Relay) guardRelease(w http.ResponseWriter, req *http.Request) {
 	release(r, w, req, "guard: holds released by an operator", "holds", func(g *group, typeURL string) (out []debugHold) {
 		for _, h := range g.cache.ReleaseHolds(typeURL) {
-			out = append(out, debugHold{Group: g.shown, Type: h.TypeURL, Since: h.Since, Names: len(h.Names)})
+			out = append(out, debugHold{Group: g.shown, Type: h.TypeURL, Since: h.Since, Names: len(h.Names), Wipe: h.Wipe})
 		}
 		return out
 	})
@@ -126,13 +126,14 @@ type debugHold struct {
 	Group string    `json:"group,omitempty"`
 	Type  string    `json:"type"`
 	Since time.Time `json:"since"`
-	Names int       `json:"names"` // removals held
+	Names int       `json:"names"`          // removals held
+	Wipe  bool      `json:"wipe,omitempty"` // held for guard.wipe_hold: every resource of the type removed
 }
 
 func holdsOf(c *cache.Cache) []debugHold {
 	out := []debugHold{}
 	for _, h := range c.Holds() {
-		out = append(out, debugHold{Type: h.TypeURL, Since: h.Since, Names: len(h.Names)})
+		out = append(out, debugHold{Type: h.TypeURL, Since: h.Since, Names: len(h.Names), Wipe: h.Wipe})
 	}
 	return out
 }
@@ -140,6 +141,11 @@ func holdsOf(c *cache.Cache) []debugHold {
 // guardDetail writes a group's holds for the private /readyz.
 func guardDetail(w io.Writer, c *cache.Cache) {
 	for _, h := range c.Holds() {
+		if h.Wipe {
+			fmt.Fprintf(w, "  DEGRADED: guard holding the removal of every %s (%d) since %s, for up to guard.wipe_hold\n",
+				xds.ShortName(h.TypeURL), len(h.Names), h.Since.UTC().Format(time.RFC3339))
+			continue
+		}
 		fmt.Fprintf(w, "  DEGRADED: guard holding %d removals of %s since %s (release: POST /debug/guard/release)\n",
 			len(h.Names), xds.ShortName(h.TypeURL), h.Since.UTC().Format(time.RFC3339))
 	}

@@ -208,6 +208,14 @@ func TestGuardHoldsAWipe(t *testing.T) {
 			cp.Set(t, "c1", "2") // every Listener removed
 			if tc.back {
 				eventually(t, "the wipe to be held", func() bool { return len(r.groupCache(keyOf("c1")).Holds()) == 1 })
+				if d := readyz(t, r); !strings.Contains(d, "DEGRADED: guard holding the removal of every Listener (2)") {
+					t.Errorf("/readyz during the wipe hold: %q", d)
+				}
+				var groups []debugGroup
+				getJSON(t, r, "/debug/groups", &groups)
+				if len(groups) != 1 || len(groups[0].Holds) != 1 || !groups[0].Holds[0].Wipe {
+					t.Errorf("/debug/groups during the wipe hold: %+v", groups)
+				}
 				cp.Set(t, "c1", "3", listeners...)
 				waitMetric(t, r, `xdsrelay_guard_wipe_holds_total{reason="resent",type="Listener"} 1`)
 				for len(s.resps) > 0 {
