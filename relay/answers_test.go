@@ -13,6 +13,7 @@ import (
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/status"
 
+	"github.com/xdsrelay/xdsrelay/internal/envoysim"
 	"github.com/xdsrelay/xdsrelay/internal/faultproxy"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
@@ -134,11 +135,11 @@ func TestErrorsWaitForANameStillComing(t *testing.T) {
 
 // A wildcard client of a relay that has nothing cached and cannot reach
 // its control plane has no name to carry UNAVAILABLE: its stream, SotW or
-// incremental, is ended with UNAVAILABLE instead, so that it retries
-// (another replica, if it has one). A refused connection is known at once;
-// an address that accepts and answers nothing, after
-// upstream.connect_timeout. Once the relay is answered again, a wildcard
-// client is served.
+// incremental, raw or Envoy-like (ADS or a per-type CDS stream), is ended
+// with UNAVAILABLE instead, so that it retries (another replica, if it has
+// one). A refused connection is known at once; an address that accepts
+// and answers nothing, after upstream.connect_timeout. Once the relay is
+// answered again, a wildcard client is served.
 func TestWildcardOfAnUnreachableControlPlaneEnds(t *testing.T) {
 	cp := testcp.Start(t)
 	cp.Set(t, "c1", "1", testcp.Cluster("a"))
@@ -154,6 +155,21 @@ func TestWildcardOfAnUnreachableControlPlaneEnds(t *testing.T) {
 	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("envoy-2", "c2"), TypeUrl: resourcev3.ClusterType})
 	if err := ended(t, d); status.Code(err) != codes.Unavailable {
 		t.Errorf("delta wildcard: %v, want UNAVAILABLE", err)
+	}
+
+	// Envoy-like clients, whose first request is the Clusters' wildcard:
+	// ADS in either variant, and a per-type CDS stream.
+	for _, opts := range []envoysim.Options{{}, {Delta: true}, {PerType: true}} {
+		opts.Node = node("envoy-sim", "c1")
+		sim := startSim(t, r.Addr(), opts)
+		select {
+		case <-sim.Done():
+			if status.Code(sim.Err()) != codes.Unavailable {
+				t.Errorf("Envoy-like client %+v: %v, want UNAVAILABLE", opts, sim.Err())
+			}
+		case <-time.After(wait):
+			t.Errorf("Envoy-like client %+v: its stream was not ended", opts)
+		}
 	}
 
 	cp.Restart()
