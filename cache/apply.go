@@ -33,6 +33,12 @@ type Change struct {
 	// Synced is set when the response answers the wildcard subscription: the
 	// type's resources are from now on the complete state of the world.
 	Synced bool
+	// WildcardUnavailable, if set, says why upstream cannot answer the
+	// type's wildcard subscription: every server that could is
+	// unreachable. It holds while the wildcard is wanted and not answered,
+	// until upstream sends anything of the type or can be reached again
+	// (WildcardReachable).
+	WildcardUnavailable string
 	// Received is when the response arrived from upstream; zero for now.
 	// The type keeps the latest that changed it (View.Received).
 	Received time.Time
@@ -89,6 +95,7 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 		t.synced = true
 		o.change(t, typeURL)
 	}
+	c.unavailableLocked(t, typeURL, ch, o)
 	var staged *change
 	if rolling {
 		staged = c.gateLocked(t, typeURL, prev, prevState, wasSynced, o)
@@ -400,10 +407,47 @@ func (c *Cache) evictLocked(o *op) bool {
 	return changed
 }
 
+// unavailableLocked keeps the type's Change.WildcardUnavailable: set, and
+// its wildcard watchers marked, while the wildcard is wanted and not
+// answered; cleared by anything upstream sends of the type.
+func (c *Cache) unavailableLocked(t *typeState, typeURL string, ch Change, o *op) {
+	switch {
+	case ch.WildcardUnavailable != "":
+		if t.wantWildcard && !t.synced && t.unavailable == "" {
+			t.unavailable = ch.WildcardUnavailable
+			o.change(t, typeURL)
+		}
+	case t.synced || len(ch.Upserts) > 0 || len(ch.Removed) > 0:
+		t.unavailable = ""
+	}
+}
+
+// WildcardReachable clears what Change.WildcardUnavailable said of
+// typeURL: upstream can be reached again, and may answer the wildcard.
+func (c *Cache) WildcardReachable(typeURL string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if t := c.types[typeURL]; t != nil {
+		t.unavailable = ""
+	}
+}
+
+// WildcardUnavailable is why upstream cannot answer the wildcard
+// subscription of typeURL, which it has not answered (see
+// Change.WildcardUnavailable); "" if it may yet.
+func (c *Cache) WildcardUnavailable(typeURL string) string {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if t := c.types[typeURL]; t != nil && !t.synced {
+		return t.unavailable
+	}
+	return ""
+}
+
 // dropWildcardLocked ends the wildcard's part in the interest: the type's
 // resources are no longer known to be the complete state.
 func (c *Cache) dropWildcardLocked(t *typeState, typeURL string, o *op) {
-	t.wantWildcard, t.synced = false, false
+	t.wantWildcard, t.synced, t.unavailable = false, false, ""
 	c.noteLocked(typeURL, "*", false)
 	c.idle.Remove(idleKey{typeURL: typeURL, wildcard: true})
 	o.change(t, typeURL)

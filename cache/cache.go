@@ -147,6 +147,7 @@ type typeState struct {
 	wantWildcard bool      // wildcard is part of the interest
 	wildcardIdle time.Time // when the last wildcard watcher left
 	synced       bool      // upstream has answered the wildcard subscription
+	unavailable  string    // why upstream cannot answer the wildcard (Change.WildcardUnavailable); "" if it may
 	received     time.Time // when the latest upstream response that changed the type arrived
 	trace        Trace     // that response's trace; zero if not traced
 

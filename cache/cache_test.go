@@ -250,3 +250,35 @@ func TestSweepDropsWhatOnlyAnAliasHeld(t *testing.T) {
 		t.Fatalf("%d resources left", c.Len())
 	}
 }
+
+// A wildcard upstream cannot answer is said so while it is wanted and not
+// answered: its watchers are marked to learn it, and it is cleared by
+// anything upstream sends of the type and by WildcardReachable; a type
+// answered already is never said so.
+func TestWildcardUnavailable(t *testing.T) {
+	c := New(Options{Retention: time.Minute})
+	w := NewWatch()
+	c.WatchWildcard(w, eds)
+	w.Take()
+	c.Apply(eds, Change{WildcardUnavailable: "down"})
+	if got := c.WildcardUnavailable(eds); got != "down" {
+		t.Fatalf("WildcardUnavailable = %q, want down", got)
+	}
+	if _, marked := taken(w)[eds]; !marked {
+		t.Fatal("the wildcard's watcher was not marked")
+	}
+	c.WildcardReachable(eds)
+	if got := c.WildcardUnavailable(eds); got != "" {
+		t.Fatalf("after WildcardReachable: %q", got)
+	}
+	c.Apply(eds, Change{WildcardUnavailable: "down"})
+	c.Apply(eds, Change{Upserts: []*Resource{res("a", "1")}})
+	if got := c.WildcardUnavailable(eds); got != "" {
+		t.Fatalf("after a resource arrived: %q", got)
+	}
+	c.Apply(eds, Change{Synced: true})
+	c.Apply(eds, Change{WildcardUnavailable: "down"})
+	if got := c.WildcardUnavailable(eds); got != "" {
+		t.Fatalf("an answered wildcard said unavailable: %q", got)
+	}
+}

@@ -12,7 +12,10 @@ import (
 // more than
 // MaxRemovedFraction of a type's resources and the type held at least
 // MinResources, those removals are held: clients keep the resources, while
-// additions and changes still flow. The zero Guard is off.
+// additions and changes still flow. A removal of every resource of a type,
+// at any size, is held for WipeHold: a control plane that read its input
+// mid-write and briefly saw nothing sends the resources again within it.
+// The zero Guard is off.
 type Guard struct {
 	MaxRemovedFraction float64       // 0: off
 	MinResources       int           // a type with fewer is never held
@@ -20,6 +23,9 @@ type Guard struct {
 	// Hold is how long a hold lasts before its removals are applied; 0
 	// holds until released.
 	Hold time.Duration
+	// WipeHold is how long the removal of every resource of a type is
+	// held when the rest of the guard lets it through; 0: not held.
+	WipeHold time.Duration
 }
 
 func (g Guard) on() bool { return g.MaxRemovedFraction > 0 }
@@ -41,6 +47,7 @@ type GuardEvent struct {
 	Base    int      // resources of the type before them (start)
 	End     string   // EndReleased, EndResent or EndExpired; empty at start
 	Applied []string // the names whose removal was applied at the end
+	Wipe    bool     // a wipe's short hold (Guard.WipeHold), not a mass removal's
 }
 
 // Hold is a type's held removals, as the admin endpoints show them.
@@ -48,12 +55,14 @@ type Hold struct {
 	TypeURL string
 	Since   time.Time
 	Names   []string // sorted
+	Wipe    bool     // a wipe's short hold (Guard.WipeHold)
 }
 
 // hold is a type's held removals. Guarded by Cache.mu.
 type hold struct {
 	since time.Time
 	names map[string]struct{}
+	wipe  bool // held for Guard.WipeHold, not Guard.Hold
 }
 
 // removal is upstream's removal of count present resources at a time.
@@ -66,7 +75,7 @@ type removal struct {
 // remove now and those to hold, starting a hold when the removals in the
 // window pass the guard's fraction.
 func (c *Cache) guardLocked(t *typeState, typeURL string, removed []string, o *op) []string {
-	if !c.guard.on() {
+	if !c.guard.on() && c.guard.WipeHold <= 0 {
 		return removed
 	}
 	var present []string
@@ -78,22 +87,43 @@ func (c *Cache) guardLocked(t *typeState, typeURL string, removed []string, o *o
 	if len(present) == 0 {
 		return removed // names not present (not found, unroutable) are never held
 	}
-	now := c.now()
 	if t.hold == nil {
-		inWindow := t.windowLocked(now, c.guard.Window)
-		base := t.present + inWindow
-		if base < c.guard.MinResources || float64(inWindow+len(present)) <= c.guard.MaxRemovedFraction*float64(base) {
-			t.removals = append(t.removals, removal{at: now, count: len(present)})
+		ev, held := c.startHoldLocked(t, typeURL, c.now(), present)
+		if !held {
 			return removed
 		}
-		t.hold = &hold{since: now, names: map[string]struct{}{}}
-		o.guard = append(o.guard, GuardEvent{TypeURL: typeURL, Held: len(present), First: present[0],
-			Removed: inWindow + len(present), Base: base})
+		o.guard = append(o.guard, ev)
 	}
 	for _, n := range present {
 		t.hold.names[n] = struct{}{}
 	}
 	return slices.DeleteFunc(removed, func(n string) bool { _, held := t.hold.names[n]; return held })
+}
+
+// startHoldLocked starts a hold for the removal of present, if the guard
+// holds it: a mass removal (more than MaxRemovedFraction of a type of at
+// least MinResources within Window), else a wipe (every present resource
+// of the type, at any size) for WipeHold. A removal it lets through adds
+// to the window.
+func (c *Cache) startHoldLocked(t *typeState, typeURL string, now time.Time, present []string) (GuardEvent, bool) {
+	ev := GuardEvent{TypeURL: typeURL, Held: len(present), First: present[0]}
+	if c.guard.on() {
+		inWindow := t.windowLocked(now, c.guard.Window)
+		ev.Removed, ev.Base = inWindow+len(present), t.present+inWindow
+		if ev.Base >= c.guard.MinResources && float64(ev.Removed) > c.guard.MaxRemovedFraction*float64(ev.Base) {
+			t.hold = &hold{since: now, names: map[string]struct{}{}}
+			return ev, true
+		}
+	}
+	if c.guard.WipeHold > 0 && len(present) == t.present {
+		t.hold = &hold{since: now, names: map[string]struct{}{}, wipe: true}
+		ev.Removed, ev.Base, ev.Wipe = len(present), t.present, true
+		return ev, true
+	}
+	if c.guard.on() {
+		t.removals = append(t.removals, removal{at: now, count: len(present)})
+	}
+	return GuardEvent{}, false
 }
 
 // windowLocked drops the removals older than window and counts the rest.
@@ -121,8 +151,9 @@ func (c *Cache) resentLocked(t *typeState, typeURL, name string, o *op) {
 	}
 	delete(t.hold.names, name)
 	if len(t.hold.names) == 0 {
+		wipe := t.hold.wipe
 		t.hold = nil
-		o.guard = append(o.guard, GuardEvent{TypeURL: typeURL, End: EndResent})
+		o.guard = append(o.guard, GuardEvent{TypeURL: typeURL, End: EndResent, Wipe: wipe})
 	}
 }
 
@@ -131,7 +162,7 @@ func (c *Cache) endHoldLocked(t *typeState, typeURL, why string, o *op) {
 	h := t.hold
 	t.hold = nil
 	names := slices.Sorted(maps.Keys(h.names))
-	ev := GuardEvent{TypeURL: typeURL, Held: len(names), End: why}
+	ev := GuardEvent{TypeURL: typeURL, Held: len(names), End: why, Wipe: h.wipe}
 	for _, n := range names {
 		e := t.entries[n]
 		if e == nil || e.res == nil {
@@ -183,12 +214,20 @@ func (c *Cache) Holds() []Hold {
 }
 
 func (h *hold) export(typeURL string) Hold {
-	return Hold{TypeURL: typeURL, Since: h.since, Names: slices.Sorted(maps.Keys(h.names))}
+	return Hold{TypeURL: typeURL, Since: h.since, Names: slices.Sorted(maps.Keys(h.names)), Wipe: h.wipe}
 }
 
-// expireHoldLocked ends a hold that has lasted Guard.Hold.
+// expireHoldLocked ends a hold that has lasted Guard.Hold (a wipe's,
+// Guard.WipeHold).
 func (c *Cache) expireHoldLocked(t *typeState, typeURL string, now time.Time, o *op) {
-	if t.hold != nil && c.guard.Hold > 0 && now.Sub(t.hold.since) >= c.guard.Hold {
+	if t.hold == nil {
+		return
+	}
+	bound := c.guard.Hold
+	if t.hold.wipe {
+		bound = c.guard.WipeHold
+	}
+	if bound > 0 && now.Sub(t.hold.since) >= bound {
 		c.endHoldLocked(t, typeURL, EndExpired, o)
 	}
 }

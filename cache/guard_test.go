@@ -171,3 +171,55 @@ func TestGuardIgnoresAbsentNamesAndOff(t *testing.T) {
 		t.Fatal("the zero Guard held removals")
 	}
 }
+
+// The removal of every resource of a type is held for Guard.WipeHold at
+// any size, below guard.min_resources and with the mass guard off too:
+// clients keep the resources, the hold ends when they come back, and
+// once WipeHold has passed the removal is applied. A removal that leaves
+// something is not a wipe.
+func TestGuardHoldsAWipe(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		guard Guard
+	}{
+		{"below min_resources", Guard{MaxRemovedFraction: 0.5, MinResources: 10, Window: 10 * time.Second, Hold: time.Hour, WipeHold: 2 * time.Second}},
+		{"mass guard off", Guard{WipeHold: 2 * time.Second}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clk := &clock{t: time.Unix(1000, 0)}
+			c, w, events := guarded(t, 2, tc.guard, clk)
+			c.Apply(eds, Change{Removed: names(2)})
+			if n := len(c.State(eds).Resources); n != 2 || len(taken(w)[eds]) != 0 {
+				t.Fatalf("after a wipe: %d resources, watcher marked %v; want both kept, nobody marked", n, taken(w))
+			}
+			if len(*events) != 1 || !(*events)[0].Wipe || (*events)[0].Held != 2 {
+				t.Fatalf("events %+v", *events)
+			}
+			c.Apply(eds, Change{Upserts: []*Resource{res("r000", "1"), res("r001", "1")}})
+			if len(c.Holds()) != 0 || len(*events) != 2 || (*events)[1].End != EndResent || !(*events)[1].Wipe {
+				t.Fatalf("after the resources came back: holds %+v, events %+v", c.Holds(), *events)
+			}
+
+			c.Apply(eds, Change{Removed: names(2)})
+			clk.t = clk.t.Add(time.Second)
+			c.Sweep()
+			if n := len(c.State(eds).Resources); n != 2 {
+				t.Fatalf("%d resources before WipeHold passed, want 2", n)
+			}
+			clk.t = clk.t.Add(time.Second)
+			c.Sweep()
+			if n := len(c.State(eds).Resources); n != 0 || len(taken(w)[eds]) != 2 {
+				t.Fatalf("%d resources after WipeHold, want 0 with both removals marked", n)
+			}
+			if ev := (*events)[len(*events)-1]; ev.End != EndExpired || !ev.Wipe || len(ev.Applied) != 2 {
+				t.Fatalf("end event %+v", ev)
+			}
+		})
+	}
+	clk := &clock{t: time.Unix(1000, 0)}
+	c, _, events := guarded(t, 2, Guard{WipeHold: 2 * time.Second}, clk)
+	c.Apply(eds, Change{Removed: names(1)})
+	if n := len(c.State(eds).Resources); n != 1 || len(*events) != 0 {
+		t.Fatalf("a removal of one of two: %d resources left, events %+v; want 1, none", n, *events)
+	}
+}

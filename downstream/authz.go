@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"slices"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"google.golang.org/grpc/codes"
@@ -24,9 +25,14 @@ type client struct {
 	tls     *tls.ConnectionState
 }
 
+// streamVariants are the variants of xDS streams (services.go), whose
+// series of xdsrelay_downstream_streams and of the time to a first response
+// are there from the start.
+var streamVariants = []string{"sotw-ads", "delta-ads", "sotw", "delta"}
+
 // deniedVariants are the variants an authorization check counts a denial
 // under: every stream variant, load reports included, and the polls.
-var deniedVariants = []string{"sotw-ads", "delta-ads", "sotw", "delta", variantLRS, "fetch", "rest"}
+var deniedVariants = append(slices.Clone(streamVariants), variantLRS, "fetch", "rest")
 
 // grpcClient is the client of a gRPC stream or call.
 func grpcClient(ctx context.Context, variant string) client {

@@ -193,6 +193,18 @@ func (ds *deltaStream) unsubscribe(typeURL string, t *deltaType, names []string)
 // other errors (see onlyErrors).
 func (ds *deltaStream) awaitsAnswer() bool { return false }
 
+// awaitsWildcard reports whether the stream's one subscription is a
+// wildcard of one type: the stream wildcardUnreachable may end.
+func (ds *deltaStream) awaitsWildcard() bool {
+	if ds.types.recs.len() != 1 {
+		return false
+	}
+	for _, t := range ds.types.all() {
+		return t.wildcard && t.names.len() == 0
+	}
+	return false
+}
+
 // flush sends what changed (see flushAll).
 func (ds *deltaStream) flush() error { return ds.flushAll(ds) }
 
@@ -201,6 +213,11 @@ func (ds *deltaStream) flushDirty(d *cache.Dirty) error {
 	t := ds.types.get(d.TypeURL)
 	if t == nil {
 		return nil
+	}
+	if t.wildcard && t.names.len() == 0 && !t.responded {
+		if err := ds.wildcardUnreachable(d.TypeURL); err != nil {
+			return err
+		}
 	}
 	return ds.flushType(d.TypeURL, t, &d.Names, heartbeats(d, ds.ttl))
 }

@@ -55,9 +55,31 @@ func (b *streamBase) sentError(short string, e *cache.ResourceError) {
 	b.srv.resourceErrors.With(short, xds.CodeName(e.Code)).Inc()
 }
 
+// wildcardUnreachable is the end of a stream, SotW or incremental, in place
+// of its first response when its one subscription is a wildcard of a type
+// that the cache holds no complete state of and whose control plane
+// cannot be reached (cache.WildcardUnavailable): a wildcard has no name
+// for an error to carry, so the stream ends with UNAVAILABLE, and the
+// client retries, on another replica if it has one, as it does when a
+// relay cannot be reached. The flushes ask it of a wildcard-only type not
+// yet answered; as with onlyErrors, only while the handler waits for the
+// first answer (see pump.awaitFirst). nil if the stream goes on waiting.
+func (b *streamBase) wildcardUnreachable(typeURL string) error {
+	if b.spoke || !b.endable {
+		return nil
+	}
+	why := b.cache.WildcardUnavailable(typeURL)
+	if why == "" {
+		return nil
+	}
+	return status.Errorf(codes.Unavailable, "xdsrelay: %s (wildcard): %s", xds.ShortName(typeURL), why)
+}
+
 // onlyErrors is the end of a SotW stream in place of its first response
-// when that response would carry nothing but errors and the client names
-// resources of that one type and nothing else (the flushes ask
+// when that response would carry nothing but errors, every name the client
+// asked for has one (a name still coming holds the errors back for the
+// response that carries it: see sotwStream.errorsWait), and the client
+// names resources of that one type and nothing else (the flushes ask
 // awaitsAnswer, as run does before it waits): the client is told as if the
 // control plane were out of its reach, which clients that do not read
 // resource_errors (gRPC before A88) understand at once (gRFC A57: a stream

@@ -38,6 +38,9 @@ func newPushMetrics(m *metrics.Registry) pushMetrics {
 	for _, t := range xds.Types {
 		p.byType[t] = p.forType(t)
 	}
+	for _, v := range streamVariants {
+		p.first.With(v)
+	}
 	return p
 }
 

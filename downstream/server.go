@@ -52,6 +52,12 @@ type Options struct {
 	// of errors only can end the stream (see pump.awaitFirst); 0 holds
 	// none. The relay sets cache.not_found_timeout, at most 2 s.
 	AnswerWait time.Duration
+	// WildcardWait is AnswerWait for a stream whose first request is a
+	// wildcard of one type: long enough for the relay to learn that its
+	// control plane cannot be reached, so that the stream can be ended
+	// with UNAVAILABLE (see streamBase.wildcardUnreachable); 0 holds none.
+	// The relay sets upstream.connect_timeout and 2 s.
+	WildcardWait time.Duration
 	// Loads configure the load reporting service (LRS); not served if
 	// Loads.Groups is nil.
 	Loads LoadOptions
@@ -69,6 +75,7 @@ type Server struct {
 	pollTimeout time.Duration
 	sendTimeout time.Duration
 	answerWait  time.Duration
+	wildWait    time.Duration // Options.WildcardWait
 	limits      Limits
 	admission   *admission
 	deadlines   *deadlines // limits.first_request_timeout; nil for none
@@ -121,6 +128,7 @@ func New(opts Options) (*Server, error) {
 		pollTimeout: opts.PollTimeout,
 		sendTimeout: opts.SendTimeout,
 		answerWait:  opts.AnswerWait,
+		wildWait:    opts.WildcardWait,
 		limits:      opts.Limits,
 		loads:       opts.Loads.defaults(),
 		admission:   newAdmission(opts.Limits),
@@ -129,7 +137,7 @@ func New(opts Options) (*Server, error) {
 		sends:       newSendPool(runtime.GOMAXPROCS(0)),
 		deadlines:   newFirstDeadlines(opts.Limits.FirstRequestTimeout),
 		stuck:       m.Counter("xdsrelay_downstream_stuck_total", "Client connections closed because a send to them stayed blocked (the client read nothing) for downstream.send_timeout.").With(),
-		streams:     m.Gauge("xdsrelay_downstream_streams", "Open downstream xDS streams.", "variant"),
+		streams:     m.Gauge("xdsrelay_downstream_streams", "Open downstream xDS streams.", "variant").ZeroEach(streamVariants...),
 		pushMetrics: newPushMetrics(m),
 		requests:    m.Counter("xdsrelay_downstream_requests_total", "Requests received from downstream clients.", "type").ZeroEach(xds.TypeLabels()...),
 		nacks:       m.Counter("xdsrelay_downstream_nacks_total", "Responses rejected (NACKed) by downstream clients.", "type").ZeroEach(xds.TypeLabels()...),
@@ -138,7 +146,7 @@ func New(opts Options) (*Server, error) {
 			Zero(metrics.Cross(deniedVariants, []string{authz.ReasonIdentity, authz.ReasonNode})...),
 		pending:  m.Gauge("xdsrelay_downstream_pending_streams", "Open downstream xDS streams that have not sent their first request (ended after limits.first_request_timeout).").With(),
 		refusals: m.Counter("xdsrelay_limit_refusals_total", "Streams, requests and polls refused at a limit, by the limits.* key.", "limit").ZeroEach(LimitLabels...),
-		resourceErrors: m.Counter("xdsrelay_resource_errors_total", "Per-resource errors sent to clients (gRFC A88 resource_errors), the control plane's and the relay's own (NOT_FOUND: an authority no upstream serves or a name the control plane did not send in time; UNAVAILABLE: every server that could serve it unreachable), by type and code.", "type", "code").
+		resourceErrors: m.Counter("xdsrelay_resource_errors_total", "Per-resource errors sent to clients (gRFC A88 resource_errors), the control plane's and the relay's own (NOT_FOUND: an authority no upstream serves, or a name the control plane did not send in time on a stream shown alive; PERMISSION_DENIED: an authority the client's certificate may not ask for; UNAVAILABLE: every server that could serve it unreachable, or a connected server silent past the timer), by type and code.", "type", "code").
 			Zero(metrics.Cross(xds.TypeLabels(), ownErrorCodes)...),
 	}, nil
 }

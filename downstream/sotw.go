@@ -192,6 +192,39 @@ func (ss *sotwStream) awaitsAnswer() bool {
 	return false
 }
 
+// errorsWait reports whether errs, about to be a first answer of errors
+// alone, wait instead for the resources they are to go out with: until a
+// stream has been answered, errors alone are its answer only when every
+// name it asked for has an error. A name still coming keeps the stream
+// open (an end would fail it too: gRFC A57), and the next flush of the
+// type considers every name, so that the errors go out with it.
+func (ss *sotwStream) errorsWait(typeURL string, t *sotwType, errs []*cache.ResourceError) bool {
+	if ss.spoke || len(errs) == 0 {
+		return false
+	}
+	v := ss.cache.ReadFor(ss.watch, typeURL, t.names.appendKeys(nil), false)
+	for _, l := range v.Lookups {
+		ss.refusedError(&l)
+		if l.Error == nil {
+			t.all = true
+			return true
+		}
+	}
+	return false
+}
+
+// awaitsWildcard reports whether the stream's one subscription is a
+// wildcard of one type: the stream wildcardUnreachable may end.
+func (ss *sotwStream) awaitsWildcard() bool {
+	if ss.types.recs.len() != 1 {
+		return false
+	}
+	for _, t := range ss.types.all() {
+		return t.wildcard && t.names.len() == 0
+	}
+	return false
+}
+
 // flush sends what changed (see flushAll).
 func (ss *sotwStream) flush() error { return ss.flushAll(ss) }
 
@@ -201,6 +234,11 @@ func (ss *sotwStream) flushDirty(d *cache.Dirty) error {
 	t := ss.types.get(d.TypeURL)
 	if t == nil {
 		return nil
+	}
+	if t.wildcard && t.names.len() == 0 && !t.responded {
+		if err := ss.wildcardUnreachable(d.TypeURL); err != nil {
+			return err
+		}
 	}
 	hbs := heartbeats(d, ss.ttl)
 	if xds.FullState(d.TypeURL) {
@@ -288,6 +326,9 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet)
 		return nil
 	}
 	if len(want) == 0 && ss.awaitsAnswer() {
+		if ss.errorsWait(typeURL, t, errs) {
+			return nil
+		}
 		if err := ss.onlyErrors(xds.ShortName(typeURL), errs); err != nil {
 			return err
 		}
@@ -452,6 +493,9 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs *cach
 		return nil
 	}
 	if len(out) == 0 && ss.awaitsAnswer() {
+		if ss.errorsWait(typeURL, t, errs) {
+			return nil
+		}
 		if err := ss.onlyErrors(xds.ShortName(typeURL), errs); err != nil {
 			return err
 		}

@@ -1,6 +1,7 @@
 package downstream
 
 import (
+	"context"
 	"iter"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -193,6 +194,11 @@ type protocol[Req any] interface {
 	// names resources of one type and nothing else: the client waits for
 	// them before it asks for anything more (see pump.awaitFirst).
 	awaitsAnswer() bool
+	// awaitsWildcard reports, after the first request, whether the
+	// stream's one subscription is a wildcard of one type, which the client
+	// waits for as well (Envoy asks for Listeners once its Clusters are
+	// in).
+	awaitsWildcard() bool
 }
 
 // streamBase is what SotW and incremental streams share.
@@ -322,6 +328,25 @@ func serve[Req any, Resp any, PReq interface {
 	return err
 }
 
+// firstAnswer holds the handler for the stream's first answer, as long as
+// its first request allows: AnswerWait for names of one type, WildcardWait
+// for a wildcard of one type, nothing otherwise (see pump.awaitFirst).
+// From then on no flush ends the stream; it returns the error one ended
+// it with meanwhile, if one did.
+func (s *Server) firstAnswer(ctx context.Context, pm *pump, names, wildcard bool) error {
+	wait := time.Duration(0)
+	switch {
+	case names:
+		wait = s.answerWait
+	case wildcard:
+		wait = s.wildWait
+	}
+	if err := pm.awaitFirst(ctx, wait); err != nil {
+		return err
+	}
+	return pm.canEnd(false)
+}
+
 // run runs one stream: its first request places it in a group, then the
 // handler's goroutine reads and handles requests while the send pool flushes
 // what the cache marks (see pump). It notes in end the node and the type of
@@ -370,12 +395,7 @@ func run[Req any, Resp any, PReq interface {
 	if err := handle(pm, p, first); err != nil {
 		return err
 	}
-	if p.awaitsAnswer() {
-		if err := pm.awaitFirst(ctx, s.answerWait); err != nil {
-			return err
-		}
-	}
-	if err := pm.canEnd(false); err != nil {
+	if err := s.firstAnswer(ctx, pm, p.awaitsAnswer(), p.awaitsWildcard()); err != nil {
 		return err
 	}
 	// The later requests are decoded into one message: proto.Unmarshal

@@ -76,7 +76,7 @@ func (r *Relay) warnAllowAll() {
 func warnUnboundGroups(cfg Config, log *slog.Logger) {
 	for i, r := range cfg.Downstream.Authorization.Rules {
 		for _, f := range cfg.Upstream.GroupBy {
-			if f == xds.FieldUserAgent || f == xds.FieldClientFeatures {
+			if xds.IsUserAgent(f) || f == xds.FieldClientFeatures {
 				continue // the client's software, not its tenant
 			}
 			if _, ok := r.Node[f]; !ok {

@@ -140,6 +140,10 @@ type Config struct {
 		// Hold is guard.hold: how long a hold lasts before its removals
 		// are applied; 0 holds until released.
 		Hold time.Duration
+		// WipeHold is guard.wipe_hold: how long the removal of every
+		// resource of a type is held, at any size, before it is applied;
+		// 0 holds none.
+		WipeHold time.Duration
 	}
 	// Rollout is rollout.*: the NACK-gated canary rollout ("Protecting
 	// the fleet").
@@ -345,6 +349,7 @@ func Default() Config {
 	c.Guard.MinResources = 10
 	c.Guard.Window = 10 * time.Second
 	c.Guard.Hold = 10 * time.Minute
+	c.Guard.WipeHold = 2 * time.Second
 	c.Rollout.Bake = 30 * time.Second
 	c.Limits.MaxGroups = 1000
 	c.Limits.MaxNamesPerStream = 100000
@@ -628,6 +633,8 @@ func (c *Config) validateGuard() error {
 		return fmt.Errorf("guard.window: must be positive with the guard on, got %s", g.Window)
 	case g.Hold < 0:
 		return fmt.Errorf("guard.hold: must not be negative (0 holds until released), got %s", g.Hold)
+	case g.WipeHold < 0:
+		return fmt.Errorf("guard.wipe_hold: must not be negative (0 holds no wipe), got %s", g.WipeHold)
 	}
 	ro := &c.Rollout
 	switch {
@@ -649,5 +656,5 @@ func (c *Config) cacheRollout() cache.Rollout {
 // cacheGuard is the guard the groups' caches apply.
 func (c *Config) cacheGuard() cache.Guard {
 	return cache.Guard{MaxRemovedFraction: c.Guard.MaxRemovedFraction, MinResources: c.Guard.MinResources,
-		Window: c.Guard.Window, Hold: c.Guard.Hold}
+		Window: c.Guard.Window, Hold: c.Guard.Hold, WipeHold: c.Guard.WipeHold}
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/protobuf/proto"
 
@@ -161,12 +162,22 @@ type debugGroup struct {
 	Loads          *debugLoads      `json:"load_reports"` // null: no client has reported load (loads.go)
 }
 
+// shownUserAgent is the user agent a group's clients share, from its
+// upstream node: with its whole version under user_agent_patch, else its
+// MAJOR.MINOR.
+func (r *Relay) shownUserAgent(n *corepb.Node) string {
+	if slices.Contains(r.cfg.Upstream.GroupBy, xds.FieldUserAgentPatch) {
+		return xds.UserAgentPatch(n)
+	}
+	return xds.UserAgent(n)
+}
+
 // debugGroups lists the groups: upstream state and what each subscribes.
 func (r *Relay) debugGroups(w http.ResponseWriter, _ *http.Request) {
 	out := []debugGroup{}
 	for _, g := range r.snapshotGroups() {
 		s := g.feed.Status()
-		dg := debugGroup{Key: g.shown, UserAgent: xds.Clip(xds.UserAgent(g.node)), ClientFeatures: clipList(g.node.GetClientFeatures()),
+		dg := debugGroup{Key: g.shown, UserAgent: xds.Clip(r.shownUserAgent(g.node)), ClientFeatures: clipList(g.node.GetClientFeatures()),
 			Connected: s.Connected, LastError: xds.Clip(s.LastError), Invalid: xds.Clip(s.Invalid),
 			Resources: g.cache.Len(), Clients: r.groupClients(g), Types: []debugGroupType{}}
 		if !s.LastResponse.IsZero() {

@@ -34,8 +34,9 @@ func TestGroupKey(t *testing.T) {
 	}
 }
 
-// The kinds: the user agent with its version, string or Envoy's build
-// version (its metadata left out), and the set of features.
+// The kinds: the user agent with its version's MAJOR.MINOR (the whole
+// version with user_agent_patch), string or Envoy's build version (its
+// metadata left out), and the set of features.
 func TestGroupKeyKinds(t *testing.T) {
 	envoy := func(major, minor, patch uint32, build string, features ...string) *corepb.Node {
 		meta, _ := structpb.NewStruct(map[string]any{"revision": build})
@@ -50,9 +51,9 @@ func TestGroupKeyKinds(t *testing.T) {
 		node *corepb.Node
 		want string
 	}{
-		{envoy(1, 36, 2, "abc"), "cluster=c,user_agent=envoy/1.36.2,client_features="},
-		{envoy(1, 37, 0, "abc", "y", "x"), "cluster=c,user_agent=envoy/1.37.0,client_features=x,y"},
-		{grpc, "cluster=c,user_agent=gRPC Go/1.85.0,client_features=a,b"},
+		{envoy(1, 36, 2, "abc"), "cluster=c,user_agent=envoy/1.36,client_features="},
+		{envoy(1, 37, 0, "abc", "y", "x"), "cluster=c,user_agent=envoy/1.37,client_features=x,y"},
+		{grpc, "cluster=c,user_agent=gRPC Go/1.85,client_features=a,b"},
 		{&corepb.Node{Cluster: "c", UserAgentName: "bare"}, "cluster=c,user_agent=bare,client_features="},
 	} {
 		if got := GroupKey(tc.node, by); got != tc.want {
@@ -61,6 +62,13 @@ func TestGroupKeyKinds(t *testing.T) {
 	}
 	if GroupKey(envoy(1, 36, 2, "abc"), by) != GroupKey(envoy(1, 36, 2, "def"), by) {
 		t.Error("two builds of one Envoy version are two kinds")
+	}
+	if GroupKey(envoy(1, 36, 2, "abc"), by) != GroupKey(envoy(1, 36, 3, "abc"), by) {
+		t.Error("two patch releases of one Envoy minor version are two kinds")
+	}
+	patch := []string{"cluster", "user_agent_patch"}
+	if got, want := GroupKey(envoy(1, 36, 2, "abc"), patch), "cluster=c,user_agent_patch=envoy/1.36.2"; got != want {
+		t.Errorf("GroupKey by %v = %q, want %q", patch, got, want)
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 type guardMetrics struct {
 	holds *metrics.Vec // by type
 	ends  *metrics.Vec // by type, reason
+	wipes *metrics.Vec // by type, reason: wipe holds (guard.wipe_hold) that ended
 }
 
 func newGuardMetrics(reg *metrics.Registry) guardMetrics {
@@ -28,12 +29,18 @@ func newGuardMetrics(reg *metrics.Registry) guardMetrics {
 			ZeroEach(xds.TypeLabels()...),
 		ends: reg.Counter("xdsrelay_guard_hold_ends_total", "Guard holds that ended, by reason: released (an operator), resent (nothing left to remove: the control plane sent the resources again), expired (guard.hold passed; the removals were applied).", "type", "reason").
 			Zero(metrics.Cross(xds.TypeLabels(), []string{cache.EndReleased, cache.EndResent, cache.EndExpired})...),
+		wipes: reg.Counter("xdsrelay_guard_wipe_holds_total", "Removals of every resource of a type held for guard.wipe_hold, by how the hold ended: resent (the control plane sent resources again: clients never saw the gap), expired (guard.wipe_hold passed; the removals were applied) or released (an operator).", "type", "reason").
+			Zero(metrics.Cross(xds.TypeLabels(), []string{cache.EndReleased, cache.EndResent, cache.EndExpired})...),
 	}
 }
 
 // guardEvent logs and counts a hold starting or ending in group key.
 func (r *Relay) guardEvent(key string, ev cache.GuardEvent) {
 	short := xds.ShortName(ev.TypeURL)
+	if ev.Wipe {
+		r.wipeEvent(key, short, ev)
+		return
+	}
 	if ev.End == "" {
 		r.guardM.holds.With(short).Inc()
 		r.log.Error("guard: the control plane removed most of a type; the removals are HELD and clients keep the resources",
@@ -47,13 +54,26 @@ func (r *Relay) guardEvent(key string, ev cache.GuardEvent) {
 		"removals_applied", len(ev.Applied))
 }
 
+// wipeEvent logs a wipe hold starting, and logs and counts its end: a
+// short hold, over on its own, that asks nothing of an operator.
+func (r *Relay) wipeEvent(key, short string, ev cache.GuardEvent) {
+	if ev.End == "" {
+		r.log.Warn("guard: the control plane removed every resource of a type; clients keep them while it may send them again",
+			"group", xds.Clip(key), "type", short, "removed", ev.Held, "first", xds.Clip(ev.First), "guard.wipe_hold", r.cfg.Guard.WipeHold)
+		return
+	}
+	r.guardM.wipes.With(short, ev.End).Inc()
+	r.log.Warn("guard: wipe hold ended", "group", xds.Clip(key), "type", short, "reason", ev.End,
+		"removals_applied", len(ev.Applied))
+}
+
 // guardRelease serves POST /debug/guard/release[?group=G][&type=T]: the
 // holds of one group or all, of one type or all, end and their removals
 // are applied.
 func (r *Relay) guardRelease(w http.ResponseWriter, req *http.Request) {
 	release(r, w, req, "guard: holds released by an operator", "holds", func(g *group, typeURL string) (out []debugHold) {
 		for _, h := range g.cache.ReleaseHolds(typeURL) {
-			out = append(out, debugHold{Group: g.shown, Type: h.TypeURL, Since: h.Since, Names: len(h.Names)})
+			out = append(out, debugHold{Group: g.shown, Type: h.TypeURL, Since: h.Since, Names: len(h.Names), Wipe: h.Wipe})
 		}
 		return out
 	})
@@ -107,13 +127,14 @@ type debugHold struct {
 	Group string    `json:"group,omitempty"`
 	Type  string    `json:"type"`
 	Since time.Time `json:"since"`
-	Names int       `json:"names"` // removals held
+	Names int       `json:"names"`          // removals held
+	Wipe  bool      `json:"wipe,omitempty"` // held for guard.wipe_hold: every resource of the type removed
 }
 
 func holdsOf(c *cache.Cache) []debugHold {
 	out := []debugHold{}
 	for _, h := range c.Holds() {
-		out = append(out, debugHold{Type: h.TypeURL, Since: h.Since, Names: len(h.Names)})
+		out = append(out, debugHold{Type: h.TypeURL, Since: h.Since, Names: len(h.Names), Wipe: h.Wipe})
 	}
 	return out
 }
@@ -121,6 +142,11 @@ func holdsOf(c *cache.Cache) []debugHold {
 // guardDetail writes a group's holds for the private /readyz.
 func guardDetail(w io.Writer, c *cache.Cache) {
 	for _, h := range c.Holds() {
+		if h.Wipe {
+			fmt.Fprintf(w, "  DEGRADED: guard holding the removal of every %s (%d) since %s, for up to guard.wipe_hold\n",
+				xds.ShortName(h.TypeURL), len(h.Names), h.Since.UTC().Format(time.RFC3339))
+			continue
+		}
 		fmt.Fprintf(w, "  DEGRADED: guard holding %d removals of %s since %s (release: POST /debug/guard/release)\n",
 			len(h.Names), xds.ShortName(h.TypeURL), h.Since.UTC().Format(time.RFC3339))
 	}

@@ -174,3 +174,65 @@ func TestGuardReleaseErrors(t *testing.T) {
 		}
 	}
 }
+
+// A control plane that read its input mid-write removes every Listener
+// and sends them again moments later (Envoy Gateway, 130 ms): two
+// Listeners, below guard.min_resources, so the mass guard lets it
+// through; the wipe hold keeps them, and an Envoy-like SotW wildcard
+// client never sees the gap. A wipe that stays is applied once
+// guard.wipe_hold passes. Both are counted.
+func TestGuardHoldsAWipe(t *testing.T) {
+	listeners := []types.Resource{testcp.Listener("l1", "r1"), testcp.Listener("l2", "r1")}
+	for _, tc := range []struct {
+		name     string
+		wipeHold time.Duration
+		back     bool // the control plane sends the Listeners again
+		reason   string
+	}{
+		{"resent", time.Minute, true, "resent"},
+		{"expired", 300 * time.Millisecond, false, "expired"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cp := testcp.Start(t)
+			cp.Set(t, "c1", "1", listeners...)
+			r := startRelay(t, cp.Addr, func(c *Config) { c.Guard.WipeHold = tc.wipeHold })
+			waitMetric(t, r, `xdsrelay_guard_wipe_holds_total{reason="`+tc.reason+`",type="Listener"} 0`)
+			s := openSotW(t, r.Addr())
+			s.send(&discoverypb.DiscoveryRequest{Node: node("envoy-1", "c1"), TypeUrl: resourcev3.ListenerType})
+			resp := s.recv()
+			if got := resourceNames(t, resp); len(got) != 2 {
+				t.Fatalf("first response: %v", got)
+			}
+			s.send(&discoverypb.DiscoveryRequest{TypeUrl: resourcev3.ListenerType, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+
+			cp.Set(t, "c1", "2") // every Listener removed
+			if tc.back {
+				eventually(t, "the wipe to be held", func() bool { return len(r.groupCache(keyOf("c1")).Holds()) == 1 })
+				if d := readyz(t, r); !strings.Contains(d, "DEGRADED: guard holding the removal of every Listener (2)") {
+					t.Errorf("/readyz during the wipe hold: %q", d)
+				}
+				var groups []debugGroup
+				getJSON(t, r, "/debug/groups", &groups)
+				if len(groups) != 1 || len(groups[0].Holds) != 1 || !groups[0].Holds[0].Wipe {
+					t.Errorf("/debug/groups during the wipe hold: %+v", groups)
+				}
+				cp.Set(t, "c1", "3", listeners...)
+				waitMetric(t, r, `xdsrelay_guard_wipe_holds_total{reason="resent",type="Listener"} 1`)
+				for len(s.resps) > 0 {
+					if got := resourceNames(t, <-s.resps); len(got) != 2 {
+						t.Fatalf("the client was sent %v during the wipe", got)
+					}
+				}
+				return
+			}
+			resp = s.recv()
+			if got := resourceNames(t, resp); len(got) != 0 {
+				t.Fatalf("after guard.wipe_hold: %v, want the removal", got)
+			}
+			waitMetric(t, r, `xdsrelay_guard_wipe_holds_total{reason="expired",type="Listener"} 1`)
+			if strings.Contains(getMetrics(t, r), `xdsrelay_guard_holds_total{type="Listener"} 1`) {
+				t.Error("a wipe hold was counted as a mass removal's hold")
+			}
+		})
+	}
+}

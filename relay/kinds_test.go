@@ -64,10 +64,10 @@ func TestClientKindsKeptApart(t *testing.T) {
 	cp := testcp.StartKeyed(t, kindHash{})
 	grpcBackend := startBackend(t, "for-grpc")
 	kinds := map[string]string{ // kind → the address its endpoints hold
-		"envoy/1.36.2":                     "10.0.36.1:80",
-		"envoy/1.36.2+no-overprovisioning": "10.0.36.2:80",
-		"envoy/1.37.0":                     "10.0.37.1:80",
-		"grpc+no-overprovisioning":         grpcBackend,
+		"envoy/1.36":                     "10.0.36.1:80",
+		"envoy/1.36+no-overprovisioning": "10.0.36.2:80",
+		"envoy/1.37":                     "10.0.37.1:80",
+		"grpc+no-overprovisioning":       grpcBackend,
 	}
 	for kind, addr := range kinds {
 		cp.Set(t, kind, "1", testcp.Listener("svc", "svc-route"), testcp.Route("svc-route", "svc"),
@@ -76,9 +76,9 @@ func TestClientKindsKeptApart(t *testing.T) {
 	r := startRelay(t, cp.Addr)
 
 	envoys := map[string]*corepb.Node{
-		"envoy/1.36.2":                     envoyOf("e-136", 36, 2),
-		"envoy/1.36.2+no-overprovisioning": envoyOf("e-136-nop", 36, 2, overprovisioning),
-		"envoy/1.37.0":                     envoyOf("e-137", 37, 0),
+		"envoy/1.36":                     envoyOf("e-136", 36, 2),
+		"envoy/1.36+no-overprovisioning": envoyOf("e-136-nop", 36, 2, overprovisioning),
+		"envoy/1.37":                     envoyOf("e-137", 37, 0),
 	}
 	for kind, n := range envoys {
 		sim := usableEnvoy(t, r.Addr(), n, true)
@@ -119,9 +119,9 @@ func TestClientKindsKeptApart(t *testing.T) {
 		shown[g.UserAgent+" "+strings.Join(g.ClientFeatures, ",")] = true
 	}
 	for _, want := range []string{
-		"envoy/1.36.2 xds.config.supports-resource-ttl",
-		"envoy/1.36.2 " + overprovisioning + ",xds.config.supports-resource-ttl",
-		"envoy/1.37.0 xds.config.supports-resource-ttl",
+		"envoy/1.36 xds.config.supports-resource-ttl",
+		"envoy/1.36 " + overprovisioning + ",xds.config.supports-resource-ttl",
+		"envoy/1.37 xds.config.supports-resource-ttl",
 	} {
 		if !shown[want] {
 			t.Errorf("/debug/groups does not show %q: %v", want, shown)
@@ -139,7 +139,7 @@ func TestClientKindsKeptApart(t *testing.T) {
 	}
 	for kind, n := range envoys {
 		got := inCSDS[n.GetId()]
-		if xds.UserAgent(got) != xds.UserAgent(n) || !slices.Equal(got.GetClientFeatures(), n.GetClientFeatures()) {
+		if xds.UserAgentPatch(got) != xds.UserAgentPatch(n) || !slices.Equal(got.GetClientFeatures(), n.GetClientFeatures()) {
 			t.Errorf("%s: CSDS shows node %v", kind, got)
 		}
 	}
@@ -159,5 +159,47 @@ func TestClientKindsMergedOnPurpose(t *testing.T) {
 	}
 	if nodes := cp.Nodes(); len(nodes) != 1 || nodes[0].GetUserAgentName() != "xdsrelay" {
 		t.Fatalf("upstream nodes %v, want one with the relay's user agent", nodes)
+	}
+}
+
+// A patch rollout does not split a fleet: Envoys 1.36.2 and 1.36.3 are one
+// kind by default (user_agent is MAJOR.MINOR), one group and one upstream
+// stream, whose node says 1.36 (patch 0); 1.37 is another. With
+// user_agent_patch in group_by, each patch release is a kind of its own,
+// presented with its whole version.
+func TestPatchReleasesShareAGroup(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		groupBy []string
+		streams int
+	}{
+		{"by default", nil, 2},
+		{"user_agent_patch", []string{"cluster", xds.FieldUserAgentPatch, xds.FieldClientFeatures}, 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cp := testcp.Start(t)
+			cp.Set(t, "mesh", "1", testcp.Listener("svc", "svc-route"), testcp.Route("svc-route", "svc"),
+				testcp.Cluster("svc"), testcp.Endpoints("svc", "10.0.0.1:80"))
+			r := startRelay(t, cp.Addr, func(c *Config) {
+				if tc.groupBy != nil {
+					c.Upstream.GroupBy = tc.groupBy
+				}
+			})
+			for _, n := range []*corepb.Node{envoyOf("a", 36, 2), envoyOf("b", 36, 3), envoyOf("c", 37, 1)} {
+				usableEnvoy(t, r.Addr(), n, true)
+			}
+			var seen []string
+			for _, n := range cp.Nodes() {
+				seen = append(seen, xds.UserAgentPatch(n))
+			}
+			slices.Sort(seen)
+			want := []string{"envoy/1.36.0", "envoy/1.37.0"}
+			if tc.groupBy != nil {
+				want = []string{"envoy/1.36.2", "envoy/1.36.3", "envoy/1.37.1"}
+			}
+			if len(cp.Nodes()) != tc.streams || !slices.Equal(seen, want) {
+				t.Errorf("upstream streams under %v, want %v", seen, want)
+			}
+		})
 	}
 }

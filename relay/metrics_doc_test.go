@@ -160,3 +160,49 @@ func TestMetricsDocIsMetrics(t *testing.T) {
 		}
 	}
 }
+
+// Every family docs/metrics.md lists is on /metrics right after start,
+// whatever the upstream: a control plane, resource files, several control
+// planes. A family with a finite set of label values has each series (at 0,
+// or with no observation); the exceptions are the group's families, born
+// with the group (every one is there once a client joins), and the
+// certificates' expiry, a series per configured certificate (here the
+// admin's).
+func TestEveryFamilyFromTheStart(t *testing.T) {
+	want := docMetrics(t)
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("x"))
+	certs := testcp.MakeCerts(t)
+	adminTLS := func(c *Config) { c.Admin.TLS.CertFile, c.Admin.TLS.KeyFile = certs.ServerCert, certs.ServerKey }
+	for _, tc := range []struct {
+		name     string
+		upstream string
+		more     []func(*Config)
+	}{
+		{"a control plane", cp.Addr, nil},
+		{"resource files", exampleFiles(), nil},
+		{"several control planes", cp.Addr, []func(*Config){withUpstream("secrets", cp.Addr, []string{"secrets"}, nil)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := startRelay(t, tc.upstream, append(tc.more, adminTLS)...)
+			start := gathered(t, r)
+			for name, rm := range want {
+				if slices.Contains(rm.labels, "group") {
+					continue
+				}
+				if mf := start[name]; mf == nil || len(mf.GetMetric()) == 0 {
+					t.Errorf("%s: not on /metrics at start", name)
+				}
+			}
+			s := openDelta(t, r.Addr())
+			s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType})
+			s.recv()
+			joined := gathered(t, r)
+			for name := range want {
+				if mf := joined[name]; mf == nil || len(mf.GetMetric()) == 0 {
+					t.Errorf("%s: not on /metrics once a client joined", name)
+				}
+			}
+		})
+	}
+}

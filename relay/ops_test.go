@@ -185,15 +185,17 @@ func TestReadyAfterSync(t *testing.T) {
 	if st := check(); st != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Fatalf("health before the control plane: %v", st)
 	}
-	// A client is served nothing yet; the relay stays not ready.
+	// A wildcard client is served nothing: its stream ends with
+	// UNAVAILABLE (docs/clients.md), and the relay stays not ready.
 	s := openDelta(t, r.Addr())
 	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "tenant-a"), TypeUrl: resourcev3.ClusterType})
-	s.quiet(200 * time.Millisecond)
+	if err := ended(t, s); status.Code(err) != codes.Unavailable {
+		t.Fatalf("a wildcard client during the outage: %v, want UNAVAILABLE", err)
+	}
 	if code, _ := get(t, http.DefaultClient, readyz); code != http.StatusServiceUnavailable {
 		t.Fatalf("/readyz with a group and no answer: %d, want 503", code)
 	}
 	cp.Restart()
-	s.recv()
 	eventually(t, "/readyz 200", func() bool {
 		code, _ := get(t, http.DefaultClient, readyz)
 		return code == http.StatusOK
@@ -201,6 +203,9 @@ func TestReadyAfterSync(t *testing.T) {
 	if st := check(); st != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("health after the first sync: %v", st)
 	}
+	s = openDelta(t, r.Addr()) // the client's retry
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "tenant-a"), TypeUrl: resourcev3.ClusterType})
+	s.recv()
 }
 
 // With admin.ready_after_sync and no group yet, the relay is ready once its

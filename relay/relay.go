@@ -173,7 +173,7 @@ func newRelay(cfg Config, logger *slog.Logger) *Relay {
 	r.guardM = newGuardMetrics(r.metrics)
 	r.rolloutM = newRolloutMetrics(r.metrics)
 	r.persistHealth = newPersistHealth(r.metrics)
-	r.warnings = newConfigWarnings(r.metrics)
+	r.warnings = newConfigWarnings(r.metrics, warnedKeys(cfg))
 	r.loads = newLoadReports(r.metrics)
 	return r
 }
@@ -201,7 +201,7 @@ func (r *Relay) newDownstream() error {
 	r.down, err = downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: r.log,
 		PollTimeout: cfg.Downstream.PollTimeout, SendTimeout: cfg.Downstream.SendTimeout, Authorizer: az,
 		Limits: downstreamLimits(cfg), AnswerWait: min(cfg.Cache.NotFoundTimeout, firstAnswerWait),
-		Loads: r.loads.downstream(r)})
+		WildcardWait: cfg.wildcardWait(), Loads: r.loads.downstream(r)})
 	return err
 }
 
@@ -269,11 +269,26 @@ func serverOptions(cfg Config) []grpc.ServerOption {
 // and short, since a request the client sends meanwhile waits too.
 const firstAnswerWait = 2 * time.Second
 
+// wildcardWait bounds how long a stream whose first request is a wildcard
+// of one type is held for its first answer (downstream's WildcardWait):
+// the longest upstream.connect_timeout, by which the relay knows whether
+// its control plane can be reached, and firstAnswerWait for the rest.
+func (c *Config) wildcardWait() time.Duration {
+	longest := c.Upstream.ConnectTimeout
+	for _, u := range c.Upstreams {
+		longest = max(longest, u.ConnectTimeout)
+	}
+	return longest + firstAnswerWait
+}
+
 // newSource opens what the configuration names upstream: a directory of
-// resource files, a control plane, or several behind a router.
+// resource files, a control plane, or several behind a router. Any listed
+// authority routes through the router, upstream.authorities alone
+// included: an xdstp name under another authority is served by no one
+// (docs/control-planes.md, "Which control plane serves a name").
 func (r *Relay) newSource() (upstream.Source, error) {
 	def, err := r.upstreamSource(r.cfg.Upstream.UpstreamConfig, "upstream")
-	if err != nil || len(r.cfg.Upstreams) == 0 {
+	if err != nil || (len(r.cfg.Upstreams) == 0 && len(r.cfg.Upstream.Authorities) == 0) {
 		return def, err
 	}
 	routes, err := r.cfg.Routes()
@@ -594,6 +609,9 @@ func (r *Relay) sweep() {
 	if r.cfg.Rollout.Canary > 0 {
 		every = min(every, max(r.cfg.Rollout.Bake/4, 10*time.Millisecond)) // bakes end on time
 	}
+	if r.cfg.Guard.WipeHold > 0 {
+		every = min(every, max(r.cfg.Guard.WipeHold/4, 10*time.Millisecond)) // and wipe holds
+	}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -639,12 +657,16 @@ func (r *Relay) registerGroupMetrics() {
 		mu.Lock()
 		defer mu.Unlock()
 		seen := map[[2]string]bool{}
+		files := r.files()
 		for _, g := range r.snapshotGroups() {
 			s := g.feed.Status()
-			if r.routes != nil {
+			if r.routes != nil || files {
 				// With several upstreams: 1 while every stream the group
-				// has is up.
+				// has is up. With resource files: 1, and no reconnects.
 				r.upm.Streams.With(g.key).Set(boolGauge(s.Connected))
+			}
+			if files {
+				r.upm.Reconnects.ZeroEach(g.key)
 			}
 			age.With(g.key).Set(secondsSince(s.LastResponse))
 			size.With(g.key).Set(int64(g.cache.Len()))
@@ -663,8 +685,11 @@ func (r *Relay) registerGroupMetrics() {
 				continue
 			}
 			if k[1] == "" {
-				if r.routes != nil {
+				if r.routes != nil || files {
 					r.upm.Streams.Delete(k[0])
+				}
+				if files {
+					r.upm.Reconnects.Delete(k[0])
 				}
 				age.Delete(k[0])
 				size.Delete(k[0])
@@ -702,9 +727,9 @@ func secondsSince(t time.Time) int64 {
 
 // registerServerMetrics sets, at each scrape, which server of each upstream
 // the groups' streams use (gRFC A71): 1 for a server some group's stream
-// uses, 0 for the others.
+// uses, 0 for the others; 1 for a directory of resource files.
 func (r *Relay) registerServerMetrics() {
-	inUse := r.metrics.Gauge("xdsrelay_upstream_server", "1 for the server of the upstream that groups' streams use (or are trying), 0 for its other servers (gRFC A71 fallback).", "upstream", "server")
+	inUse := r.metrics.Gauge("xdsrelay_upstream_server", "1 for the server of the upstream that groups' streams use (or are trying), 0 for its other servers (gRFC A71 fallback); a directory of resource files is its upstream's one server, at 1.", "upstream", "server")
 	all := append([]UpstreamConfig{r.cfg.Upstream.UpstreamConfig}, r.cfg.Upstreams...)
 	r.metrics.OnScrape(func() {
 		used := map[[2]string]bool{}
@@ -715,6 +740,7 @@ func (r *Relay) registerServerMetrics() {
 		}
 		for _, u := range all {
 			if strings.HasPrefix(u.Address, FilePrefix) {
+				inUse.With(u.Name, u.Address).Set(1) // the directory: its one server, always in use
 				continue
 			}
 			for _, addr := range u.Servers() {

@@ -1,8 +1,6 @@
 package relay
 
 import (
-	"strings"
-
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/upstream"
 )
@@ -15,24 +13,40 @@ import (
 // registered here are created elsewhere (upstream.NewMetrics, guard.go,
 // rollout.go); the downstream's are zeroed where they are registered.
 
-// zeroUpstreamSeries creates the upstream families' series: responses and
-// NACKs of every type, and fallbacks of every configured control plane.
+// zeroUpstreamSeries creates the upstream families' series, whatever the
+// upstreams are (control planes, resource files, several): responses,
+// NACKs and apply times of every type, fallbacks of every configured
+// upstream (resource files never fall back), and the families only a
+// router or resource files set (unroutable names, invalid resources).
+// Every family of docs/metrics.md is then on /metrics from the start,
+// but a group's, born with the group, and the certificates' expiry, one
+// series per configured certificate (TestEveryFamilyFromTheStart).
 func (r *Relay) zeroUpstreamSeries() {
 	types := xds.TypeLabels()
 	r.upm.Responses.ZeroEach(types...)
 	r.upm.NACKs.ZeroEach(types...)
-	for _, u := range append([]UpstreamConfig{r.cfg.Upstream.UpstreamConfig}, r.cfg.Upstreams...) {
-		if !strings.HasPrefix(u.Address, FilePrefix) {
-			r.upm.Fallbacks.ZeroEach(u.Name)
-		}
+	for _, t := range types {
+		r.upm.Apply.With(t)
 	}
+	for _, u := range append([]UpstreamConfig{r.cfg.Upstream.UpstreamConfig}, r.cfg.Upstreams...) {
+		r.upm.Fallbacks.ZeroEach(u.Name)
+	}
+	upstream.RouterMetrics(r.metrics)
+	upstream.FileMetrics(r.metrics)
 }
 
 // zeroGroupSeries creates a new group's counters, which end with it: the
 // reconnects of its control-plane streams, which delete them as they end.
-// Resource files have no stream, and no reconnects.
+// Resource files have no stream: their groups' series (0 reconnects, always
+// connected) are set, and deleted with the group, by registerGroupMetrics.
 func (r *Relay) zeroGroupSeries(key string) {
-	if _, files := r.source.(*upstream.File); !files {
+	if !r.files() {
 		r.upm.Reconnects.ZeroEach(key)
 	}
+}
+
+// files reports whether the upstream is resource files alone.
+func (r *Relay) files() bool {
+	_, files := r.source.(*upstream.File)
+	return files
 }

@@ -120,8 +120,8 @@ func copyField(dst, src *corepb.Node, f string) {
 		loc().Zone = src.GetLocality().GetZone()
 	case "locality.sub_zone":
 		loc().SubZone = src.GetLocality().GetSubZone()
-	case xds.FieldUserAgent:
-		copyUserAgent(dst, src)
+	case xds.FieldUserAgent, xds.FieldUserAgentPatch:
+		copyUserAgent(dst, src, f == xds.FieldUserAgentPatch)
 	case xds.FieldClientFeatures:
 		fs := append(slices.Clone(dst.GetClientFeatures()), xds.ClientFeatures(src)...)
 		slices.Sort(fs)
@@ -135,16 +135,26 @@ func copyField(dst, src *corepb.Node, f string) {
 }
 
 // copyUserAgent copies the user agent as the group key reads it
-// (xds.UserAgent): the name, and the version string or Envoy's semantic
-// build version without its build metadata, which clients of one kind need
-// not share.
-func copyUserAgent(dst, src *corepb.Node) {
+// (xds.UserAgent, or xds.UserAgentPatch with patch): the name, and the
+// version string or Envoy's semantic build version without its build
+// metadata, which clients of one kind need not share. Without patch, the
+// version is what the group's clients share: a string cut to MAJOR.MINOR,
+// and Envoy's with patch 0, which control planes that read Envoy's version
+// (Consul) still read.
+func copyUserAgent(dst, src *corepb.Node, patch bool) {
 	dst.UserAgentName = src.GetUserAgentName()
 	switch {
 	case src.GetUserAgentVersion() != "":
-		dst.UserAgentVersionType = &corepb.Node_UserAgentVersion{UserAgentVersion: src.GetUserAgentVersion()}
+		v := src.GetUserAgentVersion()
+		if !patch {
+			v = xds.MinorVersion(v)
+		}
+		dst.UserAgentVersionType = &corepb.Node_UserAgentVersion{UserAgentVersion: v}
 	case src.GetUserAgentBuildVersion().GetVersion() != nil:
 		v := proto.Clone(src.GetUserAgentBuildVersion().GetVersion()).(*typev3.SemanticVersion)
+		if !patch {
+			v.Patch = 0
+		}
 		dst.UserAgentVersionType = &corepb.Node_UserAgentBuildVersion{UserAgentBuildVersion: &corepb.BuildVersion{Version: v}}
 	default:
 		dst.UserAgentVersionType = nil

@@ -90,6 +90,7 @@ func TestUpstreamNodeCarriesTheKind(t *testing.T) {
 	key := GroupKey(client, cfg.Upstream.GroupBy)
 	n := groupNode(&cfg, "host", key, client)
 	if n.GetUserAgentName() != "envoy" || n.GetUserAgentBuildVersion().GetVersion().GetMinorNumber() != 36 ||
+		n.GetUserAgentBuildVersion().GetVersion().GetPatch() != 0 ||
 		n.GetUserAgentBuildVersion().GetMetadata() != nil {
 		t.Errorf("user agent %q %v", n.GetUserAgentName(), n.GetUserAgentBuildVersion())
 	}
@@ -100,7 +101,7 @@ func TestUpstreamNodeCarriesTheKind(t *testing.T) {
 		t.Errorf("restored key %q, want %q", got, key)
 	}
 	grpc := &corepb.Node{Cluster: "c", UserAgentName: "gRPC Go", UserAgentVersionType: &corepb.Node_UserAgentVersion{UserAgentVersion: "1.85.0"}}
-	if n := groupNode(&cfg, "host", "k", grpc); n.GetUserAgentVersion() != "1.85.0" || n.GetUserAgentName() != "gRPC Go" {
+	if n := groupNode(&cfg, "host", "k", grpc); n.GetUserAgentVersion() != "1.85" || n.GetUserAgentName() != "gRPC Go" {
 		t.Errorf("gRPC's user agent: %q %q", n.GetUserAgentName(), n.GetUserAgentVersion())
 	}
 }

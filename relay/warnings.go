@@ -21,9 +21,21 @@ type configWarnings struct {
 	lines []string // guarded by mu: for /readyz, in the order warned
 }
 
-func newConfigWarnings(m *metrics.Registry) *configWarnings {
+// newConfigWarnings registers the gauge with a series at 0 for each key
+// that may be warned about, so that it is on /metrics from the start.
+func newConfigWarnings(m *metrics.Registry, keys []string) *configWarnings {
 	return &configWarnings{gauge: m.Gauge("xdsrelay_config_warnings",
-		"Configuration choices warned about at startup, by configuration key: 1 each (the log and the private /readyz say why).", "key")}
+		"Configuration choices warned about at startup, by configuration key: 1 each (the log and the private /readyz say why).", "key").
+		ZeroEach(keys...)}
+}
+
+// warnedKeys are the configuration keys the relay may warn about with cfg.
+func warnedKeys(cfg Config) []string {
+	keys := []string{"admin.address", "downstream.authorization.mode", "upstream.group_by", "upstream.tls.insecure_skip_verify"}
+	for i := range cfg.Upstreams {
+		keys = append(keys, fmt.Sprintf("upstreams[%d].tls.insecure_skip_verify", i))
+	}
+	return keys
 }
 
 // warn logs why at warn, naming key and doc, the document that explains it

@@ -75,7 +75,7 @@ func TestAllowAllIsWarnedAbout(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(body, "warning: downstream.authorization.mode is allow-all") {
 		t.Errorf("private /readyz: %d %q", code, body)
 	}
-	if strings.Contains(getMetrics(t, r), `xdsrelay_config_warnings{key="admin.address"}`) {
+	if strings.Contains(getMetrics(t, r), `xdsrelay_config_warnings{key="admin.address"} 1`) {
 		t.Error("a loopback admin.address was warned about")
 	}
 }

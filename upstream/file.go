@@ -74,6 +74,14 @@ func (f *File) problemsLocked() string {
 	return strings.Join(ps, "; ")
 }
 
+// FileMetrics registers the resource files' gauge on reg, at 0, and
+// returns it: a relay registers it whatever its upstreams, so that it is on
+// /metrics from the start.
+func FileMetrics(reg *metrics.Registry) *metrics.Value {
+	return reg.Gauge("xdsrelay_file_invalid_resources",
+		"Resources in the resource files that break their protos' validation rules and are not served.").With()
+}
+
 // NewFile loads dir; an error names the file that does not load, or the
 // file, resource and field of an invalid resource. reg, if not nil, gets
 // the file source's metrics.
@@ -85,8 +93,7 @@ func NewFile(dir string, logger *slog.Logger, reg *metrics.Registry) (*File, err
 		reg = &metrics.Registry{}
 	}
 	f := &File{dir: dir, log: logger.With("component", "upstream", "dir", dir), wakes: make(map[chan struct{}]struct{}),
-		invalidG: reg.Gauge("xdsrelay_file_invalid_resources",
-			"Resources in the resource files that break their protos' validation rules and are not served.").With()}
+		invalidG: FileMetrics(reg)}
 	l, err := loadDir(dir)
 	if err != nil {
 		return nil, err

@@ -42,15 +42,22 @@ func NewRouter(routes *Routes, members []Source, m *Metrics, reg *metrics.Regist
 		logger = slog.Default()
 	}
 	return &Router{
-		routes:  routes,
-		members: members,
-		metrics: m,
-		unroutable: reg.Counter("xdsrelay_unroutable_names_total",
-			"xdstp names clients asked for whose authority no upstream lists: reported as not existing, asked of no control plane.", "type").
-			ZeroEach(xds.TypeLabels()...),
-		log:      logger.With("component", "router"),
-		logLimit: &rate.Sometimes{Interval: time.Second},
+		routes:     routes,
+		members:    members,
+		metrics:    m,
+		unroutable: RouterMetrics(reg),
+		log:        logger.With("component", "router"),
+		logLimit:   &rate.Sometimes{Interval: time.Second},
 	}, nil
+}
+
+// RouterMetrics registers the router's family on reg, every type's series
+// at 0, and returns it: a relay registers it whatever its upstreams, so
+// that it is on /metrics from the start.
+func RouterMetrics(reg *metrics.Registry) *metrics.Vec {
+	return reg.Counter("xdsrelay_unroutable_names_total",
+		"xdstp names clients asked for whose authority no upstream lists: reported as not existing, asked of no control plane.", "type").
+		ZeroEach(xds.TypeLabels()...)
 }
 
 var (

@@ -12,7 +12,8 @@ import (
 // reach is what a client knows of its servers since its last stream that
 // answered: which failed without answering. Once every one has, the
 // control plane is unreachable, and the names the group wants that the
-// cache does not hold get UNAVAILABLE (gRFC A88): clients learn it at once
+// cache does not hold get UNAVAILABLE (gRFC A88), as does a wildcard it
+// has not answered (cache.Change.WildcardUnavailable): clients learn it at once
 // instead of waiting for a does-not-exist timer, and since the relay cannot
 // know whether such a name exists, it is never a removal
 // (docs/architecture.md, invariant 15 "Silence is not an answer"). The
@@ -21,6 +22,10 @@ import (
 type reach struct {
 	failed []bool // by server
 	down   bool   // every server failed
+	// The types whose unanswered wildcard was said unavailable, in c:
+	// said reachable again once a stream answers.
+	wild []string
+	c    *cache.Cache
 }
 
 // failed records that server i failed without answering; it reports
@@ -39,10 +44,15 @@ func (r *reach) fail(i, servers int) bool {
 	return true
 }
 
-// answered records a stream that answered: the control plane is reachable.
+// answered records a stream that answered: the control plane is
+// reachable, and the wildcards said unavailable may be answered yet.
 func (r *reach) answered() {
 	clear(r.failed)
 	r.down = false
+	for _, typeURL := range r.wild {
+		r.c.WildcardReachable(typeURL)
+	}
+	r.wild = nil
 }
 
 // markUnavailable gives every name the group wants of this upstream that
@@ -54,6 +64,12 @@ func (c *Client) markUnavailable() {
 		if errs := c.giveUnavailable(typeURL, in.Names, msg); len(errs) > 0 {
 			c.log.Warn("control plane unreachable: names not cached are reported UNAVAILABLE to clients", "type", xds.ShortName(typeURL),
 				"names", len(errs), "first", xds.Clip(errs[0].Name))
+		}
+		if in.Wildcard && !c.opts.Cache.Synced(typeURL) && c.opts.Cache.WildcardUnavailable(typeURL) == "" {
+			c.opts.Cache.Apply(typeURL, cache.Change{WildcardUnavailable: fmt.Sprintf(
+				"every server of upstream %q is unreachable, and the relay has not cached the complete state of this type", c.opts.Upstream)})
+			c.reach.wild, c.reach.c = append(c.reach.wild, typeURL), c.opts.Cache
+			c.log.Warn("control plane unreachable: wildcard clients not yet answered are ended with UNAVAILABLE", "type", xds.ShortName(typeURL))
 		}
 	}
 }

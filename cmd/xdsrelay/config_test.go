@@ -102,6 +102,21 @@ func TestLoadConfig(t *testing.T) {
 		{name: "negative guard minimum", yaml: "guard:\n  min_resources: -1\n", wantErr: "guard.min_resources"},
 		{name: "guard without a window", yaml: "guard:\n  window: 0\n", wantErr: "guard.window"},
 		{name: "negative guard hold", env: map[string]string{"XDSRELAY_GUARD_HOLD": "-1s"}, wantErr: "guard.hold"},
+		{name: "negative wipe hold", yaml: "guard:\n  wipe_hold: -1s\n", wantErr: "guard.wipe_hold: must not be negative"},
+		{name: "wipe hold with the guard off", yaml: "guard:\n  max_removed_fraction: 0\n  wipe_hold: 500ms\n",
+			check: func(t *testing.T, o Options) {
+				if o.Relay.Guard.WipeHold != 500*time.Millisecond || o.Relay.Guard.MaxRemovedFraction != 0 {
+					t.Errorf("guard %+v", o.Relay.Guard)
+				}
+			},
+		},
+		{name: "user_agent_patch", yaml: "upstream:\n  group_by: [cluster, user_agent_patch]\n",
+			check: func(t *testing.T, o Options) {
+				if !reflect.DeepEqual(o.Relay.Upstream.GroupBy, []string{"cluster", "user_agent_patch"}) {
+					t.Errorf("group_by %v", o.Relay.Upstream.GroupBy)
+				}
+			},
+		},
 		{name: "canary count not whole", yaml: "rollout:\n  canary: 2.5\n", wantErr: "rollout.canary"},
 		{name: "negative canary", yaml: "rollout:\n  canary: -1\n", wantErr: "rollout.canary"},
 		{name: "rollout without a bake", yaml: "rollout:\n  canary: 3\n  bake: 0\n", wantErr: "rollout.bake"},

@@ -232,9 +232,13 @@ fields that clients choose) is replaced by ` + "`sha256:`" + ` and 16 hex digits
 ` + "`metrics.group_label: false`" + ` the ` + "`group`" + ` label is dropped: the groups' series are
 summed, or for the families marked *largest*, the largest is kept.
 
-A counter whose labels take a finite set of values (types, reasons,
-configured upstreams) is there at 0 from the start; a group's series come
-and go with the group.
+Every family is there from the start, whatever the upstream (a control
+plane, several, resource files): a family whose labels take a finite set
+of values (types, reasons, variants, configured upstreams and keys) has
+each of its series from the start, at 0 (a histogram with no
+observation), so that a first event is an increase. Only a group's series
+come and go with the group, and ` + "`xdsrelay_certificate_expiry_seconds`" + `
+has a series for each configured certificate.
 
 | Metric | Type | Labels | Meaning |
 |--------|------|--------|---------|

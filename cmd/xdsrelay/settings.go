@@ -30,7 +30,7 @@ type setting struct {
 func settings(o *Options) []setting {
 	d, c, l := &o.Relay.Downstream, &o.Relay.Cache, &o.Relay.Limits
 	return append(upstreamSettings("upstream.", &o.Relay.Upstream.UpstreamConfig), []setting{
-		{"upstream.group_by", kindList, &o.Relay.Upstream.GroupBy, "Node fields forming the group key: id, cluster, locality.region, locality.zone, locality.sub_zone, user_agent, client_features, metadata.<key>; [] for one group. Without user_agent and client_features, client kinds share a group."},
+		{"upstream.group_by", kindList, &o.Relay.Upstream.GroupBy, "Node fields forming the group key: id, cluster, locality.region, locality.zone, locality.sub_zone, user_agent (name/MAJOR.MINOR), user_agent_patch (name/whole version), client_features, metadata.<key>; [] for one group. Without a user agent field and client_features, client kinds share a group."},
 		{"upstreams", kindUpstreams, &o.Relay.Upstreams, "More control planes, each serving the types and xdstp authorities it lists: a list of {name, types, authorities, address, ...}, each taking every upstream.* key except group_by; from the environment as JSON."},
 		{"downstream.address", kindString, &d.Address, "Where xDS clients connect (gRPC): ADS and the per-type services."},
 		{"downstream.rest_address", kindString, &d.RESTAddress, "REST-JSON polling (POST /v3/discovery:<type>); empty disables it."},
@@ -73,6 +73,7 @@ func settings(o *Options) []setting {
 		{"guard.min_resources", kindInt, &o.Relay.Guard.MinResources, "A type holding fewer resources than this is never held."},
 		{"guard.window", kindDuration, &o.Relay.Guard.Window, "How far back the guard adds up removals."},
 		{"guard.hold", kindDuration, &o.Relay.Guard.Hold, "How long a hold lasts before its removals are applied; 0 holds until released."},
+		{"guard.wipe_hold", kindDuration, &o.Relay.Guard.WipeHold, "How long a removal of every resource of a type waits, at any size, for the control plane to send them again; then it is applied. 0 lets it through at once."},
 		{"rollout.canary", kindRate, &o.Relay.Rollout.Canary, "Per type, the fraction (below 1, e.g. 0.05) or the count (1 or more, e.g. 3) of a group's clients that get a change from the control plane first; the rest get it once they ACK it, or after rollout.bake without a NACK. 0 turns the rollout off."},
 		{"rollout.bake", kindDuration, &o.Relay.Rollout.Bake, "How long a change waits for the canaries' verdict; a NACK within it holds the change from the rest of the group."},
 		{"lrs.interval", kindDuration, &o.Relay.LRS.Interval, "How often load-reporting (LRS) clients are told to report until the control plane answers, or when it names no interval."},
@@ -96,7 +97,7 @@ func upstreamSettings(prefix string, u *relay.UpstreamConfig) []setting {
 		{"addresses", kindList, &u.Addresses, "Fallback servers (host:port) in priority order after upstream.address: used only while the higher ones are unreachable and something wanted is not cached (gRFC A71)."},
 		{"protocol", kindString, &u.Protocol, "What the control plane is spoken to in: auto (delta ADS, then state-of-the-world ADS, then the per-type SotW services, the first each server does not refuse with UNIMPLEMENTED), delta, sotw or sotw-per-type."},
 		{"fallback_recheck", kindDuration, &u.FallbackRecheck, "While on a fallback server, how often the higher-priority servers are checked; the relay moves back to the first that is reachable (gRFC A71)."},
-		{"authorities", kindList, &u.Authorities, "xdstp authorities (xdstp://AUTHORITY/...) the default control plane serves (gRFC A47)."},
+		{"authorities", kindList, &u.Authorities, "xdstp authorities (xdstp://AUTHORITY/...) the default control plane serves (gRFC A47); once any upstream lists one, an xdstp name under an authority none lists does not exist."},
 		{"reconnect.base_delay", kindDuration, &u.ReconnectBaseDelay, "First delay before reconnecting to the control plane; grows exponentially with jitter."},
 		{"reconnect.max_delay", kindDuration, &u.ReconnectMaxDelay, "Largest reconnect delay."},
 		{"max_message_bytes", kindInt, &u.MaxMessageBytes, "Largest response accepted from the control plane."},

@@ -14,8 +14,12 @@ import (
 // The node fields that name the client's kind: what control planes tailor
 // their config by (docs/architecture.md, invariant 14 "Kinds apart").
 const (
-	// FieldUserAgent is user_agent_name with its version (see UserAgent).
+	// FieldUserAgent is user_agent_name with its MAJOR.MINOR version (see
+	// UserAgent).
 	FieldUserAgent = "user_agent"
+	// FieldUserAgentPatch is user_agent_name with its whole version (see
+	// UserAgentPatch).
+	FieldUserAgentPatch = "user_agent_patch"
 	// FieldClientFeatures is the set of client_features (see
 	// ClientFeatures).
 	FieldClientFeatures = "client_features"
@@ -23,18 +27,22 @@ const (
 
 // CheckNodeField reports whether f names a node field that NodeField reads:
 // id, cluster, locality.region, locality.zone, locality.sub_zone,
-// user_agent, client_features or metadata.<key>. upstream.group_by and the
-// authorization rules name fields this way.
+// user_agent, user_agent_patch, client_features or metadata.<key>.
+// upstream.group_by and the authorization rules name fields this way.
 func CheckNodeField(f string) error {
 	switch f {
-	case "id", "cluster", "locality.region", "locality.zone", "locality.sub_zone", FieldUserAgent, FieldClientFeatures:
+	case "id", "cluster", "locality.region", "locality.zone", "locality.sub_zone", FieldUserAgent, FieldUserAgentPatch, FieldClientFeatures:
 		return nil
 	}
 	if key, ok := strings.CutPrefix(f, "metadata."); ok && key != "" {
 		return nil
 	}
-	return fmt.Errorf("unknown node field %q (want id, cluster, locality.region, locality.zone, locality.sub_zone, user_agent, client_features or metadata.<key>)", f)
+	return fmt.Errorf("unknown node field %q (want id, cluster, locality.region, locality.zone, locality.sub_zone, user_agent, user_agent_patch, client_features or metadata.<key>)", f)
 }
+
+// IsUserAgent reports whether f is a user agent field (user_agent or
+// user_agent_patch): the client's software, not its tenant.
+func IsUserAgent(f string) bool { return f == FieldUserAgent || f == FieldUserAgentPatch }
 
 // NodeField returns the value of the field f (see CheckNodeField) of node: a
 // metadata string as it is, another metadata value in its JSON form, "" for
@@ -53,6 +61,8 @@ func NodeField(node *corepb.Node, f string) string {
 		return node.GetLocality().GetSubZone()
 	case FieldUserAgent:
 		return UserAgent(node)
+	case FieldUserAgentPatch:
+		return UserAgentPatch(node)
 	case FieldClientFeatures:
 		return strings.Join(ClientFeatures(node), ",")
 	}
@@ -68,19 +78,32 @@ func NodeField(node *corepb.Node, f string) string {
 	return string(js)
 }
 
-// UserAgent is the node's user_agent_name with its version, as
-// "NAME/VERSION": user_agent_version as it is (gRPC sends one), or
-// user_agent_build_version as MAJOR.MINOR.PATCH (Envoy's, whose build
-// metadata is left out). "NAME" alone without a version; "" without either.
+// UserAgent is the node's user_agent_name with its version's MAJOR.MINOR,
+// as "NAME/MAJOR.MINOR": patch releases of one minor version are one kind
+// (control planes gate features on minor versions), so that a patch
+// rollout through a fleet does not split its groups. See MinorVersion for
+// a version string that is not MAJOR.MINOR.something; "NAME" alone
+// without a version; "" without either.
 func UserAgent(node *corepb.Node) string {
-	name, version := node.GetUserAgentName(), UserAgentVersion(node)
+	return nameVersion(node.GetUserAgentName(), MinorVersion(UserAgentVersion(node)))
+}
+
+// UserAgentPatch is UserAgent with the whole version: user_agent_version
+// as it is (gRPC sends one), or user_agent_build_version as
+// MAJOR.MINOR.PATCH (Envoy's, whose build metadata is left out).
+func UserAgentPatch(node *corepb.Node) string {
+	return nameVersion(node.GetUserAgentName(), UserAgentVersion(node))
+}
+
+func nameVersion(name, version string) string {
 	if version == "" {
 		return name
 	}
 	return name + "/" + version
 }
 
-// UserAgentVersion is the version part of UserAgent.
+// UserAgentVersion is the node's whole version: user_agent_version as it
+// is, or user_agent_build_version as MAJOR.MINOR.PATCH.
 func UserAgentVersion(node *corepb.Node) string {
 	if v := node.GetUserAgentVersion(); v != "" {
 		return v
@@ -91,6 +114,25 @@ func UserAgentVersion(node *corepb.Node) string {
 	}
 	return strconv.FormatUint(uint64(sv.GetMajorNumber()), 10) + "." + strconv.FormatUint(uint64(sv.GetMinorNumber()), 10) +
 		"." + strconv.FormatUint(uint64(sv.GetPatch()), 10)
+}
+
+// MinorVersion is v cut to MAJOR.MINOR when it starts with two numbers and
+// goes on after a dot ("1.85.1" and "1.86.0-dev" are "1.85" and "1.86");
+// any other version is kept whole, since it says nothing of its parts.
+func MinorVersion(v string) string {
+	major, rest, ok := strings.Cut(v, ".")
+	if !ok || !digits(major) {
+		return v
+	}
+	minor, _, ok := strings.Cut(rest, ".")
+	if !ok || !digits(minor) {
+		return v
+	}
+	return major + "." + minor
+}
+
+func digits(s string) bool {
+	return s != "" && strings.Trim(s, "0123456789") == ""
 }
 
 // ClientFeatures is the node's client_features as a set: sorted, each once.
