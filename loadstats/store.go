@@ -2,6 +2,7 @@ package loadstats
 
 import (
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -255,7 +256,7 @@ func (s *Store) Cut(now time.Time) {
 	dropped := 0
 	if over := len(s.pending) - s.opts.MaxPending; over > 0 {
 		dropped = over
-		s.pending = append(s.pending[:0:0], s.pending[over:]...)
+		s.pending = held(s.pending[over:])
 	}
 	s.mu.Unlock()
 	if left > 0 {
@@ -311,9 +312,21 @@ func (s *Store) Delivered(n int, unsent []*endpointpb.ClusterStats) {
 	}
 	rest := s.pending[n:]
 	if len(unsent) > 0 {
-		rest = append([]period{{from: s.pending[0].from, to: s.pending[n-1].to, stats: unsent}}, rest...)
+		// A copy: unsent may share its array with the stats that were sent.
+		rest = append([]period{{from: s.pending[0].from, to: s.pending[n-1].to, stats: slices.Clone(unsent)}}, rest...)
 	}
-	s.pending = append(s.pending[:0:0], rest...)
+	s.pending = held(rest)
+}
+
+// held returns a copy of rest on an array of its own, nil if rest is empty:
+// what is delivered or dropped must leave memory at once, and a slice
+// that keeps the old array (rest[:0:0], slices.Clone of an empty slice)
+// keeps every period in it.
+func held(rest []period) []period {
+	if len(rest) == 0 {
+		return nil
+	}
+	return append([]period(nil), rest...)
 }
 
 // Discard drops what the store holds undelivered, when its group ends: the
