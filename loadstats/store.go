@@ -20,6 +20,11 @@ type Options struct {
 	// MaxPending is lrs.max_pending: the periods (Cut) held while they
 	// cannot be delivered; past it the oldest is dropped. Required.
 	MaxPending int
+	// MaxNames is lrs.max_names: the distinct names (clusters, localities,
+	// endpoints, named metrics, drop categories) a period holds, and the
+	// gauges held; stats past it are left out (OnDroppedStats,
+	// ReasonMaxNames). Required.
+	MaxNames int
 	// ByLocality tells that the group's key holds a locality field: its
 	// clients are all in one zone, and the zone check is off.
 	ByLocality bool
@@ -34,7 +39,23 @@ type Options struct {
 	// OnDropped counts periods dropped undelivered: past MaxPending, or
 	// discarded with the store.
 	OnDropped func(n int)
+	// OnDroppedStats counts stats left out of the sums, by reason (one of
+	// the Reason constants).
+	OnDroppedStats func(reason string, n int)
+	// OnSaturated counts sums held at their largest value (2^64-1, or the
+	// largest double) where they would have wrapped or been infinite.
+	OnSaturated func(n int)
 }
+
+// Why stats are left out of the sums (Options.OnDroppedStats); the values
+// of the reason label of xdsrelay_lrs_dropped_stats_total.
+const (
+	// ReasonMaxNames: a stat that would have added a name past MaxNames.
+	ReasonMaxNames = "max_names"
+	// ReasonInvalidValue: a load metric whose total is NaN, infinite or
+	// negative.
+	ReasonInvalidValue = "invalid_value"
+)
 
 // Store is one group's load reports and the control plane's instructions.
 type Store struct {
@@ -46,7 +67,7 @@ type Store struct {
 	answered  bool                    // guarded by mu: the control plane has instructed
 	reporters map[*Reporter]struct{}  // guarded by mu
 	left      time.Time               // guarded by mu: when the last reporter left; zero while any is joined
-	sums      sums                    // guarded by mu: the current period's counts
+	sums      *sums                   // guarded by mu: the current period's counts
 	gauges    map[gaugeKey]gaugeEntry // guarded by mu: the sum of every reporter's latest gauges
 	start     time.Time               // guarded by mu: when the current period began
 	pending   []period                // guarded by mu: periods not delivered, oldest first
@@ -68,18 +89,23 @@ func New(opts Options) (*Store, error) {
 		return nil, errors.New("loadstats: Options.Interval must be positive")
 	case opts.MaxPending <= 0:
 		return nil, errors.New("loadstats: Options.MaxPending must be positive")
+	case opts.MaxNames <= 0:
+		return nil, errors.New("loadstats: Options.MaxNames must be positive")
 	}
-	for _, f := range []*func(int){&opts.OnIgnored, &opts.OnDropped} {
+	for _, f := range []*func(int){&opts.OnIgnored, &opts.OnDropped, &opts.OnSaturated} {
 		if *f == nil {
 			*f = func(int) {}
 		}
+	}
+	if opts.OnDroppedStats == nil {
+		opts.OnDroppedStats = func(string, int) {}
 	}
 	return &Store{
 		opts:      opts,
 		cur:       newTold(Instructions{SendAll: true, Interval: opts.Interval}, 1),
 		reporters: map[*Reporter]struct{}{},
 		left:      time.Now(),
-		sums:      sums{},
+		sums:      newSums(opts.MaxNames),
 		gauges:    map[gaugeKey]gaugeEntry{},
 		start:     time.Now(),
 	}, nil
@@ -162,17 +188,20 @@ func (r *Reporter) Next() *lrspb.LoadStatsResponse {
 
 // Report adds a client's report. Stats for a cluster the client was not
 // told to report, or that the control plane no longer asks for, are left
-// out and counted (OnIgnored). The report's gauges replace the client's
-// previous ones whole: a locality or cluster it leaves out has none.
-func (r *Reporter) Report(stats []*endpointpb.ClusterStats) {
+// out and counted (OnIgnored); so are stats past Options.MaxNames and
+// load metrics that are not a number, infinite or negative
+// (OnDroppedStats), the rest of the report kept. The report's gauges
+// replace the client's previous ones whole: a locality or cluster it
+// leaves out has none. It returns what of the report it left out past a
+// bound or as invalid, for the client's stream to say once.
+func (r *Reporter) Report(stats []*endpointpb.ClusterStats) Refused {
 	s := r.s
 	ignored := 0
 	s.mu.Lock()
 	if r.gone {
 		s.mu.Unlock()
-		return
+		return Refused{}
 	}
-	old := r.latest
 	var latest []gaugeEntry
 	endpoints := s.cur.in.EndpointGranularity
 	for _, cs := range stats {
@@ -183,16 +212,45 @@ func (r *Reporter) Report(stats []*endpointpb.ClusterStats) {
 		s.sums.add(cs, endpoints)
 		latest = gaugesOf(latest, cs, endpoints)
 	}
-	s.replaceGaugesLocked(old, latest)
-	r.latest = latest
+	latest = slices.DeleteFunc(latest, func(e gaugeEntry) bool { return !s.sums.has(e.key) })
+	r.latest = s.replaceGaugesLocked(r.latest, latest)
+	t := s.sums.t
+	s.sums.t = tally{}
 	s.mu.Unlock()
 	if ignored > 0 {
 		s.opts.OnIgnored(ignored)
 	}
+	s.count(t)
+	return Refused{MaxNames: t.refused, InvalidValues: t.invalid}
 }
 
-// replaceGaugesLocked takes old out of the gauges' sums and puts latest in.
-func (s *Store) replaceGaugesLocked(old, latest []gaugeEntry) {
+// Refused is what a report had left out (Report): stats past
+// Options.MaxNames, load metrics that are not a number, infinite or
+// negative.
+type Refused struct{ MaxNames, InvalidValues int }
+
+// Any reports whether anything was left out.
+func (r Refused) Any() bool { return r != Refused{} }
+
+// count passes a tally on to the store's callbacks; never with the lock
+// held.
+func (s *Store) count(t tally) {
+	if t.refused > 0 {
+		s.opts.OnDroppedStats(ReasonMaxNames, t.refused)
+	}
+	if t.invalid > 0 {
+		s.opts.OnDroppedStats(ReasonInvalidValue, t.invalid)
+	}
+	if t.saturated > 0 {
+		s.opts.OnSaturated(t.saturated)
+	}
+}
+
+// replaceGaugesLocked takes old out of the gauges' sums and puts latest
+// in, and returns what of latest it took: a gauge at a place new to the
+// gauges, past Options.MaxNames of them, is left out (counted in the
+// period's tally).
+func (s *Store) replaceGaugesLocked(old, latest []gaugeEntry) []gaugeEntry {
 	for _, e := range old {
 		sum := s.gauges[e.key]
 		if sum.g = sum.g.minus(e.g); sum.g.zero() {
@@ -201,14 +259,19 @@ func (s *Store) replaceGaugesLocked(old, latest []gaugeEntry) {
 			s.gauges[e.key] = sum
 		}
 	}
-	for _, e := range latest {
-		sum := s.gauges[e.key]
+	return slices.DeleteFunc(latest, func(e gaugeEntry) bool {
+		sum, ok := s.gauges[e.key]
+		if !ok && len(s.gauges) >= s.opts.MaxNames {
+			s.sums.t.refused++
+			return true
+		}
 		sum.key, sum.g = e.key, sum.g.plus(e.g)
 		if e.ep != nil {
 			sum.ep = e.ep // the latest address and metadata
 		}
 		s.gauges[e.key] = sum
-	}
+		return false
+	})
 }
 
 // Instruct records what the control plane asked for, and tells every
@@ -250,7 +313,8 @@ func (s *Store) Cut(now time.Time) {
 		s.sums.fold(e)
 	}
 	stats, left := s.sums.build(s.cur.wants, now.Sub(s.start), s.cur.in.EndpointGranularity)
-	s.sums = sums{}
+	t := s.sums.t
+	s.sums = newSums(s.opts.MaxNames)
 	s.pending = append(s.pending, period{from: s.start, to: now, stats: stats})
 	s.start = now
 	dropped := 0
@@ -265,6 +329,7 @@ func (s *Store) Cut(now time.Time) {
 	if dropped > 0 {
 		s.opts.OnDropped(dropped)
 	}
+	s.count(t)
 }
 
 // Pending returns the periods not delivered yet as one report: their
@@ -281,7 +346,7 @@ func (s *Store) Pending() (stats []*endpointpb.ClusterStats, n int) {
 	case 1:
 		return s.pending[0].stats, 1
 	}
-	merged := sums{}
+	merged := newSums(0)
 	for _, p := range s.pending {
 		for _, cs := range p.stats {
 			merged.add(cs, true)
@@ -334,7 +399,7 @@ func held(rest []period) []period {
 func (s *Store) Discard() {
 	s.mu.Lock()
 	n := len(s.pending)
-	s.pending, s.sums = nil, sums{}
+	s.pending, s.sums = nil, newSums(s.opts.MaxNames)
 	s.mu.Unlock()
 	if n > 0 {
 		s.opts.OnDropped(n)

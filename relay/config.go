@@ -198,6 +198,11 @@ type Config struct {
 		// reports (one per interval) held while the control plane cannot
 		// be reached; past it the oldest is dropped, and counted.
 		MaxPending int
+		// MaxNames is lrs.max_names: per group and period, the distinct
+		// names (clusters, localities, endpoints, named metrics, drop
+		// categories) summed, and the gauges held; past it stats are
+		// left out, and counted.
+		MaxNames int
 	}
 	// Tracing installs OpenTelemetry instrumentation (gRPC stats handlers on
 	// both edges) on the global tracer provider; the binary sets it when
@@ -354,6 +359,7 @@ func Default() Config {
 	c.Limits.MaxPolls = 10000
 	c.LRS.Interval = 10 * time.Second
 	c.LRS.MaxPending = 1000
+	c.LRS.MaxNames = 50_000
 	return c
 }
 

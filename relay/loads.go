@@ -30,12 +30,23 @@ type loadReports struct {
 	downStreams, downReports *metrics.Value
 	upStreams, upReports     *metrics.Value
 	dropped, ignored         *metrics.Value
+	droppedStats             *metrics.Vec // xdsrelay_lrs_dropped_stats_total{reason}
+	saturated                *metrics.Value
 	zones                    *sync.Once // the mixed-zones warning, once for the relay
 }
+
+// droppedReasons are the reason label's values of
+// xdsrelay_lrs_dropped_stats_total, each series there at 0 from the start.
+var droppedReasons = []string{loadstats.ReasonMaxNames, loadstats.ReasonInvalidValue}
 
 func newLoadReports(m *metrics.Registry) loadReports {
 	streams := m.Gauge("xdsrelay_lrs_streams", "Open load report (LRS) streams, by side: downstream from clients, upstream to the control plane (one per group that has reporting clients).", "side")
 	reports := m.Counter("xdsrelay_lrs_reports_total", "Load reports (LRS requests): received from clients (side downstream), sent to the control plane (side upstream).", "side")
+	droppedStats := m.Counter("xdsrelay_lrs_dropped_stats_total",
+		"Stats left out of load reports, by reason: max_names (a cluster's, locality's, endpoint's, named metric's or drop category's stats, or a gauge, past lrs.max_names names in a group's period), invalid_value (a load metric whose total is NaN, infinite or negative; the rest of the report is kept).", "reason")
+	for _, reason := range droppedReasons {
+		droppedStats.With(reason) // at 0 from the start
+	}
 	return loadReports{
 		downStreams: streams.With("downstream"),
 		upStreams:   streams.With("upstream"),
@@ -45,6 +56,9 @@ func newLoadReports(m *metrics.Registry) loadReports {
 			"The relay's load reports (one per group and interval) dropped undelivered: past lrs.max_pending while the control plane could not be reached, or left when a group ended.").With(),
 		ignored: m.Counter("xdsrelay_lrs_ignored_stats_total",
 			"Cluster stats in clients' load reports left out: for a cluster the client was not told to report, or that the control plane no longer asks for.").With(),
+		droppedStats: droppedStats,
+		saturated: m.Counter("xdsrelay_lrs_saturated_sums_total",
+			"Sums of load reports held at their largest value (2^64-1, or the largest double) where they would have wrapped or become infinite: one client's count near 2^64 cannot cancel the others' load.").With(),
 		zones: &sync.Once{},
 	}
 }
@@ -98,12 +112,15 @@ func (r *Relay) JoinLoads(node *corepb.Node) (*loadstats.Store, func(), error) {
 func (r *Relay) newLoadStore(key string) (*loadstats.Store, error) {
 	byLocality := slices.ContainsFunc(r.cfg.Upstream.GroupBy, func(f string) bool { return strings.HasPrefix(f, "locality.") })
 	return loadstats.New(loadstats.Options{
-		Interval:     r.cfg.LRS.Interval,
-		MaxPending:   r.cfg.LRS.MaxPending,
-		ByLocality:   byLocality,
-		OnMixedZones: func(a, b *corepb.Locality) { r.warnMixedZones(key, a, b) },
-		OnIgnored:    func(n int) { r.loads.ignored.Add(int64(n)) },
-		OnDropped:    func(n int) { r.loads.dropped.Add(int64(n)) },
+		Interval:       r.cfg.LRS.Interval,
+		MaxPending:     r.cfg.LRS.MaxPending,
+		MaxNames:       r.cfg.LRS.MaxNames,
+		ByLocality:     byLocality,
+		OnMixedZones:   func(a, b *corepb.Locality) { r.warnMixedZones(key, a, b) },
+		OnIgnored:      func(n int) { r.loads.ignored.Add(int64(n)) },
+		OnDropped:      func(n int) { r.loads.dropped.Add(int64(n)) },
+		OnDroppedStats: func(reason string, n int) { r.loads.droppedStats.With(reason).Add(int64(n)) },
+		OnSaturated:    func(n int) { r.loads.saturated.Add(int64(n)) },
 	})
 }
 
@@ -253,6 +270,8 @@ func (c *Config) validateLRS() error {
 		return fmt.Errorf("lrs.interval: must be positive, got %s", c.LRS.Interval)
 	case c.LRS.MaxPending < 1:
 		return fmt.Errorf("lrs.max_pending: must be at least 1, got %d", c.LRS.MaxPending)
+	case c.LRS.MaxNames < 1:
+		return fmt.Errorf("lrs.max_names: must be at least 1, got %d", c.LRS.MaxNames)
 	}
 	return nil
 }

@@ -77,6 +77,7 @@ func settings(o *Options) []setting {
 		{"rollout.bake", kindDuration, &o.Relay.Rollout.Bake, "How long a change waits for the canaries' verdict; a NACK within it holds the change from the rest of the group."},
 		{"lrs.interval", kindDuration, &o.Relay.LRS.Interval, "How often load-reporting (LRS) clients are told to report until the control plane answers, or when it names no interval."},
 		{"lrs.max_pending", kindInt, &o.Relay.LRS.MaxPending, "Per group, the relay's load reports (one per interval) held while the control plane cannot be reached; they go out together once it is back. Past this many the oldest is dropped and counted in xdsrelay_lrs_dropped_reports_total."},
+		{"lrs.max_names", kindInt, &o.Relay.LRS.MaxNames, "Per group and period, the distinct names clients' load reports may add (clusters, localities, endpoints, named metrics, drop categories), and the gauges held; stats past it are left out, counted in xdsrelay_lrs_dropped_stats_total{reason=\"max_names\"} and logged once per group."},
 		{"shutdown_timeout", kindDuration, &o.Relay.ShutdownTimeout, "How long shutdown waits for streams to end before closing them."},
 		{"log.level", kindLevel, &o.LogLevel, "debug, info, warn or error; changed at run time with PUT /debug/loglevel."},
 		{"log.format", kindString, &o.LogFormat, "text (key=value) or json (one JSON object a line)."},

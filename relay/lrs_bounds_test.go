@@ -1,0 +1,132 @@
+package relay
+
+import (
+	"fmt"
+	"log/slog"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointpb "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	lrspb "github.com/envoyproxy/go-control-plane/envoy/service/load_stats/v3"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+)
+
+// A real gRPC client reports absurd cardinalities and values: a thousand
+// clusters and localities and metric names in one report, a count of
+// 2^64-1, load metrics that are NaN, infinite or negative. The control
+// plane is sent lrs.max_names names a period at most, a sum held at 2^64-1
+// instead of wrapped, and another client's metric unharmed; each bound is
+// counted on /metrics, and the client is logged once, however many
+// reports it sends.
+func TestLoadReportsAbsurdClient(t *testing.T) {
+	const maxNames = 100
+	cp := testcp.Start(t)
+	cp.LRS.Answer(t, lrsAnswer(30*time.Millisecond))
+	logs := &logBuffer{}
+	r := startRelayLogged(t, cp.Addr, slog.New(slog.NewJSONHandler(logs, nil)), func(c *Config) { c.LRS.MaxNames = maxNames })
+	for _, line := range []string{`xdsrelay_lrs_dropped_stats_total{reason="max_names"} 0`,
+		`xdsrelay_lrs_dropped_stats_total{reason="invalid_value"} 0`, `xdsrelay_lrs_saturated_sums_total 0`} {
+		waitMetric(t, r, line) // there from the start
+	}
+	bad, _ := startLRSClient(t, r.Addr(), lrsNode("bad", "c1", "z1"))
+	good, _ := startLRSClient(t, r.Addr(), lrsNode("good", "c1", "z1"))
+
+	// Cardinality: 1,000 clusters, each with two localities and two metric
+	// names, twice.
+	flood := &lrspb.LoadStatsRequest{}
+	for i := range 1000 {
+		ls := func(zone string) *endpointpb.UpstreamLocalityStats {
+			return &endpointpb.UpstreamLocalityStats{Locality: &corepb.Locality{Zone: zone}, TotalSuccessfulRequests: 1,
+				LoadMetricStats: []*endpointpb.EndpointLoadMetricStats{{MetricName: fmt.Sprint("m", i), TotalMetricValue: 1},
+					{MetricName: fmt.Sprint("n", i), TotalMetricValue: 1}}}
+		}
+		flood.ClusterStats = append(flood.ClusterStats, &endpointpb.ClusterStats{ClusterName: fmt.Sprint("flood-", i),
+			UpstreamLocalityStats: []*endpointpb.UpstreamLocalityStats{ls("x"), ls("y")}})
+	}
+	bad.send(flood)
+	bad.send(flood)
+	waitMetric(t, r, `xdsrelay_lrs_reports_total{side="downstream"} 2`)
+	requests := func(l *testcp.LRS) int {
+		n := 0
+		for _, s := range l.Streams() {
+			n += len(l.Reports(s))
+		}
+		return n
+	}
+	// Two more reports: the period that read the flood has ended.
+	if seen := requests(cp.LRS); !cp.LRS.Wait(wait, func(l *testcp.LRS) bool { return requests(l) >= seen+2 }) {
+		t.Fatal("the relay stopped reporting to the control plane")
+	}
+
+	// Values: 2^64-1 requests, and NaN, +Inf and -1 as load metrics, beside
+	// a good client's.
+	absurd := loadReport(math.MaxUint64, "a")
+	ls := absurd.ClusterStats[0].UpstreamLocalityStats[0]
+	for _, v := range []float64{math.NaN(), math.Inf(1), -1} {
+		ls.LoadMetricStats = append(ls.LoadMetricStats, &endpointpb.EndpointLoadMetricStats{MetricName: "cpu", TotalMetricValue: v, NumRequestsFinishedWithMetric: 1})
+	}
+	ls.CpuUtilization = &endpointpb.UnnamedEndpointLoadMetricStats{TotalMetricValue: math.NaN(), NumRequestsFinishedWithMetric: 1}
+	sane := loadReport(5, "a")
+	sane.ClusterStats[0].UpstreamLocalityStats[0].LoadMetricStats = []*endpointpb.EndpointLoadMetricStats{{MetricName: "cpu", TotalMetricValue: 2, NumRequestsFinishedWithMetric: 1}}
+	good.send(sane)
+	bad.send(absurd)
+	waitMetric(t, r, `xdsrelay_lrs_dropped_stats_total{reason="invalid_value"} 4`)
+	var saturated bool
+	if !cp.LRS.Wait(wait, func(l *testcp.LRS) bool {
+		saturated = false
+		for _, s := range l.Streams() {
+			for _, req := range l.Reports(s) {
+				if cs := testcp.ClusterStats(req, "a"); cs != nil && cs.GetUpstreamLocalityStats()[0].GetTotalSuccessfulRequests() == math.MaxUint64 {
+					saturated = true
+				}
+			}
+		}
+		return saturated
+	}) {
+		t.Errorf("no report of a held at 2^64-1 requests: %+v", cp.LRS.Load("a"))
+	}
+
+	names, cpu := 0, 0.0
+	for _, s := range cp.LRS.Streams() {
+		for _, req := range cp.LRS.Reports(s) {
+			n := 0
+			for _, cs := range req.GetClusterStats() {
+				n++
+				for _, l := range cs.GetUpstreamLocalityStats() {
+					n += 1 + len(l.GetLoadMetricStats())
+					for _, m := range l.GetLoadMetricStats() {
+						if v := m.GetTotalMetricValue(); math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+							t.Errorf("the control plane was sent %v as %s of %s", v, m.GetMetricName(), cs.GetClusterName())
+						}
+						if cs.GetClusterName() == "a" && m.GetMetricName() == "cpu" {
+							cpu += m.GetTotalMetricValue()
+						}
+					}
+					if u := l.GetCpuUtilization(); u != nil {
+						t.Errorf("the control plane was sent cpu_utilization %v", u)
+					}
+				}
+			}
+			names = max(names, n)
+		}
+	}
+	if names > maxNames {
+		t.Errorf("a report to the control plane held %d names, past lrs.max_names (%d)", names, maxNames)
+	}
+	if cpu != 2 {
+		t.Errorf("the control plane was sent a cpu metric of %v for a, want the good client's 2", cpu)
+	}
+	m := getMetrics(t, r)
+	for _, line := range []string{`xdsrelay_lrs_dropped_stats_total{reason="max_names"} 0`, "xdsrelay_lrs_saturated_sums_total 0"} {
+		if strings.Contains(m, line+"\n") {
+			t.Errorf("%s after the absurd reports", line)
+		}
+	}
+	if n := strings.Count(logs.String(), "stats in a client's load report left out"); n != 1 {
+		t.Errorf("the client was logged %d times, want once", n)
+	}
+}
