@@ -5,6 +5,7 @@ import (
 	"math"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	endpointpb "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 )
@@ -162,5 +163,82 @@ func TestWide(t *testing.T) {
 	}
 	if got := w.minus(wide{lo: math.MaxUint64}).uint64(&tl); got != 5 {
 		t.Errorf("less 2^64-1: %d, want 5", got)
+	}
+}
+
+// The periods held undelivered are bounded in bytes
+// (MaxPendingBytes): past it they are merged into one when that fits,
+// which a group that names the same clusters every period always does,
+// losing nothing; when even the merge does not fit (new names every
+// period), the oldest are dropped, counted, and the newest kept.
+func TestMaxPendingBytes(t *testing.T) {
+	b := &bounded{}
+	var droppedStats atomic.Int64
+	s, c := newStore(t, b.options, func(o *Options) {
+		o.MaxPendingBytes = 400
+		o.OnDroppedStats = func(reason string, n int) {
+			if reason != ReasonMaxPendingBytes {
+				t.Errorf("dropped for %s", reason)
+			}
+			droppedStats.Add(int64(n))
+		}
+	})
+	r := join(s, "")
+	start := s.start
+	report := func(i int, names ...string) {
+		var stats []*endpointpb.ClusterStats
+		for _, n := range names {
+			stats = append(stats, clusterStats(n, 1, locStats("z", 1, 0, 1, uint64(i))))
+		}
+		r.Report(stats)
+		s.Cut(start.Add(time.Duration(i+1) * time.Second))
+	}
+	for i := range 20 { // the same three clusters every period
+		report(i, "a", "b", "c")
+		if st := s.Status(); st.PendingBytes > 400 {
+			t.Fatalf("period %d: %d bytes held, past MaxPendingBytes (400)", i, st.PendingBytes)
+		}
+	}
+	if st := s.Status(); st.Pending != 20 || c.dropped.Load() != 0 || droppedStats.Load() != 0 {
+		t.Errorf("%d periods held, %d dropped, %d stats dropped; want 20, merged, none dropped", st.Pending, c.dropped.Load(), droppedStats.Load())
+	}
+	stats, n := s.Pending()
+	if len(s.pending) > 2 {
+		t.Errorf("%d held reports, want them merged", len(s.pending))
+	}
+	if iv := stats[0].GetLoadReportInterval().AsDuration(); iv != 20*time.Second {
+		t.Errorf("the merged report spans %v, want the 20 s held", iv)
+	}
+	diff(t, cleared(t, stats), want(clusterStats("a", 20, locStats("z", 20, 0, 20, 19)),
+		clusterStats("b", 20, locStats("z", 20, 0, 20, 19)), clusterStats("c", 20, locStats("z", 20, 0, 20, 19))))
+	s.Delivered(n, nil)
+
+	// New names every period: the merge cannot fit, the oldest go.
+	for i := range 20 {
+		report(20+i, fmt.Sprint("x", i), fmt.Sprint("y", i), fmt.Sprint("z", i))
+	}
+	st := s.Status()
+	if st.PendingBytes > 400 || st.Pending == 0 {
+		t.Errorf("%d periods held in %d bytes, want some within MaxPendingBytes (400)", st.Pending, st.PendingBytes)
+	}
+	if got := int(c.dropped.Load()) + st.Pending; got != 20 {
+		t.Errorf("%d periods dropped and %d held, want 20 in all", c.dropped.Load(), st.Pending)
+	}
+	if droppedStats.Load() == 0 || droppedStats.Load()%3 != 0 {
+		t.Errorf("%d cluster stats dropped, want three a period dropped", droppedStats.Load())
+	}
+	stats, _ = s.Pending()
+	if got := stats[len(stats)-1].GetClusterName(); got != "z19" {
+		t.Errorf("the last cluster held is %s, want the newest period's z19", got)
+	}
+
+	// One period larger than the bound alone is kept: it is the one to send.
+	var many []string
+	for i := range 50 {
+		many = append(many, fmt.Sprint("many-", i))
+	}
+	report(40, many...)
+	if st := s.Status(); st.Pending != 1 || st.PendingBytes <= 400 {
+		t.Errorf("a period past the bound alone: %d held in %d bytes, want it kept", st.Pending, st.PendingBytes)
 	}
 }

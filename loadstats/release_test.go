@@ -9,7 +9,7 @@ import (
 )
 
 // A delivered period leaves memory when it is delivered, not at the next
-// cut: nothing in the store still points at its stats.
+// cut: nothing in the store still points at what it held.
 func TestDeliveredPeriodIsReleased(t *testing.T) {
 	s, _ := newStore(t)
 	r := join(s, "")
@@ -19,7 +19,7 @@ func TestDeliveredPeriodIsReleased(t *testing.T) {
 		r.Report([]*endpointpb.ClusterStats{clusterStats("a", 1, locStats("z", 1, 0, 1, 0)), clusterStats("b", 1)})
 		s.Cut(s.start.Add(1))
 		stats, n := s.Pending()
-		sent := weak.Make(stats[0])
+		sent := weak.Make(&s.pending[0].encoded[0])
 		if failed { // the last part failed: it stays, the first leaves
 			s.Delivered(n, stats[1:])
 		} else {
@@ -28,7 +28,7 @@ func TestDeliveredPeriodIsReleased(t *testing.T) {
 		stats = nil
 		runtime.GC()
 		if sent.Value() != nil {
-			t.Errorf("part failed %v: the delivered stats are still held after delivery", failed)
+			t.Errorf("part failed %v: the delivered period is still held after delivery", failed)
 		}
 		if failed {
 			s.Delivered(1, nil)

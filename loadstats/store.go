@@ -20,6 +20,11 @@ type Options struct {
 	// MaxPending is lrs.max_pending: the periods (Cut) held while they
 	// cannot be delivered; past it the oldest is dropped. Required.
 	MaxPending int
+	// MaxPendingBytes is lrs.max_pending_bytes: the encoded size of the
+	// periods held; past it they are merged into one, or, if that is
+	// still past it, the oldest are dropped (OnDropped, OnDroppedStats
+	// with ReasonMaxPendingBytes). Required.
+	MaxPendingBytes int
 	// MaxNames is lrs.max_names: the distinct names (clusters, localities,
 	// endpoints, named metrics, drop categories) a period holds, and the
 	// gauges held; stats past it are left out (OnDroppedStats,
@@ -55,6 +60,9 @@ const (
 	// ReasonInvalidValue: a load metric whose total is NaN, infinite or
 	// negative.
 	ReasonInvalidValue = "invalid_value"
+	// ReasonMaxPendingBytes: the cluster stats of periods held
+	// undelivered, dropped past MaxPendingBytes.
+	ReasonMaxPendingBytes = "max_pending_bytes"
 )
 
 // Store is one group's load reports and the control plane's instructions.
@@ -70,15 +78,9 @@ type Store struct {
 	sums      *sums                   // guarded by mu: the current period's counts
 	gauges    map[gaugeKey]gaugeEntry // guarded by mu: the sum of every reporter's latest gauges
 	start     time.Time               // guarded by mu: when the current period began
-	pending   []period                // guarded by mu: periods not delivered, oldest first
+	pending   []period                // guarded by mu: periods not delivered, oldest first (pending.go)
 	zone      *corepb.Locality        // guarded by mu: the first reporter's, for the zone check
 	mixed     bool                    // guarded by mu: OnMixedZones was called
-}
-
-// period is the stats of one period, [from, to), ready to send.
-type period struct {
-	from, to time.Time
-	stats    []*endpointpb.ClusterStats
 }
 
 // New returns an empty store whose clients are told, until Instruct, to
@@ -91,6 +93,8 @@ func New(opts Options) (*Store, error) {
 		return nil, errors.New("loadstats: Options.MaxPending must be positive")
 	case opts.MaxNames <= 0:
 		return nil, errors.New("loadstats: Options.MaxNames must be positive")
+	case opts.MaxPendingBytes <= 0:
+		return nil, errors.New("loadstats: Options.MaxPendingBytes must be positive")
 	}
 	for _, f := range []*func(int){&opts.OnIgnored, &opts.OnDropped, &opts.OnSaturated} {
 		if *f == nil {
@@ -305,8 +309,8 @@ func (s *Store) Instructions() Instructions {
 
 // Cut ends the current period at now: its counts and the gauges as they
 // stand become a pending period, ready to send (Pending), and a new period
-// begins. Past Options.MaxPending pending periods, the oldest is dropped
-// (OnDropped).
+// begins. The pending periods are then kept within Options.MaxPending and
+// Options.MaxPendingBytes (boundLocked).
 func (s *Store) Cut(now time.Time) {
 	s.mu.Lock()
 	for _, e := range s.gauges {
@@ -315,95 +319,15 @@ func (s *Store) Cut(now time.Time) {
 	stats, left := s.sums.build(s.cur.wants, now.Sub(s.start), s.cur.in.EndpointGranularity)
 	t := s.sums.t
 	s.sums = newSums(s.opts.MaxNames)
-	s.pending = append(s.pending, period{from: s.start, to: now, stats: stats})
+	s.pending = append(s.pending, encodePeriod(s.start, now, 1, stats))
 	s.start = now
-	dropped := 0
-	if over := len(s.pending) - s.opts.MaxPending; over > 0 {
-		dropped = over
-		s.pending = held(s.pending[over:])
-	}
+	d := s.boundLocked()
 	s.mu.Unlock()
 	if left > 0 {
 		s.opts.OnIgnored(left)
 	}
-	if dropped > 0 {
-		s.opts.OnDropped(dropped)
-	}
+	d.count(s)
 	s.count(t)
-}
-
-// Pending returns the periods not delivered yet as one report: their
-// counts summed, the latest period's gauges, over the time from the first
-// one's start to the last one's end (the real time since the last report
-// delivered, unless periods were dropped). n is how many periods it holds:
-// pass it to Delivered once the report is sent.
-func (s *Store) Pending() (stats []*endpointpb.ClusterStats, n int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch n = len(s.pending); n {
-	case 0:
-		return nil, 0
-	case 1:
-		return s.pending[0].stats, 1
-	}
-	merged := newSums(0)
-	for _, p := range s.pending {
-		for _, cs := range p.stats {
-			merged.add(cs, true)
-		}
-	}
-	last := s.pending[n-1]
-	var latest []gaugeEntry
-	for _, cs := range last.stats {
-		latest = gaugesOf(latest, cs, true)
-	}
-	for _, e := range latest {
-		merged.fold(e)
-	}
-	stats, _ = merged.build(nil, last.to.Sub(s.pending[0].from), true)
-	return stats, n
-}
-
-// Delivered removes the n oldest pending periods, sent, but for unsent: the
-// stats of a report sent in parts whose send failed part way. Those stay
-// pending, as one period over the same time, so that nothing is sent twice
-// and nothing is lost.
-func (s *Store) Delivered(n int, unsent []*endpointpb.ClusterStats) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n = min(n, len(s.pending))
-	if n == 0 {
-		return
-	}
-	rest := s.pending[n:]
-	if len(unsent) > 0 {
-		// A copy: unsent may share its array with the stats that were sent.
-		rest = append([]period{{from: s.pending[0].from, to: s.pending[n-1].to, stats: slices.Clone(unsent)}}, rest...)
-	}
-	s.pending = held(rest)
-}
-
-// held returns a copy of rest on an array of its own, nil if rest is empty:
-// what is delivered or dropped must leave memory at once, and a slice
-// that keeps the old array (rest[:0:0], slices.Clone of an empty slice)
-// keeps every period in it.
-func held(rest []period) []period {
-	if len(rest) == 0 {
-		return nil
-	}
-	return append([]period(nil), rest...)
-}
-
-// Discard drops what the store holds undelivered, when its group ends: the
-// pending periods (counted, OnDropped) and the current one's counts.
-func (s *Store) Discard() {
-	s.mu.Lock()
-	n := len(s.pending)
-	s.pending, s.sums = nil, newSums(s.opts.MaxNames)
-	s.mu.Unlock()
-	if n > 0 {
-		s.opts.OnDropped(n)
-	}
 }
 
 // Idle reports whether no client reports, and since when.
@@ -417,6 +341,7 @@ func (s *Store) Idle() (since time.Time, idle bool) {
 type Status struct {
 	Reporters    int          // clients reporting
 	Pending      int          // periods not delivered
+	PendingBytes int          // their encoded size (Options.MaxPendingBytes)
 	Answered     bool         // the control plane has instructed (Instruct)
 	Instructions Instructions // what clients are told now
 }
@@ -425,5 +350,6 @@ type Status struct {
 func (s *Store) Status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Status{Reporters: len(s.reporters), Pending: len(s.pending), Answered: s.answered, Instructions: s.cur.in}
+	periods, bytes := heldSize(s.pending)
+	return Status{Reporters: len(s.reporters), Pending: periods, PendingBytes: bytes, Answered: s.answered, Instructions: s.cur.in}
 }

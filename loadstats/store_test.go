@@ -20,7 +20,7 @@ type counters struct{ ignored, dropped atomic.Int64 }
 func newStore(t *testing.T, mutate ...func(*Options)) (*Store, *counters) {
 	t.Helper()
 	c := &counters{}
-	opts := Options{Interval: 10 * time.Second, MaxPending: 1000, MaxNames: 100_000,
+	opts := Options{Interval: 10 * time.Second, MaxPending: 1000, MaxNames: 100_000, MaxPendingBytes: 64 << 20,
 		OnIgnored: func(n int) { c.ignored.Add(int64(n)) },
 		OnDropped: func(n int) { c.dropped.Add(int64(n)) }}
 	for _, m := range mutate {
@@ -365,7 +365,8 @@ func TestConcurrentReportsAndCuts(t *testing.T) {
 }
 
 func TestNewChecksOptions(t *testing.T) {
-	for _, o := range []Options{{MaxPending: 1, MaxNames: 1}, {Interval: time.Second, MaxNames: 1}, {Interval: time.Second, MaxPending: 1}} {
+	for _, o := range []Options{{MaxPending: 1, MaxNames: 1, MaxPendingBytes: 1}, {Interval: time.Second, MaxNames: 1, MaxPendingBytes: 1},
+		{Interval: time.Second, MaxPending: 1, MaxPendingBytes: 1}, {Interval: time.Second, MaxPending: 1, MaxNames: 1}} {
 		if _, err := New(o); err == nil {
 			t.Errorf("New(%+v) accepted", o)
 		}

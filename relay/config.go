@@ -198,6 +198,11 @@ type Config struct {
 		// reports (one per interval) held while the control plane cannot
 		// be reached; past it the oldest is dropped, and counted.
 		MaxPending int
+		// MaxPendingBytes is lrs.max_pending_bytes: per group, the
+		// encoded size of those held reports; past it they are merged
+		// into one, or, if that is still past it, the oldest dropped,
+		// and counted.
+		MaxPendingBytes int
 		// MaxNames is lrs.max_names: per group and period, the distinct
 		// names (clusters, localities, endpoints, named metrics, drop
 		// categories) summed, and the gauges held; past it stats are
@@ -360,6 +365,7 @@ func Default() Config {
 	c.LRS.Interval = 10 * time.Second
 	c.LRS.MaxPending = 1000
 	c.LRS.MaxNames = 50_000
+	c.LRS.MaxPendingBytes = 16 << 20
 	return c
 }
 

@@ -37,13 +37,13 @@ type loadReports struct {
 
 // droppedReasons are the reason label's values of
 // xdsrelay_lrs_dropped_stats_total, each series there at 0 from the start.
-var droppedReasons = []string{loadstats.ReasonMaxNames, loadstats.ReasonInvalidValue}
+var droppedReasons = []string{loadstats.ReasonMaxNames, loadstats.ReasonInvalidValue, loadstats.ReasonMaxPendingBytes}
 
 func newLoadReports(m *metrics.Registry) loadReports {
 	streams := m.Gauge("xdsrelay_lrs_streams", "Open load report (LRS) streams, by side: downstream from clients, upstream to the control plane (one per group that has reporting clients).", "side")
 	reports := m.Counter("xdsrelay_lrs_reports_total", "Load reports (LRS requests): received from clients (side downstream), sent to the control plane (side upstream).", "side")
 	droppedStats := m.Counter("xdsrelay_lrs_dropped_stats_total",
-		"Stats left out of load reports, by reason: max_names (a cluster's, locality's, endpoint's, named metric's or drop category's stats, or a gauge, past lrs.max_names names in a group's period), invalid_value (a load metric whose total is NaN, infinite or negative; the rest of the report is kept).", "reason")
+		"Stats left out of load reports, by reason: max_names (a cluster's, locality's, endpoint's, named metric's or drop category's stats, or a gauge, past lrs.max_names names in a group's period), invalid_value (a load metric whose total is NaN, infinite or negative; the rest of the report is kept), max_pending_bytes (the cluster stats of the relay's held reports dropped past lrs.max_pending_bytes while the control plane could not be reached).", "reason")
 	for _, reason := range droppedReasons {
 		droppedStats.With(reason) // at 0 from the start
 	}
@@ -53,7 +53,7 @@ func newLoadReports(m *metrics.Registry) loadReports {
 		downReports: reports.With("downstream"),
 		upReports:   reports.With("upstream"),
 		dropped: m.Counter("xdsrelay_lrs_dropped_reports_total",
-			"The relay's load reports (one per group and interval) dropped undelivered: past lrs.max_pending while the control plane could not be reached, or left when a group ended.").With(),
+			"The relay's load reports (one per group and interval) dropped undelivered: past lrs.max_pending or lrs.max_pending_bytes while the control plane could not be reached, or left when a group ended.").With(),
 		ignored: m.Counter("xdsrelay_lrs_ignored_stats_total",
 			"Cluster stats in clients' load reports left out: for a cluster the client was not told to report, or that the control plane no longer asks for.").With(),
 		droppedStats: droppedStats,
@@ -112,15 +112,16 @@ func (r *Relay) JoinLoads(node *corepb.Node) (*loadstats.Store, func(), error) {
 func (r *Relay) newLoadStore(key string) (*loadstats.Store, error) {
 	byLocality := slices.ContainsFunc(r.cfg.Upstream.GroupBy, func(f string) bool { return strings.HasPrefix(f, "locality.") })
 	return loadstats.New(loadstats.Options{
-		Interval:       r.cfg.LRS.Interval,
-		MaxPending:     r.cfg.LRS.MaxPending,
-		MaxNames:       r.cfg.LRS.MaxNames,
-		ByLocality:     byLocality,
-		OnMixedZones:   func(a, b *corepb.Locality) { r.warnMixedZones(key, a, b) },
-		OnIgnored:      func(n int) { r.loads.ignored.Add(int64(n)) },
-		OnDropped:      func(n int) { r.loads.dropped.Add(int64(n)) },
-		OnDroppedStats: func(reason string, n int) { r.loads.droppedStats.With(reason).Add(int64(n)) },
-		OnSaturated:    func(n int) { r.loads.saturated.Add(int64(n)) },
+		Interval:        r.cfg.LRS.Interval,
+		MaxPending:      r.cfg.LRS.MaxPending,
+		MaxNames:        r.cfg.LRS.MaxNames,
+		MaxPendingBytes: r.cfg.LRS.MaxPendingBytes,
+		ByLocality:      byLocality,
+		OnMixedZones:    func(a, b *corepb.Locality) { r.warnMixedZones(key, a, b) },
+		OnIgnored:       func(n int) { r.loads.ignored.Add(int64(n)) },
+		OnDropped:       func(n int) { r.loads.dropped.Add(int64(n)) },
+		OnDroppedStats:  func(reason string, n int) { r.loads.droppedStats.With(reason).Add(int64(n)) },
+		OnSaturated:     func(n int) { r.loads.saturated.Add(int64(n)) },
 	})
 }
 
@@ -227,6 +228,7 @@ type debugLoads struct {
 	EndpointGranularity bool       `json:"endpoint_granularity,omitempty"` // what clients are told
 	Answered            bool       `json:"control_plane_answered"`         // false: the relay's own instructions
 	Pending             int        `json:"pending_reports"`                // the relay's reports not delivered
+	PendingBytes        int        `json:"pending_bytes"`                  // their encoded size (lrs.max_pending_bytes)
 	Stream              *debugLRS  `json:"upstream_stream"`                // nil: none (no reporting clients for cache.retention, or no control plane)
 	LastReport          *time.Time `json:"last_report,omitempty"`
 }
@@ -252,7 +254,7 @@ func (r *Relay) loadsOf(g *group) *debugLoads {
 	st := l.store.Status()
 	d := &debugLoads{Clients: st.Reporters, Interval: st.Instructions.Interval.String(), SendAllClusters: st.Instructions.SendAll,
 		Clusters: append([]string{}, st.Instructions.Clusters...), EndpointGranularity: st.Instructions.EndpointGranularity,
-		Answered: st.Answered, Pending: st.Pending}
+		Answered: st.Answered, Pending: st.Pending, PendingBytes: st.PendingBytes}
 	if lr != nil {
 		ls := lr.Status()
 		d.Stream = &debugLRS{Server: ls.Server, Connected: ls.Connected, LastError: ls.LastError}
@@ -270,6 +272,8 @@ func (c *Config) validateLRS() error {
 		return fmt.Errorf("lrs.interval: must be positive, got %s", c.LRS.Interval)
 	case c.LRS.MaxPending < 1:
 		return fmt.Errorf("lrs.max_pending: must be at least 1, got %d", c.LRS.MaxPending)
+	case c.LRS.MaxPendingBytes < 1:
+		return fmt.Errorf("lrs.max_pending_bytes: must be at least 1, got %d", c.LRS.MaxPendingBytes)
 	case c.LRS.MaxNames < 1:
 		return fmt.Errorf("lrs.max_names: must be at least 1, got %d", c.LRS.MaxNames)
 	}

@@ -130,3 +130,53 @@ func TestLoadReportsAbsurdClient(t *testing.T) {
 		t.Errorf("the client was logged %d times, want once", n)
 	}
 }
+
+// While the control plane cannot be reached, the relay's held reports stay
+// within lrs.max_pending_bytes: a client that names new clusters every
+// period makes the oldest go, counted on both counters, and what is held
+// is shown on /debug/groups; once the control plane is back, the newest
+// reports reach it.
+func TestLoadReportsMaxPendingBytes(t *testing.T) {
+	const bound = 2 << 10
+	cp := testcp.Start(t)
+	cp.LRS.Answer(t, lrsAnswer(20*time.Millisecond))
+	r := startRelay(t, cp.Addr, fastReconnect, func(c *Config) { c.LRS.MaxPendingBytes = bound })
+	waitMetric(t, r, `xdsrelay_lrs_dropped_stats_total{reason="max_pending_bytes"} 0`)
+	c, _ := startLRSClient(t, r.Addr(), lrsNode("a", "c1", "z1"))
+	waitMetric(t, r, `xdsrelay_lrs_streams{side="upstream"} 1`)
+	stopAfterReport(t, cp)
+	sent := 0
+	report := func() {
+		var names []string
+		for range 10 {
+			names = append(names, fmt.Sprintf("cluster-%04d", sent))
+			sent++
+		}
+		c.send(loadReport(1, names...))
+	}
+	eventually(t, "held reports dropped past lrs.max_pending_bytes", func() bool {
+		report()
+		time.Sleep(20 * time.Millisecond) // a period: the client reports as Envoy does
+		return !strings.Contains(getMetrics(t, r), `xdsrelay_lrs_dropped_stats_total{reason="max_pending_bytes"} 0`+"\n")
+	})
+	for range 10 { // more periods: the early ones are surely gone
+		report()
+		time.Sleep(20 * time.Millisecond)
+	}
+	if strings.Contains(getMetrics(t, r), "xdsrelay_lrs_dropped_reports_total 0\n") {
+		t.Error("reports dropped past lrs.max_pending_bytes are not in xdsrelay_lrs_dropped_reports_total")
+	}
+	var groups []debugGroup
+	getJSON(t, r, "/debug/groups", &groups)
+	if l := groups[0].Loads; l.PendingBytes > bound+1<<10 || l.Pending == 0 {
+		t.Errorf("%d reports held in %d bytes; want some, within lrs.max_pending_bytes (%d) but for the newest period", l.Pending, l.PendingBytes, bound)
+	}
+	last := fmt.Sprintf("cluster-%04d", sent-1)
+	cp.Restart()
+	if !cp.LRS.Wait(wait, func(l *testcp.LRS) bool { return l.Load(last).Succeeded == 1 }) {
+		t.Errorf("the newest cluster, %s, did not reach the control plane once it was back", last)
+	}
+	if got := cp.LRS.Load("cluster-0010"); got.Reports != 0 {
+		t.Errorf("an old cluster reached the control plane: %+v; want it dropped", got)
+	}
+}
