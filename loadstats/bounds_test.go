@@ -242,3 +242,32 @@ func TestMaxPendingBytes(t *testing.T) {
 		t.Errorf("a period past the bound alone: %d held in %d bytes, want it kept", st.Pending, st.PendingBytes)
 	}
 }
+
+// An interval below MinInterval is raised to it and reported (OnClamped);
+// none (zero) takes the store's own, unreported; one at the floor is kept.
+func TestIntervalFloor(t *testing.T) {
+	var asked []time.Duration
+	s, _ := newStore(t, func(o *Options) {
+		o.MinInterval = time.Second
+		o.OnClamped = func(d time.Duration) { asked = append(asked, d) }
+	})
+	for _, c := range []struct {
+		asked, want time.Duration
+		clamped     bool
+	}{
+		{asked: time.Nanosecond, want: time.Second, clamped: true},
+		{asked: -time.Second, want: 10 * time.Second},
+		{asked: 0, want: 10 * time.Second},
+		{asked: time.Second, want: time.Second},
+		{asked: 999 * time.Millisecond, want: time.Second, clamped: true},
+	} {
+		n := len(asked)
+		s.Instruct(Instructions{SendAll: true, Interval: c.asked})
+		if got := s.Instructions().Interval; got != c.want {
+			t.Errorf("asked %v: clients told %v, want %v", c.asked, got, c.want)
+		}
+		if clamped := len(asked) > n; clamped != c.clamped || clamped && asked[n] != c.asked {
+			t.Errorf("asked %v: OnClamped %v, want %v", c.asked, asked[n:], c.clamped)
+		}
+	}
+}

@@ -17,6 +17,10 @@ type Options struct {
 	// the control plane has answered, and whenever it names no interval.
 	// Required.
 	Interval time.Duration
+	// MinInterval is lrs.min_interval: a control plane's interval below it
+	// is raised to it (OnClamped), for clients and for the relay's own
+	// periods alike. Required, at most Interval.
+	MinInterval time.Duration
 	// MaxPending is lrs.max_pending: the periods (Cut) held while they
 	// cannot be delivered; past it the oldest is dropped. Required.
 	MaxPending int
@@ -47,6 +51,9 @@ type Options struct {
 	// OnDroppedStats counts stats left out of the sums, by reason (one of
 	// the Reason constants).
 	OnDroppedStats func(reason string, n int)
+	// OnClamped is called when the control plane asks for an interval
+	// below MinInterval, with what it asked.
+	OnClamped func(asked time.Duration)
 	// OnSaturated counts sums held at their largest value (2^64-1, or the
 	// largest double) where they would have wrapped or been infinite.
 	OnSaturated func(n int)
@@ -89,6 +96,8 @@ func New(opts Options) (*Store, error) {
 	switch {
 	case opts.Interval <= 0:
 		return nil, errors.New("loadstats: Options.Interval must be positive")
+	case opts.MinInterval <= 0 || opts.MinInterval > opts.Interval:
+		return nil, errors.New("loadstats: Options.MinInterval must be positive, and at most Interval")
 	case opts.MaxPending <= 0:
 		return nil, errors.New("loadstats: Options.MaxPending must be positive")
 	case opts.MaxNames <= 0:
@@ -100,6 +109,9 @@ func New(opts Options) (*Store, error) {
 		if *f == nil {
 			*f = func(int) {}
 		}
+	}
+	if opts.OnClamped == nil {
+		opts.OnClamped = func(time.Duration) {}
 	}
 	if opts.OnDroppedStats == nil {
 		opts.OnDroppedStats = func(string, int) {}
@@ -279,9 +291,16 @@ func (s *Store) replaceGaugesLocked(old, latest []gaugeEntry) []gaugeEntry {
 }
 
 // Instruct records what the control plane asked for, and tells every
-// reporter if it changed (see Next). It reports whether it changed.
+// reporter if it changed (see Next). It reports whether it changed. An
+// interval below Options.MinInterval is raised to it (OnClamped): one of
+// 1 ns would have clients report, and the relay cut periods, without
+// pause.
 func (s *Store) Instruct(in Instructions) bool {
-	in = in.normal(s.opts.Interval)
+	asked := in.Interval
+	in, clamped := in.normal(s.opts.Interval, s.opts.MinInterval)
+	if clamped {
+		s.opts.OnClamped(asked)
+	}
 	s.mu.Lock()
 	s.answered = true
 	if s.cur.in.equal(in) {

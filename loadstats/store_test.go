@@ -20,7 +20,7 @@ type counters struct{ ignored, dropped atomic.Int64 }
 func newStore(t *testing.T, mutate ...func(*Options)) (*Store, *counters) {
 	t.Helper()
 	c := &counters{}
-	opts := Options{Interval: 10 * time.Second, MaxPending: 1000, MaxNames: 100_000, MaxPendingBytes: 64 << 20,
+	opts := Options{Interval: 10 * time.Second, MinInterval: time.Millisecond, MaxPending: 1000, MaxNames: 100_000, MaxPendingBytes: 64 << 20,
 		OnIgnored: func(n int) { c.ignored.Add(int64(n)) },
 		OnDropped: func(n int) { c.dropped.Add(int64(n)) }}
 	for _, m := range mutate {
@@ -365,8 +365,20 @@ func TestConcurrentReportsAndCuts(t *testing.T) {
 }
 
 func TestNewChecksOptions(t *testing.T) {
-	for _, o := range []Options{{MaxPending: 1, MaxNames: 1, MaxPendingBytes: 1}, {Interval: time.Second, MaxNames: 1, MaxPendingBytes: 1},
-		{Interval: time.Second, MaxPending: 1, MaxPendingBytes: 1}, {Interval: time.Second, MaxPending: 1, MaxNames: 1}} {
+	ok := Options{Interval: time.Second, MinInterval: time.Second, MaxPending: 1, MaxNames: 1, MaxPendingBytes: 1}
+	if _, err := New(ok); err != nil {
+		t.Fatal(err)
+	}
+	for _, mutate := range []func(*Options){
+		func(o *Options) { o.Interval = 0 },
+		func(o *Options) { o.MinInterval = 0 },
+		func(o *Options) { o.MinInterval = 2 * time.Second }, // past Interval
+		func(o *Options) { o.MaxPending = 0 },
+		func(o *Options) { o.MaxNames = 0 },
+		func(o *Options) { o.MaxPendingBytes = 0 },
+	} {
+		o := ok
+		mutate(&o)
 		if _, err := New(o); err == nil {
 			t.Errorf("New(%+v) accepted", o)
 		}

@@ -194,6 +194,10 @@ type Config struct {
 		// until the control plane has answered, or when it names no
 		// interval.
 		Interval time.Duration
+		// MinInterval is lrs.min_interval: the floor of the control
+		// plane's load_reporting_interval; below it, it is raised to it,
+		// logged once per group, and counted.
+		MinInterval time.Duration
 		// MaxPending is lrs.max_pending: per group, the relay's own
 		// reports (one per interval) held while the control plane cannot
 		// be reached; past it the oldest is dropped, and counted.
@@ -363,6 +367,7 @@ func Default() Config {
 	c.Limits.RESTReadTimeout = 10 * time.Second
 	c.Limits.MaxPolls = 10000
 	c.LRS.Interval = 10 * time.Second
+	c.LRS.MinInterval = time.Second
 	c.LRS.MaxPending = 1000
 	c.LRS.MaxNames = 50_000
 	c.LRS.MaxPendingBytes = 16 << 20

@@ -31,7 +31,7 @@ type loadReports struct {
 	upStreams, upReports     *metrics.Value
 	dropped, ignored         *metrics.Value
 	droppedStats             *metrics.Vec // xdsrelay_lrs_dropped_stats_total{reason}
-	saturated                *metrics.Value
+	saturated, clamped       *metrics.Value
 	zones                    *sync.Once // the mixed-zones warning, once for the relay
 }
 
@@ -57,6 +57,8 @@ func newLoadReports(m *metrics.Registry) loadReports {
 		ignored: m.Counter("xdsrelay_lrs_ignored_stats_total",
 			"Cluster stats in clients' load reports left out: for a cluster the client was not told to report, or that the control plane no longer asks for.").With(),
 		droppedStats: droppedStats,
+		clamped: m.Counter("xdsrelay_lrs_clamped_intervals_total",
+			"Control plane load report instructions whose load_reporting_interval was below lrs.min_interval: raised to it, for clients and for the relay's own reports.").With(),
 		saturated: m.Counter("xdsrelay_lrs_saturated_sums_total",
 			"Sums of load reports held at their largest value (2^64-1, or the largest double) where they would have wrapped or become infinite: one client's count near 2^64 cannot cancel the others' load.").With(),
 		zones: &sync.Once{},
@@ -111,8 +113,17 @@ func (r *Relay) JoinLoads(node *corepb.Node) (*loadstats.Store, func(), error) {
 // metrics.
 func (r *Relay) newLoadStore(key string) (*loadstats.Store, error) {
 	byLocality := slices.ContainsFunc(r.cfg.Upstream.GroupBy, func(f string) bool { return strings.HasPrefix(f, "locality.") })
+	var clamped sync.Once // the group's log line
 	return loadstats.New(loadstats.Options{
-		Interval:        r.cfg.LRS.Interval,
+		Interval:    r.cfg.LRS.Interval,
+		MinInterval: r.cfg.LRS.MinInterval,
+		OnClamped: func(asked time.Duration) {
+			r.loads.clamped.Inc()
+			clamped.Do(func() {
+				r.log.Warn("the control plane asked for a load reporting interval below lrs.min_interval: clients are told lrs.min_interval, and the relay reports at it (later ones for the group are counted in xdsrelay_lrs_clamped_intervals_total, not logged)",
+					"group", xds.Clip(key), "asked", asked, "min_interval", r.cfg.LRS.MinInterval)
+			})
+		},
 		MaxPending:      r.cfg.LRS.MaxPending,
 		MaxNames:        r.cfg.LRS.MaxNames,
 		MaxPendingBytes: r.cfg.LRS.MaxPendingBytes,
@@ -270,6 +281,8 @@ func (c *Config) validateLRS() error {
 	switch {
 	case c.LRS.Interval <= 0:
 		return fmt.Errorf("lrs.interval: must be positive, got %s", c.LRS.Interval)
+	case c.LRS.MinInterval <= 0 || c.LRS.MinInterval > c.LRS.Interval:
+		return fmt.Errorf("lrs.min_interval: must be positive and at most lrs.interval (%s), got %s", c.LRS.Interval, c.LRS.MinInterval)
 	case c.LRS.MaxPending < 1:
 		return fmt.Errorf("lrs.max_pending: must be at least 1, got %d", c.LRS.MaxPending)
 	case c.LRS.MaxPendingBytes < 1:

@@ -180,3 +180,46 @@ func TestLoadReportsMaxPendingBytes(t *testing.T) {
 		t.Errorf("an old cluster reached the control plane: %+v; want it dropped", got)
 	}
 }
+
+// A control plane that asks for a 1 ns interval, and then for another
+// below lrs.min_interval, has both raised to it: clients are told
+// lrs.min_interval, the relay reports to the control plane at it (a short
+// window sees a handful of reports, not a flood), the group is logged
+// once and each instruction counted.
+func TestLoadReportsIntervalFloor(t *testing.T) {
+	const floor = 100 * time.Millisecond
+	cp := testcp.Start(t)
+	cp.LRS.Answer(t, lrsAnswer(time.Nanosecond))
+	logs := &logBuffer{}
+	r := startRelayLogged(t, cp.Addr, slog.New(slog.NewJSONHandler(logs, nil)), func(c *Config) { c.LRS.MinInterval = floor })
+	waitMetric(t, r, "xdsrelay_lrs_clamped_intervals_total 0")
+	c, told := startLRSClient(t, r.Addr(), lrsNode("a", "c1", "z1"))
+	for told.GetLoadReportingInterval().AsDuration() != floor { // until told what the control plane asks
+		if iv := told.GetLoadReportingInterval().AsDuration(); iv < floor {
+			t.Fatalf("the client was told to report every %v, below lrs.min_interval (%v)", iv, floor)
+		}
+		told = c.recv()
+	}
+	waitMetric(t, r, "xdsrelay_lrs_clamped_intervals_total 1")
+	cp.LRS.Answer(t, lrsAnswer(time.Millisecond, "a"))
+	told = c.recv()
+	wantAnswer(t, told, false, floor, "a")
+	waitMetric(t, r, "xdsrelay_lrs_clamped_intervals_total 2")
+
+	requests := func() int {
+		n := 0
+		for _, s := range cp.LRS.Streams() {
+			n += len(cp.LRS.Reports(s))
+		}
+		return n
+	}
+	before := requests()
+	const window = 5 * floor
+	cp.LRS.Wait(window, func(*testcp.LRS) bool { return false })
+	if n := requests() - before; n > int(window/floor)*2 {
+		t.Errorf("%d reports to the control plane in %v, want about one per lrs.min_interval (%v)", n, window, floor)
+	}
+	if n := strings.Count(logs.String(), "below lrs.min_interval"); n != 1 {
+		t.Errorf("the clamped interval was logged %d times, want once", n)
+	}
+}

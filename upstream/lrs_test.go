@@ -37,7 +37,7 @@ func lrsServer(t *testing.T, cp *testcp.ControlPlane) Server {
 
 func newLoadStore(t *testing.T) *loadstats.Store {
 	t.Helper()
-	s, err := loadstats.New(loadstats.Options{Interval: 50 * time.Millisecond, MaxPending: 1000, MaxNames: 100_000, MaxPendingBytes: 64 << 20})
+	s, err := loadstats.New(loadstats.Options{Interval: 50 * time.Millisecond, MinInterval: time.Millisecond, MaxPending: 1000, MaxNames: 100_000, MaxPendingBytes: 64 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
