@@ -70,6 +70,10 @@ const (
 	// ReasonMaxPendingBytes: the cluster stats of periods held
 	// undelivered, dropped past MaxPendingBytes.
 	ReasonMaxPendingBytes = "max_pending_bytes"
+	// ReasonSendBlocked: the cluster stats of a report whose send to the
+	// control plane did not return within lrs.send_timeout; the
+	// upstream's reporter counts them, the store never sees them.
+	ReasonSendBlocked = "send_blocked"
 )
 
 // Store is one group's load reports and the control plane's instructions.

@@ -202,6 +202,11 @@ type Config struct {
 		// reports (one per interval) held while the control plane cannot
 		// be reached; past it the oldest is dropped, and counted.
 		MaxPending int
+		// SendTimeout is lrs.send_timeout: a report whose send to the
+		// control plane has not returned within it ends the stream,
+		// which is opened again; what the control plane never read is
+		// counted dropped.
+		SendTimeout time.Duration
 		// MaxPendingBytes is lrs.max_pending_bytes: per group, the
 		// encoded size of those held reports; past it they are merged
 		// into one, or, if that is still past it, the oldest dropped,
@@ -371,6 +376,7 @@ func Default() Config {
 	c.LRS.MaxPending = 1000
 	c.LRS.MaxNames = 50_000
 	c.LRS.MaxPendingBytes = 16 << 20
+	c.LRS.SendTimeout = 30 * time.Second
 	return c
 }
 

@@ -37,13 +37,13 @@ type loadReports struct {
 
 // droppedReasons are the reason label's values of
 // xdsrelay_lrs_dropped_stats_total, each series there at 0 from the start.
-var droppedReasons = []string{loadstats.ReasonMaxNames, loadstats.ReasonInvalidValue, loadstats.ReasonMaxPendingBytes}
+var droppedReasons = []string{loadstats.ReasonMaxNames, loadstats.ReasonInvalidValue, loadstats.ReasonMaxPendingBytes, loadstats.ReasonSendBlocked}
 
 func newLoadReports(m *metrics.Registry) loadReports {
 	streams := m.Gauge("xdsrelay_lrs_streams", "Open load report (LRS) streams, by side: downstream from clients, upstream to the control plane (one per group that has reporting clients).", "side")
 	reports := m.Counter("xdsrelay_lrs_reports_total", "Load reports (LRS requests): received from clients (side downstream), sent to the control plane (side upstream).", "side")
 	droppedStats := m.Counter("xdsrelay_lrs_dropped_stats_total",
-		"Stats left out of load reports, by reason: max_names (a cluster's, locality's, endpoint's, named metric's or drop category's stats, or a gauge, past lrs.max_names names in a group's period), invalid_value (a load metric whose total is NaN, infinite or negative; the rest of the report is kept), max_pending_bytes (the cluster stats of the relay's held reports dropped past lrs.max_pending_bytes while the control plane could not be reached).", "reason")
+		"Stats left out of load reports, by reason: max_names (a cluster's, locality's, endpoint's, named metric's or drop category's stats, or a gauge, past lrs.max_names names in a group's period), invalid_value (a load metric whose total is NaN, infinite or negative; the rest of the report is kept), max_pending_bytes (the cluster stats of the relay's held reports dropped past lrs.max_pending_bytes while the control plane could not be reached), send_blocked (the cluster stats of the report last written on a stream whose next send did not return within lrs.send_timeout: the control plane never read it, and the stream is ended and opened again).", "reason")
 	for _, reason := range droppedReasons {
 		droppedStats.With(reason) // at 0 from the start
 	}
@@ -152,8 +152,9 @@ func (r *Relay) startReporterLocked(g *group) {
 	}
 	u := r.clusterUpstream()
 	lr, err := upstream.NewLoadReporter(upstream.LoadReporterOptions{Store: l.store, Node: g.node, Server: server,
-		Group: g.key, Metrics: upstream.LoadMetrics{Streams: r.loads.upStreams, Reports: r.loads.upReports},
-		Logger: r.log, Backoff: reconnectBackoff(u), MaxRequestBytes: u.MaxRequestBytes, After: l.done})
+		Group: g.key, Metrics: upstream.LoadMetrics{Streams: r.loads.upStreams, Reports: r.loads.upReports,
+			Blocked: r.loads.droppedStats.With(loadstats.ReasonSendBlocked)},
+		Logger: r.log, Backoff: reconnectBackoff(u), MaxRequestBytes: u.MaxRequestBytes, SendTimeout: r.cfg.LRS.SendTimeout, After: l.done})
 	if err != nil {
 		r.log.Error("load reports", "group", xds.Clip(g.key), "error", err)
 		return
@@ -285,6 +286,8 @@ func (c *Config) validateLRS() error {
 		return fmt.Errorf("lrs.min_interval: must be positive and at most lrs.interval (%s), got %s", c.LRS.Interval, c.LRS.MinInterval)
 	case c.LRS.MaxPending < 1:
 		return fmt.Errorf("lrs.max_pending: must be at least 1, got %d", c.LRS.MaxPending)
+	case c.LRS.SendTimeout <= 0:
+		return fmt.Errorf("lrs.send_timeout: must be positive, got %s", c.LRS.SendTimeout)
 	case c.LRS.MaxPendingBytes < 1:
 		return fmt.Errorf("lrs.max_pending_bytes: must be at least 1, got %d", c.LRS.MaxPendingBytes)
 	case c.LRS.MaxNames < 1:

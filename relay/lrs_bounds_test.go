@@ -11,6 +11,7 @@ import (
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointpb "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	lrspb "github.com/envoyproxy/go-control-plane/envoy/service/load_stats/v3"
+	"google.golang.org/grpc"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
@@ -222,4 +223,44 @@ func TestLoadReportsIntervalFloor(t *testing.T) {
 	if n := strings.Count(logs.String(), "below lrs.min_interval"); n != 1 {
 		t.Errorf("the clamped interval was logged %d times, want once", n)
 	}
+}
+
+// A control plane that answers and then reads nothing more: a report it
+// does not read within lrs.send_timeout ends the stream, counted
+// (send_blocked), and the stream is opened again; the group still ends
+// cache.retention after its last client leaves, and the relay shuts down
+// at once, with no error.
+func TestLoadReportsControlPlaneNeverReads(t *testing.T) {
+	cp := testcp.StartWith(t, grpc.InitialWindowSize(64<<10), grpc.InitialConnWindowSize(64<<10))
+	cp.LRS.Answer(t, lrsAnswer(30*time.Millisecond))
+	cp.LRS.NeverRead()
+	r := startRelay(t, cp.Addr, fastReconnect, func(c *Config) {
+		c.LRS.SendTimeout = 200 * time.Millisecond
+		c.Cache.Retention = 300 * time.Millisecond
+	})
+	waitMetric(t, r, `xdsrelay_lrs_dropped_stats_total{reason="send_blocked"} 0`)
+	c, _ := startLRSClient(t, r.Addr(), lrsNode("a", "c1", "z1"))
+	var names []string
+	for i := range 500 { // about 150 KiB: past the stream's window
+		names = append(names, fmt.Sprintf("%0300d", i))
+	}
+	c.send(loadReport(1, names...))
+	eventually(t, "a blocked report counted", func() bool {
+		return !strings.Contains(getMetrics(t, r), `xdsrelay_lrs_dropped_stats_total{reason="send_blocked"} 0`+"\n")
+	})
+	if !cp.LRS.Wait(wait, func(l *testcp.LRS) bool { return len(l.Streams()) >= 2 }) {
+		t.Error("the relay did not open the stream again")
+	}
+	finish(t, c)
+	eventually(t, "the group to end", func() bool { return r.groupCache(keyOf("c1")) == nil })
+	waitMetric(t, r, `xdsrelay_lrs_streams{side="upstream"} 0`)
+
+	// With a send_timeout past shutdown_timeout, a send blocked when the
+	// relay shuts down is ended with it: no error, no wait.
+	r = startRelay(t, cp.Addr, func(c *Config) { c.LRS.SendTimeout, c.ShutdownTimeout = time.Minute, 2*time.Second })
+	c, _ = startLRSClient(t, r.Addr(), lrsNode("b", "c1", "z1"))
+	c.send(loadReport(1, names...))
+	waitMetric(t, r, `xdsrelay_lrs_reports_total{side="downstream"} 1`)
+	cp.LRS.Wait(300*time.Millisecond, func(*testcp.LRS) bool { return false }) // periods end; a send blocks
+	shutdown(t, r)                                                             // fails the test on an error
 }

@@ -2,8 +2,10 @@ package upstream
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
+	"github.com/xdsrelay/xdsrelay/internal/testlog"
 	"github.com/xdsrelay/xdsrelay/loadstats"
 )
 
@@ -51,7 +54,8 @@ func runLoadReporter(t *testing.T, store *loadstats.Store, server func() (Server
 	t.Helper()
 	opts := LoadReporterOptions{Store: store, Node: &corepb.Node{Id: "relay~group", Cluster: "c1"},
 		Server: server, Group: "cluster=c1", Metrics: m, Logger: slog.New(slog.DiscardHandler),
-		Backoff: backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, MaxDelay: 50 * time.Millisecond}}
+		Backoff:     backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, MaxDelay: 50 * time.Millisecond},
+		SendTimeout: lrsWait}
 	for _, f := range mutate {
 		f(&opts)
 	}
@@ -329,4 +333,46 @@ func TestLoadReporterWaitsForTheOneBefore(t *testing.T) {
 	// One whose earlier reporter never ends stops when told to (stop
 	// fails the test if it does not).
 	runLoadReporter(t, store, fixed(lrsServer(t, cp)), LoadMetrics{}, func(o *LoadReporterOptions) { o.After = make(chan struct{}) })()
+}
+
+// A control plane that answers and then reads nothing: a send that does
+// not return within SendTimeout ends the stream, shown not connected with
+// why, the blocked report's cluster stats are counted (send_blocked), and
+// the stream is opened again; the reporter still stops when told to.
+func TestLoadReporterControlPlaneNeverReads(t *testing.T) {
+	cp := testcp.StartWith(t, grpc.InitialWindowSize(64<<10), grpc.InitialConnWindowSize(64<<10))
+	cp.LRS.Answer(t, &lrspb.LoadStatsResponse{SendAllClusters: true, LoadReportingInterval: durationpb.New(20 * time.Millisecond)})
+	cp.LRS.NeverRead()
+	store := newLoadStore(t)
+	reg := metrics.New(metrics.Options{})
+	m := LoadMetrics{Streams: reg.Gauge("s", "s").With(), Reports: reg.Counter("r", "r").With(), Blocked: reg.Counter("b", "b").With()}
+	logs := &testlog.Buffer{}
+	stop := runLoadReporter(t, store, fixed(lrsServer(t, cp)), m, func(o *LoadReporterOptions) {
+		o.SendTimeout = 100 * time.Millisecond
+		o.MaxRequestBytes = 32 << 10
+		o.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	})
+	r := store.Join(&corepb.Node{}, func() {})
+	r.Next()
+	// 1,000 clusters with long names: about 300 KiB a period, past the
+	// stream's window.
+	var stats []*endpointpb.ClusterStats
+	for i := range 1000 {
+		stats = append(stats, &endpointpb.ClusterStats{ClusterName: fmt.Sprintf("%0300d", i), UpstreamLocalityStats: []*endpointpb.UpstreamLocalityStats{
+			{Locality: &corepb.Locality{Zone: "z"}, TotalSuccessfulRequests: 1}}})
+	}
+	r.Report(stats)
+	if !cp.LRS.Wait(lrsWait, func(l *testcp.LRS) bool { return len(l.Streams()) >= 2 && m.Blocked.Get() > 0 }) {
+		t.Fatalf("%d streams, %d stats counted blocked: want the blocked stream ended, counted and opened again", len(cp.LRS.Streams()), m.Blocked.Get())
+	}
+	if got := m.Blocked.Get(); got > 1000 {
+		t.Errorf("%d cluster stats counted blocked, want at most the 1,000 reported", got)
+	}
+	if ended := logs.Lines(t, "load report stream ended; reconnecting"); len(ended) == 0 || !strings.Contains(fmt.Sprint(ended[0]["error"]), "lrs.send_timeout") {
+		t.Errorf("the log does not say why the stream ended: %v", ended)
+	}
+	stop() // bounded: fails the test if the reporter does not end
+	if m.Streams.Get() != 0 {
+		t.Errorf("%d streams open after the reporter ended", m.Streams.Get())
+	}
 }
