@@ -217,7 +217,9 @@ func TestLoadReportsIntervalFloor(t *testing.T) {
 	before := requests()
 	const window = 5 * floor
 	cp.LRS.Wait(window, func(*testcp.LRS) bool { return false })
-	if n := requests() - before; n > int(window/floor)*2 {
+	n := requests() - before
+	t.Logf("%d reports to the control plane in %v", n, window)
+	if n > int(window/floor)*2 {
 		t.Errorf("%d reports to the control plane in %v, want about one per lrs.min_interval (%v)", n, window, floor)
 	}
 	if n := strings.Count(logs.String(), "below lrs.min_interval"); n != 1 {
