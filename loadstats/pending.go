@@ -101,6 +101,9 @@ func (d dropped) count(s *Store) {
 // until the rest fits. The work is the held bytes', bounded.
 func (s *Store) boundLocked() (d dropped) {
 	drop := func(k int, bytes bool) {
+		if k == 0 {
+			return
+		}
 		for _, p := range s.pending[:k] {
 			d.periods += p.periods
 			if bytes {
