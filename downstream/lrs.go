@@ -127,7 +127,7 @@ func (s *Server) runLoads(st loadServer, end *streamEnd) error {
 		return err
 	}
 	if len(first.GetClusterStats()) > 0 {
-		ld.report(s, first, end, ctx)
+		ld.report(ctx, s, first, end)
 	}
 	// Later requests are decoded into one message: its reset drops what the
 	// last one held, which the store may keep (proto.Unmarshal copies).
@@ -139,7 +139,7 @@ func (s *Server) runLoads(st loadServer, end *streamEnd) error {
 			}
 			return recvError(err)
 		}
-		ld.report(s, req, end, ctx)
+		ld.report(ctx, s, req, end)
 	}
 }
 
@@ -201,7 +201,7 @@ func (l *loadStream) flush() error {
 	return nil
 }
 
-func (l *loadStream) report(s *Server, req *lrspb.LoadStatsRequest, end *streamEnd, ctx context.Context) {
+func (l *loadStream) report(ctx context.Context, s *Server, req *lrspb.LoadStatsRequest, end *streamEnd) {
 	s.loads.Reports.Inc()
 	refused := l.rep.Load().Report(req.GetClusterStats())
 	if !refused.Any() || l.told {

@@ -9,9 +9,9 @@ import (
 )
 
 // period is the stats of one period, [from, to), or of several merged,
-// ready to send. It is held encoded: a period's messages take about
-// twelve times their encoded size in memory (BENCHMARKS.md), and a held
-// period is read only when it is sent or merged.
+// ready to send. It is held encoded: a period's messages take about five
+// times their encoded size in memory (BENCHMARKS.md), and a held period is
+// read only when it is sent or merged.
 type period struct {
 	from, to time.Time
 	periods  int    // the periods (Cut) it holds: more than one once merged

@@ -45,8 +45,8 @@ type Options struct {
 	// asks for; of a period, for a cluster the control plane stopped
 	// asking for within it.
 	OnIgnored func(n int)
-	// OnDropped counts periods dropped undelivered: past MaxPending, or
-	// discarded with the store.
+	// OnDropped counts periods dropped undelivered: past MaxPending or
+	// MaxPendingBytes, or discarded with the store.
 	OnDropped func(n int)
 	// OnDroppedStats counts stats left out of the sums, by reason (one of
 	// the Reason constants).
@@ -70,9 +70,10 @@ const (
 	// ReasonMaxPendingBytes: the cluster stats of periods held
 	// undelivered, dropped past MaxPendingBytes.
 	ReasonMaxPendingBytes = "max_pending_bytes"
-	// ReasonSendBlocked: the cluster stats of a report whose send to the
-	// control plane did not return within lrs.send_timeout; the
-	// upstream's reporter counts them, the store never sees them.
+	// ReasonSendBlocked: the cluster stats of the report last written on a
+	// stream to the control plane whose next send did not return within
+	// lrs.send_timeout (never read, lost with the stream); the upstream's
+	// reporter counts them, the store never sees them.
 	ReasonSendBlocked = "send_blocked"
 )
 
