@@ -8,6 +8,8 @@ import (
 	"time"
 
 	endpointpb "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	lrspb "github.com/envoyproxy/go-control-plane/envoy/service/load_stats/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // bounded are a store's OnDroppedStats and OnSaturated, counted.
@@ -269,5 +271,12 @@ func TestIntervalFloor(t *testing.T) {
 		if clamped := len(asked) > n; clamped != c.clamped || clamped && asked[n] != c.asked {
 			t.Errorf("asked %v: OnClamped %v, want %v", c.asked, asked[n:], c.clamped)
 		}
+	}
+	// A duration that is not one (nanos out of range) is no interval: the
+	// store's own, unreported, not the floor.
+	n := len(asked)
+	s.Instruct(FromResponse(&lrspb.LoadStatsResponse{SendAllClusters: true, LoadReportingInterval: &durationpb.Duration{Seconds: 1, Nanos: -5}}))
+	if got := s.Instructions().Interval; got != 10*time.Second || len(asked) != n {
+		t.Errorf("an invalid duration: clients told %v (OnClamped %v), want the store's 10s, not reported", got, asked[n:])
 	}
 }
