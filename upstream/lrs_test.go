@@ -336,9 +336,11 @@ func TestLoadReporterWaitsForTheOneBefore(t *testing.T) {
 }
 
 // A control plane that answers and then reads nothing: a send that does
-// not return within SendTimeout ends the stream, shown not connected with
-// why, the blocked report's cluster stats are counted (send_blocked), and
-// the stream is opened again; the reporter still stops when told to.
+// not return within SendTimeout ends the stream, logged with why, the
+// stats of the report written before it (never read) are counted
+// (send_blocked), and the stream is opened again. What was not written
+// goes on a stream that reads, none of it twice; the reporter still stops
+// when told to.
 func TestLoadReporterControlPlaneNeverReads(t *testing.T) {
 	cp := testcp.StartWith(t, grpc.InitialWindowSize(64<<10), grpc.InitialConnWindowSize(64<<10))
 	cp.LRS.Answer(t, &lrspb.LoadStatsResponse{SendAllClusters: true, LoadReportingInterval: durationpb.New(20 * time.Millisecond)})
@@ -358,7 +360,7 @@ func TestLoadReporterControlPlaneNeverReads(t *testing.T) {
 	// stream's window.
 	var stats []*endpointpb.ClusterStats
 	for i := range 1000 {
-		stats = append(stats, &endpointpb.ClusterStats{ClusterName: fmt.Sprintf("%0300d", i), UpstreamLocalityStats: []*endpointpb.UpstreamLocalityStats{
+		stats = append(stats, &endpointpb.ClusterStats{ClusterName: fmt.Sprintf("1%0299d", i), UpstreamLocalityStats: []*endpointpb.UpstreamLocalityStats{
 			{Locality: &corepb.Locality{Zone: "z"}, TotalSuccessfulRequests: 1}}})
 	}
 	r.Report(stats)
@@ -370,6 +372,35 @@ func TestLoadReporterControlPlaneNeverReads(t *testing.T) {
 	}
 	if ended := logs.Lines(t, "load report stream ended; reconnecting"); len(ended) == 0 || !strings.Contains(fmt.Sprint(ended[0]["error"]), "lrs.send_timeout") {
 		t.Errorf("the log does not say why the stream ended: %v", ended)
+	}
+	// Once it reads again, a second batch goes out on a stream that reads
+	// (a stream that took reports and does not read is found at the next
+	// send that blocks); nothing is sent twice, and whatever did not
+	// arrive was lost with a stream that never read it.
+	cp.LRS.ReadAgain()
+	name := func(batch, i int) string { return fmt.Sprintf("%d%0299d", batch, i) }
+	var batch []*endpointpb.ClusterStats
+	for i := range 1000 {
+		batch = append(batch, &endpointpb.ClusterStats{ClusterName: name(2, i), UpstreamLocalityStats: []*endpointpb.UpstreamLocalityStats{
+			{Locality: &corepb.Locality{Zone: "z"}, TotalSuccessfulRequests: 1}}})
+	}
+	r.Report(batch)
+	received := func() (n int, twice bool) {
+		for b := 1; b <= 2; b++ {
+			for i := range 1000 {
+				ld := cp.LRS.Load(name(b, i))
+				n += ld.Reports
+				twice = twice || ld.Reports > 1
+			}
+		}
+		return n, twice
+	}
+	if !cp.LRS.Wait(lrsWait, func(l *testcp.LRS) bool { return l.Load(name(2, 999)).Reports > 0 }) {
+		n, _ := received()
+		t.Errorf("the control plane got %d clusters once it read again, %d counted blocked: want the second batch", n, m.Blocked.Get())
+	}
+	if n, twice := received(); twice || int64(n)+m.Blocked.Get() > 2000 {
+		t.Errorf("%d clusters received and %d counted blocked, of 2,000; a cluster twice: %v", n, m.Blocked.Get(), twice)
 	}
 	stop() // bounded: fails the test if the reporter does not end
 	if m.Streams.Get() != 0 {

@@ -68,6 +68,14 @@ func (l *LRS) NeverRead() {
 	l.mu.Unlock()
 }
 
+// ReadAgain undoes NeverRead for the streams opened from now on; those
+// that stopped reading stay so until they end.
+func (l *LRS) ReadAgain() {
+	l.mu.Lock()
+	l.deaf = false
+	l.mu.Unlock()
+}
+
 // Answer sets what the server asks for and tells it to every open stream
 // (a new period, for Envoy), those held included.
 func (l *LRS) Answer(t testing.TB, resp *lrspb.LoadStatsResponse) {
@@ -122,9 +130,10 @@ func (l *LRS) StreamLoadStats(st grpc.BidiStreamingServer[lrspb.LoadStatsRequest
 		}
 	}
 	l.record(s, first)
+	deaf := false
 	for {
 		l.mu.Lock()
-		deaf := l.deaf
+		deaf = deaf || l.deaf
 		l.mu.Unlock()
 		if deaf {
 			<-st.Context().Done()
