@@ -1,6 +1,7 @@
 package downstream
 
 import (
+	"context"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -126,7 +127,7 @@ func (s *Server) runLoads(st loadServer, end *streamEnd) error {
 		return err
 	}
 	if len(first.GetClusterStats()) > 0 {
-		ld.report(s, first)
+		ld.report(ctx, s, first, end)
 	}
 	// Later requests are decoded into one message: its reset drops what the
 	// last one held, which the store may keep (proto.Unmarshal copies).
@@ -138,7 +139,7 @@ func (s *Server) runLoads(st loadServer, end *streamEnd) error {
 			}
 			return recvError(err)
 		}
-		ld.report(s, req)
+		ld.report(ctx, s, req, end)
 	}
 }
 
@@ -180,6 +181,10 @@ type loadStream struct {
 	// handler sets rep: that flush has nothing to tell, and the handler's
 	// own first flush tells the client what is asked by then.
 	rep atomic.Pointer[loadstats.Reporter]
+	// told is set once the client's stats left out (lrs.max_names, an
+	// invalid value) have been logged: once a stream. Owned by the
+	// handler's goroutine.
+	told bool
 }
 
 // flush tells the client what the control plane asks, if it changed since
@@ -196,7 +201,13 @@ func (l *loadStream) flush() error {
 	return nil
 }
 
-func (l *loadStream) report(s *Server, req *lrspb.LoadStatsRequest) {
+func (l *loadStream) report(ctx context.Context, s *Server, req *lrspb.LoadStatsRequest, end *streamEnd) {
 	s.loads.Reports.Inc()
-	l.rep.Load().Report(req.GetClusterStats())
+	refused := l.rep.Load().Report(req.GetClusterStats())
+	if !refused.Any() || l.told {
+		return
+	}
+	l.told = true
+	s.log.Warn("stats in a client's load report left out (counted in xdsrelay_lrs_dropped_stats_total; later ones from this stream are not logged)",
+		append(end.attrs(ctx), "max_names", refused.MaxNames, "invalid_value", refused.InvalidValues)...)
 }

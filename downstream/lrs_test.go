@@ -27,7 +27,7 @@ func (g oneLoadGroup) JoinLoads(*corepb.Node) (*loadstats.Store, func(), error) 
 // limits.stream_rate is refused, each with RESOURCE_EXHAUSTED naming the
 // key; one in between is told what to report.
 func TestLoadReportsUnderStreamLimits(t *testing.T) {
-	store, err := loadstats.New(loadstats.Options{Interval: time.Second, MaxPending: 1})
+	store, err := loadstats.New(loadstats.Options{Interval: time.Second, MinInterval: time.Millisecond, MaxPending: 1, MaxNames: 100, MaxPendingBytes: 1 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func TestLoadReportsUnderStreamLimits(t *testing.T) {
 // open for a while), and that client's flush must still find its reporter.
 func TestLoadReportsToldAsTheyJoin(t *testing.T) {
 	var store *loadstats.Store
-	store, err := loadstats.New(loadstats.Options{Interval: time.Second, MaxPending: 1,
+	store, err := loadstats.New(loadstats.Options{Interval: time.Second, MinInterval: time.Millisecond, MaxPending: 1, MaxNames: 100, MaxPendingBytes: 1 << 20,
 		OnMixedZones: func(_, _ *corepb.Locality) {
 			store.Instruct(loadstats.Instructions{Clusters: []string{"a"}, Interval: time.Second})
 			time.Sleep(100 * time.Millisecond) // not an assertion: the send pool flushes meanwhile

@@ -17,4 +17,12 @@
 // (requests in progress, active connections) are each client's latest
 // value, summed: a report replaces its client's gauges whole, and a client
 // that leaves takes its gauges with it while its counts stay in the sum.
+//
+// Every number a client sends has an edge (docs/architecture.md,
+// invariant 9): a period sums Options.MaxNames names at most, load
+// metrics that are NaN, infinite or negative are refused, sums saturate
+// instead of wrapping, each counted through the store's callbacks. Held
+// periods are encoded, bounded in count and bytes, and merged before any
+// is dropped (pending.go); the control plane's interval is raised to
+// Options.MinInterval.
 package loadstats

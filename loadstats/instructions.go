@@ -40,17 +40,21 @@ func FromResponse(resp *lrspb.LoadStatsResponse) Instructions {
 }
 
 // normal returns in with its clusters sorted and without repeats (none
-// with SendAll), and def for an interval that is not positive.
-func (in Instructions) normal(def time.Duration) Instructions {
-	if in.Interval <= 0 {
+// with SendAll), def for an interval that is not positive, and floor for
+// one below it; clamped tells the last.
+func (in Instructions) normal(def, floor time.Duration) (_ Instructions, clamped bool) {
+	switch {
+	case in.Interval <= 0:
 		in.Interval = def
+	case in.Interval < floor:
+		in.Interval, clamped = floor, true
 	}
 	if in.SendAll {
 		in.Clusters = nil
-		return in
+		return in, clamped
 	}
 	in.Clusters = slices.Compact(slices.Sorted(slices.Values(in.Clusters)))
-	return in
+	return in, clamped
 }
 
 func (in Instructions) equal(o Instructions) bool {

@@ -2,6 +2,7 @@ package loadstats
 
 import (
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -16,9 +17,23 @@ type Options struct {
 	// the control plane has answered, and whenever it names no interval.
 	// Required.
 	Interval time.Duration
+	// MinInterval is lrs.min_interval: a control plane's interval below it
+	// is raised to it (OnClamped), for clients and for the relay's own
+	// periods alike. Required, at most Interval.
+	MinInterval time.Duration
 	// MaxPending is lrs.max_pending: the periods (Cut) held while they
 	// cannot be delivered; past it the oldest is dropped. Required.
 	MaxPending int
+	// MaxPendingBytes is lrs.max_pending_bytes: the encoded size of the
+	// periods held; past it they are merged into one, or, if that is
+	// still past it, the oldest are dropped (OnDropped, OnDroppedStats
+	// with ReasonMaxPendingBytes). Required.
+	MaxPendingBytes int
+	// MaxNames is lrs.max_names: the distinct names (clusters, localities,
+	// endpoints, named metrics, drop categories) a period holds, and the
+	// gauges held; stats past it are left out (OnDroppedStats,
+	// ReasonMaxNames). Required.
+	MaxNames int
 	// ByLocality tells that the group's key holds a locality field: its
 	// clients are all in one zone, and the zone check is off.
 	ByLocality bool
@@ -30,10 +45,37 @@ type Options struct {
 	// asks for; of a period, for a cluster the control plane stopped
 	// asking for within it.
 	OnIgnored func(n int)
-	// OnDropped counts periods dropped undelivered: past MaxPending, or
-	// discarded with the store.
+	// OnDropped counts periods dropped undelivered: past MaxPending or
+	// MaxPendingBytes, or discarded with the store.
 	OnDropped func(n int)
+	// OnDroppedStats counts stats left out of the sums, by reason (one of
+	// the Reason constants).
+	OnDroppedStats func(reason string, n int)
+	// OnClamped is called when the control plane asks for an interval
+	// below MinInterval, with what it asked.
+	OnClamped func(asked time.Duration)
+	// OnSaturated counts sums held at their largest value (2^64-1, or the
+	// largest double) where they would have wrapped or been infinite.
+	OnSaturated func(n int)
 }
+
+// Why stats are left out of the sums (Options.OnDroppedStats); the values
+// of the reason label of xdsrelay_lrs_dropped_stats_total.
+const (
+	// ReasonMaxNames: a stat that would have added a name past MaxNames.
+	ReasonMaxNames = "max_names"
+	// ReasonInvalidValue: a load metric whose total is NaN, infinite or
+	// negative.
+	ReasonInvalidValue = "invalid_value"
+	// ReasonMaxPendingBytes: the cluster stats of periods held
+	// undelivered, dropped past MaxPendingBytes.
+	ReasonMaxPendingBytes = "max_pending_bytes"
+	// ReasonSendBlocked: the cluster stats of the report last written on a
+	// stream to the control plane whose next send did not return within
+	// lrs.send_timeout (never read, lost with the stream); the upstream's
+	// reporter counts them, the store never sees them.
+	ReasonSendBlocked = "send_blocked"
+)
 
 // Store is one group's load reports and the control plane's instructions.
 type Store struct {
@@ -45,18 +87,12 @@ type Store struct {
 	answered  bool                    // guarded by mu: the control plane has instructed
 	reporters map[*Reporter]struct{}  // guarded by mu
 	left      time.Time               // guarded by mu: when the last reporter left; zero while any is joined
-	sums      sums                    // guarded by mu: the current period's counts
+	sums      *sums                   // guarded by mu: the current period's counts
 	gauges    map[gaugeKey]gaugeEntry // guarded by mu: the sum of every reporter's latest gauges
 	start     time.Time               // guarded by mu: when the current period began
-	pending   []period                // guarded by mu: periods not delivered, oldest first
+	pending   []period                // guarded by mu: periods not delivered, oldest first (pending.go)
 	zone      *corepb.Locality        // guarded by mu: the first reporter's, for the zone check
 	mixed     bool                    // guarded by mu: OnMixedZones was called
-}
-
-// period is the stats of one period, [from, to), ready to send.
-type period struct {
-	from, to time.Time
-	stats    []*endpointpb.ClusterStats
 }
 
 // New returns an empty store whose clients are told, until Instruct, to
@@ -65,20 +101,32 @@ func New(opts Options) (*Store, error) {
 	switch {
 	case opts.Interval <= 0:
 		return nil, errors.New("loadstats: Options.Interval must be positive")
+	case opts.MinInterval <= 0 || opts.MinInterval > opts.Interval:
+		return nil, errors.New("loadstats: Options.MinInterval must be positive, and at most Interval")
 	case opts.MaxPending <= 0:
 		return nil, errors.New("loadstats: Options.MaxPending must be positive")
+	case opts.MaxNames <= 0:
+		return nil, errors.New("loadstats: Options.MaxNames must be positive")
+	case opts.MaxPendingBytes <= 0:
+		return nil, errors.New("loadstats: Options.MaxPendingBytes must be positive")
 	}
-	for _, f := range []*func(int){&opts.OnIgnored, &opts.OnDropped} {
+	for _, f := range []*func(int){&opts.OnIgnored, &opts.OnDropped, &opts.OnSaturated} {
 		if *f == nil {
 			*f = func(int) {}
 		}
+	}
+	if opts.OnClamped == nil {
+		opts.OnClamped = func(time.Duration) {}
+	}
+	if opts.OnDroppedStats == nil {
+		opts.OnDroppedStats = func(string, int) {}
 	}
 	return &Store{
 		opts:      opts,
 		cur:       newTold(Instructions{SendAll: true, Interval: opts.Interval}, 1),
 		reporters: map[*Reporter]struct{}{},
 		left:      time.Now(),
-		sums:      sums{},
+		sums:      newSums(opts.MaxNames),
 		gauges:    map[gaugeKey]gaugeEntry{},
 		start:     time.Now(),
 	}, nil
@@ -161,17 +209,20 @@ func (r *Reporter) Next() *lrspb.LoadStatsResponse {
 
 // Report adds a client's report. Stats for a cluster the client was not
 // told to report, or that the control plane no longer asks for, are left
-// out and counted (OnIgnored). The report's gauges replace the client's
-// previous ones whole: a locality or cluster it leaves out has none.
-func (r *Reporter) Report(stats []*endpointpb.ClusterStats) {
+// out and counted (OnIgnored); so are stats past Options.MaxNames and
+// load metrics that are not a number, infinite or negative
+// (OnDroppedStats), the rest of the report kept. The report's gauges
+// replace the client's previous ones whole: a locality or cluster it
+// leaves out has none. It returns what of the report it left out past a
+// bound or as invalid, for the client's stream to say once.
+func (r *Reporter) Report(stats []*endpointpb.ClusterStats) Refused {
 	s := r.s
 	ignored := 0
 	s.mu.Lock()
 	if r.gone {
 		s.mu.Unlock()
-		return
+		return Refused{}
 	}
-	old := r.latest
 	var latest []gaugeEntry
 	endpoints := s.cur.in.EndpointGranularity
 	for _, cs := range stats {
@@ -182,16 +233,45 @@ func (r *Reporter) Report(stats []*endpointpb.ClusterStats) {
 		s.sums.add(cs, endpoints)
 		latest = gaugesOf(latest, cs, endpoints)
 	}
-	s.replaceGaugesLocked(old, latest)
-	r.latest = latest
+	latest = slices.DeleteFunc(latest, func(e gaugeEntry) bool { return !s.sums.has(e.key) })
+	r.latest = s.replaceGaugesLocked(r.latest, latest)
+	t := s.sums.t
+	s.sums.t = tally{}
 	s.mu.Unlock()
 	if ignored > 0 {
 		s.opts.OnIgnored(ignored)
 	}
+	s.count(t)
+	return Refused{MaxNames: t.refused, InvalidValues: t.invalid}
 }
 
-// replaceGaugesLocked takes old out of the gauges' sums and puts latest in.
-func (s *Store) replaceGaugesLocked(old, latest []gaugeEntry) {
+// Refused is what a report had left out (Report): stats past
+// Options.MaxNames, load metrics that are not a number, infinite or
+// negative.
+type Refused struct{ MaxNames, InvalidValues int }
+
+// Any reports whether anything was left out.
+func (r Refused) Any() bool { return r != Refused{} }
+
+// count passes a tally on to the store's callbacks; never with the lock
+// held.
+func (s *Store) count(t tally) {
+	if t.refused > 0 {
+		s.opts.OnDroppedStats(ReasonMaxNames, t.refused)
+	}
+	if t.invalid > 0 {
+		s.opts.OnDroppedStats(ReasonInvalidValue, t.invalid)
+	}
+	if t.saturated > 0 {
+		s.opts.OnSaturated(t.saturated)
+	}
+}
+
+// replaceGaugesLocked takes old out of the gauges' sums and puts latest
+// in, and returns what of latest it took: a gauge at a place new to the
+// gauges, past Options.MaxNames of them, is left out (counted in the
+// period's tally).
+func (s *Store) replaceGaugesLocked(old, latest []gaugeEntry) []gaugeEntry {
 	for _, e := range old {
 		sum := s.gauges[e.key]
 		if sum.g = sum.g.minus(e.g); sum.g.zero() {
@@ -200,20 +280,32 @@ func (s *Store) replaceGaugesLocked(old, latest []gaugeEntry) {
 			s.gauges[e.key] = sum
 		}
 	}
-	for _, e := range latest {
-		sum := s.gauges[e.key]
+	return slices.DeleteFunc(latest, func(e gaugeEntry) bool {
+		sum, ok := s.gauges[e.key]
+		if !ok && len(s.gauges) >= s.opts.MaxNames {
+			s.sums.t.refused++
+			return true
+		}
 		sum.key, sum.g = e.key, sum.g.plus(e.g)
 		if e.ep != nil {
 			sum.ep = e.ep // the latest address and metadata
 		}
 		s.gauges[e.key] = sum
-	}
+		return false
+	})
 }
 
 // Instruct records what the control plane asked for, and tells every
-// reporter if it changed (see Next). It reports whether it changed.
+// reporter if it changed (see Next). It reports whether it changed. An
+// interval below Options.MinInterval is raised to it (OnClamped): one of
+// 1 ns would have clients report, and the relay cut periods, without
+// pause.
 func (s *Store) Instruct(in Instructions) bool {
-	in = in.normal(s.opts.Interval)
+	asked := in.Interval
+	in, clamped := in.normal(s.opts.Interval, s.opts.MinInterval)
+	if clamped {
+		s.opts.OnClamped(asked)
+	}
 	s.mu.Lock()
 	s.answered = true
 	if s.cur.in.equal(in) {
@@ -241,91 +333,25 @@ func (s *Store) Instructions() Instructions {
 
 // Cut ends the current period at now: its counts and the gauges as they
 // stand become a pending period, ready to send (Pending), and a new period
-// begins. Past Options.MaxPending pending periods, the oldest is dropped
-// (OnDropped).
+// begins. The pending periods are then kept within Options.MaxPending and
+// Options.MaxPendingBytes (boundLocked).
 func (s *Store) Cut(now time.Time) {
 	s.mu.Lock()
 	for _, e := range s.gauges {
 		s.sums.fold(e)
 	}
 	stats, left := s.sums.build(s.cur.wants, now.Sub(s.start), s.cur.in.EndpointGranularity)
-	s.sums = sums{}
-	s.pending = append(s.pending, period{from: s.start, to: now, stats: stats})
+	t := s.sums.t
+	s.sums = newSums(s.opts.MaxNames)
+	s.pending = append(s.pending, encodePeriod(s.start, now, 1, stats))
 	s.start = now
-	dropped := 0
-	if over := len(s.pending) - s.opts.MaxPending; over > 0 {
-		dropped = over
-		s.pending = append(s.pending[:0:0], s.pending[over:]...)
-	}
+	d := s.boundLocked()
 	s.mu.Unlock()
 	if left > 0 {
 		s.opts.OnIgnored(left)
 	}
-	if dropped > 0 {
-		s.opts.OnDropped(dropped)
-	}
-}
-
-// Pending returns the periods not delivered yet as one report: their
-// counts summed, the latest period's gauges, over the time from the first
-// one's start to the last one's end (the real time since the last report
-// delivered, unless periods were dropped). n is how many periods it holds:
-// pass it to Delivered once the report is sent.
-func (s *Store) Pending() (stats []*endpointpb.ClusterStats, n int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch n = len(s.pending); n {
-	case 0:
-		return nil, 0
-	case 1:
-		return s.pending[0].stats, 1
-	}
-	merged := sums{}
-	for _, p := range s.pending {
-		for _, cs := range p.stats {
-			merged.add(cs, true)
-		}
-	}
-	last := s.pending[n-1]
-	var latest []gaugeEntry
-	for _, cs := range last.stats {
-		latest = gaugesOf(latest, cs, true)
-	}
-	for _, e := range latest {
-		merged.fold(e)
-	}
-	stats, _ = merged.build(nil, last.to.Sub(s.pending[0].from), true)
-	return stats, n
-}
-
-// Delivered removes the n oldest pending periods, sent, but for unsent: the
-// stats of a report sent in parts whose send failed part way. Those stay
-// pending, as one period over the same time, so that nothing is sent twice
-// and nothing is lost.
-func (s *Store) Delivered(n int, unsent []*endpointpb.ClusterStats) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	n = min(n, len(s.pending))
-	if n == 0 {
-		return
-	}
-	rest := s.pending[n:]
-	if len(unsent) > 0 {
-		rest = append([]period{{from: s.pending[0].from, to: s.pending[n-1].to, stats: unsent}}, rest...)
-	}
-	s.pending = append(s.pending[:0:0], rest...)
-}
-
-// Discard drops what the store holds undelivered, when its group ends: the
-// pending periods (counted, OnDropped) and the current one's counts.
-func (s *Store) Discard() {
-	s.mu.Lock()
-	n := len(s.pending)
-	s.pending, s.sums = nil, sums{}
-	s.mu.Unlock()
-	if n > 0 {
-		s.opts.OnDropped(n)
-	}
+	d.count(s)
+	s.count(t)
 }
 
 // Idle reports whether no client reports, and since when.
@@ -339,6 +365,7 @@ func (s *Store) Idle() (since time.Time, idle bool) {
 type Status struct {
 	Reporters    int          // clients reporting
 	Pending      int          // periods not delivered
+	PendingBytes int          // their encoded size (Options.MaxPendingBytes)
 	Answered     bool         // the control plane has instructed (Instruct)
 	Instructions Instructions // what clients are told now
 }
@@ -347,5 +374,6 @@ type Status struct {
 func (s *Store) Status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Status{Reporters: len(s.reporters), Pending: len(s.pending), Answered: s.answered, Instructions: s.cur.in}
+	periods, bytes := heldSize(s.pending)
+	return Status{Reporters: len(s.reporters), Pending: periods, PendingBytes: bytes, Answered: s.answered, Instructions: s.cur.in}
 }

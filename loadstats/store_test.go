@@ -1,6 +1,7 @@
 package loadstats
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,7 +21,7 @@ type counters struct{ ignored, dropped atomic.Int64 }
 func newStore(t *testing.T, mutate ...func(*Options)) (*Store, *counters) {
 	t.Helper()
 	c := &counters{}
-	opts := Options{Interval: 10 * time.Second, MaxPending: 1000,
+	opts := Options{Interval: 10 * time.Second, MinInterval: time.Millisecond, MaxPending: 1000, MaxNames: 100_000, MaxPendingBytes: 64 << 20,
 		OnIgnored: func(n int) { c.ignored.Add(int64(n)) },
 		OnDropped: func(n int) { c.dropped.Add(int64(n)) }}
 	for _, m := range mutate {
@@ -365,7 +366,20 @@ func TestConcurrentReportsAndCuts(t *testing.T) {
 }
 
 func TestNewChecksOptions(t *testing.T) {
-	for _, o := range []Options{{MaxPending: 1}, {Interval: time.Second}} {
+	ok := Options{Interval: time.Second, MinInterval: time.Second, MaxPending: 1, MaxNames: 1, MaxPendingBytes: 1}
+	if _, err := New(ok); err != nil {
+		t.Fatal(err)
+	}
+	for _, mutate := range []func(*Options){
+		func(o *Options) { o.Interval = 0 },
+		func(o *Options) { o.MinInterval = 0 },
+		func(o *Options) { o.MinInterval = 2 * time.Second }, // past Interval
+		func(o *Options) { o.MaxPending = 0 },
+		func(o *Options) { o.MaxNames = 0 },
+		func(o *Options) { o.MaxPendingBytes = 0 },
+	} {
+		o := ok
+		mutate(&o)
 		if _, err := New(o); err == nil {
 			t.Errorf("New(%+v) accepted", o)
 		}
@@ -373,16 +387,22 @@ func TestNewChecksOptions(t *testing.T) {
 }
 
 // The store calls what it is given (notify, OnIgnored, OnDropped,
-// OnMixedZones) without holding its lock: each may call the store back.
+// OnMixedZones, OnDroppedStats, OnSaturated, OnClamped) without holding
+// its lock: each may call the store back.
 func TestCallbacksMayCallTheStore(t *testing.T) {
 	var s *Store
-	var notified, ignored, dropped, mixed atomic.Int64
+	var notified, ignored, dropped, mixed, droppedStats, saturated, clamped atomic.Int64
 	back := func(n *atomic.Int64) { n.Add(1); s.Status() }
 	s, _ = newStore(t, func(o *Options) {
 		o.MaxPending = 1
+		o.MaxNames = 2
+		o.MinInterval = time.Second
 		o.OnIgnored = func(int) { back(&ignored) }
 		o.OnDropped = func(int) { back(&dropped) }
 		o.OnMixedZones = func(_, _ *corepb.Locality) { back(&mixed) }
+		o.OnDroppedStats = func(string, int) { back(&droppedStats) }
+		o.OnSaturated = func(int) { back(&saturated) }
+		o.OnClamped = func(time.Duration) { back(&clamped) }
 	})
 	done := make(chan struct{})
 	go func() {
@@ -391,7 +411,8 @@ func TestCallbacksMayCallTheStore(t *testing.T) {
 		r.Next()
 		s.Join(&corepb.Node{Locality: loc("z2")}, func() {})
 		r.Report([]*endpointpb.ClusterStats{clusterStats("a", 1)})
-		s.Instruct(Instructions{Clusters: []string{"b"}})
+		r.Report([]*endpointpb.ClusterStats{clusterStats("a", math.MaxUint64), clusterStats("c", 1), clusterStats("d", 1)})
+		s.Instruct(Instructions{Clusters: []string{"b"}, Interval: time.Nanosecond})
 		r.Report([]*endpointpb.ClusterStats{clusterStats("a", 1)})
 		s.Cut(time.Now())
 		s.Cut(time.Now())
@@ -402,7 +423,8 @@ func TestCallbacksMayCallTheStore(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a callback that calls the store back did not return: called with the store's lock held")
 	}
-	for name, n := range map[string]*atomic.Int64{"notify": &notified, "OnIgnored": &ignored, "OnDropped": &dropped, "OnMixedZones": &mixed} {
+	for name, n := range map[string]*atomic.Int64{"notify": &notified, "OnIgnored": &ignored, "OnDropped": &dropped, "OnMixedZones": &mixed,
+		"OnDroppedStats": &droppedStats, "OnSaturated": &saturated, "OnClamped": &clamped} {
 		if n.Load() == 0 {
 			t.Errorf("%s was not called", name)
 		}

@@ -198,10 +198,29 @@ type Config struct {
 		// until the control plane has answered, or when it names no
 		// interval.
 		Interval time.Duration
+		// MinInterval is lrs.min_interval: the floor of the control
+		// plane's load_reporting_interval; below it, it is raised to it,
+		// logged once per group, and counted.
+		MinInterval time.Duration
 		// MaxPending is lrs.max_pending: per group, the relay's own
 		// reports (one per interval) held while the control plane cannot
 		// be reached; past it the oldest is dropped, and counted.
 		MaxPending int
+		// SendTimeout is lrs.send_timeout: a report whose send to the
+		// control plane has not returned within it ends the stream,
+		// which is opened again; what the control plane never read is
+		// counted dropped.
+		SendTimeout time.Duration
+		// MaxPendingBytes is lrs.max_pending_bytes: per group, the
+		// encoded size of those held reports; past it they are merged
+		// into one, or, if that is still past it, the oldest dropped,
+		// and counted.
+		MaxPendingBytes int
+		// MaxNames is lrs.max_names: per group and period, the distinct
+		// names (clusters, localities, endpoints, named metrics, drop
+		// categories) summed, and the gauges held; past it stats are
+		// left out, and counted.
+		MaxNames int
 	}
 	// Tracing installs OpenTelemetry instrumentation (gRPC stats handlers on
 	// both edges) on the global tracer provider; the binary sets it when
@@ -362,7 +381,11 @@ func Default() Config {
 	c.Limits.RESTReadTimeout = 10 * time.Second
 	c.Limits.MaxPolls = 10000
 	c.LRS.Interval = 10 * time.Second
+	c.LRS.MinInterval = time.Second
 	c.LRS.MaxPending = 1000
+	c.LRS.MaxNames = 50_000
+	c.LRS.MaxPendingBytes = 16 << 20
+	c.LRS.SendTimeout = 30 * time.Second
 	return c
 }
 

@@ -49,6 +49,7 @@ func startRelayLogged(t testing.TB, upstream string, logger *slog.Logger, mutate
 	cfg.Downstream.Address = "127.0.0.1:0"
 	cfg.Admin.Address = "127.0.0.1:0"
 	cfg.Cache.Retention = time.Minute
+	cfg.LRS.MinInterval = time.Millisecond // tests' control planes ask for periods of tens of ms
 	for _, m := range mutate {
 		m(&cfg)
 	}

@@ -30,21 +30,37 @@ type loadReports struct {
 	downStreams, downReports *metrics.Value
 	upStreams, upReports     *metrics.Value
 	dropped, ignored         *metrics.Value
+	droppedStats             *metrics.Vec // xdsrelay_lrs_dropped_stats_total{reason}
+	saturated, clamped       *metrics.Value
 	zones                    *sync.Once // the mixed-zones warning, once for the relay
 }
+
+// droppedReasons are the reason label's values of
+// xdsrelay_lrs_dropped_stats_total, each series there at 0 from the start.
+var droppedReasons = []string{loadstats.ReasonMaxNames, loadstats.ReasonInvalidValue, loadstats.ReasonMaxPendingBytes, loadstats.ReasonSendBlocked}
 
 func newLoadReports(m *metrics.Registry) loadReports {
 	streams := m.Gauge("xdsrelay_lrs_streams", "Open load report (LRS) streams, by side: downstream from clients, upstream to the control plane (one per group that has reporting clients).", "side")
 	reports := m.Counter("xdsrelay_lrs_reports_total", "Load reports (LRS requests): received from clients (side downstream), sent to the control plane (side upstream).", "side")
+	droppedStats := m.Counter("xdsrelay_lrs_dropped_stats_total",
+		"Stats left out of load reports, by reason: max_names (a cluster's, locality's, endpoint's, named metric's or drop category's stats, or a gauge, past lrs.max_names names in a group's period), invalid_value (a load metric whose total is NaN, infinite or negative; the rest of the report is kept), max_pending_bytes (the cluster stats of the relay's held reports dropped past lrs.max_pending_bytes while the control plane could not be reached), send_blocked (the cluster stats of the report last written on a stream whose next send did not return within lrs.send_timeout: the control plane never read it, and the stream is ended and opened again).", "reason")
+	for _, reason := range droppedReasons {
+		droppedStats.With(reason) // at 0 from the start
+	}
 	return loadReports{
 		downStreams: streams.With("downstream"),
 		upStreams:   streams.With("upstream"),
 		downReports: reports.With("downstream"),
 		upReports:   reports.With("upstream"),
 		dropped: m.Counter("xdsrelay_lrs_dropped_reports_total",
-			"The relay's load reports (one per group and interval) dropped undelivered: past lrs.max_pending while the control plane could not be reached, or left when a group ended.").With(),
+			"The relay's load reports (one per group and interval) dropped undelivered: past lrs.max_pending or lrs.max_pending_bytes while the control plane could not be reached, or left when a group ended.").With(),
 		ignored: m.Counter("xdsrelay_lrs_ignored_stats_total",
 			"Cluster stats in clients' load reports left out: for a cluster the client was not told to report, or that the control plane no longer asks for.").With(),
+		droppedStats: droppedStats,
+		clamped: m.Counter("xdsrelay_lrs_clamped_intervals_total",
+			"Control plane load report instructions whose load_reporting_interval was below lrs.min_interval: raised to it, for clients and for the relay's own reports.").With(),
+		saturated: m.Counter("xdsrelay_lrs_saturated_sums_total",
+			"Sums of load reports held at their largest value (2^64-1, or the largest double) where they would have wrapped or become infinite: one client's count near 2^64 cannot cancel the others' load.").With(),
 		zones: &sync.Once{},
 	}
 }
@@ -97,13 +113,26 @@ func (r *Relay) JoinLoads(node *corepb.Node) (*loadstats.Store, func(), error) {
 // metrics.
 func (r *Relay) newLoadStore(key string) (*loadstats.Store, error) {
 	byLocality := slices.ContainsFunc(r.cfg.Upstream.GroupBy, func(f string) bool { return strings.HasPrefix(f, "locality.") })
+	var clamped sync.Once // the group's log line
 	return loadstats.New(loadstats.Options{
-		Interval:     r.cfg.LRS.Interval,
-		MaxPending:   r.cfg.LRS.MaxPending,
-		ByLocality:   byLocality,
-		OnMixedZones: func(a, b *corepb.Locality) { r.warnMixedZones(key, a, b) },
-		OnIgnored:    func(n int) { r.loads.ignored.Add(int64(n)) },
-		OnDropped:    func(n int) { r.loads.dropped.Add(int64(n)) },
+		Interval:    r.cfg.LRS.Interval,
+		MinInterval: r.cfg.LRS.MinInterval,
+		OnClamped: func(asked time.Duration) {
+			r.loads.clamped.Inc()
+			clamped.Do(func() {
+				r.log.Warn("the control plane asked for a load reporting interval below lrs.min_interval: clients are told lrs.min_interval, and the relay reports at it (later ones for the group are counted in xdsrelay_lrs_clamped_intervals_total, not logged)",
+					"group", xds.Clip(key), "asked", asked, "min_interval", r.cfg.LRS.MinInterval)
+			})
+		},
+		MaxPending:      r.cfg.LRS.MaxPending,
+		MaxNames:        r.cfg.LRS.MaxNames,
+		MaxPendingBytes: r.cfg.LRS.MaxPendingBytes,
+		ByLocality:      byLocality,
+		OnMixedZones:    func(a, b *corepb.Locality) { r.warnMixedZones(key, a, b) },
+		OnIgnored:       func(n int) { r.loads.ignored.Add(int64(n)) },
+		OnDropped:       func(n int) { r.loads.dropped.Add(int64(n)) },
+		OnDroppedStats:  func(reason string, n int) { r.loads.droppedStats.With(reason).Add(int64(n)) },
+		OnSaturated:     func(n int) { r.loads.saturated.Add(int64(n)) },
 	})
 }
 
@@ -123,8 +152,9 @@ func (r *Relay) startReporterLocked(g *group) {
 	}
 	u := r.clusterUpstream()
 	lr, err := upstream.NewLoadReporter(upstream.LoadReporterOptions{Store: l.store, Node: g.node, Server: server,
-		Group: g.key, Metrics: upstream.LoadMetrics{Streams: r.loads.upStreams, Reports: r.loads.upReports},
-		Logger: r.log, Backoff: reconnectBackoff(u), MaxRequestBytes: u.MaxRequestBytes, After: l.done})
+		Group: g.key, Metrics: upstream.LoadMetrics{Streams: r.loads.upStreams, Reports: r.loads.upReports,
+			Blocked: r.loads.droppedStats.With(loadstats.ReasonSendBlocked)},
+		Logger: r.log, Backoff: reconnectBackoff(u), MaxRequestBytes: u.MaxRequestBytes, SendTimeout: r.cfg.LRS.SendTimeout, After: l.done})
 	if err != nil {
 		r.log.Error("load reports", "group", xds.Clip(g.key), "error", err)
 		return
@@ -210,6 +240,7 @@ type debugLoads struct {
 	EndpointGranularity bool       `json:"endpoint_granularity,omitempty"` // what clients are told
 	Answered            bool       `json:"control_plane_answered"`         // false: the relay's own instructions
 	Pending             int        `json:"pending_reports"`                // the relay's reports not delivered
+	PendingBytes        int        `json:"pending_bytes"`                  // their encoded size (lrs.max_pending_bytes)
 	Stream              *debugLRS  `json:"upstream_stream"`                // nil: none (no reporting clients for cache.retention, or no control plane)
 	LastReport          *time.Time `json:"last_report,omitempty"`
 }
@@ -235,7 +266,7 @@ func (r *Relay) loadsOf(g *group) *debugLoads {
 	st := l.store.Status()
 	d := &debugLoads{Clients: st.Reporters, Interval: st.Instructions.Interval.String(), SendAllClusters: st.Instructions.SendAll,
 		Clusters: append([]string{}, st.Instructions.Clusters...), EndpointGranularity: st.Instructions.EndpointGranularity,
-		Answered: st.Answered, Pending: st.Pending}
+		Answered: st.Answered, Pending: st.Pending, PendingBytes: st.PendingBytes}
 	if lr != nil {
 		ls := lr.Status()
 		d.Stream = &debugLRS{Server: ls.Server, Connected: ls.Connected, LastError: ls.LastError}
@@ -251,8 +282,16 @@ func (c *Config) validateLRS() error {
 	switch {
 	case c.LRS.Interval <= 0:
 		return fmt.Errorf("lrs.interval: must be positive, got %s", c.LRS.Interval)
+	case c.LRS.MinInterval <= 0 || c.LRS.MinInterval > c.LRS.Interval:
+		return fmt.Errorf("lrs.min_interval: must be positive and at most lrs.interval (%s), got %s", c.LRS.Interval, c.LRS.MinInterval)
 	case c.LRS.MaxPending < 1:
 		return fmt.Errorf("lrs.max_pending: must be at least 1, got %d", c.LRS.MaxPending)
+	case c.LRS.SendTimeout <= 0:
+		return fmt.Errorf("lrs.send_timeout: must be positive, got %s", c.LRS.SendTimeout)
+	case c.LRS.MaxPendingBytes < 1:
+		return fmt.Errorf("lrs.max_pending_bytes: must be at least 1, got %d", c.LRS.MaxPendingBytes)
+	case c.LRS.MaxNames < 1:
+		return fmt.Errorf("lrs.max_names: must be at least 1, got %d", c.LRS.MaxNames)
 	}
 	return nil
 }

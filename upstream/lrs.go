@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -29,6 +30,10 @@ const featureSendAllClusters = "envoy.lrs.supports_send_all_clusters"
 type LoadMetrics struct {
 	Streams *metrics.Value // xdsrelay_lrs_streams{side="upstream"}: open streams; nil: not counted
 	Reports *metrics.Value // xdsrelay_lrs_reports_total{side="upstream"}: reports sent; nil: not counted
+	// Blocked is xdsrelay_lrs_dropped_stats_total{reason="send_blocked"}:
+	// the cluster stats lost with a stream ended because a send did not
+	// return within SendTimeout (see send); nil: not counted.
+	Blocked *metrics.Value
 }
 
 // LoadReporterOptions configure a LoadReporter.
@@ -46,6 +51,10 @@ type LoadReporterOptions struct {
 	// MaxRequestBytes bounds every report sent: a larger one goes in
 	// parts, a cluster's stats whole in each. DefaultMaxRequestBytes if 0.
 	MaxRequestBytes int
+	// SendTimeout is lrs.send_timeout: a send that has not returned
+	// within it (a control plane that reads nothing) ends the stream,
+	// which is opened again. Required.
+	SendTimeout time.Duration
 	// After, if set, is closed when an earlier reporter of the store has
 	// ended: Run waits for it, so that two reporters never send the same
 	// periods.
@@ -85,6 +94,8 @@ func NewLoadReporter(opts LoadReporterOptions) (*LoadReporter, error) {
 		return nil, errors.New("upstream: LoadReporterOptions.Node is required")
 	case opts.Server == nil:
 		return nil, errors.New("upstream: LoadReporterOptions.Server is required")
+	case opts.SendTimeout <= 0:
+		return nil, errors.New("upstream: LoadReporterOptions.SendTimeout must be positive")
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
@@ -95,7 +106,7 @@ func NewLoadReporter(opts LoadReporterOptions) (*LoadReporter, error) {
 	if opts.MaxRequestBytes <= 0 {
 		opts.MaxRequestBytes = DefaultMaxRequestBytes
 	}
-	for _, v := range []**metrics.Value{&opts.Metrics.Streams, &opts.Metrics.Reports} {
+	for _, v := range []**metrics.Value{&opts.Metrics.Streams, &opts.Metrics.Reports, &opts.Metrics.Blocked} {
 		if *v == nil {
 			*v = new(metrics.Value) // counted nowhere
 		}
@@ -186,7 +197,7 @@ func (lr *LoadReporter) Run(ctx context.Context) {
 				retry.Reset(0)
 				continue
 			}
-			if err := lr.send(s); err != nil {
+			if err := lr.send(ctx, s, lr.opts.SendTimeout); err != nil {
 				failed(err)
 			}
 		}
@@ -201,6 +212,7 @@ type loadSession struct {
 	resps    chan *lrspb.LoadStatsResponse // closed when receiving ends; then errc says why
 	errc     chan error
 	answered bool // a response arrived
+	lastSent int  // the cluster stats of the last report part the stream took; owned by Run
 }
 
 // responses is the session's responses; nil (never ready) for no session.
@@ -225,14 +237,15 @@ func (lr *LoadReporter) open(ctx context.Context) (*loadSession, error) {
 	stop := context.AfterFunc(ctx, cancel)
 	defer stop()
 	st, err := lrspb.NewLoadReportingServiceClient(srv.Conn).StreamLoadStats(sctx)
-	if err == nil {
-		err = st.Send(&lrspb.LoadStatsRequest{Node: lr.node})
-	}
 	if err != nil {
 		cancel()
 		return nil, fmt.Errorf("upstream: open load reports to %s: %w", srv.Name, err)
 	}
 	s := &loadSession{server: srv, st: st, cancel: cancel, resps: make(chan *lrspb.LoadStatsResponse), errc: make(chan error, 1)}
+	if err := s.sendWithin(ctx, &lrspb.LoadStatsRequest{Node: lr.node}, lr.opts.SendTimeout); err != nil {
+		cancel()
+		return nil, fmt.Errorf("upstream: open load reports to %s: %w", srv.Name, err)
+	}
 	go s.receive(sctx)
 	lr.opts.Metrics.Streams.Inc()
 	lr.setStatus(func(st *LoadStatus) { st.Connected, st.LastError = true, "" })
@@ -262,19 +275,53 @@ func (s *loadSession) receive(ctx context.Context) {
 	}
 }
 
+// errSendBlocked is why a stream whose send did not return within
+// lrs.send_timeout was ended.
+var errSendBlocked = errors.New("the control plane read nothing for lrs.send_timeout")
+
+// sendWithin sends req on the stream, bounded: if the send has not
+// returned within bound, or ctx ends first, it ends the stream (a
+// control plane that stops reading would otherwise hold the send, and the
+// reporter with it, forever: the stream's context outlives ctx). Past
+// bound it returns errSendBlocked.
+func (s *loadSession) sendWithin(ctx context.Context, req *lrspb.LoadStatsRequest, bound time.Duration) error {
+	var blocked atomic.Bool
+	t := time.AfterFunc(bound, func() { blocked.Store(true); s.cancel() })
+	stop := context.AfterFunc(ctx, s.cancel)
+	err := s.st.Send(req)
+	t.Stop()
+	stop()
+	if blocked.Load() {
+		return errSendBlocked
+	}
+	return err
+}
+
 // send sends what the store holds pending, in parts no larger than
-// MaxRequestBytes; what a failed send did not carry stays pending.
-func (lr *LoadReporter) send(s *loadSession) error {
+// MaxRequestBytes, each within bound (sendWithin). What a failed send did
+// not carry stays pending: a send that blocks has not given its part to
+// the stream (gRPC waits for the stream's write quota before taking a
+// message). The part the stream took last before it is lost: a send
+// blocks only while what was written before it is still unsent, so the
+// control plane never read it, and the stream is ended. Its cluster stats
+// are counted dropped (send_blocked); earlier parts may be lost too,
+// uncounted, as a report in flight is when a control plane dies (LRS has
+// no acknowledgement).
+func (lr *LoadReporter) send(ctx context.Context, s *loadSession, bound time.Duration) error {
 	stats, n := lr.opts.Store.Pending()
 	if n == 0 {
 		return nil
 	}
 	parts := packStats(stats, lr.opts.MaxRequestBytes)
 	for i, part := range parts {
-		if err := s.st.Send(&lrspb.LoadStatsRequest{ClusterStats: part}); err != nil {
+		if err := s.sendWithin(ctx, &lrspb.LoadStatsRequest{ClusterStats: part}, bound); err != nil {
+			if errors.Is(err, errSendBlocked) {
+				lr.opts.Metrics.Blocked.Add(int64(s.lastSent))
+			}
 			lr.opts.Store.Delivered(n, slices.Concat(parts[i:]...))
 			return fmt.Errorf("upstream: send load report to %s: %w", s.server.Name, err)
 		}
+		s.lastSent = len(part)
 		lr.opts.Metrics.Reports.Inc()
 	}
 	lr.opts.Store.Delivered(n, nil)
@@ -334,7 +381,8 @@ func (lr *LoadReporter) finish(s *loadSession) {
 	}
 	if s.answered {
 		lr.opts.Store.Cut(time.Now())
-		if err := lr.send(s); err == nil && s.st.CloseSend() == nil {
+		// Run's context has ended: the last report has its own bound.
+		if err := lr.send(context.Background(), s, min(lr.opts.SendTimeout, finalWait)); err == nil && s.st.CloseSend() == nil {
 			t := time.NewTimer(finalWait)
 			defer t.Stop()
 		wait:

@@ -2,8 +2,10 @@ package upstream
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
+	"github.com/xdsrelay/xdsrelay/internal/testlog"
 	"github.com/xdsrelay/xdsrelay/loadstats"
 )
 
@@ -37,7 +40,7 @@ func lrsServer(t *testing.T, cp *testcp.ControlPlane) Server {
 
 func newLoadStore(t *testing.T) *loadstats.Store {
 	t.Helper()
-	s, err := loadstats.New(loadstats.Options{Interval: 50 * time.Millisecond, MaxPending: 1000})
+	s, err := loadstats.New(loadstats.Options{Interval: 50 * time.Millisecond, MinInterval: time.Millisecond, MaxPending: 1000, MaxNames: 100_000, MaxPendingBytes: 64 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +54,8 @@ func runLoadReporter(t *testing.T, store *loadstats.Store, server func() (Server
 	t.Helper()
 	opts := LoadReporterOptions{Store: store, Node: &corepb.Node{Id: "relay~group", Cluster: "c1"},
 		Server: server, Group: "cluster=c1", Metrics: m, Logger: slog.New(slog.DiscardHandler),
-		Backoff: backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, MaxDelay: 50 * time.Millisecond}}
+		Backoff:     backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, MaxDelay: 50 * time.Millisecond},
+		SendTimeout: lrsWait}
 	for _, f := range mutate {
 		f(&opts)
 	}
@@ -329,4 +333,77 @@ func TestLoadReporterWaitsForTheOneBefore(t *testing.T) {
 	// One whose earlier reporter never ends stops when told to (stop
 	// fails the test if it does not).
 	runLoadReporter(t, store, fixed(lrsServer(t, cp)), LoadMetrics{}, func(o *LoadReporterOptions) { o.After = make(chan struct{}) })()
+}
+
+// A control plane that answers and then reads nothing: a send that does
+// not return within SendTimeout ends the stream, logged with why, the
+// stats of the report written before it (never read) are counted
+// (send_blocked), and the stream is opened again. What was not written
+// goes on a stream that reads, none of it twice; the reporter still stops
+// when told to.
+func TestLoadReporterControlPlaneNeverReads(t *testing.T) {
+	cp := testcp.StartWith(t, grpc.InitialWindowSize(64<<10), grpc.InitialConnWindowSize(64<<10))
+	cp.LRS.Answer(t, &lrspb.LoadStatsResponse{SendAllClusters: true, LoadReportingInterval: durationpb.New(20 * time.Millisecond)})
+	cp.LRS.NeverRead()
+	store := newLoadStore(t)
+	reg := metrics.New(metrics.Options{})
+	m := LoadMetrics{Streams: reg.Gauge("s", "s").With(), Reports: reg.Counter("r", "r").With(), Blocked: reg.Counter("b", "b").With()}
+	logs := &testlog.Buffer{}
+	stop := runLoadReporter(t, store, fixed(lrsServer(t, cp)), m, func(o *LoadReporterOptions) {
+		o.SendTimeout = 100 * time.Millisecond
+		o.MaxRequestBytes = 32 << 10
+		o.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	})
+	r := store.Join(&corepb.Node{}, func() {})
+	r.Next()
+	// 1,000 clusters with long names: about 300 KiB a period, past the
+	// stream's window.
+	var stats []*endpointpb.ClusterStats
+	for i := range 1000 {
+		stats = append(stats, &endpointpb.ClusterStats{ClusterName: fmt.Sprintf("1%0299d", i), UpstreamLocalityStats: []*endpointpb.UpstreamLocalityStats{
+			{Locality: &corepb.Locality{Zone: "z"}, TotalSuccessfulRequests: 1}}})
+	}
+	r.Report(stats)
+	if !cp.LRS.Wait(lrsWait, func(l *testcp.LRS) bool { return len(l.Streams()) >= 2 && m.Blocked.Get() > 0 }) {
+		t.Fatalf("%d streams, %d stats counted blocked: want the blocked stream ended, counted and opened again", len(cp.LRS.Streams()), m.Blocked.Get())
+	}
+	if got := m.Blocked.Get(); got > 1000 {
+		t.Errorf("%d cluster stats counted blocked, want at most the 1,000 reported", got)
+	}
+	if ended := logs.Lines(t, "load report stream ended; reconnecting"); len(ended) == 0 || !strings.Contains(fmt.Sprint(ended[0]["error"]), "lrs.send_timeout") {
+		t.Errorf("the log does not say why the stream ended: %v", ended)
+	}
+	// Once it reads again, a second batch goes out on a stream that reads
+	// (a stream that took reports and does not read is found at the next
+	// send that blocks); nothing is sent twice, and whatever did not
+	// arrive was lost with a stream that never read it.
+	cp.LRS.ReadAgain()
+	name := func(batch, i int) string { return fmt.Sprintf("%d%0299d", batch, i) }
+	var batch []*endpointpb.ClusterStats
+	for i := range 1000 {
+		batch = append(batch, &endpointpb.ClusterStats{ClusterName: name(2, i), UpstreamLocalityStats: []*endpointpb.UpstreamLocalityStats{
+			{Locality: &corepb.Locality{Zone: "z"}, TotalSuccessfulRequests: 1}}})
+	}
+	r.Report(batch)
+	received := func() (n int, twice bool) {
+		for b := 1; b <= 2; b++ {
+			for i := range 1000 {
+				ld := cp.LRS.Load(name(b, i))
+				n += ld.Reports
+				twice = twice || ld.Reports > 1
+			}
+		}
+		return n, twice
+	}
+	if !cp.LRS.Wait(lrsWait, func(l *testcp.LRS) bool { return l.Load(name(2, 999)).Reports > 0 }) {
+		n, _ := received()
+		t.Errorf("the control plane got %d clusters once it read again, %d counted blocked: want the second batch", n, m.Blocked.Get())
+	}
+	if n, twice := received(); twice || int64(n)+m.Blocked.Get() > 2000 {
+		t.Errorf("%d clusters received and %d counted blocked, of 2,000; a cluster twice: %v", n, m.Blocked.Get(), twice)
+	}
+	stop() // bounded: fails the test if the reporter does not end
+	if m.Streams.Get() != 0 {
+		t.Errorf("%d streams open after the reporter ended", m.Streams.Get())
+	}
 }

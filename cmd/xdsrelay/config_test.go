@@ -136,6 +136,23 @@ func TestLoadConfig(t *testing.T) {
 		{name: "zero lrs interval", yaml: "lrs:\n  interval: 0s\n", wantErr: "lrs.interval: must be positive, got 0s"},
 		{name: "zero lrs max_pending", yaml: "lrs:\n  max_pending: 0\n", wantErr: "lrs.max_pending: must be at least 1, got 0"},
 		{name: "lrs max_pending not a number", env: map[string]string{"XDSRELAY_LRS_MAX_PENDING": "many"}, wantErr: "lrs.max_pending"},
+		{name: "lrs min_interval above lrs.interval", yaml: "lrs:\n  interval: 1s\n  min_interval: 2s\n", wantErr: "lrs.min_interval: must be positive and at most lrs.interval (1s), got 2s"},
+		{name: "lrs.interval below the default min_interval", yaml: "lrs:\n  interval: 500ms\n",
+			wantErr: "lrs.min_interval: must be positive and at most lrs.interval (500ms), got 1s"},
+		{name: "zero lrs min_interval", env: map[string]string{"XDSRELAY_LRS_MIN_INTERVAL": "0s"}, wantErr: "lrs.min_interval: must be positive"},
+		{name: "zero lrs max_names", yaml: "lrs:\n  max_names: 0\n", wantErr: "lrs.max_names: must be at least 1, got 0"},
+		{name: "zero lrs max_pending_bytes", env: map[string]string{"XDSRELAY_LRS_MAX_PENDING_BYTES": "0"}, wantErr: "lrs.max_pending_bytes: must be at least 1, got 0"},
+		{
+			name: "lrs bounds alone, beside the others, and from the environment",
+			yaml: "lrs:\n  interval: 500ms\n  min_interval: 100ms\n  max_names: 7\n",
+			env:  map[string]string{"XDSRELAY_LRS_MAX_PENDING_BYTES": "4096"},
+			check: func(t *testing.T, o Options) {
+				l := o.Relay.LRS
+				if l.Interval != 500*time.Millisecond || l.MinInterval != 100*time.Millisecond || l.MaxNames != 7 || l.MaxPendingBytes != 4096 || l.MaxPending != 1000 {
+					t.Errorf("lrs: %+v", l)
+				}
+			},
+		},
 		{name: "reflection not a bool", yaml: "downstream:\n  reflection: sometimes\n", wantErr: "downstream.reflection"},
 		{
 			name: "connect_timeout, reflection, lrs and kinds in group_by",

@@ -26,6 +26,7 @@ type LRS struct {
 	mu      sync.Mutex
 	resp    *lrspb.LoadStatsResponse                  // what streams are told; guarded by mu
 	hold    bool                                      // guarded by mu: first requests wait for Answer
+	deaf    bool                                      // guarded by mu: streams stop reading (NeverRead)
 	streams []*LRSStream                              // guarded by mu: every stream, in the order opened
 	live    map[*LRSStream]bool                       // guarded by mu
 	onRecv  func(*LRSStream, *lrspb.LoadStatsRequest) // guarded by mu: OnReport's f
@@ -53,6 +54,25 @@ func newLRS() *LRS {
 func (l *LRS) Hold() {
 	l.mu.Lock()
 	l.hold = true
+	l.mu.Unlock()
+}
+
+// NeverRead makes the server stop reading its streams, as a control plane
+// that is stuck: each answers its first request (unless held) and then
+// reads nothing more until it ends, so that a client's sends block once
+// the stream's flow-control window is full (start the control plane with
+// a fixed window, grpc.InitialWindowSize, for that to come soon).
+func (l *LRS) NeverRead() {
+	l.mu.Lock()
+	l.deaf = true
+	l.mu.Unlock()
+}
+
+// ReadAgain undoes NeverRead for the streams opened from now on; those
+// that stopped reading stay so until they end.
+func (l *LRS) ReadAgain() {
+	l.mu.Lock()
+	l.deaf = false
 	l.mu.Unlock()
 }
 
@@ -110,7 +130,15 @@ func (l *LRS) StreamLoadStats(st grpc.BidiStreamingServer[lrspb.LoadStatsRequest
 		}
 	}
 	l.record(s, first)
+	deaf := false
 	for {
+		l.mu.Lock()
+		deaf = deaf || l.deaf
+		l.mu.Unlock()
+		if deaf {
+			<-st.Context().Done()
+			return st.Context().Err()
+		}
 		req, err := st.Recv()
 		if errors.Is(err, io.EOF) {
 			return nil

@@ -80,6 +80,7 @@ func relayConfig(upstream string, cfg *Config) (relay.Config, error) {
 	}
 	if cfg.LRS {
 		rc.LRS.Interval = cfg.LRSInterval
+		rc.LRS.MinInterval = min(rc.LRS.MinInterval, cfg.LRSInterval) // --lrs-interval may be shorter
 	}
 	if cfg.Soak.Faults {
 		// A silent link is found dead, a connection attempt through it
