@@ -122,7 +122,7 @@ func (r *Relay) startReporterLocked(g *group) {
 		return
 	}
 	u := r.clusterUpstream()
-	lr, err := upstream.NewLoadReporter(upstream.LoadReporterOptions{Store: l.store, Node: g.node, Server: server,
+	lr, err := upstream.NewLoadReporter(upstream.LoadReporterOptions{Store: l.store, Node: g.nodes[r.clusterRoute()], Server: server,
 		Group: g.key, Metrics: upstream.LoadMetrics{Streams: r.loads.upStreams, Reports: r.loads.upReports},
 		Logger: r.log, Backoff: reconnectBackoff(u), MaxRequestBytes: u.MaxRequestBytes, After: l.done})
 	if err != nil {
@@ -139,13 +139,20 @@ func (r *Relay) startReporterLocked(g *group) {
 	r.log.Info("load reports to the control plane started", "group", xds.Clip(g.key), "upstream", u.Name)
 }
 
-// clusterUpstream is the upstream that serves Clusters (by type; xdstp
-// names aside): the default, or the upstreams[] entry that lists the type.
-func (r *Relay) clusterUpstream() UpstreamConfig {
+// clusterRoute is the index in the routes of the upstream that serves
+// Clusters (by type; xdstp names aside): 0 for the default, i+1 for
+// upstreams[i].
+func (r *Relay) clusterRoute() int {
 	if r.routes != nil {
-		if i := r.routes.Of(resourcev3.ClusterType, ""); i > 0 {
-			return r.cfg.Upstreams[i-1]
-		}
+		return r.routes.Of(resourcev3.ClusterType, "")
+	}
+	return 0
+}
+
+// clusterUpstream is the configuration of the upstream clusterRoute names.
+func (r *Relay) clusterUpstream() UpstreamConfig {
+	if i := r.clusterRoute(); i > 0 {
+		return r.cfg.Upstreams[i-1]
 	}
 	return r.cfg.Upstream.UpstreamConfig
 }

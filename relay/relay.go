@@ -110,9 +110,10 @@ func (r *Relay) closeReloaders() {
 // guarded by Relay.mu.
 type group struct {
 	key    string
-	shown  string       // key as the admin endpoint and the metrics show it (shownKey)
-	node   *corepb.Node // presented upstream
-	fields *corepb.Node // the group_by fields of its clients' nodes (keyNode)
+	shown  string         // key as the admin endpoint and the metrics show it (shownKey)
+	node   *corepb.Node   // presented to the default upstream
+	nodes  []*corepb.Node // presented to each upstream, by route index (groupNodes)
+	fields *corepb.Node   // the group_by fields of its clients' nodes (keyNode)
 	cache  *cache.Cache
 	feed   upstream.Feed // what fills cache; its Status is the group's upstream state
 	cancel context.CancelFunc
@@ -556,7 +557,7 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 	g := &group{
 		key:    key,
 		shown:  shownKey(key),
-		node:   groupNode(&r.cfg, r.host, key, client),
+		nodes:  groupNodes(&r.cfg, r.host, key, client),
 		fields: keyNode(r.cfg.Upstream.GroupBy, client),
 		cache: cache.New(cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources,
 			MaxNames: r.cfg.Limits.MaxNamesPerGroup, Guard: r.cfg.cacheGuard(),
@@ -565,10 +566,11 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 			OnRollout: func(ev cache.RolloutEvent) { r.rolloutEvent(key, ev) }}),
 		cancel: cancel,
 	}
+	g.node = g.nodes[0]
 	if saved != nil {
 		g.cache.Import(saved)
 	}
-	feed, err := r.source.Feed(upstream.Group{Key: key, Node: g.node, Cache: g.cache})
+	feed, err := r.source.Feed(upstream.Group{Key: key, Node: g.node, Nodes: g.nodes, Cache: g.cache})
 	if err != nil {
 		cancel()
 		return nil, err

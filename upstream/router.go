@@ -224,7 +224,11 @@ func (f *routedFeed) unroutable(typeURL string, names []string) {
 // start opens member i's feed.
 func (f *routedFeed) start(ctx context.Context, i int) {
 	m := f.members[i]
-	feed, err := f.r.members[i].Feed(Group{Key: f.g.Key, Node: f.g.Node, Cache: f.g.Cache,
+	node := f.g.Node
+	if i < len(f.g.Nodes) && f.g.Nodes[i] != nil {
+		node = f.g.Nodes[i] // that upstream's node.* keys
+	}
+	feed, err := f.r.members[i].Feed(Group{Key: f.g.Key, Node: node, Cache: f.g.Cache,
 		Upstream: f.r.routes.Name(i), Interest: m.view,
 		Owns: func(typeURL, name string) bool { return f.r.routes.Of(typeURL, name) == i }})
 	if err != nil {
