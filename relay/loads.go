@@ -185,9 +185,10 @@ func (r *Relay) sweepLoadsLocked(g *group) (over bool) {
 	}
 }
 
-// endLoadsLocked drops what an ended group's store could not deliver,
-// counted.
-func endLoadsLocked(g *group) {
+// endLoads drops what an ended group's store could not deliver, counted
+// (OnDropped, called with no lock held). g is out of Relay.groups: its
+// loads change no more.
+func endLoads(g *group) {
 	if g.loads != nil {
 		g.loads.store.Discard()
 	}

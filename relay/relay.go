@@ -599,24 +599,39 @@ func (r *Relay) sweep() {
 			return
 		case <-t.C:
 		}
-		var ended []*group
-		r.mu.Lock()
-		for key, g := range r.groups {
-			loadsOver := r.sweepLoadsLocked(g)
-			if g.cache.Sweep() && g.clients == 0 && loadsOver {
-				delete(r.groups, key)
-				endLoadsLocked(g)
-				ended = append(ended, g)
-			}
+		r.sweepOnce()
+	}
+}
+
+// sweepOnce sweeps every group's cache with no lock held: Sweep marks
+// watchers and calls OnGuard and OnRollout, and no lock is held across a
+// callback (docs/architecture.md, "Locks"). Then, under Relay.mu, a group
+// that has no client, wants and holds nothing (asked again: a client may
+// have come and gone meanwhile) and whose load reports are over ends; what
+// its store could not deliver is dropped after unlocking (OnDropped).
+func (r *Relay) sweepOnce() {
+	groups := r.snapshotGroups()
+	empty := make(map[*group]bool, len(groups))
+	for _, g := range groups {
+		empty[g] = g.cache.Sweep()
+	}
+	var ended []*group
+	r.mu.Lock()
+	for key, g := range r.groups {
+		loadsOver := r.sweepLoadsLocked(g)
+		if empty[g] && g.clients == 0 && loadsOver && g.cache.Empty() {
+			delete(r.groups, key)
+			ended = append(ended, g)
 		}
-		r.groupsG.Set(int64(len(r.groups)))
-		r.mu.Unlock()
-		for _, g := range ended {
-			// Not waited for: the group's goroutine ends on its own, and
-			// Shutdown waits for it with a bound.
-			g.cancel()
-			r.log.Info("group ended", "group", xds.Clip(g.key))
-		}
+	}
+	r.groupsG.Set(int64(len(r.groups)))
+	r.mu.Unlock()
+	for _, g := range ended {
+		endLoads(g)
+		// Not waited for: the group's goroutine ends on its own, and
+		// Shutdown waits for it with a bound.
+		g.cancel()
+		r.log.Info("group ended", "group", xds.Clip(g.key))
 	}
 }
 

@@ -1,0 +1,89 @@
+package relay
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+)
+
+// lockProbe is a log handler that, at each record whose message starts
+// with prefix, takes the relay's mu as any reader of the groups does:
+// the callback that logs the record would deadlock if it ran under that
+// lock. It tries for a bound instead of blocking, so that the test fails
+// rather than hangs, and counts the records it got the lock at and those
+// it did not.
+type lockProbe struct {
+	slog.Handler
+	prefix   string
+	r        *atomic.Pointer[Relay]
+	got, not *atomic.Int32
+}
+
+func (h lockProbe) Handle(ctx context.Context, rec slog.Record) error {
+	if r := h.r.Load(); r != nil && strings.HasPrefix(rec.Message, h.prefix) {
+		if tryLockWithin(&r.mu, 2*time.Second) {
+			r.mu.Unlock()
+			h.got.Add(1)
+		} else {
+			h.not.Add(1)
+		}
+	}
+	if !h.Handler.Enabled(ctx, rec.Level) {
+		return nil
+	}
+	return h.Handler.Handle(ctx, rec)
+}
+
+// Enabled sees every record: the probe is not bound by the level.
+func (h lockProbe) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h lockProbe) WithAttrs(as []slog.Attr) slog.Handler {
+	h.Handler = h.Handler.WithAttrs(as)
+	return h
+}
+
+func (h lockProbe) WithGroup(name string) slog.Handler {
+	h.Handler = h.Handler.WithGroup(name)
+	return h
+}
+
+// tryLockWithin takes mu unless it stays held for d.
+func tryLockWithin(mu interface{ TryLock() bool }, d time.Duration) bool {
+	for end := time.Now().Add(d); !mu.TryLock(); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			return false
+		}
+	}
+	return true
+}
+
+// No lock is held across a callback (docs/architecture.md, "Locks"): the
+// sweeper ends a guard hold that guard.hold let pass, and the cache tells
+// the relay (OnGuard), which logs it. A log handler that reads the groups
+// takes Relay.mu there; were the sweeper to hold it across Sweep, that
+// would deadlock.
+func TestSweepCallsBackWithoutTheRelaysLock(t *testing.T) {
+	var r atomic.Pointer[Relay]
+	var got, not atomic.Int32
+	logger := slog.New(lockProbe{Handler: testLogger().Handler(), prefix: "guard: hold ended", r: &r, got: &got, not: &not})
+	cp := testcp.Start(t)
+	rs, names := endpoints(20)
+	cp.Set(t, "c1", "1", rs...)
+	rl := startRelayLogged(t, cp.Addr, logger, func(c *Config) { c.Guard.Hold = 200 * time.Millisecond })
+	r.Store(rl)
+	s := subscribeAll(t, rl, "n", names)
+	cp.Set(t, "c1", "2") // all 20 removed: held, until guard.hold ends it
+	removed := 0
+	for removed < len(names) {
+		removed += len(s.recvWithin(wait).GetRemovedResources())
+	}
+	eventually(t, "the hold's end to be logged", func() bool { return got.Load()+not.Load() > 0 })
+	if not.Load() > 0 {
+		t.Fatal("the sweeper held Relay.mu while the cache told it the hold ended")
+	}
+}
