@@ -85,11 +85,11 @@ type Relay struct {
 	mu     sync.Mutex
 	groups map[string]*group
 
-	// wg counts every goroutine the relay starts (goRun), the groups'
+	// live counts every goroutine the relay starts (goRun), the groups'
 	// included. Goroutines are added by Start or under mu while ctx is
 	// live, so none is added once Shutdown has cancelled ctx under mu and
-	// waits for wg.
-	wg sync.WaitGroup
+	// waits for them.
+	live goroutines
 
 	// Set by Start before the goroutines that use them; read by Shutdown.
 	listener net.Listener
@@ -409,11 +409,57 @@ func (r *Relay) Start() error {
 }
 
 func (r *Relay) goRun(f func()) {
-	r.wg.Add(1)
+	r.live.add()
 	go func() {
-		defer r.wg.Done()
+		defer r.live.done()
 		f()
 	}()
+}
+
+// goroutines counts running goroutines, for a wait that a context bounds
+// and that leaves nothing behind when the bound passes: a WaitGroup's Wait
+// cannot be given up, so a bounded wait on one leaves a goroutine in Wait
+// for as long as what it waits for runs, which an abandoned goroutine may
+// do for ever.
+type goroutines struct {
+	mu   sync.Mutex
+	n    int           // guarded by mu
+	zero chan struct{} // guarded by mu: closed when n falls to 0; nil while no one waits
+}
+
+func (g *goroutines) add() {
+	g.mu.Lock()
+	g.n++
+	g.mu.Unlock()
+}
+
+func (g *goroutines) done() {
+	g.mu.Lock()
+	if g.n--; g.n == 0 && g.zero != nil {
+		close(g.zero)
+		g.zero = nil
+	}
+	g.mu.Unlock()
+}
+
+// wait waits until none runs, or ctx is done.
+func (g *goroutines) wait(ctx context.Context) error {
+	g.mu.Lock()
+	if g.n == 0 {
+		g.mu.Unlock()
+		return nil
+	}
+	if g.zero == nil {
+		g.zero = make(chan struct{})
+	}
+	zero := g.zero
+	g.mu.Unlock()
+	select {
+	case <-zero:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func (r *Relay) closeListeners() {
@@ -491,7 +537,7 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 	// up: the last save of the caches matters more than a stuck client.
 	wctx, wcancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout)
 	defer wcancel()
-	if werr := waitGroup(wctx, &r.wg); werr != nil {
+	if werr := r.live.wait(wctx); werr != nil {
 		// Never wait without bound: what did not end is abandoned.
 		werr = fmt.Errorf("relay: shutdown_timeout passed before the upstreams and workers ended: %w", werr)
 		r.log.Error("shutdown", "error", werr)
@@ -500,21 +546,6 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 	err = errors.Join(err, r.source.Close())
 	r.closeReloaders()
 	return err
-}
-
-// waitGroup waits for wg until ctx is done.
-func waitGroup(ctx context.Context, wg *sync.WaitGroup) error {
-	done := make(chan struct{})
-	go func() {
-		wg.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 var _ downstream.Groups = (*Relay)(nil)
