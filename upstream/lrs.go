@@ -283,13 +283,14 @@ func (lr *LoadReporter) send(s *loadSession) error {
 }
 
 // packStats cuts stats into parts of at most max bytes each; a cluster's
-// stats larger than that go alone. An empty report is one empty part: the
-// control plane hears from the relay every period, as from Envoy.
+// stats larger than that are cut first (cutStats). An empty report is one
+// empty part: the control plane hears from the relay every period, as
+// from Envoy.
 func packStats(stats []*endpointpb.ClusterStats, max int) [][]*endpointpb.ClusterStats {
 	parts := [][]*endpointpb.ClusterStats{nil}
 	size := 0
-	for _, cs := range stats {
-		n := proto.Size(cs) + 8 // the field's tag and length
+	for _, cs := range slices.Concat(cutEach(stats, max)...) {
+		n := proto.Size(cs) + statsOverhead
 		if size > 0 && size+n > max {
 			parts, size = append(parts, nil), 0
 		}
