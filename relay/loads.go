@@ -115,14 +115,15 @@ func (r *Relay) startReporterLocked(g *group) {
 	if l.reporter != nil || l.noUpstream || r.ctx.Err() != nil {
 		return
 	}
-	server := func() (upstream.Server, bool) { return upstream.ServerOf(g.feed, resourcev3.ClusterType) }
+	route, name := r.loadRoute(g)
+	server := func() (upstream.Server, bool) { return upstream.ServerOfName(g.feed, resourcev3.ClusterType, name) }
 	if _, ok := server(); !ok {
 		l.noUpstream = true
 		l.store.Instruct(loadstats.Instructions{Interval: r.cfg.LRS.Interval})
 		return
 	}
-	u := r.clusterUpstream()
-	lr, err := upstream.NewLoadReporter(upstream.LoadReporterOptions{Store: l.store, Node: g.nodes[r.clusterRoute()], Server: server,
+	u := r.upstreamAt(route)
+	lr, err := upstream.NewLoadReporter(upstream.LoadReporterOptions{Store: l.store, Node: g.nodes[route], Server: server,
 		Group: g.key, Metrics: upstream.LoadMetrics{Streams: r.loads.upStreams, Reports: r.loads.upReports},
 		Logger: r.log, Backoff: reconnectBackoff(u), MaxRequestBytes: u.MaxRequestBytes, After: l.done})
 	if err != nil {
@@ -139,19 +140,41 @@ func (r *Relay) startReporterLocked(g *group) {
 	r.log.Info("load reports to the control plane started", "group", xds.Clip(g.key), "upstream", u.Name)
 }
 
-// clusterRoute is the index in the routes of the upstream that serves
-// Clusters (by type; xdstp names aside): 0 for the default, i+1 for
-// upstreams[i].
-func (r *Relay) clusterRoute() int {
-	if r.routes != nil {
-		return r.routes.Of(resourcev3.ClusterType, "")
+// loadRoute is the upstream the group's load reports go to (its index in
+// the routes) and the name of a Cluster it serves for the group (""
+// names the type): the upstream that serves the Clusters the group wants,
+// by their names, so that the load of xdstp Clusters goes to their
+// authority's upstream (docs/control-planes.md, "Several control planes").
+// When the group wants Clusters of several upstreams, or none yet, it is
+// the one that serves the type: a group has one load reporter, which sends
+// the load of every cluster to one control plane (docs/load-reports.md).
+func (r *Relay) loadRoute(g *group) (int, string) {
+	if r.routes == nil {
+		return 0, ""
 	}
-	return 0
+	byType := r.routes.Of(resourcev3.ClusterType, "")
+	route, name := upstream.Unroutable, ""
+	for _, n := range g.cache.TypeInterest(resourcev3.ClusterType).Names {
+		switch i := r.routes.Of(resourcev3.ClusterType, n); {
+		case i == upstream.Unroutable:
+		case route == upstream.Unroutable:
+			route, name = i, n
+		case i != route:
+			r.log.Warn("the group's Clusters come from several upstreams: its load reports go to the one that serves the type",
+				"group", xds.Clip(g.key), "upstream", r.routes.Name(byType))
+			return byType, ""
+		}
+	}
+	if route == upstream.Unroutable {
+		return byType, ""
+	}
+	return route, name
 }
 
-// clusterUpstream is the configuration of the upstream clusterRoute names.
-func (r *Relay) clusterUpstream() UpstreamConfig {
-	if i := r.clusterRoute(); i > 0 {
+// upstreamAt is the configuration of upstream i of the routes: the default
+// for 0, upstreams[i-1] otherwise.
+func (r *Relay) upstreamAt(i int) UpstreamConfig {
+	if i > 0 {
 		return r.cfg.Upstreams[i-1]
 	}
 	return r.cfg.Upstream.UpstreamConfig

@@ -382,7 +382,14 @@ func (c *Client) serverOf(string) (Server, bool) {
 // serverOf asks the stream to the upstream that serves typeURL, or, if the
 // group has none open, names that upstream's first server.
 func (f *routedFeed) serverOf(typeURL string) (Server, bool) {
-	i := f.r.routes.Of(typeURL, "")
+	return f.serverOfRoute(f.r.routes.Of(typeURL, ""), typeURL)
+}
+
+// serverOfRoute is serverOf for upstream i (an index in the routes).
+func (f *routedFeed) serverOfRoute(i int, typeURL string) (Server, bool) {
+	if i < 0 || i >= len(f.members) {
+		return Server{}, false
+	}
 	f.mu.Lock()
 	var feed Feed
 	if m := f.members[i]; slices.Contains(f.running, m) {
