@@ -86,26 +86,36 @@ func TestPiledUpChangesAreSentInTheOrderOfTheirEarliest(t *testing.T) {
 	apply := func(typeURL, version string, pad int) {
 		c.Apply(typeURL, cache.Change{Upserts: []*cache.Resource{listenerOrRoute(t, typeURL, map[string]string{lds: "l", rds: "r"}[typeURL], version, pad)}})
 	}
-	// The client reads nothing from here: Listener 1 is taken whole by
-	// gRPC, Listener 2's send blocks behind it.
-	apply(lds, "1", 256<<10)
-	apply(lds, "2", 256<<10)
-	eventually(t, "the send of Listener 2 to block", func() bool { return workerSendSlow(s) })
+	// The client reads nothing from here: gRPC takes a first big Listener
+	// whole, and the send of a later one blocks behind it (two big ones
+	// marked before a flush are one flush: big ones are marked until a
+	// send blocks).
+	for i := 0; !workerSendSlow(s); i++ {
+		if i == 100 {
+			t.Fatal("no send blocked on a client that reads nothing")
+		}
+		apply(lds, fmt.Sprint("big-", i), 256<<10)
+		for end := time.Now().Add(100 * time.Millisecond); time.Now().Before(end) && !workerSendSlow(s); {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
 	apply(lds, "3", 0)
 	apply(rds, "4", 0)
 	apply(lds, "5", 0)
 
 	var got []string
-	for len(got) < 4 {
+	for len(got) < 2 {
 		resp, err := recvWithin(st, wait)
 		if err != nil {
 			t.Fatalf("after %v: %v", got, err)
 		}
 		for _, r := range resp.GetResources() {
-			got = append(got, fmt.Sprintf("%s %s", xds.ShortName(resp.GetTypeUrl()), r.GetVersion()))
+			if !strings.HasPrefix(r.GetVersion(), "big-") {
+				got = append(got, fmt.Sprintf("%s %s", xds.ShortName(resp.GetTypeUrl()), r.GetVersion()))
+			}
 		}
 	}
-	want := []string{"Listener 1", "Listener 2", "Listener 5", "RouteConfiguration 4"}
+	want := []string{"Listener 5", "RouteConfiguration 4"}
 	if strings.Join(got, ", ") != strings.Join(want, ", ") {
 		t.Fatalf("the slow client got %v, want %v: the order docs/architecture.md describes has changed, update it", got, want)
 	}
