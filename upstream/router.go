@@ -274,13 +274,18 @@ func (f *routedFeed) stopAll() {
 
 // Status sums up the upstreams the group has a stream to, and lists them.
 func (f *routedFeed) Status() Status {
+	// The feeds are collected under mu: stop clears a member's feed once it
+	// has left running, so the member's field is not read after unlocking.
 	f.mu.Lock()
-	running := slices.Clone(f.running)
+	feeds := make([]Feed, 0, len(f.running))
+	for _, m := range f.running {
+		feeds = append(feeds, m.feed)
+	}
 	f.mu.Unlock()
-	s := Status{Connected: len(running) > 0}
+	s := Status{Connected: len(feeds) > 0}
 	var errs []string
-	for _, m := range running {
-		ms := m.feed.Status()
+	for _, feed := range feeds {
+		ms := feed.Status()
 		s.Upstreams = append(s.Upstreams, ms)
 		s.Connected = s.Connected && ms.Connected
 		if ms.LastResponse.After(s.LastResponse) {
