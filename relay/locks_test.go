@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/xdsrelay/xdsrelay/downstream"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
 
@@ -70,30 +71,63 @@ func tryLockWithin(mu interface{ TryLock() bool }, d time.Duration) bool {
 	return true
 }
 
+// probedRelay starts a relay in front of cp whose log is probed at records
+// starting with prefix (see lockProbe); got and not count them.
+func probedRelay(t *testing.T, cp *testcp.ControlPlane, prefix string, mutate func(*Config)) (r *Relay, got, not *atomic.Int32) {
+	t.Helper()
+	var rp atomic.Pointer[Relay]
+	got, not = &atomic.Int32{}, &atomic.Int32{}
+	logger := slog.New(lockProbe{Handler: testLogger().Handler(), prefix: prefix, r: &rp, got: got, not: not})
+	r = startRelayLogged(t, cp.Addr, logger, mutate)
+	rp.Store(r)
+	return r, got, not
+}
+
 // No lock is held across a callback (docs/architecture.md, "Locks"): the
-// sweeper ends a guard hold that guard.hold let pass, and the cache tells
-// the relay (OnGuard), which logs it. A log handler that reads the groups
+// sweeper ends a guard hold that guard.hold let pass, and releases a
+// rollout's change after rollout.bake, and the cache tells the relay
+// (OnGuard, OnRollout), which logs it. A log handler that reads the groups
 // takes Relay.mu there; were the sweeper to hold it across Sweep, that
 // would deadlock.
 func TestSweepCallsBackWithoutTheRelaysLock(t *testing.T) {
-	var r atomic.Pointer[Relay]
-	var got, not atomic.Int32
-	logger := slog.New(lockProbe{Handler: testLogger().Handler(), prefix: "guard: hold ended", r: &r, got: &got, not: &not})
-	cp := testcp.Start(t)
-	rs, names := endpoints(20)
-	cp.Set(t, "c1", "1", rs...)
-	rl := startRelayLogged(t, cp.Addr, logger, func(c *Config) { c.Guard.Hold = 200 * time.Millisecond })
-	r.Store(rl)
-	s := subscribeAll(t, rl, "n", names)
-	cp.Set(t, "c1", "2") // all 20 removed: held, until guard.hold ends it
-	removed := 0
-	for removed < len(names) {
-		removed += len(s.recvWithin(wait).GetRemovedResources())
-	}
-	eventually(t, "the hold's end to be logged", func() bool { return got.Load()+not.Load() > 0 })
-	if not.Load() > 0 {
-		t.Fatal("the sweeper held Relay.mu while the cache told it the hold ended")
-	}
+	t.Run("OnGuard", func(t *testing.T) {
+		cp := testcp.Start(t)
+		rs, names := endpoints(20)
+		cp.Set(t, "c1", "1", rs...)
+		r, got, not := probedRelay(t, cp, "guard: hold ended", func(c *Config) { c.Guard.Hold = 200 * time.Millisecond })
+		s := subscribeAll(t, r, "n", names)
+		cp.Set(t, "c1", "2") // all 20 removed: held, until guard.hold ends it
+		removed := 0
+		for removed < len(names) {
+			removed += len(s.recvWithin(wait).GetRemovedResources())
+		}
+		eventually(t, "the hold's end to be logged", func() bool { return got.Load()+not.Load() > 0 })
+		if not.Load() > 0 {
+			t.Fatal("the sweeper held Relay.mu while the cache told it the hold ended")
+		}
+	})
+	t.Run("OnRollout", func(t *testing.T) {
+		cp := testcp.Start(t)
+		cp.Set(t, "c1", "1", testcp.Endpoints("x", "127.0.0.1:1"), testcp.Endpoints("y", "127.0.0.1:1"))
+		r, got, not := probedRelay(t, cp, "rollout: change released after rollout.bake", func(c *Config) {
+			c.Rollout.Canary, c.Rollout.Bake = 1, 200*time.Millisecond
+		})
+		// The canary (the lower rank) watches x only; the other client y.
+		canary, other := "client-a", "client-b"
+		if compareRank(downstream.Rank(canary), downstream.Rank(other)) > 0 {
+			canary, other = other, canary
+		}
+		subscribeAll(t, r, canary, []string{"x"})
+		s := subscribeAll(t, r, other, []string{"y"})
+		// y changes: no canary watches it, so it is released once the bake
+		// passes, by the sweeper.
+		cp.Set(t, "c1", "2", testcp.Endpoints("x", "127.0.0.1:1"), testcp.Endpoints("y", "127.0.0.1:2"))
+		s.recvWithin(wait)
+		eventually(t, "the release to be logged", func() bool { return got.Load()+not.Load() > 0 })
+		if not.Load() > 0 {
+			t.Fatal("the sweeper held Relay.mu while the cache told it the change was released")
+		}
+	})
 }
 
 // lockOrder is the order in which locks are taken, as the code takes them:
