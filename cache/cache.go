@@ -613,6 +613,20 @@ func (c *Cache) All(typeURL string) (rs []*Resource, synced bool) {
 	return st.Resources, st.Synced
 }
 
+// Empty reports whether the cache holds and wants nothing, as Sweep's
+// answer says, without sweeping: a caller that swept with no lock of its
+// own held checks again under that lock.
+func (c *Cache) Empty() bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	for _, t := range c.types {
+		if t.wantWildcard || len(t.entries) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // Len returns how many resources the cache holds.
 func (c *Cache) Len() int {
 	c.mu.RLock()

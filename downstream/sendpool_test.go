@@ -153,9 +153,10 @@ func TestSendPoolGroupsByConnection(t *testing.T) {
 
 // The watchdog finds a send that stays blocked, whether a send worker runs
 // it or the stream's handler does (a request's own flush): after slowSend
-// the pool counts the worker out, at the send timeout the client's
-// connection is closed (xdsrelay_downstream_stuck_total), and once the send
-// returns the pool counts it back and the watchdog stops.
+// it is slow, and a worker is counted out of the pool (a handler's
+// goroutine is no worker: the pool is not told); at the send timeout the
+// client's connection is closed (xdsrelay_downstream_stuck_total); once
+// the send returns the pool counts a worker back and the watchdog stops.
 func TestWatchdogFindsBlockedSends(t *testing.T) {
 	for _, onWorker := range []bool{true, false} {
 		s, err := New(Options{Groups: noGroups{}, Metrics: &metrics.Registry{},
@@ -181,7 +182,15 @@ func TestWatchdogFindsBlockedSends(t *testing.T) {
 			defer s.sends.mu.Unlock()
 			return s.sends.blocked
 		}
-		eventually(t, "the blocked send to be counted out of the pool", func() bool { return blocked() == 1 })
+		slow := func() bool {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			return g.slow
+		}
+		eventually(t, "the blocked send to be found slow", slow)
+		if want := map[bool]int{true: 1, false: 0}[onWorker]; blocked() != want {
+			t.Fatalf("worker %v: %d blocked workers counted, want %d", onWorker, blocked(), want)
+		}
 		if s.stuck.Get() != 0 {
 			t.Fatalf("worker %v: the connection was closed before the send timeout", onWorker)
 		}

@@ -239,7 +239,8 @@ type sendGuard struct {
 
 	mu      sync.Mutex
 	sending bool
-	slow    bool // the pool was told this send is slow
+	worker  bool // the send runs on a send worker, not on the handler's goroutine
+	slow    bool // the watchdog found this send slow (and told the pool, if worker)
 	closed  bool // the connection was closed
 	started time.Time
 }
@@ -250,7 +251,7 @@ func (s *Server) guard(ctx context.Context, sendMsg func(any) error, variant str
 
 func (g *sendGuard) send(m any) error {
 	g.mu.Lock()
-	g.sending, g.slow, g.started = true, false, time.Now()
+	g.sending, g.slow, g.started, g.worker = true, false, time.Now(), g.slot != nil
 	g.mu.Unlock()
 	slot := g.slot
 	if slot == nil {
@@ -265,7 +266,7 @@ func (g *sendGuard) send(m any) error {
 	}
 	g.mu.Lock()
 	g.sending = false
-	slow := g.slow
+	slow := g.slow && g.worker
 	g.mu.Unlock()
 	if slow {
 		g.srv.sends.unblocked(g.conn)
@@ -294,7 +295,14 @@ func (g *sendGuard) check(now time.Time) {
 		return
 	case blocked >= slowSend && !g.slow:
 		g.slow = true
-		g.srv.sends.slow(g.conn)
+		if g.worker {
+			// A worker is counted out of the pool and its connection's
+			// other streams go to another. A send on the handler's
+			// goroutine holds no worker and no place in the connection's
+			// queue: telling the pool would count a blocked worker that
+			// does not exist, and the connection would wait for it.
+			g.srv.sends.slow(g.conn)
+		}
 	}
 	g.mu.Unlock()
 }

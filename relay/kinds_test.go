@@ -7,8 +7,10 @@ import (
 	"testing"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	statuspb "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/xdsrelay/xdsrelay/internal/envoysim"
@@ -199,6 +201,47 @@ func TestPatchReleasesShareAGroup(t *testing.T) {
 			}
 			if len(cp.Nodes()) != tc.streams || !slices.Equal(seen, want) {
 				t.Errorf("upstream streams under %v, want %v", seen, want)
+			}
+		})
+	}
+}
+
+// What the default group_by does not name it does not keep apart
+// (docs/architecture.md, invariant 14): two clients of one cluster and
+// kind that ask istiod for different generators share a group, and the
+// control plane is sent no GENERATOR. With metadata.GENERATOR in
+// group_by, each generator has its group and its node carries the value.
+func TestGeneratorsApartOnlyWhenNamed(t *testing.T) {
+	withGenerator := func(id, generator string) *corepb.Node {
+		n := node(id, "c1")
+		md, _ := structpb.NewStruct(map[string]any{"GENERATOR": generator})
+		n.Metadata = md
+		return n
+	}
+	for _, tc := range []struct {
+		name       string
+		groupBy    []string
+		generators []string // as each group's upstream node shows it
+	}{
+		{"default", Default().Upstream.GroupBy, []string{""}},
+		{"named", append(Default().Upstream.GroupBy, "metadata.GENERATOR"), []string{"grpc", "xds"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cp := testcp.Start(t)
+			cp.Set(t, "c1", "1", testcp.Cluster("a"))
+			r := startRelay(t, cp.Addr, func(c *Config) { c.Upstream.GroupBy = tc.groupBy })
+			for _, n := range []*corepb.Node{withGenerator("one", "grpc"), withGenerator("two", "xds")} {
+				s := openDelta(t, r.Addr())
+				s.send(&discoverypb.DeltaDiscoveryRequest{Node: n, TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"a"}})
+				s.recvWithin(wait)
+			}
+			var got []string
+			for _, n := range cp.Nodes() {
+				got = append(got, n.GetMetadata().GetFields()["GENERATOR"].GetStringValue())
+			}
+			slices.Sort(got)
+			if !slices.Equal(got, tc.generators) {
+				t.Fatalf("the control plane was sent GENERATOR %q, one per group; want %q", got, tc.generators)
 			}
 		})
 	}

@@ -144,14 +144,15 @@ func (r *Relay) startReporterLocked(g *group) {
 	if l.reporter != nil || l.noUpstream || r.ctx.Err() != nil {
 		return
 	}
-	server := func() (upstream.Server, bool) { return upstream.ServerOf(g.feed, resourcev3.ClusterType) }
+	route, name := r.loadRoute(g)
+	server := func() (upstream.Server, bool) { return upstream.ServerOfName(g.feed, resourcev3.ClusterType, name) }
 	if _, ok := server(); !ok {
 		l.noUpstream = true
 		l.store.Instruct(loadstats.Instructions{Interval: r.cfg.LRS.Interval})
 		return
 	}
-	u := r.clusterUpstream()
-	lr, err := upstream.NewLoadReporter(upstream.LoadReporterOptions{Store: l.store, Node: g.node, Server: server,
+	u := r.upstreamAt(route)
+	lr, err := upstream.NewLoadReporter(upstream.LoadReporterOptions{Store: l.store, Node: g.nodes[route], Server: server,
 		Group: g.key, Metrics: upstream.LoadMetrics{Streams: r.loads.upStreams, Reports: r.loads.upReports,
 			Blocked: r.loads.droppedStats.With(loadstats.ReasonSendBlocked)},
 		Logger: r.log, Backoff: reconnectBackoff(u), MaxRequestBytes: u.MaxRequestBytes, SendTimeout: r.cfg.LRS.SendTimeout, After: l.done})
@@ -169,13 +170,42 @@ func (r *Relay) startReporterLocked(g *group) {
 	r.log.Info("load reports to the control plane started", "group", xds.Clip(g.key), "upstream", u.Name)
 }
 
-// clusterUpstream is the upstream that serves Clusters (by type; xdstp
-// names aside): the default, or the upstreams[] entry that lists the type.
-func (r *Relay) clusterUpstream() UpstreamConfig {
-	if r.routes != nil {
-		if i := r.routes.Of(resourcev3.ClusterType, ""); i > 0 {
-			return r.cfg.Upstreams[i-1]
+// loadRoute is the upstream the group's load reports go to (its index in
+// the routes) and the name of a Cluster it serves for the group (""
+// names the type): the upstream that serves the Clusters the group wants,
+// by their names, so that the load of xdstp Clusters goes to their
+// authority's upstream (docs/control-planes.md, "Several control planes").
+// When the group wants Clusters of several upstreams, or none yet, it is
+// the one that serves the type: a group has one load reporter, which sends
+// the load of every cluster to one control plane (docs/load-reports.md).
+func (r *Relay) loadRoute(g *group) (int, string) {
+	if r.routes == nil {
+		return 0, ""
+	}
+	byType := r.routes.Of(resourcev3.ClusterType, "")
+	route, name := upstream.Unroutable, ""
+	for _, n := range g.cache.TypeInterest(resourcev3.ClusterType).Names {
+		switch i := r.routes.Of(resourcev3.ClusterType, n); {
+		case i == upstream.Unroutable:
+		case route == upstream.Unroutable:
+			route, name = i, n
+		case i != route:
+			r.log.Warn("the group's Clusters come from several upstreams: its load reports go to the one that serves the type",
+				"group", xds.Clip(g.key), "upstream", r.routes.Name(byType))
+			return byType, ""
 		}
+	}
+	if route == upstream.Unroutable {
+		return byType, ""
+	}
+	return route, name
+}
+
+// upstreamAt is the configuration of upstream i of the routes: the default
+// for 0, upstreams[i-1] otherwise.
+func (r *Relay) upstreamAt(i int) UpstreamConfig {
+	if i > 0 {
+		return r.cfg.Upstreams[i-1]
 	}
 	return r.cfg.Upstream.UpstreamConfig
 }
@@ -208,9 +238,10 @@ func (r *Relay) sweepLoadsLocked(g *group) (over bool) {
 	}
 }
 
-// endLoadsLocked drops what an ended group's store could not deliver,
-// counted.
-func endLoadsLocked(g *group) {
+// endLoads drops what an ended group's store could not deliver, counted
+// (OnDropped, called with no lock held). g is out of Relay.groups: its
+// loads change no more.
+func endLoads(g *group) {
 	if g.loads != nil {
 		g.loads.store.Discard()
 	}

@@ -546,3 +546,37 @@ func TestLoadReportsSentOnShutdown(t *testing.T) {
 		t.Errorf("the control plane counted %d requests once the relay had shut down, want 3", got)
 	}
 }
+
+// Load reports go to the control plane that serves the group's Clusters by
+// their names (docs/control-planes.md): Clusters named under an xdstp
+// authority that upstreams[] lists are that upstream's, and so are their
+// load reports, presented with that upstream's node; the upstream that
+// serves the type by default gets none.
+func TestLoadReportsFollowXdstpClusters(t *testing.T) {
+	def, meshB := testcp.Start(t), testcp.Start(t)
+	const cluster = "xdstp://mesh-b/envoy.config.cluster.v3.Cluster/c-b"
+	meshB.Set(t, "c1", "1", testcp.Cluster(cluster))
+	for _, cp := range []*testcp.ControlPlane{def, meshB} {
+		cp.LRS.Answer(t, lrsAnswer(50*time.Millisecond))
+	}
+	r := startRelay(t, def.Addr, withUpstream("mesh-b", meshB.Addr, nil, []string{"mesh-b"}), func(c *Config) {
+		c.Upstreams[0].Node.ID = "mesh-b-{cluster}"
+	})
+	d := openDelta(t, r.Addr())
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("envoy-1", "c1"), TypeUrl: resourcev3.ClusterType,
+		ResourceNamesSubscribe: []string{cluster}})
+	if got := deltaNames(d.recvWithin(wait)); !slices.Equal(got, []string{cluster}) {
+		t.Fatalf("cluster: %v", got)
+	}
+	e, _ := startLRSClient(t, r.Addr(), lrsNode("envoy-1", "c1", "z1"))
+	e.send(loadReport(4, cluster))
+	if !meshB.LRS.Wait(wait, func(l *testcp.LRS) bool { return l.Load(cluster).Succeeded == 4 }) {
+		t.Fatalf("mesh-b's control plane got %+v; the default's %+v", meshB.LRS.Load(cluster), def.LRS.Load(cluster))
+	}
+	if n := len(def.LRS.Streams()); n != 0 {
+		t.Errorf("the default control plane, which serves no Cluster of the group, got %d load report streams", n)
+	}
+	if s := meshB.LRS.Streams(); len(s) != 1 || meshB.LRS.Reports(s[0])[0].GetNode().GetId() != "mesh-b-c1" {
+		t.Errorf("mesh-b's control plane was not sent mesh-b's node on its load report stream")
+	}
+}

@@ -85,11 +85,11 @@ type Relay struct {
 	mu     sync.Mutex
 	groups map[string]*group
 
-	// wg counts every goroutine the relay starts (goRun), the groups'
+	// live counts every goroutine the relay starts (goRun), the groups'
 	// included. Goroutines are added by Start or under mu while ctx is
 	// live, so none is added once Shutdown has cancelled ctx under mu and
-	// waits for wg.
-	wg sync.WaitGroup
+	// waits for them.
+	live goroutines
 
 	// Set by Start before the goroutines that use them; read by Shutdown.
 	listener net.Listener
@@ -110,9 +110,10 @@ func (r *Relay) closeReloaders() {
 // guarded by Relay.mu.
 type group struct {
 	key    string
-	shown  string       // key as the admin endpoint and the metrics show it (shownKey)
-	node   *corepb.Node // presented upstream
-	fields *corepb.Node // the group_by fields of its clients' nodes (keyNode)
+	shown  string         // key as the admin endpoint and the metrics show it (shownKey)
+	node   *corepb.Node   // presented to the default upstream
+	nodes  []*corepb.Node // presented to each upstream, by route index (groupNodes)
+	fields *corepb.Node   // the group_by fields of its clients' nodes (keyNode)
 	cache  *cache.Cache
 	feed   upstream.Feed // what fills cache; its Status is the group's upstream state
 	cancel context.CancelFunc
@@ -423,11 +424,57 @@ func (r *Relay) Start() error {
 }
 
 func (r *Relay) goRun(f func()) {
-	r.wg.Add(1)
+	r.live.add()
 	go func() {
-		defer r.wg.Done()
+		defer r.live.done()
 		f()
 	}()
+}
+
+// goroutines counts running goroutines, for a wait that a context bounds
+// and that leaves nothing behind when the bound passes: a WaitGroup's Wait
+// cannot be given up, so a bounded wait on one leaves a goroutine in Wait
+// for as long as what it waits for runs, which an abandoned goroutine may
+// do for ever.
+type goroutines struct {
+	mu   sync.Mutex
+	n    int           // guarded by mu
+	zero chan struct{} // guarded by mu: closed when n falls to 0; nil while no one waits
+}
+
+func (g *goroutines) add() {
+	g.mu.Lock()
+	g.n++
+	g.mu.Unlock()
+}
+
+func (g *goroutines) done() {
+	g.mu.Lock()
+	if g.n--; g.n == 0 && g.zero != nil {
+		close(g.zero)
+		g.zero = nil
+	}
+	g.mu.Unlock()
+}
+
+// wait waits until none runs, or ctx is done.
+func (g *goroutines) wait(ctx context.Context) error {
+	g.mu.Lock()
+	if g.n == 0 {
+		g.mu.Unlock()
+		return nil
+	}
+	if g.zero == nil {
+		g.zero = make(chan struct{})
+	}
+	zero := g.zero
+	g.mu.Unlock()
+	select {
+	case <-zero:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func (r *Relay) closeListeners() {
@@ -505,7 +552,7 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 	// up: the last save of the caches matters more than a stuck client.
 	wctx, wcancel := context.WithTimeout(context.Background(), r.cfg.ShutdownTimeout)
 	defer wcancel()
-	if werr := waitGroup(wctx, &r.wg); werr != nil {
+	if werr := r.live.wait(wctx); werr != nil {
 		// Never wait without bound: what did not end is abandoned.
 		werr = fmt.Errorf("relay: shutdown_timeout passed before the upstreams and workers ended: %w", werr)
 		r.log.Error("shutdown", "error", werr)
@@ -519,21 +566,6 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 		r.log.Info("shut down")
 	}
 	return err
-}
-
-// waitGroup waits for wg until ctx is done.
-func waitGroup(ctx context.Context, wg *sync.WaitGroup) error {
-	done := make(chan struct{})
-	go func() {
-		wg.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 var _ downstream.Groups = (*Relay)(nil)
@@ -576,7 +608,7 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 	g := &group{
 		key:    key,
 		shown:  shownKey(key),
-		node:   groupNode(&r.cfg, r.host, key, client),
+		nodes:  groupNodes(&r.cfg, r.host, key, client),
 		fields: keyNode(r.cfg.Upstream.GroupBy, client),
 		cache: cache.New(cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources,
 			MaxNames: r.cfg.Limits.MaxNamesPerGroup, Guard: r.cfg.cacheGuard(),
@@ -585,10 +617,11 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 			OnRollout: func(ev cache.RolloutEvent) { r.rolloutEvent(key, ev) }}),
 		cancel: cancel,
 	}
+	g.node = g.nodes[0]
 	if saved != nil {
 		g.cache.Import(saved)
 	}
-	feed, err := r.source.Feed(upstream.Group{Key: key, Node: g.node, Cache: g.cache})
+	feed, err := r.source.Feed(upstream.Group{Key: key, Node: g.node, Nodes: g.nodes, Cache: g.cache})
 	if err != nil {
 		cancel()
 		return nil, err
@@ -620,24 +653,39 @@ func (r *Relay) sweep() {
 			return
 		case <-t.C:
 		}
-		var ended []*group
-		r.mu.Lock()
-		for key, g := range r.groups {
-			loadsOver := r.sweepLoadsLocked(g)
-			if g.cache.Sweep() && g.clients == 0 && loadsOver {
-				delete(r.groups, key)
-				endLoadsLocked(g)
-				ended = append(ended, g)
-			}
+		r.sweepOnce()
+	}
+}
+
+// sweepOnce sweeps every group's cache with no lock held: Sweep marks
+// watchers and calls OnGuard and OnRollout, and no lock is held across a
+// callback (docs/architecture.md, "Locks"). Then, under Relay.mu, a group
+// that has no client, wants and holds nothing (asked again: a client may
+// have come and gone meanwhile) and whose load reports are over ends; what
+// its store could not deliver is dropped after unlocking (OnDropped).
+func (r *Relay) sweepOnce() {
+	groups := r.snapshotGroups()
+	empty := make(map[*group]bool, len(groups))
+	for _, g := range groups {
+		empty[g] = g.cache.Sweep()
+	}
+	var ended []*group
+	r.mu.Lock()
+	for key, g := range r.groups {
+		loadsOver := r.sweepLoadsLocked(g)
+		if empty[g] && g.clients == 0 && loadsOver && g.cache.Empty() {
+			delete(r.groups, key)
+			ended = append(ended, g)
 		}
-		r.groupsG.Set(int64(len(r.groups)))
-		r.mu.Unlock()
-		for _, g := range ended {
-			// Not waited for: the group's goroutine ends on its own, and
-			// Shutdown waits for it with a bound.
-			g.cancel()
-			r.log.Info("group ended", "group", xds.Clip(g.key))
-		}
+	}
+	r.groupsG.Set(int64(len(r.groups)))
+	r.mu.Unlock()
+	for _, g := range ended {
+		endLoads(g)
+		// Not waited for: the group's goroutine ends on its own, and
+		// Shutdown waits for it with a bound.
+		g.cancel()
+		r.log.Info("group ended", "group", xds.Clip(g.key))
 	}
 }
 

@@ -8,6 +8,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -92,5 +94,60 @@ func TestLongFunctionsSayWhy(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+var parenthesized = regexp.MustCompile(`\([^)]*\)`)
+
+// The package table of docs/architecture.md ("Packages") lists, for each
+// package, the relay's own packages it imports: exactly those its code
+// imports (for cmd/xdsload, its library's).
+func TestPackageTableIsTheImports(t *testing.T) {
+	const module = "github.com/xdsrelay/xdsrelay/"
+	b, err := os.ReadFile("../docs/architecture.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := mdTable(t, string(b), "| Package | What it is | Imports of the relay's own |")
+	if len(rows) == 0 {
+		t.Fatal("no package table")
+	}
+	for _, row := range rows {
+		var pkgs []string
+		for i, m := range backticked.FindAllStringSubmatch(row[0], -1) {
+			p := m[1]
+			if i > 0 && !strings.Contains(p, "/") {
+				p = "internal/" + p // `internal/testcp`, `envoysim`, ...
+			}
+			pkgs = append(pkgs, p)
+		}
+		var listed []string // what the row says outside parentheses
+		for _, m := range backticked.FindAllStringSubmatch(parenthesized.ReplaceAllString(row[2], ""), -1) {
+			listed = append(listed, m[1])
+		}
+		slices.Sort(listed)
+		for _, p := range pkgs {
+			dirs := []string{p}
+			if p == "cmd/xdsload" {
+				dirs = append(dirs, "cmd/xdsload/internal/loadtest")
+			}
+			var imports []string
+			for _, d := range dirs {
+				bp, err := build.Default.ImportDir(filepath.Join("..", d), 0)
+				if err != nil {
+					t.Fatalf("%s: %v", d, err)
+				}
+				for _, imp := range bp.Imports {
+					if own, ok := strings.CutPrefix(imp, module); ok && !strings.HasPrefix(own, p+"/") {
+						imports = append(imports, own)
+					}
+				}
+			}
+			slices.Sort(imports)
+			imports = slices.Compact(imports)
+			if !slices.Equal(imports, listed) {
+				t.Errorf("%s imports %v; docs/architecture.md lists %v", p, imports, listed)
+			}
+		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -85,15 +84,32 @@ func TestShutdownDrains(t *testing.T) {
 }
 
 // Shutdown's wait for the relay's goroutines is bounded: a goroutine that
-// never ends is abandoned at the deadline, with an error.
-func TestWaitGroupIsBounded(t *testing.T) {
-	var wg sync.WaitGroup
-	wg.Add(1)
-	defer wg.Done()
+// never ends is abandoned at the deadline, with an error, and the wait
+// leaves no goroutine of its own behind (as a wait on a WaitGroup would,
+// in Wait for as long as the abandoned one runs). Once the last one ends,
+// a wait returns at once.
+func TestGoroutinesWaitIsBoundedAndLeavesNothing(t *testing.T) {
+	var g goroutines
+	g.add()
+	before := goleak.IgnoreCurrent()
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	if err := waitGroup(ctx, &wg); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("waitGroup on a goroutine that never ends: %v", err)
+	if err := g.wait(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("wait on a goroutine that never ends: %v", err)
+	}
+	if err := goleak.Find(before); err != nil {
+		t.Fatalf("the bounded wait left a goroutine behind: %v", err)
+	}
+	ended := make(chan error, 1)
+	go func() { ended <- g.wait(context.Background()) }()
+	g.done()
+	select {
+	case err := <-ended:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(wait):
+		t.Fatal("the wait did not see the last goroutine end")
 	}
 }
 

@@ -253,3 +253,56 @@ func TestZoneRelayPartitionedFromRegional(t *testing.T) {
 	})
 	c.quiet(2 * tierRecheck)
 }
+
+// tierErrors receives on s for d and returns the codes of the errors it
+// was sent for name; a removal, or a resource, fails the test.
+func tierErrors(t *testing.T, s *deltaStream, name string, d time.Duration) []codes.Code {
+	t.Helper()
+	var got []codes.Code
+	for end := time.Now().Add(d); time.Until(end) > 0; {
+		var resp *discoverypb.DeltaDiscoveryResponse
+		select {
+		case r, ok := <-s.resps:
+			if !ok {
+				t.Fatal("the client's stream ended")
+			}
+			resp = r
+		case <-time.After(time.Until(end)):
+			return got
+		}
+		if len(resp.GetRemovedResources()) > 0 || len(resp.GetResources()) > 0 {
+			t.Fatalf("the client was sent %v and told %v were removed", deltaNames(resp), resp.GetRemovedResources())
+		}
+		for _, e := range resp.GetResourceErrors() {
+			if e.GetResourceName().GetName() == name {
+				got = append(got, codes.Code(e.GetErrorDetail().GetCode()))
+			}
+		}
+		s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()})
+	}
+	return got
+}
+
+// Silence is not an answer, across tiers (docs/architecture.md, invariant
+// 15): with the top control plane down, the regional relay answers a name
+// it has not cached with UNAVAILABLE. For the zone relay that error is
+// the answer: its does-not-exist timer passes, many times over, without
+// turning it into NOT_FOUND or a removal, and its client keeps being told
+// the name is unavailable, nothing else.
+func TestTiersKeepUnavailableThroughTheTimer(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Stop()
+	region := startRelay(t, cp.Addr, fastReconnect)
+	const timeout = 200 * time.Millisecond
+	zone := startRelay(t, region.Addr(), func(c *Config) { c.Cache.NotFoundTimeout = timeout })
+	c := openDelta(t, zone.Addr())
+	c.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"x"}})
+	got := tierErrors(t, c, "x", 10*timeout)
+	if !slices.Equal(got, []codes.Code{codes.Unavailable}) {
+		t.Fatalf("the zone's client was sent errors %v for x over %v, want [Unavailable]", got, 10*timeout)
+	}
+	l := zone.groupCache(keyOf("c1")).Get(resourcev3.ClusterType, []string{"x"})[0]
+	if l.Absent || l.Error == nil || l.Error.Code != int32(codes.Unavailable) {
+		t.Fatalf("the zone relay holds x as %+v, want UNAVAILABLE and not absent", l)
+	}
+}

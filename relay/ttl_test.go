@@ -134,3 +134,46 @@ func TestUpstreamResourceErrorsPassedOn(t *testing.T) {
 		t.Fatalf("fresh SotW client: stream ended with %v", err)
 	}
 }
+
+// A control plane's own error for a name is its answer (docs/clients.md:
+// resource errors are passed on): the does-not-exist timer leaves it be.
+// Transient (UNAVAILABLE) or not, it is never overwritten by NOT_FOUND
+// and a removal (docs/architecture.md, invariant 15).
+func TestUpstreamResourceErrorsOutliveTheTimer(t *testing.T) {
+	up := testcp.StartScripted(t)
+	const timeout = 200 * time.Millisecond
+	r := startRelay(t, up.Addr, func(c *Config) { c.Cache.NotFoundTimeout = timeout })
+	d := openDelta(t, r.Addr())
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.EndpointType,
+		ResourceNamesSubscribe: []string{"flaky", "denied"}})
+	st := up.Stream(t)
+	st.Recv()
+	errOf := func(name string, code codes.Code) *discoverypb.ResourceError {
+		return &discoverypb.ResourceError{ResourceName: &discoverypb.ResourceName{Name: name},
+			ErrorDetail: &status.Status{Code: int32(code), Message: "the control plane's own"}}
+	}
+	st.Send(&discoverypb.DeltaDiscoveryResponse{TypeUrl: resourcev3.EndpointType, Nonce: "1",
+		ResourceErrors: []*discoverypb.ResourceError{errOf("flaky", codes.Unavailable), errOf("denied", codes.PermissionDenied)}})
+	got := map[string][]codes.Code{}
+	for end := time.Now().Add(10 * timeout); time.Until(end) > 0; {
+		var resp *discoverypb.DeltaDiscoveryResponse
+		select {
+		case resp = <-d.resps:
+		case <-time.After(time.Until(end)):
+		}
+		if resp == nil {
+			break
+		}
+		if len(resp.GetRemovedResources()) > 0 {
+			t.Fatalf("the client was told %v were removed", resp.GetRemovedResources())
+		}
+		for _, e := range resp.GetResourceErrors() {
+			n := e.GetResourceName().GetName()
+			got[n] = append(got[n], codes.Code(e.GetErrorDetail().GetCode()))
+		}
+		d.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()})
+	}
+	if !slices.Equal(got["flaky"], []codes.Code{codes.Unavailable}) || !slices.Equal(got["denied"], []codes.Code{codes.PermissionDenied}) {
+		t.Fatalf("errors sent over %v: %v, want the control plane's, once each", 10*timeout, got)
+	}
+}

@@ -67,28 +67,48 @@ func hostname() string {
 // whatever its clients do: it passes TTLs and heartbeats through ("TTL").
 var relayFeatures = []string{"xds.config.supports-resource-ttl"}
 
-// groupNode is the node the relay presents upstream for a group: the
-// group's fields as its clients sent them (client is any of them: they all
-// agree on those), an id from the template, the configured metadata and
-// the relay's user agent and features. With user_agent among the fields,
-// the user agent is the clients'; with client_features, the features are
-// theirs with the relay's own: a control plane that tailors its config by
-// either gives each kind its own (docs/architecture.md, invariant 14 "Kinds
-// apart"). Nothing else of any client reaches the control plane (invariant
-// 8 "Identity decides the tenant").
+// groupNode is the node the relay presents to the default upstream for a
+// group (see upstreamNode).
 func groupNode(cfg *Config, host, key string, client *corepb.Node) *corepb.Node {
+	return upstreamNode(cfg, cfg.Upstream.Node, host, key, client)
+}
+
+// groupNodes are the nodes the relay presents for a group, one per
+// upstream in the order of the routes (the default first, then
+// upstreams[]): each from that upstream's node.* keys
+// (docs/control-planes.md, "What each control plane sees").
+func groupNodes(cfg *Config, host, key string, client *corepb.Node) []*corepb.Node {
+	nodes := []*corepb.Node{groupNode(cfg, host, key, client)}
+	for _, u := range cfg.Upstreams {
+		nodes = append(nodes, upstreamNode(cfg, u.Node, host, key, client))
+	}
+	return nodes
+}
+
+// upstreamNode is the node the relay presents upstream for a group, as nc
+// (an upstream's node.* keys) says: the group's fields as its clients sent
+// them (client is any of them: they all agree on those), an id from the
+// template, the configured metadata and the relay's user agent and
+// features. With user_agent among the fields, the user agent is the
+// clients'; with client_features, the features are theirs with the
+// relay's own: a control plane that tailors its config by either gives
+// each kind its own (docs/architecture.md, invariant 14 "Kinds apart").
+// Nothing else of any client reaches the control plane (invariant 8
+// "Identity decides the tenant"). The version is the binary's, which it
+// sets on upstream.node alone.
+func upstreamNode(cfg *Config, nc NodeConfig, host, key string, client *corepb.Node) *corepb.Node {
 	n := &corepb.Node{
-		UserAgentName:        cfg.Upstream.Node.UserAgentName,
+		UserAgentName:        nc.UserAgentName,
 		UserAgentVersionType: &corepb.Node_UserAgentVersion{UserAgentVersion: cfg.Upstream.Node.UserAgentVersion},
 		ClientFeatures:       slices.Clone(relayFeatures),
 	}
-	for k, v := range cfg.Upstream.Node.Metadata {
+	for k, v := range nc.Metadata {
 		setMetadata(n, k, structpb.NewStringValue(v))
 	}
 	for _, f := range cfg.Upstream.GroupBy {
 		copyField(n, client, f)
 	}
-	n.Id = placeholder.ReplaceAllStringFunc(cfg.Upstream.Node.ID, func(p string) string {
+	n.Id = placeholder.ReplaceAllStringFunc(nc.ID, func(p string) string {
 		switch name := p[1 : len(p)-1]; name {
 		case "hostname":
 			return host

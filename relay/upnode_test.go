@@ -5,7 +5,9 @@ import (
 	"testing"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	tlspb "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -103,5 +105,48 @@ func TestUpstreamNodeCarriesTheKind(t *testing.T) {
 	grpc := &corepb.Node{Cluster: "c", UserAgentName: "gRPC Go", UserAgentVersionType: &corepb.Node_UserAgentVersion{UserAgentVersion: "1.85.0"}}
 	if n := groupNode(&cfg, "host", "k", grpc); n.GetUserAgentVersion() != "1.85" || n.GetUserAgentName() != "gRPC Go" {
 		t.Errorf("gRPC's user agent: %q %q", n.GetUserAgentName(), n.GetUserAgentVersion())
+	}
+}
+
+// Each control plane sees the group's node from its own upstream's node.*
+// keys (docs/control-planes.md, "What each control plane sees"): two
+// control planes, each keyed by node id, answer only the node they are
+// configured for, and each is sent its own id and metadata, never the
+// other's.
+func TestEachUpstreamSeesItsOwnNode(t *testing.T) {
+	def, secrets := testcp.StartKeyed(t, cachev3.IDHash{}), testcp.StartKeyed(t, cachev3.IDHash{})
+	def.Set(t, "main-c1", "1", testcp.Cluster("a"))
+	secrets.Set(t, "vault-c1", "1", &tlspb.Secret{Name: "cert"})
+	r := startRelay(t, def.Addr, withUpstream("secrets", secrets.Addr, []string{resourcev3.SecretType}, nil), func(c *Config) {
+		c.Upstream.GroupBy = []string{"cluster"} // the user agent is the relay's
+		c.Upstream.Node.ID = "main-{cluster}"
+		c.Upstream.Node.Metadata = map[string]string{"plane": "main"}
+		u := &c.Upstreams[0]
+		u.Node.ID = "vault-{cluster}"
+		u.Node.Metadata = map[string]string{"plane": "vault"}
+		u.Node.UserAgentName = "xdsrelay-secrets"
+	})
+	s := openDelta(t, r.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"a"}})
+	if got := deltaNames(s.recvWithin(wait)); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("cluster: %v", got)
+	}
+	s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.SecretType, ResourceNamesSubscribe: []string{"cert"}})
+	if got := deltaNames(s.recvWithin(wait)); !slices.Equal(got, []string{"cert"}) {
+		t.Fatalf("secret: %v (the secrets control plane answers node vault-c1 only)", got)
+	}
+	for _, c := range []struct {
+		cp                   *testcp.ControlPlane
+		id, plane, userAgent string
+	}{{def, "main-c1", "main", "xdsrelay"}, {secrets, "vault-c1", "vault", "xdsrelay-secrets"}} {
+		nodes := c.cp.Nodes()
+		if len(nodes) != 1 {
+			t.Fatalf("%s: %d nodes sent, want 1", c.id, len(nodes))
+		}
+		n := nodes[0]
+		if n.GetId() != c.id || n.GetMetadata().GetFields()["plane"].GetStringValue() != c.plane ||
+			n.GetUserAgentName() != c.userAgent || n.GetCluster() != "c1" {
+			t.Errorf("control plane for %s was sent %v", c.id, n)
+		}
 	}
 }

@@ -203,7 +203,11 @@ func (f *File) Serve(ctx context.Context, c *cache.Cache) {
 }
 
 // serve keeps g's cache filled with what g.Interest wants of the names
-// g.Owns.
+// g.Owns. When the files change, the whole interest is read again: any
+// wanted name may have changed. When the interest changes, only what
+// entered it is read (Interest.InterestChanges): a subscription costs what
+// it changes, not what the group holds (docs/architecture.md, invariant 2);
+// a name that left needs nothing, the cache's retention drops it.
 func (f *File) serve(ctx context.Context, g Group) {
 	wake := make(chan struct{}, 1)
 	f.mu.Lock()
@@ -214,49 +218,89 @@ func (f *File) serve(ctx context.Context, g Group) {
 		delete(f.wakes, wake)
 		f.mu.Unlock()
 	}()
+	var changes map[string]map[string]bool
+	whole := true
 	for {
-		f.apply(g)
+		if whole {
+			g.Interest.InterestChanges() // what the whole read covers
+			f.apply(g)
+		} else {
+			f.applyChanges(g, changes)
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-g.Interest.InterestChanged():
+			changes, whole = g.Interest.InterestChanges()
 		case <-wake:
+			whole = true
 		}
 	}
 }
 
-// apply gives the group what it wants; a wanted name that no file holds is
-// reported as not existing.
-func (f *File) apply(g Group) {
+// files is the loaded resources: replaced whole, never changed.
+func (f *File) files() map[string]map[string]*cache.Resource {
 	f.mu.Lock()
-	rs := f.resources
-	f.mu.Unlock()
-	c := g.Cache
+	defer f.mu.Unlock()
+	return f.resources
+}
+
+// apply gives the group what it wants.
+func (f *File) apply(g Group) {
+	rs := f.files()
 	for typeURL, in := range g.Interest.Interest() {
-		byName := rs[typeURL]
-		var ups []*cache.Resource
-		var removed []string
-		if in.Wildcard {
-			for n, r := range byName {
-				if g.Owns(typeURL, n) {
-					ups = append(ups, r)
-				}
-			}
-			for n := range c.Versions(typeURL) {
-				if _, ok := byName[n]; !ok && g.Owns(typeURL, n) {
-					removed = append(removed, n)
-				}
+		applyType(g, rs[typeURL], typeURL, in)
+	}
+}
+
+// applyChanges gives the group what entered its interest: the names, or a
+// type's whole state when its wildcard entered.
+func (f *File) applyChanges(g Group, changes map[string]map[string]bool) {
+	rs := f.files()
+	for typeURL, names := range changes {
+		if names["*"] {
+			applyType(g, rs[typeURL], typeURL, g.Interest.TypeInterest(typeURL))
+			continue
+		}
+		var in cache.Interest
+		for n, wanted := range names {
+			if wanted {
+				in.Names = append(in.Names, n)
 			}
 		}
-		for _, n := range in.Names {
-			if r, ok := byName[n]; ok {
+		if len(in.Names) > 0 {
+			applyType(g, rs[typeURL], typeURL, in)
+		}
+	}
+}
+
+// applyType gives the group what in wants of one type, from byName (the
+// files' resources of the type); a wanted name that no file holds is
+// reported as not existing.
+func applyType(g Group, byName map[string]*cache.Resource, typeURL string, in cache.Interest) {
+	c := g.Cache
+	var ups []*cache.Resource
+	var removed []string
+	if in.Wildcard {
+		for n, r := range byName {
+			if g.Owns(typeURL, n) {
 				ups = append(ups, r)
-			} else {
+			}
+		}
+		for n := range c.Versions(typeURL) {
+			if _, ok := byName[n]; !ok && g.Owns(typeURL, n) {
 				removed = append(removed, n)
 			}
 		}
-		c.Apply(typeURL, cache.Change{Upserts: ups, Removed: removed, Synced: in.Wildcard})
 	}
+	for _, n := range in.Names {
+		if r, ok := byName[n]; ok {
+			ups = append(ups, r)
+		} else {
+			removed = append(removed, n)
+		}
+	}
+	c.Apply(typeURL, cache.Change{Upserts: ups, Removed: removed, Synced: in.Wildcard})
 }
 
 // loaded is what one load of the directory gives.

@@ -2,11 +2,13 @@ package upstream
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -157,4 +159,54 @@ func serveFiles(t *testing.T, f *File, names ...string) *cache.Cache {
 		}
 	})
 	return c
+}
+
+// countedInterest is a cache's interest whose whole reads are counted.
+type countedInterest struct {
+	*cache.Cache
+	whole atomic.Int32
+}
+
+func (c *countedInterest) Interest() map[string]cache.Interest {
+	c.whole.Add(1)
+	return c.Cache.Interest()
+}
+
+// A file feed reads the group's whole interest when the files change, and
+// only what entered it when the interest changes (docs/architecture.md,
+// invariant 2): a client subscribing one name after another costs one
+// name each, however many the group holds.
+func TestFileFeedReadsWhatEnteredTheInterest(t *testing.T) {
+	dir := t.TempDir()
+	var files strings.Builder
+	for i := range 20 {
+		files.WriteString("---\n" + cluster(fmt.Sprint("c", i), "1s"))
+	}
+	writeFile(t, filepath.Join(dir, "clusters.yaml"), files.String())
+	f, err := NewFile(dir, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cache.New(cache.Options{Retention: time.Minute})
+	in := &countedInterest{Cache: c}
+	feed, err := f.Feed(Group{Key: "g", Cache: c, Interest: in})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); feed.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	w := cache.NewWatch()
+	for i := range 20 {
+		name := fmt.Sprint("c", i)
+		c.Watch(w, resourcev3.ClusterType, name, "missing-"+name)
+		eventually(t, name+" to be served", func() bool {
+			l := c.Get(resourcev3.ClusterType, []string{name, "missing-" + name})
+			return l[0].Resource != nil && l[1].Absent
+		})
+	}
+	if n := in.whole.Load(); n != 1 {
+		t.Errorf("the whole interest was read %d times for 20 subscriptions, want once (at the start)", n)
+	}
 }

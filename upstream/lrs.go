@@ -330,13 +330,14 @@ func (lr *LoadReporter) send(ctx context.Context, s *loadSession, bound time.Dur
 }
 
 // packStats cuts stats into parts of at most max bytes each; a cluster's
-// stats larger than that go alone. An empty report is one empty part: the
-// control plane hears from the relay every period, as from Envoy.
+// stats larger than that are cut first (cutStats). An empty report is one
+// empty part: the control plane hears from the relay every period, as
+// from Envoy.
 func packStats(stats []*endpointpb.ClusterStats, max int) [][]*endpointpb.ClusterStats {
 	parts := [][]*endpointpb.ClusterStats{nil}
 	size := 0
-	for _, cs := range stats {
-		n := proto.Size(cs) + 8 // the field's tag and length
+	for _, cs := range slices.Concat(cutEach(stats, max)...) {
+		n := proto.Size(cs) + statsOverhead
 		if size > 0 && size+n > max {
 			parts, size = append(parts, nil), 0
 		}
@@ -429,7 +430,14 @@ func (c *Client) serverOf(string) (Server, bool) {
 // serverOf asks the stream to the upstream that serves typeURL, or, if the
 // group has none open, names that upstream's first server.
 func (f *routedFeed) serverOf(typeURL string) (Server, bool) {
-	i := f.r.routes.Of(typeURL, "")
+	return f.serverOfRoute(f.r.routes.Of(typeURL, ""), typeURL)
+}
+
+// serverOfRoute is serverOf for upstream i (an index in the routes).
+func (f *routedFeed) serverOfRoute(i int, typeURL string) (Server, bool) {
+	if i < 0 || i >= len(f.members) {
+		return Server{}, false
+	}
 	f.mu.Lock()
 	var feed Feed
 	if m := f.members[i]; slices.Contains(f.running, m) {

@@ -407,3 +407,58 @@ func TestLoadReporterControlPlaneNeverReads(t *testing.T) {
 		t.Errorf("%d streams open after the reporter ended", m.Streams.Get())
 	}
 }
+
+// One cluster's stats larger than MaxRequestBytes are cut by locality (and
+// a locality's by endpoint), not sent in one oversized request
+// (docs/architecture.md, invariant 9): no request passes the bound, and
+// the control plane's sums are the report's, drops counted once.
+func TestLoadReporterCutsAClusterLargerThanTheBound(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.LRS.Answer(t, &lrspb.LoadStatsResponse{SendAllClusters: true, LoadReportingInterval: durationpb.New(20 * time.Millisecond),
+		ReportEndpointGranularity: true})
+	store := newLoadStore(t)
+	const bound = 300
+	runLoadReporter(t, store, fixed(lrsServer(t, cp)), LoadMetrics{}, func(o *LoadReporterOptions) { o.MaxRequestBytes = bound })
+	r := store.Join(&corepb.Node{}, func() {})
+	for end := time.Now().Add(lrsWait); !store.Instructions().EndpointGranularity; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the control plane's instructions never reached the store")
+		}
+	}
+	r.Next()
+	cs := &endpointpb.ClusterStats{ClusterName: "big", TotalDroppedRequests: 7}
+	for i := range 40 {
+		ls := &endpointpb.UpstreamLocalityStats{Locality: &corepb.Locality{Zone: fmt.Sprint("zone-", i)},
+			TotalSuccessfulRequests: 1, TotalIssuedRequests: 1}
+		if i == 0 { // one locality larger than the bound alone: cut by endpoint
+			for j := range 40 {
+				ls.UpstreamEndpointStats = append(ls.UpstreamEndpointStats, &endpointpb.UpstreamEndpointStats{
+					Address: &corepb.Address{Address: &corepb.Address_SocketAddress{SocketAddress: &corepb.SocketAddress{
+						Address: fmt.Sprintf("10.0.0.%d", j), PortSpecifier: &corepb.SocketAddress_PortValue{PortValue: 80}}}},
+					TotalSuccessfulRequests: 1, TotalIssuedRequests: 1})
+			}
+		}
+		cs.UpstreamLocalityStats = append(cs.UpstreamLocalityStats, ls)
+	}
+	if n := proto.Size(cs); n <= 4*bound {
+		t.Fatalf("the cluster's stats are %d bytes: too small to prove anything", n)
+	}
+	r.Report([]*endpointpb.ClusterStats{cs})
+	if !cp.LRS.Wait(lrsWait, func(l *testcp.LRS) bool { return l.Load("big").Succeeded == 40 }) {
+		t.Fatalf("the control plane got %+v, want 40 successes", cp.LRS.Load("big"))
+	}
+	endpoints := 0
+	for _, req := range cp.LRS.Reports(cp.LRS.Streams()[0])[1:] {
+		if n := proto.Size(req); n > bound {
+			t.Errorf("a report of %d bytes, past MaxRequestBytes (%d)", n, bound)
+		}
+		for _, c := range req.GetClusterStats() {
+			for _, ls := range c.GetUpstreamLocalityStats() {
+				endpoints += len(ls.GetUpstreamEndpointStats())
+			}
+		}
+	}
+	if got := cp.LRS.Load("big"); got.Dropped != 7 || got.Issued != 40 || endpoints != 40 {
+		t.Errorf("the control plane got %+v and %d endpoints' stats, want 7 dropped, 40 issued, 40 endpoints", got, endpoints)
+	}
+}

@@ -35,6 +35,10 @@ type notFound struct {
 	timeout time.Duration // 0: disabled
 	queue   []asked       // by deadline: every batch gets the same timeout
 	timer   *time.Timer   // armed for queue[0]; nil when the queue is empty
+	// erred is, by type, the names still subscribed that upstream answered
+	// with a resource error (gRFC A88): an answer, which the timer leaves
+	// alone (see errored).
+	erred map[string]map[string]struct{}
 }
 
 // asked starts the timer of names just subscribed.
@@ -74,7 +78,37 @@ func (n *notFound) stop() {
 		n.timer.Stop()
 		n.timer = nil
 	}
-	n.queue = nil
+	n.queue, n.erred = nil, nil
+}
+
+// errored notes names of typeURL that upstream answered with an error. An
+// error is the control plane's answer for the name, as a resource or a
+// removal is: the timer never overwrites it with NOT_FOUND and a removal.
+// UNAVAILABLE above all is transient (gRFC A88), and is what a relay of the
+// tier above says while its own control plane is out of reach: turned
+// into a removal here, it would be a deletion invented by the relays'
+// tiers (docs/architecture.md, invariant 15).
+func (n *notFound) errored(typeURL string, errs []*cache.ResourceError) {
+	if len(errs) == 0 {
+		return
+	}
+	if n.erred == nil {
+		n.erred = map[string]map[string]struct{}{}
+	}
+	names := n.erred[typeURL]
+	if names == nil {
+		names = map[string]struct{}{}
+		n.erred[typeURL] = names
+	}
+	for _, e := range errs {
+		names[e.Name] = struct{}{}
+	}
+}
+
+// forget drops what was noted of a name the stream no longer subscribes:
+// asked again, it is timed anew.
+func (n *notFound) forget(typeURL, name string) {
+	delete(n.erred[typeURL], name)
 }
 
 // expired takes the batches whose deadline has passed.
@@ -213,15 +247,19 @@ func (s *session) decide() {
 }
 
 // unanswered keeps, of names of typeURL, those still subscribed that the
-// cache neither holds nor knows not to exist.
+// cache neither holds nor knows not to exist, and that upstream has not
+// answered with an error.
 func (s *session) unanswered(typeURL string, names []string) []string {
 	sub := s.subs[typeURL]
 	if sub == nil {
 		return nil
 	}
+	erred := s.notFound.erred[typeURL]
 	var out []string
 	for i, l := range s.c.opts.Cache.Get(typeURL, names) {
-		if _, subscribed := sub.names[names[i]]; subscribed && l.Resource == nil && !l.Absent {
+		_, subscribed := sub.names[names[i]]
+		_, answered := erred[names[i]]
+		if subscribed && !answered && l.Resource == nil && !l.Absent {
 			out = append(out, names[i])
 		}
 	}

@@ -231,7 +231,11 @@ func (f *routedFeed) unroutable(typeURL string, names []string) {
 // start opens member i's feed.
 func (f *routedFeed) start(ctx context.Context, i int) {
 	m := f.members[i]
-	feed, err := f.r.members[i].Feed(Group{Key: f.g.Key, Node: f.g.Node, Cache: f.g.Cache,
+	node := f.g.Node
+	if i < len(f.g.Nodes) && f.g.Nodes[i] != nil {
+		node = f.g.Nodes[i] // that upstream's node.* keys
+	}
+	feed, err := f.r.members[i].Feed(Group{Key: f.g.Key, Node: node, Cache: f.g.Cache,
 		Upstream: f.r.routes.Name(i), Interest: m.view,
 		Owns: func(typeURL, name string) bool { return f.r.routes.Of(typeURL, name) == i }})
 	if err != nil {
@@ -277,13 +281,18 @@ func (f *routedFeed) stopAll() {
 
 // Status sums up the upstreams the group has a stream to, and lists them.
 func (f *routedFeed) Status() Status {
+	// The feeds are collected under mu: stop clears a member's feed once it
+	// has left running, so the member's field is not read after unlocking.
 	f.mu.Lock()
-	running := slices.Clone(f.running)
+	feeds := make([]Feed, 0, len(f.running))
+	for _, m := range f.running {
+		feeds = append(feeds, m.feed)
+	}
 	f.mu.Unlock()
-	s := Status{Connected: len(running) > 0}
+	s := Status{Connected: len(feeds) > 0}
 	var errs []string
-	for _, m := range running {
-		ms := m.feed.Status()
+	for _, feed := range feeds {
+		ms := feed.Status()
 		s.Upstreams = append(s.Upstreams, ms)
 		s.Connected = s.Connected && ms.Connected
 		if ms.LastResponse.After(s.LastResponse) {

@@ -273,6 +273,7 @@ func (s *session) unsubscribed(typeURL string, sub *subscription, name string) {
 	delete(sub.names, name)
 	sub.list = nil
 	delete(s.judged[typeURL], name)
+	s.notFound.forget(typeURL, name)
 }
 
 // sendChange sends a subscription change in as many requests as the
@@ -445,6 +446,7 @@ func (s *session) apply(ctx context.Context, r *xds.Received, typeURL, short str
 			ch.Errors = append(ch.Errors, enc)
 		}
 	}
+	s.notFound.errored(typeURL, ch.Errors)
 	if sub := s.subs[typeURL]; sub != nil && sub.awaitingWildcard {
 		// The first response to a wildcard subscribe is the complete state.
 		sub.awaitingWildcard, ch.Synced = false, true

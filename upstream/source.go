@@ -30,6 +30,9 @@ type Group struct {
 	Key   string       // the group key, for logs and metrics
 	Node  *corepb.Node // the node presented upstream
 	Cache *cache.Cache // the group's cache, filled by the feed
+	// Nodes, for a Router, is the node presented to each upstream, by its
+	// index in the routes; Node where it is nil or too short.
+	Nodes []*corepb.Node
 	// Set by a Router for one of several upstreams: the upstream's name,
 	// its share of the group's interest (the cache's whole interest if
 	// nil) and which names are its own (every name if nil).
