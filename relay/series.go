@@ -1,6 +1,8 @@
 package relay
 
 import (
+	"strings"
+
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/upstream"
 )
@@ -30,6 +32,13 @@ func (r *Relay) zeroUpstreamSeries() {
 	}
 	for _, u := range append([]UpstreamConfig{r.cfg.Upstream.UpstreamConfig}, r.cfg.Upstreams...) {
 		r.upm.Fallbacks.ZeroEach(u.Name)
+		if strings.HasPrefix(u.Address, FilePrefix) {
+			// A directory speaks no protocol: 0 for each (a control
+			// plane's servers are set by its source, upstream.NewADS).
+			for _, p := range upstream.Protocols[1:] {
+				r.upm.Protocol.With(u.Name, u.Address, string(p)).Set(0)
+			}
+		}
 	}
 	upstream.RouterMetrics(r.metrics)
 	upstream.FileMetrics(r.metrics)

@@ -47,7 +47,7 @@ func NewMetrics(r *metrics.Registry) *Metrics {
 			metrics.LatencyBuckets, "type"),
 		Reconnects: r.Counter("xdsrelay_upstream_reconnects_total", "Times the group's upstream stream ended and is being opened again (with backoff).", "group"),
 		Fallbacks:  r.Counter("xdsrelay_upstream_fallbacks_total", "Times a group's stream moved to a lower-priority server of the upstream, the higher ones being unreachable with something wanted not cached (gRFC A71).", "upstream"),
-		Protocol: r.Gauge("xdsrelay_upstream_protocol", "1 for the protocol each control-plane server answered in (upstream.protocol): delta, sotw or sotw-per-type.",
+		Protocol: r.Gauge("xdsrelay_upstream_protocol", "1 for the protocol each control-plane server answered in (upstream.protocol): delta, sotw or sotw-per-type; 0 for the others, and for each while nothing answered (a directory of resource files speaks none).",
 			"upstream", "server", "protocol"),
 		ListTooLarge: r.Counter("xdsrelay_upstream_sotw_names_refused_total",
 			"Names not subscribed upstream because a state-of-the-world request with them would exceed upstream.max_request_bytes (SotW requests cannot be split).", "type").
