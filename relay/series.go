@@ -30,6 +30,7 @@ func (r *Relay) zeroUpstreamSeries() {
 	}
 	for _, u := range append([]UpstreamConfig{r.cfg.Upstream.UpstreamConfig}, r.cfg.Upstreams...) {
 		r.upm.Fallbacks.ZeroEach(u.Name)
+		r.upm.Stalls.ZeroEach(u.Name)
 	}
 	upstream.RouterMetrics(r.metrics)
 	upstream.FileMetrics(r.metrics)

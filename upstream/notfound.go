@@ -183,6 +183,8 @@ func (s *session) timedOut(now time.Time) {
 		a.names = s.unanswered(a.typeURL, a.names)
 		switch {
 		case len(a.names) == 0:
+		case s.partlyRead():
+			s.waitWhole(a)
 		case s.aliveSince(a.at):
 			s.judge(a.typeURL, a.names)
 		default:
@@ -230,8 +232,16 @@ func (s *session) probed(alive bool) {
 }
 
 // decide judges the undecided names asked before the stream's latest proof
-// of life.
+// of life; while a response is partly read, none.
 func (s *session) decide() {
+	if s.partlyRead() {
+		for _, a := range s.undecided {
+			s.waitWhole(a)
+		}
+		clear(s.undecided)
+		s.undecided = s.undecided[:0]
+		return
+	}
 	keep := s.undecided[:0]
 	for _, a := range s.undecided {
 		if !s.aliveSince(a.at) {

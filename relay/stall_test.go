@@ -1,0 +1,272 @@
+package relay
+
+import (
+	"encoding/binary"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/h2c"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+)
+
+// stallHop is a control plane behind an HTTP/2 hop, as a load balancer
+// is: written on x/net's HTTP/2 server (h2c), it answers pings (the
+// server itself does) and gRPC health checks whatever happens to the ADS
+// streams behind it. Each ADS stream it is opened is told, by the stream
+// number, what to do with the first request: half-send a response and
+// hang, send it whole, or stay silent.
+type stallHop struct {
+	addr string
+	srv  *http.Server
+	// respond is the response every stream answers with (or half of).
+	respond []byte
+
+	mu      sync.Mutex
+	streams []time.Time // when each ADS stream arrived
+	opened  chan struct{}
+}
+
+// the plan of a stream, by its number from 0
+type hopPlan func(n int) string
+
+const (
+	hopHalf   = "half"   // the prefix and half of the response, then nothing
+	hopWhole  = "whole"  // the response, then silence
+	hopSilent = "silent" // nothing
+)
+
+func startStallHop(t *testing.T, respond *discoverypb.DeltaDiscoveryResponse, plan hopPlan) *stallHop {
+	t.Helper()
+	b, err := proto.Marshal(respond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &stallHop{addr: ln.Addr().String(), respond: grpcFrame(b), opened: make(chan struct{}, 16)}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/grpc.health.v1.Health/Check", h.health)
+	mux.HandleFunc("/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources", func(w http.ResponseWriter, r *http.Request) {
+		h.ads(w, r, plan)
+	})
+	h.srv = &http.Server{Handler: h2c.NewHandler(mux, &http2.Server{})}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		h.srv.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		h.srv.Close()
+		<-done
+	})
+	return h
+}
+
+// grpcFrame is b as a gRPC length-prefixed message.
+func grpcFrame(b []byte) []byte {
+	out := make([]byte, 5+len(b))
+	binary.BigEndian.PutUint32(out[1:], uint32(len(b)))
+	copy(out[5:], b)
+	return out
+}
+
+// readFrame reads one gRPC message of r.
+func readFrame(r io.Reader) ([]byte, error) {
+	var prefix [5]byte
+	if _, err := io.ReadFull(r, prefix[:]); err != nil {
+		return nil, err
+	}
+	b := make([]byte, binary.BigEndian.Uint32(prefix[1:]))
+	_, err := io.ReadFull(r, b)
+	return b, err
+}
+
+// grpcHeaders starts a gRPC response, its status in the trailers.
+func grpcHeaders(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/grpc")
+	w.Header().Set("Trailer", "Grpc-Status")
+	w.WriteHeader(http.StatusOK)
+	w.(http.Flusher).Flush()
+}
+
+func (h *stallHop) health(w http.ResponseWriter, r *http.Request) {
+	if _, err := readFrame(r.Body); err != nil {
+		return
+	}
+	b, _ := proto.Marshal(&healthpb.HealthCheckResponse{Status: healthpb.HealthCheckResponse_SERVING})
+	grpcHeaders(w)
+	w.Write(grpcFrame(b))
+	w.Header().Set("Grpc-Status", "0")
+}
+
+func (h *stallHop) ads(w http.ResponseWriter, r *http.Request, plan hopPlan) {
+	h.mu.Lock()
+	n := len(h.streams)
+	h.streams = append(h.streams, time.Now())
+	h.mu.Unlock()
+	h.opened <- struct{}{}
+	grpcHeaders(w)
+	if _, err := readFrame(r.Body); err != nil {
+		return
+	}
+	// The relay's later requests (its ACKs) are read and dropped.
+	go io.Copy(io.Discard, r.Body)
+	switch plan(n) {
+	case hopHalf:
+		w.Write(h.respond[:len(h.respond)/2])
+		w.(http.Flusher).Flush()
+	case hopWhole:
+		w.Write(h.respond)
+		w.(http.Flusher).Flush()
+	}
+	<-r.Context().Done() // until the relay ends the stream
+}
+
+// streamCount is how many ADS streams the relay has opened.
+func (h *stallHop) streamCount() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.streams)
+}
+
+// hopClusters is a response of n clusters of about 700 bytes each.
+func hopClusters(t *testing.T, n int) (*discoverypb.DeltaDiscoveryResponse, []string) {
+	t.Helper()
+	resp := &discoverypb.DeltaDiscoveryResponse{TypeUrl: resourcev3.ClusterType, Nonce: "1", SystemVersionInfo: "1"}
+	var names []string
+	for i := range n {
+		c := testcp.Cluster(fmt.Sprintf("big-%03d", i))
+		c.AltStatName = strings.Repeat("x", 640)
+		a, err := anypb.New(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Resources = append(resp.Resources, &discoverypb.Resource{Name: c.Name, Version: "1", Resource: a})
+		names = append(names, c.Name)
+	}
+	return resp, names
+}
+
+// stallSetup is a relay with short timers in front of a stallHop.
+func stallSetup(t *testing.T, plan hopPlan) (*Relay, *stallHop, []string) {
+	t.Helper()
+	resp, names := hopClusters(t, 200)
+	hop := startStallHop(t, resp, plan)
+	r := startRelay(t, hop.addr, fastReconnect, func(c *Config) {
+		c.Upstream.Protocol = "delta"
+		c.Upstream.StallTimeout = 2 * time.Second
+		c.Cache.NotFoundTimeout = 1 * time.Second
+	})
+	return r, hop, names
+}
+
+// waitStream waits for the hop's next ADS stream, up to bound.
+func (h *stallHop) waitStream(t *testing.T, bound time.Duration) {
+	t.Helper()
+	select {
+	case <-h.opened:
+	case <-time.After(bound):
+		t.Fatalf("no new ADS stream within %s (%d so far)", bound, h.streamCount())
+	}
+}
+
+// A control plane behind an HTTP/2 hop that answers pings and health
+// checks, whose stream stops half-way through a 140 KB response: the
+// names of that response are never reported not to exist (clients get
+// UNAVAILABLE for them meanwhile), and the stream is ended within
+// upstream.stall_timeout (and a check's quarter) and opened again; the
+// response then arrives whole. Issue 36, item 1.
+func TestStalledStreamBehindAHopIsReopened(t *testing.T) {
+	t.Parallel()
+	r, hop, names := stallSetup(t, func(n int) string {
+		if n == 0 {
+			return hopHalf
+		}
+		return hopWhole
+	})
+	if len(hop.respond) < 140<<10 {
+		t.Fatalf("the response is %d bytes, want 140 KB at least", len(hop.respond))
+	}
+	d := openDelta(t, r.Addr())
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: names})
+	hop.waitStream(t, wait)
+	halfSent := time.Now()
+
+	var got []string
+	errs := map[string]codes.Code{}
+	deadline := time.Now().Add(wait)
+	for len(got) < len(names) {
+		resp := d.recvWithin(time.Until(deadline))
+		got = append(got, deltaNames(resp)...)
+		if len(resp.GetRemovedResources()) > 0 {
+			t.Fatalf("names of a half-sent response were reported removed: %v", resp.GetRemovedResources()[:1])
+		}
+		for _, e := range resp.GetResourceErrors() {
+			code := codes.Code(e.GetErrorDetail().GetCode())
+			if code == codes.NotFound {
+				t.Fatalf("%s of a half-sent response was reported NOT_FOUND", e.GetResourceName().GetName())
+			}
+			errs[e.GetResourceName().GetName()] = code
+		}
+		d.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()})
+	}
+	if n := hop.streamCount(); n != 2 {
+		t.Fatalf("%d ADS streams, want 2: the stalled one and the one that answered", n)
+	}
+	hop.mu.Lock()
+	reopened := hop.streams[1].Sub(halfSent)
+	hop.mu.Unlock()
+	t.Logf("the stalled stream was opened again %v after the response stopped half-way", reopened)
+	if bound := 2*time.Second + 2*time.Second; reopened > bound {
+		t.Errorf("the stream was opened again after %v, want within %v", reopened, bound)
+	}
+	if errs[names[0]] != codes.Unavailable {
+		t.Errorf("while the response was half-sent, %s had error %v, want UNAVAILABLE", names[0], errs[names[0]])
+	}
+	m := getMetrics(t, r)
+	if !strings.Contains(m, `xdsrelay_upstream_stalls_total{upstream="default"} 1`) {
+		t.Errorf("/metrics does not count the stall:\n%s", grepLines(m, "xdsrelay_upstream_stalls"))
+	}
+}
+
+// A stream that has merely not answered is not stalled: the control plane
+// behind the hop stays silent about a name it lacks, and the stream is
+// not torn down, well past upstream.stall_timeout. The name is reported
+// not to exist once the connection answers the relay's probe (the relay
+// cannot tell this silence from a hung handler's: docs/control-planes.md).
+// Issue 36, item 10.
+func TestSilentStreamBehindAHopIsNotStalled(t *testing.T) {
+	t.Parallel()
+	r, hop, _ := stallSetup(t, func(int) string { return hopSilent })
+	d := openDelta(t, r.Addr())
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"lacked"}})
+	hop.waitStream(t, wait)
+	deltaUntil(t, d, "", wait, func(_, removed []string, errs map[string]codes.Code) bool {
+		return slices.Contains(removed, "lacked") && errs["lacked"] == codes.NotFound
+	})
+	select {
+	case <-hop.opened:
+		t.Fatalf("a silent stream was ended and opened again (%d streams)", hop.streamCount())
+	case <-time.After(3 * 2 * time.Second):
+	}
+	if m := getMetrics(t, r); !strings.Contains(m, `xdsrelay_upstream_stalls_total{upstream="default"} 0`) {
+		t.Errorf("/metrics counts a stall:\n%s", grepLines(m, "xdsrelay_upstream_stalls"))
+	}
+}
