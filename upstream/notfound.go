@@ -133,7 +133,9 @@ func (n *notFound) expired(now time.Time) []asked {
 // the probe's answer, or the next response, decides it; a probe unanswered
 // puts it back on the timer. A name reported not to exist on a stream that
 // then ends in failure is taken back (withdraw): missing again, so that
-// gRFC A71 falls back for it and clients get it when it arrives.
+// gRFC A71 falls back for it and clients get it when it arrives. While a
+// response is partly received on the stream's connection, no name is
+// judged (invariant 17, stall.go): it may be in that response.
 
 // liveness is a probe of the stream's connection in flight: a health check
 // on the same connection, whose answer, any answer, shows that the server's
