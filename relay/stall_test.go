@@ -48,6 +48,7 @@ const (
 	hopHalf   = "half"   // the prefix and half of the response, then nothing
 	hopWhole  = "whole"  // the response, then silence
 	hopSilent = "silent" // nothing
+	hopTwice  = "twice"  // the response, and again a second later
 )
 
 func startStallHop(t *testing.T, respond *discoverypb.DeltaDiscoveryResponse, plan hopPlan) *stallHop {
@@ -132,9 +133,17 @@ func (h *stallHop) ads(w http.ResponseWriter, r *http.Request, plan hopPlan) {
 	case hopHalf:
 		w.Write(h.respond[:len(h.respond)/2])
 		w.(http.Flusher).Flush()
-	case hopWhole:
+	case hopWhole, hopTwice:
 		w.Write(h.respond)
 		w.(http.Flusher).Flush()
+	}
+	if plan(n) == hopTwice {
+		select {
+		case <-time.After(time.Second):
+			w.Write(h.respond)
+			w.(http.Flusher).Flush()
+		case <-r.Context().Done():
+		}
 	}
 	<-r.Context().Done() // until the relay ends the stream
 }
@@ -268,5 +277,42 @@ func TestSilentStreamBehindAHopIsNotStalled(t *testing.T) {
 	}
 	if m := getMetrics(t, r); !strings.Contains(m, `xdsrelay_upstream_stalls_total{upstream="default"} 0`) {
 		t.Errorf("/metrics counts a stall:\n%s", grepLines(m, "xdsrelay_upstream_stalls"))
+	}
+}
+
+// A stall ends the streams that have received nothing since the stalled
+// response began, not one that has: another group's stream on the same
+// connection, answered since, keeps running while the stalled one is
+// opened again.
+func TestStallSparesAStreamAnsweredSince(t *testing.T) {
+	t.Parallel()
+	r, hop, names := stallSetup(t, func(n int) string {
+		switch n {
+		case 0:
+			return hopTwice
+		case 1:
+			return hopHalf
+		}
+		return hopWhole
+	})
+	answered := openDelta(t, r.Addr())
+	answered.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "answered"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: names})
+	hop.waitStream(t, wait)
+	deltaUntil(t, answered, "", wait, func(got, _ []string, _ map[string]codes.Code) bool { return len(got) == len(names) })
+
+	stalled := openDelta(t, r.Addr())
+	stalled.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n2", "stalled"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: names})
+	hop.waitStream(t, wait)
+	hop.waitStream(t, wait) // the stalled stream, opened again
+	deltaUntil(t, stalled, names[0], wait, func(got, _ []string, errs map[string]codes.Code) bool {
+		if errs[names[0]] == codes.NotFound {
+			t.Fatalf("%s of a half-sent response was reported NOT_FOUND", names[0])
+		}
+		return len(got) == len(names)
+	})
+	select {
+	case <-hop.opened:
+		t.Fatalf("a stream answered since the stall began was ended too (%d streams)", hop.streamCount())
+	case <-time.After(2 * time.Second):
 	}
 }
