@@ -646,6 +646,8 @@ func (u *UpstreamConfig) validate(prefix string, groupBy []string) error {
 		return fmt.Errorf("%sconnect_timeout: must be positive, got %s", prefix, u.ConnectTimeout)
 	case u.StallTimeout < 0:
 		return fmt.Errorf("%sstall_timeout: must not be negative, got %s", prefix, u.StallTimeout)
+	case u.StallTimeout > 0 && u.StallTimeout < time.Second:
+		return fmt.Errorf("%sstall_timeout: %s is below 1s: a slow link's pauses would be taken for stalls (0 never ends a stream)", prefix, u.StallTimeout)
 	}
 	if err := checkNodeID(u.Node.ID, groupBy); err != nil {
 		return fmt.Errorf("%snode.id: %w", prefix, err)
