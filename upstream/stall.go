@@ -18,7 +18,11 @@ import (
 // it: a stream that was merely silent is opened again with it, once, at
 // the cost of a resume. A stream that has not answered, with nothing
 // partly read, is never stalled: control planes stay silent about names
-// they lack.
+// they lack. The bound is on progress, not on a response's whole time: a
+// trickle is not a stall. Progress stops too when the relay itself does
+// not read (HTTP/2 flow control): a session busy applying one response
+// for longer than the bound would find the next one stalled; applying
+// takes milliseconds to seconds, the bound tens of seconds.
 
 // DefaultStallTimeout is how long a response partly received may make no
 // progress before its stream is ended as stalled, unless Options say
