@@ -33,8 +33,9 @@ import (
 type stallHop struct {
 	addr string
 	srv  *http.Server
-	// respond is the response every stream answers with (or half of).
-	respond []byte
+	// delta and sotw are the response every stream answers with (or half
+	// of), as gRPC messages, on delta and on state-of-the-world ADS.
+	delta, sotw []byte
 
 	mu      sync.Mutex
 	streams []time.Time // when each ADS stream arrived
@@ -51,21 +52,20 @@ const (
 	hopTwice  = "twice"  // the response, and again a second later
 )
 
-func startStallHop(t *testing.T, respond *discoverypb.DeltaDiscoveryResponse, plan hopPlan) *stallHop {
+func startStallHop(t *testing.T, delta *discoverypb.DeltaDiscoveryResponse, sotw *discoverypb.DiscoveryResponse, plan hopPlan) *stallHop {
 	t.Helper()
-	b, err := proto.Marshal(respond)
-	if err != nil {
-		t.Fatal(err)
-	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &stallHop{addr: ln.Addr().String(), respond: grpcFrame(b), opened: make(chan struct{}, 16)}
+	h := &stallHop{addr: ln.Addr().String(), delta: marshalFrame(t, delta), sotw: marshalFrame(t, sotw), opened: make(chan struct{}, 16)}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/grpc.health.v1.Health/Check", h.health)
 	mux.HandleFunc("/envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources", func(w http.ResponseWriter, r *http.Request) {
-		h.ads(w, r, plan)
+		h.ads(w, r, plan, h.delta)
+	})
+	mux.HandleFunc("/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources", func(w http.ResponseWriter, r *http.Request) {
+		h.ads(w, r, plan, h.sotw)
 	})
 	h.srv = &http.Server{Handler: h2c.NewHandler(mux, &http2.Server{})}
 	done := make(chan struct{})
@@ -78,6 +78,16 @@ func startStallHop(t *testing.T, respond *discoverypb.DeltaDiscoveryResponse, pl
 		<-done
 	})
 	return h
+}
+
+// marshalFrame is m as a gRPC message.
+func marshalFrame(t *testing.T, m proto.Message) []byte {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return grpcFrame(b)
 }
 
 // grpcFrame is b as a gRPC length-prefixed message.
@@ -117,7 +127,7 @@ func (h *stallHop) health(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Grpc-Status", "0")
 }
 
-func (h *stallHop) ads(w http.ResponseWriter, r *http.Request, plan hopPlan) {
+func (h *stallHop) ads(w http.ResponseWriter, r *http.Request, plan hopPlan, respond []byte) {
 	h.mu.Lock()
 	n := len(h.streams)
 	h.streams = append(h.streams, time.Now())
@@ -131,16 +141,16 @@ func (h *stallHop) ads(w http.ResponseWriter, r *http.Request, plan hopPlan) {
 	go io.Copy(io.Discard, r.Body)
 	switch plan(n) {
 	case hopHalf:
-		w.Write(h.respond[:len(h.respond)/2])
+		w.Write(respond[:len(respond)/2])
 		w.(http.Flusher).Flush()
 	case hopWhole, hopTwice:
-		w.Write(h.respond)
+		w.Write(respond)
 		w.(http.Flusher).Flush()
 	}
 	if plan(n) == hopTwice {
 		select {
 		case <-time.After(time.Second):
-			w.Write(h.respond)
+			w.Write(respond)
 			w.(http.Flusher).Flush()
 		case <-r.Context().Done():
 		}
@@ -155,10 +165,12 @@ func (h *stallHop) streamCount() int {
 	return len(h.streams)
 }
 
-// hopClusters is a response of n clusters of about 700 bytes each.
-func hopClusters(t *testing.T, n int) (*discoverypb.DeltaDiscoveryResponse, []string) {
+// hopClusters is a response of n clusters of about 700 bytes each, in
+// delta and in state of the world.
+func hopClusters(t *testing.T, n int) (*discoverypb.DeltaDiscoveryResponse, *discoverypb.DiscoveryResponse, []string) {
 	t.Helper()
-	resp := &discoverypb.DeltaDiscoveryResponse{TypeUrl: resourcev3.ClusterType, Nonce: "1", SystemVersionInfo: "1"}
+	delta := &discoverypb.DeltaDiscoveryResponse{TypeUrl: resourcev3.ClusterType, Nonce: "1", SystemVersionInfo: "1"}
+	sotw := &discoverypb.DiscoveryResponse{TypeUrl: resourcev3.ClusterType, Nonce: "1", VersionInfo: "1"}
 	var names []string
 	for i := range n {
 		c := testcp.Cluster(fmt.Sprintf("big-%03d", i))
@@ -167,19 +179,21 @@ func hopClusters(t *testing.T, n int) (*discoverypb.DeltaDiscoveryResponse, []st
 		if err != nil {
 			t.Fatal(err)
 		}
-		resp.Resources = append(resp.Resources, &discoverypb.Resource{Name: c.Name, Version: "1", Resource: a})
+		delta.Resources = append(delta.Resources, &discoverypb.Resource{Name: c.Name, Version: "1", Resource: a})
+		sotw.Resources = append(sotw.Resources, a)
 		names = append(names, c.Name)
 	}
-	return resp, names
+	return delta, sotw, names
 }
 
-// stallSetup is a relay with short timers in front of a stallHop.
-func stallSetup(t *testing.T, plan hopPlan) (*Relay, *stallHop, []string) {
+// stallSetup is a relay with short timers in front of a stallHop, speaking
+// protocol to it.
+func stallSetup(t *testing.T, protocol string, plan hopPlan) (*Relay, *stallHop, []string) {
 	t.Helper()
-	resp, names := hopClusters(t, 200)
-	hop := startStallHop(t, resp, plan)
+	delta, sotw, names := hopClusters(t, 200)
+	hop := startStallHop(t, delta, sotw, plan)
 	r := startRelay(t, hop.addr, fastReconnect, func(c *Config) {
-		c.Upstream.Protocol = "delta"
+		c.Upstream.Protocol = protocol
 		c.Upstream.StallTimeout = 2 * time.Second
 		c.Cache.NotFoundTimeout = 1 * time.Second
 	})
@@ -201,17 +215,27 @@ func (h *stallHop) waitStream(t *testing.T, bound time.Duration) {
 // names of that response are never reported not to exist (clients get
 // UNAVAILABLE for them meanwhile), and the stream is ended within
 // upstream.stall_timeout (and a check's quarter) and opened again; the
-// response then arrives whole. Issue 36, item 1.
+// response then arrives whole. Issue 36, item 1. In delta and in state
+// of the world.
 func TestStalledStreamBehindAHopIsReopened(t *testing.T) {
 	t.Parallel()
-	r, hop, names := stallSetup(t, func(n int) string {
+	for _, protocol := range []string{"delta", "sotw"} {
+		t.Run(protocol, func(t *testing.T) {
+			t.Parallel()
+			stalledBehindAHop(t, protocol)
+		})
+	}
+}
+
+func stalledBehindAHop(t *testing.T, protocol string) {
+	r, hop, names := stallSetup(t, protocol, func(n int) string {
 		if n == 0 {
 			return hopHalf
 		}
 		return hopWhole
 	})
-	if len(hop.respond) < 140<<10 {
-		t.Fatalf("the response is %d bytes, want 140 KB at least", len(hop.respond))
+	if len(hop.delta) < 140<<10 || len(hop.sotw) < 140<<10 {
+		t.Fatalf("the responses are %d and %d bytes, want 140 KB at least", len(hop.delta), len(hop.sotw))
 	}
 	d := openDelta(t, r.Addr())
 	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: names})
@@ -263,7 +287,7 @@ func TestStalledStreamBehindAHopIsReopened(t *testing.T) {
 // Issue 36, item 10.
 func TestSilentStreamBehindAHopIsNotStalled(t *testing.T) {
 	t.Parallel()
-	r, hop, _ := stallSetup(t, func(int) string { return hopSilent })
+	r, hop, _ := stallSetup(t, "delta", func(int) string { return hopSilent })
 	d := openDelta(t, r.Addr())
 	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"lacked"}})
 	hop.waitStream(t, wait)
@@ -286,7 +310,7 @@ func TestSilentStreamBehindAHopIsNotStalled(t *testing.T) {
 // opened again.
 func TestStallSparesAStreamAnsweredSince(t *testing.T) {
 	t.Parallel()
-	r, hop, names := stallSetup(t, func(n int) string {
+	r, hop, names := stallSetup(t, "delta", func(n int) string {
 		switch n {
 		case 0:
 			return hopTwice
