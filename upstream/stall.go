@@ -43,8 +43,12 @@ func (s *session) partlyRead() bool { return s.frames().partlyRead() }
 
 // waitWhole puts names back on the timer while a response is partly read
 // on the stream's connection: they may be in it (invariant 17). Clients
-// get UNAVAILABLE meanwhile, never a removal.
+// get UNAVAILABLE meanwhile, never a removal; a name answered since (a
+// resource, a removal, the control plane's own error) is left alone.
 func (s *session) waitWhole(a asked) {
+	if a.names = s.unanswered(a.typeURL, a.names); len(a.names) == 0 {
+		return
+	}
 	if errs := s.c.giveUnavailable(a.typeURL, a.names, "a response from the control plane is partly received, and the resource may be in it"); len(errs) > 0 {
 		s.c.log.Info("no answer within cache.not_found_timeout while a response is partly received: UNAVAILABLE to clients, not removed",
 			"type", xds.ShortName(a.typeURL), "names", len(errs), "first", xds.Clip(errs[0].Name), "server", s.c.servers[s.server].name)
