@@ -16,8 +16,9 @@ import (
 // zeroUpstreamSeries creates the upstream families' series, whatever the
 // upstreams are (control planes, resource files, several): responses,
 // NACKs and apply times of every type, fallbacks and stalls of every
-// configured upstream (resource files never fall back nor stall), and the families only a
-// router or resource files set (unroutable names, invalid resources).
+// configured upstream (resource files never fall back nor stall), and the
+// families only a router or resource files set (unroutable names, invalid
+// resources).
 // Every family of docs/metrics.md is then on /metrics from the start,
 // but a group's, born with the group, and the certificates' expiry, one
 // series per configured certificate (TestEveryFamilyFromTheStart).
