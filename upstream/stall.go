@@ -15,7 +15,7 @@ import (
 // stalls the streams that have received nothing since it began, which are
 // ended and opened again (stalled). gRPC does not say which of a
 // connection's streams a message is on, so every such stream is taken for
-// it: a stream that was merely silent is opened again with it, once, at
+// it: a stream that was merely silent may be opened again with it, once, at
 // the cost of a resume. A stream that has not answered, with nothing
 // partly read, is never stalled: control planes stay silent about names
 // they lack. The bound is on progress, not on a response's whole time: a
