@@ -298,6 +298,12 @@ type UpstreamConfig struct {
 	// timer sends (upstream.ProbeTimeout).
 	KeepaliveTime    time.Duration
 	KeepaliveTimeout time.Duration
+	// StallTimeout is upstream.stall_timeout: a response that began to
+	// arrive and made no progress this long, the connection alive (pings
+	// and health checks answered, as a load balancer answers them),
+	// stalls its stream, which is ended and opened again
+	// (upstream.StallTimeout); 0 never ends one.
+	StallTimeout time.Duration
 	// ConnectTimeout is upstream.connect_timeout: a connection attempt
 	// (TCP, TLS and the HTTP/2 handshake) that has not completed by then
 	// is given up, as to an address that accepts and answers nothing.
@@ -337,6 +343,7 @@ func DefaultUpstream() UpstreamConfig {
 	u.Node.UserAgentName = "xdsrelay"
 	u.KeepaliveTime = 30 * time.Second
 	u.KeepaliveTimeout = 10 * time.Second
+	u.StallTimeout = upstream.DefaultStallTimeout
 	u.ConnectTimeout = 10 * time.Second
 	return u
 }
@@ -637,6 +644,10 @@ func (u *UpstreamConfig) validate(prefix string, groupBy []string) error {
 		return fmt.Errorf("%skeepalive.timeout: must be positive, got %s", prefix, u.KeepaliveTimeout)
 	case u.ConnectTimeout <= 0:
 		return fmt.Errorf("%sconnect_timeout: must be positive, got %s", prefix, u.ConnectTimeout)
+	case u.StallTimeout < 0:
+		return fmt.Errorf("%sstall_timeout: must not be negative, got %s", prefix, u.StallTimeout)
+	case u.StallTimeout > 0 && u.StallTimeout < time.Second:
+		return fmt.Errorf("%sstall_timeout: %s is below 1s: a slow link's pauses would be taken for stalls (0 never ends a stream)", prefix, u.StallTimeout)
 	}
 	if err := checkNodeID(u.Node.ID, groupBy); err != nil {
 		return fmt.Errorf("%snode.id: %w", prefix, err)

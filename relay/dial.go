@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/xdsrelay/xdsrelay/internal/creds"
+	"github.com/xdsrelay/xdsrelay/upstream"
 )
 
 // reconnectBackoff is the upstream reconnect backoff: gRPC's defaults for
@@ -25,11 +26,14 @@ func reconnectBackoff(u UpstreamConfig) backoff.Config {
 
 // dialServer prepares the connection to one server of an upstream. Each
 // server has its own connection: the client picks among them by gRFC A71's
-// rules (upstream.Client), not gRPC's pick_first.
-func dialServer(u UpstreamConfig, addr string, tracing bool, tc credentials.TransportCredentials) (*grpc.ClientConn, error) {
+// rules (upstream.Client), not gRPC's pick_first. Its HTTP/2 frames are
+// watched (upstream.WatchFrames): the streams' liveness is their own, not
+// only the connection's (docs/architecture.md, invariant 17).
+func dialServer(u UpstreamConfig, addr string, tracing bool, tc credentials.TransportCredentials) (*grpc.ClientConn, *upstream.Frames, error) {
 	if tc == nil {
 		tc = insecure.NewCredentials()
 	}
+	tc, frames := upstream.WatchFrames(tc)
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(tc),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(u.MaxMessageBytes)),
@@ -48,9 +52,9 @@ func dialServer(u UpstreamConfig, addr string, tracing bool, tc credentials.Tran
 	}
 	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", addr, err)
+		return nil, nil, fmt.Errorf("%s: %w", addr, err)
 	}
-	return conn, nil
+	return conn, frames, nil
 }
 
 // upstreamTLS loads an upstream's TLS material, nil when TLS is off.

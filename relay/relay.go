@@ -342,12 +342,12 @@ func (r *Relay) upstreamSource(u UpstreamConfig, key string) (upstream.Source, e
 		}
 	}
 	for _, addr := range u.Servers() {
-		conn, err := dialServer(u, addr, r.cfg.Tracing, tc)
+		conn, frames, err := dialServer(u, addr, r.cfg.Tracing, tc)
 		if err != nil {
 			closeAll()
 			return nil, fmt.Errorf("%s.address: %w", key, err)
 		}
-		servers = append(servers, upstream.Server{Name: addr, Conn: conn})
+		servers = append(servers, upstream.Server{Name: addr, Conn: conn, Frames: frames})
 	}
 	if r.upConn == nil {
 		r.upConn = servers[0].Conn.(*grpc.ClientConn)
@@ -357,12 +357,21 @@ func (r *Relay) upstreamSource(u UpstreamConfig, key string) (upstream.Source, e
 	}
 	src, err := upstream.NewADS(upstream.Options{Servers: servers, Metrics: r.upm, Logger: r.log,
 		Backoff: reconnectBackoff(u), NotFoundTimeout: r.cfg.Cache.NotFoundTimeout, ProbeTimeout: u.KeepaliveTimeout,
+		StallTimeout:    stallTimeout(u),
 		MaxRequestBytes: u.MaxRequestBytes, FallbackRecheck: u.FallbackRecheck, Protocol: upstream.Protocol(u.Protocol), Upstream: u.Name})
 	if err != nil {
 		closeAll()
 		return nil, err
 	}
 	return src, nil
+}
+
+// stallTimeout is upstream.StallTimeout for u: never (negative) for 0.
+func stallTimeout(u UpstreamConfig) time.Duration {
+	if u.StallTimeout == 0 {
+		return -1
+	}
+	return u.StallTimeout
 }
 
 // Start listens and serves; it returns once the relay accepts clients.

@@ -17,9 +17,10 @@ import (
 
 // zeroUpstreamSeries creates the upstream families' series, whatever the
 // upstreams are (control planes, resource files, several): responses,
-// NACKs and apply times of every type, fallbacks of every configured
-// upstream (resource files never fall back), and the families only a
-// router or resource files set (unroutable names, invalid resources).
+// NACKs and apply times of every type, fallbacks and stalls of every
+// configured upstream (resource files never fall back nor stall), and the
+// families only a router or resource files set (unroutable names, invalid
+// resources).
 // Every family of docs/metrics.md is then on /metrics from the start,
 // but a group's, born with the group, and the certificates' expiry, one
 // series per configured certificate (TestEveryFamilyFromTheStart).
@@ -32,6 +33,7 @@ func (r *Relay) zeroUpstreamSeries() {
 	}
 	for _, u := range append([]UpstreamConfig{r.cfg.Upstream.UpstreamConfig}, r.cfg.Upstreams...) {
 		r.upm.Fallbacks.ZeroEach(u.Name)
+		r.upm.Stalls.ZeroEach(u.Name)
 		if strings.HasPrefix(u.Address, FilePrefix) {
 			// A directory speaks no protocol: 0 for each (a control
 			// plane's servers are set by its source, upstream.NewADS).

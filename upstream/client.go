@@ -35,6 +35,9 @@ type Metrics struct {
 	// state-of-the-world request with them would exceed
 	// upstream.max_request_bytes.
 	ListTooLarge *metrics.Vec
+	// Stalls is a counter, by upstream: streams ended because a response
+	// stopped half-way for upstream.stall_timeout (stall.go).
+	Stalls *metrics.Vec
 }
 
 // NewMetrics registers the upstream families on r.
@@ -52,6 +55,8 @@ func NewMetrics(r *metrics.Registry) *Metrics {
 		ListTooLarge: r.Counter("xdsrelay_upstream_sotw_names_refused_total",
 			"Names not subscribed upstream because a state-of-the-world request with them would exceed upstream.max_request_bytes (SotW requests cannot be split).", "type").
 			ZeroEach(xds.TypeLabels()...),
+		Stalls: r.Counter("xdsrelay_upstream_stalls_total",
+			"Upstream streams ended and opened again because a response stopped half-way for upstream.stall_timeout, the connection alive.", "upstream"),
 	}
 }
 
@@ -78,6 +83,11 @@ type Options struct {
 	// timer sends when the stream has shown no sign of life since the
 	// names were asked (notfound.go); DefaultProbeTimeout if 0.
 	ProbeTimeout time.Duration
+	// StallTimeout is how long a response partly received (watched by
+	// the servers' Frames) may make no progress before its stream is
+	// ended as stalled (stall.go); DefaultStallTimeout if 0, never if
+	// negative.
+	StallTimeout time.Duration
 	// MaxRequestBytes bounds every request sent upstream: subscriptions
 	// and resumes larger than this are split. DefaultMaxRequestBytes if 0.
 	MaxRequestBytes int
@@ -107,6 +117,10 @@ type Options struct {
 type Server struct {
 	Name string // its address, for logs, metrics and /debug
 	Conn grpc.ClientConnInterface
+	// Frames watches Conn's HTTP/2 frames (WatchFrames): what is partly
+	// received. nil: the stream's liveness is its responses and probes
+	// alone, and no stream is found stalled.
+	Frames *Frames
 }
 
 // DefaultFallbackRecheck is how often higher-priority servers are tried
@@ -143,9 +157,10 @@ type Client struct {
 }
 
 type server struct {
-	name string
-	conn grpc.ClientConnInterface
-	ads  discoverypb.AggregatedDiscoveryServiceClient
+	name   string
+	conn   grpc.ClientConnInterface
+	ads    discoverypb.AggregatedDiscoveryServiceClient
+	frames *Frames
 }
 
 // Status is what the admin endpoint shows of a group's upstream.
@@ -208,6 +223,9 @@ func New(opts Options) (*Client, error) {
 	if opts.ProbeTimeout <= 0 {
 		opts.ProbeTimeout = DefaultProbeTimeout
 	}
+	if opts.StallTimeout == 0 {
+		opts.StallTimeout = DefaultStallTimeout
+	}
 	if opts.Upstream == "" {
 		opts.Upstream = DefaultUpstream
 	}
@@ -226,7 +244,8 @@ func New(opts Options) (*Client, error) {
 		if s.Conn == nil {
 			return nil, fmt.Errorf("upstream: server %q has no connection", s.Name)
 		}
-		c.servers = append(c.servers, server{name: s.Name, conn: s.Conn, ads: discoverypb.NewAggregatedDiscoveryServiceClient(s.Conn)})
+		c.servers = append(c.servers, server{name: s.Name, conn: s.Conn, ads: discoverypb.NewAggregatedDiscoveryServiceClient(s.Conn),
+			frames: s.Frames})
 	}
 	c.status = Status{Upstream: opts.Upstream, Server: c.servers[0].name}
 	return c, nil
@@ -425,7 +444,7 @@ func (c *Client) open(ctx context.Context, i int) (*session, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	p := c.opts.found.of(c.servers[i].name)
 	s := &session{c: c, server: i, protocol: p, ctx: ctx, cancel: cancel, subs: make(map[string]*subscription),
-		notFound: notFound{timeout: c.opts.NotFoundTimeout}}
+		notFound: notFound{timeout: c.opts.NotFoundTimeout}, opened: time.Now()}
 	var err error
 	var st interface{ RecvMsg(any) error }
 	if p.sotw() {
@@ -489,6 +508,10 @@ func (c *Client) loop(ctx context.Context, s *session) (healthy bool, takeover *
 	}
 	var p *probe
 	defer func() { p.stop() }()
+	stall := s.stallCheck()
+	if stall != nil {
+		defer stall.Stop()
+	}
 	if s.pending != nil {
 		// Taking over: the subscriptions are brought up to date, then the
 		// response that proved the server is applied.
@@ -518,6 +541,10 @@ func (c *Client) loop(ctx context.Context, s *session) (healthy bool, takeover *
 			s.timedOut(now)
 		case alive := <-s.probe.done():
 			s.probed(alive)
+		case now := <-tick(stall):
+			if err := s.stalled(now); err != nil {
+				return healthy, nil, err
+			}
 		case <-recheck:
 			if p == nil {
 				p = c.startProbe(ctx, s.server)

@@ -133,7 +133,9 @@ func (n *notFound) expired(now time.Time) []asked {
 // the probe's answer, or the next response, decides it; a probe unanswered
 // puts it back on the timer. A name reported not to exist on a stream that
 // then ends in failure is taken back (withdraw): missing again, so that
-// gRFC A71 falls back for it and clients get it when it arrives.
+// gRFC A71 falls back for it and clients get it when it arrives. While a
+// response is partly received on the stream's connection, no name is
+// judged (invariant 17, stall.go): it may be in that response.
 
 // liveness is a probe of the stream's connection in flight: a health check
 // on the same connection, whose answer, any answer, shows that the server's
@@ -183,6 +185,8 @@ func (s *session) timedOut(now time.Time) {
 		a.names = s.unanswered(a.typeURL, a.names)
 		switch {
 		case len(a.names) == 0:
+		case s.partlyRead():
+			s.waitWhole(a)
 		case s.aliveSince(a.at):
 			s.judge(a.typeURL, a.names)
 		default:
@@ -230,8 +234,16 @@ func (s *session) probed(alive bool) {
 }
 
 // decide judges the undecided names asked before the stream's latest proof
-// of life.
+// of life; while a response is partly read, none.
 func (s *session) decide() {
+	if s.partlyRead() {
+		for _, a := range s.undecided {
+			s.waitWhole(a)
+		}
+		clear(s.undecided)
+		s.undecided = s.undecided[:0]
+		return
+	}
 	keep := s.undecided[:0]
 	for _, a := range s.undecided {
 		if !s.aliveSince(a.at) {

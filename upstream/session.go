@@ -53,6 +53,7 @@ type session struct {
 	c        *Client
 	server   int // index in c.servers
 	protocol Protocol
+	opened   time.Time // when the stream was opened (stall.go, heard)
 	// The stream: delta (st), or state of the world (sotw, which turns
 	// it into the delta vocabulary: docs/architecture.md, invariant 16).
 	st     grpc.BidiStreamingClient[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]

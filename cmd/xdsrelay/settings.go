@@ -108,6 +108,7 @@ func upstreamSettings(prefix string, u *relay.UpstreamConfig) []setting {
 		{"max_request_bytes", kindInt, &u.MaxRequestBytes, "Largest request sent to the control plane; larger subscriptions and resumes are split over several requests."},
 		{"keepalive.time", kindDuration, &u.KeepaliveTime, "HTTP/2 keepalive ping interval on the upstream connection (at least 10s)."},
 		{"keepalive.timeout", kindDuration, &u.KeepaliveTimeout, "How long a keepalive ping may go unanswered before the connection is closed; also bounds the probe of a silent stream's connection before a name is reported not to exist."},
+		{"stall_timeout", kindDuration, &u.StallTimeout, "A response from the control plane that began to arrive and made no progress this long, its connection alive, stalls its stream: it is ended and opened again (at least 1s; 0 never ends one). No name is reported not to exist while a response is partly received."},
 		{"connect_timeout", kindDuration, &u.ConnectTimeout, "A connection attempt to the control plane (TCP, TLS, HTTP/2 handshake) not complete by then is given up, as to an address that accepts and answers nothing."},
 		{"tls.enabled", kindBool, &u.TLSEnabled, "TLS to the control plane with the system roots; any upstream.tls file also turns TLS on."},
 		{"tls.cert_file", kindString, &u.TLS.CertFile, "The relay's client certificate (mTLS). Without it, when the control plane asks for one, the upstream's errors (in the log, /readyz, /debug/groups) say so and name this key, rather than only \"broken pipe\"."},

@@ -174,6 +174,23 @@ func TestLoadUpstreams(t *testing.T) {
 			wantErr: "upstreams[0].fallback_recheck: must be positive"},
 		{name: "an entry's connect_timeout checked", yaml: "upstreams:\n  - {name: a, types: [secrets], connect_timeout: 0s}\n",
 			wantErr: "upstreams[0].connect_timeout: must be positive, got 0s"},
+		{
+			name: "upstream.stall_timeout from the environment, an entry's 0, another's default",
+			env:  map[string]string{"XDSRELAY_UPSTREAM_STALL_TIMEOUT": "45s"},
+			yaml: "upstreams:\n  - {name: a, types: [secrets], stall_timeout: 0s}\n  - {name: b, types: [clusters]}\n",
+			check: func(t *testing.T, o Options) {
+				if got := o.Relay.Upstream.StallTimeout; got != 45*time.Second {
+					t.Errorf("upstream.stall_timeout: %s, want 45s", got)
+				}
+				if a, b := o.Relay.Upstreams[0].StallTimeout, o.Relay.Upstreams[1].StallTimeout; a != 0 || b != 30*time.Second {
+					t.Errorf("upstreams[].stall_timeout: %s and %s, want 0s and the default 30s", a, b)
+				}
+			},
+		},
+		{name: "an entry's stall_timeout checked", yaml: "upstreams:\n  - {name: a, types: [secrets], stall_timeout: 500ms}\n",
+			wantErr: "upstreams[0].stall_timeout: 500ms is below 1s"},
+		{name: "a negative stall_timeout", yaml: "upstream:\n  stall_timeout: -1s\n",
+			wantErr: "upstream.stall_timeout: must not be negative, got -1s"},
 		{name: "an entry's address checked", yaml: "upstreams:\n  - {name: a, types: [secrets], addresses: [nowhere]}\n",
 			wantErr: "upstreams[0].addresses"},
 	})
