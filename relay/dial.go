@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/xdsrelay/xdsrelay/internal/creds"
+	"github.com/xdsrelay/xdsrelay/upstream"
 )
 
 // reconnectBackoff is the upstream reconnect backoff: gRPC's defaults for
@@ -25,12 +26,15 @@ func reconnectBackoff(u UpstreamConfig) backoff.Config {
 
 // dialServer prepares the connection to one server of an upstream. Each
 // server has its own connection: the client picks among them by gRFC A71's
-// rules (upstream.Client), not gRPC's pick_first.
-func dialServer(u UpstreamConfig, addr string, tracing bool, tc credentials.TransportCredentials) (*grpc.ClientConn, error) {
+// rules (upstream.Client), not gRPC's pick_first. The connection's
+// attempts are followed, so that each failed one is reported once.
+func dialServer(u UpstreamConfig, addr string, tracing bool, tc credentials.TransportCredentials) (upstream.Server, error) {
 	if tc == nil {
 		tc = insecure.NewCredentials()
 	}
+	attempts, counted := upstream.TrackAttempts()
 	opts := []grpc.DialOption{
+		counted,
 		grpc.WithTransportCredentials(tc),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(u.MaxMessageBytes)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{
@@ -48,9 +52,10 @@ func dialServer(u UpstreamConfig, addr string, tracing bool, tc credentials.Tran
 	}
 	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", addr, err)
+		attempts.Release()
+		return upstream.Server{}, fmt.Errorf("%s: %w", addr, err)
 	}
-	return conn, nil
+	return upstream.Server{Name: addr, Conn: conn, Attempts: attempts}, nil
 }
 
 // upstreamTLS loads an upstream's TLS material, nil when TLS is off.

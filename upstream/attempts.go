@@ -1,0 +1,179 @@
+package upstream
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/balancer"
+	"google.golang.org/grpc/balancer/pickfirst"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/serviceconfig"
+)
+
+// A connection that cannot reach its server stays in TRANSIENT_FAILURE
+// between gRPC's attempts (pick_first's sticky TRANSIENT_FAILURE, gRFC
+// A62), and every stream opened meanwhile fails at once with the last
+// attempt's error: a stream retried on the client's backoff would report
+// one attempt several times. Attempts follows the connection's attempts,
+// as pick_first reports them to the channel, so that the client reports
+// each failed attempt once and retries after gRPC's next one (see
+// Client.repeated and Client.awaitAttempt).
+
+// Attempts counts the failed attempts of one connection to its server.
+type Attempts struct {
+	id uint64 // its key in the attempts registry; read-only
+
+	mu       sync.Mutex
+	tracked  bool               // the connection's balancer reports here; guarded by mu
+	failed   uint64             // attempts failed (TRANSIENT_FAILURE reported); guarded by mu
+	state    connectivity.State // as last reported; guarded by mu
+	reported chan struct{}      // closed and replaced at every report; guarded by mu
+}
+
+// TrackAttempts returns an Attempts and the dial option that makes the
+// connection report to it (its load-balancing policy: pick_first, whose
+// reports are counted on their way to the channel). A service config from
+// the name resolver that names another policy leaves it untracked: the
+// client then retries on its own backoff alone.
+func TrackAttempts() (*Attempts, grpc.DialOption) {
+	a := &Attempts{id: nextAttempts.Add(1), reported: make(chan struct{})}
+	attemptsByID.Store(a.id, a)
+	cfg := fmt.Sprintf(`{"loadBalancingConfig":[{%q:{"id":%d}}]}`, attemptsPolicy, a.id)
+	return a, grpc.WithDefaultServiceConfig(cfg)
+}
+
+// Release forgets a once its connection is closed (a connection that
+// never left IDLE built no balancer to do it); nil is a no-op.
+func (a *Attempts) Release() {
+	if a != nil {
+		attemptsByID.Delete(a.id)
+	}
+}
+
+// now returns the failed attempts so far, whether the connection is in
+// TRANSIENT_FAILURE, and a channel closed at its next report; tracked is
+// false if the connection does not report to a.
+func (a *Attempts) now() (failed uint64, failing bool, next <-chan struct{}, tracked bool) {
+	if a == nil {
+		return 0, false, nil, false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.failed, a.state == connectivity.TransientFailure, a.reported, a.tracked
+}
+
+// report records a state the connection's balancer gave the channel,
+// after the channel has it: whoever wakes then sees the attempt's error
+// in the streams it opens.
+func (a *Attempts) report(s connectivity.State) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.tracked = true
+	if s == connectivity.TransientFailure {
+		a.failed++
+	}
+	a.state = s
+	close(a.reported)
+	a.reported = make(chan struct{})
+}
+
+const attemptsPolicy = "xdsrelay_counted_pick_first"
+
+var (
+	nextAttempts atomic.Uint64
+	attemptsByID sync.Map // id → *Attempts, until its connection closes
+)
+
+func init() { balancer.Register(countedBuilder{}) }
+
+// countedBuilder builds pick_first with its reports to the channel
+// counted in the Attempts its configuration names.
+type countedBuilder struct{}
+
+type countedConfig struct {
+	serviceconfig.LoadBalancingConfig
+	ID uint64 `json:"id"`
+}
+
+func (countedBuilder) Name() string { return attemptsPolicy }
+
+func (countedBuilder) ParseConfig(js json.RawMessage) (serviceconfig.LoadBalancingConfig, error) {
+	var cfg countedConfig
+	if err := json.Unmarshal(js, &cfg); err != nil {
+		return nil, fmt.Errorf("%s: %w", attemptsPolicy, err)
+	}
+	return &cfg, nil
+}
+
+func (countedBuilder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) balancer.Balancer {
+	b := &countedPickFirst{cc: &countingConn{ClientConn: cc}}
+	b.Balancer = balancer.Get(pickfirst.Name).Build(b.cc, opts)
+	return b
+}
+
+// countedPickFirst is pick_first, reporting through countingConn.
+type countedPickFirst struct {
+	balancer.Balancer
+	cc *countingConn
+	id uint64 // the Attempts it reports to; set by its first configuration
+}
+
+func (b *countedPickFirst) UpdateClientConnState(s balancer.ClientConnState) error {
+	if cfg, ok := s.BalancerConfig.(*countedConfig); ok && b.id == 0 {
+		if a, ok := attemptsByID.Load(cfg.ID); ok {
+			b.id = cfg.ID
+			b.cc.attempts.Store(a.(*Attempts))
+		}
+	}
+	s.BalancerConfig = nil // pick_first's defaults
+	return b.Balancer.UpdateClientConnState(s)
+}
+
+func (b *countedPickFirst) Close() {
+	b.Balancer.Close()
+	if b.id != 0 {
+		attemptsByID.Delete(b.id)
+	}
+}
+
+// countingConn passes the balancer's states to the channel, then to its
+// Attempts.
+type countingConn struct {
+	balancer.ClientConn
+	attempts atomic.Pointer[Attempts]
+}
+
+func (c *countingConn) UpdateState(s balancer.State) {
+	c.ClientConn.UpdateState(s)
+	if a := c.attempts.Load(); a != nil {
+		a.report(s.ConnectivityState)
+	}
+}
+
+// SilentServer names the failure of a connection attempt to a server that
+// accepted the TCP connection and sent nothing (no TLS, no HTTP/2
+// settings) before upstream.connect_timeout closed it: a hung process, or
+// a port that is not the control plane's gRPC one.
+const SilentServer = "the server accepted TCP but never spoke HTTP/2 within upstream.connect_timeout"
+
+// Silent reports whether err, as gRPC words a connection attempt's
+// failure, is SilentServer's: the server's HTTP/2 preface was still being
+// read when the connect deadline closed the connection
+// (google.golang.org/grpc/internal/transport: "error reading server
+// preface: ... use of closed network connection").
+func Silent(err string) bool {
+	return strings.Contains(err, "error reading server preface") &&
+		(strings.Contains(err, "use of closed network connection") || strings.Contains(err, "deadline exceeded"))
+}
+
+// Explain returns err with SilentServer before it when it is that case.
+func Explain(err string) string {
+	if Silent(err) {
+		return SilentServer + ": " + err
+	}
+	return err
+}
