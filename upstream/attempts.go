@@ -28,7 +28,7 @@ type Attempts struct {
 	id uint64 // its key in the attempts registry; read-only
 
 	mu       sync.Mutex
-	tracked  bool               // the connection's balancer reports here; guarded by mu
+	tracked  bool               // the connection's balancer has reported here; guarded by mu
 	failed   uint64             // attempts failed (TRANSIENT_FAILURE reported); guarded by mu
 	state    connectivity.State // as last reported; guarded by mu
 	reported chan struct{}      // closed and replaced at every report; guarded by mu
@@ -46,8 +46,7 @@ func TrackAttempts() (*Attempts, grpc.DialOption) {
 	return a, grpc.WithDefaultServiceConfig(cfg)
 }
 
-// Release forgets a once its connection is closed (a connection that
-// never left IDLE built no balancer to do it); nil is a no-op.
+// Release forgets a once its connection is closed; nil is a no-op.
 func (a *Attempts) Release() {
 	if a != nil {
 		attemptsByID.Delete(a.id)
@@ -85,7 +84,7 @@ const attemptsPolicy = "xdsrelay_counted_pick_first"
 
 var (
 	nextAttempts atomic.Uint64
-	attemptsByID sync.Map // id → *Attempts, until its connection closes
+	attemptsByID sync.Map // id → *Attempts, until Release
 )
 
 func init() { balancer.Register(countedBuilder{}) }
@@ -118,14 +117,12 @@ func (countedBuilder) Build(cc balancer.ClientConn, opts balancer.BuildOptions) 
 // countedPickFirst is pick_first, reporting through countingConn.
 type countedPickFirst struct {
 	balancer.Balancer
-	cc *countingConn
-	id uint64 // the Attempts it reports to; set by its first configuration
+	cc *countingConn // its Attempts found by the first configuration
 }
 
 func (b *countedPickFirst) UpdateClientConnState(s balancer.ClientConnState) error {
-	if cfg, ok := s.BalancerConfig.(*countedConfig); ok && b.id == 0 {
+	if cfg, ok := s.BalancerConfig.(*countedConfig); ok && b.cc.attempts.Load() == nil {
 		if a, ok := attemptsByID.Load(cfg.ID); ok {
-			b.id = cfg.ID
 			b.cc.attempts.Store(a.(*Attempts))
 		}
 	}
@@ -133,10 +130,13 @@ func (b *countedPickFirst) UpdateClientConnState(s balancer.ClientConnState) err
 	return b.Balancer.UpdateClientConnState(s)
 }
 
+// Close is the channel's going IDLE (gRPC closes the balancer after
+// idle_timeout, and builds another on the next call, which finds the same
+// Attempts) or its closing: either way, no attempt is failing any more.
 func (b *countedPickFirst) Close() {
 	b.Balancer.Close()
-	if b.id != 0 {
-		attemptsByID.Delete(b.id)
+	if a := b.cc.attempts.Load(); a != nil {
+		a.report(connectivity.Idle)
 	}
 }
 
@@ -166,8 +166,7 @@ const SilentServer = "the server accepted TCP but never spoke HTTP/2 within upst
 // (google.golang.org/grpc/internal/transport: "error reading server
 // preface: ... use of closed network connection").
 func Silent(err string) bool {
-	return strings.Contains(err, "error reading server preface") &&
-		(strings.Contains(err, "use of closed network connection") || strings.Contains(err, "deadline exceeded"))
+	return strings.Contains(err, "error reading server preface") && strings.Contains(err, "use of closed network connection")
 }
 
 // Explain returns err with SilentServer before it when it is that case.
