@@ -31,7 +31,7 @@ type Attempts struct {
 	tracked  bool               // the connection's balancer has reported here; guarded by mu
 	failed   uint64             // attempts failed (TRANSIENT_FAILURE reported); guarded by mu
 	state    connectivity.State // as last reported; guarded by mu
-	reported chan struct{}      // closed and replaced at every report; guarded by mu
+	reported chan struct{}      // closed and replaced once the channel has each report; guarded by mu
 }
 
 // TrackAttempts returns an Attempts and the dial option that makes the
@@ -65,10 +65,10 @@ func (a *Attempts) now() (failed uint64, failing bool, next <-chan struct{}, tra
 	return a.failed, a.state == connectivity.TransientFailure, a.reported, a.tracked
 }
 
-// report records a state the connection's balancer gave the channel,
-// after the channel has it: whoever wakes then sees the attempt's error
-// in the streams it opens.
-func (a *Attempts) report(s connectivity.State) {
+// record records a state the connection's balancer is giving the
+// channel, before the channel has it: a stream that failed on the
+// attempt's error finds the attempt counted.
+func (a *Attempts) record(s connectivity.State) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.tracked = true
@@ -76,6 +76,13 @@ func (a *Attempts) report(s connectivity.State) {
 		a.failed++
 	}
 	a.state = s
+}
+
+// wake wakes those waiting for a report, once the channel has it: a
+// stream they open then meets the attempt's error, not the one before.
+func (a *Attempts) wake() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	close(a.reported)
 	a.reported = make(chan struct{})
 }
@@ -136,22 +143,27 @@ func (b *countedPickFirst) UpdateClientConnState(s balancer.ClientConnState) err
 func (b *countedPickFirst) Close() {
 	b.Balancer.Close()
 	if a := b.cc.attempts.Load(); a != nil {
-		a.report(connectivity.Idle)
+		a.record(connectivity.Idle)
+		a.wake()
 	}
 }
 
-// countingConn passes the balancer's states to the channel, then to its
-// Attempts.
+// countingConn records the balancer's states in its Attempts as they go
+// to the channel.
 type countingConn struct {
 	balancer.ClientConn
 	attempts atomic.Pointer[Attempts]
 }
 
 func (c *countingConn) UpdateState(s balancer.State) {
-	c.ClientConn.UpdateState(s)
-	if a := c.attempts.Load(); a != nil {
-		a.report(s.ConnectivityState)
+	a := c.attempts.Load()
+	if a == nil {
+		c.ClientConn.UpdateState(s)
+		return
 	}
+	a.record(s.ConnectivityState)
+	c.ClientConn.UpdateState(s)
+	a.wake()
 }
 
 // SilentServer names the failure of a connection attempt to a server that

@@ -378,12 +378,16 @@ func (c *Client) repeated(i int, healthy bool) bool {
 // sooner would fail at once with the error already reported. A client
 // that asks for something meanwhile is answered as during wait: told
 // UNAVAILABLE once every server failed, and with several servers, the
-// wait ends so that the next may be tried for what is not cached.
+// wait ends so that the next may be tried for what is not cached. The
+// wait is bounded by the backoff's cap: a stream opened then on the same
+// attempt is a repeat, not reported (see repeated).
 func (c *Client) awaitAttempt(ctx context.Context, i int) {
 	var interest <-chan struct{}
 	if len(c.servers) > 1 || c.reach.down {
 		interest = c.opts.Interest.InterestChanged()
 	}
+	bound := time.NewTimer(c.opts.Backoff.MaxDelay)
+	defer bound.Stop()
 	for {
 		failed, failing, next, tracked := c.servers[i].attempts.now()
 		if last := c.reported[i]; !tracked || !failing || !last.set || last.failed != failed {
@@ -391,6 +395,8 @@ func (c *Client) awaitAttempt(ctx context.Context, i int) {
 		}
 		select {
 		case <-ctx.Done():
+			return
+		case <-bound.C:
 			return
 		case <-next:
 		case <-interest:
