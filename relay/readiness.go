@@ -109,8 +109,8 @@ func failureKind(err string) string {
 		return false
 	}
 	switch {
-	case upstream.Silent(err):
-		return upstream.SilentServer
+	case upstream.Silent(err) != "":
+		return upstream.Silent(err)
 	case has("no such host", "produced zero addresses", "name resolver", "server misbehaving"):
 		return "its name does not resolve"
 	case has("connection refused"):

@@ -190,6 +190,7 @@ func TestFailureKind(t *testing.T) {
 		{`rpc error: code = Unavailable desc = connection error: desc = "transport: Error while dialing: dial tcp 10.0.0.1:18000: connect: no route to host"`, "network unreachable"},
 		{`rpc error: code = Unavailable desc = connection error: desc = "error reading server preface: raw-read tcp 127.0.0.1:54052->127.0.0.1:34791: use of closed network connection"`, upstream.SilentServer},
 		{`rpc error: code = Unavailable desc = connection error: desc = "error reading server preface: read tcp 10.0.0.2:41000->10.0.0.1:18000: use of closed network connection"`, upstream.SilentServer},
+		{`rpc error: code = Unavailable desc = connection error: desc = "transport: authentication handshake failed: context deadline exceeded"`, upstream.SilentTLSServer},
 		{`something else`, "connection failing"},
 	} {
 		if got := failureKind(tc.err); got != tc.want {

@@ -167,24 +167,37 @@ func (c *countingConn) UpdateState(s balancer.State) {
 }
 
 // SilentServer names the failure of a connection attempt to a server that
-// accepted the TCP connection and sent nothing (no TLS, no HTTP/2
-// settings) before upstream.connect_timeout closed it: a hung process, or
-// a port that is not the control plane's gRPC one.
+// accepted the TCP connection and sent nothing (no HTTP/2 settings) before
+// upstream.connect_timeout closed it: a hung process, or a port that is
+// not the control plane's gRPC one.
 const SilentServer = "the server accepted TCP but never spoke HTTP/2 within upstream.connect_timeout"
 
-// Silent reports whether err, as gRPC words a connection attempt's
-// failure, is SilentServer's: the server's HTTP/2 preface was still being
-// read when the connect deadline closed the connection
-// (google.golang.org/grpc/internal/transport: "error reading server
-// preface: ... use of closed network connection").
-func Silent(err string) bool {
-	return strings.Contains(err, "error reading server preface") && strings.Contains(err, "use of closed network connection")
+// SilentTLSServer is SilentServer over TLS: the server did not answer the
+// TLS handshake before upstream.connect_timeout.
+const SilentTLSServer = "the server accepted TCP but never completed the TLS handshake within upstream.connect_timeout"
+
+// Silent returns SilentServer or SilentTLSServer if err, as gRPC words a
+// connection attempt's failure (google.golang.org/grpc/internal/transport),
+// is that case: the server's HTTP/2 preface still being read when the
+// connect deadline closed the connection ("error reading server preface:
+// ... use of closed network connection"), or the TLS handshake still under
+// way ("authentication handshake failed: context deadline exceeded"); ""
+// if it is neither.
+func Silent(err string) string {
+	switch {
+	case strings.Contains(err, "error reading server preface") && strings.Contains(err, "use of closed network connection"):
+		return SilentServer
+	case strings.Contains(err, "authentication handshake failed: context deadline exceeded"):
+		return SilentTLSServer
+	}
+	return ""
 }
 
-// Explain returns err with SilentServer before it when it is that case.
+// Explain returns err with the name of its case before it, when Silent
+// names one.
 func Explain(err string) string {
-	if Silent(err) {
-		return SilentServer + ": " + err
+	if kind := Silent(err); kind != "" {
+		return kind + ": " + err
 	}
 	return err
 }

@@ -349,8 +349,8 @@ func (c *Client) ended(ctx context.Context, cur int, healthy bool, err error) bo
 	}
 	c.opts.Metrics.Reconnects.With(c.opts.Group).Inc()
 	attrs := []any{"server", c.servers[cur].name, "error", err, "answered", healthy}
-	if Silent(why) {
-		attrs = append(attrs, "why", SilentServer)
+	if kind := Silent(why); kind != "" {
+		attrs = append(attrs, "why", kind)
 	}
 	c.log.Warn("upstream stream ended; reconnecting", attrs...)
 	return true
