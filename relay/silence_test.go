@@ -257,12 +257,13 @@ func TestSilentServerReportedOncePerAttempt(t *testing.T) {
 		return warned, counted
 	}
 	// Each failed attempt is reported after it ends, never more than once:
-	// the reports never outnumber the connections accepted, and once four
-	// attempts have failed they catch up with them.
+	// the reports never outnumber the connections accepted (but for one
+	// the client gave up on that may wait in the listen queue still), and
+	// once four attempts have failed they catch up with them.
 	eventuallyWithin(t, faultWait, "a report for each of four failed attempts", func() bool {
 		warned, counted := reported()
 		accepted, closed := mute.accepted.Load(), mute.closed.Load()
-		if int64(warned) > accepted || int64(counted) > accepted {
+		if int64(warned) > accepted+1 || int64(counted) > accepted+1 {
 			t.Fatalf("%d warnings and %d reconnects counted for %d connections", warned, counted, accepted)
 		}
 		return closed >= 4 && int64(warned) == closed && int64(counted) == closed
