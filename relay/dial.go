@@ -28,13 +28,17 @@ func reconnectBackoff(u UpstreamConfig) backoff.Config {
 // server has its own connection: the client picks among them by gRFC A71's
 // rules (upstream.Client), not gRPC's pick_first. Its HTTP/2 frames are
 // watched (upstream.WatchFrames): the streams' liveness is their own, not
-// only the connection's (docs/architecture.md, invariant 17).
-func dialServer(u UpstreamConfig, addr string, tracing bool, tc credentials.TransportCredentials) (*grpc.ClientConn, *upstream.Frames, error) {
+// only the connection's (docs/architecture.md, invariant 17). The
+// connection's attempts are followed, so that each failed one is reported
+// once.
+func dialServer(u UpstreamConfig, addr string, tracing bool, tc credentials.TransportCredentials) (upstream.Server, error) {
 	if tc == nil {
 		tc = insecure.NewCredentials()
 	}
 	tc, frames := upstream.WatchFrames(tc)
+	attempts, counted := upstream.TrackAttempts()
 	opts := []grpc.DialOption{
+		counted,
 		grpc.WithTransportCredentials(tc),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(u.MaxMessageBytes)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{
@@ -52,9 +56,10 @@ func dialServer(u UpstreamConfig, addr string, tracing bool, tc credentials.Tran
 	}
 	conn, err := grpc.NewClient(addr, opts...)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", addr, err)
+		attempts.Release()
+		return upstream.Server{}, fmt.Errorf("%s: %w", addr, err)
 	}
-	return conn, frames, nil
+	return upstream.Server{Name: addr, Conn: conn, Frames: frames, Attempts: attempts}, nil
 }
 
 // upstreamTLS loads an upstream's TLS material, nil when TLS is off.

@@ -53,7 +53,7 @@ func (r *Relay) syncProblem() syncProblem {
 		}
 		return syncProblem{
 			public:  "the control plane cannot be reached (" + failureKind(err) + ")",
-			private: fmt.Sprintf("upstream %s cannot be reached: %s", target, err),
+			private: fmt.Sprintf("upstream %s cannot be reached: %s", target, upstream.Explain(err)),
 		}
 	case connectivity.Ready:
 		return connected
@@ -110,6 +110,8 @@ func failureKind(err string) string {
 		return false
 	}
 	switch {
+	case upstream.Silent(err) != "":
+		return upstream.Silent(err)
 	case has("no such host", "produced zero addresses", "name resolver", "server misbehaving"):
 		return "its name does not resolve"
 	case has("connection refused"):

@@ -10,12 +10,14 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc/connectivity"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
+	"github.com/xdsrelay/xdsrelay/upstream"
 )
 
 // With admin.ready_after_sync and a control plane that is not there, the
@@ -39,6 +41,29 @@ func TestNotReadySaysWhy(t *testing.T) {
 	private := r.notReadyLine(r.notReady(), true)
 	if !strings.Contains(private, "upstream "+dead+" cannot be reached: ") || !strings.Contains(private, "connection refused") {
 		t.Errorf("the private /readyz: %q, want the address and the error", private)
+	}
+}
+
+// With admin.ready_after_sync and a control plane that accepts TCP and
+// never speaks HTTP/2, /readyz names that case: to anyone as the kind of
+// failure, to a private caller before the error, with the address.
+func TestNotReadyNamesSilentServer(t *testing.T) {
+	mute := startMute(t)
+	r := startRelay(t, mute.addr, fastReconnect, publicAdmin(t), func(c *Config) {
+		c.Admin.ReadyAfterSync = true
+		c.Upstream.ConnectTimeout = 500 * time.Millisecond
+	})
+	want := "not ready: waiting for the first upstream sync: the control plane cannot be reached (" + upstream.SilentServer + ")\n"
+	eventually(t, "/readyz naming the silent server", func() bool {
+		_, body := get(t, http.DefaultClient, "http://"+r.AdminAddr()+"/readyz")
+		if strings.Contains(body, mute.addr) {
+			t.Fatalf("/readyz to anyone names the control plane: %q", body)
+		}
+		return body == want
+	})
+	private := r.notReadyLine(r.notReady(), true)
+	if !strings.Contains(private, "upstream "+mute.addr+" cannot be reached: "+upstream.SilentServer+": ") {
+		t.Errorf("the private /readyz: %q, want the address and the case named", private)
 	}
 }
 
@@ -167,6 +192,9 @@ func TestFailureKind(t *testing.T) {
 		{`rpc error: code = Unavailable desc = connection error: desc = "transport: authentication handshake failed: tls: failed to verify certificate: x509: certificate signed by unknown authority"`, "TLS handshake failed"},
 		{`rpc error: code = Unavailable desc = connection error: desc = "transport: Error while dialing: dial tcp 10.0.0.1:18000: i/o timeout"`, "connection timed out"},
 		{`rpc error: code = Unavailable desc = connection error: desc = "transport: Error while dialing: dial tcp 10.0.0.1:18000: connect: no route to host"`, "network unreachable"},
+		{`rpc error: code = Unavailable desc = connection error: desc = "error reading server preface: raw-read tcp 127.0.0.1:54052->127.0.0.1:34791: use of closed network connection"`, upstream.SilentServer},
+		{`rpc error: code = Unavailable desc = connection error: desc = "error reading server preface: read tcp 10.0.0.2:41000->10.0.0.1:18000: use of closed network connection"`, upstream.SilentServer},
+		{`rpc error: code = Unavailable desc = connection error: desc = "transport: authentication handshake failed: context deadline exceeded"`, upstream.SilentTLSServer},
 		{`something else`, "connection failing"},
 	} {
 		if got := failureKind(tc.err); got != tc.want {

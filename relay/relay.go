@@ -339,15 +339,16 @@ func (r *Relay) upstreamSource(u UpstreamConfig, key string) (upstream.Source, e
 	closeAll := func() {
 		for _, s := range servers {
 			s.Conn.(*grpc.ClientConn).Close()
+			s.Attempts.Release()
 		}
 	}
 	for _, addr := range u.Servers() {
-		conn, frames, err := dialServer(u, addr, r.cfg.Tracing, tc)
+		s, err := dialServer(u, addr, r.cfg.Tracing, tc)
 		if err != nil {
 			closeAll()
 			return nil, fmt.Errorf("%s.address: %w", key, err)
 		}
-		servers = append(servers, upstream.Server{Name: addr, Conn: conn, Frames: frames})
+		servers = append(servers, s)
 	}
 	if r.upConn == nil {
 		r.upConn = servers[0].Conn.(*grpc.ClientConn)

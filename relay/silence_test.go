@@ -1,8 +1,14 @@
 package relay
 
 import (
+	"io"
+	"log/slog"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +18,7 @@ import (
 
 	"github.com/xdsrelay/xdsrelay/internal/faultproxy"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
+	"github.com/xdsrelay/xdsrelay/upstream"
 )
 
 // faultWait bounds the waits of the fault tests: detection takes
@@ -169,4 +176,104 @@ func TestSilentAddressGivenUpAfterConnectTimeout(t *testing.T) {
 	deltaUntil(t, d, "a", wait, func(got, _ []string, _ map[string]codes.Code) bool { return slices.Contains(got, "a") })
 	t.Logf("served from the secondary %v after the first attempt (connect_timeout 2s)", time.Since(start))
 	waitMetric(t, r, `xdsrelay_upstream_fallbacks_total{upstream="default"} 1`)
+}
+
+// muteServer accepts TCP connections and never writes a byte: a server
+// that is up but does not speak HTTP/2 (a hung process, a port that is not
+// the control plane's gRPC one).
+type muteServer struct {
+	addr     string
+	accepted atomic.Int64 // connections accepted
+	closed   atomic.Int64 // of those, closed by the client: attempts given up
+}
+
+// startMute runs a muteServer until the test ends.
+func startMute(t *testing.T) *muteServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &muteServer{addr: ln.Addr().String()}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			m.accepted.Add(1)
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, _ = io.Copy(io.Discard, c) // until the client gives up
+				m.closed.Add(1)
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return m
+}
+
+// A server that accepts TCP and never speaks HTTP/2 is reported once per
+// connection attempt: gRPC gives each attempt upstream.connect_timeout,
+// and the streams that fail at once in between, with the same attempt's
+// error, are neither logged nor counted again. The log line and /readyz
+// name the case.
+func TestSilentServerReportedOncePerAttempt(t *testing.T) {
+	t.Parallel()
+	mute := startMute(t)
+	logs := &logBuffer{}
+	r := startRelayLogged(t, mute.addr, slog.New(slog.NewJSONHandler(logs, nil)), func(c *Config) {
+		c.Upstream.ConnectTimeout = time.Second
+		c.Upstream.ReconnectBaseDelay, c.Upstream.ReconnectMaxDelay = 100*time.Millisecond, 300*time.Millisecond
+	})
+	d := openDelta(t, r.Addr())
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"a"}})
+
+	series := `xdsrelay_upstream_reconnects_total{group="` + keyOf("c1") + `"} `
+	reported := func() (warned, counted int) {
+		warned = len(logs.Lines(t, "upstream stream ended; reconnecting"))
+		for _, l := range strings.Split(getMetrics(t, r), "\n") {
+			if n, ok := strings.CutPrefix(l, series); ok {
+				counted, _ = strconv.Atoi(n)
+			}
+		}
+		return warned, counted
+	}
+	// Each failed attempt is reported after it ends, never more than once:
+	// the reports never outnumber the connections accepted (but for one
+	// the client gave up on that may wait in the listen queue still), and
+	// once four attempts have failed they catch up with them.
+	eventuallyWithin(t, faultWait, "a report for each of four failed attempts", func() bool {
+		warned, counted := reported()
+		accepted, closed := mute.accepted.Load(), mute.closed.Load()
+		if int64(warned) > accepted+1 || int64(counted) > accepted+1 {
+			t.Fatalf("%d warnings and %d reconnects counted for %d connections", warned, counted, accepted)
+		}
+		return closed >= 4 && int64(warned) == closed && int64(counted) == closed
+	})
+	for _, l := range logs.Lines(t, "upstream stream ended; reconnecting") {
+		if l["why"] != upstream.SilentServer {
+			t.Errorf("the warning does not name the case: %v", l)
+		}
+	}
+	if rz := readyz(t, r); !strings.Contains(rz, "DOWN ("+upstream.SilentServer+": ") {
+		t.Errorf("/readyz does not name the case:\n%s", rz)
+	}
 }

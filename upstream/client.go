@@ -26,7 +26,7 @@ type Metrics struct {
 	Responses  *metrics.Vec          // counter, by type
 	NACKs      *metrics.Vec          // counter, by type: responses the relay rejected
 	Apply      *metrics.HistogramVec // by type: seconds to apply a response to the cache
-	Reconnects *metrics.Vec          // counter, by group: streams that ended and are opened again
+	Reconnects *metrics.Vec          // counter, by group: streams that ended and are opened again, a connection's failed attempt once
 	Fallbacks  *metrics.Vec          // counter, by upstream: moves to a lower-priority server (gRFC A71)
 	// Protocol is a gauge, by upstream, server and protocol: 1 for what
 	// each server was found to speak.
@@ -48,7 +48,7 @@ func NewMetrics(r *metrics.Registry) *Metrics {
 		NACKs:     r.Counter("xdsrelay_upstream_nacks_total", "Upstream responses the relay rejected (NACKed).", "type"),
 		Apply: r.Histogram("xdsrelay_upstream_apply_seconds", "Time to apply one control-plane response to the group's cache.",
 			metrics.LatencyBuckets, "type"),
-		Reconnects: r.Counter("xdsrelay_upstream_reconnects_total", "Times the group's upstream stream ended and is being opened again (with backoff).", "group"),
+		Reconnects: r.Counter("xdsrelay_upstream_reconnects_total", "Times the group's upstream stream ended and is being opened again (with backoff); a failed connection attempt counts once, however many streams failed on it.", "group"),
 		Fallbacks:  r.Counter("xdsrelay_upstream_fallbacks_total", "Times a group's stream moved to a lower-priority server of the upstream, the higher ones being unreachable with something wanted not cached (gRFC A71).", "upstream"),
 		Protocol: r.Gauge("xdsrelay_upstream_protocol", "1 for the protocol each control-plane server answered in (upstream.protocol): delta, sotw or sotw-per-type; 0 for the others, and for each while nothing answered (a directory of resource files speaks none).",
 			"upstream", "server", "protocol"),
@@ -121,6 +121,10 @@ type Server struct {
 	// received. nil: the stream's liveness is its responses and probes
 	// alone, and no stream is found stalled.
 	Frames *Frames
+	// Attempts follows Conn's attempts to connect (TrackAttempts): each
+	// failed one is then reported once, and retried after gRPC's next. A
+	// stream's every failure is reported, on the client's backoff, if nil.
+	Attempts *Attempts
 }
 
 // DefaultFallbackRecheck is how often higher-priority servers are tried
@@ -153,14 +157,24 @@ type Client struct {
 	mu     sync.Mutex
 	status Status // guarded by mu
 
-	reach reach // owned by Run
+	// Owned by Run.
+	reach    reach
+	reported []reportedAttempt // by server: the connection attempt a failure on it was last reported for
 }
 
 type server struct {
-	name   string
-	conn   grpc.ClientConnInterface
-	ads    discoverypb.AggregatedDiscoveryServiceClient
-	frames *Frames
+	name     string
+	conn     grpc.ClientConnInterface
+	ads      discoverypb.AggregatedDiscoveryServiceClient
+	frames   *Frames
+	attempts *Attempts // nil if the connection's attempts are not followed
+}
+
+// reportedAttempt is the connection's failed attempts when a stream's
+// failure was last reported; set only if the connection was failing then.
+type reportedAttempt struct {
+	failed uint64
+	set    bool
 }
 
 // Status is what the admin endpoint shows of a group's upstream.
@@ -245,8 +259,9 @@ func New(opts Options) (*Client, error) {
 			return nil, fmt.Errorf("upstream: server %q has no connection", s.Name)
 		}
 		c.servers = append(c.servers, server{name: s.Name, conn: s.Conn, ads: discoverypb.NewAggregatedDiscoveryServiceClient(s.Conn),
-			frames: s.Frames})
+			frames: s.Frames, attempts: s.Attempts})
 	}
+	c.reported = make([]reportedAttempt, len(c.servers))
 	c.status = Status{Upstream: opts.Upstream, Server: c.servers[0].name}
 	return c, nil
 }
@@ -300,6 +315,7 @@ func (c *Client) Run(ctx context.Context) {
 				}
 				c.unreached(cur)
 				cur = c.wait(ctx, cur, false, attempt)
+				c.awaitAttempt(ctx, cur)
 				continue
 			}
 			c.up(s)
@@ -329,21 +345,87 @@ func (c *Client) Run(ctx context.Context) {
 			c.unreached(cur)
 		}
 		cur = c.wait(ctx, cur, healthy, attempt)
+		c.awaitAttempt(ctx, cur)
 	}
 }
 
-// ended records why a stream ended; false if the client is to stop.
+// ended records why a stream ended; false if the client is to stop. A
+// failure that only repeats the connection's attempt already reported is
+// not counted or logged again (see repeated).
 func (c *Client) ended(ctx context.Context, cur int, healthy bool, err error) bool {
 	if !c.routed() {
 		c.opts.Metrics.Streams.With(c.opts.Group).Set(0)
 	}
-	c.setStatus(func(s *Status) { s.Connected, s.LastError = false, fmt.Sprint(err) })
+	why := Explain(fmt.Sprint(err))
+	c.setStatus(func(s *Status) { s.Connected, s.LastError = false, why })
 	if ctx.Err() != nil {
 		return false
 	}
+	if c.repeated(cur, healthy) {
+		c.log.Debug("upstream stream failed again on the connection attempt already reported", "server", c.servers[cur].name, "error", err)
+		return true
+	}
 	c.opts.Metrics.Reconnects.With(c.opts.Group).Inc()
-	c.log.Warn("upstream stream ended; reconnecting", "server", c.servers[cur].name, "error", err, "answered", healthy)
+	attrs := []any{"server", c.servers[cur].name, "error", err, "answered", healthy}
+	if kind := Silent(why); kind != "" {
+		attrs = append(attrs, "why", kind)
+	}
+	c.log.Warn("upstream stream ended; reconnecting", attrs...)
 	return true
+}
+
+// repeated reports whether a stream on server i that ended unanswered
+// only repeats the failure already reported: its connection is in
+// TRANSIENT_FAILURE and has failed no attempt since, so the stream failed
+// at once with that attempt's error. Otherwise the failure is marked
+// reported.
+func (c *Client) repeated(i int, healthy bool) bool {
+	failed, failing, _, tracked := c.servers[i].attempts.now()
+	last := &c.reported[i]
+	if !healthy && tracked && failing && last.set && last.failed == failed {
+		return true
+	}
+	*last = reportedAttempt{failed: failed, set: tracked && failing}
+	return false
+}
+
+// awaitAttempt waits, before a stream is opened on server i again, until
+// its connection has something new to say: an attempt failed since the
+// failure reported, or the connection left TRANSIENT_FAILURE. gRPC's
+// backoff and upstream.connect_timeout pace the attempts; a stream opened
+// sooner would fail at once with the error already reported. A client
+// that asks for something meanwhile is answered as during wait: told
+// UNAVAILABLE once every server failed, and with several servers, the
+// wait ends so that the next may be tried for what is not cached. The
+// wait is bounded by the backoff's cap: a stream opened then on the same
+// attempt is a repeat, not reported (see repeated).
+func (c *Client) awaitAttempt(ctx context.Context, i int) {
+	var interest <-chan struct{}
+	if len(c.servers) > 1 || c.reach.down {
+		interest = c.opts.Interest.InterestChanged()
+	}
+	bound := time.NewTimer(c.opts.Backoff.MaxDelay)
+	defer bound.Stop()
+	for {
+		failed, failing, next, tracked := c.servers[i].attempts.now()
+		if last := c.reported[i]; !tracked || !failing || !last.set || last.failed != failed {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-bound.C:
+			return
+		case <-next:
+		case <-interest:
+			if c.reach.down {
+				c.markUnavailable()
+			}
+			if len(c.servers) > 1 && c.missing() {
+				return
+			}
+		}
+	}
 }
 
 // wait waits out the backoff after a stream on server cur ended, and

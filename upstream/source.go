@@ -116,6 +116,7 @@ func (a *ADS) Close() error {
 		if c, ok := s.Conn.(interface{ Close() error }); ok {
 			errs = append(errs, c.Close())
 		}
+		s.Attempts.Release()
 	}
 	return errors.Join(errs...)
 }
