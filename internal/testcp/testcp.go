@@ -93,32 +93,20 @@ func StartDialect(t testing.TB, d Dialect, opts ...grpc.ServerOption) *ControlPl
 }
 
 // sotwOnly is a go-control-plane server that refuses delta streams, as
-// Gloo's does ("not implemented").
+// Gloo's does ("not implemented"), on ADS and on every per-type service.
 type sotwOnly struct{ serverv3.Server }
 
-func (sotwOnly) DeltaAggregatedResources(grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]) error {
-	return status.Error(codes.Unimplemented, "delta xDS is not implemented")
-}
+// deltaStream is every delta method's stream.
+type deltaStream = grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
 
-func (sotwOnly) DeltaClusters(grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]) error {
-	return status.Error(codes.Unimplemented, "delta xDS is not implemented")
-}
+var errNoDelta = status.Error(codes.Unimplemented, "delta xDS is not implemented")
 
-func (sotwOnly) DeltaEndpoints(grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]) error {
-	return status.Error(codes.Unimplemented, "delta xDS is not implemented")
-}
-
-func (sotwOnly) DeltaListeners(grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]) error {
-	return status.Error(codes.Unimplemented, "delta xDS is not implemented")
-}
-
-func (sotwOnly) DeltaRoutes(grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]) error {
-	return status.Error(codes.Unimplemented, "delta xDS is not implemented")
-}
-
-func (sotwOnly) DeltaSecrets(grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]) error {
-	return status.Error(codes.Unimplemented, "delta xDS is not implemented")
-}
+func (sotwOnly) DeltaAggregatedResources(deltaStream) error { return errNoDelta }
+func (sotwOnly) DeltaClusters(deltaStream) error            { return errNoDelta }
+func (sotwOnly) DeltaEndpoints(deltaStream) error           { return errNoDelta }
+func (sotwOnly) DeltaListeners(deltaStream) error           { return errNoDelta }
+func (sotwOnly) DeltaRoutes(deltaStream) error              { return errNoDelta }
+func (sotwOnly) DeltaSecrets(deltaStream) error             { return errNoDelta }
 
 // Register registers the dialect's services of srv on g: ADS for delta;
 // ADS refusing delta for sotw; the per-type services (CDS, EDS, LDS, RDS,

@@ -40,13 +40,20 @@ var deltaFields = (&discoverypb.DeltaDiscoveryResponse{}).ProtoReflect().Descrip
 // becomes (or from which is built) its encoding.
 func (r *Received) unmarshal(data mem.BufferSlice) error {
 	*r = Received{Size: data.Len()}
+	return eachField(data, deltaFields, r.field)
+}
+
+// eachField reads a message held in gRPC's buffers field by field, as
+// proto.Unmarshal would: each known length-delimited field of fields is
+// read by read, given its length; the others are checked and skipped.
+func eachField(data mem.BufferSlice, fields protoreflect.FieldDescriptors, read func(c *cursor, fd protoreflect.FieldDescriptor, n int) error) error {
 	c := newCursor(data)
 	for c.left > 0 {
 		num, typ, err := c.tag(false)
 		if err != nil {
 			return err
 		}
-		fd := deltaFields.ByNumber(num)
+		fd := fields.ByNumber(num)
 		if typ == protowire.EndGroupType || fd == nil || typ != protowire.BytesType {
 			// Unknown, or a known field sent with another wire type, which
 			// proto.Unmarshal keeps as unknown.
@@ -59,7 +66,7 @@ func (r *Received) unmarshal(data mem.BufferSlice) error {
 		if err != nil {
 			return err
 		}
-		if err := r.field(c, fd, n); err != nil {
+		if err := read(c, fd, n); err != nil {
 			return fmt.Errorf("%s: %w", fd.FullName(), err)
 		}
 	}

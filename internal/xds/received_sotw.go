@@ -1,7 +1,6 @@
 package xds
 
 import (
-	"fmt"
 	"sync"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -38,33 +37,14 @@ var (
 // every field as proto.Unmarshal would.
 func (r *SotWReceived) unmarshal(data mem.BufferSlice) error {
 	r.Received = Received{Size: data.Len(), StateOfTheWorld: true}
-	c := newCursor(data)
-	for c.left > 0 {
-		num, typ, err := c.tag(false)
-		if err != nil {
-			return err
-		}
-		fd := sotwFields.ByNumber(num)
-		if typ == protowire.EndGroupType || fd == nil || typ != protowire.BytesType {
-			if err := c.skipValue(num, typ, protowire.DefaultRecursionLimit); err != nil {
-				return err
-			}
-			continue
-		}
-		n, err := c.length()
-		if err != nil {
-			return err
-		}
+	return eachField(data, sotwFields, func(c *cursor, fd protoreflect.FieldDescriptor, n int) error {
 		v := make([]byte, n)
 		c.read(v)
 		if err := validateBytesField(v, fd, 0); err != nil {
-			return fmt.Errorf("%s: %w", fd.FullName(), err)
+			return err
 		}
-		if err := r.field(fd.Number(), v); err != nil {
-			return fmt.Errorf("%s: %w", fd.FullName(), err)
-		}
-	}
-	return nil
+		return r.field(fd.Number(), v)
+	})
 }
 
 func (r *SotWReceived) field(num protowire.Number, v []byte) error {
