@@ -88,6 +88,7 @@ type typeStatus struct {
 	nackVersion string // and of the last NACK, with its message and time
 	nackMsg     string
 	nackAt      time.Time
+	accepted    int64 // when the client last ACKed, in Unix nanoseconds (see cache.Mover.Since)
 }
 
 // answer is a client's ACK or NACK of the responses up to nonce.
@@ -95,12 +96,13 @@ type answer struct {
 	nonce uint64
 	state ResourceState // Acked or Nacked
 	note  *nackNote     // the NACK's, shared by the names it covers
+	at    time.Time     // when it came
 }
 
 // settle applies the recorded answers to the pending names. A name's fate
 // is the first answer that covers its response, as if each answer had been
 // applied when it came.
-func (t *typeStatus) settle() {
+func (t *typeStatus) settle(mv mover) {
 	if t.nanswers == 0 {
 		return
 	}
@@ -119,8 +121,10 @@ func (t *typeStatus) settle() {
 			keep = append(keep, name)
 			continue
 		}
+		was := r
 		r.state, r.nonce, r.nack = as[i].state, 0, as[i].note
 		t.res.set(name, r)
+		mv.move(name, was, r, time.Time{}, as[i].at)
 	}
 	clear(t.pending[len(keep):])
 	t.pending = keep
@@ -134,6 +138,8 @@ type streamStatus struct {
 	node    *corepb.Node // read-only
 	variant string       // read-only
 	cache   *cache.Cache // read-only: the group's cache
+	push    *pushMetrics // read-only: times to accept are observed there; nil: not observed
+	opened  int64        // read-only: when the stream opened, in Unix nanoseconds
 
 	mu    sync.Mutex
 	types byType[typeStatus]
@@ -166,8 +172,12 @@ func (s *streamStatus) unsubscribed(typeURL string, names []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t := s.typ(typeURL)
+	mv := s.mover(typeURL, t)
 	for _, n := range names {
-		t.res.remove(n)
+		if r, ok := t.res.get(n); ok {
+			t.res.remove(n)
+			mv.gone(n, r)
+		}
 	}
 }
 
@@ -178,33 +188,62 @@ func (s *streamStatus) setWildcard(typeURL string, on bool) {
 	t := s.typ(typeURL)
 	t.wildcard = on
 	if !on {
+		mv := s.mover(typeURL, t)
+		mv.reshare(nil, time.Now())
 		t.shared = nil
-		t.res.removeFunc(func(_ string, r resStatus) bool { return !r.named })
+		t.res.removeFunc(func(n string, r resStatus) bool {
+			if !r.named {
+				mv.gone(n, r)
+			}
+			return !r.named
+		})
 	}
 }
 
 // sending opens the record of a response about to be sent on typeURL with
 // nonce; it returns with mu held, released by done. full says the response
 // is the type's complete state: what it omits the client no longer has.
-func (s *streamStatus) sending(typeURL string, full bool) *typeStatus {
+func (s *streamStatus) sending(typeURL string, full bool) sendRec {
+	return s.sendingFrom(typeURL, full, time.Time{})
+}
+
+// sendingFrom is sending for a response read from a view of the cache
+// whose latest change arrived at received (cache.View.Received).
+func (s *streamStatus) sendingFrom(typeURL string, full bool, received time.Time) sendRec {
 	s.mu.Lock()
 	t := s.typ(typeURL)
-	t.settle()
-	t.unshare()
+	mv := s.mover(typeURL, t)
+	t.settle(mv)
+	t.unshare(mv)
 	if full {
-		t.res.removeFunc(func(_ string, r resStatus) bool { return !r.named })
+		t.res.removeFunc(func(n string, r resStatus) bool {
+			if !r.named {
+				mv.gone(n, r)
+			}
+			return !r.named
+		})
 		for n, r := range t.res.all() {
+			was := r
 			r.version, r.state, r.nonce = "", Requested, 0
 			t.res.set(n, r)
+			mv.gone(n, was)
 		}
 	}
-	return t
+	return sendRec{t, mv, received}
+}
+
+// sendRec is the record of a response being sent: the type's, with what
+// it moves in the cache's counters (convergence.go).
+type sendRec struct {
+	*typeStatus
+	mv       mover
+	received time.Time
 }
 
 func (s *streamStatus) done() { s.mu.Unlock() }
 
 // unshare turns a shared sent state into per-name records.
-func (t *typeStatus) unshare() {
+func (t *typeStatus) unshare(mv mover) {
 	if t.shared == nil {
 		return
 	}
@@ -213,7 +252,10 @@ func (t *typeStatus) unshare() {
 		note = &nackNote{msg: t.sharedNack, at: t.nackAt}
 	}
 	for _, r := range t.shared.Resources {
-		e, _ := t.res.get(r.Name)
+		e, had := t.res.get(r.Name)
+		if had {
+			mv.gone(r.Name, e) // counted through the shared state from now on
+		}
 		e.version, e.state, e.sent, e.nack = r.Version, t.sharedState, t.sharedSent.UnixNano(), note
 		if t.sharedNonce != 0 {
 			e.nonce = t.sharedNonce
@@ -224,9 +266,15 @@ func (t *typeStatus) unshare() {
 	t.shared = nil
 }
 
-// sent records that name at version goes out in the response nonce.
-func (t *typeStatus) sent(name, version string, nonce uint64, now time.Time) {
+// sent records that name at version goes out in the response nonce. A
+// version the client has not had before is pending until it answers.
+func (rec sendRec) sent(name, version string, nonce uint64, now time.Time) {
+	t := rec.typeStatus
 	r, _ := t.res.get(name)
+	was := r
+	if version != r.version {
+		r.state, r.nack = Requested, nil
+	}
 	if r.nonce == 0 {
 		if len(t.pending) >= 2*t.res.len()+16 {
 			t.compact() // a client that never answers, with names coming and going
@@ -235,6 +283,7 @@ func (t *typeStatus) sent(name, version string, nonce uint64, now time.Time) {
 	}
 	r.version, r.nonce, r.sent = version, nonce, now.UnixNano()
 	t.res.set(name, r)
+	rec.mv.move(name, was, r, rec.received, now)
 }
 
 // compact drops from pending the names no longer waiting for an answer.
@@ -254,21 +303,26 @@ func (t *typeStatus) compact() {
 // forget drops the record of a name the client no longer has, unless it
 // is subscribed by name: what only the wildcard brought is not kept once
 // gone, so that the record stays within what the stream holds.
-func (t *typeStatus) forget(name string) {
-	if r, ok := t.res.get(name); ok && !r.named {
-		t.res.remove(name)
+func (rec sendRec) forget(name string) {
+	if r, ok := rec.res.get(name); ok && !r.named {
+		rec.res.remove(name)
+		rec.mv.gone(name, r)
 	}
 }
 
 // absent records that the client is told name does not exist.
-func (t *typeStatus) absent(name string, now time.Time) {
+func (rec sendRec) absent(name string, now time.Time) {
+	t := rec.typeStatus
 	r, ok := t.res.get(name)
 	if !ok || !r.named {
 		t.res.remove(name) // gone from the wildcard: not kept (see forget)
+		rec.mv.gone(name, r)
 		return
 	}
+	was := r
 	r.version, r.state, r.nonce, r.sent, r.nack = "", DoesNotExist, 0, now.UnixNano(), nil
 	t.res.set(name, r)
+	rec.mv.gone(name, was)
 }
 
 // sentShared records the complete state st, sent as one response nonce.
@@ -276,12 +330,16 @@ func (s *streamStatus) sentShared(typeURL string, st *cache.State, nonce uint64,
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t := s.typ(typeURL)
-	t.settle()
-	if t.shared == nil {
-		t.sharedState = Requested
-	}
-	t.res.removeFunc(func(_ string, r resStatus) bool { return !r.named })
-	t.shared, t.sharedNonce, t.sharedSent = st, nonce, now
+	mv := s.mover(typeURL, t)
+	t.settle(mv)
+	t.res.removeFunc(func(n string, r resStatus) bool {
+		if !r.named {
+			mv.gone(n, r)
+		}
+		return !r.named
+	})
+	mv.reshare(st, now)
+	t.sharedState, t.shared, t.sharedNonce, t.sharedSent = Requested, st, nonce, now
 }
 
 // answered records the client's ACK (nack false) or NACK of the responses
@@ -299,29 +357,34 @@ func (s *streamStatus) answered(typeURL, nonce, version string, nack bool, msg s
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t := s.typ(typeURL)
+	mv := s.mover(typeURL, t)
 	if nack {
 		t.nackVersion, t.nackMsg, t.nackAt = version, msg, now
 	} else {
 		t.ackVersion = version
 	}
 	if t.shared != nil && t.sharedNonce != 0 && t.sharedNonce <= n {
+		from := t.sharedState
 		t.sharedState, t.sharedNonce = state, 0
 		if nack {
 			t.sharedNack = msg
 		}
+		mv.answerShared(from, now)
 	}
-	if len(t.pending) == 0 {
-		return
+	if len(t.pending) > 0 {
+		// Applied at once, so that the counters (convergence.go) move
+		// as the answer comes: the names it covers, nothing more.
+		a := answer{nonce: n, state: state, at: now}
+		if nack {
+			a.note = &nackNote{msg: msg, at: now}
+		}
+		t.answers[t.nanswers] = a
+		t.nanswers++
+		t.settle(mv)
 	}
-	if t.nanswers == len(t.answers) {
-		t.settle()
+	if !nack {
+		t.accepted = now.UnixNano()
 	}
-	a := answer{nonce: n, state: state}
-	if nack {
-		a.note = &nackNote{msg: msg, at: now}
-	}
-	t.answers[t.nanswers] = a
-	t.nanswers++
 }
 
 // ResourceStatus is what a client holds of one resource.
@@ -363,6 +426,7 @@ func (s *streamStatus) snapshot() ClientStatus {
 	defer s.mu.Unlock()
 	out := ClientStatus{Node: s.node, Variant: s.variant, Cache: s.cache}
 	for typeURL, t := range s.types.all() {
+		t.settle(s.mover(typeURL, t))
 		out.Types = append(out.Types, t.snapshot(typeURL))
 	}
 	slices.SortFunc(out.Types, func(a, b TypeStatus) int { return strings.Compare(a.TypeURL, b.TypeURL) })
@@ -371,7 +435,6 @@ func (s *streamStatus) snapshot() ClientStatus {
 
 // snapshot copies the type's record; call with the stream's mu held.
 func (t *typeStatus) snapshot(typeURL string) TypeStatus {
-	t.settle()
 	ts := TypeStatus{TypeURL: typeURL, Wildcard: t.wildcard, AckVersion: t.ackVersion,
 		NackVersion: t.nackVersion, NackError: t.nackMsg, NackAt: t.nackAt}
 	for name, r := range t.res.all() {
