@@ -326,15 +326,10 @@ func (c *Cache) convergenceLocked(out []ResourceConvergence, typeURL string, nam
 
 // resourceLocked reports one name; t and n may be nil.
 func (c *Cache) resourceLocked(t *typeState, typeURL, name string, n *convName) ResourceConvergence {
-	r := ResourceConvergence{Type: typeURL, Name: name}
-	if t != nil {
-		if e := t.entries[name]; e != nil {
-			if e.res != nil {
-				r.Current = e.res.Version
-				r.Subscribed = len(t.wildcard)
-			}
-			r.Subscribed += e.watchers.len()
-		}
+	sums := c.resourceCountsLocked(t, name, n)
+	r := ResourceConvergence{Type: typeURL, Name: name, Subscribed: sums.Subscribed, Behind: sums.Behind}
+	if t != nil && t.entries[name] != nil && t.entries[name].res != nil {
+		r.Current = t.entries[name].res.Version
 	}
 	if n != nil {
 		for ver, v := range n.versions {
@@ -353,10 +348,6 @@ func (c *Cache) resourceLocked(t *typeState, typeURL, name string, n *convName) 
 		}
 		return b.Received.Compare(a.Received)
 	})
-	at := r.At()
-	if r.Current != "" {
-		r.Behind = max(r.Subscribed-at.Pending-at.Accepted-at.Rejected, 0)
-	}
 	return r
 }
 
@@ -375,4 +366,101 @@ func (v *convVersion) snapshot(version string) VersionCount {
 		vc.P50, vc.P99 = s[(len(s)-1)*50/100], s[(len(s)-1)*99/100]
 	}
 	return vc
+}
+
+// TypeConvergence sums a type's resources: how many clients, summed over
+// the resources, stand where with each one's current version.
+type TypeConvergence struct {
+	Type       string
+	Resources  int // resources reported (see Convergence)
+	Subscribed int // clients subscribed, summed over the resources
+	Pending    int // sent the current version, not answered yet
+	Accepted   int // accepted the current version
+	Rejected   int // rejected the current version
+	Behind     int // subscribed and not sent the current version
+	Older      int // clients standing with another version (accepted, rejected or pending)
+}
+
+// ConvergenceSummary sums Convergence per type, sorted by type; it costs
+// a visit of the resources, with no copy of them.
+func (c *Cache) ConvergenceSummary() []TypeConvergence {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	c.conv.mu.Lock()
+	defer c.conv.mu.Unlock()
+	byType := map[string]*TypeConvergence{}
+	sum := func(typeURL string) *TypeConvergence {
+		s := byType[typeURL]
+		if s == nil {
+			s = &TypeConvergence{Type: typeURL}
+			byType[typeURL] = s
+		}
+		return s
+	}
+	for typeURL, t := range c.types {
+		byName := c.conv.types[typeURL]
+		for n, e := range t.entries {
+			if e.res != nil && (e.watchers.len() > 0 || len(t.wildcard) > 0) && byName[n] == nil {
+				sum(typeURL).add(c.resourceCountsLocked(t, n, nil))
+			}
+		}
+	}
+	for typeURL, byName := range c.conv.types {
+		for n, cn := range byName {
+			sum(typeURL).add(c.resourceCountsLocked(c.types[typeURL], n, cn))
+		}
+	}
+	out := make([]TypeConvergence, 0, len(byType))
+	for _, s := range byType {
+		out = append(out, *s)
+	}
+	slices.SortFunc(out, func(a, b TypeConvergence) int {
+		switch {
+		case a.Type < b.Type:
+			return -1
+		case a.Type > b.Type:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+func (s *TypeConvergence) add(r TypeConvergence) {
+	s.Resources++
+	s.Subscribed += r.Subscribed
+	s.Pending += r.Pending
+	s.Accepted += r.Accepted
+	s.Rejected += r.Rejected
+	s.Behind += r.Behind
+	s.Older += r.Older
+}
+
+// resourceCountsLocked is one resource's counts, as resourceLocked
+// reports them, without copying its versions.
+func (c *Cache) resourceCountsLocked(t *typeState, name string, n *convName) TypeConvergence {
+	var r TypeConvergence
+	current := ""
+	if t != nil {
+		if e := t.entries[name]; e != nil {
+			if e.res != nil {
+				current = e.res.Version
+				r.Subscribed = len(t.wildcard)
+			}
+			r.Subscribed += e.watchers.len()
+		}
+	}
+	if n != nil {
+		for ver, v := range n.versions {
+			if ver == current {
+				r.Pending, r.Accepted, r.Rejected = v.pending, v.accepted, v.rejected
+			} else {
+				r.Older += v.pending + v.accepted + v.rejected
+			}
+		}
+	}
+	if current != "" {
+		r.Behind = max(r.Subscribed-r.Pending-r.Accepted-r.Rejected, 0)
+	}
+	return r
 }

@@ -168,6 +168,7 @@ func newRelay(cfg Config, logger *slog.Logger) *Relay {
 	r.zeroUpstreamSeries()
 	r.groupsG = r.metrics.Gauge("xdsrelay_groups", "Groups of downstream clients, each with its own upstream stream.").With()
 	r.registerGroupMetrics()
+	r.registerConvergenceMetrics()
 	r.registerCertMetrics()
 	r.registerServerMetrics()
 	r.registerBuildInfo()
@@ -749,6 +750,39 @@ func (r *Relay) registerGroupMetrics() {
 			}
 		}
 		last = slices.Collect(maps.Keys(seen))
+	})
+}
+
+// registerConvergenceMetrics sets, at each scrape, how many clients are
+// behind or rejecting, summed over the groups' resources from the counters
+// the streams keep as they send and are answered (cache/convergence.go):
+// the scrape visits resources, never streams.
+func (r *Relay) registerConvergenceMetrics() {
+	behind := r.metrics.Gauge("xdsrelay_clients_behind", "Clients subscribed to a resource that have not been sent its current version (a held rollout or guard, a slow client), summed over the resources of the type in every group.", "type")
+	rejecting := r.metrics.Gauge("xdsrelay_clients_rejecting", "Clients whose answer to a resource's current version is a NACK, summed over the resources of the type in every group.", "type")
+	shorts := make([]string, 0, len(xds.Types))
+	for _, t := range xds.Types {
+		shorts = append(shorts, xds.ShortName(t))
+	}
+	behind.ZeroEach(shorts...)
+	rejecting.ZeroEach(shorts...)
+	r.metrics.OnScrape(func() {
+		sums := map[string][2]int64{}
+		for _, g := range r.snapshotGroups() {
+			for _, s := range g.cache.ConvergenceSummary() {
+				short := xds.ShortName(s.Type)
+				v := sums[short]
+				sums[short] = [2]int64{v[0] + int64(s.Behind), v[1] + int64(s.Rejected)}
+			}
+		}
+		for _, short := range shorts {
+			behind.With(short).Set(sums[short][0])
+			rejecting.With(short).Set(sums[short][1])
+		}
+		for short, v := range sums {
+			behind.With(short).Set(v[0])
+			rejecting.With(short).Set(v[1])
+		}
 	})
 }
 
