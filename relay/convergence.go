@@ -111,7 +111,10 @@ func (r *Relay) debugConvergence(w http.ResponseWriter, req *http.Request) {
 func convergenceOf(groups []*group, types, names []string, limit int, now time.Time) DebugConvergence {
 	out := DebugConvergence{Summary: []ConvergenceSummary{}, Resources: []ConvergenceResource{}}
 	for _, g := range groups {
-		rs := g.cache.Convergence(types, names)
+		var rs []cache.ResourceConvergence
+		if limit > len(out.Resources) || len(names) > 0 {
+			rs = g.cache.Convergence(types, names)
+		}
 		if len(names) == 0 {
 			for _, s := range g.cache.ConvergenceSummary() {
 				if len(types) > 0 && s.Type != types[0] {
@@ -119,6 +122,9 @@ func convergenceOf(groups []*group, types, names []string, limit int, now time.T
 				}
 				out.Summary = append(out.Summary, ConvergenceSummary{Group: g.shown, Type: s.Type, Resources: s.Resources,
 					Subscribed: s.Subscribed, Accepted: s.Accepted, Rejected: s.Rejected, Pending: s.Pending, Behind: s.Behind, Older: s.Older})
+				if rs == nil {
+					out.More += s.Resources // past the limit, not read
+				}
 			}
 		} else {
 			out.Summary = append(out.Summary, summed(g.shown, rs)...)
