@@ -1,10 +1,12 @@
 package relay
 
 import (
+	"fmt"
 	"net/url"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	adminpb "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -185,5 +187,47 @@ func TestConvergenceWildcardAndSummary(t *testing.T) {
 	}
 	if got := summary(resp2); len(got) != 2 || !strings.HasSuffix(got[0], "ACKED") {
 		t.Errorf("CSDS: %q", got)
+	}
+}
+
+// A change a canary NACKed is held from the rest of the group: the
+// canary rejects the current version, the others are behind it, still
+// holding the released one, and the gauges say so.
+func TestConvergenceHeldRolloutIsBehind(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", appCluster(time.Second), appEndpoints(1001))
+	r := startRelay(t, cp.Addr, func(c *Config) { c.Rollout.Canary, c.Rollout.Bake = 1, time.Hour })
+	var clients []*canaryClient
+	for i := range 4 {
+		c := startCanaryClient(t, r.Addr(), fmt.Sprintf("client-%d", i), i%2 == 0)
+		t.Cleanup(c.stop)
+		clients = append(clients, c)
+	}
+	waitAll(t, clients, "cds:1s")
+	cds := "/debug/convergence?type=clusters&name=app"
+	var out DebugConvergence
+	eventually(t, "every client accepts the first version", func() bool {
+		getJSON(t, r, cds, &out)
+		return len(out.Resources) == 1 && out.Resources[0].Accepted == 4
+	})
+
+	cp.Set(t, "c1", "2", appCluster(badTimeout), appEndpoints(1001))
+	eventually(t, "the canary rejects the change, the others are behind it", func() bool {
+		getJSON(t, r, cds, &out)
+		rc := out.Resources[0]
+		return rc.Rejected == 1 && rc.Behind == 3
+	})
+	rc := out.Resources[0]
+	if rc.Subscribed != 4 || rc.Accepted != 0 || rc.Pending != 0 || len(rc.Versions) != 2 ||
+		rc.Versions[1].Accepted != 3 || rc.Versions[0].Error != "cannot use it" {
+		t.Fatalf("app during the hold: %+v", rc)
+	}
+	if s := out.Summary; len(s) != 1 || s[0].Behind != 3 || s[0].Rejected != 1 || s[0].Older != 3 {
+		t.Errorf("summary during the hold: %+v", s)
+	}
+	mfs := scrape(t, r)
+	short := xds.ShortName(resourcev3.ClusterType)
+	if b, n := value(mfs, "xdsrelay_clients_behind", map[string]string{"type": short}), value(mfs, "xdsrelay_clients_rejecting", map[string]string{"type": short}); b != 3 || n != 1 {
+		t.Errorf("xdsrelay_clients_behind = %v, xdsrelay_clients_rejecting = %v; want 3 and 1", b, n)
 	}
 }
