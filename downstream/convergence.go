@@ -124,7 +124,6 @@ func (s *streamStatus) left() {
 	now := time.Now()
 	for typeURL, t := range s.types.all() {
 		mv := s.mover(typeURL, t)
-		t.settle(mv)
 		mv.reshare(nil, now)
 		t.shared = nil
 		for n, r := range t.res.all() {

@@ -3,6 +3,7 @@ package downstream
 import (
 	"testing"
 	"time"
+	"unsafe"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 
@@ -23,7 +24,7 @@ func TestConvergenceFollowsStatus(t *testing.T) {
 	now := time.Unix(1000, 0)
 	for _, s := range []*streamStatus{a, b} {
 		s.subscribed(typ, []string{"x"})
-		ts := s.sendingFrom(typ, false, now)
+		ts := s.sendingFrom(typ, false, now.UnixNano())
 		ts.sent("x", "1", 1, now)
 		s.done()
 	}
@@ -52,7 +53,7 @@ func TestConvergenceFollowsStatus(t *testing.T) {
 	if v.Acks != 1 || v.Max != time.Second {
 		t.Errorf("time to accept: %d acks, max %v; want 1, 1s", v.Acks, v.Max)
 	}
-	ts := a.sendingFrom(typ, false, now.Add(time.Minute))
+	ts := a.sendingFrom(typ, false, now.Add(time.Minute).UnixNano())
 	ts.sent("x", "2", 2, now.Add(time.Minute))
 	a.done()
 	if v := at(); v.Accepted != 0 || v.Rejected != 1 {
@@ -62,5 +63,19 @@ func TestConvergenceFollowsStatus(t *testing.T) {
 	a.left()
 	if rs := c.Convergence(nil, nil); len(rs) != 0 {
 		t.Fatalf("every stream left, the counters still hold %+v", rs)
+	}
+}
+
+// What counting adds to a stream stays within the bound of 64
+// bytes: the stream's record holds two words more (its opening and where
+// to observe), a type's the time of its last ACK, and the answers that
+// were kept for later are applied as they come, so a type's record is
+// smaller than before (it was 304 bytes).
+func TestConvergenceCostsAStreamLittle(t *testing.T) {
+	if size := unsafe.Sizeof(streamStatus{}); size > 120 {
+		t.Errorf("a stream's status record is %d bytes, want at most 120 (104 before counting, and 16 more)", size)
+	}
+	if size := unsafe.Sizeof(typeStatus{}); size > 304 {
+		t.Errorf("a type's status record is %d bytes, want at most the 304 it was before counting", size)
 	}
 }

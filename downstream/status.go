@@ -56,26 +56,32 @@ type nackNote struct {
 }
 
 // sentAt is r's sent time; zero if never.
-func (r resStatus) sentAt() time.Time {
-	if r.sent == 0 {
+func (r resStatus) sentAt() time.Time { return fromUnix(r.sent) }
+
+// unixNano is t in Unix nanoseconds, 0 for the zero time.
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+// fromUnix is the time of Unix nanoseconds n, the zero time for 0.
+func fromUnix(n int64) time.Time {
+	if n == 0 {
 		return time.Time{}
 	}
-	return time.Unix(0, r.sent)
+	return time.Unix(0, n)
 }
 
 // typeStatus is a stream's record for one type.
 //
-// A client's answer is recorded in the type's record alone (answers), and
-// applied to the names it covers when the record is next written or read
-// (settle): at the stream's next send, which touches those names anyway,
-// or when CSDS or the admin endpoint reads it. An ACK then costs no visit
-// to the per-name records, which at many streams are cold in the CPU's
-// caches by the time the client answers.
+// A client's answer is applied to the names it covers as it comes
+// (apply), so that the group's counters move with it (convergence.go):
+// the names still pending, a visit to each that the answer settles.
 type typeStatus struct {
 	res      inlineMap[resStatus] // by name
 	pending  []string             // names sent and not yet answered
-	answers  [2]answer
-	nanswers int // answers not yet applied to pending, in the order received
 	wildcard bool
 	// shared is the complete state last sent to a wildcard-only SotW
 	// subscription, which keeps no per-name record (see flushWildcard).
@@ -91,45 +97,27 @@ type typeStatus struct {
 	accepted    int64 // when the client last ACKed, in Unix nanoseconds (see cache.Mover.Since)
 }
 
-// answer is a client's ACK or NACK of the responses up to nonce.
-type answer struct {
-	nonce uint64
-	state ResourceState // Acked or Nacked
-	note  *nackNote     // the NACK's, shared by the names it covers
-	at    time.Time     // when it came
-}
-
-// settle applies the recorded answers to the pending names. A name's fate
-// is the first answer that covers its response, as if each answer had been
-// applied when it came.
-func (t *typeStatus) settle(mv mover) {
-	if t.nanswers == 0 {
-		return
-	}
-	as := t.answers[:t.nanswers]
+// apply applies a client's ACK or NACK (state, with note for a NACK) of
+// the responses up to nonce to the pending names it covers: a name's fate
+// is the first answer that covers its response.
+func (t *typeStatus) apply(nonce uint64, state ResourceState, note *nackNote, now time.Time, mv mover) {
 	keep := t.pending[:0]
 	for _, name := range t.pending {
 		r, ok := t.res.get(name)
 		if !ok || r.nonce == 0 {
 			continue
 		}
-		i := 0
-		for i < len(as) && as[i].nonce < r.nonce {
-			i++
-		}
-		if i == len(as) {
+		if r.nonce > nonce {
 			keep = append(keep, name)
 			continue
 		}
 		was := r
-		r.state, r.nonce, r.nack = as[i].state, 0, as[i].note
+		r.state, r.nonce, r.nack = state, 0, note
 		t.res.set(name, r)
-		mv.move(name, was, r, time.Time{}, as[i].at)
+		mv.move(name, was, r, time.Time{}, now)
 	}
 	clear(t.pending[len(keep):])
 	t.pending = keep
-	clear(as)
-	t.nanswers = 0
 }
 
 // streamStatus is one stream's record, registered with the server while
@@ -204,16 +192,17 @@ func (s *streamStatus) setWildcard(typeURL string, on bool) {
 // nonce; it returns with mu held, released by done. full says the response
 // is the type's complete state: what it omits the client no longer has.
 func (s *streamStatus) sending(typeURL string, full bool) sendRec {
-	return s.sendingFrom(typeURL, full, time.Time{})
+	return s.sendingFrom(typeURL, full, 0)
 }
 
 // sendingFrom is sending for a response read from a view of the cache
-// whose latest change arrived at received (cache.View.Received).
-func (s *streamStatus) sendingFrom(typeURL string, full bool, received time.Time) sendRec {
+// whose latest change arrived at received (cache.View.Received, in Unix
+// nanoseconds: a number, so that the view's lookups, which a flush keeps
+// on its stack, are not taken to escape with it; 0 if unknown).
+func (s *streamStatus) sendingFrom(typeURL string, full bool, received int64) sendRec {
 	s.mu.Lock()
 	t := s.typ(typeURL)
 	mv := s.mover(typeURL, t)
-	t.settle(mv)
 	t.unshare(mv)
 	if full {
 		t.res.removeFunc(func(n string, r resStatus) bool {
@@ -237,7 +226,7 @@ func (s *streamStatus) sendingFrom(typeURL string, full bool, received time.Time
 type sendRec struct {
 	*typeStatus
 	mv       mover
-	received time.Time
+	received int64 // in Unix nanoseconds; 0 if unknown
 }
 
 func (s *streamStatus) done() { s.mu.Unlock() }
@@ -283,7 +272,7 @@ func (rec sendRec) sent(name, version string, nonce uint64, now time.Time) {
 	}
 	r.version, r.nonce, r.sent = version, nonce, now.UnixNano()
 	t.res.set(name, r)
-	rec.mv.move(name, was, r, rec.received, now)
+	rec.mv.move(name, was, r, fromUnix(rec.received), now)
 }
 
 // compact drops from pending the names no longer waiting for an answer.
@@ -331,7 +320,6 @@ func (s *streamStatus) sentShared(typeURL string, st *cache.State, nonce uint64,
 	defer s.mu.Unlock()
 	t := s.typ(typeURL)
 	mv := s.mover(typeURL, t)
-	t.settle(mv)
 	t.res.removeFunc(func(n string, r resStatus) bool {
 		if !r.named {
 			mv.gone(n, r)
@@ -372,15 +360,11 @@ func (s *streamStatus) answered(typeURL, nonce, version string, nack bool, msg s
 		mv.answerShared(from, now)
 	}
 	if len(t.pending) > 0 {
-		// Applied at once, so that the counters (convergence.go) move
-		// as the answer comes: the names it covers, nothing more.
-		a := answer{nonce: n, state: state, at: now}
+		var note *nackNote
 		if nack {
-			a.note = &nackNote{msg: msg, at: now}
+			note = &nackNote{msg: msg, at: now}
 		}
-		t.answers[t.nanswers] = a
-		t.nanswers++
-		t.settle(mv)
+		t.apply(n, state, note, now, mv)
 	}
 	if !nack {
 		t.accepted = now.UnixNano()
@@ -426,7 +410,6 @@ func (s *streamStatus) snapshot() ClientStatus {
 	defer s.mu.Unlock()
 	out := ClientStatus{Node: s.node, Variant: s.variant, Cache: s.cache}
 	for typeURL, t := range s.types.all() {
-		t.settle(s.mover(typeURL, t))
 		out.Types = append(out.Types, t.snapshot(typeURL))
 	}
 	slices.SortFunc(out.Types, func(a, b TypeStatus) int { return strings.Compare(a.TypeURL, b.TypeURL) })
