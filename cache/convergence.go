@@ -110,6 +110,54 @@ func (c *Cache) Move(typeURL, name string, from, to Standing, received, now time
 	cv := &c.conv
 	cv.mu.Lock()
 	defer cv.mu.Unlock()
+	return moveLocked(cv.byName(typeURL), name, from, to, received, now, m)
+}
+
+// MoveAll is Move for every resource of from, which a client stood with
+// at answer fa, and of to, at answer ta (each sorted by name; a resource
+// in both moves once): a complete state sent in place of another, or
+// answered. Under one lock; observe is told each time to accept.
+func (c *Cache) MoveAll(typeURL string, from []*Resource, fa Answer, to []*Resource, ta Answer, received, now time.Time, m Mover, observe func(time.Duration)) {
+	if len(from) == 0 && len(to) == 0 {
+		return
+	}
+	cv := &c.conv
+	cv.mu.Lock()
+	defer cv.mu.Unlock()
+	byName := cv.byName(typeURL)
+	move := func(name string, f, t Standing) {
+		if f == t {
+			return
+		}
+		if took := moveLocked(byName, name, f, t, received, now, m); took > 0 && observe != nil {
+			observe(took)
+		}
+	}
+	at := func(r *Resource, a Answer) Standing { return Standing{Version: r.Version, Answer: a} }
+	i, j := 0, 0
+	for i < len(from) || j < len(to) {
+		switch {
+		case i < len(from) && j < len(to) && from[i] == to[j]:
+			// The same resource, unchanged (a cached one is never changed in place).
+			if fa != ta {
+				move(to[j].Name, at(from[i], fa), at(to[j], ta))
+			}
+			i, j = i+1, j+1
+		case j == len(to) || i < len(from) && from[i].Name < to[j].Name:
+			move(from[i].Name, at(from[i], fa), Standing{})
+			i++
+		case i == len(from) || to[j].Name < from[i].Name:
+			move(to[j].Name, Standing{}, at(to[j], ta))
+			j++
+		default:
+			move(to[j].Name, at(from[i], fa), at(to[j], ta))
+			i, j = i+1, j+1
+		}
+	}
+}
+
+// byName is a type's counters by name, made if need be; call with mu held.
+func (cv *convergence) byName(typeURL string) map[string]*convName {
 	if cv.types == nil {
 		cv.types = make(map[string]map[string]*convName)
 	}
@@ -118,6 +166,11 @@ func (c *Cache) Move(typeURL, name string, from, to Standing, received, now time
 		byName = make(map[string]*convName)
 		cv.types[typeURL] = byName
 	}
+	return byName
+}
+
+// moveLocked is Move in a type's counters; call with the counters' mu held.
+func moveLocked(byName map[string]*convName, name string, from, to Standing, received, now time.Time, m Mover) time.Duration {
 	n := byName[name]
 	if n == nil {
 		n = &convName{versions: make(map[string]*convVersion, 1)}

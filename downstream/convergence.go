@@ -74,7 +74,7 @@ func (mv mover) moveTo(name string, from, to cache.Standing, msg string, receive
 
 // reshare moves the resources of the shared state the client was sent
 // (if any) to those of st, sent now and pending (nil: none): one move per
-// name, merging the two states, which are sorted by name.
+// name, under one lock of the counters.
 func (mv mover) reshare(st *cache.State, now time.Time) {
 	t := mv.t
 	var old, next []*cache.Resource
@@ -85,22 +85,7 @@ func (mv mover) reshare(st *cache.State, now time.Time) {
 	if st != nil {
 		next, received = st.Resources, st.Received
 	}
-	was := func(r *cache.Resource) cache.Standing { return standing(r.Version, t.sharedState) }
-	pending := func(r *cache.Resource) cache.Standing { return standing(r.Version, Requested) }
-	i, j := 0, 0
-	for i < len(old) || j < len(next) {
-		switch {
-		case j == len(next) || i < len(old) && old[i].Name < next[j].Name:
-			mv.moveTo(old[i].Name, was(old[i]), cache.Standing{}, "", time.Time{}, now)
-			i++
-		case i == len(old) || next[j].Name < old[i].Name:
-			mv.moveTo(next[j].Name, cache.Standing{}, pending(next[j]), "", received, now)
-			j++
-		default:
-			mv.moveTo(next[j].Name, was(old[i]), pending(next[j]), "", received, now)
-			i, j = i+1, j+1
-		}
-	}
+	mv.moveAll(old, t.sharedState, next, Requested, "", received, now)
 }
 
 // answerShared moves the resources of the shared state from the state
@@ -111,9 +96,25 @@ func (mv mover) answerShared(from ResourceState, now time.Time) {
 	if t.sharedState == Nacked {
 		msg = t.sharedNack
 	}
-	for _, r := range t.shared.Resources {
-		mv.moveTo(r.Name, standing(r.Version, from), standing(r.Version, t.sharedState), msg, time.Time{}, now)
+	mv.moveAll(t.shared.Resources, from, t.shared.Resources, t.sharedState, msg, time.Time{}, now)
+}
+
+// moveAll moves the resources of from, at state fs, to those of to, at
+// state ts (see cache.Cache.MoveAll).
+func (mv mover) moveAll(from []*cache.Resource, fs ResourceState, to []*cache.Resource, ts ResourceState, msg string, received, now time.Time) {
+	if mv.s == nil || mv.s.cache == nil {
+		return
 	}
+	answer := func(s ResourceState) cache.Answer { return standing("v", s).Answer }
+	m := cache.Mover{Error: msg, Since: time.Unix(0, max(mv.s.opened, mv.t.accepted))}
+	if fs == Nacked || ts == Nacked {
+		m.Node = xds.Clip(mv.s.node.GetId())
+	}
+	var observe func(time.Duration)
+	if mv.s.push != nil {
+		observe = func(took time.Duration) { mv.s.push.converged(mv.typeURL, took) }
+	}
+	mv.s.cache.MoveAll(mv.typeURL, from, answer(fs), to, answer(ts), received, now, m, observe)
 }
 
 // left takes the whole stream out of the counters: a client that leaves
