@@ -501,6 +501,13 @@ func (c *Cache) resourceCountsLocked(t *typeState, name string, n *convName) Typ
 				r.Subscribed = len(t.wildcard)
 			}
 			r.Subscribed += e.watchers.len()
+			if e.res != nil && len(t.wildcard) > 0 {
+				for w := range e.watchers.all() {
+					if _, both := t.wildcard[w]; both {
+						r.Subscribed-- // by name and with the wildcard: one client
+					}
+				}
+			}
 		}
 	}
 	if n != nil {

@@ -188,6 +188,19 @@ func TestConvergenceWildcardAndSummary(t *testing.T) {
 	if got := summary(resp2); len(got) != 2 || !strings.HasSuffix(got[0], "ACKED") {
 		t.Errorf("CSDS: %q", got)
 	}
+
+	// A delta client that names a with the wildcard is one client of a.
+	d := openDelta(t, r.Addr())
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("d", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"*", "a"}})
+	dresp := d.recv()
+	d.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: dresp.GetNonce()})
+	eventually(t, "the delta client accepts both clusters", func() bool {
+		getJSON(t, r, "/debug/convergence?type=clusters", &out)
+		return len(out.Summary) == 1 && out.Summary[0].Accepted == 4
+	})
+	if s := out.Summary[0]; s.Subscribed != 4 || s.Behind != 0 {
+		t.Errorf("summary with a client of the wildcard and of a by name: %+v, want 4 subscribed, none behind", s)
+	}
 }
 
 // A change a canary NACKed is held from the rest of the group: the
