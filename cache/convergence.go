@@ -360,7 +360,9 @@ func (c *Cache) convergenceLocked(out []ResourceConvergence, typeURL string, nam
 	}
 	if len(names) > 0 {
 		for _, n := range names {
-			add(n)
+			if seen(n) || t != nil && t.entries[n] != nil {
+				add(n) // a name of another type is not this one's
+			}
 		}
 		return out
 	}

@@ -766,22 +766,26 @@ func (r *Relay) registerConvergenceMetrics() {
 	}
 	behind.ZeroEach(shorts...)
 	rejecting.ZeroEach(shorts...)
+	var mu sync.Mutex
+	shown := map[string]bool{} // every type given a series; guarded by mu: scrapes may overlap
+	for _, short := range shorts {
+		shown[short] = true
+	}
 	r.metrics.OnScrape(func() {
+		mu.Lock()
+		defer mu.Unlock()
 		sums := map[string][2]int64{}
 		for _, g := range r.snapshotGroups() {
 			for _, s := range g.cache.ConvergenceSummary() {
 				short := xds.ShortName(s.Type)
 				v := sums[short]
 				sums[short] = [2]int64{v[0] + int64(s.Behind), v[1] + int64(s.Rejected)}
+				shown[short] = true
 			}
 		}
-		for _, short := range shorts {
-			behind.With(short).Set(sums[short][0])
+		for short := range shown {
+			behind.With(short).Set(sums[short][0]) // 0 for a type no one holds now
 			rejecting.With(short).Set(sums[short][1])
-		}
-		for short, v := range sums {
-			behind.With(short).Set(v[0])
-			rejecting.With(short).Set(v[1])
 		}
 	})
 }

@@ -182,9 +182,21 @@ func (f *waitFlags) query() url.Values {
 	return q
 }
 
-// add sums one replica's answer: each resource at --version, or at its
-// current version.
+// add sums one replica's answer: without --version its summary (each
+// resource at its current version, all of them however many are listed),
+// with it each resource listed, which must be all.
 func (f *waitFlags) add(c *waitCount, server string, dc relay.DebugConvergence) {
+	if f.version == "" {
+		for _, s := range dc.Summary {
+			c.subscribed += s.Subscribed
+			c.accepted += s.Accepted
+			c.rejected += s.Rejected
+			c.pending += s.Pending
+			c.behind += s.Behind
+		}
+	} else if dc.More > 0 {
+		c.unknown = append(c.unknown, fmt.Sprintf("%s: %d resources past the %d listed: name those to wait for with --name", server, dc.More, len(dc.Resources)))
+	}
 	for _, r := range dc.Resources {
 		want := r.Version
 		if f.version != "" {
@@ -196,12 +208,14 @@ func (f *waitFlags) add(c *waitCount, server string, dc relay.DebugConvergence) 
 				at = v
 			}
 		}
-		behind := r.Subscribed - at.Accepted - at.Rejected - at.Pending
-		c.subscribed += r.Subscribed
-		c.accepted += at.Accepted
-		c.rejected += at.Rejected
-		c.pending += at.Pending
-		c.behind += max(behind, 0)
+		behind := max(r.Subscribed-at.Accepted-at.Rejected-at.Pending, 0)
+		if f.version != "" {
+			c.subscribed += r.Subscribed
+			c.accepted += at.Accepted
+			c.rejected += at.Rejected
+			c.pending += at.Pending
+			c.behind += behind
+		}
 		if at.Accepted == r.Subscribed && r.Subscribed > 0 {
 			continue
 		}
@@ -211,7 +225,9 @@ func (f *waitFlags) add(c *waitCount, server string, dc relay.DebugConvergence) 
 		}
 		c.shown = append(c.shown, resourceLine(server, r, want, at, behind))
 	}
-	c.more += dc.More
+	if f.version == "" {
+		c.more += dc.More
+	}
 }
 
 // resourceLine is one resource not there yet: its counts at want, and who
