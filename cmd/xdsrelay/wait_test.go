@@ -84,3 +84,50 @@ func TestWaitExitCodes(t *testing.T) {
 		}
 	}
 }
+
+// wait asks every replica given and sums their clients: two relays, one
+// client each, are two clients; one of them that rejects the change is
+// one rejection of the two.
+func TestWaitSumsReplicas(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "xdsrelay")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", timedCluster(time.Second))
+	replica := func() *relay.Relay {
+		cfg := relay.Default()
+		cfg.Upstream.Address = cp.Addr
+		cfg.Downstream.Address, cfg.Admin.Address = "127.0.0.1:0", "127.0.0.1:0"
+		return startRelayConfig(t, cfg)
+	}
+	r1, r2 := replica(), replica()
+	a, b := acceptingClient(t, r1.Addr(), "node-a"), judgingClient(t, r2.Addr(), "node-b")
+	a.wait(t, "1s")
+	b.wait(t, "1s")
+	args := []string{"wait", "--server", r1.AdminAddr(), "--server", "http://" + r2.AdminAddr(), "--type", "clusters", "--timeout", "20s"}
+	if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil || string(out) != "2 of 2 clients accepted\n" {
+		t.Fatalf("wait on two replicas: %v, %q", err, out)
+	}
+	cp.Set(t, "c1", "2", timedCluster(13*time.Second)) // node-b, on the second, NACKs it
+	a.wait(t, "13s")
+	b.wait(t, "13s")
+	out, err := exec.Command(bin, args...).CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "1 of 2 clients rejected") ||
+		!strings.Contains(string(out), "http://"+r2.AdminAddr()+` group`) {
+		t.Fatalf("wait on two replicas, one client rejecting: %v, %q", err, out)
+	}
+}
+
+// A name that resolves to several addresses is one replica each, verified
+// as the name over TLS; localhost is one relay, whichever address it
+// answers on.
+func TestWaitReplicasOfAName(t *testing.T) {
+	f := waitFlags{}
+	if got := f.resolve(t.Context(), "localhost:9901"); len(got) != 1 || got[0].server != "localhost:9901" {
+		t.Errorf("localhost: %+v", got)
+	}
+	if got := f.resolve(t.Context(), "127.0.0.1:9901"); len(got) != 1 || got[0].server != "127.0.0.1:9901" {
+		t.Errorf("an address: %+v", got)
+	}
+}
