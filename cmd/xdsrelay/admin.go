@@ -90,10 +90,18 @@ func (f *adminFlags) do(ctx context.Context, method, path string, q url.Values, 
 	}
 	if resp.StatusCode/100 != 2 {
 		line, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
-		return nil, fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, line)
+		return nil, refusal{code: resp.StatusCode, err: fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, line)}
 	}
 	return b, nil
 }
+
+// refusal is the admin endpoint's answer other than 2xx.
+type refusal struct {
+	code int
+	err  error
+}
+
+func (r refusal) Error() string { return r.err.Error() }
 
 // maxAdminAnswer bounds what the admin commands read of an answer: more
 // than any admin body but a profile.

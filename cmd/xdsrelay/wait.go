@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -45,7 +46,8 @@ accepted --version (each resource's current version without it): exits 0
 once --fraction of them (1.0: all) did, 1 when --timeout passes first or as
 soon as rejections make the fraction unreachable (with 1.0, any rejection),
 printing how many are behind, pending and rejecting, with the clients'
-errors and node ids; 2 for a command line it does not take.
+errors and node ids, or at once when an endpoint refuses (4xx); 2 for a
+command line it does not take.
 
 --server is repeatable; a DNS name that resolves to several addresses (a
 headless Service of replicas) is asked at each, and the counts are summed.
@@ -116,7 +118,10 @@ func (f *waitFlags) run(ctx context.Context, out io.Writer) error {
 	defer tick.Stop()
 	var last waitCount // the last count every replica answered, or the last at all
 	for {
-		c := f.count(ctx)
+		c, refused := f.count(ctx)
+		if refused != nil {
+			return refused // asking again would be answered the same
+		}
 		if ctx.Err() != nil && last.subscribed+len(last.unknown) > 0 {
 			c = last // cut short by the timeout: what was known before it
 		}
@@ -156,11 +161,16 @@ func (c waitCount) print(out io.Writer) {
 	}
 }
 
-// count asks every replica once and sums what they say.
-func (f *waitFlags) count(ctx context.Context) waitCount {
-	var c waitCount
+// count asks every replica once and sums what they say; refused is a
+// replica's 4xx answer (not private to the caller, an unknown path), which
+// ends the wait at once.
+func (f *waitFlags) count(ctx context.Context) (c waitCount, refused error) {
 	for _, af := range f.replicas(ctx) {
 		body, err := af.do(ctx, http.MethodGet, "/debug/convergence", f.query(), "")
+		var r refusal
+		if errors.As(err, &r) && r.code/100 == 4 {
+			return c, fmt.Errorf("%s: %w", af.server, err)
+		}
 		var dc relay.DebugConvergence
 		if err == nil {
 			err = json.Unmarshal(body, &dc)
@@ -171,7 +181,7 @@ func (f *waitFlags) count(ctx context.Context) waitCount {
 		}
 		f.add(&c, af.server, dc)
 	}
-	return c
+	return c, nil
 }
 
 func (f *waitFlags) query() url.Values {

@@ -72,6 +72,13 @@ func TestWaitExitCodes(t *testing.T) {
 		t.Errorf("wait for a version nobody is sent: exit %d, %q", code, out)
 	}
 
+	// An admin endpoint that refuses (a path it does not serve stands in
+	// for a caller that is not private) ends the wait at once.
+	code, out, took = run("wait", "--server", "http://"+admin+"/nosuch", "--type", "clusters", "--timeout", "20s")
+	if code != 1 || !strings.Contains(out, "404") || took > 10*time.Second {
+		t.Errorf("wait on an endpoint that refuses: exit %d after %v, %q", code, took, out)
+	}
+
 	for _, args := range [][]string{
 		{"wait", "--server", admin},
 		{"wait", "--type", "clusters"},
