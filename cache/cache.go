@@ -117,6 +117,9 @@ type Cache struct {
 	ilogFull bool
 	wanted   int       // names with entry.wanted set; guarded by mu
 	changes  []*change // changes waiting for release (Rollout), oldest first; guarded by mu
+
+	// Who has which version (convergence.go); its own mu, taken after mu.
+	conv convergence
 }
 
 // idleKey names what may be evicted: a retained name, or a type's retained

@@ -181,6 +181,27 @@ func TestAlertsFireOnFirstEvent(t *testing.T) {
 	}
 
 	t0 := time.Now().Truncate(time.Minute)
+	// The canary that NACKed the change rejects the current version: a
+	// state, held by for: 10m, absent before it.
+	t.Run("XdsrelayClientsRejecting", func(t *testing.T) {
+		rule := loadAlertRule(t, "XdsrelayClientsRejecting")
+		if rule.hold != 10*time.Minute {
+			t.Errorf("for: %v, want 10m", rule.hold)
+		}
+		st := teststorage.New(t)
+		ingest(t, st, before, t0)
+		ingest(t, st, after, t0.Add(scrapeInterval))
+		if got := holding(t, rule, st, t0); len(got) != 0 {
+			t.Errorf("before any client rejected: %v", got)
+		}
+		if got := holding(t, rule, st, t0.Add(scrapeInterval)); len(got) != 1 || !strings.Contains(got[0], `type="Cluster"`) {
+			t.Errorf("with the canary rejecting the change: %v, want one series of type Cluster", got)
+		}
+		behind := loadAlertRule(t, "XdsrelayClientsBehind")
+		if got := holding(t, behind, st, t0); len(got) != 0 {
+			t.Errorf("XdsrelayClientsBehind before any change: %v", got)
+		}
+	})
 	for _, name := range slices.Sorted(func(yield func(string) bool) {
 		for n := range firstEventAlerts {
 			if !yield(n) {
@@ -216,6 +237,18 @@ func TestAlertsFireOnFirstEvent(t *testing.T) {
 			}
 		})
 	}
+}
+
+// holding evaluates the expression of an alert on a state (with a for:
+// hold, which Prometheus's rule manager applies) at ts with Prometheus's
+// PromQL engine, and returns the label sets it returns.
+func holding(t *testing.T, rule alertRule, st storage.Queryable, ts time.Time) []string {
+	t.Helper()
+	if rule.hold == 0 {
+		t.Fatalf("%s: for: 0m, want a hold: the alert is on a state", rule.name)
+	}
+	rule.hold = 0
+	return firing(t, rule, st, ts)
 }
 
 // allCounted reports whether every first-event alert's counter is above 0

@@ -272,7 +272,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 	var out [][]byte
 	var removed []string
 	var errs []*cache.ResourceError
-	ts, nonce, now := ds.status.sending(typeURL, false), ds.nonces.peek(), time.Now()
+	ts, nonce, now := ds.status.sendingFrom(typeURL, false, unixNano(v.Received)), ds.nonces.peek(), time.Now()
 	for _, l := range v.Lookups {
 		ds.refusedError(&l)
 		l.Absent = l.Absent || l.Name == noName // known not to exist

@@ -15,6 +15,7 @@ type pushMetrics struct {
 	sizes   *metrics.HistogramVec
 	latency *metrics.HistogramVec
 	first   *metrics.HistogramVec
+	conv    *metrics.HistogramVec
 	byType  map[string]typeMetrics // every type of xds.Types; read-only
 }
 
@@ -22,7 +23,12 @@ type typeMetrics struct {
 	pushes  *metrics.Value
 	size    metrics.Observer
 	latency metrics.Observer
+	conv    metrics.Observer
 }
+
+// ConvergenceBuckets, in seconds, for the time from a change's arrival to
+// a client's ACK of it: 1ms to 2m.
+var ConvergenceBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
 
 func newPushMetrics(m *metrics.Registry) pushMetrics {
 	p := pushMetrics{
@@ -33,6 +39,8 @@ func newPushMetrics(m *metrics.Registry) pushMetrics {
 			metrics.LatencyBuckets, "type"),
 		first: m.Histogram("xdsrelay_downstream_first_response_seconds", "From a stream's opening to its first response.",
 			metrics.WaitBuckets, "variant"),
+		conv: m.Histogram("xdsrelay_convergence_seconds", "From the arrival of a change from the control plane to a client's ACK of a resource it changed, for clients connected before it arrived: how long the fleet takes to accept a change (an ACK says the client accepted the configuration, not that traffic uses it).",
+			ConvergenceBuckets, "type"),
 		byType: make(map[string]typeMetrics, len(xds.Types)),
 	}
 	for _, t := range xds.Types {
@@ -46,7 +54,16 @@ func newPushMetrics(m *metrics.Registry) pushMetrics {
 
 func (p *pushMetrics) forType(typeURL string) typeMetrics {
 	short := xds.ShortName(typeURL)
-	return typeMetrics{pushes: p.pushes.With(short), size: p.sizes.With(short), latency: p.latency.With(short)}
+	return typeMetrics{pushes: p.pushes.With(short), size: p.sizes.With(short), latency: p.latency.With(short), conv: p.conv.With(short)}
+}
+
+// converged observes a client's time to accept a change of typeURL.
+func (p *pushMetrics) converged(typeURL string, took time.Duration) {
+	m, ok := p.byType[typeURL]
+	if !ok {
+		m = p.forType(typeURL)
+	}
+	m.conv.Observe(took.Seconds())
 }
 
 // pushed counts a response of typeURL written to a client: size bytes, with

@@ -352,7 +352,7 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet)
 	}
 	t.sent.clear()
 	fields := make([][]byte, 0, len(want)+len(errs))
-	ts, nonce, now := ss.status.sending(typeURL, true), ss.nonces.peek(), time.Now()
+	ts, nonce, now := ss.status.sendingFrom(typeURL, true, unixNano(v.Received)), ss.nonces.peek(), time.Now()
 	for _, l := range want {
 		t.sent.set(l.Name, l.Resource.Version)
 		ts.sent(l.Name, l.Resource.Version, nonce, now)
@@ -468,7 +468,7 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs *cach
 	t.all = all && !v.Synced
 	var out [][]byte
 	var errs []*cache.ResourceError
-	ts, nonce, now := ss.status.sending(typeURL, false), ss.nonces.peek(), time.Now()
+	ts, nonce, now := ss.status.sendingFrom(typeURL, false, unixNano(v.Received)), ss.nonces.peek(), time.Now()
 	for _, l := range v.Lookups {
 		ss.refusedError(&l)
 		hb := hbs.Has(l.Name)

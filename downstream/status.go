@@ -56,26 +56,32 @@ type nackNote struct {
 }
 
 // sentAt is r's sent time; zero if never.
-func (r resStatus) sentAt() time.Time {
-	if r.sent == 0 {
+func (r resStatus) sentAt() time.Time { return fromUnix(r.sent) }
+
+// unixNano is t in Unix nanoseconds, 0 for the zero time.
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+// fromUnix is the time of Unix nanoseconds n, the zero time for 0.
+func fromUnix(n int64) time.Time {
+	if n == 0 {
 		return time.Time{}
 	}
-	return time.Unix(0, r.sent)
+	return time.Unix(0, n)
 }
 
 // typeStatus is a stream's record for one type.
 //
-// A client's answer is recorded in the type's record alone (answers), and
-// applied to the names it covers when the record is next written or read
-// (settle): at the stream's next send, which touches those names anyway,
-// or when CSDS or the admin endpoint reads it. An ACK then costs no visit
-// to the per-name records, which at many streams are cold in the CPU's
-// caches by the time the client answers.
+// A client's answer is applied to the names it covers as it comes
+// (apply), so that the group's counters move with it (convergence.go):
+// the names still pending, a visit to each that the answer settles.
 type typeStatus struct {
 	res      inlineMap[resStatus] // by name
 	pending  []string             // names sent and not yet answered
-	answers  [2]answer
-	nanswers int // answers not yet applied to pending, in the order received
 	wildcard bool
 	// shared is the complete state last sent to a wildcard-only SotW
 	// subscription, which keeps no per-name record (see flushWildcard).
@@ -88,44 +94,30 @@ type typeStatus struct {
 	nackVersion string // and of the last NACK, with its message and time
 	nackMsg     string
 	nackAt      time.Time
+	accepted    int64 // when the client last ACKed, in Unix nanoseconds (see cache.Mover.Since)
 }
 
-// answer is a client's ACK or NACK of the responses up to nonce.
-type answer struct {
-	nonce uint64
-	state ResourceState // Acked or Nacked
-	note  *nackNote     // the NACK's, shared by the names it covers
-}
-
-// settle applies the recorded answers to the pending names. A name's fate
-// is the first answer that covers its response, as if each answer had been
-// applied when it came.
-func (t *typeStatus) settle() {
-	if t.nanswers == 0 {
-		return
-	}
-	as := t.answers[:t.nanswers]
+// apply applies a client's ACK or NACK (state, with note for a NACK) of
+// the responses up to nonce to the pending names it covers: a name's fate
+// is the first answer that covers its response.
+func (t *typeStatus) apply(nonce uint64, state ResourceState, note *nackNote, now time.Time, mv mover) {
 	keep := t.pending[:0]
 	for _, name := range t.pending {
 		r, ok := t.res.get(name)
 		if !ok || r.nonce == 0 {
 			continue
 		}
-		i := 0
-		for i < len(as) && as[i].nonce < r.nonce {
-			i++
-		}
-		if i == len(as) {
+		if r.nonce > nonce {
 			keep = append(keep, name)
 			continue
 		}
-		r.state, r.nonce, r.nack = as[i].state, 0, as[i].note
+		was := r
+		r.state, r.nonce, r.nack = state, 0, note
 		t.res.set(name, r)
+		mv.move(name, was, r, time.Time{}, now)
 	}
 	clear(t.pending[len(keep):])
 	t.pending = keep
-	clear(as)
-	t.nanswers = 0
 }
 
 // streamStatus is one stream's record, registered with the server while
@@ -134,6 +126,8 @@ type streamStatus struct {
 	node    *corepb.Node // read-only
 	variant string       // read-only
 	cache   *cache.Cache // read-only: the group's cache
+	push    *pushMetrics // read-only: times to accept are observed there; nil: not observed
+	opened  int64        // read-only: when the stream opened, in Unix nanoseconds
 
 	mu    sync.Mutex
 	types byType[typeStatus]
@@ -166,8 +160,12 @@ func (s *streamStatus) unsubscribed(typeURL string, names []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t := s.typ(typeURL)
+	mv := s.mover(typeURL, t)
 	for _, n := range names {
-		t.res.remove(n)
+		if r, ok := t.res.get(n); ok {
+			t.res.remove(n)
+			mv.gone(n, r)
+		}
 	}
 }
 
@@ -178,33 +176,63 @@ func (s *streamStatus) setWildcard(typeURL string, on bool) {
 	t := s.typ(typeURL)
 	t.wildcard = on
 	if !on {
+		mv := s.mover(typeURL, t)
+		mv.reshare(nil, time.Now())
 		t.shared = nil
-		t.res.removeFunc(func(_ string, r resStatus) bool { return !r.named })
+		t.res.removeFunc(func(n string, r resStatus) bool {
+			if !r.named {
+				mv.gone(n, r)
+			}
+			return !r.named
+		})
 	}
 }
 
 // sending opens the record of a response about to be sent on typeURL with
 // nonce; it returns with mu held, released by done. full says the response
 // is the type's complete state: what it omits the client no longer has.
-func (s *streamStatus) sending(typeURL string, full bool) *typeStatus {
+func (s *streamStatus) sending(typeURL string, full bool) sendRec {
+	return s.sendingFrom(typeURL, full, 0)
+}
+
+// sendingFrom is sending for a response read from a view of the cache
+// whose latest change arrived at received (cache.View.Received, in Unix
+// nanoseconds: a number, so that the view's lookups, which a flush keeps
+// on its stack, are not taken to escape with it; 0 if unknown).
+func (s *streamStatus) sendingFrom(typeURL string, full bool, received int64) sendRec {
 	s.mu.Lock()
 	t := s.typ(typeURL)
-	t.settle()
-	t.unshare()
+	mv := s.mover(typeURL, t)
+	t.unshare(mv)
 	if full {
-		t.res.removeFunc(func(_ string, r resStatus) bool { return !r.named })
+		t.res.removeFunc(func(n string, r resStatus) bool {
+			if !r.named {
+				mv.gone(n, r)
+			}
+			return !r.named
+		})
 		for n, r := range t.res.all() {
+			was := r
 			r.version, r.state, r.nonce = "", Requested, 0
 			t.res.set(n, r)
+			mv.gone(n, was)
 		}
 	}
-	return t
+	return sendRec{t, mv, received}
+}
+
+// sendRec is the record of a response being sent: the type's, with what
+// it moves in the cache's counters (convergence.go).
+type sendRec struct {
+	*typeStatus
+	mv       mover
+	received int64 // in Unix nanoseconds; 0 if unknown
 }
 
 func (s *streamStatus) done() { s.mu.Unlock() }
 
 // unshare turns a shared sent state into per-name records.
-func (t *typeStatus) unshare() {
+func (t *typeStatus) unshare(mv mover) {
 	if t.shared == nil {
 		return
 	}
@@ -213,7 +241,10 @@ func (t *typeStatus) unshare() {
 		note = &nackNote{msg: t.sharedNack, at: t.nackAt}
 	}
 	for _, r := range t.shared.Resources {
-		e, _ := t.res.get(r.Name)
+		e, had := t.res.get(r.Name)
+		if had {
+			mv.gone(r.Name, e) // counted through the shared state from now on
+		}
 		e.version, e.state, e.sent, e.nack = r.Version, t.sharedState, t.sharedSent.UnixNano(), note
 		if t.sharedNonce != 0 {
 			e.nonce = t.sharedNonce
@@ -224,9 +255,15 @@ func (t *typeStatus) unshare() {
 	t.shared = nil
 }
 
-// sent records that name at version goes out in the response nonce.
-func (t *typeStatus) sent(name, version string, nonce uint64, now time.Time) {
+// sent records that name at version goes out in the response nonce. A
+// version the client has not had before is pending until it answers.
+func (rec sendRec) sent(name, version string, nonce uint64, now time.Time) {
+	t := rec.typeStatus
 	r, _ := t.res.get(name)
+	was := r
+	if version != r.version {
+		r.state, r.nack = Requested, nil
+	}
 	if r.nonce == 0 {
 		if len(t.pending) >= 2*t.res.len()+16 {
 			t.compact() // a client that never answers, with names coming and going
@@ -235,6 +272,7 @@ func (t *typeStatus) sent(name, version string, nonce uint64, now time.Time) {
 	}
 	r.version, r.nonce, r.sent = version, nonce, now.UnixNano()
 	t.res.set(name, r)
+	rec.mv.move(name, was, r, fromUnix(rec.received), now)
 }
 
 // compact drops from pending the names no longer waiting for an answer.
@@ -254,21 +292,26 @@ func (t *typeStatus) compact() {
 // forget drops the record of a name the client no longer has, unless it
 // is subscribed by name: what only the wildcard brought is not kept once
 // gone, so that the record stays within what the stream holds.
-func (t *typeStatus) forget(name string) {
-	if r, ok := t.res.get(name); ok && !r.named {
-		t.res.remove(name)
+func (rec sendRec) forget(name string) {
+	if r, ok := rec.res.get(name); ok && !r.named {
+		rec.res.remove(name)
+		rec.mv.gone(name, r)
 	}
 }
 
 // absent records that the client is told name does not exist.
-func (t *typeStatus) absent(name string, now time.Time) {
+func (rec sendRec) absent(name string, now time.Time) {
+	t := rec.typeStatus
 	r, ok := t.res.get(name)
 	if !ok || !r.named {
 		t.res.remove(name) // gone from the wildcard: not kept (see forget)
+		rec.mv.gone(name, r)
 		return
 	}
+	was := r
 	r.version, r.state, r.nonce, r.sent, r.nack = "", DoesNotExist, 0, now.UnixNano(), nil
 	t.res.set(name, r)
+	rec.mv.gone(name, was)
 }
 
 // sentShared records the complete state st, sent as one response nonce.
@@ -276,12 +319,15 @@ func (s *streamStatus) sentShared(typeURL string, st *cache.State, nonce uint64,
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t := s.typ(typeURL)
-	t.settle()
-	if t.shared == nil {
-		t.sharedState = Requested
-	}
-	t.res.removeFunc(func(_ string, r resStatus) bool { return !r.named })
-	t.shared, t.sharedNonce, t.sharedSent = st, nonce, now
+	mv := s.mover(typeURL, t)
+	t.res.removeFunc(func(n string, r resStatus) bool {
+		if !r.named {
+			mv.gone(n, r)
+		}
+		return !r.named
+	})
+	mv.reshare(st, now)
+	t.sharedState, t.shared, t.sharedNonce, t.sharedSent = Requested, st, nonce, now
 }
 
 // answered records the client's ACK (nack false) or NACK of the responses
@@ -299,29 +345,30 @@ func (s *streamStatus) answered(typeURL, nonce, version string, nack bool, msg s
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	t := s.typ(typeURL)
+	mv := s.mover(typeURL, t)
 	if nack {
 		t.nackVersion, t.nackMsg, t.nackAt = version, msg, now
 	} else {
 		t.ackVersion = version
 	}
 	if t.shared != nil && t.sharedNonce != 0 && t.sharedNonce <= n {
+		from := t.sharedState
 		t.sharedState, t.sharedNonce = state, 0
 		if nack {
 			t.sharedNack = msg
 		}
+		mv.answerShared(from, now)
 	}
-	if len(t.pending) == 0 {
-		return
+	if len(t.pending) > 0 {
+		var note *nackNote
+		if nack {
+			note = &nackNote{msg: msg, at: now}
+		}
+		t.apply(n, state, note, now, mv)
 	}
-	if t.nanswers == len(t.answers) {
-		t.settle()
+	if !nack {
+		t.accepted = now.UnixNano()
 	}
-	a := answer{nonce: n, state: state}
-	if nack {
-		a.note = &nackNote{msg: msg, at: now}
-	}
-	t.answers[t.nanswers] = a
-	t.nanswers++
 }
 
 // ResourceStatus is what a client holds of one resource.
@@ -371,7 +418,6 @@ func (s *streamStatus) snapshot() ClientStatus {
 
 // snapshot copies the type's record; call with the stream's mu held.
 func (t *typeStatus) snapshot(typeURL string) TypeStatus {
-	t.settle()
 	ts := TypeStatus{TypeURL: typeURL, Wildcard: t.wildcard, AckVersion: t.ackVersion,
 		NackVersion: t.nackVersion, NackError: t.nackMsg, NackAt: t.nackAt}
 	for name, r := range t.res.all() {

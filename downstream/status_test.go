@@ -72,10 +72,8 @@ func TestStatusRecordsNacks(t *testing.T) {
 	}
 }
 
-// Answers are applied to the names they cover when the record is next
-// written or read, with the result of applying each when it came: a name
-// takes the first answer that covers its response, more answers than the
-// record holds at once are applied in turn, and an answer never covers a
+// Answers are applied to the names they cover as they come: a name takes
+// the first answer that covers its response, and an answer never covers a
 // response sent after it.
 func TestStatusAppliesAnswersInOrder(t *testing.T) {
 	s := &streamStatus{}

@@ -249,8 +249,9 @@ type streamBase struct {
 func (s *Server) newStreamBase(send func(any) error, fixed, variant string, c *cache.Cache, node *corepb.Node) streamBase {
 	w := cache.NewWatch()
 	w.SetRank(Rank(node.GetId()))
+	opened := time.Now()
 	return streamBase{srv: s, send: send, fixed: fixed, variant: variant, cache: c, watch: w, node: node,
-		status: &streamStatus{node: node, variant: variant, cache: c}, opened: time.Now()}
+		status: &streamStatus{node: node, variant: variant, cache: c, push: &s.pushMetrics, opened: opened.UnixNano()}, opened: opened}
 }
 
 func (b *streamBase) base() *streamBase { return b }
@@ -390,6 +391,7 @@ func run[Req any, Resp any, PReq interface {
 	defer b.linkConn(pm.conn)()
 	s.registry.add(b.status)
 	defer s.registry.remove(b.status)
+	defer b.status.left() // its counts go with it (convergence.go)
 	defer pm.end()
 	pm.canEnd(true) // the first request's flush ends the stream by returning
 	if err := handle(pm, p, first); err != nil {

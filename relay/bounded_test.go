@@ -50,6 +50,7 @@ func TestAdminBodiesBounded(t *testing.T) {
 		{http.MethodGet, "/readyz", bound},
 		{http.MethodGet, "/debug/groups", bound},
 		{http.MethodGet, "/debug/clients", bound},
+		{http.MethodGet, "/debug/convergence", bound},
 		// Every family's series, a few dozen per group.
 		{http.MethodGet, "/metrics", 1 << 20},
 		{http.MethodPost, "/debug/guard/release", bound},

@@ -151,6 +151,8 @@ var lockOrder = [][2]string{
 	{"pump.mu", "sendPool.mu"},
 	{"sendGuard.mu", "sendConn.mu"},
 	{"sendGuard.mu", "sendPool.mu"},
+	{"Cache.mu", "convergence.mu"},
+	{"streamStatus.mu", "convergence.mu"},
 }
 
 // mdTable returns the rows of the markdown table of doc whose header line

@@ -168,6 +168,7 @@ func newRelay(cfg Config, logger *slog.Logger) *Relay {
 	r.zeroUpstreamSeries()
 	r.groupsG = r.metrics.Gauge("xdsrelay_groups", "Groups of downstream clients, each with its own upstream stream.").With()
 	r.registerGroupMetrics()
+	r.registerConvergenceMetrics()
 	r.registerCertMetrics()
 	r.registerServerMetrics()
 	r.registerBuildInfo()
@@ -759,6 +760,43 @@ func (r *Relay) registerGroupMetrics() {
 			}
 		}
 		last = slices.Collect(maps.Keys(seen))
+	})
+}
+
+// registerConvergenceMetrics sets, at each scrape, how many clients are
+// behind or rejecting, summed over the groups' resources from the counters
+// the streams keep as they send and are answered (cache/convergence.go):
+// the scrape visits resources, never streams.
+func (r *Relay) registerConvergenceMetrics() {
+	behind := r.metrics.Gauge("xdsrelay_clients_behind", "Clients subscribed to a resource that have not been sent its current version (a held rollout or guard, a slow client), summed over the resources of the type in every group.", "type")
+	rejecting := r.metrics.Gauge("xdsrelay_clients_rejecting", "Clients whose answer to a resource's current version is a NACK, summed over the resources of the type in every group.", "type")
+	shorts := make([]string, 0, len(xds.Types))
+	for _, t := range xds.Types {
+		shorts = append(shorts, xds.ShortName(t))
+	}
+	behind.ZeroEach(shorts...)
+	rejecting.ZeroEach(shorts...)
+	var mu sync.Mutex
+	shown := map[string]bool{} // every type given a series; guarded by mu: scrapes may overlap
+	for _, short := range shorts {
+		shown[short] = true
+	}
+	r.metrics.OnScrape(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		sums := map[string][2]int64{}
+		for _, g := range r.snapshotGroups() {
+			for _, s := range g.cache.ConvergenceSummary() {
+				short := xds.ShortName(s.Type)
+				v := sums[short]
+				sums[short] = [2]int64{v[0] + int64(s.Behind), v[1] + int64(s.Rejected)}
+				shown[short] = true
+			}
+		}
+		for short := range shown {
+			behind.With(short).Set(sums[short][0]) // 0 for a type no one holds now
+			rejecting.With(short).Set(sums[short][1])
+		}
 	})
 }
 

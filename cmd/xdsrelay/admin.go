@@ -27,13 +27,18 @@ type adminFlags struct {
 }
 
 func (f *adminFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.server, "server", "", "the relay's admin endpoint `ADDR` (host:port, or an http:// or https:// URL; https with the TLS flags) (required)")
+	f.addTLS(cmd)
+	cmd.Flags().DurationVar(&f.timeout, "timeout", 10*time.Second, "give up after this long")
+}
+
+// addTLS adds the admin endpoint's TLS flags.
+func (f *adminFlags) addTLS(cmd *cobra.Command) {
 	fs := cmd.Flags()
-	fs.StringVar(&f.server, "server", "", "the relay's admin endpoint `ADDR` (host:port, or an http:// or https:// URL; https with the TLS flags) (required)")
 	fs.StringVar(&f.files.CAFile, "ca-file", "", "verify the admin endpoint's certificate against the CA bundle in `FILE`")
 	fs.StringVar(&f.files.CertFile, "cert-file", "", "present the client certificate in `FILE` (one admin.tls.client_ca_file verifies; with --key-file)")
 	fs.StringVar(&f.files.KeyFile, "key-file", "", "the client certificate's private key `FILE`")
 	fs.StringVar(&f.files.ServerName, "server-name", "", "verify the admin endpoint's certificate for `NAME` instead of the --server host (through kubectl port-forward, the name in the relay's certificate)")
-	fs.DurationVar(&f.timeout, "timeout", 10*time.Second, "give up after this long")
 }
 
 // base is the admin endpoint's URL without a path: --server as given, or
@@ -85,10 +90,18 @@ func (f *adminFlags) do(ctx context.Context, method, path string, q url.Values, 
 	}
 	if resp.StatusCode/100 != 2 {
 		line, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
-		return nil, fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, line)
+		return nil, refusal{code: resp.StatusCode, err: fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, line)}
 	}
 	return b, nil
 }
+
+// refusal is the admin endpoint's answer other than 2xx.
+type refusal struct {
+	code int
+	err  error
+}
+
+func (r refusal) Error() string { return r.err.Error() }
 
 // maxAdminAnswer bounds what the admin commands read of an answer: more
 // than any admin body but a profile.

@@ -134,6 +134,19 @@ type judge struct{ seen chan string }
 
 func judgingClient(t *testing.T, addr, id string) *judge {
 	t.Helper()
+	return deltaJudge(t, addr, id, "13s")
+}
+
+// acceptingClient is a judge that NACKs nothing.
+func acceptingClient(t *testing.T, addr, id string) *judge {
+	t.Helper()
+	return deltaJudge(t, addr, id, "")
+}
+
+// deltaJudge is a judge that NACKs a cluster whose connect timeout is
+// reject (nothing if "").
+func deltaJudge(t *testing.T, addr, id, reject string) *judge {
+	t.Helper()
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
@@ -167,7 +180,7 @@ func judgingClient(t *testing.T, addr, id string) *judge {
 				case <-ctx.Done(): // nobody waits any more: the test is ending
 					return
 				}
-				if timeout == "13s" {
+				if reject != "" && timeout == reject {
 					ack.ErrorDetail = &rpcstatus.Status{Code: 3, Message: "13s is too slow"}
 				}
 			}

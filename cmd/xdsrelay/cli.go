@@ -164,7 +164,7 @@ func newRootCmd(environ []string) *cobra.Command {
 	root.Flags().BoolVar(&showVersion, "version", false, "print the version and exit")
 	root.SetFlagErrorFunc(flagError)
 	root.AddCommand(newServeCmd(environ), newValidateCmd(environ), newStatusCmd(), newWatchCmd(), newPersistCmd(), newGuardCmd(),
-		newRolloutCmd(), newAdminCmd(), newVersionCmd(), newDocsCmd())
+		newRolloutCmd(), newWaitCmd(), newAdminCmd(), newVersionCmd(), newDocsCmd())
 	defaultHelp := root.HelpFunc()
 	root.SetHelpFunc(func(cmd *cobra.Command, args []string) {
 		if cmd == root || cmd.Name() == "serve" {

@@ -118,7 +118,7 @@ func TestUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{args: []string{"config.yaml"}, want: `unknown command "config.yaml" for "xdsrelay"; the commands are admin, docs, guard, persist, rollout, serve, status, validate, version, watch (a configuration file is named with --config FILE)`},
+		{args: []string{"config.yaml"}, want: `unknown command "config.yaml" for "xdsrelay"; the commands are admin, docs, guard, persist, rollout, serve, status, validate, version, wait, watch (a configuration file is named with --config FILE)`},
 		{args: []string{"--config", "a.yaml", "b.yaml"}, want: `unknown command "b.yaml"`},
 		{args: []string{"serve", "b.yaml"}, want: `unexpected argument "b.yaml": name the configuration file with --config FILE`},
 		{args: []string{"validat"}, want: `unknown command "validat" for "xdsrelay"; did you mean "validate"?`},

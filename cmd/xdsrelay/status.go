@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -18,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/xdsrelay/xdsrelay/internal/xds"
+	"github.com/xdsrelay/xdsrelay/relay"
 )
 
 func newStatusCmd() *cobra.Command {
@@ -26,14 +30,22 @@ func newStatusCmd() *cobra.Command {
 		nodeID  string
 		output  string
 		timeout time.Duration
+		sum     bool
 	)
 	cmd := &cobra.Command{
-		Use:   "status --server ADDR [--node-id ID] [-o table|json]",
+		Use:   "status --server ADDR [--node-id ID] [-o table|json] | status --summary --server ADMIN_ADDR",
 		Short: "Show what each client node has been sent and has acknowledged (CSDS)",
 		Long: `Asks the server's Client Status Discovery Service
 (envoy.service.status.v3.ClientStatusDiscoveryService, FetchClientStatus) for
 its clients' status and prints, per node and type, the versions sent and how
-many resources are ACKED, NACKED, REQUESTED and DOES_NOT_EXIST.`,
+many resources are ACKED, NACKED, REQUESTED and DOES_NOT_EXIST.
+
+With --summary it asks the relay's admin endpoint instead (--server
+ADMIN_ADDR, with the TLS flags as the admin commands take them; GET
+/debug/convergence) and prints, per group and type, how many clients
+accepted, rejected, are pending and are behind on the current versions,
+from counters the relay keeps as it goes: it costs the relay what the
+answer costs, whatever the number of clients.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := required(cmd, "server"); err != nil {
@@ -41,6 +53,12 @@ many resources are ACKED, NACKED, REQUESTED and DOES_NOT_EXIST.`,
 			}
 			if output != "table" && output != "json" {
 				return usageError{cmd, fmt.Errorf("-o: %q is not table or json", output)}
+			}
+			if sum {
+				if nodeID != "" {
+					return usageError{cmd, errors.New("--summary and --node-id: the summary counts every client")}
+				}
+				return statusSummary(cmd, cf, output, timeout)
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
@@ -58,7 +76,37 @@ many resources are ACKED, NACKED, REQUESTED and DOES_NOT_EXIST.`,
 	cmd.Flags().StringVar(&nodeID, "node-id", "", "only the node with this `ID` (all nodes without it)")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "`FORMAT`: table or json (the response as protojson)")
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "give up after this long")
+	cmd.Flags().BoolVar(&sum, "summary", false, "per group and type, the clients that accepted, rejected, are pending and behind, from the relay's admin endpoint at --server")
 	return cmd
+}
+
+// statusSummary prints /debug/convergence's summary, asked of the admin
+// endpoint at cf.server with cf's TLS files.
+func statusSummary(cmd *cobra.Command, cf clientFlags, output string, timeout time.Duration) error {
+	af := adminFlags{server: cf.server, files: cf.files, timeout: timeout}
+	if cf.tls && !cf.files.Enabled() && !strings.Contains(af.server, "://") {
+		af.server = "https://" + af.server
+	}
+	b, err := af.do(cmd.Context(), http.MethodGet, "/debug/convergence", url.Values{"limit": {"0"}}, "")
+	if err != nil {
+		return err
+	}
+	var dc relay.DebugConvergence
+	if err := json.Unmarshal(b, &dc); err != nil {
+		return fmt.Errorf("the admin endpoint's answer: %w", err)
+	}
+	if output == "json" {
+		enc := json.NewEncoder(cmd.OutOrStdout())
+		enc.SetIndent("", "  ")
+		return enc.Encode(dc.Summary)
+	}
+	tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "GROUP\tTYPE\tRESOURCES\tSUBSCRIBED\tACCEPTED\tREJECTED\tPENDING\tBEHIND\tOLDER")
+	for _, s := range dc.Summary {
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", orDash(s.Group), xds.TypeAbbrev(s.Type), s.Resources,
+			s.Subscribed, s.Accepted, s.Rejected, s.Pending, s.Behind, s.Older)
+	}
+	return tw.Flush()
 }
 
 // fetchStatus asks the server for its clients' status, nodeID's only when

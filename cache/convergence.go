@@ -1,0 +1,528 @@
+package cache
+
+import (
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Convergence: who has which version of each resource, counted as it
+// happens (docs/architecture.md, invariant 19 "Count as it happens"). The
+// downstream tells the cache each time a client's standing with a resource
+// changes (sent a version, ACKed or NACKed it, left); the cache keeps, per
+// type, name and version, how many clients stand where. Reading them
+// (Convergence) costs what the answer costs and never visits a stream.
+//
+// The counters sit beside the versions, not in the cache's lock: they have
+// their own, which Move takes alone, so that a send or an ACK never waits
+// on an upstream change.
+
+// Answer is where a client stands with the version of a resource it holds.
+type Answer uint8
+
+// The answers, as a client's per-resource status (CSDS) shows them.
+const (
+	Unsent   Answer = iota // holds no version: not sent yet, told it does not exist, or gone
+	Pending                // sent, not answered yet (CSDS: REQUESTED with a version)
+	Accepted               // ACKed (CSDS: ACKED)
+	Rejected               // NACKed (CSDS: NACKED)
+)
+
+// Standing is a client's version of a resource and its answer to it.
+type Standing struct {
+	Version string
+	Answer  Answer
+}
+
+// Mover is who moves, told to Move.
+type Mover struct {
+	Node  string // the client's node id, clipped; kept for a NACK
+	Error string // the NACK's message, clipped
+	// Since is when the client last accepted anything of the type (or its
+	// stream opened): an ACK counts towards a version's time to accept
+	// only if the version arrived after it, so that a version sent again
+	// unchanged is not timed twice.
+	Since time.Time
+}
+
+// Bounds of what a version keeps of its clients.
+const (
+	// MaxRejectedBy is how many node ids a version keeps of those that
+	// rejected it.
+	MaxRejectedBy = 8
+	// maxAckSample is how many times to accept a version keeps, a uniform
+	// sample of all, for its percentiles.
+	maxAckSample = 1024
+)
+
+// convergence is every type's counters; guarded by its mu, which is taken
+// after the Cache's mu when both are held.
+type convergence struct {
+	mu    sync.Mutex
+	types map[string]map[string]*convName // type → name → its versions
+}
+
+// convName is what clients hold of one name: the versions any of them
+// stands with, and the latest one sent (kept even when nobody stands with
+// it, for its time to accept).
+type convName struct {
+	versions map[string]*convVersion
+	latest   string
+}
+
+// convVersion counts the clients that stand with one version.
+type convVersion struct {
+	received     time.Time // when the change that brought it arrived, as the first send of it read it
+	pending      int
+	accepted     int
+	rejected     int
+	pendingSince time.Time // when pending last rose from zero
+	firstError   string    // the first NACK's message
+	rejectedBy   []string  // node ids of clients that rejected it, up to MaxRejectedBy
+	acks         []time.Duration
+	ackCount     int // acks timed; acks is a uniform sample of them
+	maxAck       time.Duration
+}
+
+func (v *convVersion) zero() bool { return v.pending == 0 && v.accepted == 0 && v.rejected == 0 }
+
+func (v *convVersion) count(a Answer) *int {
+	switch a {
+	case Pending:
+		return &v.pending
+	case Accepted:
+		return &v.accepted
+	case Rejected:
+		return &v.rejected
+	}
+	return nil
+}
+
+// Move records that a client's standing with name moved from from to
+// to; received is when the change that brought to's version arrived (zero
+// if unknown), read at the send. It returns the time to accept if the
+// move is an ACK that counts (see Mover.Since), else 0. O(1).
+func (c *Cache) Move(typeURL, name string, from, to Standing, received, now time.Time, m Mover) time.Duration {
+	if from == to {
+		return 0
+	}
+	cv := &c.conv
+	cv.mu.Lock()
+	defer cv.mu.Unlock()
+	return moveLocked(cv.byName(typeURL), name, from, to, received, now, m)
+}
+
+// MoveAll is Move for every resource of from, which a client stood with
+// at answer fa, and of to, at answer ta (each sorted by name; a resource
+// in both moves once): a complete state sent in place of another, or
+// answered. Under one lock; observe is told each time to accept.
+func (c *Cache) MoveAll(typeURL string, from []*Resource, fa Answer, to []*Resource, ta Answer, received, now time.Time, m Mover, observe func(time.Duration)) {
+	if len(from) == 0 && len(to) == 0 {
+		return
+	}
+	cv := &c.conv
+	cv.mu.Lock()
+	defer cv.mu.Unlock()
+	byName := cv.byName(typeURL)
+	move := func(name string, f, t Standing) {
+		if f == t {
+			return
+		}
+		if took := moveLocked(byName, name, f, t, received, now, m); took > 0 && observe != nil {
+			observe(took)
+		}
+	}
+	at := func(r *Resource, a Answer) Standing { return Standing{Version: r.Version, Answer: a} }
+	i, j := 0, 0
+	for i < len(from) || j < len(to) {
+		switch {
+		case i < len(from) && j < len(to) && from[i] == to[j]:
+			// The same resource, unchanged (a cached one is never changed in place).
+			if fa != ta {
+				move(to[j].Name, at(from[i], fa), at(to[j], ta))
+			}
+			i, j = i+1, j+1
+		case j == len(to) || i < len(from) && from[i].Name < to[j].Name:
+			move(from[i].Name, at(from[i], fa), Standing{})
+			i++
+		case i == len(from) || to[j].Name < from[i].Name:
+			move(to[j].Name, Standing{}, at(to[j], ta))
+			j++
+		default:
+			move(to[j].Name, at(from[i], fa), at(to[j], ta))
+			i, j = i+1, j+1
+		}
+	}
+}
+
+// byName is a type's counters by name, made if need be; call with mu held.
+func (cv *convergence) byName(typeURL string) map[string]*convName {
+	if cv.types == nil {
+		cv.types = make(map[string]map[string]*convName)
+	}
+	byName := cv.types[typeURL]
+	if byName == nil {
+		byName = make(map[string]*convName)
+		cv.types[typeURL] = byName
+	}
+	return byName
+}
+
+// moveLocked is Move in a type's counters; call with the counters' mu held.
+func moveLocked(byName map[string]*convName, name string, from, to Standing, received, now time.Time, m Mover) time.Duration {
+	n := byName[name]
+	if n == nil {
+		n = &convName{versions: make(map[string]*convVersion, 1)}
+		byName[name] = n
+	}
+	n.leave(from, m.Node)
+	took := n.enter(to, received, now, m)
+	if len(n.versions) == 0 {
+		delete(byName, name)
+	}
+	return took
+}
+
+// leave takes a client out of the count of its standing.
+func (n *convName) leave(s Standing, node string) {
+	v := n.versions[s.Version]
+	p := (*int)(nil)
+	if v != nil {
+		p = v.count(s.Answer)
+	}
+	if p == nil || *p == 0 {
+		return
+	}
+	*p--
+	if s.Answer == Rejected {
+		if i := slices.Index(v.rejectedBy, node); i >= 0 {
+			v.rejectedBy = slices.Delete(v.rejectedBy, i, i+1)
+		}
+	}
+	if v.zero() && s.Version != n.latest {
+		delete(n.versions, s.Version)
+	}
+}
+
+// enter counts a client in its new standing.
+func (n *convName) enter(s Standing, received, now time.Time, m Mover) time.Duration {
+	if s.Answer == Unsent || s.Version == "" {
+		if len(n.versions) == 1 && n.versions[n.latest] != nil && n.versions[n.latest].zero() {
+			delete(n.versions, n.latest) // nobody holds the name any more
+		}
+		return 0
+	}
+	v := n.versions[s.Version]
+	if v == nil {
+		v = &convVersion{}
+		n.versions[s.Version] = v
+	}
+	switch s.Answer {
+	case Pending:
+		if v.received.IsZero() {
+			v.received = received
+		}
+		if n.latest != s.Version {
+			if old := n.versions[n.latest]; old != nil && old.zero() {
+				delete(n.versions, n.latest)
+			}
+			n.latest = s.Version
+		}
+		if v.pending == 0 {
+			v.pendingSince = now
+		}
+		v.pending++
+	case Accepted:
+		v.accepted++
+		if !v.received.IsZero() && v.received.After(m.Since) {
+			took := max(now.Sub(v.received), 0)
+			v.timed(took)
+			return took
+		}
+	case Rejected:
+		v.rejected++
+		if v.firstError == "" {
+			v.firstError = m.Error
+		}
+		if len(v.rejectedBy) < MaxRejectedBy {
+			v.rejectedBy = append(v.rejectedBy, m.Node)
+		}
+	}
+	return 0
+}
+
+// timed adds a time to accept to the version's sample (reservoir
+// sampling: every ACK is as likely to be kept).
+func (v *convVersion) timed(d time.Duration) {
+	v.ackCount++
+	v.maxAck = max(v.maxAck, d)
+	if len(v.acks) < maxAckSample {
+		v.acks = append(v.acks, d)
+		return
+	}
+	if i := rand.IntN(v.ackCount); i < maxAckSample {
+		v.acks[i] = d
+	}
+}
+
+// VersionCount is how many clients stand with one version of a resource.
+type VersionCount struct {
+	Version  string
+	Received time.Time // when the change that brought it arrived; zero if unknown
+	Pending  int
+	Accepted int
+	Rejected int
+	// PendingSince is when the count of pending clients last rose from
+	// zero: the oldest pending client has waited at most since then.
+	PendingSince time.Time
+	FirstError   string   // the first NACK's message
+	RejectedBy   []string // node ids of rejecting clients, at most MaxRejectedBy
+	// Times to accept, from Received to each client's ACK (of clients
+	// connected before the change arrived): how many, and the sample's
+	// p50, p99 and the maximum.
+	Acks          int
+	P50, P99, Max time.Duration
+}
+
+// ResourceConvergence is where a group's clients stand with one resource.
+type ResourceConvergence struct {
+	Type, Name string
+	// Current is the cache's version of the resource; empty if the cache
+	// does not hold it (removed, or not arrived).
+	Current string
+	// Subscribed is how many clients watch the name, by name or with the
+	// type's wildcard.
+	Subscribed int
+	// Behind is how many of them have not been sent Current: a held
+	// rollout or guard, a slow client, or one that just came.
+	Behind int
+	// Versions are the versions clients stand with, Current first.
+	Versions []VersionCount
+}
+
+// At is the count of Current; zero if no client stands with it.
+func (r ResourceConvergence) At() VersionCount {
+	if len(r.Versions) > 0 && r.Versions[0].Version == r.Current {
+		return r.Versions[0]
+	}
+	return VersionCount{Version: r.Current}
+}
+
+// Convergence reports, for the types (every one if types is empty) and
+// names (every one if empty), where the clients stand: the resources the
+// cache holds that clients watch, and those clients still hold, sorted by
+// type and name. It costs what the answer costs: the resources it reports.
+func (c *Cache) Convergence(types, names []string) []ResourceConvergence {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	c.conv.mu.Lock()
+	defer c.conv.mu.Unlock()
+	if len(types) == 0 {
+		for t := range c.types {
+			types = append(types, t)
+		}
+		for t := range c.conv.types {
+			if c.types[t] == nil {
+				types = append(types, t)
+			}
+		}
+	}
+	var out []ResourceConvergence
+	for _, typeURL := range types {
+		out = c.convergenceLocked(out, typeURL, names)
+	}
+	slices.SortFunc(out, func(a, b ResourceConvergence) int {
+		if a.Type != b.Type {
+			if a.Type < b.Type {
+				return -1
+			}
+			return 1
+		}
+		if a.Name < b.Name {
+			return -1
+		}
+		if a.Name > b.Name {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// convergenceLocked appends one type's resources; call with c.mu and the
+// counters' mu held.
+func (c *Cache) convergenceLocked(out []ResourceConvergence, typeURL string, names []string) []ResourceConvergence {
+	t, byName := c.types[typeURL], c.conv.types[typeURL]
+	seen := func(name string) bool { return byName[name] != nil }
+	add := func(name string) {
+		out = append(out, c.resourceLocked(t, typeURL, name, byName[name]))
+	}
+	if len(names) > 0 {
+		for _, n := range names {
+			if seen(n) || t != nil && t.entries[n] != nil {
+				add(n) // a name of another type is not this one's
+			}
+		}
+		return out
+	}
+	if t != nil {
+		for n, e := range t.entries {
+			if e.res != nil && (e.watchers.len() > 0 || len(t.wildcard) > 0) && !seen(n) {
+				add(n)
+			}
+		}
+	}
+	for n := range byName {
+		add(n)
+	}
+	return out
+}
+
+// resourceLocked reports one name; t and n may be nil.
+func (c *Cache) resourceLocked(t *typeState, typeURL, name string, n *convName) ResourceConvergence {
+	sums := c.resourceCountsLocked(t, name, n)
+	r := ResourceConvergence{Type: typeURL, Name: name, Subscribed: sums.Subscribed, Behind: sums.Behind}
+	if t != nil && t.entries[name] != nil && t.entries[name].res != nil {
+		r.Current = t.entries[name].res.Version
+	}
+	if n != nil {
+		for ver, v := range n.versions {
+			if v.zero() && ver != r.Current {
+				continue
+			}
+			r.Versions = append(r.Versions, v.snapshot(ver))
+		}
+	}
+	slices.SortFunc(r.Versions, func(a, b VersionCount) int {
+		switch {
+		case a.Version == r.Current:
+			return -1
+		case b.Version == r.Current:
+			return 1
+		}
+		return b.Received.Compare(a.Received)
+	})
+	return r
+}
+
+// snapshot copies the version's counts, with the percentiles of its
+// sample.
+func (v *convVersion) snapshot(version string) VersionCount {
+	vc := VersionCount{Version: version, Received: v.received, Pending: v.pending, Accepted: v.accepted,
+		Rejected: v.rejected, FirstError: v.firstError, RejectedBy: slices.Clone(v.rejectedBy),
+		Acks: v.ackCount, Max: v.maxAck}
+	if v.pending > 0 {
+		vc.PendingSince = v.pendingSince
+	}
+	if len(v.acks) > 0 {
+		s := slices.Clone(v.acks)
+		slices.Sort(s)
+		vc.P50, vc.P99 = s[(len(s)-1)*50/100], s[(len(s)-1)*99/100]
+	}
+	return vc
+}
+
+// TypeConvergence sums a type's resources: how many clients, summed over
+// the resources, stand where with each one's current version.
+type TypeConvergence struct {
+	Type       string
+	Resources  int // resources reported (see Convergence)
+	Subscribed int // clients subscribed, summed over the resources
+	Pending    int // sent the current version, not answered yet
+	Accepted   int // accepted the current version
+	Rejected   int // rejected the current version
+	Behind     int // subscribed and not sent the current version
+	Older      int // clients standing with another version (accepted, rejected or pending)
+}
+
+// ConvergenceSummary sums Convergence per type, sorted by type; it costs
+// a visit of the resources, with no copy of them.
+func (c *Cache) ConvergenceSummary() []TypeConvergence {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	c.conv.mu.Lock()
+	defer c.conv.mu.Unlock()
+	byType := map[string]*TypeConvergence{}
+	sum := func(typeURL string) *TypeConvergence {
+		s := byType[typeURL]
+		if s == nil {
+			s = &TypeConvergence{Type: typeURL}
+			byType[typeURL] = s
+		}
+		return s
+	}
+	for typeURL, t := range c.types {
+		byName := c.conv.types[typeURL]
+		for n, e := range t.entries {
+			if e.res != nil && (e.watchers.len() > 0 || len(t.wildcard) > 0) && byName[n] == nil {
+				sum(typeURL).add(c.resourceCountsLocked(t, n, nil))
+			}
+		}
+	}
+	for typeURL, byName := range c.conv.types {
+		for n, cn := range byName {
+			sum(typeURL).add(c.resourceCountsLocked(c.types[typeURL], n, cn))
+		}
+	}
+	out := make([]TypeConvergence, 0, len(byType))
+	for _, s := range byType {
+		out = append(out, *s)
+	}
+	slices.SortFunc(out, func(a, b TypeConvergence) int {
+		switch {
+		case a.Type < b.Type:
+			return -1
+		case a.Type > b.Type:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+func (s *TypeConvergence) add(r TypeConvergence) {
+	s.Resources++
+	s.Subscribed += r.Subscribed
+	s.Pending += r.Pending
+	s.Accepted += r.Accepted
+	s.Rejected += r.Rejected
+	s.Behind += r.Behind
+	s.Older += r.Older
+}
+
+// resourceCountsLocked is one resource's counts, as resourceLocked
+// reports them, without copying its versions.
+func (c *Cache) resourceCountsLocked(t *typeState, name string, n *convName) TypeConvergence {
+	var r TypeConvergence
+	current := ""
+	if t != nil {
+		if e := t.entries[name]; e != nil {
+			if e.res != nil {
+				current = e.res.Version
+				r.Subscribed = len(t.wildcard)
+			}
+			r.Subscribed += e.watchers.len()
+			if e.res != nil && len(t.wildcard) > 0 {
+				for w := range e.watchers.all() {
+					if _, both := t.wildcard[w]; both {
+						r.Subscribed-- // by name and with the wildcard: one client
+					}
+				}
+			}
+		}
+	}
+	if n != nil {
+		for ver, v := range n.versions {
+			if ver == current {
+				r.Pending, r.Accepted, r.Rejected = v.pending, v.accepted, v.rejected
+			} else {
+				r.Older += v.pending + v.accepted + v.rejected
+			}
+		}
+	}
+	if current != "" {
+		r.Behind = max(r.Subscribed-r.Pending-r.Accepted-r.Rejected, 0)
+	}
+	return r
+}

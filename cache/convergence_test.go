@@ -1,0 +1,79 @@
+package cache
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
+
+// Move counts each client where it stands, keeps a bounded sample of who
+// rejected, times an ACK only of a version that arrived after the
+// client's last one, and forgets a name nobody holds.
+func TestMoveCounts(t *testing.T) {
+	const typ = "T"
+	c := New(Options{})
+	t0 := time.Unix(1000, 0)
+	pending := Standing{Version: "2", Answer: Pending}
+	for i := range MaxRejectedBy + 2 {
+		c.Move(typ, "x", Standing{}, pending, t0, t0, Mover{})
+		took := c.Move(typ, "x", pending, Standing{Version: "2", Answer: Rejected}, time.Time{}, t0.Add(time.Second), Mover{Node: fmt.Sprint("n", i), Error: fmt.Sprint("bad ", i)})
+		if took != 0 {
+			t.Fatalf("a NACK timed: %v", took)
+		}
+	}
+	v := c.Convergence([]string{typ}, []string{"x"})[0].Versions[0]
+	if v.Rejected != MaxRejectedBy+2 || len(v.RejectedBy) != MaxRejectedBy || v.FirstError != "bad 0" {
+		t.Fatalf("after %d NACKs: %+v", MaxRejectedBy+2, v)
+	}
+	c.Move(typ, "x", Standing{Version: "2", Answer: Rejected}, pending, t0, t0, Mover{Node: "n0"})
+	if took := c.Move(typ, "x", pending, Standing{Version: "2", Answer: Accepted}, time.Time{}, t0.Add(3*time.Second), Mover{Since: t0.Add(-time.Second)}); took != 3*time.Second {
+		t.Errorf("an ACK of a version that arrived after the client's last: timed %v, want 3s", took)
+	}
+	v = c.Convergence([]string{typ}, []string{"x"})[0].Versions[0]
+	if v.Accepted != 1 || slices.Contains(v.RejectedBy, "n0") || v.Acks != 1 || v.Max != 3*time.Second {
+		t.Errorf("after n0 accepted: %+v", v)
+	}
+	if took := c.Move(typ, "x", Standing{Version: "2", Answer: Accepted}, Standing{Version: "2", Answer: Accepted}, time.Time{}, t0, Mover{}); took != 0 {
+		t.Errorf("no move timed %v", took)
+	}
+	c.Move(typ, "x", Standing{Version: "2", Answer: Accepted}, pending, t0, t0, Mover{})
+	if took := c.Move(typ, "x", pending, Standing{Version: "2", Answer: Accepted}, time.Time{}, t0.Add(time.Hour), Mover{Since: t0.Add(time.Minute)}); took != 0 {
+		t.Errorf("an ACK of a version sent again, unchanged: timed %v", took)
+	}
+	c.Move(typ, "x", Standing{Version: "2", Answer: Accepted}, Standing{}, time.Time{}, t0, Mover{})
+	for i := range MaxRejectedBy + 1 {
+		c.Move(typ, "x", Standing{Version: "2", Answer: Rejected}, Standing{}, time.Time{}, t0, Mover{Node: fmt.Sprint("n", i+1)})
+	}
+	if rs := c.Convergence(nil, nil); len(rs) != 0 {
+		t.Fatalf("every client gone, the counters hold %+v", rs)
+	}
+}
+
+// MoveAll moves a complete state by name: what left it, what came, and
+// what changed or was answered, once each.
+func TestMoveAllMergesByName(t *testing.T) {
+	const typ = "T"
+	c := New(Options{})
+	res := func(name, version string) *Resource { return &Resource{Name: name, Version: version} }
+	a1, b1, c1, b2, d1 := res("a", "1"), res("b", "1"), res("c", "1"), res("b", "2"), res("d", "1")
+	now := time.Unix(1000, 0)
+	c.MoveAll(typ, nil, Unsent, []*Resource{a1, b1, c1}, Pending, now, now, Mover{}, nil)
+	c.MoveAll(typ, []*Resource{a1, b1, c1}, Pending, []*Resource{a1, b1, c1}, Accepted, time.Time{}, now, Mover{}, nil)
+	c.MoveAll(typ, []*Resource{a1, b1, c1}, Accepted, []*Resource{a1, b2, d1}, Pending, now, now, Mover{}, nil)
+	got := map[string]string{}
+	for _, r := range c.Convergence([]string{typ}, nil) {
+		for _, v := range r.Versions {
+			got[r.Name+"@"+v.Version] = fmt.Sprintf("p%d a%d", v.Pending, v.Accepted)
+		}
+	}
+	want := map[string]string{"a@1": "p1 a0", "b@2": "p1 a0", "d@1": "p1 a0"}
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("%s: %q, want %q (all: %v)", k, got[k], w, got)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("counted %v, want only %v", got, want)
+	}
+}

@@ -1,0 +1,308 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+	"github.com/xdsrelay/xdsrelay/relay"
+)
+
+// waitPoll is how often wait asks the relays again.
+const waitPoll = 250 * time.Millisecond
+
+// waitShown bounds the resources a verdict names.
+const waitShown = 10
+
+type waitFlags struct {
+	tls      adminFlags // the TLS flags; server is set per replica
+	servers  []string
+	typ      string
+	names    []string
+	version  string
+	fraction float64
+	timeout  time.Duration
+}
+
+func newWaitCmd() *cobra.Command {
+	var f waitFlags
+	cmd := &cobra.Command{
+		Use:   "wait --server ADMIN_ADDR --type T [--name N]... [--version V] [--fraction F] [--timeout D]",
+		Short: "Wait until the clients have accepted a version (their ACK), or say who rejected it",
+		Long: `Asks the relays' admin endpoints (GET /debug/convergence) until the
+clients subscribed to the resources of --type (--name narrows them) have
+accepted --version (each resource's current version without it): exits 0
+once --fraction of them (1.0: all) did, 1 when --timeout passes first or as
+soon as rejections make the fraction unreachable (with 1.0, any rejection),
+printing how many are behind, pending and rejecting, with the clients'
+errors and node ids, or at once when an endpoint refuses (4xx); 2 for a
+command line it does not take.
+
+--server is repeatable; a DNS name that resolves to several addresses (a
+headless Service of replicas) is asked at each, and the counts are summed.
+The endpoints must be private to the caller: loopback, or admin.tls with a
+client certificate (--ca-file, --cert-file, --key-file; --server-name
+through kubectl port-forward). An ACK means a client accepted the
+configuration, not that its traffic uses it yet.`,
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := f.check(cmd); err != nil {
+				return err
+			}
+			return f.run(cmd.Context(), cmd.OutOrStdout())
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringArrayVar(&f.servers, "server", nil, "a relay's admin endpoint `ADDR` (host:port or URL), repeatable; a name with several addresses is asked at each (required)")
+	fs.StringVar(&f.typ, "type", "", "the resources' `TYPE`: clusters, Cluster, cds or a type URL (required)")
+	fs.StringArrayVar(&f.names, "name", nil, "only the resource `NAME`, repeatable (every resource of the type without it)")
+	fs.StringVar(&f.version, "version", "", "the `VERSION` to wait for (each resource's current version in the relay without it)")
+	fs.Float64Var(&f.fraction, "fraction", 1.0, "the `FRACTION` of subscribed clients that must accept, in (0, 1]")
+	fs.DurationVar(&f.timeout, "timeout", time.Minute, "give up after this long")
+	f.tls.addTLS(cmd)
+	return cmd
+}
+
+// check refuses a command line wait does not take, and resolves --type.
+func (f *waitFlags) check(cmd *cobra.Command) error {
+	if err := required(cmd, "server", "type"); err != nil {
+		return err
+	}
+	typeURL, err := xds.ParseType(f.typ)
+	if err != nil {
+		return usageError{cmd, fmt.Errorf("--type: %w", err)}
+	}
+	f.typ = typeURL
+	if !(f.fraction > 0 && f.fraction <= 1) {
+		return usageError{cmd, fmt.Errorf("--fraction: %v is not in (0, 1]", f.fraction)}
+	}
+	if f.timeout <= 0 {
+		return usageError{cmd, fmt.Errorf("--timeout: %v is not positive", f.timeout)}
+	}
+	return nil
+}
+
+// waitCount is what the relays say of the clients, summed.
+type waitCount struct {
+	subscribed, accepted, rejected, pending, behind int
+	shown                                           []string // lines about resources not there yet, at most waitShown
+	more                                            int      // resources not shown
+	unknown                                         []string // replicas that did not answer, and why
+}
+
+// done reports whether the fraction is reached; lost, whether it no
+// longer can be.
+func (c waitCount) verdict(fraction float64) (done, lost bool) {
+	need := int(math.Ceil(fraction*float64(c.subscribed) - 1e-9))
+	if c.subscribed == 0 || len(c.unknown) > 0 {
+		return false, false
+	}
+	return c.accepted >= need, c.subscribed-c.rejected < need
+}
+
+func (f *waitFlags) run(ctx context.Context, out io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, f.timeout)
+	defer cancel()
+	tick := time.NewTicker(waitPoll)
+	defer tick.Stop()
+	var last waitCount // the last count every replica answered, or the last at all
+	for {
+		c, refused := f.count(ctx)
+		if refused != nil {
+			return refused // asking again would be answered the same
+		}
+		if ctx.Err() != nil && last.subscribed+len(last.unknown) > 0 {
+			c = last // cut short by the timeout: what was known before it
+		}
+		last = c
+		done, lost := c.verdict(f.fraction)
+		switch {
+		case done:
+			fmt.Fprintf(out, "%d of %d clients accepted\n", c.accepted, c.subscribed)
+			return nil
+		case lost:
+			c.print(out)
+			return fmt.Errorf("wait: %d of %d clients rejected: %v of them can no longer accept", c.rejected, c.subscribed, f.fraction)
+		}
+		select {
+		case <-ctx.Done():
+			c.print(out)
+			return fmt.Errorf("wait: %d of %d clients accepted after %v, short of %v of them", c.accepted, c.subscribed, f.timeout, f.fraction)
+		case <-tick.C:
+		}
+	}
+}
+
+// print says where the clients stand, bounded.
+func (c waitCount) print(out io.Writer) {
+	fmt.Fprintf(out, "%d subscribed: %d accepted, %d rejected, %d pending, %d behind\n", c.subscribed, c.accepted, c.rejected, c.pending, c.behind)
+	for _, u := range c.unknown {
+		fmt.Fprintln(out, u)
+	}
+	for _, l := range c.shown {
+		fmt.Fprintln(out, l)
+	}
+	if c.more > 0 {
+		fmt.Fprintf(out, "... and %d more resources\n", c.more)
+	}
+	if c.subscribed == 0 && len(c.unknown) == 0 {
+		fmt.Fprintln(out, "no client subscribes to the resources")
+	}
+}
+
+// count asks every replica once and sums what they say; refused is a
+// replica's 4xx answer (not private to the caller, an unknown path), which
+// ends the wait at once.
+func (f *waitFlags) count(ctx context.Context) (c waitCount, refused error) {
+	for _, af := range f.replicas(ctx) {
+		body, err := af.do(ctx, http.MethodGet, "/debug/convergence", f.query(), "")
+		var r refusal
+		if errors.As(err, &r) && r.code/100 == 4 {
+			return c, fmt.Errorf("%s: %w", af.server, err)
+		}
+		var dc relay.DebugConvergence
+		if err == nil {
+			err = json.Unmarshal(body, &dc)
+		}
+		if err != nil {
+			c.unknown = append(c.unknown, fmt.Sprintf("%s: %v", af.server, err))
+			continue
+		}
+		f.add(&c, af.server, dc)
+	}
+	return c, nil
+}
+
+func (f *waitFlags) query() url.Values {
+	q := url.Values{"type": {f.typ}}
+	if len(f.names) > 0 {
+		q["name"] = f.names
+	}
+	return q
+}
+
+// add sums one replica's answer: without --version its summary (each
+// resource at its current version, all of them however many are listed),
+// with it each resource listed, which must be all.
+func (f *waitFlags) add(c *waitCount, server string, dc relay.DebugConvergence) {
+	if f.version == "" {
+		for _, s := range dc.Summary {
+			c.subscribed += s.Subscribed
+			c.accepted += s.Accepted
+			c.rejected += s.Rejected
+			c.pending += s.Pending
+			c.behind += s.Behind
+		}
+	} else if dc.More > 0 {
+		c.unknown = append(c.unknown, fmt.Sprintf("%s: %d resources past the %d listed: name those to wait for with --name", server, dc.More, len(dc.Resources)))
+	}
+	for _, r := range dc.Resources {
+		want := r.Version
+		if f.version != "" {
+			want = f.version
+		}
+		var at relay.ConvergenceVersion
+		for _, v := range r.Versions {
+			if v.Version == want {
+				at = v
+			}
+		}
+		behind := max(r.Subscribed-at.Accepted-at.Rejected-at.Pending, 0)
+		if f.version != "" {
+			c.subscribed += r.Subscribed
+			c.accepted += at.Accepted
+			c.rejected += at.Rejected
+			c.pending += at.Pending
+			c.behind += behind
+		}
+		if at.Accepted == r.Subscribed && r.Subscribed > 0 {
+			continue
+		}
+		if len(c.shown) == waitShown {
+			c.more++
+			continue
+		}
+		c.shown = append(c.shown, resourceLine(server, r, want, at, behind))
+	}
+	if f.version == "" {
+		c.more += dc.More
+	}
+}
+
+// resourceLine is one resource not there yet: its counts at want, and who
+// rejected it and why.
+func resourceLine(server string, r relay.ConvergenceResource, want string, at relay.ConvergenceVersion, behind int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s group %q %s/%s version %q: %d/%d accepted", server, r.Group, xds.ShortName(r.Type), r.Name, want, at.Accepted, r.Subscribed)
+	if at.Pending > 0 {
+		fmt.Fprintf(&b, ", %d pending (oldest %.1fs)", at.Pending, at.OldestPending)
+	}
+	if behind > 0 {
+		fmt.Fprintf(&b, ", %d behind (not sent it yet; the relay's version is %q)", behind, r.Version)
+	}
+	if at.Rejected > 0 {
+		fmt.Fprintf(&b, ", %d rejected: %q by %s", at.Rejected, at.Error, strings.Join(at.RejectedBy, ", "))
+	}
+	return b.String()
+}
+
+// replicas are the admin endpoints to ask: each --server, and each address
+// of a name that resolves to several, verified as the name over TLS.
+func (f *waitFlags) replicas(ctx context.Context) []adminFlags {
+	var out []adminFlags
+	for _, s := range f.servers {
+		out = append(out, f.resolve(ctx, s)...)
+	}
+	return out
+}
+
+func (f *waitFlags) resolve(ctx context.Context, server string) []adminFlags {
+	one := f.tls
+	one.server, one.timeout = server, 10*time.Second
+	scheme, hostport, hasScheme := strings.Cut(server, "://")
+	if !hasScheme {
+		scheme, hostport = "", server
+	}
+	host, port, err := net.SplitHostPort(hostport)
+	if err != nil || net.ParseIP(host) != nil {
+		return []adminFlags{one}
+	}
+	addrs, err := net.DefaultResolver.LookupHost(ctx, host)
+	if err != nil || len(addrs) < 2 || loopback(addrs) {
+		return []adminFlags{one} // localhost is one relay, whether on ::1 or 127.0.0.1
+	}
+	out := make([]adminFlags, 0, len(addrs))
+	for _, a := range addrs {
+		r := one
+		r.server = net.JoinHostPort(a, port)
+		if scheme != "" {
+			r.server = scheme + "://" + r.server
+		}
+		if r.files.ServerName == "" {
+			r.files.ServerName = host
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// loopback reports whether any of addrs is a loopback address.
+func loopback(addrs []string) bool {
+	for _, a := range addrs {
+		if ip := net.ParseIP(a); ip != nil && ip.IsLoopback() {
+			return true
+		}
+	}
+	return false
+}

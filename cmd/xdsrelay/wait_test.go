@@ -1,0 +1,140 @@
+package main
+
+import (
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+	"github.com/xdsrelay/xdsrelay/relay"
+)
+
+// `xdsrelay wait`, the built binary, against a relay with two real
+// clients: exit 0 once they accepted a change, 1 at once when one rejects
+// it (with its error and node id), 0 again for a fraction the rejection
+// leaves reachable, 1 at the timeout for a version nobody is sent, and 2
+// for a command line it does not take. status --summary counts the same.
+func TestWaitExitCodes(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "xdsrelay")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	run := func(args ...string) (int, string, time.Duration) {
+		t.Helper()
+		start := time.Now()
+		out, err := exec.Command(bin, args...).CombinedOutput()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return code, string(out), time.Since(start)
+	}
+
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", timedCluster(time.Second))
+	cfg := relay.Default()
+	cfg.Upstream.Address = cp.Addr
+	cfg.Downstream.Address, cfg.Admin.Address = "127.0.0.1:0", "127.0.0.1:0"
+	r := startRelayConfig(t, cfg)
+	a, b := judgingClient(t, r.Addr(), "node-a"), acceptingClient(t, r.Addr(), "node-b")
+	a.wait(t, "1s")
+	b.wait(t, "1s")
+	admin := r.AdminAddr()
+
+	if code, out, _ := run("wait", "--server", admin, "--type", "clusters", "--timeout", "20s"); code != 0 || out != "2 of 2 clients accepted\n" {
+		t.Fatalf("wait for the first version: exit %d, %q", code, out)
+	}
+
+	cp.Set(t, "c1", "2", timedCluster(13*time.Second)) // node-a NACKs it
+	a.wait(t, "13s")
+	b.wait(t, "13s")
+	code, out, took := run("wait", "--server", admin, "--type", "Cluster", "--name", "app", "--timeout", "20s")
+	if code != 1 || !strings.Contains(out, `1 rejected: "13s is too slow" by node-a`) || !strings.Contains(out, "1 of 2 clients rejected") {
+		t.Fatalf("wait for a version one client rejects: exit %d, %q", code, out)
+	}
+	if took > 10*time.Second {
+		t.Errorf("wait took %v to see the rejection, not at once", took)
+	}
+	if code, out, _ := run("wait", "--server", admin, "--type", "cds", "--fraction", "0.5", "--timeout", "20s"); code != 0 || out != "1 of 2 clients accepted\n" {
+		t.Errorf("wait for half the clients: exit %d, %q", code, out)
+	}
+	code, out, _ = run("status", "--summary", "--server", admin)
+	if code != 0 || !regexp.MustCompile(`(?m)^cluster=c1\S*\s+CDS\s+1\s+2\s+1\s+1\s+0\s+0\s+0$`).MatchString(out) {
+		t.Errorf("status --summary: exit %d, %q; want one CDS resource, 2 clients: 1 accepted, 1 rejected", code, out)
+	}
+	code, out, _ = run("wait", "--server", admin, "--type", "clusters", "--version", "nosuch", "--fraction", "0.5", "--timeout", "500ms")
+	if code != 1 || !strings.Contains(out, "0 of 2 clients accepted after 500ms") || !strings.Contains(out, "2 behind") {
+		t.Errorf("wait for a version nobody is sent: exit %d, %q", code, out)
+	}
+
+	// An admin endpoint that refuses (a path it does not serve stands in
+	// for a caller that is not private) ends the wait at once.
+	code, out, took = run("wait", "--server", "http://"+admin+"/nosuch", "--type", "clusters", "--timeout", "20s")
+	if code != 1 || !strings.Contains(out, "404") || took > 10*time.Second {
+		t.Errorf("wait on an endpoint that refuses: exit %d after %v, %q", code, took, out)
+	}
+
+	for _, args := range [][]string{
+		{"wait", "--server", admin},
+		{"wait", "--type", "clusters"},
+		{"wait", "--server", admin, "--type", "nosuchtype"},
+		{"wait", "--server", admin, "--type", "clusters", "--fraction", "1.5"},
+		{"wait", "--server", admin, "--type", "clusters", "extra"},
+	} {
+		if code, out, _ := run(args...); code != 2 {
+			t.Errorf("%q: exit %d, %q; want 2", args, code, out)
+		}
+	}
+}
+
+// wait asks every replica given and sums their clients: two relays, one
+// client each, are two clients; one of them that rejects the change is
+// one rejection of the two.
+func TestWaitSumsReplicas(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "xdsrelay")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", timedCluster(time.Second))
+	replica := func() *relay.Relay {
+		cfg := relay.Default()
+		cfg.Upstream.Address = cp.Addr
+		cfg.Downstream.Address, cfg.Admin.Address = "127.0.0.1:0", "127.0.0.1:0"
+		return startRelayConfig(t, cfg)
+	}
+	r1, r2 := replica(), replica()
+	a, b := acceptingClient(t, r1.Addr(), "node-a"), judgingClient(t, r2.Addr(), "node-b")
+	a.wait(t, "1s")
+	b.wait(t, "1s")
+	args := []string{"wait", "--server", r1.AdminAddr(), "--server", "http://" + r2.AdminAddr(), "--type", "clusters", "--timeout", "20s"}
+	if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil || string(out) != "2 of 2 clients accepted\n" {
+		t.Fatalf("wait on two replicas: %v, %q", err, out)
+	}
+	cp.Set(t, "c1", "2", timedCluster(13*time.Second)) // node-b, on the second, NACKs it
+	a.wait(t, "13s")
+	b.wait(t, "13s")
+	out, err := exec.Command(bin, args...).CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "1 of 2 clients rejected") ||
+		!strings.Contains(string(out), "http://"+r2.AdminAddr()+` group`) {
+		t.Fatalf("wait on two replicas, one client rejecting: %v, %q", err, out)
+	}
+}
+
+// A name that resolves to several addresses is one replica each, verified
+// as the name over TLS; localhost is one relay, whichever address it
+// answers on.
+func TestWaitReplicasOfAName(t *testing.T) {
+	f := waitFlags{}
+	if got := f.resolve(t.Context(), "localhost:9901"); len(got) != 1 || got[0].server != "localhost:9901" {
+		t.Errorf("localhost: %+v", got)
+	}
+	if got := f.resolve(t.Context(), "127.0.0.1:9901"); len(got) != 1 || got[0].server != "127.0.0.1:9901" {
+		t.Errorf("an address: %+v", got)
+	}
+}

@@ -1,0 +1,81 @@
+package downstream
+
+import (
+	"testing"
+	"time"
+	"unsafe"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+)
+
+// The group's counters follow each stream's status as it is written: a
+// send is pending, an ACK accepted, a NACK rejected with its error and
+// node, a new version moves the client, and a stream that leaves takes its
+// counts with it.
+func TestConvergenceFollowsStatus(t *testing.T) {
+	const typ = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+	c := cache.New(cache.Options{})
+	stream := func(id string) *streamStatus {
+		return &streamStatus{node: &corepb.Node{Id: id}, cache: c, opened: 1}
+	}
+	a, b := stream("a"), stream("b")
+	now := time.Unix(1000, 0)
+	for _, s := range []*streamStatus{a, b} {
+		s.subscribed(typ, []string{"x"})
+		ts := s.sendingFrom(typ, false, now.UnixNano())
+		ts.sent("x", "1", 1, now)
+		s.done()
+	}
+	at := func() cache.VersionCount {
+		t.Helper()
+		rs := c.Convergence([]string{typ}, []string{"x"})
+		if len(rs) != 1 {
+			t.Fatalf("%d resources", len(rs))
+		}
+		for _, v := range rs[0].Versions {
+			if v.Version == "1" {
+				return v
+			}
+		}
+		return cache.VersionCount{}
+	}
+	if v := at(); v.Pending != 2 || v.Accepted != 0 {
+		t.Fatalf("after the sends: %+v", v)
+	}
+	a.answered(typ, "1", "1", false, "", now.Add(time.Second))
+	b.answered(typ, "1", "0", true, "bad x", now.Add(time.Second))
+	v := at()
+	if v.Pending != 0 || v.Accepted != 1 || v.Rejected != 1 || v.FirstError != "bad x" || len(v.RejectedBy) != 1 || v.RejectedBy[0] != "b" {
+		t.Fatalf("after an ACK and a NACK: %+v", v)
+	}
+	if v.Acks != 1 || v.Max != time.Second {
+		t.Errorf("time to accept: %d acks, max %v; want 1, 1s", v.Acks, v.Max)
+	}
+	ts := a.sendingFrom(typ, false, now.Add(time.Minute).UnixNano())
+	ts.sent("x", "2", 2, now.Add(time.Minute))
+	a.done()
+	if v := at(); v.Accepted != 0 || v.Rejected != 1 {
+		t.Fatalf("a sent version 2: version 1 is %+v", v)
+	}
+	b.left()
+	a.left()
+	if rs := c.Convergence(nil, nil); len(rs) != 0 {
+		t.Fatalf("every stream left, the counters still hold %+v", rs)
+	}
+}
+
+// What counting adds to a stream stays within the bound of 64
+// bytes: the stream's record holds two words more (its opening and where
+// to observe), a type's the time of its last ACK, and the answers that
+// were kept for later are applied as they come, so a type's record is
+// smaller than before (it was 304 bytes).
+func TestConvergenceCostsAStreamLittle(t *testing.T) {
+	if size := unsafe.Sizeof(streamStatus{}); size > 120 {
+		t.Errorf("a stream's status record is %d bytes, want at most 120 (104 before counting, and 16 more)", size)
+	}
+	if size := unsafe.Sizeof(typeStatus{}); size > 304 {
+		t.Errorf("a type's status record is %d bytes, want at most the 304 it was before counting", size)
+	}
+}

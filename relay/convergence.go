@@ -1,0 +1,189 @@
+package relay
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// GET /debug/convergence: where each group's clients stand with each
+// resource's versions, read from the counters the streams keep as they
+// send and are answered (cache/convergence.go), never from the streams
+// (docs/architecture.md, invariant 19 "Count as it happens").
+
+// convergenceLimit is how many resources /debug/convergence lists unless
+// ?limit= says otherwise; the summary covers them all.
+const convergenceLimit = 1000
+
+// DebugConvergence is the body of /debug/convergence.
+type DebugConvergence struct {
+	Summary   []ConvergenceSummary  `json:"summary"`
+	Resources []ConvergenceResource `json:"resources"`
+	// More is how many resources matched past the limit.
+	More int `json:"more,omitempty"`
+}
+
+// ConvergenceSummary sums one group's type.
+type ConvergenceSummary struct {
+	Group      string `json:"group"`
+	Type       string `json:"type"`
+	Resources  int    `json:"resources"`
+	Subscribed int    `json:"subscribed"`
+	Accepted   int    `json:"accepted"`
+	Rejected   int    `json:"rejected"`
+	Pending    int    `json:"pending"`
+	Behind     int    `json:"behind"`
+	Older      int    `json:"older"` // clients holding another version than the current
+}
+
+// ConvergenceResource is one resource of one group.
+type ConvergenceResource struct {
+	Group      string `json:"group"`
+	Type       string `json:"type"`
+	Name       string `json:"name"`
+	Version    string `json:"version"` // the cache's current version; "" if it holds none
+	Subscribed int    `json:"subscribed"`
+	Accepted   int    `json:"accepted"` // of the current version, as are the next three
+	Rejected   int    `json:"rejected"`
+	Pending    int    `json:"pending"`
+	Behind     int    `json:"behind"`
+	// Versions are the versions clients stand with, the current first.
+	Versions []ConvergenceVersion `json:"versions"`
+}
+
+// ConvergenceVersion is where clients stand with one version.
+type ConvergenceVersion struct {
+	Version  string     `json:"version"`
+	Received *time.Time `json:"received,omitempty"` // when the change that brought it arrived
+	Accepted int        `json:"accepted"`
+	Rejected int        `json:"rejected"`
+	Pending  int        `json:"pending"`
+	// OldestPending is how long, at most, the oldest pending client has
+	// waited: since the pending count last rose from zero.
+	OldestPending float64  `json:"oldest_pending_seconds,omitempty"`
+	Error         string   `json:"error,omitempty"`       // the first NACK's
+	RejectedBy    []string `json:"rejected_by,omitempty"` // node ids, at most cache.MaxRejectedBy
+	// Times to accept, from Received to each ACK.
+	Acks int     `json:"acks"`
+	P50  float64 `json:"p50_seconds"`
+	P99  float64 `json:"p99_seconds"`
+	Max  float64 `json:"max_seconds"`
+}
+
+func (r *Relay) debugConvergence(w http.ResponseWriter, req *http.Request) {
+	q := req.URL.Query()
+	var types []string
+	if t := q.Get("type"); t != "" {
+		typeURL, err := xds.ParseType(t)
+		if err != nil {
+			http.Error(w, "xdsrelay: type: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		types = []string{typeURL}
+	}
+	limit := convergenceLimit
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 0 {
+			http.Error(w, fmt.Sprintf("xdsrelay: limit: %q is not a count", xds.Clip(l)), http.StatusBadRequest)
+			return
+		}
+		limit = n
+	}
+	groups := r.snapshotGroups()
+	if key := q.Get("group"); key != "" {
+		g := r.groupShown(key)
+		if g == nil {
+			http.Error(w, fmt.Sprintf("xdsrelay: no group %q", xds.Clip(key)), http.StatusNotFound)
+			return
+		}
+		groups = []*group{g}
+	}
+	writeJSON(w, convergenceOf(groups, types, q["name"], limit, time.Now()))
+}
+
+// convergenceOf reads the groups' counters: types and names narrow it,
+// limit bounds the resources listed.
+func convergenceOf(groups []*group, types, names []string, limit int, now time.Time) DebugConvergence {
+	out := DebugConvergence{Summary: []ConvergenceSummary{}, Resources: []ConvergenceResource{}}
+	for _, g := range groups {
+		var rs []cache.ResourceConvergence
+		if limit > len(out.Resources) || len(names) > 0 {
+			rs = g.cache.Convergence(types, names)
+		}
+		if len(names) == 0 {
+			for _, s := range g.cache.ConvergenceSummary() {
+				if len(types) > 0 && s.Type != types[0] {
+					continue
+				}
+				out.Summary = append(out.Summary, ConvergenceSummary{Group: g.shown, Type: s.Type, Resources: s.Resources,
+					Subscribed: s.Subscribed, Accepted: s.Accepted, Rejected: s.Rejected, Pending: s.Pending, Behind: s.Behind, Older: s.Older})
+				if rs == nil {
+					out.More += s.Resources // past the limit, not read
+				}
+			}
+		} else {
+			out.Summary = append(out.Summary, summed(g.shown, rs)...)
+		}
+		for _, rc := range rs {
+			if len(out.Resources) >= limit {
+				out.More++
+				continue
+			}
+			out.Resources = append(out.Resources, resourceShown(g.shown, rc, now))
+		}
+	}
+	return out
+}
+
+// summed sums the resources a query named, per type.
+func summed(group string, rs []cache.ResourceConvergence) []ConvergenceSummary {
+	var out []ConvergenceSummary
+	for _, rc := range rs {
+		if len(out) == 0 || out[len(out)-1].Type != rc.Type {
+			out = append(out, ConvergenceSummary{Group: group, Type: rc.Type})
+		}
+		s, at := &out[len(out)-1], rc.At()
+		s.Resources++
+		s.Subscribed += rc.Subscribed
+		s.Accepted += at.Accepted
+		s.Rejected += at.Rejected
+		s.Pending += at.Pending
+		s.Behind += rc.Behind
+		for _, v := range rc.Versions {
+			if v.Version != rc.Current {
+				s.Older += v.Pending + v.Accepted + v.Rejected
+			}
+		}
+	}
+	return out
+}
+
+// resourceShown is one resource as the body shows it: names and errors
+// clipped, node ids as the streams clipped them.
+func resourceShown(group string, rc cache.ResourceConvergence, now time.Time) ConvergenceResource {
+	at := rc.At()
+	out := ConvergenceResource{Group: group, Type: rc.Type, Name: xds.Clip(rc.Name), Version: xds.Clip(rc.Current),
+		Subscribed: rc.Subscribed, Behind: rc.Behind, Accepted: at.Accepted, Rejected: at.Rejected, Pending: at.Pending,
+		Versions: []ConvergenceVersion{}}
+	for _, v := range rc.Versions {
+		cv := ConvergenceVersion{Version: xds.Clip(v.Version), Accepted: v.Accepted, Rejected: v.Rejected, Pending: v.Pending,
+			Error: xds.Clip(v.FirstError), RejectedBy: clipList(v.RejectedBy), Acks: v.Acks,
+			P50: v.P50.Seconds(), P99: v.P99.Seconds(), Max: v.Max.Seconds()}
+		if !v.Received.IsZero() {
+			cv.Received = &v.Received
+		}
+		if !v.PendingSince.IsZero() {
+			cv.OldestPending = now.Sub(v.PendingSince).Seconds()
+		}
+		if len(cv.RejectedBy) == 0 {
+			cv.RejectedBy = nil
+		}
+		out.Versions = append(out.Versions, cv)
+	}
+	return out
+}

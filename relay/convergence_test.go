@@ -1,0 +1,246 @@
+package relay
+
+import (
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	adminpb "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	statuspb "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc/codes"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// convergenceOfE1 is /debug/convergence's record of e1 in group c1.
+func convergenceOfE1(t *testing.T, r *Relay) ConvergenceResource {
+	t.Helper()
+	var out DebugConvergence
+	getJSON(t, r, "/debug/convergence?group="+url.QueryEscape(keyOf("c1"))+"&type=eds&name=e1", &out)
+	if len(out.Resources) != 1 {
+		t.Fatalf("/debug/convergence: %d resources, want e1", len(out.Resources))
+	}
+	return out.Resources[0]
+}
+
+// csdsCounts counts e1's per-client status as CSDS reports it: ACKED,
+// NACKED and REQUESTED with a version (sent, not answered).
+func csdsCounts(t *testing.T, r *Relay) (acked, nacked, pending int) {
+	t.Helper()
+	resp, err := fetchStatus(t, r, &statuspb.ClientStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range resp.GetConfig() {
+		for _, g := range c.GetGenericXdsConfigs() {
+			if g.GetName() != "e1" {
+				continue
+			}
+			switch g.GetClientStatus() {
+			case adminpb.ClientResourceStatus_ACKED:
+				acked++
+			case adminpb.ClientResourceStatus_NACKED:
+				nacked++
+			case adminpb.ClientResourceStatus_REQUESTED:
+				if g.GetVersionInfo() != "" {
+					pending++
+				}
+			}
+		}
+	}
+	return acked, nacked, pending
+}
+
+// sameAsCSDS fails unless the counters of e1's current version say what
+// CSDS says of every client.
+func sameAsCSDS(t *testing.T, r *Relay, rc ConvergenceResource) {
+	t.Helper()
+	a, n, p := csdsCounts(t, r)
+	if a != rc.Accepted || n != rc.Rejected || p != rc.Pending {
+		t.Errorf("counters: %d accepted, %d rejected, %d pending; CSDS: %d ACKED, %d NACKED, %d sent and unanswered",
+			rc.Accepted, rc.Rejected, rc.Pending, a, n, p)
+	}
+}
+
+// The counters follow a change through a fleet of real clients: accepted
+// by a delta and a SotW client, rejected by another with its error and
+// node, pending for one that does not answer yet, and gone with a client
+// that leaves mid-change. At each step they say what CSDS says, and the
+// time to accept is on /metrics.
+func TestConvergenceFollowsAChange(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Endpoints("e1", "10.0.0.1:80"))
+	r := startRelay(t, cp.Addr)
+
+	d := openDelta(t, r.Addr())
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("acker", "c1"), TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{"e1"}})
+	resp := d.recv()
+	d.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: resp.GetNonce()})
+
+	sotw := func(id string) (*sotwStream, *discoverypb.DiscoveryResponse) {
+		s := openSotW(t, r.Addr())
+		s.send(&discoverypb.DiscoveryRequest{Node: node(id, "c1"), TypeUrl: resourcev3.EndpointType, ResourceNames: []string{"e1"}})
+		return s, s.recv()
+	}
+	ack := func(s *sotwStream, resp *discoverypb.DiscoveryResponse) {
+		s.send(&discoverypb.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{"e1"},
+			VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+	}
+	slow, slowResp := sotw("slow")
+	ack(slow, slowResp)
+	nacker, nackResp := sotw("nacker")
+	nacker.send(&discoverypb.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: []string{"e1"},
+		ResponseNonce: nackResp.GetNonce(), ErrorDetail: &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: "bad endpoint e1"}})
+
+	var rc ConvergenceResource
+	eventually(t, "two clients accept e1, one rejects it", func() bool {
+		rc = convergenceOfE1(t, r)
+		return rc.Accepted == 2 && rc.Rejected == 1
+	})
+	v1 := rc.Version
+	if rc.Subscribed != 3 || rc.Behind != 0 || rc.Pending != 0 || len(rc.Versions) != 1 ||
+		rc.Versions[0].Error != "bad endpoint e1" || !slices.Equal(rc.Versions[0].RejectedBy, []string{"nacker"}) {
+		t.Fatalf("e1 at its first version: %+v", rc)
+	}
+	sameAsCSDS(t, r, rc)
+	mfs := scrape(t, r)
+	eds := xds.ShortName(resourcev3.EndpointType)
+	if got := value(mfs, "xdsrelay_clients_rejecting", map[string]string{"type": eds}); got != 1 {
+		t.Errorf("xdsrelay_clients_rejecting{type=%q} = %v, want 1", eds, got)
+	}
+
+	// A change: the delta client and the one that rejected the first
+	// version accept it; the slow one has not answered yet.
+	cp.Set(t, "c1", "2", testcp.Endpoints("e1", "10.0.0.2:80"))
+	resp = d.recv()
+	d.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: resp.GetNonce()})
+	ack(nacker, nacker.recv())
+	slow.recv()
+	eventually(t, "two clients accept the change, one is pending", func() bool {
+		rc = convergenceOfE1(t, r)
+		return rc.Version != v1 && rc.Accepted == 2 && rc.Pending == 1
+	})
+	if rc.Subscribed != 3 || rc.Rejected != 0 || rc.Behind != 0 || len(rc.Versions) != 1 || rc.Versions[0].Acks != 2 {
+		t.Fatalf("e1 after the change: %+v", rc)
+	}
+	if v := rc.Versions[0]; v.Received == nil || v.Max <= 0 || v.P50 > v.Max || v.OldestPending <= 0 {
+		t.Errorf("the change's times: %+v", v)
+	}
+	sameAsCSDS(t, r, rc)
+	if got := histogramCount(scrape(t, r)["xdsrelay_convergence_seconds"]); got < 2 {
+		t.Errorf("xdsrelay_convergence_seconds counts %d ACKs, want at least the change's 2", got)
+	}
+
+	// The slow client leaves mid-change: its count goes with it.
+	slow.close()
+	eventually(t, "the slow client's count gone", func() bool {
+		rc = convergenceOfE1(t, r)
+		return rc.Pending == 0 && rc.Subscribed == 2
+	})
+	if rc.Accepted != 2 || rc.Behind != 0 {
+		t.Fatalf("e1 after the slow client left: %+v", rc)
+	}
+	sameAsCSDS(t, r, rc)
+	d.close()
+	nacker.close()
+	eventually(t, "every count gone with the clients", func() bool {
+		var out DebugConvergence
+		getJSON(t, r, "/debug/convergence", &out)
+		for _, s := range out.Summary {
+			if s.Accepted+s.Rejected+s.Pending+s.Older > 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// A wildcard SotW client shares the complete state it is sent with every
+// such client and keeps no per-name record: its counts still move, name by
+// name, as the response is sent and answered, and the summary sums them.
+func TestConvergenceWildcardAndSummary(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("a"), testcp.Cluster("b"))
+	r := startRelay(t, cp.Addr)
+	s := openSotW(t, r.Addr())
+	s.send(&discoverypb.DiscoveryRequest{Node: node("w", "c1"), TypeUrl: resourcev3.ClusterType})
+	resp := s.recv()
+	s.send(&discoverypb.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+	var out DebugConvergence
+	eventually(t, "both clusters accepted", func() bool {
+		getJSON(t, r, "/debug/convergence?type=clusters", &out)
+		return len(out.Summary) == 1 && out.Summary[0].Accepted == 2
+	})
+	if s := out.Summary[0]; s.Resources != 2 || s.Subscribed != 2 || s.Behind != 0 || !strings.HasSuffix(s.Type, "Cluster") {
+		t.Fatalf("summary: %+v", s)
+	}
+	resp2, err := fetchStatus(t, r, &statuspb.ClientStatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := summary(resp2); len(got) != 2 || !strings.HasSuffix(got[0], "ACKED") {
+		t.Errorf("CSDS: %q", got)
+	}
+
+	// A delta client that names a with the wildcard is one client of a.
+	d := openDelta(t, r.Addr())
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("d", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"*", "a"}})
+	dresp := d.recv()
+	d.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: dresp.GetNonce()})
+	eventually(t, "the delta client accepts both clusters", func() bool {
+		getJSON(t, r, "/debug/convergence?type=clusters", &out)
+		return len(out.Summary) == 1 && out.Summary[0].Accepted == 4
+	})
+	if s := out.Summary[0]; s.Subscribed != 4 || s.Behind != 0 {
+		t.Errorf("summary with a client of the wildcard and of a by name: %+v, want 4 subscribed, none behind", s)
+	}
+}
+
+// A change a canary NACKed is held from the rest of the group: the
+// canary rejects the current version, the others are behind it, still
+// holding the released one, and the gauges say so.
+func TestConvergenceHeldRolloutIsBehind(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", appCluster(time.Second), appEndpoints(1001))
+	r := startRelay(t, cp.Addr, func(c *Config) { c.Rollout.Canary, c.Rollout.Bake = 1, time.Hour })
+	var clients []*canaryClient
+	for i := range 4 {
+		c := startCanaryClient(t, r.Addr(), fmt.Sprintf("client-%d", i), i%2 == 0)
+		t.Cleanup(c.stop)
+		clients = append(clients, c)
+	}
+	waitAll(t, clients, "cds:1s")
+	cds := "/debug/convergence?type=clusters&name=app"
+	var out DebugConvergence
+	eventually(t, "every client accepts the first version", func() bool {
+		getJSON(t, r, cds, &out)
+		return len(out.Resources) == 1 && out.Resources[0].Accepted == 4
+	})
+
+	cp.Set(t, "c1", "2", appCluster(badTimeout), appEndpoints(1001))
+	eventually(t, "the canary rejects the change, the others are behind it", func() bool {
+		getJSON(t, r, cds, &out)
+		rc := out.Resources[0]
+		return rc.Rejected == 1 && rc.Behind == 3
+	})
+	rc := out.Resources[0]
+	if rc.Subscribed != 4 || rc.Accepted != 0 || rc.Pending != 0 || len(rc.Versions) != 2 ||
+		rc.Versions[1].Accepted != 3 || rc.Versions[0].Error != "cannot use it" {
+		t.Fatalf("app during the hold: %+v", rc)
+	}
+	if s := out.Summary; len(s) != 1 || s[0].Behind != 3 || s[0].Rejected != 1 || s[0].Older != 3 {
+		t.Errorf("summary during the hold: %+v", s)
+	}
+	mfs := scrape(t, r)
+	short := xds.ShortName(resourcev3.ClusterType)
+	if b, n := value(mfs, "xdsrelay_clients_behind", map[string]string{"type": short}), value(mfs, "xdsrelay_clients_rejecting", map[string]string{"type": short}); b != 3 || n != 1 {
+		t.Errorf("xdsrelay_clients_behind = %v, xdsrelay_clients_rejecting = %v; want 3 and 1", b, n)
+	}
+}
