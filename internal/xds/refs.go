@@ -1,0 +1,162 @@
+package xds
+
+import (
+	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerpb "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routepb "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	hcmpb "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tlspb "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// Ref is a name a resource points at: another resource, of TypeURL, that a
+// client reading the first needs (docs/architecture.md, invariant 18 "Make
+// before break").
+type Ref struct {
+	TypeURL, Name string
+}
+
+// The type URLs of the extensions whose references are read.
+var (
+	hcmType       = "type.googleapis.com/" + string((&hcmpb.HttpConnectionManager{}).ProtoReflect().Descriptor().FullName())
+	downTLSType   = "type.googleapis.com/" + string((&tlspb.DownstreamTlsContext{}).ProtoReflect().Descriptor().FullName())
+	upTLSType     = "type.googleapis.com/" + string((&tlspb.UpstreamTlsContext{}).ProtoReflect().Descriptor().FullName())
+	unmarshalRefs = proto.UnmarshalOptions{DiscardUnknown: true}
+)
+
+// Refs returns the names a resource points at, each once, in the order
+// found; nil if none. It decodes the resource (value is the Any's value,
+// already validated) once, when it is encoded:
+//
+//   - a Listener points at the RouteConfiguration its HttpConnectionManager
+//     (an API listener's, or a filter chain's) loads by RDS, at the
+//     Clusters of an inline route_config, and at the Secrets its
+//     DownstreamTlsContext loads by SDS;
+//   - a RouteConfiguration points at the Clusters its routes name (cluster,
+//     weighted_clusters); a cluster_header route names its cluster at
+//     request time and cannot be known;
+//   - a Cluster points at its ClusterLoadAssignment (Warm) and at the
+//     Secrets its UpstreamTlsContext loads by SDS.
+//
+// An extension the relay does not know points at nothing; a resource that
+// does not decode points at nothing (it was validated: it decodes).
+func Refs(typeURL string, value []byte) []Ref {
+	var r refs
+	switch typeURL {
+	case resourcev3.ListenerType:
+		var l listenerpb.Listener
+		if unmarshalRefs.Unmarshal(value, &l) != nil {
+			return nil
+		}
+		r.hcm(l.GetApiListener().GetApiListener())
+		chains := l.GetFilterChains()
+		if d := l.GetDefaultFilterChain(); d != nil {
+			chains = append(chains[:len(chains):len(chains)], d)
+		}
+		for _, fc := range chains {
+			for _, f := range fc.GetFilters() {
+				r.hcm(f.GetTypedConfig())
+			}
+			r.tls(fc.GetTransportSocket())
+		}
+	case resourcev3.RouteType:
+		var rc routepb.RouteConfiguration
+		if unmarshalRefs.Unmarshal(value, &rc) != nil {
+			return nil
+		}
+		r.routes(&rc)
+	case resourcev3.ClusterType:
+		if eds := Warm(typeURL, value); eds != "" {
+			r.add(resourcev3.EndpointType, eds)
+		}
+		var c clusterpb.Cluster
+		if unmarshalRefs.Unmarshal(value, &c) != nil {
+			return r.out
+		}
+		r.tls(c.GetTransportSocket())
+		for _, m := range c.GetTransportSocketMatches() {
+			r.tls(m.GetTransportSocket())
+		}
+	}
+	return r.out
+}
+
+// refs gathers references, each once.
+type refs struct {
+	out  []Ref
+	seen map[Ref]struct{}
+}
+
+func (r *refs) add(typeURL, name string) {
+	if name == "" {
+		return
+	}
+	ref := Ref{TypeURL: typeURL, Name: name}
+	if r.seen == nil {
+		r.seen = make(map[Ref]struct{})
+	}
+	if _, ok := r.seen[ref]; ok {
+		return
+	}
+	r.seen[ref] = struct{}{}
+	r.out = append(r.out, ref)
+}
+
+// hcm adds what an HttpConnectionManager points at; a is any filter's
+// config: another filter points at nothing.
+func (r *refs) hcm(a *anypb.Any) {
+	if a.GetTypeUrl() != hcmType {
+		return
+	}
+	var h hcmpb.HttpConnectionManager
+	if unmarshalRefs.Unmarshal(a.GetValue(), &h) != nil {
+		return
+	}
+	r.add(resourcev3.RouteType, h.GetRds().GetRouteConfigName())
+	if rc := h.GetRouteConfig(); rc != nil {
+		r.routes(rc)
+	}
+}
+
+// routes adds the Clusters a route configuration's routes name.
+func (r *refs) routes(rc *routepb.RouteConfiguration) {
+	for _, vh := range rc.GetVirtualHosts() {
+		for _, rt := range vh.GetRoutes() {
+			a := rt.GetRoute()
+			r.add(resourcev3.ClusterType, a.GetCluster())
+			for _, wc := range a.GetWeightedClusters().GetClusters() {
+				r.add(resourcev3.ClusterType, wc.GetName())
+			}
+		}
+	}
+}
+
+// tls adds the Secrets a transport socket's TLS context loads by SDS.
+func (r *refs) tls(ts *corepb.TransportSocket) {
+	a := ts.GetTypedConfig()
+	var common *tlspb.CommonTlsContext
+	switch a.GetTypeUrl() {
+	case downTLSType:
+		var d tlspb.DownstreamTlsContext
+		if unmarshalRefs.Unmarshal(a.GetValue(), &d) != nil {
+			return
+		}
+		common = d.GetCommonTlsContext()
+	case upTLSType:
+		var u tlspb.UpstreamTlsContext
+		if unmarshalRefs.Unmarshal(a.GetValue(), &u) != nil {
+			return
+		}
+		common = u.GetCommonTlsContext()
+	default:
+		return
+	}
+	for _, s := range common.GetTlsCertificateSdsSecretConfigs() {
+		r.add(resourcev3.SecretType, s.GetName())
+	}
+	r.add(resourcev3.SecretType, common.GetValidationContextSdsSecretConfig().GetName())
+	r.add(resourcev3.SecretType, common.GetCombinedValidationContext().GetValidationContextSdsSecretConfig().GetName())
+}
