@@ -41,8 +41,10 @@ var (
 //   - a Cluster points at its ClusterLoadAssignment (Warm) and at the
 //     Secrets its UpstreamTlsContext loads by SDS.
 //
-// An extension the relay does not know points at nothing; a resource that
-// does not decode points at nothing (it was validated: it decodes).
+// Only names loaded from the control plane count: an RDS or SDS config
+// source of ads or self (RDS's may be unset); a static secret, or one from
+// a local SDS agent, is not the control plane's to send. An extension the
+// relay does not know points at nothing.
 func Refs(typeURL string, value []byte) []Ref {
 	var r refs
 	switch typeURL {
@@ -115,7 +117,9 @@ func (r *refs) hcm(a *anypb.Any) {
 	if unmarshalRefs.Unmarshal(a.GetValue(), &h) != nil {
 		return
 	}
-	r.add(resourcev3.RouteType, h.GetRds().GetRouteConfigName())
+	if fromXDS(h.GetRds().GetConfigSource(), true) {
+		r.add(resourcev3.RouteType, h.GetRds().GetRouteConfigName())
+	}
 	if rc := h.GetRouteConfig(); rc != nil {
 		r.routes(rc)
 	}
@@ -155,8 +159,30 @@ func (r *refs) tls(ts *corepb.TransportSocket) {
 		return
 	}
 	for _, s := range common.GetTlsCertificateSdsSecretConfigs() {
+		r.secret(s)
+	}
+	r.secret(common.GetValidationContextSdsSecretConfig())
+	r.secret(common.GetCombinedValidationContext().GetValidationContextSdsSecretConfig())
+}
+
+// secret adds a Secret loaded by SDS from the control plane the resource
+// came from: one without an sds_config is a static secret of the client's
+// bootstrap, and one from another config source (a local SDS agent, a
+// file) is not the control plane's to send.
+func (r *refs) secret(s *tlspb.SdsSecretConfig) {
+	if fromXDS(s.GetSdsConfig(), false) {
 		r.add(resourcev3.SecretType, s.GetName())
 	}
-	r.add(resourcev3.SecretType, common.GetValidationContextSdsSecretConfig().GetName())
-	r.add(resourcev3.SecretType, common.GetCombinedValidationContext().GetValidationContextSdsSecretConfig().GetName())
+}
+
+// fromXDS reports whether a config source is the stream the resource came
+// on: ads or self (or, if unset may be, none given).
+func fromXDS(cs *corepb.ConfigSource, unset bool) bool {
+	switch cs.GetConfigSourceSpecifier().(type) {
+	case *corepb.ConfigSource_Ads, *corepb.ConfigSource_Self:
+		return true
+	case nil:
+		return unset
+	}
+	return false
 }

@@ -39,10 +39,15 @@ func TestRefs(t *testing.T) {
 	}
 	sds := func(names ...string) *tlspb.CommonTlsContext {
 		c := &tlspb.CommonTlsContext{}
+		ads := &corepb.ConfigSource{ConfigSourceSpecifier: &corepb.ConfigSource_Ads{Ads: &corepb.AggregatedConfigSource{}}}
 		for _, n := range names[1:] {
-			c.TlsCertificateSdsSecretConfigs = append(c.TlsCertificateSdsSecretConfigs, &tlspb.SdsSecretConfig{Name: n})
+			c.TlsCertificateSdsSecretConfigs = append(c.TlsCertificateSdsSecretConfigs, &tlspb.SdsSecretConfig{Name: n, SdsConfig: ads})
 		}
-		c.ValidationContextType = &tlspb.CommonTlsContext_ValidationContextSdsSecretConfig{ValidationContextSdsSecretConfig: &tlspb.SdsSecretConfig{Name: names[0]}}
+		// A static secret, and one from a local SDS agent: not the control plane's.
+		c.TlsCertificateSdsSecretConfigs = append(c.TlsCertificateSdsSecretConfigs, &tlspb.SdsSecretConfig{Name: "static"},
+			&tlspb.SdsSecretConfig{Name: "agent", SdsConfig: &corepb.ConfigSource{ConfigSourceSpecifier: &corepb.ConfigSource_ApiConfigSource{}}})
+		c.ValidationContextType = &tlspb.CommonTlsContext_ValidationContextSdsSecretConfig{ValidationContextSdsSecretConfig: &tlspb.SdsSecretConfig{Name: names[0],
+			SdsConfig: &corepb.ConfigSource{ConfigSourceSpecifier: &corepb.ConfigSource_Self{Self: &corepb.SelfConfigSource{}}}}}
 		return c
 	}
 	socket := func(m proto.Message) *corepb.TransportSocket {
