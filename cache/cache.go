@@ -76,6 +76,12 @@ type Options struct {
 	// OnRollout, if set, is told of each rollout step, after the cache's
 	// lock is released.
 	OnRollout func(RolloutEvent)
+	// Consistency makes clients' resources whole (make before break); the
+	// zero Consistency is off.
+	Consistency Consistency
+	// OnReference, if set, is told of each reference wait that ends,
+	// after the cache's lock is released.
+	OnReference func(ReferenceEvent)
 }
 
 // MaxNamesError is Watch's error when the watch would make the group want
@@ -105,6 +111,9 @@ type Cache struct {
 	rollout   Rollout
 	onRollout func(RolloutEvent)
 
+	consistency Consistency
+	onReference func(ReferenceEvent)
+
 	mu        sync.RWMutex
 	seq       uint64                            // guarded by mu
 	types     map[string]*typeState             // guarded by mu
@@ -117,6 +126,7 @@ type Cache struct {
 	ilogFull bool
 	wanted   int       // names with entry.wanted set; guarded by mu
 	changes  []*change // changes waiting for release (Rollout), oldest first; guarded by mu
+	waits    int       // resources and removals waiting for references (Consistency); guarded by mu
 }
 
 // idleKey names what may be evicted: a retained name, or a type's retained
@@ -131,6 +141,8 @@ type idleKey struct {
 // take it shared (RLock) and writers whole. A state built under the shared
 // lock (State) is stored under the whole one.
 type typeState struct {
+	typeURL string
+
 	// The resources and their watchers.
 	aliases  map[string]string // alias → resource name
 	state    *State            // the complete state at version, built on demand; nil when stale
@@ -166,6 +178,11 @@ type typeState struct {
 	maxCanary  uint64              // the highest rank among the canaries
 
 	globs int // entries that are glob collections (IsGlob)
+
+	// Make before break (Consistency, refs.go).
+	waiting  map[string]*waiter   // resources waiting for what they point at
+	removing map[string]time.Time // removals waiting until nothing points at the name, since when
+	missing  map[string]struct{}  // names present resources point at that the cache lacks
 }
 
 // entry is one name of a type; guarded by the Cache's mu.
@@ -179,6 +196,10 @@ type entry struct {
 	wanted   bool      // explicitly part of the interest
 	idle     time.Time // when the last watcher left, while wanted
 	rel      *released // what all but the canaries read, while a change of it is pending
+	// What points at the name (Consistency): present resources, and how
+	// many waiting ones. A name something points at is in the interest.
+	from map[xds.Ref]struct{}
+	pend int
 }
 
 // New returns an empty cache.
@@ -196,9 +217,12 @@ func New(opts Options) *Cache {
 		onGuard:   opts.OnGuard,
 		rollout:   opts.Rollout,
 		onRollout: opts.OnRollout,
-		interest:  make(chan struct{}, 1),
-		types:     make(map[string]*typeState),
-		idle:      idle,
+
+		consistency: opts.Consistency,
+		onReference: opts.OnReference,
+		interest:    make(chan struct{}, 1),
+		types:       make(map[string]*typeState),
+		idle:        idle,
 	}
 }
 
@@ -215,7 +239,7 @@ func (c *Cache) signalInterest() {
 func (c *Cache) typeLocked(typeURL string) *typeState {
 	t := c.types[typeURL]
 	if t == nil {
-		t = &typeState{entries: make(map[string]*entry), wildcard: make(map[*Watch]struct{})}
+		t = &typeState{typeURL: typeURL, entries: make(map[string]*entry), wildcard: make(map[*Watch]struct{})}
 		c.types[typeURL] = t
 	}
 	return t

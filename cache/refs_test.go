@@ -1,0 +1,257 @@
+package cache
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+const (
+	rds = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+)
+
+// route is a RouteConfiguration pointing at clusters.
+func route(name, version string, clusters ...string) *Resource {
+	r := res(name, version)
+	for _, c := range clusters {
+		r.Refs = append(r.Refs, xds.Ref{TypeURL: cds, Name: c})
+	}
+	return r
+}
+
+func consistent(clk *clock, events *[]ReferenceEvent) *Cache {
+	return New(Options{Retention: time.Minute, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second},
+		OnReference: func(ev ReferenceEvent) { *events = append(*events, ev) }})
+}
+
+func present(c *Cache, typeURL, name string) string {
+	l := c.Read(typeURL, []string{name}, false).Lookups[0]
+	if l.Resource == nil {
+		return ""
+	}
+	return l.Resource.Version
+}
+
+func TestReferencesAreFetchedWhileReferenced(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var events []ReferenceEvent
+	c := consistent(clk, &events)
+	w := NewWatch()
+	c.Watch(w, rds, "r")
+	signalled(c)
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	if !signalled(c) {
+		t.Error("a referenced name did not change the interest")
+	}
+	if got := c.Interest()[cds].Names; !slices.Equal(got, []string{"x"}) {
+		t.Fatalf("cluster interest = %v, want [x]", got)
+	}
+	changes, _ := c.InterestChanges()
+	if !changes[cds]["x"] {
+		t.Errorf("interest log: %v", changes)
+	}
+	// The Route waits for x: not there for the client yet.
+	if got := present(c, rds, "r"); got != "" {
+		t.Errorf("the route was released before its cluster: version %q", got)
+	}
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1")}})
+	if got := present(c, rds, "r"); got != "1" {
+		t.Errorf("the route is not released once its cluster came: %q", got)
+	}
+	if got := taken(w); !slices.Equal(got[rds], []string{"r"}) {
+		t.Errorf("the route's watcher was not marked: %v", got)
+	}
+	if len(events) != 1 || events[0].Outcome != WaitResolved || events[0].Name != "r" {
+		t.Errorf("events = %+v", events)
+	}
+	// The route moves to y: x stays for the retention period, then goes.
+	c.Apply(cds, Change{Upserts: []*Resource{res("y", "1")}}) // nobody asked for y yet: ignored
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y")}})
+	if got := c.Interest()[cds].Names; !slices.Equal(got, []string{"x", "y"}) {
+		t.Fatalf("cluster interest = %v, want [x y]", got)
+	}
+	c.Apply(cds, Change{Upserts: []*Resource{res("y", "1")}})
+	if got := present(c, rds, "r"); got != "2" {
+		t.Fatalf("route = %q, want 2", got)
+	}
+	clk.t = clk.t.Add(2 * time.Minute)
+	c.Sweep()
+	if got := c.Interest()[cds].Names; !slices.Equal(got, []string{"y"}) {
+		t.Errorf("after retention, cluster interest = %v, want [y]", got)
+	}
+}
+
+func TestReferenceWaitIsBounded(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var events []ReferenceEvent
+	c := consistent(clk, &events)
+	w := NewWatch()
+	c.Watch(w, rds, "r")
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	if got := c.References(); len(got.Waiting) != 1 || got.Waiting[0].Name != "r" || !slices.Equal(got.Waiting[0].Missing, []xds.Ref{{TypeURL: cds, Name: "x"}}) {
+		t.Errorf("References = %+v", got)
+	}
+	clk.t = clk.t.Add(4 * time.Second)
+	c.Sweep()
+	if got := present(c, rds, "r"); got != "" {
+		t.Fatal("released before max_wait")
+	}
+	clk.t = clk.t.Add(time.Second)
+	c.Sweep()
+	if got := present(c, rds, "r"); got != "1" {
+		t.Fatal("not released after max_wait")
+	}
+	if got := taken(w); !slices.Equal(got[rds], []string{"r"}) {
+		t.Errorf("the route's watcher was not marked: %v", got)
+	}
+	if len(events) != 1 || events[0].Outcome != WaitTimeout || !slices.Equal(events[0].Missing, []xds.Ref{{TypeURL: cds, Name: "x"}}) {
+		t.Errorf("events = %+v", events)
+	}
+	refs := c.References()
+	if len(refs.Waiting) != 0 || len(refs.Dangling) != 1 || refs.Dangling[0].Name != "x" ||
+		!slices.Equal(refs.Dangling[0].From, []xds.Ref{{TypeURL: rds, Name: "r"}}) {
+		t.Errorf("References = %+v", refs)
+	}
+	if got := c.DanglingReferences(); got[cds] != 1 {
+		t.Errorf("DanglingReferences = %v", got)
+	}
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1")}})
+	if got := c.DanglingReferences(); got[cds] != 0 {
+		t.Errorf("DanglingReferences once x came = %v", got)
+	}
+}
+
+func TestRemovalWaitsWhileReferenced(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var events []ReferenceEvent
+	c := consistent(clk, &events)
+	wr, wc := NewWatch(), NewWatch()
+	c.Watch(wr, rds, "r")
+	c.Watch(wc, cds, "x", "y")
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1"), res("y", "1")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	taken(wr)
+	taken(wc)
+	// The control plane removes x before it moves the route.
+	c.Apply(cds, Change{Removed: []string{"x"}})
+	if got := present(c, cds, "x"); got != "1" {
+		t.Fatal("x removed while the route points at it")
+	}
+	if got := taken(wc); len(got) != 0 {
+		t.Errorf("x's watcher was marked: %v", got)
+	}
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y")}})
+	if got := present(c, cds, "x"); got != "" {
+		t.Fatal("x not removed once nothing points at it")
+	}
+	if got := present(c, rds, "r"); got != "2" {
+		t.Fatal("route not moved")
+	}
+	if got := taken(wc); !slices.Equal(got[cds], []string{"x"}) {
+		t.Errorf("x's watcher: %v", got)
+	}
+	if len(events) != 1 || !events[0].Removal || events[0].Outcome != WaitResolved {
+		t.Errorf("events = %+v", events)
+	}
+
+	// A removal that nothing resolves is applied after max_wait.
+	c.Apply(cds, Change{Removed: []string{"y"}})
+	clk.t = clk.t.Add(5 * time.Second)
+	c.Sweep()
+	if got := present(c, cds, "y"); got != "" {
+		t.Fatal("y not removed after max_wait")
+	}
+	if ev := events[len(events)-1]; ev.Outcome != WaitTimeout || !slices.Equal(ev.Missing, []xds.Ref{{TypeURL: rds, Name: "r"}}) {
+		t.Errorf("event = %+v", ev)
+	}
+}
+
+func TestReferencesWeightedAndBothOrders(t *testing.T) {
+	// The route to y and z (weighted) and the clusters come in one order or
+	// the other, x going: no read ever sees the route with a cluster missing.
+	for _, routeFirst := range []bool{true, false} {
+		clk := &clock{t: time.Unix(1000, 0)}
+		var events []ReferenceEvent
+		c := consistent(clk, &events)
+		c.Watch(NewWatch(), rds, "r")
+		c.Watch(NewWatch(), cds, "x", "y", "z")
+		c.Apply(cds, Change{Upserts: []*Resource{res("x", "1")}})
+		c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+		check := func(when string) {
+			r := c.Read(rds, []string{"r"}, false).Lookups[0].Resource
+			if r == nil {
+				t.Fatalf("%s: the route is gone", when)
+			}
+			for _, ref := range r.Refs {
+				if present(c, cds, ref.Name) == "" {
+					t.Errorf("routeFirst=%v %s: route %s points at %s, which clients lack", routeFirst, when, r.Version, ref.Name)
+				}
+			}
+		}
+		steps := []func(){
+			func() { c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y", "z")}}) },
+			func() { c.Apply(cds, Change{Upserts: []*Resource{res("y", "1")}}) },
+			func() { c.Apply(cds, Change{Upserts: []*Resource{res("z", "1")}, Removed: []string{"x"}}) },
+		}
+		if !routeFirst {
+			steps[0], steps[1], steps[2] = steps[1], steps[2], steps[0]
+		}
+		for i, s := range steps {
+			s()
+			check("step " + string(rune('1'+i)))
+		}
+		if got := present(c, rds, "r"); got != "2" {
+			t.Errorf("routeFirst=%v: route = %q, want 2", routeFirst, got)
+		}
+		if got := present(c, cds, "x"); got != "" {
+			t.Errorf("routeFirst=%v: x still present", routeFirst)
+		}
+	}
+}
+
+func TestConsistencyOffChangesNothing(t *testing.T) {
+	c := New(Options{Retention: time.Minute})
+	c.Watch(NewWatch(), rds, "r")
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	if got := present(c, rds, "r"); got != "1" {
+		t.Error("the route waited with consistency off")
+	}
+	if got := c.Interest()[cds].Names; len(got) != 0 {
+		t.Errorf("cluster interest with consistency off = %v", got)
+	}
+}
+
+func TestReferenceWaitWithRollout(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var rev []RolloutEvent
+	c := New(Options{Retention: time.Minute, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second},
+		Rollout: Rollout{Canary: 1, Bake: time.Minute}, OnRollout: func(ev RolloutEvent) { rev = append(rev, ev) }})
+	canary, other := NewWatch(), NewWatch()
+	canary.SetRank(1)
+	other.SetRank(2)
+	for _, w := range []*Watch{canary, other} {
+		c.Watch(w, rds, "r")
+		c.Watch(w, cds, "x", "y")
+	}
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	// r moves to y before y exists: it waits, then goes to the canary first.
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y")}})
+	if got := versionOf(c, canary, rds, "r"); got != "1" {
+		t.Fatalf("canary read r %q while y is missing", got)
+	}
+	c.Apply(cds, Change{Upserts: []*Resource{res("y", "1")}})
+	if got := versionOf(c, canary, rds, "r"); got != "2" {
+		t.Errorf("canary reads r %q once y came, want 2", got)
+	}
+	if got := versionOf(c, other, rds, "r"); got != "1" {
+		t.Errorf("non-canary reads r %q before the bake, want 1", got)
+	}
+	clk.t = clk.t.Add(2 * time.Minute)
+	c.Sweep()
+	if got := versionOf(c, other, rds, "r"); got != "2" {
+		t.Errorf("non-canary reads r %q after the bake, want 2", got)
+	}
+}
