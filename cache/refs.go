@@ -17,7 +17,7 @@ import (
 //
 // The waits live in the release step, before the guard's holds and the
 // rollout's gate see a change: a resource (new or changed) that points at
-// a name the cache lacks is not applied, and its watchers not marked, until
+// a Cluster the cache lacks (waitsFor) is not applied, and its watchers not marked, until
 // every name it points at is present or MaxWait has passed; a removal of a
 // present name that a present resource points at is not applied until
 // nothing does, or MaxWait has passed. After MaxWait the control plane's
@@ -181,9 +181,25 @@ func (t *typeState) missingLocked(name string, e *entry) {
 	}
 }
 
-// lacksLocked reports whether the cache lacks a name r points at.
+// clusterType is the type whose names a resource waits for.
+const clusterType = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+
+// waitsFor reports whether a resource waits for the names of typeURL it
+// points at: those the spec's order sends before it ("Eventual consistency
+// considerations": CDS before the EDS, LDS and RDS that use it), the
+// Clusters of a Route or a Listener. What comes after what points at it (a
+// Cluster's endpoints, a Listener's Route, the Secrets both load) is
+// warmed by the client, which asks for it once it reads what points at
+// it: it is fetched, so that it is cached by then, and its removal waits,
+// but nothing waits for it to arrive.
+func waitsFor(typeURL string) bool { return typeURL == clusterType }
+
+// lacksLocked reports whether the cache lacks a name r waits for.
 func (c *Cache) lacksLocked(r *Resource) bool {
 	for _, ref := range r.Refs {
+		if !waitsFor(ref.TypeURL) {
+			continue
+		}
 		if e := c.types[ref.TypeURL].entryLocked(ref.Name); e == nil || e.res == nil {
 			return true
 		}
@@ -191,10 +207,13 @@ func (c *Cache) lacksLocked(r *Resource) bool {
 	return false
 }
 
-// lackingLocked is what of r's references the cache lacks.
+// lackingLocked is what of the names r waits for the cache lacks.
 func (c *Cache) lackingLocked(r *Resource) []xds.Ref {
 	var out []xds.Ref
 	for _, ref := range r.Refs {
+		if !waitsFor(ref.TypeURL) {
+			continue
+		}
 		if e := c.types[ref.TypeURL].entryLocked(ref.Name); e == nil || e.res == nil {
 			out = append(out, ref)
 		}
@@ -203,7 +222,7 @@ func (c *Cache) lackingLocked(r *Resource) []xds.Ref {
 }
 
 // waitUpsertsLocked takes out of upserts those that point at a name the
-// cache lacks: they wait (t.waiting) and what they point at is fetched. A
+// cache lacks and that they wait for (waitsFor): they wait (t.waiting) and what they point at is fetched. A
 // newer version of a waiting resource replaces it, keeping when the wait
 // began; an upsert of a name whose removal waits ends that wait. upserts
 // is not modified.
