@@ -40,6 +40,9 @@ type Lookup struct {
 	// Error is the last error for the name, upstream's or the relay's,
 	// until the resource is next sent or removed.
 	Error *ResourceError
+	// Referenced is set when the name is in the interest only because
+	// resources point at it (Consistency): no client wants it yet.
+	Referenced bool
 }
 
 // Interest is the union of what a group wants of one type: what the upstream
@@ -450,6 +453,7 @@ func (t *typeState) lookupLocked(n string, rel bool) Lookup {
 	}
 	if e != nil {
 		l.Resource, l.Absent, l.Heartbeat, l.Error = e.res, e.absent, e.hb, e.err
+		l.Referenced = !e.wanted && e.referenced()
 		if rel && e.rel != nil {
 			l.Resource, l.Absent = e.rel.res, e.rel.absent
 			if l.Heartbeat != nil && (l.Resource == nil || l.Heartbeat.Version != l.Resource.Version) {
