@@ -121,9 +121,14 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 			t.received = c.now()
 		}
 	}
+	after := c.settleRemovalsLocked(now)
 	c.mu.Unlock()
 	o.wake()
 	c.tell(o)
+	if after != nil {
+		after.wake()
+		c.tell(after)
+	}
 }
 
 // op is one change of the cache, made under its lock: each type it touches
@@ -529,9 +534,14 @@ func (c *Cache) Sweep() (empty bool) {
 	if len(staged) > 0 {
 		c.advanceLocked(now, o)
 	}
+	after := c.settleRemovalsLocked(now)
 	c.mu.Unlock()
 	o.wake()
 	c.tell(o)
+	if after != nil {
+		after.wake()
+		c.tell(after)
+	}
 	return empty
 }
 

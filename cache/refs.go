@@ -341,12 +341,13 @@ func stageNameLocked(stg map[string]*staging, t *typeState, name string) {
 	}
 }
 
-// settleLocked applies the waits that are over: resources whose references
-// are all present, removals of names nothing points at any more, and both
-// once Consistency.MaxWait has passed. What one applies may end others (a
-// Cluster arriving releases the Route that waited for it, whose old
-// version pointed at the Cluster whose removal waited): it goes on until
-// nothing more is over. Costs nothing while nothing waits.
+// settleLocked applies the resource waits that are over: resources whose
+// Clusters are all present, or whose Consistency.MaxWait has passed. What
+// one applies may end others (a Cluster released lets the Route that
+// points at it go): it goes on until nothing more is over. The removals
+// wait for a later op (settleRemovalsLocked): a removal that this one's
+// changes end reaches clients after them. Costs nothing while nothing
+// waits.
 func (c *Cache) settleLocked(now time.Time, stg map[string]*staging, o *op) {
 	for progress := c.waits > 0; progress && c.waits > 0; {
 		progress = false
@@ -369,6 +370,28 @@ func (c *Cache) settleLocked(now time.Time, stg map[string]*staging, o *op) {
 				o.refs = append(o.refs, ev)
 				progress = true
 			}
+		}
+	}
+}
+
+// settleRemovalsLocked applies, in an op of their own after the changes
+// that ended them, the removals whose wait is over: of names nothing
+// present points at any more, or whose Consistency.MaxWait has passed.
+// It returns the op, nil if it applied nothing; the caller wakes it and
+// tells its events after the first op's.
+func (c *Cache) settleRemovalsLocked(now time.Time) *op {
+	if c.waits == 0 {
+		return nil
+	}
+	o := c.beginLocked()
+	var stg map[string]*staging
+	if c.rollout.on() {
+		stg = map[string]*staging{}
+	}
+	done := false
+	for progress := true; progress; {
+		progress = false
+		for typeURL, t := range c.types {
 			for n, since := range t.removing {
 				e := t.entries[n]
 				held := e != nil && e.res != nil && len(e.from) > 0
@@ -378,7 +401,7 @@ func (c *Cache) settleLocked(now time.Time, stg map[string]*staging, o *op) {
 				}
 				delete(t.removing, n)
 				c.waits--
-				progress = true
+				progress, done = true, true
 				if e == nil || e.res == nil {
 					continue // gone by other means
 				}
@@ -393,6 +416,19 @@ func (c *Cache) settleLocked(now time.Time, stg map[string]*staging, o *op) {
 			}
 		}
 	}
+	if !done {
+		return nil
+	}
+	var staged []*change
+	if stg != nil {
+		staged = c.gateStagedLocked(stg, o)
+	}
+	c.finishLocked(o)
+	c.queueStagedLocked(staged, o)
+	if stg != nil {
+		c.advanceLocked(now, o)
+	}
+	return o
 }
 
 // gateStagedLocked gates what the op changed in each staged type

@@ -255,3 +255,58 @@ func TestReferenceWaitWithRollout(t *testing.T) {
 		t.Errorf("non-canary reads r %q after the bake, want 2", got)
 	}
 }
+
+// A removal that a change ends reaches clients after that change: in a
+// later op, whose sequence number orders it after the change for every
+// stream, whatever the types' rank.
+func TestRemovalReleasedAfterWhatEndedIt(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var events []ReferenceEvent
+	c := consistent(clk, &events)
+	w := NewWatch()
+	c.Watch(w, rds, "r")
+	c.Watch(w, cds, "x", "y")
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1"), res("y", "1")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	c.Apply(cds, Change{Removed: []string{"x"}})
+	w.Take()
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y")}})
+	seq := map[string]uint64{}
+	for _, d := range w.Take() {
+		seq[d.TypeURL] = d.Seq
+	}
+	if seq[rds] == 0 || seq[cds] <= seq[rds] {
+		t.Errorf("the route's change at %d, x's removal at %d: the removal must come after", seq[rds], seq[cds])
+	}
+}
+
+// A Cluster does not wait for its endpoints (the spec's order sends them
+// after it, and clients warm it), but they are fetched, and their removal
+// waits while the Cluster points at them.
+func TestClusterWaitsNotForItsEndpoints(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var events []ReferenceEvent
+	c := consistent(clk, &events)
+	c.Watch(NewWatch(), cds, "x")
+	x := res("x", "1")
+	x.Refs = []xds.Ref{{TypeURL: eds, Name: "x"}}
+	c.Apply(cds, Change{Upserts: []*Resource{x}})
+	if got := present(c, cds, "x"); got != "1" {
+		t.Fatal("the cluster waited for its endpoints")
+	}
+	if got := c.Interest()[eds].Names; !slices.Equal(got, []string{"x"}) {
+		t.Fatalf("endpoint interest = %v, want [x]", got)
+	}
+	if l := c.Get(eds, []string{"x"})[0]; !l.Referenced {
+		t.Error("the endpoints are not marked as wanted only by reference")
+	}
+	c.Apply(eds, Change{Upserts: []*Resource{res("x", "1")}})
+	c.Apply(eds, Change{Removed: []string{"x"}})
+	if got := present(c, eds, "x"); got != "1" {
+		t.Error("endpoints removed while their cluster points at them")
+	}
+	c.Apply(cds, Change{Removed: []string{"x"}})
+	if present(c, cds, "x") != "" || present(c, eds, "x") != "" {
+		t.Error("the cluster and its endpoints are not removed once nothing points at them")
+	}
+}
