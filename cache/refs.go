@@ -181,45 +181,63 @@ func (t *typeState) missingLocked(name string, e *entry) {
 	}
 }
 
-// clusterType is the type whose names a resource waits for.
-const clusterType = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+// The types whose names a resource waits for.
+const (
+	clusterType  = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+	endpointType = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+)
 
 // waitsFor reports whether a resource waits for the names of typeURL it
-// points at: those the spec's order sends before it ("Eventual consistency
-// considerations": CDS before the EDS, LDS and RDS that use it), the
-// Clusters of a Route or a Listener. What comes after what points at it (a
-// Cluster's endpoints, a Listener's Route, the Secrets both load) is
-// warmed by the client, which asks for it once it reads what points at
-// it: it is fetched, so that it is cached by then, and its removal waits,
-// but nothing waits for it to arrive.
+// points at: the Clusters of a Route or a Listener, which the spec's order
+// sends before them ("Eventual consistency considerations": CDS before
+// the EDS, LDS and RDS that use it). It waits for those Clusters'
+// endpoints too (lackingLocked): a client that reads the Route finds
+// everything it needs to send a request cached. What comes after what
+// points at it (a Cluster's own endpoints, a Listener's Route, the Secrets
+// both load) is warmed by the client, which asks for it once it reads what
+// points at it: it is fetched, so that it is cached by then, and its
+// removal waits, but nothing waits for it.
 func waitsFor(typeURL string) bool { return typeURL == clusterType }
 
 // lacksLocked reports whether the cache lacks a name r waits for.
-func (c *Cache) lacksLocked(r *Resource) bool {
-	for _, ref := range r.Refs {
-		if !waitsFor(ref.TypeURL) {
-			continue
-		}
-		if e := c.types[ref.TypeURL].entryLocked(ref.Name); e == nil || e.res == nil {
-			return true
-		}
-	}
-	return false
-}
+func (c *Cache) lacksLocked(r *Resource) bool { return len(c.lackingLocked(r, false)) > 0 }
 
-// lackingLocked is what of the names r waits for the cache lacks.
-func (c *Cache) lackingLocked(r *Resource) []xds.Ref {
+// lackingLocked is what r waits for that the cache lacks: a Cluster it
+// points at, or that Cluster's endpoints; only the first unless all. A name
+// upstream said does not exist is not waited for: the control plane's word
+// wins.
+func (c *Cache) lackingLocked(r *Resource, all bool) []xds.Ref {
 	var out []xds.Ref
 	for _, ref := range r.Refs {
 		if !waitsFor(ref.TypeURL) {
 			continue
 		}
-		if e := c.types[ref.TypeURL].entryLocked(ref.Name); e == nil || e.res == nil {
+		e := c.types[ref.TypeURL].entryLocked(ref.Name)
+		if lacked(e) {
 			out = append(out, ref)
+			if !all {
+				return out
+			}
+			continue
+		}
+		if e.res == nil {
+			continue // absent
+		}
+		for _, sub := range e.res.Refs {
+			if sub.TypeURL == endpointType && lacked(c.types[sub.TypeURL].entryLocked(sub.Name)) {
+				out = append(out, sub)
+				if !all {
+					return out
+				}
+			}
 		}
 	}
 	return out
 }
+
+// lacked reports whether an entry waited for is neither present nor known
+// not to exist.
+func lacked(e *entry) bool { return e == nil || (e.res == nil && !e.absent) }
 
 // waitUpsertsLocked takes out of upserts those that point at a name the
 // cache lacks and that they wait for (waitsFor): they wait (t.waiting) and what they point at is fetched. A
@@ -359,7 +377,7 @@ func (c *Cache) settleLocked(now time.Time, stg map[string]*staging, o *op) {
 				}
 				ev := ReferenceEvent{TypeURL: typeURL, Name: n, Outcome: WaitResolved, Waited: now.Sub(w.since)}
 				if late {
-					ev.Missing = c.lackingLocked(w.res)
+					ev.Missing = c.lackingLocked(w.res, true)
 					if len(ev.Missing) > 0 {
 						ev.Outcome = WaitTimeout
 					}
@@ -476,7 +494,7 @@ func (c *Cache) References() References {
 			}
 		}
 		for n, w := range t.waiting {
-			out.Waiting = append(out.Waiting, Waiting{Ref: xds.Ref{TypeURL: typeURL, Name: n}, Since: w.since, Missing: c.lackingLocked(w.res)})
+			out.Waiting = append(out.Waiting, Waiting{Ref: xds.Ref{TypeURL: typeURL, Name: n}, Since: w.since, Missing: c.lackingLocked(w.res, true)})
 		}
 		for n, since := range t.removing {
 			var from []xds.Ref

@@ -310,3 +310,33 @@ func TestClusterWaitsNotForItsEndpoints(t *testing.T) {
 		t.Error("the cluster and its endpoints are not removed once nothing points at them")
 	}
 }
+
+// A Route waits for its Clusters' endpoints too, so that a client reading
+// it finds everything it needs cached; a name upstream said does not exist
+// is not waited for.
+func TestRouteWaitsForItsClustersEndpoints(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var events []ReferenceEvent
+	c := consistent(clk, &events)
+	c.Watch(NewWatch(), rds, "r", "s")
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	x := res("x", "1")
+	x.Refs = []xds.Ref{{TypeURL: eds, Name: "x"}}
+	c.Apply(cds, Change{Upserts: []*Resource{x}})
+	if got := present(c, rds, "r"); got != "" {
+		t.Fatal("the route was released before its cluster's endpoints")
+	}
+	if got := c.References().Waiting; len(got) != 1 || !slices.Equal(got[0].Missing, []xds.Ref{{TypeURL: eds, Name: "x"}}) {
+		t.Errorf("waiting = %+v, want r missing x's endpoints", got)
+	}
+	c.Apply(eds, Change{Upserts: []*Resource{res("x", "1")}})
+	if got := present(c, rds, "r"); got != "1" {
+		t.Fatal("the route is not released once its cluster's endpoints came")
+	}
+	// s points at y, which upstream says does not exist: no wait.
+	c.Apply(rds, Change{Upserts: []*Resource{route("s", "1", "y")}})
+	c.Apply(cds, Change{Removed: []string{"y"}})
+	if got := present(c, rds, "s"); got != "1" {
+		t.Error("a route waits for a cluster the control plane says does not exist")
+	}
+}

@@ -73,7 +73,7 @@ func TestRouteWaitsForItsCluster(t *testing.T) {
 
 func testRouteWaitsForItsCluster(t *testing.T, d testcp.Dialect) {
 	cp := testcp.StartDialect(t, d)
-	cp.Set(t, "c1", "1", testcp.Route("r", "x"), testcp.Cluster("x"))
+	cp.Set(t, "c1", "1", testcp.Route("r", "x"), testcp.Cluster("x"), testcp.Endpoints("x"))
 	r := startRelay(t, cp.Addr, func(c *Config) { c.Consistency.MaxWait = time.Minute })
 	c := openDelta(t, r.Addr())
 	c.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.RouteType, ResourceNamesSubscribe: []string{"r"}})
@@ -81,14 +81,14 @@ func testRouteWaitsForItsCluster(t *testing.T, d testcp.Dialect) {
 		t.Fatalf("route to %v, want [x]", got)
 	}
 
-	cp.Set(t, "c1", "2", testcp.Route("r", "y"), testcp.Cluster("x"))
+	cp.Set(t, "c1", "2", testcp.Route("r", "y"), testcp.Cluster("x"), testcp.Endpoints("x"))
 	c.quiet(300 * time.Millisecond) // the route to y waits for y
 	g := r.groupCache(keyOf("c1"))
 	eventually(t, "the relay to fetch y, which the route points at", func() bool {
 		return slices.Contains(g.Interest()[resourcev3.ClusterType].Names, "y")
 	})
 
-	cp.Set(t, "c1", "3", testcp.Route("r", "y"), testcp.Cluster("x"), testcp.Cluster("y"))
+	cp.Set(t, "c1", "3", testcp.Route("r", "y"), testcp.Cluster("x"), testcp.Endpoints("x"), testcp.Cluster("y"), testcp.Endpoints("y"))
 	if got := routeClusters(t, recvAck(t, c, wait), "r"); !slices.Equal(got, []string{"y"}) {
 		t.Fatalf("route to %v, want [y]", got)
 	}
@@ -111,7 +111,7 @@ func TestRemovalWaitsForTheRouteToMove(t *testing.T) {
 
 func testRemovalWaitsForTheRouteToMove(t *testing.T, d testcp.Dialect) {
 	cp := testcp.StartDialect(t, d)
-	cp.Set(t, "c1", "1", testcp.Route("r", "x"), testcp.Cluster("x"), testcp.Cluster("y"))
+	cp.Set(t, "c1", "1", testcp.Route("r", "x"), testcp.Cluster("x"), testcp.Endpoints("x"), testcp.Cluster("y"), testcp.Endpoints("y"))
 	r := startRelay(t, cp.Addr, func(c *Config) { c.Consistency.MaxWait = time.Minute })
 	c := openDelta(t, r.Addr())
 	n := node("n", "c1")
@@ -124,13 +124,13 @@ func testRemovalWaitsForTheRouteToMove(t *testing.T, d testcp.Dialect) {
 		}
 	}
 
-	cp.Set(t, "c1", "2", testcp.Route("r", "x"), testcp.Cluster("y")) // x goes first
+	cp.Set(t, "c1", "2", testcp.Route("r", "x"), testcp.Cluster("y"), testcp.Endpoints("y")) // x goes first
 	c.quiet(300 * time.Millisecond)
 	if l := r.groupCache(keyOf("c1")).Get(resourcev3.ClusterType, []string{"x"})[0]; l.Resource == nil {
 		t.Fatal("x left the cache while the route points at it")
 	}
 
-	cp.Set(t, "c1", "3", testcp.Route("r", "y"), testcp.Cluster("y"))
+	cp.Set(t, "c1", "3", testcp.Route("r", "y"), testcp.Cluster("y"), testcp.Endpoints("y"))
 	moved := false
 	for {
 		resp := recvAck(t, c, wait)
@@ -157,7 +157,7 @@ func testRemovalWaitsForTheRouteToMove(t *testing.T, d testcp.Dialect) {
 // word wins, counted as a timeout and shown on /debug/references.
 func TestWeightedRouteWaitIsBounded(t *testing.T) {
 	cp := testcp.Start(t)
-	cp.Set(t, "c1", "1", testcp.Route("r", "x"), testcp.Cluster("x"))
+	cp.Set(t, "c1", "1", testcp.Route("r", "x"), testcp.Cluster("x"), testcp.Endpoints("x"))
 	const maxWait = time.Second
 	r := startRelay(t, cp.Addr, func(c *Config) { c.Consistency.MaxWait = maxWait })
 	c := openDelta(t, r.Addr())
@@ -165,7 +165,7 @@ func TestWeightedRouteWaitIsBounded(t *testing.T) {
 	recvAck(t, c, wait)
 
 	start := time.Now()
-	cp.Set(t, "c1", "2", weightedRoute("r", "x", "y", "z"), testcp.Cluster("x"), testcp.Cluster("y"))
+	cp.Set(t, "c1", "2", weightedRoute("r", "x", "y", "z"), testcp.Cluster("x"), testcp.Endpoints("x"), testcp.Cluster("y"), testcp.Endpoints("y"))
 	var refs debugReferences
 	eventually(t, "the route to wait for z alone on /debug/references", func() bool {
 		getJSON(t, r, "/debug/references?group="+url.QueryEscape(keyOf("c1")), &refs)
@@ -185,7 +185,6 @@ func TestWeightedRouteWaitIsBounded(t *testing.T) {
 		t.Errorf("xdsrelay_reference_waits_total{outcome=timeout} = %v, want 1", n)
 	}
 	getJSON(t, r, "/debug/references?group="+url.QueryEscape(keyOf("c1")), &refs)
-	// The clusters' endpoints dangle too: the control plane has none.
 	var clusters []debugDangling
 	for _, d := range refs.Dangling {
 		if d.Type == xds.ShortName(resourcev3.ClusterType) {
