@@ -89,17 +89,28 @@ func (c *Cache) refsLocked(t *typeState, name string, old, new *Resource) {
 	if new != nil {
 		is = new.Refs
 	}
-	if len(was) == 0 && len(is) == 0 {
-		return
+	if slices.Equal(was, is) {
+		return // the common change: what it points at stays
 	}
 	from := xds.Ref{TypeURL: t.typeURL, Name: name}
+	in := func(refs []xds.Ref) func(xds.Ref) bool {
+		if len(refs) < 16 {
+			return func(r xds.Ref) bool { return slices.Contains(refs, r) }
+		}
+		set := make(map[xds.Ref]struct{}, len(refs))
+		for _, r := range refs {
+			set[r] = struct{}{}
+		}
+		return func(r xds.Ref) bool { _, ok := set[r]; return ok }
+	}
+	inWas, inIs := in(was), in(is)
 	for _, r := range is {
-		if !slices.Contains(was, r) {
+		if !inWas(r) {
 			c.pointLocked(r, &from, 0)
 		}
 	}
 	for _, r := range was {
-		if !slices.Contains(is, r) {
+		if !inIs(r) {
 			c.unpointLocked(r, &from, 0)
 		}
 	}

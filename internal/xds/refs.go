@@ -8,6 +8,7 @@ import (
 	hcmpb "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tlspb "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
@@ -65,11 +66,21 @@ func Refs(typeURL string, value []byte) []Ref {
 			r.tls(fc.GetTransportSocket())
 		}
 	case resourcev3.RouteType:
-		var rc routepb.RouteConfiguration
-		if unmarshalRefs.Unmarshal(value, &rc) != nil {
-			return nil
-		}
-		r.routes(&rc)
+		// Read field by field, as Warm reads a Cluster: a Route is the
+		// largest resource that points at much, and decoding it whole
+		// would cost more than encoding it.
+		each(value, rcVirtualHosts, func(vh []byte) {
+			each(vh, vhRoutes, func(rt []byte) {
+				each(rt, routeRoute, func(action []byte) {
+					each(action, actionCluster, func(name []byte) { r.add(resourcev3.ClusterType, string(name)) })
+					each(action, actionWeighted, func(wc []byte) {
+						each(wc, weightedClusters, func(cw []byte) {
+							each(cw, clusterWeightName, func(name []byte) { r.add(resourcev3.ClusterType, string(name)) })
+						})
+					})
+				})
+			})
+		})
 	case resourcev3.ClusterType:
 		if eds := Warm(typeURL, value); eds != "" {
 			r.add(resourcev3.EndpointType, eds)
@@ -84,6 +95,40 @@ func Refs(typeURL string, value []byte) []Ref {
 		}
 	}
 	return r.out
+}
+
+// Field numbers of what a RouteConfiguration points at, read from the
+// descriptors.
+var (
+	rcVirtualHosts    = field(&routepb.RouteConfiguration{}, "virtual_hosts")
+	vhRoutes          = field(&routepb.VirtualHost{}, "routes")
+	routeRoute        = field(&routepb.Route{}, "route")
+	actionCluster     = field(&routepb.RouteAction{}, "cluster")
+	actionWeighted    = field(&routepb.RouteAction{}, "weighted_clusters")
+	weightedClusters  = field(&routepb.WeightedCluster{}, "clusters")
+	clusterWeightName = field(&routepb.WeightedCluster_ClusterWeight{}, "name")
+)
+
+// each calls f with the bytes of every occurrence of length-delimited
+// field num in a message's bytes (already validated). A message field set
+// twice, which proto.Unmarshal would merge, is read as two.
+func each(msg []byte, num protowire.Number, f func([]byte)) {
+	for len(msg) > 0 {
+		n, typ, k := protowire.ConsumeTag(msg)
+		if k < 0 {
+			return
+		}
+		msg = msg[k:]
+		m := protowire.ConsumeFieldValue(n, typ, msg)
+		if m < 0 {
+			return
+		}
+		if n == num && typ == protowire.BytesType {
+			v, _ := protowire.ConsumeBytes(msg[:m])
+			f(v)
+		}
+		msg = msg[m:]
+	}
 }
 
 // refs gathers references, each once.
