@@ -43,6 +43,9 @@ type Lookup struct {
 	// Referenced is set when the name is in the interest only because
 	// resources point at it (Consistency): no client wants it yet.
 	Referenced bool
+	// Waiting is set when upstream sent a version of the name that waits
+	// for what it points at (Consistency): it was answered.
+	Waiting bool
 }
 
 // Interest is the union of what a group wants of one type: what the upstream
@@ -454,6 +457,7 @@ func (t *typeState) lookupLocked(n string, rel bool) Lookup {
 	if e != nil {
 		l.Resource, l.Absent, l.Heartbeat, l.Error = e.res, e.absent, e.hb, e.err
 		l.Referenced = !e.wanted && e.referenced()
+		_, l.Waiting = t.waiting[n]
 		if rel && e.rel != nil {
 			l.Resource, l.Absent = e.rel.res, e.rel.absent
 			if l.Heartbeat != nil && (l.Resource == nil || l.Heartbeat.Version != l.Resource.Version) {

@@ -340,3 +340,16 @@ func TestRouteWaitsForItsClustersEndpoints(t *testing.T) {
 		t.Error("a route waits for a cluster the control plane says does not exist")
 	}
 }
+
+// A name whose first version waits is answered: Get says so, for the
+// does-not-exist timer.
+func TestWaitingIsAnswered(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var events []ReferenceEvent
+	c := consistent(clk, &events)
+	c.Watch(NewWatch(), rds, "r")
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	if l := c.Get(rds, []string{"r"})[0]; l.Resource != nil || !l.Waiting {
+		t.Errorf("lookup of a waiting route = %+v, want no resource and Waiting", l)
+	}
+}

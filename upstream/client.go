@@ -395,7 +395,7 @@ func (c *Client) missing() bool {
 			return true
 		}
 		for _, l := range c.opts.Cache.Get(typeURL, in.Names) {
-			if l.Resource == nil && !l.Absent && !l.Referenced {
+			if l.Resource == nil && !l.Absent && !l.Referenced && !l.Waiting {
 				return true
 			}
 		}
