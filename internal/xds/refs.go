@@ -1,6 +1,8 @@
 package xds
 
 import (
+	"slices"
+
 	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerpb "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
@@ -85,14 +87,20 @@ func Refs(typeURL string, value []byte) []Ref {
 		if eds := Warm(typeURL, value); eds != "" {
 			r.add(resourcev3.EndpointType, eds)
 		}
-		var c clusterpb.Cluster
-		if unmarshalRefs.Unmarshal(value, &c) != nil {
-			return r.out
-		}
-		r.tls(c.GetTransportSocket())
-		for _, m := range c.GetTransportSocketMatches() {
-			r.tls(m.GetTransportSocket())
-		}
+		// Only the transport sockets are decoded, and only if there are
+		// any: most Clusters have none.
+		each(value, clusterSocket, func(b []byte) {
+			var ts corepb.TransportSocket
+			if unmarshalRefs.Unmarshal(b, &ts) == nil {
+				r.tls(&ts)
+			}
+		})
+		each(value, clusterSocketMatches, func(b []byte) {
+			var m clusterpb.Cluster_TransportSocketMatch
+			if unmarshalRefs.Unmarshal(b, &m) == nil {
+				r.tls(m.GetTransportSocket())
+			}
+		})
 	}
 	return r.out
 }
@@ -107,6 +115,9 @@ var (
 	actionWeighted    = field(&routepb.RouteAction{}, "weighted_clusters")
 	weightedClusters  = field(&routepb.WeightedCluster{}, "clusters")
 	clusterWeightName = field(&routepb.WeightedCluster_ClusterWeight{}, "name")
+
+	clusterSocket        = field(&clusterpb.Cluster{}, "transport_socket")
+	clusterSocketMatches = field(&clusterpb.Cluster{}, "transport_socket_matches")
 )
 
 // each calls f with the bytes of every occurrence of length-delimited
@@ -143,7 +154,18 @@ func (r *refs) add(typeURL, name string) {
 	}
 	ref := Ref{TypeURL: typeURL, Name: name}
 	if r.seen == nil {
-		r.seen = make(map[Ref]struct{})
+		// Few references: looked for in out; many: in a set.
+		if slices.Contains(r.out, ref) {
+			return
+		}
+		r.out = append(r.out, ref)
+		if len(r.out) > 16 {
+			r.seen = make(map[Ref]struct{}, 2*len(r.out))
+			for _, o := range r.out {
+				r.seen[o] = struct{}{}
+			}
+		}
+		return
 	}
 	if _, ok := r.seen[ref]; ok {
 		return

@@ -137,3 +137,32 @@ func BenchmarkRefs(b *testing.B) {
 		})
 	}
 }
+
+// Many references are each listed once, in the order found; a Cluster's
+// transport_socket_matches are read too.
+func TestRefsManyAndSocketMatches(t *testing.T) {
+	rc := &routepb.RouteConfiguration{Name: "r", VirtualHosts: []*routepb.VirtualHost{{Name: "vh"}}}
+	var want []Ref
+	for pass := range 2 {
+		for i := range 20 {
+			name := "c" + string(rune('a'+i))
+			rc.VirtualHosts[0].Routes = append(rc.VirtualHosts[0].Routes, &routepb.Route{
+				Action: &routepb.Route_Route{Route: &routepb.RouteAction{ClusterSpecifier: &routepb.RouteAction_Cluster{Cluster: name}}}})
+			if pass == 0 {
+				want = append(want, Ref{resourcev3.ClusterType, name})
+			}
+		}
+	}
+	a := refAny(t, rc)
+	if got := Refs(a.GetTypeUrl(), a.GetValue()); !slices.Equal(got, want) {
+		t.Errorf("Refs = %v, want %v", got, want)
+	}
+	ads := &corepb.ConfigSource{ConfigSourceSpecifier: &corepb.ConfigSource_Ads{Ads: &corepb.AggregatedConfigSource{}}}
+	tls := refAny(t, &tlspb.UpstreamTlsContext{CommonTlsContext: &tlspb.CommonTlsContext{
+		TlsCertificateSdsSecretConfigs: []*tlspb.SdsSecretConfig{{Name: "m", SdsConfig: ads}}}})
+	c := refAny(t, &clusterpb.Cluster{Name: "a", TransportSocketMatches: []*clusterpb.Cluster_TransportSocketMatch{{Name: "tls",
+		TransportSocket: &corepb.TransportSocket{Name: "tls", ConfigType: &corepb.TransportSocket_TypedConfig{TypedConfig: tls}}}}})
+	if got := Refs(c.GetTypeUrl(), c.GetValue()); !slices.Equal(got, []Ref{{resourcev3.SecretType, "m"}}) {
+		t.Errorf("Refs of a cluster with socket matches = %v", got)
+	}
+}
