@@ -626,6 +626,19 @@ func (c *Cache) dropIfUnheldLocked(t *typeState, typeURL, name string, o *op) {
 	e := t.entries[name]
 	if e != nil && !e.wanted && e.watchers.len() == 0 && !e.referenced() && !t.wantWildcard && (e.res == nil || !t.aliasWantedLocked(e.res)) &&
 		t.globLocked(name) == nil {
+		was := c.dropping
+		c.dropping = true
 		c.removeLocked(t, typeURL, name, true, o)
+		c.dropping = was
+		if was {
+			return // the outermost drop takes the orphans
+		}
+		for len(c.orphans) > 0 {
+			ref := c.orphans[len(c.orphans)-1]
+			c.orphans = c.orphans[:len(c.orphans)-1]
+			if tt := c.types[ref.TypeURL]; tt != nil {
+				c.dropIfUnheldLocked(tt, ref.TypeURL, ref.Name, o)
+			}
+		}
 	}
 }

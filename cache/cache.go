@@ -133,6 +133,10 @@ type Cache struct {
 	wanted   int       // names with entry.wanted set; guarded by mu
 	changes  []*change // changes waiting for release (Rollout), oldest first; guarded by mu
 	waits    int       // resources and removals waiting for references (Consistency); guarded by mu
+	// While dropIfUnheldLocked drops a resource, the names only it
+	// pointed at (orphans), to drop in turn; guarded by mu.
+	dropping bool
+	orphans  []xds.Ref
 }
 
 // idleKey names what may be evicted: a retained name, or a type's retained

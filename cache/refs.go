@@ -169,6 +169,10 @@ func (c *Cache) referencedLocked(t *typeState, name string, e *entry, was bool) 
 	case is && !was && !e.wanted:
 		c.noteLocked(t.typeURL, name, true)
 		c.signalInterest()
+	case !is && was && !e.wanted && c.dropping:
+		// What pointed at it is dropped, retired or evicted: nothing
+		// held it but that, and it goes with it (dropIfUnheldLocked).
+		c.orphans = append(c.orphans, xds.Ref{TypeURL: t.typeURL, Name: name})
 	case !is && was && !e.wanted:
 		c.wantLocked(e, true)
 		e.idle = c.now()

@@ -353,3 +353,32 @@ func TestWaitingIsAnswered(t *testing.T) {
 		t.Errorf("lookup of a waiting route = %+v, want no resource and Waiting", l)
 	}
 }
+
+// A name held only because a resource pointed at it goes with that
+// resource when it is retired, not a retention period later; one a client
+// watched is retained on its own.
+func TestReferencedGoWithWhatPointedAtThem(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var events []ReferenceEvent
+	c := consistent(clk, &events)
+	w, wy := NewWatch(), NewWatch()
+	c.Watch(w, rds, "r")
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x", "y")}})
+	x, y := res("x", "1"), res("y", "1")
+	x.Refs = []xds.Ref{{TypeURL: eds, Name: "x"}}
+	c.Apply(cds, Change{Upserts: []*Resource{x, y}})
+	c.Apply(eds, Change{Upserts: []*Resource{res("x", "1")}})
+	c.Watch(wy, cds, "y")
+	c.Release(w)
+	clk.t = clk.t.Add(30 * time.Second)
+	c.Release(wy)
+	clk.t = clk.t.Add(31 * time.Second) // r's retention is over, y's not yet
+	c.Sweep()
+	in := c.Interest()
+	if len(in[rds].Names) != 0 || len(in[eds].Names) != 0 || !slices.Equal(in[cds].Names, []string{"y"}) {
+		t.Errorf("interest after r retired = %v, want only y (retained on its own)", in)
+	}
+	if present(c, cds, "x") != "" || present(c, eds, "x") != "" {
+		t.Error("x and its endpoints outlived the route that alone held them")
+	}
+}
