@@ -17,11 +17,12 @@ import (
 //
 // The waits live in the release step, before the guard's holds and the
 // rollout's gate see a change: a resource (new or changed) that points at
-// a Cluster the cache lacks (waitsFor) is not applied, and its watchers not marked, until
-// every name it points at is present or MaxWait has passed; a removal of a
-// present name that a present resource points at is not applied until
-// nothing does, or MaxWait has passed. After MaxWait the control plane's
-// word wins. A change that needs no wait is applied as before.
+// a Cluster the cache lacks, or at its endpoints (waitsFor), is not
+// applied, and its watchers not marked, until they are present or MaxWait
+// has passed; a removal of a present name that a present resource points
+// at is not applied until nothing does, or MaxWait has passed. After
+// MaxWait the control plane's word wins. A change that needs no wait is
+// applied as before.
 type Consistency struct {
 	MaxWait time.Duration // 0: off
 }
