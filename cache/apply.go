@@ -71,10 +71,12 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 		stg = map[string]*staging{typeURL: {prev: c.stageLocked(t, ch), state: t.state, synced: t.synced}}
 	}
 	now := c.now()
-	ch.Upserts = c.waitUpsertsLocked(t, ch.Upserts, now)
+	var replaced []*Resource
+	ch.Upserts, replaced = c.waitUpsertsLocked(t, ch.Upserts, now)
 	for _, r := range ch.Upserts {
 		c.putLocked(t, typeURL, r, o)
 	}
+	c.unpendLocked(replaced)
 	for _, n := range ch.Resent {
 		c.resentLocked(t, typeURL, n, o)
 	}

@@ -259,18 +259,22 @@ func lacked(e *entry) bool { return e == nil || (e.res == nil && !e.absent) }
 // cache lacks and that they wait for (waitsFor): they wait (t.waiting) and what they point at is fetched. A
 // newer version of a waiting resource replaces it, keeping when the wait
 // began; an upsert of a name whose removal waits ends that wait. upserts
-// is not modified.
-func (c *Cache) waitUpsertsLocked(t *typeState, upserts []*Resource, now time.Time) []*Resource {
+// is not modified. The waiters it replaces are returned, for the caller
+// to let go of (unpendLocked) once the upserts are applied: what both
+// point at stays in the interest throughout.
+func (c *Cache) waitUpsertsLocked(t *typeState, upserts []*Resource, now time.Time) (out, replaced []*Resource) {
 	if !c.consistency.on() {
-		return upserts
+		return upserts, nil
 	}
-	out := upserts
+	out = upserts
 	copied := false
 	for i, r := range upserts {
 		since := now
 		if w := t.waiting[r.Name]; w != nil {
 			since = w.since
-			c.unwaitLocked(t, r.Name, w)
+			delete(t.waiting, r.Name)
+			c.waits--
+			replaced = append(replaced, w.res)
 		}
 		if _, ok := t.removing[r.Name]; ok {
 			delete(t.removing, r.Name)
@@ -303,7 +307,14 @@ func (c *Cache) waitUpsertsLocked(t *typeState, upserts []*Resource, now time.Ti
 		c.waits++
 		c.pendLocked(r, true)
 	}
-	return out
+	return out, replaced
+}
+
+// unpendLocked lets go of what waiters that were replaced pointed at.
+func (c *Cache) unpendLocked(replaced []*Resource) {
+	for _, r := range replaced {
+		c.pendLocked(r, false)
+	}
 }
 
 // unwaitLocked ends the wait of a resource without applying it.
@@ -398,9 +409,11 @@ func (c *Cache) settleLocked(now time.Time, stg map[string]*staging, o *op) {
 						ev.Outcome = WaitTimeout
 					}
 				}
-				c.unwaitLocked(t, n, w)
+				delete(t.waiting, n)
+				c.waits--
 				stageNameLocked(stg, t, n)
 				c.putLocked(t, typeURL, w.res, o)
+				c.pendLocked(w.res, false) // after: what it points at stays in the interest
 				o.refs = append(o.refs, ev)
 				progress = true
 			}

@@ -382,3 +382,31 @@ func TestReferencedGoWithWhatPointedAtThem(t *testing.T) {
 		t.Error("x and its endpoints outlived the route that alone held them")
 	}
 }
+
+// A waiting resource sent again (a SotW control plane re-sends its whole
+// list) keeps when its wait began, and what it points at stays fetched
+// without a break: neither unsubscribed nor turned into a retained name.
+func TestWaitingResentKeepsItsWait(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var events []ReferenceEvent
+	c := consistent(clk, &events)
+	c.Watch(NewWatch(), rds, "r")
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	c.InterestChanges()
+	clk.t = clk.t.Add(3 * time.Second)
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	if changes, all := c.InterestChanges(); all || len(changes) != 0 {
+		t.Errorf("the interest changed when the waiting route came again: %v", changes)
+	}
+	if got := c.References().Waiting; len(got) != 1 || !got[0].Since.Equal(time.Unix(1000, 0)) {
+		t.Errorf("waiting = %+v, want since the first arrival", got)
+	}
+	if e := c.types[cds].entries["x"]; e == nil || e.wanted {
+		t.Errorf("x became a retained name: %+v", e)
+	}
+	clk.t = clk.t.Add(2 * time.Second)
+	c.Sweep()
+	if got := present(c, rds, "r"); got != "1" {
+		t.Error("the wait is not bounded from the first arrival")
+	}
+}
