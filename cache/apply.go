@@ -60,7 +60,11 @@ type Trace struct {
 // Apply applies one upstream response for typeURL under one lock: readers
 // see all of it or none of it, and it makes at most one new version of the
 // type. Watchers of what changed, and wildcard watchers of the type, are
-// marked once the lock is released.
+// marked once the lock is released. It is one piece because its steps are
+// the release step's order under that one lock: the reference waits take
+// out what must wait, the rest is applied, the guard holds removals, the
+// waits that this change ends are settled, the rollout gates what changed,
+// and a removal the change ended follows in an op of its own.
 func (c *Cache) Apply(typeURL string, ch Change) {
 	c.mu.Lock()
 	o := c.beginLocked()
