@@ -410,3 +410,34 @@ func TestWaitingResentKeepsItsWait(t *testing.T) {
 		t.Error("the wait is not bounded from the first arrival")
 	}
 }
+
+// A change released by the bound (Sweep) goes through the rollout like
+// any other: the canaries first, the rest after the bake.
+func TestReferenceTimeoutWithRollout(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	c := New(Options{Retention: time.Minute, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second},
+		Rollout: Rollout{Canary: 1, Bake: time.Minute}})
+	canary, other := NewWatch(), NewWatch()
+	canary.SetRank(1)
+	other.SetRank(2)
+	for _, w := range []*Watch{canary, other} {
+		c.Watch(w, rds, "r")
+		c.Watch(w, cds, "x")
+	}
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y")}}) // y never comes
+	clk.t = clk.t.Add(5 * time.Second)
+	c.Sweep()
+	if got := versionOf(c, canary, rds, "r"); got != "2" {
+		t.Errorf("canary reads r %q after max_wait, want 2", got)
+	}
+	if got := versionOf(c, other, rds, "r"); got != "1" {
+		t.Errorf("non-canary reads r %q before the bake, want 1", got)
+	}
+	clk.t = clk.t.Add(2 * time.Minute)
+	c.Sweep()
+	if got := versionOf(c, other, rds, "r"); got != "2" {
+		t.Errorf("non-canary reads r %q after the bake, want 2", got)
+	}
+}
