@@ -95,6 +95,9 @@ func testRouteWaitsForItsCluster(t *testing.T, d testcp.Dialect) {
 	if l := g.Get(resourcev3.ClusterType, []string{"y"})[0]; l.Resource == nil {
 		t.Error("the client got the route to y before y was cached")
 	}
+	if l := g.Get(resourcev3.EndpointType, []string{"y"})[0]; l.Resource == nil {
+		t.Error("the client got the route to y before y's endpoints were cached")
+	}
 	// The route to x waited for x too: the relay fetched x only once it
 	// read the route.
 	if n := referenceWaits(t, r, resourcev3.RouteType, "resolved"); n != 2 {
