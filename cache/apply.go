@@ -60,24 +60,31 @@ type Trace struct {
 // Apply applies one upstream response for typeURL under one lock: readers
 // see all of it or none of it, and it makes at most one new version of the
 // type. Watchers of what changed, and wildcard watchers of the type, are
-// marked once the lock is released.
+// marked once the lock is released. It is one piece because its steps are
+// the release step's order under that one lock: the reference waits take
+// out what must wait, the rest is applied, the guard holds removals, the
+// waits that this change ends are settled, the rollout gates what changed,
+// and a removal the change ended follows in an op of its own.
 func (c *Cache) Apply(typeURL string, ch Change) {
 	c.mu.Lock()
 	o := c.beginLocked()
 	t := c.typeLocked(typeURL)
 	rolling := c.rollout.on()
-	var prev map[string]released
-	prevState, wasSynced := t.state, t.synced
+	var stg map[string]*staging
 	if rolling {
-		prev = c.stageLocked(t, ch)
+		stg = map[string]*staging{typeURL: {prev: c.stageLocked(t, ch), state: t.state, synced: t.synced}}
 	}
+	now := c.now()
+	var replaced []*Resource
+	ch.Upserts, replaced = c.waitUpsertsLocked(t, ch.Upserts, now)
 	for _, r := range ch.Upserts {
 		c.putLocked(t, typeURL, r, o)
 	}
+	c.unpendLocked(replaced)
 	for _, n := range ch.Resent {
 		c.resentLocked(t, typeURL, n, o)
 	}
-	for _, n := range c.guardLocked(t, typeURL, ch.Removed, o) {
+	for _, n := range c.waitRemovalsLocked(t, c.guardLocked(t, typeURL, ch.Removed, o), now) {
 		e := t.entries[n]
 		if e == nil || e.absent {
 			continue
@@ -96,9 +103,12 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 		o.change(t, typeURL)
 	}
 	c.unavailableLocked(t, typeURL, ch, o)
-	var staged *change
+	if c.waits > 0 {
+		c.settleLocked(now, stg, o)
+	}
+	var staged []*change
 	if rolling {
-		staged = c.gateLocked(t, typeURL, prev, prevState, wasSynced, o)
+		staged = c.gateStagedLocked(stg, o)
 	}
 	if c.evictLocked(o) {
 		c.signalInterest()
@@ -107,10 +117,7 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 	// changed it: not of a heartbeat, nor of an eviction in another type.
 	_, changed := o.touched[typeURL]
 	c.finishLocked(o)
-	if staged != nil {
-		c.canaryMarksLocked(t, typeURL, staged, o)
-		c.queueLocked(staged, o)
-	}
+	c.queueStagedLocked(staged, o)
 	if rolling {
 		c.advanceLocked(c.now(), o)
 	}
@@ -120,9 +127,14 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 			t.received = c.now()
 		}
 	}
+	after := c.settleRemovalsLocked(now)
 	c.mu.Unlock()
 	o.wake()
 	c.tell(o)
+	if after != nil {
+		after.wake()
+		c.tell(after)
+	}
 }
 
 // op is one change of the cache, made under its lock: each type it touches
@@ -136,6 +148,7 @@ type op struct {
 	beats   map[string]map[*Watch][]string // type → watcher → heartbeats
 	guard   []GuardEvent                   // holds started or ended, told after the lock
 	rollout []RolloutEvent                 // rollout steps, told after the lock
+	refs    []ReferenceEvent               // reference waits that ended, told after the lock
 }
 
 func (c *Cache) beginLocked() *op { return &op{} }
@@ -241,7 +254,18 @@ func (c *Cache) setLocked(t *typeState, e *entry, r *Resource) {
 		c.size--
 		t.present--
 	}
+	old := e.res
 	e.res = r
+	if c.consistency.on() {
+		name := ""
+		if r != nil {
+			name = r.Name
+		} else if old != nil {
+			name = old.Name
+		}
+		c.refsLocked(t, name, old, r)
+		t.missingLocked(name, e)
+	}
 }
 
 // putLocked stores r if someone wants it and it differs from what is held.
@@ -294,6 +318,10 @@ func (c *Cache) removeLocked(t *typeState, typeURL, name string, forget bool, o 
 		return
 	}
 	visible := e.res != nil || (!forget && !e.absent)
+	kept := forget && e.referenced() // something points at it: fetched still
+	if kept {
+		forget = false
+	}
 	c.resentLocked(t, typeURL, name, o) // nothing left to remove
 	c.setLocked(t, e, nil)
 	e.hb, e.err = nil, nil
@@ -317,7 +345,7 @@ func (c *Cache) removeLocked(t *typeState, typeURL, name string, forget bool, o 
 		t.deleteEntryLocked(name)
 		c.idle.Remove(idleKey{typeURL: typeURL, name: name})
 	} else {
-		e.absent = true
+		e.absent = !kept
 	}
 	if visible {
 		o.change(t, typeURL, name)
@@ -390,7 +418,7 @@ func (c *Cache) evictLocked(o *op) bool {
 		if k.wildcard {
 			c.dropWildcardLocked(t, k.typeURL, o)
 			for n, e := range t.entries {
-				if !e.wanted && e.watchers.len() == 0 {
+				if !e.wanted && e.watchers.len() == 0 && !e.referenced() {
 					c.removeLocked(t, k.typeURL, n, true, o)
 				}
 			}
@@ -493,13 +521,33 @@ func (c *Cache) Sweep() (empty bool) {
 			delete(c.types, typeURL)
 		}
 	}
+	var staged []*change
+	if c.waits > 0 {
+		var stg map[string]*staging
+		if c.rollout.on() {
+			stg = map[string]*staging{}
+		}
+		c.settleLocked(now, stg, o) // waits whose MaxWait passed
+		if stg != nil {
+			staged = c.gateStagedLocked(stg, o)
+		}
+	}
 	if changed {
 		c.signalInterest()
 	}
 	c.finishLocked(o)
+	c.queueStagedLocked(staged, o)
+	if len(staged) > 0 {
+		c.advanceLocked(now, o)
+	}
+	after := c.settleRemovalsLocked(now)
 	c.mu.Unlock()
 	o.wake()
 	c.tell(o)
+	if after != nil {
+		after.wake()
+		c.tell(after)
+	}
 	return empty
 }
 
@@ -582,8 +630,21 @@ func (c *Cache) retireLocked(now time.Time, o *op) (changed bool) {
 // no client wants or watches it, by its name or an alias, and no wildcard.
 func (c *Cache) dropIfUnheldLocked(t *typeState, typeURL, name string, o *op) {
 	e := t.entries[name]
-	if e != nil && !e.wanted && e.watchers.len() == 0 && !t.wantWildcard && (e.res == nil || !t.aliasWantedLocked(e.res)) &&
+	if e != nil && !e.wanted && e.watchers.len() == 0 && !e.referenced() && !t.wantWildcard && (e.res == nil || !t.aliasWantedLocked(e.res)) &&
 		t.globLocked(name) == nil {
+		was := c.dropping
+		c.dropping = true
 		c.removeLocked(t, typeURL, name, true, o)
+		c.dropping = was
+		if was {
+			return // the outermost drop takes the orphans
+		}
+		for len(c.orphans) > 0 {
+			ref := c.orphans[len(c.orphans)-1]
+			c.orphans = c.orphans[:len(c.orphans)-1]
+			if tt := c.types[ref.TypeURL]; tt != nil {
+				c.dropIfUnheldLocked(tt, ref.TypeURL, ref.Name, o)
+			}
+		}
 	}
 }

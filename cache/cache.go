@@ -40,6 +40,12 @@ type Lookup struct {
 	// Error is the last error for the name, upstream's or the relay's,
 	// until the resource is next sent or removed.
 	Error *ResourceError
+	// Referenced is set when the name is in the interest only because
+	// resources point at it (Consistency): no client wants it yet.
+	Referenced bool
+	// Waiting is set when upstream sent a version of the name that waits
+	// for what it points at (Consistency): it was answered.
+	Waiting bool
 }
 
 // Interest is the union of what a group wants of one type: what the upstream
@@ -76,6 +82,12 @@ type Options struct {
 	// OnRollout, if set, is told of each rollout step, after the cache's
 	// lock is released.
 	OnRollout func(RolloutEvent)
+	// Consistency makes clients' resources whole (make before break); the
+	// zero Consistency is off.
+	Consistency Consistency
+	// OnReference, if set, is told of each reference wait that ends,
+	// after the cache's lock is released.
+	OnReference func(ReferenceEvent)
 }
 
 // MaxNamesError is Watch's error when the watch would make the group want
@@ -105,6 +117,9 @@ type Cache struct {
 	rollout   Rollout
 	onRollout func(RolloutEvent)
 
+	consistency Consistency
+	onReference func(ReferenceEvent)
+
 	mu        sync.RWMutex
 	seq       uint64                            // guarded by mu
 	types     map[string]*typeState             // guarded by mu
@@ -117,6 +132,11 @@ type Cache struct {
 	ilogFull bool
 	wanted   int       // names with entry.wanted set; guarded by mu
 	changes  []*change // changes waiting for release (Rollout), oldest first; guarded by mu
+	waits    int       // resources and removals waiting for references (Consistency); guarded by mu
+	// While dropIfUnheldLocked drops a resource, the names only it
+	// pointed at (orphans), to drop in turn; guarded by mu.
+	dropping bool
+	orphans  []xds.Ref
 
 	// Who has which version (convergence.go); its own mu, taken after mu.
 	conv convergence
@@ -134,6 +154,8 @@ type idleKey struct {
 // take it shared (RLock) and writers whole. A state built under the shared
 // lock (State) is stored under the whole one.
 type typeState struct {
+	typeURL string
+
 	// The resources and their watchers.
 	aliases  map[string]string // alias → resource name
 	state    *State            // the complete state at version, built on demand; nil when stale
@@ -169,6 +191,11 @@ type typeState struct {
 	maxCanary  uint64              // the highest rank among the canaries
 
 	globs int // entries that are glob collections (IsGlob)
+
+	// Make before break (Consistency, refs.go).
+	waiting  map[string]*waiter   // resources waiting for what they point at
+	removing map[string]time.Time // removals waiting until nothing points at the name, since when
+	missing  map[string]struct{}  // names present resources point at that the cache lacks
 }
 
 // entry is one name of a type; guarded by the Cache's mu.
@@ -182,6 +209,10 @@ type entry struct {
 	wanted   bool      // explicitly part of the interest
 	idle     time.Time // when the last watcher left, while wanted
 	rel      *released // what all but the canaries read, while a change of it is pending
+	// What points at the name (Consistency): present resources, and how
+	// many waiting ones. A name something points at is in the interest.
+	from map[xds.Ref]struct{}
+	pend int
 }
 
 // New returns an empty cache.
@@ -199,9 +230,12 @@ func New(opts Options) *Cache {
 		onGuard:   opts.OnGuard,
 		rollout:   opts.Rollout,
 		onRollout: opts.OnRollout,
-		interest:  make(chan struct{}, 1),
-		types:     make(map[string]*typeState),
-		idle:      idle,
+
+		consistency: opts.Consistency,
+		onReference: opts.OnReference,
+		interest:    make(chan struct{}, 1),
+		types:       make(map[string]*typeState),
+		idle:        idle,
 	}
 }
 
@@ -218,7 +252,7 @@ func (c *Cache) signalInterest() {
 func (c *Cache) typeLocked(typeURL string) *typeState {
 	t := c.types[typeURL]
 	if t == nil {
-		t = &typeState{entries: make(map[string]*entry), wildcard: make(map[*Watch]struct{})}
+		t = &typeState{typeURL: typeURL, entries: make(map[string]*entry), wildcard: make(map[*Watch]struct{})}
 		c.types[typeURL] = t
 	}
 	return t
@@ -429,6 +463,8 @@ func (t *typeState) lookupLocked(n string, rel bool) Lookup {
 	}
 	if e != nil {
 		l.Resource, l.Absent, l.Heartbeat, l.Error = e.res, e.absent, e.hb, e.err
+		l.Referenced = !e.wanted && e.referenced()
+		_, l.Waiting = t.waiting[n]
 		if rel && e.rel != nil {
 			l.Resource, l.Absent = e.rel.res, e.rel.absent
 			if l.Heartbeat != nil && (l.Resource == nil || l.Heartbeat.Version != l.Resource.Version) {

@@ -39,6 +39,9 @@ func GlobOf(name string) string {
 
 // newEntryLocked adds the entry of name, counting glob collections.
 func (t *typeState) newEntryLocked(name string) *entry {
+	if e := t.entries[name]; e != nil {
+		return e // made for a reference (refs.go): kept with what points at it
+	}
 	e := &entry{}
 	t.entries[name] = e
 	if IsGlob(name) {

@@ -12,6 +12,11 @@ func (c *Cache) noteLocked(typeURL, name string, wanted bool) {
 	if c.ilogFull {
 		return
 	}
+	if !wanted && name != "*" {
+		if e := c.types[typeURL].entryLocked(name); e != nil && e.referenced() {
+			return // still in the interest: something points at it
+		}
+	}
 	if c.ilog == nil {
 		c.ilog = make(map[string]map[string]bool)
 	}
@@ -57,7 +62,7 @@ func (c *Cache) TypeInterest(typeURL string) Interest {
 func (t *typeState) interestLocked() Interest {
 	in := Interest{Wildcard: t.wantWildcard}
 	for n, e := range t.entries {
-		if e.wanted {
+		if e.wanted || e.referenced() {
 			in.Names = append(in.Names, n)
 		}
 	}

@@ -528,6 +528,7 @@ func (t *typeState) releasedView(w *Watch) bool {
 // tell passes the op's guard and rollout events on, without the lock.
 func (c *Cache) tell(o *op) {
 	c.tellGuard(o)
+	c.tellReferences(o)
 	if c.onRollout == nil {
 		return
 	}

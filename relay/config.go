@@ -145,6 +145,15 @@ type Config struct {
 		// 0 holds none.
 		WipeHold time.Duration
 	}
+	// Consistency is consistency.*: make before break (docs/architecture.md,
+	// invariant 18).
+	Consistency struct {
+		// MaxWait is consistency.max_wait: how long a resource waits for
+		// the names it points at, and a removal for nothing to point at
+		// the name, before the control plane's word wins; 0 turns make
+		// before break off (nor are referenced names fetched).
+		MaxWait time.Duration
+	}
 	// Rollout is rollout.*: the NACK-gated canary rollout ("Protecting
 	// the fleet").
 	Rollout struct {
@@ -376,6 +385,7 @@ func Default() Config {
 	c.Guard.Window = 10 * time.Second
 	c.Guard.Hold = 10 * time.Minute
 	c.Guard.WipeHold = 2 * time.Second
+	c.Consistency.MaxWait = 5 * time.Second
 	c.Rollout.Bake = 30 * time.Second
 	c.Limits.MaxGroups = 1000
 	c.Limits.MaxNamesPerStream = 100000
@@ -669,6 +679,8 @@ func (c *Config) validateGuard() error {
 		return fmt.Errorf("guard.hold: must not be negative (0 holds until released), got %s", g.Hold)
 	case g.WipeHold < 0:
 		return fmt.Errorf("guard.wipe_hold: must not be negative (0 holds no wipe), got %s", g.WipeHold)
+	case c.Consistency.MaxWait < 0:
+		return fmt.Errorf("consistency.max_wait: must not be negative (0 turns make before break off), got %s", c.Consistency.MaxWait)
 	}
 	ro := &c.Rollout
 	switch {
@@ -685,6 +697,11 @@ func (c *Config) validateGuard() error {
 // cacheRollout is the rollout the groups' caches apply.
 func (c *Config) cacheRollout() cache.Rollout {
 	return cache.Rollout{Canary: c.Rollout.Canary, Bake: c.Rollout.Bake}
+}
+
+// cacheConsistency is the make before break the groups' caches keep.
+func (c *Config) cacheConsistency() cache.Consistency {
+	return cache.Consistency{MaxWait: c.Consistency.MaxWait}
 }
 
 // cacheGuard is the guard the groups' caches apply.

@@ -70,6 +70,7 @@ type Relay struct {
 	upm           *upstream.Metrics
 	groupsG       *metrics.Value
 	guardM        guardMetrics
+	refM          referenceMetrics
 	rolloutM      rolloutMetrics
 	persistHealth *persistHealth
 	warnings      *configWarnings // xdsrelay_config_warnings and their /readyz lines
@@ -173,6 +174,8 @@ func newRelay(cfg Config, logger *slog.Logger) *Relay {
 	r.registerServerMetrics()
 	r.registerBuildInfo()
 	r.guardM = newGuardMetrics(r.metrics)
+	r.refM = newReferenceMetrics(r.metrics)
+	r.registerReferenceMetrics()
 	r.rolloutM = newRolloutMetrics(r.metrics)
 	r.persistHealth = newPersistHealth(r.metrics)
 	r.warnings = newConfigWarnings(r.metrics, warnedKeys(cfg))
@@ -623,9 +626,11 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 		fields: keyNode(r.cfg.Upstream.GroupBy, client),
 		cache: cache.New(cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources,
 			MaxNames: r.cfg.Limits.MaxNamesPerGroup, Guard: r.cfg.cacheGuard(),
-			OnGuard:   func(ev cache.GuardEvent) { r.guardEvent(key, ev) },
-			Rollout:   r.cfg.cacheRollout(),
-			OnRollout: func(ev cache.RolloutEvent) { r.rolloutEvent(key, ev) }}),
+			OnGuard:     func(ev cache.GuardEvent) { r.guardEvent(key, ev) },
+			Rollout:     r.cfg.cacheRollout(),
+			OnRollout:   func(ev cache.RolloutEvent) { r.rolloutEvent(key, ev) },
+			Consistency: r.cfg.cacheConsistency(),
+			OnReference: func(ev cache.ReferenceEvent) { r.referenceEvent(key, ev) }}),
 		cancel: cancel,
 	}
 	g.node = g.nodes[0]
@@ -655,6 +660,9 @@ func (r *Relay) sweep() {
 	}
 	if r.cfg.Guard.WipeHold > 0 {
 		every = min(every, max(r.cfg.Guard.WipeHold/4, 10*time.Millisecond)) // and wipe holds
+	}
+	if r.cfg.Consistency.MaxWait > 0 {
+		every = min(every, max(r.cfg.Consistency.MaxWait/4, 10*time.Millisecond)) // and reference waits
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()

@@ -487,14 +487,16 @@ func (c *Client) nextServer(cur int, healthy bool) int {
 
 // missing reports whether the group wants something of this upstream that
 // the cache does not hold: a named resource neither present nor known not
-// to exist, or a wildcard not yet answered.
+// to exist, or a wildcard not yet answered. A name fetched only because
+// resources point at it (cache.Lookup.Referenced) is not wanted yet: a
+// Cluster's endpoints that the control plane does not have move no stream.
 func (c *Client) missing() bool {
 	for typeURL, in := range c.opts.Interest.Interest() {
 		if in.Wildcard && !c.opts.Cache.Synced(typeURL) {
 			return true
 		}
 		for _, l := range c.opts.Cache.Get(typeURL, in.Names) {
-			if l.Resource == nil && !l.Absent {
+			if l.Resource == nil && !l.Absent && !l.Referenced && !l.Waiting {
 				return true
 			}
 		}

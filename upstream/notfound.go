@@ -260,7 +260,8 @@ func (s *session) decide() {
 
 // unanswered keeps, of names of typeURL, those still subscribed that the
 // cache neither holds nor knows not to exist, and that upstream has not
-// answered with an error.
+// answered with an error or with a version that waits for what it points
+// at (cache.Lookup.Waiting).
 func (s *session) unanswered(typeURL string, names []string) []string {
 	sub := s.subs[typeURL]
 	if sub == nil {
@@ -271,7 +272,7 @@ func (s *session) unanswered(typeURL string, names []string) []string {
 	for i, l := range s.c.opts.Cache.Get(typeURL, names) {
 		_, subscribed := sub.names[names[i]]
 		_, answered := erred[names[i]]
-		if subscribed && !answered && l.Resource == nil && !l.Absent {
+		if subscribed && !answered && l.Resource == nil && !l.Absent && !l.Waiting {
 			out = append(out, names[i])
 		}
 	}

@@ -209,7 +209,8 @@ func (r *ReceivedResource) Encode() (*Resource, error) {
 	if err := validateValue(r.TypeURL, r.value); err != nil {
 		return nil, errUndecodable(r.Name, r.TypeURL, err)
 	}
-	out := &Resource{Name: r.Name, Version: r.Version, Aliases: r.aliases, Warm: Warm(r.TypeURL, r.value)}
+	out := &Resource{Name: r.Name, Version: r.Version, Aliases: r.aliases, Warm: Warm(r.TypeURL, r.value),
+		Refs: Refs(r.TypeURL, r.value)}
 	if out.Version == "" {
 		out.Version = r.BytesVersion()
 	}

@@ -27,6 +27,9 @@ type Resource struct {
 	// warming"): a stream that is sent the Cluster new or changed and holds
 	// those endpoints is sent them again. Empty for every other resource.
 	Warm string
+	// Refs are the names the resource points at (Refs): what a client
+	// needs besides it, decoded once when it is encoded. Nil if none.
+	Refs []Ref
 }
 
 // Heartbeat refreshes a resource's TTL without changing it ("TTL"): the

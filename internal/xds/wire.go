@@ -99,7 +99,8 @@ func Encode(name, version string, a *anypb.Any, ttl *durationpb.Duration, aliase
 	if err := validate(a); err != nil {
 		return nil, errUndecodable(name, a.GetTypeUrl(), err)
 	}
-	r := &Resource{Name: name, Version: version, Aliases: aliases, Warm: Warm(a.GetTypeUrl(), a.GetValue())}
+	r := &Resource{Name: name, Version: version, Aliases: aliases, Warm: Warm(a.GetTypeUrl(), a.GetValue()),
+		Refs: Refs(a.GetTypeUrl(), a.GetValue())}
 	if version != "" && ttl == nil && resResource == sotwResources && resVersion < resResource && resResource < resName && resName < resAliases {
 		// The Any field of a Resource and of a SotW response are the
 		// same bytes: one copy of the resource serves both, marshalled

@@ -1,0 +1,580 @@
+package cache
+
+import (
+	"cmp"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// Consistency is make before break (docs/architecture.md, invariant 18):
+// what a resource points at (Resource.Refs) is fetched as an interest of
+// the group and reaches clients before it, and a removal reaches them only
+// once nothing they hold points at the name. The zero Consistency is off.
+//
+// The waits live in the release step, before the guard's holds and the
+// rollout's gate see a change: a resource (new or changed) that points at
+// a Cluster the cache lacks, or at its endpoints (waitsFor), is not
+// applied, and its watchers not marked, until they are present or MaxWait
+// has passed; a removal of a present name that a present resource points
+// at is not applied until nothing does, or MaxWait has passed. After
+// MaxWait the control plane's word wins. A change that needs no wait is
+// applied as before.
+type Consistency struct {
+	MaxWait time.Duration // 0: off
+}
+
+func (k Consistency) on() bool { return k.MaxWait > 0 }
+
+// How a reference wait ended (ReferenceEvent.Outcome).
+const (
+	WaitResolved = "resolved" // what it waited for came (or went)
+	WaitTimeout  = "timeout"  // Consistency.MaxWait passed: applied as the control plane said
+)
+
+// ReferenceEvent is the end of a reference wait, as told to
+// Options.OnReference.
+type ReferenceEvent struct {
+	TypeURL, Name string
+	Removal       bool   // a removal waited, not a resource
+	Outcome       string // WaitResolved or WaitTimeout
+	Waited        time.Duration
+	// Missing is, on a timeout, what the resource still lacked, or, for a
+	// removal, what still pointed at the name.
+	Missing []xds.Ref
+}
+
+// Dangling is a name the cache lacks that present resources point at.
+type Dangling struct {
+	xds.Ref
+	From []xds.Ref // sorted
+}
+
+// Waiting is a resource or a removal waiting for references.
+type Waiting struct {
+	xds.Ref
+	Since   time.Time
+	Removal bool
+	// Missing is what the resource lacks, or, for a removal, what still
+	// points at the name; sorted.
+	Missing []xds.Ref
+}
+
+// References is what points at what is missing, and what waits.
+type References struct {
+	Dangling []Dangling
+	Waiting  []Waiting
+}
+
+// waiter is a resource waiting for what it points at.
+type waiter struct {
+	res   *Resource
+	since time.Time
+}
+
+// referenced reports whether something points at the entry: a present
+// resource or one waiting.
+func (e *entry) referenced() bool { return len(e.from) > 0 || e.pend > 0 }
+
+// refsLocked moves the references of name (of t) from old to new, the
+// resource it had and the one it has now (either may be nil). Called
+// whenever an entry's resource changes (setLocked).
+func (c *Cache) refsLocked(t *typeState, name string, old, new *Resource) {
+	var was, is []xds.Ref
+	if old != nil {
+		was = old.Refs
+	}
+	if new != nil {
+		is = new.Refs
+	}
+	if slices.Equal(was, is) {
+		return // the common change: what it points at stays
+	}
+	from := xds.Ref{TypeURL: t.typeURL, Name: name}
+	in := func(refs []xds.Ref) func(xds.Ref) bool {
+		if len(refs) < 16 {
+			return func(r xds.Ref) bool { return slices.Contains(refs, r) }
+		}
+		set := make(map[xds.Ref]struct{}, len(refs))
+		for _, r := range refs {
+			set[r] = struct{}{}
+		}
+		return func(r xds.Ref) bool { _, ok := set[r]; return ok }
+	}
+	inWas, inIs := in(was), in(is)
+	for _, r := range is {
+		if !inWas(r) {
+			c.pointLocked(r, &from, 0)
+		}
+	}
+	for _, r := range was {
+		if !inIs(r) {
+			c.unpointLocked(r, &from, 0)
+		}
+	}
+}
+
+// pendLocked counts (or, unless add, uncounts) the references of a
+// waiting resource: they are fetched while it waits.
+func (c *Cache) pendLocked(r *Resource, add bool) {
+	for _, ref := range r.Refs {
+		if add {
+			c.pointLocked(ref, nil, 1)
+		} else {
+			c.unpointLocked(ref, nil, 1)
+		}
+	}
+}
+
+// pointLocked records that from (a present resource) or a waiting one
+// (pend) points at ref.
+func (c *Cache) pointLocked(ref xds.Ref, from *xds.Ref, pend int) {
+	t := c.typeLocked(ref.TypeURL)
+	e := t.newEntryLocked(ref.Name)
+	was := e.referenced()
+	if from != nil {
+		if e.from == nil {
+			e.from = make(map[xds.Ref]struct{}, 1)
+		}
+		e.from[*from] = struct{}{}
+	}
+	e.pend += pend
+	c.referencedLocked(t, ref.Name, e, was)
+}
+
+// unpointLocked undoes pointLocked.
+func (c *Cache) unpointLocked(ref xds.Ref, from *xds.Ref, pend int) {
+	t := c.types[ref.TypeURL]
+	e := t.entryLocked(ref.Name)
+	if e == nil {
+		return
+	}
+	was := e.referenced()
+	if from != nil {
+		delete(e.from, *from)
+	}
+	e.pend -= pend
+	c.referencedLocked(t, ref.Name, e, was)
+}
+
+// referencedLocked keeps the interest and the missing names as what points
+// at e changed (was: whether something did). A name something points at is
+// in the interest; once nothing does, it is retained as a name whose last
+// watcher left.
+func (c *Cache) referencedLocked(t *typeState, name string, e *entry, was bool) {
+	is := e.referenced()
+	switch {
+	case is && !was && !e.wanted:
+		c.noteLocked(t.typeURL, name, true)
+		c.signalInterest()
+	case !is && was && !e.wanted && c.dropping:
+		// What pointed at it is dropped, retired or evicted: nothing
+		// held it but that, and it goes with it (dropIfUnheldLocked).
+		c.orphans = append(c.orphans, xds.Ref{TypeURL: t.typeURL, Name: name})
+	case !is && was && !e.wanted:
+		c.wantLocked(e, true)
+		e.idle = c.now()
+		if e.watchers.len() == 0 {
+			c.idle.Add(idleKey{typeURL: t.typeURL, name: name}, struct{}{})
+		}
+	}
+	t.missingLocked(name, e)
+}
+
+// missingLocked keeps t.missing: the names present resources point at
+// that the cache lacks.
+func (t *typeState) missingLocked(name string, e *entry) {
+	if len(e.from) > 0 && e.res == nil {
+		if t.missing == nil {
+			t.missing = make(map[string]struct{})
+		}
+		t.missing[name] = struct{}{}
+	} else {
+		delete(t.missing, name)
+	}
+}
+
+// The types whose names a resource waits for.
+const (
+	clusterType  = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+	endpointType = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+)
+
+// waitsFor reports whether a resource waits for the names of typeURL it
+// points at: the Clusters of a Route or a Listener, which the spec's order
+// sends before them ("Eventual consistency considerations": CDS before
+// the EDS, LDS and RDS that use it). It waits for those Clusters'
+// endpoints too (lackingLocked): a client that reads the Route finds
+// everything it needs to send a request cached. What comes after what
+// points at it (a Cluster's own endpoints, a Listener's Route, the Secrets
+// both load) is warmed by the client, which asks for it once it reads what
+// points at it: it is fetched, so that it is cached by then, and its
+// removal waits, but nothing waits for it.
+func waitsFor(typeURL string) bool { return typeURL == clusterType }
+
+// lacksLocked reports whether the cache lacks a name r waits for.
+func (c *Cache) lacksLocked(r *Resource) bool { return len(c.lackingLocked(r, false)) > 0 }
+
+// lackingLocked is what r waits for that the cache lacks: a Cluster it
+// points at, or that Cluster's endpoints; only the first unless all. A name
+// upstream said does not exist is not waited for: the control plane's word
+// wins.
+func (c *Cache) lackingLocked(r *Resource, all bool) []xds.Ref {
+	var out []xds.Ref
+	for _, ref := range r.Refs {
+		if !waitsFor(ref.TypeURL) {
+			continue
+		}
+		e := c.types[ref.TypeURL].entryLocked(ref.Name)
+		if lacked(e) {
+			out = append(out, ref)
+			if !all {
+				return out
+			}
+			continue
+		}
+		if e.res == nil {
+			continue // absent
+		}
+		for _, sub := range e.res.Refs {
+			if sub.TypeURL == endpointType && lacked(c.types[sub.TypeURL].entryLocked(sub.Name)) {
+				out = append(out, sub)
+				if !all {
+					return out
+				}
+			}
+		}
+	}
+	return out
+}
+
+// lacked reports whether an entry waited for is neither present nor known
+// not to exist.
+func lacked(e *entry) bool { return e == nil || (e.res == nil && !e.absent) }
+
+// waitUpsertsLocked takes out of upserts those that point at a name the
+// cache lacks and that they wait for (waitsFor): they wait (t.waiting) and what they point at is fetched. A
+// newer version of a waiting resource replaces it, keeping when the wait
+// began; an upsert of a name whose removal waits ends that wait. upserts
+// is not modified. The waiters it replaces are returned, for the caller
+// to let go of (unpendLocked) once the upserts are applied: what both
+// point at stays in the interest throughout.
+func (c *Cache) waitUpsertsLocked(t *typeState, upserts []*Resource, now time.Time) (out, replaced []*Resource) {
+	if !c.consistency.on() {
+		return upserts, nil
+	}
+	out = upserts
+	copied := false
+	for i, r := range upserts {
+		since := now
+		if w := t.waiting[r.Name]; w != nil {
+			since = w.since
+			delete(t.waiting, r.Name)
+			c.waits--
+			replaced = append(replaced, w.res)
+		}
+		if _, ok := t.removing[r.Name]; ok {
+			delete(t.removing, r.Name)
+			c.waits--
+		}
+		wait := len(r.Refs) > 0 && c.lacksLocked(r)
+		if wait {
+			e := t.entries[r.Name]
+			switch {
+			case e == nil && !t.wantWildcard && !t.aliasWantedLocked(r) && t.globLocked(r.Name) == nil:
+				wait = false // nobody asked for it: putLocked ignores it
+			case e != nil && e.res != nil && e.res.Version == r.Version && string(e.res.Wire) == string(r.Wire):
+				wait = false // nothing changes
+			}
+		}
+		if !wait {
+			if copied {
+				out = append(out, r)
+			}
+			continue
+		}
+		if !copied {
+			out = append(make([]*Resource, 0, len(upserts)-1), upserts[:i]...)
+			copied = true
+		}
+		if t.waiting == nil {
+			t.waiting = make(map[string]*waiter)
+		}
+		t.waiting[r.Name] = &waiter{res: r, since: since}
+		c.waits++
+		c.pendLocked(r, true)
+	}
+	return out, replaced
+}
+
+// unpendLocked lets go of what waiters that were replaced pointed at.
+func (c *Cache) unpendLocked(replaced []*Resource) {
+	for _, r := range replaced {
+		c.pendLocked(r, false)
+	}
+}
+
+// unwaitLocked ends the wait of a resource without applying it.
+func (c *Cache) unwaitLocked(t *typeState, name string, w *waiter) {
+	delete(t.waiting, name)
+	c.waits--
+	c.pendLocked(w.res, false)
+}
+
+// waitRemovalsLocked takes out of removed the present names that a present
+// resource points at: their removal waits (t.removing). A removal of a
+// waiting resource ends its wait.
+func (c *Cache) waitRemovalsLocked(t *typeState, removed []string, now time.Time) []string {
+	if !c.consistency.on() {
+		return removed
+	}
+	out := removed
+	copied := false
+	for i, n := range removed {
+		if w := t.waiting[n]; w != nil {
+			c.unwaitLocked(t, n, w)
+		}
+		e := t.entries[n]
+		wait := e != nil && e.res != nil && len(e.from) > 0
+		if !wait {
+			if copied {
+				out = append(out, n)
+			}
+			continue
+		}
+		if !copied {
+			out = append(make([]string, 0, len(removed)-1), removed[:i]...)
+			copied = true
+		}
+		if _, ok := t.removing[n]; !ok {
+			if t.removing == nil {
+				t.removing = make(map[string]time.Time)
+			}
+			t.removing[n] = now
+			c.waits++
+		}
+	}
+	return out
+}
+
+// staging is what a type was before an op, for the rollout's gate
+// (gateLocked) of what the op changed in it.
+type staging struct {
+	prev   map[string]released
+	state  *State
+	synced bool
+}
+
+// stageNameLocked records what the group has of name before the op changes
+// it, if the rollout is on (stg not nil).
+func stageNameLocked(stg map[string]*staging, t *typeState, name string) {
+	if stg == nil {
+		return
+	}
+	s := stg[t.typeURL]
+	if s == nil {
+		s = &staging{prev: map[string]released{}, state: t.state, synced: t.synced}
+		stg[t.typeURL] = s
+	}
+	if _, ok := s.prev[name]; !ok {
+		if e := t.entries[name]; e != nil {
+			s.prev[name] = released{res: e.res, absent: e.absent}
+		}
+	}
+}
+
+// settleLocked applies the resource waits that are over: resources whose
+// Clusters are all present, or whose Consistency.MaxWait has passed. What
+// one applies may end others (a Cluster released lets the Route that
+// points at it go): it goes on until nothing more is over. The removals
+// wait for a later op (settleRemovalsLocked): a removal that this one's
+// changes end reaches clients after them. Costs nothing while nothing
+// waits.
+func (c *Cache) settleLocked(now time.Time, stg map[string]*staging, o *op) {
+	for progress := c.waits > 0; progress && c.waits > 0; {
+		progress = false
+		for typeURL, t := range c.types {
+			for n, w := range t.waiting {
+				late := now.Sub(w.since) >= c.consistency.MaxWait
+				if !late && c.lacksLocked(w.res) {
+					continue
+				}
+				ev := ReferenceEvent{TypeURL: typeURL, Name: n, Outcome: WaitResolved, Waited: now.Sub(w.since)}
+				if late {
+					ev.Missing = c.lackingLocked(w.res, true)
+					if len(ev.Missing) > 0 {
+						ev.Outcome = WaitTimeout
+					}
+				}
+				delete(t.waiting, n)
+				c.waits--
+				stageNameLocked(stg, t, n)
+				c.putLocked(t, typeURL, w.res, o)
+				c.pendLocked(w.res, false) // after: what it points at stays in the interest
+				o.refs = append(o.refs, ev)
+				progress = true
+			}
+		}
+	}
+}
+
+// settleRemovalsLocked applies, in an op of their own after the changes
+// that ended them, the removals whose wait is over: of names nothing
+// present points at any more, or whose Consistency.MaxWait has passed.
+// It returns the op, nil if it applied nothing; the caller wakes it and
+// tells its events after the first op's.
+func (c *Cache) settleRemovalsLocked(now time.Time) *op {
+	if c.waits == 0 {
+		return nil
+	}
+	o := c.beginLocked()
+	var stg map[string]*staging
+	if c.rollout.on() {
+		stg = map[string]*staging{}
+	}
+	done := false
+	for progress := true; progress; {
+		progress = false
+		for typeURL, t := range c.types {
+			for n, since := range t.removing {
+				e := t.entries[n]
+				held := e != nil && e.res != nil && len(e.from) > 0
+				late := now.Sub(since) >= c.consistency.MaxWait
+				if held && !late {
+					continue
+				}
+				delete(t.removing, n)
+				c.waits--
+				progress, done = true, true
+				if e == nil || e.res == nil {
+					continue // gone by other means
+				}
+				ev := ReferenceEvent{TypeURL: typeURL, Name: n, Removal: true, Outcome: WaitResolved, Waited: now.Sub(since)}
+				if held {
+					ev.Outcome, ev.Missing = WaitTimeout, sortedRefs(e.from)
+				}
+				stageNameLocked(stg, t, n)
+				forget := !e.wanted && t.wantWildcard && stg == nil
+				c.removeLocked(t, typeURL, n, forget, o)
+				o.refs = append(o.refs, ev)
+			}
+		}
+	}
+	if !done {
+		return nil
+	}
+	var staged []*change
+	if stg != nil {
+		staged = c.gateStagedLocked(stg, o)
+	}
+	c.finishLocked(o)
+	c.queueStagedLocked(staged, o)
+	if stg != nil {
+		c.advanceLocked(now, o)
+	}
+	return o
+}
+
+// gateStagedLocked gates what the op changed in each staged type
+// (gateLocked), before finishLocked; queueStagedLocked queues the changes
+// after it.
+func (c *Cache) gateStagedLocked(stg map[string]*staging, o *op) []*change {
+	var out []*change
+	for _, typeURL := range slices.Sorted(maps.Keys(stg)) {
+		s := stg[typeURL]
+		if ch := c.gateLocked(c.types[typeURL], typeURL, s.prev, s.state, s.synced, o); ch != nil {
+			out = append(out, ch)
+		}
+	}
+	return out
+}
+
+func (c *Cache) queueStagedLocked(staged []*change, o *op) {
+	for _, ch := range staged {
+		for typeURL := range ch.types {
+			c.canaryMarksLocked(c.types[typeURL], typeURL, ch, o)
+		}
+		c.queueLocked(ch, o)
+	}
+}
+
+func sortedRefs(m map[xds.Ref]struct{}) []xds.Ref {
+	return slices.SortedFunc(maps.Keys(m), compareRefs)
+}
+
+func compareRefs(a, b xds.Ref) int {
+	return cmp.Or(strings.Compare(a.TypeURL, b.TypeURL), strings.Compare(a.Name, b.Name))
+}
+
+// References lists the names present resources point at that the cache
+// lacks, with what points at them, and what waits. It costs what its
+// answer costs.
+func (c *Cache) References() References {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var out References
+	for typeURL, t := range c.types {
+		for n := range t.missing {
+			if e := t.entries[n]; e != nil {
+				out.Dangling = append(out.Dangling, Dangling{Ref: xds.Ref{TypeURL: typeURL, Name: n}, From: sortedRefs(e.from)})
+			}
+		}
+		for n, w := range t.waiting {
+			out.Waiting = append(out.Waiting, Waiting{Ref: xds.Ref{TypeURL: typeURL, Name: n}, Since: w.since, Missing: c.lackingLocked(w.res, true)})
+		}
+		for n, since := range t.removing {
+			var from []xds.Ref
+			if e := t.entries[n]; e != nil {
+				from = sortedRefs(e.from)
+			}
+			out.Waiting = append(out.Waiting, Waiting{Ref: xds.Ref{TypeURL: typeURL, Name: n}, Since: since, Removal: true, Missing: from})
+		}
+	}
+	slices.SortFunc(out.Dangling, func(a, b Dangling) int { return compareRefs(a.Ref, b.Ref) })
+	slices.SortFunc(out.Waiting, func(a, b Waiting) int {
+		return cmp.Or(compareRefs(a.Ref, b.Ref), cmpBool(a.Removal, b.Removal))
+	})
+	return out
+}
+
+func cmpBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}
+
+// DanglingReferences counts, by the type of the name pointed at, the
+// references of present resources to names the cache lacks.
+func (c *Cache) DanglingReferences() map[string]int {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	var out map[string]int
+	for typeURL, t := range c.types {
+		for n := range t.missing {
+			if e := t.entries[n]; e != nil && len(e.from) > 0 {
+				if out == nil {
+					out = make(map[string]int)
+				}
+				out[typeURL] += len(e.from)
+			}
+		}
+	}
+	return out
+}
+
+// tellReferences passes the op's reference events on, without the lock.
+func (c *Cache) tellReferences(o *op) {
+	if c.onReference == nil {
+		return
+	}
+	for _, ev := range o.refs {
+		c.onReference(ev)
+	}
+}

@@ -1,0 +1,443 @@
+package cache
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+const (
+	rds = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+)
+
+// route is a RouteConfiguration pointing at clusters.
+func route(name, version string, clusters ...string) *Resource {
+	r := res(name, version)
+	for _, c := range clusters {
+		r.Refs = append(r.Refs, xds.Ref{TypeURL: cds, Name: c})
+	}
+	return r
+}
+
+func consistent(clk *clock, events *[]ReferenceEvent) *Cache {
+	return New(Options{Retention: time.Minute, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second},
+		OnReference: func(ev ReferenceEvent) { *events = append(*events, ev) }})
+}
+
+func present(c *Cache, typeURL, name string) string {
+	l := c.Read(typeURL, []string{name}, false).Lookups[0]
+	if l.Resource == nil {
+		return ""
+	}
+	return l.Resource.Version
+}
+
+func TestReferencesAreFetchedWhileReferenced(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var events []ReferenceEvent
+	c := consistent(clk, &events)
+	w := NewWatch()
+	c.Watch(w, rds, "r")
+	signalled(c)
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	if !signalled(c) {
+		t.Error("a referenced name did not change the interest")
+	}
+	if got := c.Interest()[cds].Names; !slices.Equal(got, []string{"x"}) {
+		t.Fatalf("cluster interest = %v, want [x]", got)
+	}
+	changes, _ := c.InterestChanges()
+	if !changes[cds]["x"] {
+		t.Errorf("interest log: %v", changes)
+	}
+	// The Route waits for x: not there for the client yet.
+	if got := present(c, rds, "r"); got != "" {
+		t.Errorf("the route was released before its cluster: version %q", got)
+	}
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1")}})
+	if got := present(c, rds, "r"); got != "1" {
+		t.Errorf("the route is not released once its cluster came: %q", got)
+	}
+	if got := taken(w); !slices.Equal(got[rds], []string{"r"}) {
+		t.Errorf("the route's watcher was not marked: %v", got)
+	}
+	if len(events) != 1 || events[0].Outcome != WaitResolved || events[0].Name != "r" {
+		t.Errorf("events = %+v", events)
+	}
+	// The route moves to y: x stays for the retention period, then goes.
+	c.Apply(cds, Change{Upserts: []*Resource{res("y", "1")}}) // nobody asked for y yet: ignored
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y")}})
+	if got := c.Interest()[cds].Names; !slices.Equal(got, []string{"x", "y"}) {
+		t.Fatalf("cluster interest = %v, want [x y]", got)
+	}
+	c.Apply(cds, Change{Upserts: []*Resource{res("y", "1")}})
+	if got := present(c, rds, "r"); got != "2" {
+		t.Fatalf("route = %q, want 2", got)
+	}
+	clk.t = clk.t.Add(2 * time.Minute)
+	c.Sweep()
+	if got := c.Interest()[cds].Names; !slices.Equal(got, []string{"y"}) {
+		t.Errorf("after retention, cluster interest = %v, want [y]", got)
+	}
+}
+
+func TestReferenceWaitIsBounded(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var events []ReferenceEvent
+	c := consistent(clk, &events)
+	w := NewWatch()
+	c.Watch(w, rds, "r")
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	if got := c.References(); len(got.Waiting) != 1 || got.Waiting[0].Name != "r" || !slices.Equal(got.Waiting[0].Missing, []xds.Ref{{TypeURL: cds, Name: "x"}}) {
+		t.Errorf("References = %+v", got)
+	}
+	clk.t = clk.t.Add(4 * time.Second)
+	c.Sweep()
+	if got := present(c, rds, "r"); got != "" {
+		t.Fatal("released before max_wait")
+	}
+	clk.t = clk.t.Add(time.Second)
+	c.Sweep()
+	if got := present(c, rds, "r"); got != "1" {
+		t.Fatal("not released after max_wait")
+	}
+	if got := taken(w); !slices.Equal(got[rds], []string{"r"}) {
+		t.Errorf("the route's watcher was not marked: %v", got)
+	}
+	if len(events) != 1 || events[0].Outcome != WaitTimeout || !slices.Equal(events[0].Missing, []xds.Ref{{TypeURL: cds, Name: "x"}}) {
+		t.Errorf("events = %+v", events)
+	}
+	refs := c.References()
+	if len(refs.Waiting) != 0 || len(refs.Dangling) != 1 || refs.Dangling[0].Name != "x" ||
+		!slices.Equal(refs.Dangling[0].From, []xds.Ref{{TypeURL: rds, Name: "r"}}) {
+		t.Errorf("References = %+v", refs)
+	}
+	if got := c.DanglingReferences(); got[cds] != 1 {
+		t.Errorf("DanglingReferences = %v", got)
+	}
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1")}})
+	if got := c.DanglingReferences(); got[cds] != 0 {
+		t.Errorf("DanglingReferences once x came = %v", got)
+	}
+}
+
+func TestRemovalWaitsWhileReferenced(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var events []ReferenceEvent
+	c := consistent(clk, &events)
+	wr, wc := NewWatch(), NewWatch()
+	c.Watch(wr, rds, "r")
+	c.Watch(wc, cds, "x", "y")
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1"), res("y", "1")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	taken(wr)
+	taken(wc)
+	// The control plane removes x before it moves the route.
+	c.Apply(cds, Change{Removed: []string{"x"}})
+	if got := present(c, cds, "x"); got != "1" {
+		t.Fatal("x removed while the route points at it")
+	}
+	if got := taken(wc); len(got) != 0 {
+		t.Errorf("x's watcher was marked: %v", got)
+	}
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y")}})
+	if got := present(c, cds, "x"); got != "" {
+		t.Fatal("x not removed once nothing points at it")
+	}
+	if got := present(c, rds, "r"); got != "2" {
+		t.Fatal("route not moved")
+	}
+	if got := taken(wc); !slices.Equal(got[cds], []string{"x"}) {
+		t.Errorf("x's watcher: %v", got)
+	}
+	if len(events) != 1 || !events[0].Removal || events[0].Outcome != WaitResolved {
+		t.Errorf("events = %+v", events)
+	}
+
+	// A removal that nothing resolves is applied after max_wait.
+	c.Apply(cds, Change{Removed: []string{"y"}})
+	clk.t = clk.t.Add(5 * time.Second)
+	c.Sweep()
+	if got := present(c, cds, "y"); got != "" {
+		t.Fatal("y not removed after max_wait")
+	}
+	if ev := events[len(events)-1]; ev.Outcome != WaitTimeout || !slices.Equal(ev.Missing, []xds.Ref{{TypeURL: rds, Name: "r"}}) {
+		t.Errorf("event = %+v", ev)
+	}
+}
+
+func TestReferencesWeightedAndBothOrders(t *testing.T) {
+	// The route to y and z (weighted) and the clusters come in one order or
+	// the other, x going: no read ever sees the route with a cluster missing.
+	for _, routeFirst := range []bool{true, false} {
+		clk := &clock{t: time.Unix(1000, 0)}
+		var events []ReferenceEvent
+		c := consistent(clk, &events)
+		c.Watch(NewWatch(), rds, "r")
+		c.Watch(NewWatch(), cds, "x", "y", "z")
+		c.Apply(cds, Change{Upserts: []*Resource{res("x", "1")}})
+		c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+		check := func(when string) {
+			r := c.Read(rds, []string{"r"}, false).Lookups[0].Resource
+			if r == nil {
+				t.Fatalf("%s: the route is gone", when)
+			}
+			for _, ref := range r.Refs {
+				if present(c, cds, ref.Name) == "" {
+					t.Errorf("routeFirst=%v %s: route %s points at %s, which clients lack", routeFirst, when, r.Version, ref.Name)
+				}
+			}
+		}
+		steps := []func(){
+			func() { c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y", "z")}}) },
+			func() { c.Apply(cds, Change{Upserts: []*Resource{res("y", "1")}}) },
+			func() { c.Apply(cds, Change{Upserts: []*Resource{res("z", "1")}, Removed: []string{"x"}}) },
+		}
+		if !routeFirst {
+			steps[0], steps[1], steps[2] = steps[1], steps[2], steps[0]
+		}
+		for i, s := range steps {
+			s()
+			check("step " + string(rune('1'+i)))
+		}
+		if got := present(c, rds, "r"); got != "2" {
+			t.Errorf("routeFirst=%v: route = %q, want 2", routeFirst, got)
+		}
+		if got := present(c, cds, "x"); got != "" {
+			t.Errorf("routeFirst=%v: x still present", routeFirst)
+		}
+	}
+}
+
+func TestConsistencyOffChangesNothing(t *testing.T) {
+	c := New(Options{Retention: time.Minute})
+	c.Watch(NewWatch(), rds, "r")
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	if got := present(c, rds, "r"); got != "1" {
+		t.Error("the route waited with consistency off")
+	}
+	if got := c.Interest()[cds].Names; len(got) != 0 {
+		t.Errorf("cluster interest with consistency off = %v", got)
+	}
+}
+
+func TestReferenceWaitWithRollout(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var rev []RolloutEvent
+	c := New(Options{Retention: time.Minute, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second},
+		Rollout: Rollout{Canary: 1, Bake: time.Minute}, OnRollout: func(ev RolloutEvent) { rev = append(rev, ev) }})
+	canary, other := NewWatch(), NewWatch()
+	canary.SetRank(1)
+	other.SetRank(2)
+	for _, w := range []*Watch{canary, other} {
+		c.Watch(w, rds, "r")
+		c.Watch(w, cds, "x", "y")
+	}
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	// r moves to y before y exists: it waits, then goes to the canary first.
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y")}})
+	if got := versionOf(c, canary, rds, "r"); got != "1" {
+		t.Fatalf("canary read r %q while y is missing", got)
+	}
+	c.Apply(cds, Change{Upserts: []*Resource{res("y", "1")}})
+	if got := versionOf(c, canary, rds, "r"); got != "2" {
+		t.Errorf("canary reads r %q once y came, want 2", got)
+	}
+	if got := versionOf(c, other, rds, "r"); got != "1" {
+		t.Errorf("non-canary reads r %q before the bake, want 1", got)
+	}
+	clk.t = clk.t.Add(2 * time.Minute)
+	c.Sweep()
+	if got := versionOf(c, other, rds, "r"); got != "2" {
+		t.Errorf("non-canary reads r %q after the bake, want 2", got)
+	}
+}
+
+// A removal that a change ends reaches clients after that change: in a
+// later op, whose sequence number orders it after the change for every
+// stream, whatever the types' rank.
+func TestRemovalReleasedAfterWhatEndedIt(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var events []ReferenceEvent
+	c := consistent(clk, &events)
+	w := NewWatch()
+	c.Watch(w, rds, "r")
+	c.Watch(w, cds, "x", "y")
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1"), res("y", "1")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	c.Apply(cds, Change{Removed: []string{"x"}})
+	w.Take()
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y")}})
+	seq := map[string]uint64{}
+	for _, d := range w.Take() {
+		seq[d.TypeURL] = d.Seq
+	}
+	if seq[rds] == 0 || seq[cds] <= seq[rds] {
+		t.Errorf("the route's change at %d, x's removal at %d: the removal must come after", seq[rds], seq[cds])
+	}
+}
+
+// A Cluster does not wait for its endpoints (the spec's order sends them
+// after it, and clients warm it), but they are fetched, and their removal
+// waits while the Cluster points at them.
+func TestClusterWaitsNotForItsEndpoints(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var events []ReferenceEvent
+	c := consistent(clk, &events)
+	c.Watch(NewWatch(), cds, "x")
+	x := res("x", "1")
+	x.Refs = []xds.Ref{{TypeURL: eds, Name: "x"}}
+	c.Apply(cds, Change{Upserts: []*Resource{x}})
+	if got := present(c, cds, "x"); got != "1" {
+		t.Fatal("the cluster waited for its endpoints")
+	}
+	if got := c.Interest()[eds].Names; !slices.Equal(got, []string{"x"}) {
+		t.Fatalf("endpoint interest = %v, want [x]", got)
+	}
+	if l := c.Get(eds, []string{"x"})[0]; !l.Referenced {
+		t.Error("the endpoints are not marked as wanted only by reference")
+	}
+	c.Apply(eds, Change{Upserts: []*Resource{res("x", "1")}})
+	c.Apply(eds, Change{Removed: []string{"x"}})
+	if got := present(c, eds, "x"); got != "1" {
+		t.Error("endpoints removed while their cluster points at them")
+	}
+	c.Apply(cds, Change{Removed: []string{"x"}})
+	if present(c, cds, "x") != "" || present(c, eds, "x") != "" {
+		t.Error("the cluster and its endpoints are not removed once nothing points at them")
+	}
+}
+
+// A Route waits for its Clusters' endpoints too, so that a client reading
+// it finds everything it needs cached; a name upstream said does not exist
+// is not waited for.
+func TestRouteWaitsForItsClustersEndpoints(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var events []ReferenceEvent
+	c := consistent(clk, &events)
+	c.Watch(NewWatch(), rds, "r", "s")
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	x := res("x", "1")
+	x.Refs = []xds.Ref{{TypeURL: eds, Name: "x"}}
+	c.Apply(cds, Change{Upserts: []*Resource{x}})
+	if got := present(c, rds, "r"); got != "" {
+		t.Fatal("the route was released before its cluster's endpoints")
+	}
+	if got := c.References().Waiting; len(got) != 1 || !slices.Equal(got[0].Missing, []xds.Ref{{TypeURL: eds, Name: "x"}}) {
+		t.Errorf("waiting = %+v, want r missing x's endpoints", got)
+	}
+	c.Apply(eds, Change{Upserts: []*Resource{res("x", "1")}})
+	if got := present(c, rds, "r"); got != "1" {
+		t.Fatal("the route is not released once its cluster's endpoints came")
+	}
+	// s points at y, which upstream says does not exist: no wait.
+	c.Apply(rds, Change{Upserts: []*Resource{route("s", "1", "y")}})
+	c.Apply(cds, Change{Removed: []string{"y"}})
+	if got := present(c, rds, "s"); got != "1" {
+		t.Error("a route waits for a cluster the control plane says does not exist")
+	}
+}
+
+// A name whose first version waits is answered: Get says so, for the
+// does-not-exist timer.
+func TestWaitingIsAnswered(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var events []ReferenceEvent
+	c := consistent(clk, &events)
+	c.Watch(NewWatch(), rds, "r")
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	if l := c.Get(rds, []string{"r"})[0]; l.Resource != nil || !l.Waiting {
+		t.Errorf("lookup of a waiting route = %+v, want no resource and Waiting", l)
+	}
+}
+
+// A name held only because a resource pointed at it goes with that
+// resource when it is retired, not a retention period later; one a client
+// watched is retained on its own.
+func TestReferencedGoWithWhatPointedAtThem(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var events []ReferenceEvent
+	c := consistent(clk, &events)
+	w, wy := NewWatch(), NewWatch()
+	c.Watch(w, rds, "r")
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x", "y")}})
+	x, y := res("x", "1"), res("y", "1")
+	x.Refs = []xds.Ref{{TypeURL: eds, Name: "x"}}
+	c.Apply(cds, Change{Upserts: []*Resource{x, y}})
+	c.Apply(eds, Change{Upserts: []*Resource{res("x", "1")}})
+	c.Watch(wy, cds, "y")
+	c.Release(w)
+	clk.t = clk.t.Add(30 * time.Second)
+	c.Release(wy)
+	clk.t = clk.t.Add(31 * time.Second) // r's retention is over, y's not yet
+	c.Sweep()
+	in := c.Interest()
+	if len(in[rds].Names) != 0 || len(in[eds].Names) != 0 || !slices.Equal(in[cds].Names, []string{"y"}) {
+		t.Errorf("interest after r retired = %v, want only y (retained on its own)", in)
+	}
+	if present(c, cds, "x") != "" || present(c, eds, "x") != "" {
+		t.Error("x and its endpoints outlived the route that alone held them")
+	}
+}
+
+// A waiting resource sent again (a SotW control plane re-sends its whole
+// list) keeps when its wait began, and what it points at stays fetched
+// without a break: neither unsubscribed nor turned into a retained name.
+func TestWaitingResentKeepsItsWait(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var events []ReferenceEvent
+	c := consistent(clk, &events)
+	c.Watch(NewWatch(), rds, "r")
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	c.InterestChanges()
+	clk.t = clk.t.Add(3 * time.Second)
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	if changes, all := c.InterestChanges(); all || len(changes) != 0 {
+		t.Errorf("the interest changed when the waiting route came again: %v", changes)
+	}
+	if got := c.References().Waiting; len(got) != 1 || !got[0].Since.Equal(time.Unix(1000, 0)) {
+		t.Errorf("waiting = %+v, want since the first arrival", got)
+	}
+	if e := c.types[cds].entries["x"]; e == nil || e.wanted {
+		t.Errorf("x became a retained name: %+v", e)
+	}
+	clk.t = clk.t.Add(2 * time.Second)
+	c.Sweep()
+	if got := present(c, rds, "r"); got != "1" {
+		t.Error("the wait is not bounded from the first arrival")
+	}
+}
+
+// A change released by the bound (Sweep) goes through the rollout like
+// any other: the canaries first, the rest after the bake.
+func TestReferenceTimeoutWithRollout(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	c := New(Options{Retention: time.Minute, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second},
+		Rollout: Rollout{Canary: 1, Bake: time.Minute}})
+	canary, other := NewWatch(), NewWatch()
+	canary.SetRank(1)
+	other.SetRank(2)
+	for _, w := range []*Watch{canary, other} {
+		c.Watch(w, rds, "r")
+		c.Watch(w, cds, "x")
+	}
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y")}}) // y never comes
+	clk.t = clk.t.Add(5 * time.Second)
+	c.Sweep()
+	if got := versionOf(c, canary, rds, "r"); got != "2" {
+		t.Errorf("canary reads r %q after max_wait, want 2", got)
+	}
+	if got := versionOf(c, other, rds, "r"); got != "1" {
+		t.Errorf("non-canary reads r %q before the bake, want 1", got)
+	}
+	clk.t = clk.t.Add(2 * time.Minute)
+	c.Sweep()
+	if got := versionOf(c, other, rds, "r"); got != "2" {
+		t.Errorf("non-canary reads r %q after the bake, want 2", got)
+	}
+}

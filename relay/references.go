@@ -1,0 +1,162 @@
+package relay
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/metrics"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// Make before break's side in the relay (docs/architecture.md, invariant
+// 18; docs/control-planes.md, "References"): the caches fetch what
+// resources point at and hold what would dangle (cache.Consistency); the
+// relay counts and logs each wait that ends, gauges what dangles, and
+// shows it on GET /debug/references.
+
+// referenceMetrics count reference waits and gauge dangling references.
+type referenceMetrics struct {
+	waits    *metrics.Vec // by type, outcome
+	dangling *metrics.Vec // by type
+}
+
+func newReferenceMetrics(reg *metrics.Registry) referenceMetrics {
+	return referenceMetrics{
+		waits: reg.Counter("xdsrelay_reference_waits_total", "Resources from the control plane that waited for a name they point at (a Route for its Cluster, a Cluster for its endpoints), and removals that waited for nothing to point at the name, by the type of what waited and how the wait ended: resolved (what it waited for came, or went) or timeout (consistency.max_wait passed; clients got the control plane's word as it was).", "type", "outcome").
+			Zero(metrics.Cross(xds.TypeLabels(), []string{cache.WaitResolved, cache.WaitTimeout})...),
+		dangling: reg.Gauge("xdsrelay_dangling_references", "References from resources the groups' caches hold to names they lack (being fetched, not existing upstream, or let through after consistency.max_wait), by the type of the name pointed at; summed over groups.", "type").
+			ZeroEach(xds.TypeLabels()...),
+	}
+}
+
+// registerReferenceMetrics sets, at each scrape, the dangling references
+// of every group: each cache keeps its own as they happen.
+func (r *Relay) registerReferenceMetrics() {
+	r.metrics.OnScrape(func() {
+		sum := map[string]int64{}
+		for _, g := range r.snapshotGroups() {
+			for typeURL, n := range g.cache.DanglingReferences() {
+				sum[xds.ShortName(typeURL)] += int64(n)
+			}
+		}
+		for _, short := range xds.TypeLabels() {
+			r.refM.dangling.With(short).Set(sum[short])
+			delete(sum, short)
+		}
+		for short, n := range sum {
+			r.refM.dangling.With(short).Set(n)
+		}
+	})
+}
+
+// referenceEvent counts a reference wait that ended in group key, and
+// logs one that timed out: clients got what the control plane said, a
+// reference that dangles or a removal of a name still pointed at.
+func (r *Relay) referenceEvent(key string, ev cache.ReferenceEvent) {
+	short := xds.ShortName(ev.TypeURL)
+	r.refM.waits.With(short, ev.Outcome).Inc()
+	if ev.Outcome != cache.WaitTimeout {
+		return
+	}
+	first := ""
+	if len(ev.Missing) > 0 {
+		first = xds.ShortName(ev.Missing[0].TypeURL) + " " + ev.Missing[0].Name
+	}
+	if ev.Removal {
+		r.log.Warn("consistency: a removal waited consistency.max_wait for what points at the name to move; removed as the control plane said",
+			"group", xds.Clip(key), "type", short, "name", xds.Clip(ev.Name), "still_pointed_at_by", len(ev.Missing),
+			"first", xds.Clip(first), "consistency.max_wait", r.cfg.Consistency.MaxWait)
+		return
+	}
+	r.log.Warn("consistency: a resource waited consistency.max_wait for a name it points at; sent as the control plane said",
+		"group", xds.Clip(key), "type", short, "name", xds.Clip(ev.Name), "missing", len(ev.Missing),
+		"first", xds.Clip(first), "consistency.max_wait", r.cfg.Consistency.MaxWait)
+}
+
+// maxDebugReferences bounds the entries of each list /debug/references
+// shows, and of what points at each entry.
+const maxDebugReferences = 1000
+
+type debugRef struct {
+	Type string `json:"type"`
+	Name string `json:"name"`
+}
+
+type debugDangling struct {
+	debugRef
+	From     []debugRef `json:"from"`
+	MoreFrom int        `json:"more_from,omitempty"`
+}
+
+type debugWaiting struct {
+	debugRef
+	Since       time.Time  `json:"since"`
+	Removal     bool       `json:"removal"`
+	Missing     []debugRef `json:"missing,omitempty"`       // what a resource lacks
+	PointedAtBy []debugRef `json:"pointed_at_by,omitempty"` // what still points at a removed name
+	More        int        `json:"more,omitempty"`
+}
+
+type debugReferences struct {
+	Group        string          `json:"group"`
+	MaxWait      string          `json:"max_wait"`
+	Dangling     []debugDangling `json:"dangling"`
+	MoreDangling int             `json:"more_dangling,omitempty"`
+	Waiting      []debugWaiting  `json:"waiting"`
+	MoreWaiting  int             `json:"more_waiting,omitempty"`
+}
+
+// debugRefs is refs as an admin body shows them: at most
+// maxDebugReferences, names clipped, and how many more there are.
+func debugRefs(refs []xds.Ref) ([]debugRef, int) {
+	out := make([]debugRef, 0, min(len(refs), maxDebugReferences))
+	for i, ref := range refs {
+		if i == maxDebugReferences {
+			return out, len(refs) - i
+		}
+		out = append(out, debugRef{Type: xds.ShortName(ref.TypeURL), Name: xds.Clip(ref.Name)})
+	}
+	return out, 0
+}
+
+// debugReferences serves GET /debug/references?group=KEY: what resources
+// of the group's cache point at that it lacks, and what waits for
+// references (make before break).
+func (r *Relay) debugReferences(w http.ResponseWriter, req *http.Request) {
+	key := req.URL.Query().Get("group")
+	if key == "" {
+		http.Error(w, "xdsrelay: group: give the group's key, ?group=KEY (GET /debug/groups lists them)", http.StatusBadRequest)
+		return
+	}
+	g := r.groupShown(key)
+	if g == nil {
+		http.Error(w, fmt.Sprintf("xdsrelay: no group %q", xds.Clip(key)), http.StatusNotFound)
+		return
+	}
+	refs := g.cache.References()
+	out := debugReferences{Group: g.shown, MaxWait: r.cfg.Consistency.MaxWait.String(), Dangling: []debugDangling{}, Waiting: []debugWaiting{}}
+	for i, d := range refs.Dangling {
+		if i == maxDebugReferences {
+			out.MoreDangling = len(refs.Dangling) - i
+			break
+		}
+		from, more := debugRefs(d.From)
+		out.Dangling = append(out.Dangling, debugDangling{debugRef: debugRef{Type: xds.ShortName(d.TypeURL), Name: xds.Clip(d.Name)}, From: from, MoreFrom: more})
+	}
+	for i, wt := range refs.Waiting {
+		if i == maxDebugReferences {
+			out.MoreWaiting = len(refs.Waiting) - i
+			break
+		}
+		dw := debugWaiting{debugRef: debugRef{Type: xds.ShortName(wt.TypeURL), Name: xds.Clip(wt.Name)}, Since: wt.Since, Removal: wt.Removal}
+		if wt.Removal {
+			dw.PointedAtBy, dw.More = debugRefs(wt.Missing)
+		} else {
+			dw.Missing, dw.More = debugRefs(wt.Missing)
+		}
+		out.Waiting = append(out.Waiting, dw)
+	}
+	writeJSON(w, out)
+}

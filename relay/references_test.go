@@ -1,0 +1,220 @@
+package relay
+
+import (
+	"net/url"
+	"slices"
+	"testing"
+	"time"
+
+	routepb "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// recvAck receives a delta response and ACKs it.
+func recvAck(t *testing.T, s *deltaStream, bound time.Duration) *discoverypb.DeltaDiscoveryResponse {
+	t.Helper()
+	resp := s.recvWithin(bound)
+	s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()})
+	return resp
+}
+
+// routeClusters are the clusters a response's route r points at; nil if
+// it carries no r.
+func routeClusters(t *testing.T, resp *discoverypb.DeltaDiscoveryResponse, name string) []string {
+	t.Helper()
+	for _, res := range resp.GetResources() {
+		if res.GetName() != name {
+			continue
+		}
+		rc := &routepb.RouteConfiguration{}
+		if err := res.GetResource().UnmarshalTo(rc); err != nil {
+			t.Fatal(err)
+		}
+		a := rc.GetVirtualHosts()[0].GetRoutes()[0].GetRoute()
+		if a.GetCluster() != "" {
+			return []string{a.GetCluster()}
+		}
+		var out []string
+		for _, wc := range a.GetWeightedClusters().GetClusters() {
+			out = append(out, wc.GetName())
+		}
+		return out
+	}
+	return nil
+}
+
+// weightedRoute splits everything between clusters.
+func weightedRoute(name string, clusters ...string) *routepb.RouteConfiguration {
+	rc := testcp.Route(name, "")
+	var wcs []*routepb.WeightedCluster_ClusterWeight
+	for _, c := range clusters {
+		wcs = append(wcs, &routepb.WeightedCluster_ClusterWeight{Name: c})
+	}
+	rc.VirtualHosts[0].Routes[0].GetRoute().ClusterSpecifier = &routepb.RouteAction_WeightedClusters{
+		WeightedClusters: &routepb.WeightedCluster{Clusters: wcs}}
+	return rc
+}
+
+func referenceWaits(t *testing.T, r *Relay, typeURL, outcome string) float64 {
+	t.Helper()
+	return value(scrape(t, r), "xdsrelay_reference_waits_total", map[string]string{"type": xds.ShortName(typeURL), "outcome": outcome})
+}
+
+// The control plane names Cluster y in a Route before it has y: a client
+// of the Route never holds it before y is cached (the relay fetches y as
+// what the Route points at), and gets it once y comes, y cached by then.
+func TestRouteWaitsForItsCluster(t *testing.T) {
+	forEachDialect(t, testRouteWaitsForItsCluster)
+}
+
+func testRouteWaitsForItsCluster(t *testing.T, d testcp.Dialect) {
+	cp := testcp.StartDialect(t, d)
+	cp.Set(t, "c1", "1", testcp.Route("r", "x"), testcp.Cluster("x"), testcp.Endpoints("x"))
+	r := startRelay(t, cp.Addr, func(c *Config) { c.Consistency.MaxWait = time.Minute })
+	c := openDelta(t, r.Addr())
+	c.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.RouteType, ResourceNamesSubscribe: []string{"r"}})
+	if got := routeClusters(t, recvAck(t, c, wait), "r"); !slices.Equal(got, []string{"x"}) {
+		t.Fatalf("route to %v, want [x]", got)
+	}
+
+	cp.Set(t, "c1", "2", testcp.Route("r", "y"), testcp.Cluster("x"), testcp.Endpoints("x"))
+	c.quiet(300 * time.Millisecond) // the route to y waits for y
+	g := r.groupCache(keyOf("c1"))
+	eventually(t, "the relay to fetch y, which the route points at", func() bool {
+		return slices.Contains(g.Interest()[resourcev3.ClusterType].Names, "y")
+	})
+
+	cp.Set(t, "c1", "3", testcp.Route("r", "y"), testcp.Cluster("x"), testcp.Endpoints("x"), testcp.Cluster("y"), testcp.Endpoints("y"))
+	if got := routeClusters(t, recvAck(t, c, wait), "r"); !slices.Equal(got, []string{"y"}) {
+		t.Fatalf("route to %v, want [y]", got)
+	}
+	if l := g.Get(resourcev3.ClusterType, []string{"y"})[0]; l.Resource == nil {
+		t.Error("the client got the route to y before y was cached")
+	}
+	if l := g.Get(resourcev3.EndpointType, []string{"y"})[0]; l.Resource == nil {
+		t.Error("the client got the route to y before y's endpoints were cached")
+	}
+	// The route to x waited for x too: the relay fetched x only once it
+	// read the route.
+	if n := referenceWaits(t, r, resourcev3.RouteType, "resolved"); n != 2 {
+		t.Errorf("xdsrelay_reference_waits_total{outcome=resolved} = %v, want 2", n)
+	}
+}
+
+// The control plane removes Cluster x while the Route still points at it,
+// then moves the Route: the client loses x only after it has the Route
+// that no longer needs it.
+func TestRemovalWaitsForTheRouteToMove(t *testing.T) {
+	forEachDialect(t, testRemovalWaitsForTheRouteToMove)
+}
+
+func testRemovalWaitsForTheRouteToMove(t *testing.T, d testcp.Dialect) {
+	cp := testcp.StartDialect(t, d)
+	cp.Set(t, "c1", "1", testcp.Route("r", "x"), testcp.Cluster("x"), testcp.Endpoints("x"), testcp.Cluster("y"), testcp.Endpoints("y"))
+	r := startRelay(t, cp.Addr, func(c *Config) { c.Consistency.MaxWait = time.Minute })
+	c := openDelta(t, r.Addr())
+	n := node("n", "c1")
+	c.send(&discoverypb.DeltaDiscoveryRequest{Node: n, TypeUrl: resourcev3.RouteType, ResourceNamesSubscribe: []string{"r"}})
+	c.send(&discoverypb.DeltaDiscoveryRequest{Node: n, TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"x", "y"}})
+	got := map[string]bool{}
+	for len(got) < 3 {
+		for _, res := range recvAck(t, c, wait).GetResources() {
+			got[res.GetName()] = true
+		}
+	}
+
+	cp.Set(t, "c1", "2", testcp.Route("r", "x"), testcp.Cluster("y"), testcp.Endpoints("y")) // x goes first
+	c.quiet(300 * time.Millisecond)
+	if l := r.groupCache(keyOf("c1")).Get(resourcev3.ClusterType, []string{"x"})[0]; l.Resource == nil {
+		t.Fatal("x left the cache while the route points at it")
+	}
+
+	cp.Set(t, "c1", "3", testcp.Route("r", "y"), testcp.Cluster("y"), testcp.Endpoints("y"))
+	moved := false
+	for {
+		resp := recvAck(t, c, wait)
+		if got := routeClusters(t, resp, "r"); got != nil {
+			if !slices.Equal(got, []string{"y"}) {
+				t.Fatalf("route to %v, want [y]", got)
+			}
+			moved = true
+		}
+		if slices.Contains(resp.GetRemovedResources(), "x") {
+			if !moved {
+				t.Fatal("the client lost x before the route moved to y")
+			}
+			break
+		}
+	}
+	if n := referenceWaits(t, r, resourcev3.ClusterType, "resolved"); n != 1 {
+		t.Errorf("xdsrelay_reference_waits_total{type=Cluster,outcome=resolved} = %v, want 1", n)
+	}
+}
+
+// A weighted route waits for every cluster it splits between; one that
+// never comes holds it for consistency.max_wait, then the control plane's
+// word wins, counted as a timeout and shown on /debug/references.
+func TestWeightedRouteWaitIsBounded(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Route("r", "x"), testcp.Cluster("x"), testcp.Endpoints("x"))
+	const maxWait = time.Second
+	r := startRelay(t, cp.Addr, func(c *Config) { c.Consistency.MaxWait = maxWait })
+	c := openDelta(t, r.Addr())
+	c.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.RouteType, ResourceNamesSubscribe: []string{"r"}})
+	recvAck(t, c, wait)
+
+	start := time.Now()
+	cp.Set(t, "c1", "2", weightedRoute("r", "x", "y", "z"), testcp.Cluster("x"), testcp.Endpoints("x"), testcp.Cluster("y"), testcp.Endpoints("y"))
+	var refs debugReferences
+	eventually(t, "the route to wait for z alone on /debug/references", func() bool {
+		getJSON(t, r, "/debug/references?group="+url.QueryEscape(keyOf("c1")), &refs)
+		return len(refs.Waiting) == 1 && len(refs.Waiting[0].Missing) == 1
+	})
+	if w := refs.Waiting[0]; w.Name != "r" || w.Removal || w.Missing[0].Name != "z" {
+		t.Errorf("waiting = %+v, want r missing z", w)
+	}
+	got := routeClusters(t, recvAck(t, c, maxWait+wait), "r")
+	if !slices.Equal(got, []string{"x", "y", "z"}) {
+		t.Fatalf("route to %v, want [x y z]", got)
+	}
+	if took := time.Since(start); took < maxWait {
+		t.Errorf("the route came after %v, before consistency.max_wait %v", took, maxWait)
+	}
+	if n := referenceWaits(t, r, resourcev3.RouteType, "timeout"); n != 1 {
+		t.Errorf("xdsrelay_reference_waits_total{outcome=timeout} = %v, want 1", n)
+	}
+	getJSON(t, r, "/debug/references?group="+url.QueryEscape(keyOf("c1")), &refs)
+	var clusters []debugDangling
+	for _, d := range refs.Dangling {
+		if d.Type == xds.ShortName(resourcev3.ClusterType) {
+			clusters = append(clusters, d)
+		}
+	}
+	if len(refs.Waiting) != 0 || len(clusters) != 1 || clusters[0].Name != "z" ||
+		len(clusters[0].From) != 1 || clusters[0].From[0].Name != "r" {
+		t.Errorf("/debug/references = %+v, want z dangling from r", refs)
+	}
+	if n := value(scrape(t, r), "xdsrelay_dangling_references", map[string]string{"type": xds.ShortName(resourcev3.ClusterType)}); n != 1 {
+		t.Errorf("xdsrelay_dangling_references{type=Cluster} = %v, want 1", n)
+	}
+}
+
+// With consistency.max_wait: 0 the relay passes on what the control plane
+// sends as it sends it, and fetches nothing a resource points at.
+func TestConsistencyOff(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Route("r", "y"))
+	r := startRelay(t, cp.Addr, func(c *Config) { c.Consistency.MaxWait = 0 })
+	c := openDelta(t, r.Addr())
+	c.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.RouteType, ResourceNamesSubscribe: []string{"r"}})
+	if got := routeClusters(t, recvAck(t, c, wait), "r"); !slices.Equal(got, []string{"y"}) {
+		t.Fatalf("route to %v, want [y]", got)
+	}
+	if in := r.groupCache(keyOf("c1")).Interest()[resourcev3.ClusterType]; len(in.Names) != 0 {
+		t.Errorf("cluster interest %v with consistency off", in.Names)
+	}
+}
