@@ -17,7 +17,7 @@ import (
 
 // Ref is a name a resource points at: another resource, of TypeURL, that a
 // client reading the first needs (docs/architecture.md, invariant 18 "Make
-// before break").
+// before break, whatever the order upstream").
 type Ref struct {
 	TypeURL, Name string
 }
