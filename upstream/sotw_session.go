@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
@@ -22,33 +23,59 @@ import (
 // key, and are counted. What was already subscribed stays asked.
 func (s *session) requestSotW(ch change, sub *subscription) error {
 	max := s.c.opts.MaxRequestBytes
-	if requestSize(ch.typeURL, s.c.opts.Node, sub.wildcard, sub.sorted()) > max {
-		s.refuseTooMany(ch.typeURL, sub, ch.subscribe, max)
+	if size := requestSize(ch.typeURL, s.c.opts.Node, sub.wildcard, sub.sorted()); size > max {
+		s.refuseTooMany(ch.typeURL, sub, ch.subscribe, size, max)
 	}
 	s.notFound.asked(ch.typeURL, timed(ch.subscribe))
 	err := s.sotw.request(ch.typeURL, sub.wildcard, sub.sorted())
 	if errors.Is(err, errNoSotWService) {
-		// VHDS and LEDS of a per-type control plane: asked of nothing.
-		msg := fmt.Sprintf("the control plane speaks the per-type state-of-the-world services, and %s is %s",
-			xds.ShortName(ch.typeURL), errNoSotWService)
-		if errs := s.c.giveUnavailable(ch.typeURL, sub.sorted(), msg); len(errs) > 0 {
-			s.c.log.Warn("type cannot be asked of a per-type state-of-the-world control plane; its names are UNAVAILABLE to clients",
-				"type", xds.ShortName(ch.typeURL), "names", len(errs))
-		}
+		// VHDS and LEDS, or a service the server refused: asked of nothing.
+		s.unavailableType(ch.typeURL, sub)
 		return nil
 	}
 	return err
 }
 
+// unavailableType gives the names of a type the per-type control plane
+// does not serve UNAVAILABLE (never a removal: the relay cannot know
+// whether they exist).
+func (s *session) unavailableType(typeURL string, sub *subscription) {
+	msg := fmt.Sprintf("the control plane speaks the per-type state-of-the-world services, and %s is %s",
+		xds.ShortName(typeURL), errNoSotWService)
+	if errs := s.c.giveUnavailable(typeURL, sub.sorted(), msg); len(errs) > 0 {
+		s.c.log.Warn("type cannot be asked of a per-type state-of-the-world control plane; its names are UNAVAILABLE to clients",
+			"type", xds.ShortName(typeURL), "names", len(errs), "server", s.c.servers[s.server].name)
+	}
+}
+
+// unservedType takes a per-type service the server refused
+// (UNIMPLEMENTED): the type is asked of the server no more until it is
+// found again (found.forget), and its names are UNAVAILABLE. Once every
+// type asked has been refused and nothing has answered, the server serves
+// no per-type service: the stream fails with the refusal, as a stream
+// refused whole does.
+func (s *session) unservedType(typeURL string) error {
+	s.c.opts.found.unserve(s.c.servers[s.server].name, typeURL)
+	delete(s.sotw.streams, typeURL) // ended: a later request would find it closed
+	if s.lastResponse.IsZero() && s.sotw.refusedAll() {
+		return fmt.Errorf("upstream: %w", status.Error(codes.Unimplemented, "every per-type service asked was refused"))
+	}
+	if sub := s.subs[typeURL]; sub != nil {
+		s.unavailableType(typeURL, sub)
+	}
+	return nil
+}
+
 // refuseTooMany drops from sub the names of subscribed, the newest first,
-// until the list fits in max bytes (the whole list if the wildcard alone
-// does not fit).
-func (s *session) refuseTooMany(typeURL string, sub *subscription, subscribed []string, max int) {
+// until the list, of size bytes now, fits in max (each name taken off
+// takes its own bytes: work in proportion to what is refused).
+func (s *session) refuseTooMany(typeURL string, sub *subscription, subscribed []string, size, max int) {
 	var refused []string
-	for i := len(subscribed) - 1; i >= 0 && requestSize(typeURL, s.c.opts.Node, sub.wildcard, sub.sorted()) > max; i-- {
+	for i := len(subscribed) - 1; i >= 0 && size > max; i-- {
 		if n := subscribed[i]; n != "*" {
 			delete(sub.names, n)
 			sub.list = nil
+			size -= nameSize(n)
 			refused = append(refused, n)
 		}
 	}
