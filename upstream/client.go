@@ -326,7 +326,6 @@ func (c *Client) Run(ctx context.Context) {
 		if !healthy && takeover == nil && ctx.Err() == nil && c.refusedProtocol(s, err) {
 			continue
 		}
-		c.refusedType(s, healthy, err)
 		if takeover == nil && ctx.Err() == nil {
 			s.withdraw() // the stream failed: its silence may have been the network's
 		}
@@ -550,18 +549,6 @@ func (c *Client) open(ctx context.Context, i int) (*session, error) {
 	return s, nil
 }
 
-// refusedType records a per-type service that the server refused while
-// another of its services answered: that type is not asked of it again.
-func (c *Client) refusedType(s *session, healthy bool, err error) {
-	var te *typeStreamError
-	if !healthy || s.protocol != ProtocolSotWPerType || !refused(err) || !errors.As(err, &te) {
-		return
-	}
-	c.opts.found.unserve(c.servers[s.server].name, te.typeURL)
-	c.log.Warn("the control plane does not serve this type's per-type service (UNIMPLEMENTED); its names are UNAVAILABLE to clients",
-		"server", c.servers[s.server].name, "type", xds.ShortName(te.typeURL))
-}
-
 // refusedProtocol reports whether a stream to server i that ended with err
 // before any answer was refused in its protocol, and auto has another to
 // try at once: the server is reachable, and no backoff is due.
@@ -613,6 +600,12 @@ func (c *Client) loop(ctx context.Context, s *session) (healthy bool, takeover *
 		case r := <-s.resps:
 			if r == nil {
 				return healthy, nil, fmt.Errorf("upstream: %w", <-s.errc)
+			}
+			if r.Unserved {
+				if err := s.unservedType(r.TypeURL); err != nil {
+					return healthy, nil, err
+				}
+				continue
 			}
 			if err := c.received(s, r, &healthy); err != nil {
 				return healthy, nil, err

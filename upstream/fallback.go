@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -77,16 +78,30 @@ func (c *Client) tryIn(ctx context.Context, i int) (s *session, refused bool) {
 	}
 	t := time.NewTimer(c.opts.FallbackRecheck)
 	defer t.Stop()
-	select {
-	case r := <-s.resps:
-		if r != nil {
-			s.pending = r
-			return s, false
+	for err == nil && s.pending == nil {
+		select {
+		case r := <-s.resps:
+			switch {
+			case r == nil:
+				err = fmt.Errorf("upstream: %w", <-s.errc)
+			case r.Unserved: // one per-type service refused: not an answer
+				err = s.unservedType(r.TypeURL)
+			default:
+				s.pending = r
+			}
+		case <-t.C:
+			err = errNoAnswer
+		case <-ctx.Done():
+			err = ctx.Err()
 		}
-		err = fmt.Errorf("upstream: %w", <-s.errc)
-	case <-t.C:
-	case <-ctx.Done():
+	}
+	if s.pending != nil {
+		return s, false
 	}
 	s.close()
-	return nil, err != nil && ctx.Err() == nil && c.refusedProtocol(s, err)
+	return nil, ctx.Err() == nil && c.refusedProtocol(s, err)
 }
+
+// errNoAnswer is a probe's stream that did not answer within
+// FallbackRecheck.
+var errNoAnswer = errors.New("upstream: no answer within the fallback recheck")

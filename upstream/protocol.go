@@ -150,15 +150,15 @@ func (f *found) answered(server string, p Protocol) {
 
 // forget drops what was found of server: it failed without answering, and
 // may be another server when it is reached again (a new address, a new
-// version), so auto starts from delta.
+// version), so auto starts from delta, and every per-type service is
+// asked again.
 func (f *found) forget(server string) {
-	if f.configured != ProtocolAuto {
-		return
-	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	delete(f.found, server)
 	delete(f.unserved, server)
+	if f.configured == ProtocolAuto {
+		delete(f.found, server)
+	}
 }
 
 // unserve records that server refused typeURL's per-type service while
@@ -181,13 +181,6 @@ func (f *found) isUnserved(server, typeURL string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.unserved[server][typeURL]
-}
-
-// shownOf is what server was last found to speak; "" if nothing yet.
-func (f *found) shownOf(server string) Protocol {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.shown[server]
 }
 
 // retire deletes the metric's series (the source closes).

@@ -227,13 +227,23 @@ func (s *sotwStream) streamOf(typeURL string) (grpc.ClientStream, bool, error) {
 }
 
 // read passes one per-type stream's responses on, until it fails or the
-// stream's context ends; its error, the first, ends the session.
+// stream's context ends; its error, the first, ends the session. A
+// service the server refuses (UNIMPLEMENTED) is passed on as Unserved,
+// not as an error: the server's other services may answer.
 func (s *sotwStream) read(typeURL string, st grpc.ClientStream) {
 	defer s.readers.Done()
 	for {
 		var r xds.SotWReceived
 		err := st.RecvMsg(&r)
-		if err != nil {
+		switch {
+		case refused(err):
+			r.Received, err = xds.Received{TypeURL: typeURL, Unserved: true}, nil
+			select {
+			case s.merged <- sotwRecv{r: r.Received}:
+			case <-s.ctx.Done():
+			}
+			return
+		case err != nil:
 			err = &typeStreamError{typeURL: typeURL, err: err}
 		}
 		select {
@@ -258,6 +268,17 @@ func (e *typeStreamError) Error() string {
 }
 
 func (e *typeStreamError) Unwrap() error { return e.err }
+
+// refusedAll reports whether every type requested on the stream has
+// been refused (unserved reports it).
+func (s *sotwStream) refusedAll() bool {
+	for typeURL, t := range s.types {
+		if t.requested && !s.unserved(typeURL) {
+			return false
+		}
+	}
+	return true
+}
 
 // wait waits for the per-type receivers, once the stream's context is
 // done.

@@ -1,0 +1,167 @@
+package upstream
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	clustersvc "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/metrics"
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+)
+
+// runSotW runs a client of conn with opts until the test ends.
+func runSotW(t *testing.T, conn grpc.ClientConnInterface, opts Options) *Client {
+	t.Helper()
+	opts.Conn, opts.Node = conn, &corepb.Node{Id: "n", Cluster: "c1"}
+	if opts.Metrics == nil {
+		opts.Metrics = NewMetrics(&metrics.Registry{})
+	}
+	cl, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan struct{})
+	go func() { defer close(ran); cl.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-ran:
+		case <-time.After(10 * time.Second):
+			t.Error("the client did not stop")
+		}
+	})
+	return cl
+}
+
+func dialTest(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// within polls cond for up to 10s.
+func within(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+// errorCode is the code of name's error in c, 0 if it has none.
+func errorCode(c *cache.Cache, typeURL, name string) codes.Code {
+	if e := c.Get(typeURL, []string{name})[0].Error; e != nil {
+		return codes.Code(e.Code)
+	}
+	return 0
+}
+
+// A SotW request carries the type's whole list and cannot be split: the
+// names that would take it past MaxRequestBytes are refused, newest first,
+// each with RESOURCE_EXHAUSTED, and counted; no request passes the bound,
+// and the names that fit are served.
+func TestSotWNameListTooLarge(t *testing.T) {
+	cp := testcp.StartDialect(t, testcp.DialectSotW)
+	var rs []types.Resource
+	var names []string
+	for i := range 100 {
+		names = append(names, fmt.Sprintf("endpoints-%03d", i))
+		rs = append(rs, testcp.Endpoints(names[i], "10.0.0.1:80"))
+	}
+	cp.Set(t, "c1", "1", rs...)
+	const bound = 1000
+	c := cache.New(cache.Options{Retention: time.Minute})
+	if err := c.Watch(cache.NewWatch(), resourcev3.EndpointType, names...); err != nil {
+		t.Fatal(err)
+	}
+	m := NewMetrics(&metrics.Registry{})
+	runSotW(t, dialTest(t, cp.Addr), Options{Cache: c, Metrics: m, Protocol: ProtocolSotW, MaxRequestBytes: bound})
+
+	within(t, "the first name served and the last refused", func() bool {
+		return c.Get(resourcev3.EndpointType, names[:1])[0].Resource != nil &&
+			errorCode(c, resourcev3.EndpointType, names[99]) == codes.ResourceExhausted
+	})
+	refused := m.ListTooLarge.With("ClusterLoadAssignment").Get()
+	if refused == 0 || refused >= 100 {
+		t.Fatalf("%d names refused, want some and not all", refused)
+	}
+	if got := errorCode(c, resourcev3.EndpointType, names[0]); got != 0 {
+		t.Errorf("the first name, which fits, has error %v", got)
+	}
+	for _, req := range cp.SotWRequests() {
+		if n := proto.Size(req); n > bound {
+			t.Errorf("a request of %d bytes, past the bound %d", n, bound)
+		}
+	}
+}
+
+// A per-type control plane that serves CDS but not EDS (UNIMPLEMENTED):
+// the Clusters are served on the one stream, not ended by the refusal; the endpoints' names,
+// and a VHDS name (no SotW service at all), are UNAVAILABLE, never
+// removed.
+func TestPerTypeServiceRefusedAlone(t *testing.T) {
+	snaps := cachev3.NewSnapshotCache(false, testcp.ClusterHash{}, nil)
+	snap, err := cachev3.NewSnapshot("1", map[resourcev3.Type][]types.Resource{resourcev3.ClusterType: {testcp.Cluster("a")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := snaps.SetSnapshot(context.Background(), "c1", snap); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	g := grpc.NewServer(grpc.WaitForHandlers(true))
+	var streams atomic.Int64
+	cb := serverv3.CallbackFuncs{StreamOpenFunc: func(context.Context, int64, string) error { streams.Add(1); return nil }}
+	clustersvc.RegisterClusterDiscoveryServiceServer(g, serverv3.NewServer(ctx, snaps, cb))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() { defer close(served); _ = g.Serve(ln) }()
+	t.Cleanup(func() { g.Stop(); <-served; cancel() })
+
+	c := cache.New(cache.Options{Retention: time.Minute})
+	w := cache.NewWatch()
+	for typeURL, name := range map[string]string{resourcev3.ClusterType: "a", resourcev3.EndpointType: "a", resourcev3.VirtualHostType: "r/vh"} {
+		if err := c.Watch(w, typeURL, name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cl := runSotW(t, dialTest(t, ln.Addr().String()), Options{Cache: c, Protocol: ProtocolSotWPerType})
+	within(t, "the Cluster served, the endpoints and the virtual host UNAVAILABLE", func() bool {
+		return c.Get(resourcev3.ClusterType, []string{"a"})[0].Resource != nil &&
+			errorCode(c, resourcev3.EndpointType, "a") == codes.Unavailable &&
+			errorCode(c, resourcev3.VirtualHostType, "r/vh") == codes.Unavailable
+	})
+	if st := cl.Status(); !st.Connected || st.Protocol != string(ProtocolSotWPerType) {
+		t.Fatalf("status %+v: want connected, speaking sotw-per-type", st)
+	}
+	if n := streams.Load(); n != 1 {
+		t.Errorf("%d CDS streams opened, want 1: a refused EDS service does not end the others", n)
+	}
+	if l := c.Get(resourcev3.EndpointType, []string{"a"})[0]; l.Absent {
+		t.Error("a name of a refused service was taken not to exist")
+	}
+}
