@@ -22,9 +22,6 @@ import (
 // relay finds each, and its clients see the same thing whatever the control
 // plane speaks.
 
-// dialectProtocol is what auto finds for a dialect.
-func dialectProtocol(d testcp.Dialect) string { return string(d) }
-
 func forEachDialect(t *testing.T, f func(t *testing.T, d testcp.Dialect)) {
 	for _, d := range testcp.Dialects {
 		t.Run(string(d), func(t *testing.T) { f(t, d) })
@@ -92,10 +89,10 @@ func TestDialectServesEveryVariant(t *testing.T) {
 			&discoverypb.DiscoveryRequest{Node: node("n5", "c1")}); code != 200 || !strings.Contains(body, `"name":"b"`) {
 			t.Fatalf("REST-JSON CDS: %d %s", code, body)
 		}
-		if got := upstreamProtocol(t, r); got != dialectProtocol(d) {
+		if got := upstreamProtocol(t, r); got != string(d) {
 			t.Fatalf("/debug/groups says the upstream speaks %q, want %q", got, d)
 		}
-		if got := protocolMetric(t, r); !slices.Equal(got, []string{dialectProtocol(d)}) {
+		if got := protocolMetric(t, r); !slices.Equal(got, []string{string(d)}) {
 			t.Fatalf("xdsrelay_upstream_protocol is 1 for %v, want [%s]", got, d)
 		}
 
@@ -254,4 +251,28 @@ func TestDialectGuardHoldsClustersLeftOut(t *testing.T) {
 		})
 		s.quiet(100 * time.Millisecond) // the same bytes again: nothing to send
 	})
+}
+
+// Absence removes only what the relay holds: a Cluster asked by name that
+// a full-state response leaves out, never having been received, is not
+// removed by that response (it may predate the request that named it); the
+// does-not-exist timer decides it, on a live stream.
+func TestDialectAbsenceRemovesOnlyWhatIsHeld(t *testing.T) {
+	for _, d := range testcp.Dialects[1:] { // absence means nothing in delta
+		t.Run(string(d), func(t *testing.T) {
+			cp := testcp.StartDialect(t, d)
+			cp.Set(t, "c1", "1", testcp.Cluster("a"))
+			r := startRelay(t, cp.Addr, func(c *Config) { c.Cache.NotFoundTimeout = time.Minute })
+			s := openDelta(t, r.Addr())
+			s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.ClusterType,
+				ResourceNamesSubscribe: []string{"a", "ghost"}})
+			if got := deltaNames(s.recv()); !slices.Equal(got, []string{"a"}) {
+				t.Fatalf("first response %v, want [a]", got)
+			}
+			s.quiet(300 * time.Millisecond) // no removal of ghost, no NOT_FOUND
+			if l := r.groupCache(keyOf("c1")).Get(resourcev3.ClusterType, []string{"ghost"})[0]; l.Absent || l.Error != nil {
+				t.Fatalf("ghost taken not to exist by absence: %+v", l)
+			}
+		})
+	}
 }
