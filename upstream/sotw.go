@@ -148,13 +148,20 @@ func (s *sotwStream) request(typeURL string, wildcard bool, names []string) erro
 		t = &sotwType{}
 		s.types[typeURL] = t
 	}
+	return s.send(typeURL, &discoverypb.DiscoveryRequest{VersionInfo: t.acked, ResourceNames: t.list(wildcard, names), TypeUrl: typeURL,
+		ResponseNonce: t.nonce})
+}
+
+// list is the resource_names of a request of the type: the legacy
+// wildcard (no names) while nothing was ever named on the stream, "*"
+// beside names otherwise.
+func (t *sotwType) list(wildcard bool, names []string) []string {
 	list := names
 	if wildcard && (t.named || len(names) > 0) {
 		list = append([]string{"*"}, names...)
 	}
 	t.named = t.named || len(list) > 0
-	return s.send(typeURL, &discoverypb.DiscoveryRequest{VersionInfo: t.acked, ResourceNames: list, TypeUrl: typeURL,
-		ResponseNonce: t.nonce})
+	return list
 }
 
 // ack ACKs a response of typeURL (detail nil), accepting its version, or
@@ -170,12 +177,7 @@ func (s *sotwStream) ack(typeURL, nonce, version string, detail *rpcstatus.Statu
 	if detail == nil {
 		t.acked = version
 	}
-	list := names
-	if wildcard && (t.named || len(names) > 0) {
-		list = append([]string{"*"}, names...)
-	}
-	t.named = t.named || len(list) > 0
-	return s.send(typeURL, &discoverypb.DiscoveryRequest{VersionInfo: t.acked, ResourceNames: list, TypeUrl: typeURL,
+	return s.send(typeURL, &discoverypb.DiscoveryRequest{VersionInfo: t.acked, ResourceNames: t.list(wildcard, names), TypeUrl: typeURL,
 		ResponseNonce: nonce, ErrorDetail: detail})
 }
 
@@ -284,11 +286,16 @@ func (s *sotwStream) refusedAll() bool {
 // done.
 func (s *sotwStream) wait() { s.readers.Wait() }
 
-// requestSize is the size of typeURL's request with names: what a SotW
-// request cannot split (no name may be left out of the list).
-func requestSize(typeURL string, node *corepb.Node, wildcard bool, names []string) int {
-	n := proto.Size(&discoverypb.DiscoveryRequest{TypeUrl: typeURL, Node: node, VersionInfo: "0123456789abcdef",
-		ResponseNonce: "0123456789abcdef"})
+// requestSize is the size of typeURL's request with names, the node
+// counted whether or not it goes on it: what a SotW request cannot split
+// (no name may be left out of the list). The version and nonce it echoes
+// are the control plane's, of any length: counted as they are.
+func (s *sotwStream) requestSize(typeURL string, wildcard bool, names []string) int {
+	var acked, nonce string
+	if t := s.types[typeURL]; t != nil {
+		acked, nonce = t.acked, t.nonce
+	}
+	n := proto.Size(&discoverypb.DiscoveryRequest{TypeUrl: typeURL, Node: s.node, VersionInfo: acked, ResponseNonce: nonce})
 	if wildcard {
 		n += nameSize("*")
 	}

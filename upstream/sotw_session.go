@@ -23,7 +23,7 @@ import (
 // key, and are counted. What was already subscribed stays asked.
 func (s *session) requestSotW(ch change, sub *subscription) error {
 	max := s.c.opts.MaxRequestBytes
-	if size := requestSize(ch.typeURL, s.c.opts.Node, sub.wildcard, sub.sorted()); size > max {
+	if size := s.sotw.requestSize(ch.typeURL, sub.wildcard, sub.sorted()); size > max {
 		s.refuseTooMany(ch.typeURL, sub, ch.subscribe, size, max)
 	}
 	s.notFound.asked(ch.typeURL, timed(ch.subscribe))
