@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -193,6 +194,11 @@ func (s *sotwStream) send(typeURL string, req *discoverypb.DiscoveryRequest) err
 	}
 	s.types[typeURL].requested = true
 	if err := st.SendMsg(req); err != nil {
+		if s.perType && errors.Is(err, io.EOF) {
+			// That type's stream has ended: its reader tells how
+			// (refused, or the error that ends the session).
+			return nil
+		}
 		return fmt.Errorf("upstream: send: %w", err)
 	}
 	if s.debug != nil {
