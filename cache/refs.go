@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
@@ -197,12 +199,6 @@ func (t *typeState) missingLocked(name string, e *entry) {
 	}
 }
 
-// The types whose names a resource waits for.
-const (
-	clusterType  = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
-	endpointType = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
-)
-
 // waitsFor reports whether a resource waits for the names of typeURL it
 // points at: the Clusters of a Route or a Listener, which the spec's order
 // sends before them ("Eventual consistency considerations": CDS before
@@ -213,7 +209,7 @@ const (
 // both load) is warmed by the client, which asks for it once it reads what
 // points at it: it is fetched, so that it is cached by then, and its
 // removal waits, but nothing waits for it.
-func waitsFor(typeURL string) bool { return typeURL == clusterType }
+func waitsFor(typeURL string) bool { return typeURL == resourcev3.ClusterType }
 
 // lacksLocked reports whether the cache lacks a name r waits for.
 func (c *Cache) lacksLocked(r *Resource) bool { return len(c.lackingLocked(r, false)) > 0 }
@@ -240,7 +236,7 @@ func (c *Cache) lackingLocked(r *Resource, all bool) []xds.Ref {
 			continue // absent
 		}
 		for _, sub := range e.res.Refs {
-			if sub.TypeURL == endpointType && lacked(c.types[sub.TypeURL].entryLocked(sub.Name)) {
+			if sub.TypeURL == resourcev3.EndpointType && lacked(c.types[sub.TypeURL].entryLocked(sub.Name)) {
 				out = append(out, sub)
 				if !all {
 					return out
