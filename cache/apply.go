@@ -83,6 +83,7 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 	c.unpendLocked(replaced)
 	for _, n := range ch.Resent {
 		c.resentLocked(t, typeURL, n, o)
+		c.unremoveLocked(t, n)
 	}
 	for _, n := range c.waitRemovalsLocked(t, c.guardLocked(t, typeURL, ch.Removed, o), now) {
 		e := t.entries[n]

@@ -252,12 +252,13 @@ func (c *Cache) lackingLocked(r *Resource, all bool) []xds.Ref {
 func lacked(e *entry) bool { return e == nil || (e.res == nil && !e.absent) }
 
 // waitUpsertsLocked takes out of upserts those that point at a name the
-// cache lacks and that they wait for (waitsFor): they wait (t.waiting) and what they point at is fetched. A
-// newer version of a waiting resource replaces it, keeping when the wait
-// began; an upsert of a name whose removal waits ends that wait. upserts
-// is not modified. The waiters it replaces are returned, for the caller
-// to let go of (unpendLocked) once the upserts are applied: what both
-// point at stays in the interest throughout.
+// cache lacks and that they wait for (waitsFor): they wait (t.waiting)
+// and what they point at is fetched. A newer version of a waiting
+// resource replaces it, keeping when the wait began; an upsert of a name
+// whose removal waits ends that wait (unremoveLocked). upserts is not
+// modified. The waiters it replaces are returned, for the caller to let
+// go of (unpendLocked) once the upserts are applied: what both point at
+// stays in the interest throughout.
 func (c *Cache) waitUpsertsLocked(t *typeState, upserts []*Resource, now time.Time) (out, replaced []*Resource) {
 	if !c.consistency.on() {
 		return upserts, nil
@@ -272,10 +273,7 @@ func (c *Cache) waitUpsertsLocked(t *typeState, upserts []*Resource, now time.Ti
 			c.waits--
 			replaced = append(replaced, w.res)
 		}
-		if _, ok := t.removing[r.Name]; ok {
-			delete(t.removing, r.Name)
-			c.waits--
-		}
+		c.unremoveLocked(t, r.Name)
 		wait := len(r.Refs) > 0 && c.lacksLocked(r)
 		if wait {
 			e := t.entries[r.Name]
@@ -304,6 +302,15 @@ func (c *Cache) waitUpsertsLocked(t *typeState, upserts []*Resource, now time.Ti
 		c.pendLocked(r, true)
 	}
 	return out, replaced
+}
+
+// unremoveLocked ends the wait of a removal of name, if one waits: upstream
+// sent the name again (upserted, or resent with the bytes the cache holds).
+func (c *Cache) unremoveLocked(t *typeState, name string) {
+	if _, ok := t.removing[name]; ok {
+		delete(t.removing, name)
+		c.waits--
+	}
 }
 
 // unpendLocked lets go of what waiters that were replaced pointed at.

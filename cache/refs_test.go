@@ -426,3 +426,31 @@ func TestReferenceTimeoutWithRollout(t *testing.T) {
 		t.Errorf("non-canary reads r %q after the bake, want 2", got)
 	}
 }
+
+// A removal that waits ends when upstream sends the name again with the
+// bytes the cache holds (a SotW full state that lists it once more,
+// Change.Resent), as it does when the name is upserted: the name is not
+// removed once nothing points at it.
+func TestResentEndsAWaitingRemoval(t *testing.T) {
+	c, _, events := consistent()
+	w := NewWatch()
+	c.Watch(w, rds, "r")
+	c.Watch(w, cds, "x", "y")
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1"), res("y", "1")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	c.Apply(cds, Change{Removed: []string{"x"}})
+	if got := c.References().Waiting; len(got) != 1 || !got[0].Removal {
+		t.Fatalf("waiting = %+v, want x's removal", got)
+	}
+	c.Apply(cds, Change{Resent: []string{"x", "y"}})
+	if got := c.References().Waiting; len(got) != 0 {
+		t.Errorf("waiting after x was resent = %+v, want none", got)
+	}
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y")}})
+	if got := present(c, cds, "x"); got != "1" {
+		t.Errorf("x = %q once the route moved, want 1: upstream sent it again", got)
+	}
+	if len(*events) != 0 {
+		t.Errorf("events = %+v, want none", *events)
+	}
+}
