@@ -454,3 +454,38 @@ func TestResentEndsAWaitingRemoval(t *testing.T) {
 		t.Errorf("events = %+v, want none", *events)
 	}
 }
+
+// A resource that points at a missing Cluster waits unless nobody asked
+// for it (it is not stored, so nothing is fetched for it) or it is what
+// the cache holds already (a resource let through after max_wait, sent
+// again): each unless on its own.
+func TestReferenceWaitUnless(t *testing.T) {
+	t.Run("nobody asked", func(t *testing.T) {
+		c, _, _ := consistent()
+		c.Watch(NewWatch(), rds, "r")
+		c.Apply(rds, Change{Upserts: []*Resource{route("q", "1", "z")}})
+		if got := c.References().Waiting; len(got) != 0 {
+			t.Errorf("waiting = %+v, want none: nobody asked for q", got)
+		}
+		if got := c.Interest()[cds].Names; len(got) != 0 {
+			t.Errorf("cluster interest = %v, want none", got)
+		}
+	})
+	t.Run("nothing changes", func(t *testing.T) {
+		c, clk, events := consistent()
+		c.Watch(NewWatch(), rds, "r")
+		c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+		clk.t = clk.t.Add(5 * time.Second)
+		c.Sweep()
+		if got := present(c, rds, "r"); got != "1" || len(*events) != 1 {
+			t.Fatalf("r = %q, events = %+v: want r let through after max_wait", got, *events)
+		}
+		c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+		if got := c.References().Waiting; len(got) != 0 {
+			t.Errorf("waiting = %+v, want none: r is what the cache holds", got)
+		}
+		if l := c.Get(rds, []string{"r"})[0]; l.Waiting {
+			t.Error("the lookup of r says it waits")
+		}
+	})
+}
