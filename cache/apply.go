@@ -516,7 +516,7 @@ func (c *Cache) Sweep() (empty bool) {
 				c.dropIfUnheldLocked(t, typeURL, n, o)
 			}
 		}
-		if t.wantWildcard || len(t.entries) > 0 {
+		if t.heldLocked() {
 			empty = false
 		} else if len(t.wildcard) == 0 {
 			delete(c.types, typeURL)

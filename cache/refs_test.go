@@ -489,3 +489,32 @@ func TestReferenceWaitUnless(t *testing.T) {
 		}
 	})
 }
+
+// A resource waiting for its Cluster has no entry while it waits (a
+// wildcard's): when the wildcard goes, the type stays until the wait ends,
+// and then what the resource pointed at goes too; the cache empties.
+func TestWaitOutlivesItsWildcard(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	c := New(Options{Retention: time.Second, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second}})
+	w := NewWatch()
+	c.WatchWildcard(w, rds)
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	c.UnwatchWildcard(w, rds)
+	clk.t = clk.t.Add(2 * time.Second)
+	if c.Sweep() || c.Empty() {
+		t.Fatal("the cache says it is empty while r waits, fetching x")
+	}
+	for range 3 { // the wait ends; x is retained a second, then dropped
+		clk.t = clk.t.Add(5 * time.Second)
+		c.Sweep()
+	}
+	if got := c.References().Waiting; len(got) != 0 {
+		t.Errorf("waiting = %+v, want none after max_wait", got)
+	}
+	if in := c.Interest(); len(in) != 0 {
+		t.Errorf("interest = %v, want none", in)
+	}
+	if !c.Sweep() || !c.Empty() {
+		t.Error("the cache is not empty once the wait ended")
+	}
+}
