@@ -518,3 +518,38 @@ func TestWaitOutlivesItsWildcard(t *testing.T) {
 		t.Error("the cache is not empty once the wait ended")
 	}
 }
+
+// A removal whose wait a change ends goes through the rollout like the
+// change: the canaries lose the name first, the rest after the bake.
+func TestWaitingRemovalWithRollout(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	c := New(Options{Retention: time.Minute, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second},
+		Rollout: Rollout{Canary: 1, Bake: time.Minute}})
+	canary, other := NewWatch(), NewWatch()
+	canary.SetRank(1)
+	other.SetRank(2)
+	for _, w := range []*Watch{canary, other} {
+		c.Watch(w, rds, "r")
+		c.Watch(w, cds, "x", "y")
+	}
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1"), res("y", "1")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	clk.t = clk.t.Add(2 * time.Minute)
+	c.Sweep()
+	c.Apply(cds, Change{Removed: []string{"x"}})
+	if got := versionOf(c, canary, cds, "x"); got != "1" {
+		t.Fatalf("canary lost x while the route points at it: %q", got)
+	}
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y")}})
+	if got := versionOf(c, canary, cds, "x"); got != "" {
+		t.Errorf("canary reads x %q once the route moved, want it removed", got)
+	}
+	if got := versionOf(c, other, cds, "x"); got != "1" {
+		t.Errorf("non-canary reads x %q before the bake, want 1", got)
+	}
+	clk.t = clk.t.Add(2 * time.Minute)
+	c.Sweep()
+	if got := versionOf(c, other, cds, "x"); got != "" {
+		t.Errorf("non-canary reads x %q after the bake, want it removed", got)
+	}
+}
