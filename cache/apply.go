@@ -83,6 +83,7 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 	c.unpendLocked(replaced)
 	for _, n := range ch.Resent {
 		c.resentLocked(t, typeURL, n, o)
+		c.unremoveLocked(t, n)
 	}
 	for _, n := range c.waitRemovalsLocked(t, c.guardLocked(t, typeURL, ch.Removed, o), now) {
 		e := t.entries[n]
@@ -515,7 +516,7 @@ func (c *Cache) Sweep() (empty bool) {
 				c.dropIfUnheldLocked(t, typeURL, n, o)
 			}
 		}
-		if t.wantWildcard || len(t.entries) > 0 {
+		if t.heldLocked() {
 			empty = false
 		} else if len(t.wildcard) == 0 {
 			delete(c.types, typeURL)

@@ -659,11 +659,19 @@ func (c *Cache) Empty() bool {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	for _, t := range c.types {
-		if t.wantWildcard || len(t.entries) > 0 {
+		if t.heldLocked() {
 			return false
 		}
 	}
 	return true
+}
+
+// heldLocked reports whether the type holds or wants anything: the
+// wildcard, a name, or a resource waiting for what it points at (a
+// wildcard's, which has no entry until it is applied; the type goes only
+// once the wait has ended and let go of what it fetched).
+func (t *typeState) heldLocked() bool {
+	return t.wantWildcard || len(t.entries) > 0 || len(t.waiting) > 0
 }
 
 // Len returns how many resources the cache holds.

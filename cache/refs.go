@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
@@ -197,12 +199,6 @@ func (t *typeState) missingLocked(name string, e *entry) {
 	}
 }
 
-// The types whose names a resource waits for.
-const (
-	clusterType  = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
-	endpointType = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
-)
-
 // waitsFor reports whether a resource waits for the names of typeURL it
 // points at: the Clusters of a Route or a Listener, which the spec's order
 // sends before them ("Eventual consistency considerations": CDS before
@@ -213,7 +209,7 @@ const (
 // both load) is warmed by the client, which asks for it once it reads what
 // points at it: it is fetched, so that it is cached by then, and its
 // removal waits, but nothing waits for it.
-func waitsFor(typeURL string) bool { return typeURL == clusterType }
+func waitsFor(typeURL string) bool { return typeURL == resourcev3.ClusterType }
 
 // lacksLocked reports whether the cache lacks a name r waits for.
 func (c *Cache) lacksLocked(r *Resource) bool { return len(c.lackingLocked(r, false)) > 0 }
@@ -240,7 +236,7 @@ func (c *Cache) lackingLocked(r *Resource, all bool) []xds.Ref {
 			continue // absent
 		}
 		for _, sub := range e.res.Refs {
-			if sub.TypeURL == endpointType && lacked(c.types[sub.TypeURL].entryLocked(sub.Name)) {
+			if sub.TypeURL == resourcev3.EndpointType && lacked(c.types[sub.TypeURL].entryLocked(sub.Name)) {
 				out = append(out, sub)
 				if !all {
 					return out
@@ -256,12 +252,13 @@ func (c *Cache) lackingLocked(r *Resource, all bool) []xds.Ref {
 func lacked(e *entry) bool { return e == nil || (e.res == nil && !e.absent) }
 
 // waitUpsertsLocked takes out of upserts those that point at a name the
-// cache lacks and that they wait for (waitsFor): they wait (t.waiting) and what they point at is fetched. A
-// newer version of a waiting resource replaces it, keeping when the wait
-// began; an upsert of a name whose removal waits ends that wait. upserts
-// is not modified. The waiters it replaces are returned, for the caller
-// to let go of (unpendLocked) once the upserts are applied: what both
-// point at stays in the interest throughout.
+// cache lacks and that they wait for (waitsFor): they wait (t.waiting)
+// and what they point at is fetched. A newer version of a waiting
+// resource replaces it, keeping when the wait began; an upsert of a name
+// whose removal waits ends that wait (unremoveLocked). upserts is not
+// modified. The waiters it replaces are returned, for the caller to let
+// go of (unpendLocked) once the upserts are applied: what both point at
+// stays in the interest throughout.
 func (c *Cache) waitUpsertsLocked(t *typeState, upserts []*Resource, now time.Time) (out, replaced []*Resource) {
 	if !c.consistency.on() {
 		return upserts, nil
@@ -276,10 +273,7 @@ func (c *Cache) waitUpsertsLocked(t *typeState, upserts []*Resource, now time.Ti
 			c.waits--
 			replaced = append(replaced, w.res)
 		}
-		if _, ok := t.removing[r.Name]; ok {
-			delete(t.removing, r.Name)
-			c.waits--
-		}
+		c.unremoveLocked(t, r.Name)
 		wait := len(r.Refs) > 0 && c.lacksLocked(r)
 		if wait {
 			e := t.entries[r.Name]
@@ -308,6 +302,15 @@ func (c *Cache) waitUpsertsLocked(t *typeState, upserts []*Resource, now time.Ti
 		c.pendLocked(r, true)
 	}
 	return out, replaced
+}
+
+// unremoveLocked ends the wait of a removal of name, if one waits: upstream
+// sent the name again (upserted, or resent with the bytes the cache holds).
+func (c *Cache) unremoveLocked(t *typeState, name string) {
+	if _, ok := t.removing[name]; ok {
+		delete(t.removing, name)
+		c.waits--
+	}
 }
 
 // unpendLocked lets go of what waiters that were replaced pointed at.

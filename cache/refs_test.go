@@ -21,9 +21,14 @@ func route(name, version string, clusters ...string) *Resource {
 	return r
 }
 
-func consistent(clk *clock, events *[]ReferenceEvent) *Cache {
-	return New(Options{Retention: time.Minute, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second},
+// consistent is a cache with Consistency on (MaxWait 5s), its clock at
+// time.Unix(1000, 0), and the reference events it tells.
+func consistent() (*Cache, *clock, *[]ReferenceEvent) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	events := new([]ReferenceEvent)
+	c := New(Options{Retention: time.Minute, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second},
 		OnReference: func(ev ReferenceEvent) { *events = append(*events, ev) }})
+	return c, clk, events
 }
 
 func present(c *Cache, typeURL, name string) string {
@@ -35,9 +40,7 @@ func present(c *Cache, typeURL, name string) string {
 }
 
 func TestReferencesAreFetchedWhileReferenced(t *testing.T) {
-	clk := &clock{t: time.Unix(1000, 0)}
-	var events []ReferenceEvent
-	c := consistent(clk, &events)
+	c, clk, events := consistent()
 	w := NewWatch()
 	c.Watch(w, rds, "r")
 	signalled(c)
@@ -63,8 +66,8 @@ func TestReferencesAreFetchedWhileReferenced(t *testing.T) {
 	if got := taken(w); !slices.Equal(got[rds], []string{"r"}) {
 		t.Errorf("the route's watcher was not marked: %v", got)
 	}
-	if len(events) != 1 || events[0].Outcome != WaitResolved || events[0].Name != "r" {
-		t.Errorf("events = %+v", events)
+	if len(*events) != 1 || (*events)[0].Outcome != WaitResolved || (*events)[0].Name != "r" {
+		t.Errorf("events = %+v", *events)
 	}
 	// The route moves to y: x stays for the retention period, then goes.
 	c.Apply(cds, Change{Upserts: []*Resource{res("y", "1")}}) // nobody asked for y yet: ignored
@@ -84,9 +87,7 @@ func TestReferencesAreFetchedWhileReferenced(t *testing.T) {
 }
 
 func TestReferenceWaitIsBounded(t *testing.T) {
-	clk := &clock{t: time.Unix(1000, 0)}
-	var events []ReferenceEvent
-	c := consistent(clk, &events)
+	c, clk, events := consistent()
 	w := NewWatch()
 	c.Watch(w, rds, "r")
 	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
@@ -106,8 +107,8 @@ func TestReferenceWaitIsBounded(t *testing.T) {
 	if got := taken(w); !slices.Equal(got[rds], []string{"r"}) {
 		t.Errorf("the route's watcher was not marked: %v", got)
 	}
-	if len(events) != 1 || events[0].Outcome != WaitTimeout || !slices.Equal(events[0].Missing, []xds.Ref{{TypeURL: cds, Name: "x"}}) {
-		t.Errorf("events = %+v", events)
+	if len(*events) != 1 || (*events)[0].Outcome != WaitTimeout || !slices.Equal((*events)[0].Missing, []xds.Ref{{TypeURL: cds, Name: "x"}}) {
+		t.Errorf("events = %+v", *events)
 	}
 	refs := c.References()
 	if len(refs.Waiting) != 0 || len(refs.Dangling) != 1 || refs.Dangling[0].Name != "x" ||
@@ -124,9 +125,7 @@ func TestReferenceWaitIsBounded(t *testing.T) {
 }
 
 func TestRemovalWaitsWhileReferenced(t *testing.T) {
-	clk := &clock{t: time.Unix(1000, 0)}
-	var events []ReferenceEvent
-	c := consistent(clk, &events)
+	c, clk, events := consistent()
 	wr, wc := NewWatch(), NewWatch()
 	c.Watch(wr, rds, "r")
 	c.Watch(wc, cds, "x", "y")
@@ -152,8 +151,8 @@ func TestRemovalWaitsWhileReferenced(t *testing.T) {
 	if got := taken(wc); !slices.Equal(got[cds], []string{"x"}) {
 		t.Errorf("x's watcher: %v", got)
 	}
-	if len(events) != 1 || !events[0].Removal || events[0].Outcome != WaitResolved {
-		t.Errorf("events = %+v", events)
+	if len(*events) != 1 || !(*events)[0].Removal || (*events)[0].Outcome != WaitResolved {
+		t.Errorf("events = %+v", *events)
 	}
 
 	// A removal that nothing resolves is applied after max_wait.
@@ -163,7 +162,7 @@ func TestRemovalWaitsWhileReferenced(t *testing.T) {
 	if got := present(c, cds, "y"); got != "" {
 		t.Fatal("y not removed after max_wait")
 	}
-	if ev := events[len(events)-1]; ev.Outcome != WaitTimeout || !slices.Equal(ev.Missing, []xds.Ref{{TypeURL: rds, Name: "r"}}) {
+	if ev := (*events)[len(*events)-1]; ev.Outcome != WaitTimeout || !slices.Equal(ev.Missing, []xds.Ref{{TypeURL: rds, Name: "r"}}) {
 		t.Errorf("event = %+v", ev)
 	}
 }
@@ -172,9 +171,7 @@ func TestReferencesWeightedAndBothOrders(t *testing.T) {
 	// The route to y and z (weighted) and the clusters come in one order or
 	// the other, x going: no read ever sees the route with a cluster missing.
 	for _, routeFirst := range []bool{true, false} {
-		clk := &clock{t: time.Unix(1000, 0)}
-		var events []ReferenceEvent
-		c := consistent(clk, &events)
+		c, _, _ := consistent()
 		c.Watch(NewWatch(), rds, "r")
 		c.Watch(NewWatch(), cds, "x", "y", "z")
 		c.Apply(cds, Change{Upserts: []*Resource{res("x", "1")}})
@@ -260,9 +257,7 @@ func TestReferenceWaitWithRollout(t *testing.T) {
 // later op, whose sequence number orders it after the change for every
 // stream, whatever the types' rank.
 func TestRemovalReleasedAfterWhatEndedIt(t *testing.T) {
-	clk := &clock{t: time.Unix(1000, 0)}
-	var events []ReferenceEvent
-	c := consistent(clk, &events)
+	c, _, _ := consistent()
 	w := NewWatch()
 	c.Watch(w, rds, "r")
 	c.Watch(w, cds, "x", "y")
@@ -284,9 +279,7 @@ func TestRemovalReleasedAfterWhatEndedIt(t *testing.T) {
 // after it, and clients warm it), but they are fetched, and their removal
 // waits while the Cluster points at them.
 func TestClusterWaitsNotForItsEndpoints(t *testing.T) {
-	clk := &clock{t: time.Unix(1000, 0)}
-	var events []ReferenceEvent
-	c := consistent(clk, &events)
+	c, _, _ := consistent()
 	c.Watch(NewWatch(), cds, "x")
 	x := res("x", "1")
 	x.Refs = []xds.Ref{{TypeURL: eds, Name: "x"}}
@@ -315,9 +308,7 @@ func TestClusterWaitsNotForItsEndpoints(t *testing.T) {
 // it finds everything it needs cached; a name upstream said does not exist
 // is not waited for.
 func TestRouteWaitsForItsClustersEndpoints(t *testing.T) {
-	clk := &clock{t: time.Unix(1000, 0)}
-	var events []ReferenceEvent
-	c := consistent(clk, &events)
+	c, _, _ := consistent()
 	c.Watch(NewWatch(), rds, "r", "s")
 	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
 	x := res("x", "1")
@@ -344,9 +335,7 @@ func TestRouteWaitsForItsClustersEndpoints(t *testing.T) {
 // A name whose first version waits is answered: Get says so, for the
 // does-not-exist timer.
 func TestWaitingIsAnswered(t *testing.T) {
-	clk := &clock{t: time.Unix(1000, 0)}
-	var events []ReferenceEvent
-	c := consistent(clk, &events)
+	c, _, _ := consistent()
 	c.Watch(NewWatch(), rds, "r")
 	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
 	if l := c.Get(rds, []string{"r"})[0]; l.Resource != nil || !l.Waiting {
@@ -358,9 +347,7 @@ func TestWaitingIsAnswered(t *testing.T) {
 // resource when it is retired, not a retention period later; one a client
 // watched is retained on its own.
 func TestReferencedGoWithWhatPointedAtThem(t *testing.T) {
-	clk := &clock{t: time.Unix(1000, 0)}
-	var events []ReferenceEvent
-	c := consistent(clk, &events)
+	c, clk, _ := consistent()
 	w, wy := NewWatch(), NewWatch()
 	c.Watch(w, rds, "r")
 	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x", "y")}})
@@ -387,9 +374,7 @@ func TestReferencedGoWithWhatPointedAtThem(t *testing.T) {
 // list) keeps when its wait began, and what it points at stays fetched
 // without a break: neither unsubscribed nor turned into a retained name.
 func TestWaitingResentKeepsItsWait(t *testing.T) {
-	clk := &clock{t: time.Unix(1000, 0)}
-	var events []ReferenceEvent
-	c := consistent(clk, &events)
+	c, clk, _ := consistent()
 	c.Watch(NewWatch(), rds, "r")
 	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
 	c.InterestChanges()
@@ -439,5 +424,132 @@ func TestReferenceTimeoutWithRollout(t *testing.T) {
 	c.Sweep()
 	if got := versionOf(c, other, rds, "r"); got != "2" {
 		t.Errorf("non-canary reads r %q after the bake, want 2", got)
+	}
+}
+
+// A removal that waits ends when upstream sends the name again with the
+// bytes the cache holds (a SotW full state that lists it once more,
+// Change.Resent), as it does when the name is upserted: the name is not
+// removed once nothing points at it.
+func TestResentEndsAWaitingRemoval(t *testing.T) {
+	c, _, events := consistent()
+	w := NewWatch()
+	c.Watch(w, rds, "r")
+	c.Watch(w, cds, "x", "y")
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1"), res("y", "1")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	c.Apply(cds, Change{Removed: []string{"x"}})
+	if got := c.References().Waiting; len(got) != 1 || !got[0].Removal {
+		t.Fatalf("waiting = %+v, want x's removal", got)
+	}
+	c.Apply(cds, Change{Resent: []string{"x", "y"}})
+	if got := c.References().Waiting; len(got) != 0 {
+		t.Errorf("waiting after x was resent = %+v, want none", got)
+	}
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y")}})
+	if got := present(c, cds, "x"); got != "1" {
+		t.Errorf("x = %q once the route moved, want 1: upstream sent it again", got)
+	}
+	if len(*events) != 0 {
+		t.Errorf("events = %+v, want none", *events)
+	}
+}
+
+// A resource that points at a missing Cluster waits unless nobody asked
+// for it (it is not stored, so nothing is fetched for it) or it is what
+// the cache holds already (a resource let through after max_wait, sent
+// again): each unless on its own.
+func TestReferenceWaitUnless(t *testing.T) {
+	t.Run("nobody asked", func(t *testing.T) {
+		c, _, _ := consistent()
+		c.Watch(NewWatch(), rds, "r")
+		c.Apply(rds, Change{Upserts: []*Resource{route("q", "1", "z")}})
+		if got := c.References().Waiting; len(got) != 0 {
+			t.Errorf("waiting = %+v, want none: nobody asked for q", got)
+		}
+		if got := c.Interest()[cds].Names; len(got) != 0 {
+			t.Errorf("cluster interest = %v, want none", got)
+		}
+	})
+	t.Run("nothing changes", func(t *testing.T) {
+		c, clk, events := consistent()
+		c.Watch(NewWatch(), rds, "r")
+		c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+		clk.t = clk.t.Add(5 * time.Second)
+		c.Sweep()
+		if got := present(c, rds, "r"); got != "1" || len(*events) != 1 {
+			t.Fatalf("r = %q, events = %+v: want r let through after max_wait", got, *events)
+		}
+		c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+		if got := c.References().Waiting; len(got) != 0 {
+			t.Errorf("waiting = %+v, want none: r is what the cache holds", got)
+		}
+		if l := c.Get(rds, []string{"r"})[0]; l.Waiting {
+			t.Error("the lookup of r says it waits")
+		}
+	})
+}
+
+// A resource waiting for its Cluster has no entry while it waits (a
+// wildcard's): when the wildcard goes, the type stays until the wait ends,
+// and then what the resource pointed at goes too; the cache empties.
+func TestWaitOutlivesItsWildcard(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	c := New(Options{Retention: time.Second, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second}})
+	w := NewWatch()
+	c.WatchWildcard(w, rds)
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	c.UnwatchWildcard(w, rds)
+	clk.t = clk.t.Add(2 * time.Second)
+	if c.Sweep() || c.Empty() {
+		t.Fatal("the cache says it is empty while r waits, fetching x")
+	}
+	for range 3 { // the wait ends; x is retained a second, then dropped
+		clk.t = clk.t.Add(5 * time.Second)
+		c.Sweep()
+	}
+	if got := c.References().Waiting; len(got) != 0 {
+		t.Errorf("waiting = %+v, want none after max_wait", got)
+	}
+	if in := c.Interest(); len(in) != 0 {
+		t.Errorf("interest = %v, want none", in)
+	}
+	if !c.Sweep() || !c.Empty() {
+		t.Error("the cache is not empty once the wait ended")
+	}
+}
+
+// A removal whose wait a change ends goes through the rollout like the
+// change: the canaries lose the name first, the rest after the bake.
+func TestWaitingRemovalWithRollout(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	c := New(Options{Retention: time.Minute, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second},
+		Rollout: Rollout{Canary: 1, Bake: time.Minute}})
+	canary, other := NewWatch(), NewWatch()
+	canary.SetRank(1)
+	other.SetRank(2)
+	for _, w := range []*Watch{canary, other} {
+		c.Watch(w, rds, "r")
+		c.Watch(w, cds, "x", "y")
+	}
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1"), res("y", "1")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	clk.t = clk.t.Add(2 * time.Minute)
+	c.Sweep()
+	c.Apply(cds, Change{Removed: []string{"x"}})
+	if got := versionOf(c, canary, cds, "x"); got != "1" {
+		t.Fatalf("canary lost x while the route points at it: %q", got)
+	}
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y")}})
+	if got := versionOf(c, canary, cds, "x"); got != "" {
+		t.Errorf("canary reads x %q once the route moved, want it removed", got)
+	}
+	if got := versionOf(c, other, cds, "x"); got != "1" {
+		t.Errorf("non-canary reads x %q before the bake, want 1", got)
+	}
+	clk.t = clk.t.Add(2 * time.Minute)
+	c.Sweep()
+	if got := versionOf(c, other, cds, "x"); got != "" {
+		t.Errorf("non-canary reads x %q after the bake, want it removed", got)
 	}
 }

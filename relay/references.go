@@ -108,17 +108,23 @@ type debugReferences struct {
 	MoreWaiting  int             `json:"more_waiting,omitempty"`
 }
 
+// bounded is what f makes of the first maxDebugReferences of in, and how
+// many more there are: every list /debug/references shows is cut so.
+func bounded[T, U any](in []T, f func(T) U) ([]U, int) {
+	n := min(len(in), maxDebugReferences)
+	out := make([]U, 0, n)
+	for _, v := range in[:n] {
+		out = append(out, f(v))
+	}
+	return out, len(in) - n
+}
+
 // debugRefs is refs as an admin body shows them: at most
 // maxDebugReferences, names clipped, and how many more there are.
-func debugRefs(refs []xds.Ref) ([]debugRef, int) {
-	out := make([]debugRef, 0, min(len(refs), maxDebugReferences))
-	for i, ref := range refs {
-		if i == maxDebugReferences {
-			return out, len(refs) - i
-		}
-		out = append(out, debugRef{Type: xds.ShortName(ref.TypeURL), Name: xds.Clip(ref.Name)})
-	}
-	return out, 0
+func debugRefs(refs []xds.Ref) ([]debugRef, int) { return bounded(refs, shownRef) }
+
+func shownRef(ref xds.Ref) debugRef {
+	return debugRef{Type: xds.ShortName(ref.TypeURL), Name: xds.Clip(ref.Name)}
 }
 
 // debugReferences serves GET /debug/references?group=KEY: what resources
@@ -136,27 +142,19 @@ func (r *Relay) debugReferences(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	refs := g.cache.References()
-	out := debugReferences{Group: g.shown, MaxWait: r.cfg.Consistency.MaxWait.String(), Dangling: []debugDangling{}, Waiting: []debugWaiting{}}
-	for i, d := range refs.Dangling {
-		if i == maxDebugReferences {
-			out.MoreDangling = len(refs.Dangling) - i
-			break
-		}
+	out := debugReferences{Group: g.shown, MaxWait: r.cfg.Consistency.MaxWait.String()}
+	out.Dangling, out.MoreDangling = bounded(refs.Dangling, func(d cache.Dangling) debugDangling {
 		from, more := debugRefs(d.From)
-		out.Dangling = append(out.Dangling, debugDangling{debugRef: debugRef{Type: xds.ShortName(d.TypeURL), Name: xds.Clip(d.Name)}, From: from, MoreFrom: more})
-	}
-	for i, wt := range refs.Waiting {
-		if i == maxDebugReferences {
-			out.MoreWaiting = len(refs.Waiting) - i
-			break
-		}
-		dw := debugWaiting{debugRef: debugRef{Type: xds.ShortName(wt.TypeURL), Name: xds.Clip(wt.Name)}, Since: wt.Since, Removal: wt.Removal}
+		return debugDangling{debugRef: shownRef(d.Ref), From: from, MoreFrom: more}
+	})
+	out.Waiting, out.MoreWaiting = bounded(refs.Waiting, func(wt cache.Waiting) debugWaiting {
+		dw := debugWaiting{debugRef: shownRef(wt.Ref), Since: wt.Since, Removal: wt.Removal}
 		if wt.Removal {
 			dw.PointedAtBy, dw.More = debugRefs(wt.Missing)
 		} else {
 			dw.Missing, dw.More = debugRefs(wt.Missing)
 		}
-		out.Waiting = append(out.Waiting, dw)
-	}
+		return dw
+	})
 	writeJSON(w, out)
 }

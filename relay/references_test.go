@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"fmt"
 	"net/url"
 	"slices"
 	"testing"
@@ -216,5 +217,27 @@ func TestConsistencyOff(t *testing.T) {
 	}
 	if in := r.groupCache(keyOf("c1")).Interest()[resourcev3.ClusterType]; len(in.Names) != 0 {
 		t.Errorf("cluster interest %v with consistency off", in.Names)
+	}
+}
+
+// Every list /debug/references shows stops at maxDebugReferences and says
+// how many more there are; an empty one is [] in the body, not null.
+func TestDebugReferencesAreBounded(t *testing.T) {
+	refs := make([]xds.Ref, maxDebugReferences+2)
+	for i := range refs {
+		refs[i] = xds.Ref{TypeURL: resourcev3.ClusterType, Name: fmt.Sprint("c", i)}
+	}
+	got, more := debugRefs(refs)
+	if len(got) != maxDebugReferences || more != 2 {
+		t.Errorf("debugRefs of %d: %d shown, %d more; want %d and 2", len(refs), len(got), more, maxDebugReferences)
+	}
+	if got[0] != (debugRef{Type: xds.ShortName(resourcev3.ClusterType), Name: "c0"}) {
+		t.Errorf("first = %+v", got[0])
+	}
+	if got, more := debugRefs(refs[:3]); len(got) != 3 || more != 0 {
+		t.Errorf("debugRefs of 3: %d shown, %d more", len(got), more)
+	}
+	if got, _ := debugRefs(nil); got == nil {
+		t.Error("debugRefs(nil) is nil: the body would say null")
 	}
 }

@@ -27,10 +27,11 @@ func refAny(t *testing.T, m proto.Message) *anypb.Any {
 }
 
 func TestRefs(t *testing.T) {
-	rds := func(route string) *anypb.Any {
+	rdsFrom := func(route string, cs *corepb.ConfigSource) *anypb.Any {
 		return refAny(t, &hcmpb.HttpConnectionManager{RouteSpecifier: &hcmpb.HttpConnectionManager_Rds{
-			Rds: &hcmpb.Rds{RouteConfigName: route}}})
+			Rds: &hcmpb.Rds{RouteConfigName: route, ConfigSource: cs}}})
 	}
+	rds := func(route string) *anypb.Any { return rdsFrom(route, nil) }
 	route := func(rs ...*routepb.Route) *routepb.RouteConfiguration {
 		return &routepb.RouteConfiguration{Name: "r", VirtualHosts: []*routepb.VirtualHost{{Name: "vh", Domains: []string{"*"}, Routes: rs}}}
 	}
@@ -74,6 +75,11 @@ func TestRefs(t *testing.T) {
 		{name: "inline route config", res: &listenerpb.Listener{Name: "l", ApiListener: &listenerpb.ApiListener{ApiListener: refAny(t,
 			&hcmpb.HttpConnectionManager{RouteSpecifier: &hcmpb.HttpConnectionManager_RouteConfig{RouteConfig: route(to(&routepb.RouteAction{ClusterSpecifier: &routepb.RouteAction_Cluster{Cluster: "x"}}))}})}},
 			want: []Ref{C("x")}},
+		{name: "rds from ads, self, and another config source", res: &listenerpb.Listener{Name: "l", FilterChains: []*listenerpb.FilterChain{{Filters: []*listenerpb.Filter{
+			{Name: "ads", ConfigType: &listenerpb.Filter_TypedConfig{TypedConfig: rdsFrom("r1", &corepb.ConfigSource{ConfigSourceSpecifier: &corepb.ConfigSource_Ads{Ads: &corepb.AggregatedConfigSource{}}})}},
+			{Name: "self", ConfigType: &listenerpb.Filter_TypedConfig{TypedConfig: rdsFrom("r2", &corepb.ConfigSource{ConfigSourceSpecifier: &corepb.ConfigSource_Self{Self: &corepb.SelfConfigSource{}}})}},
+			{Name: "other", ConfigType: &listenerpb.Filter_TypedConfig{TypedConfig: rdsFrom("r3", &corepb.ConfigSource{ConfigSourceSpecifier: &corepb.ConfigSource_ApiConfigSource{}})}},
+		}}}}, want: []Ref{R("r1"), R("r2")}},
 		{name: "unknown filter", res: &listenerpb.Listener{Name: "l", FilterChains: []*listenerpb.FilterChain{{Filters: []*listenerpb.Filter{{Name: "tcp",
 			ConfigType: &listenerpb.Filter_TypedConfig{TypedConfig: refAny(t, wrapperspb.String("not a filter"))}}}}}}},
 		{name: "route: cluster, weighted, header", res: route(
