@@ -2,6 +2,7 @@ package relay
 
 import (
 	"fmt"
+	"net/http"
 	"net/url"
 	"slices"
 	"strings"
@@ -180,6 +181,20 @@ func TestConvergenceWildcardAndSummary(t *testing.T) {
 	})
 	if s := out.Summary[0]; s.Resources != 2 || s.Subscribed != 2 || s.Behind != 0 || !strings.HasSuffix(s.Type, "Cluster") {
 		t.Fatalf("summary: %+v", s)
+	}
+	// ?limit= bounds the resources listed, not the summary; more says how
+	// many it left off.
+	for limit, listed := range map[string]int{"0": 0, "1": 1, "5": 2} {
+		var lim DebugConvergence
+		getJSON(t, r, "/debug/convergence?type=clusters&limit="+limit, &lim)
+		if len(lim.Resources) != listed || lim.More != 2-listed || len(lim.Summary) != 1 || lim.Summary[0].Resources != 2 {
+			t.Errorf("limit=%s: %d listed, %d more, summary %+v; want %d listed of 2", limit, len(lim.Resources), lim.More, lim.Summary, listed)
+		}
+	}
+	for _, q := range []string{"limit=-1", "limit=x", "type=nosuch", "group=nosuch"} {
+		if code, body := get(t, http.DefaultClient, "http://"+r.AdminAddr()+"/debug/convergence?"+q); code/100 != 4 {
+			t.Errorf("?%s: %d %s, want a 4xx", q, code, body)
+		}
 	}
 	resp2, err := fetchStatus(t, r, &statuspb.ClientStatusRequest{})
 	if err != nil {
