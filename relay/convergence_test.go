@@ -1,13 +1,11 @@
 package relay
 
 import (
-	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	adminpb "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -222,16 +220,7 @@ func TestConvergenceWildcardAndSummary(t *testing.T) {
 // canary rejects the current version, the others are behind it, still
 // holding the released one, and the gauges say so.
 func TestConvergenceHeldRolloutIsBehind(t *testing.T) {
-	cp := testcp.Start(t)
-	cp.Set(t, "c1", "1", appCluster(time.Second), appEndpoints(1001))
-	r := startRelay(t, cp.Addr, func(c *Config) { c.Rollout.Canary, c.Rollout.Bake = 1, time.Hour })
-	var clients []*canaryClient
-	for i := range 4 {
-		c := startCanaryClient(t, r.Addr(), fmt.Sprintf("client-%d", i), i%2 == 0)
-		t.Cleanup(c.stop)
-		clients = append(clients, c)
-	}
-	waitAll(t, clients, "cds:1s")
+	cp, r, _ := heldRolloutFixture(t, 4)
 	cds := "/debug/convergence?type=clusters&name=app"
 	var out DebugConvergence
 	eventually(t, "every client accepts the first version", func() bool {
