@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -193,5 +194,31 @@ func TestWaitReplicasThatCannotBeCounted(t *testing.T) {
 	err := f.run(t.Context(), &out)
 	if took := time.Since(start); err == nil || took > 5*time.Second {
 		t.Errorf("a replica that never answers: %v after %v, %q", err, took, out.String())
+	}
+}
+
+// A verdict names at most waitShown resources not there yet, and says how
+// many more, the relay's own past its limit among them.
+func TestWaitShowsBoundedResources(t *testing.T) {
+	var dc relay.DebugConvergence
+	for i := range waitShown + 2 {
+		dc.Resources = append(dc.Resources, relay.ConvergenceResource{Name: fmt.Sprintf("r%d", i), Version: "2", Subscribed: 2,
+			Versions: []relay.ConvergenceVersion{{Version: "2", Accepted: 1, Rejected: 1, Error: "no", RejectedBy: []string{"node-a"}}}})
+	}
+	dc.Resources = append(dc.Resources, relay.ConvergenceResource{Name: "done", Version: "2", Subscribed: 2,
+		Versions: []relay.ConvergenceVersion{{Version: "2", Accepted: 2}}})
+	dc.More = 5
+	dc.Summary = []relay.ConvergenceSummary{{Subscribed: 40, Accepted: 20, Rejected: 12}}
+	var c waitCount
+	f := waitFlags{}
+	f.add(&c, "relay-0", dc)
+	if len(c.shown) != waitShown || c.more != 2+5 {
+		t.Fatalf("%d shown, %d more; want %d and 7", len(c.shown), c.more, waitShown)
+	}
+	var out strings.Builder
+	c.print(&out)
+	if !strings.Contains(out.String(), `1 rejected: "no" by node-a`) || !strings.HasSuffix(out.String(), "... and 7 more resources\n") ||
+		strings.Contains(out.String(), `/done`) {
+		t.Errorf("printed %q", out.String())
 	}
 }
