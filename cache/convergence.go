@@ -116,11 +116,24 @@ func (c *Cache) Move(typeURL, name string, from, to Standing, received, now time
 // MoveAll is Move for every resource of from, which a client stood with
 // at answer fa, and of to, at answer ta (each sorted by name; a resource
 // in both moves once): a complete state sent in place of another, or
-// answered. Under one lock; observe is told each time to accept.
+// answered. Under one lock; observe is told each time to accept once it
+// is let go.
 func (c *Cache) MoveAll(typeURL string, from []*Resource, fa Answer, to []*Resource, ta Answer, received, now time.Time, m Mover, observe func(time.Duration)) {
 	if len(from) == 0 && len(to) == 0 {
 		return
 	}
+	var took []time.Duration
+	c.moveAllLocked(typeURL, from, fa, to, ta, received, now, m, &took)
+	if observe != nil {
+		for _, d := range took {
+			observe(d)
+		}
+	}
+}
+
+// moveAllLocked is MoveAll under the counters' mu, appending the times to
+// accept to took.
+func (c *Cache) moveAllLocked(typeURL string, from []*Resource, fa Answer, to []*Resource, ta Answer, received, now time.Time, m Mover, took *[]time.Duration) {
 	cv := &c.conv
 	cv.mu.Lock()
 	defer cv.mu.Unlock()
@@ -129,8 +142,8 @@ func (c *Cache) MoveAll(typeURL string, from []*Resource, fa Answer, to []*Resou
 		if f == t {
 			return
 		}
-		if took := moveLocked(byName, name, f, t, received, now, m); took > 0 && observe != nil {
-			observe(took)
+		if d := moveLocked(byName, name, f, t, received, now, m); d > 0 {
+			*took = append(*took, d)
 		}
 	}
 	at := func(r *Resource, a Answer) Standing { return Standing{Version: r.Version, Answer: a} }

@@ -77,3 +77,25 @@ func TestMoveAllMergesByName(t *testing.T) {
 		t.Errorf("counted %v, want only %v", got, want)
 	}
 }
+
+// MoveAll tells observe each time to accept with the counters' lock let
+// go: observe may read them, or take a lock of its own.
+func TestMoveAllObservesUnlocked(t *testing.T) {
+	c := New(Options{})
+	a, b := &Resource{Name: "a", Version: "1"}, &Resource{Name: "b", Version: "1"}
+	received := time.Unix(1000, 0)
+	c.MoveAll("T", nil, Unsent, []*Resource{a, b}, Pending, received, received, Mover{}, nil)
+	var took []time.Duration
+	c.MoveAll("T", []*Resource{a, b}, Pending, []*Resource{a, b}, Accepted, time.Time{}, received.Add(time.Second), Mover{Since: received.Add(-time.Second)},
+		func(d time.Duration) {
+			if !c.conv.mu.TryLock() {
+				t.Error("observe called with the counters locked")
+				return
+			}
+			c.conv.mu.Unlock()
+			took = append(took, d)
+		})
+	if len(took) != 2 || took[0] != time.Second || took[1] != time.Second {
+		t.Errorf("observed %v, want 1s for each of a and b", took)
+	}
+}

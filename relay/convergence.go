@@ -180,9 +180,6 @@ func resourceShown(group string, rc cache.ResourceConvergence, now time.Time) Co
 		if !v.PendingSince.IsZero() {
 			cv.OldestPending = now.Sub(v.PendingSince).Seconds()
 		}
-		if len(cv.RejectedBy) == 0 {
-			cv.RejectedBy = nil
-		}
 		out.Versions = append(out.Versions, cv)
 	}
 	return out

@@ -1,12 +1,11 @@
 package relay
 
 import (
-	"fmt"
+	"net/http"
 	"net/url"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	adminpb "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -181,6 +180,20 @@ func TestConvergenceWildcardAndSummary(t *testing.T) {
 	if s := out.Summary[0]; s.Resources != 2 || s.Subscribed != 2 || s.Behind != 0 || !strings.HasSuffix(s.Type, "Cluster") {
 		t.Fatalf("summary: %+v", s)
 	}
+	// ?limit= bounds the resources listed, not the summary; more says how
+	// many it left off.
+	for limit, listed := range map[string]int{"0": 0, "1": 1, "5": 2} {
+		var lim DebugConvergence
+		getJSON(t, r, "/debug/convergence?type=clusters&limit="+limit, &lim)
+		if len(lim.Resources) != listed || lim.More != 2-listed || len(lim.Summary) != 1 || lim.Summary[0].Resources != 2 {
+			t.Errorf("limit=%s: %d listed, %d more, summary %+v; want %d listed of 2", limit, len(lim.Resources), lim.More, lim.Summary, listed)
+		}
+	}
+	for _, q := range []string{"limit=-1", "limit=x", "type=nosuch", "group=nosuch"} {
+		if code, body := get(t, http.DefaultClient, "http://"+r.AdminAddr()+"/debug/convergence?"+q); code/100 != 4 {
+			t.Errorf("?%s: %d %s, want a 4xx", q, code, body)
+		}
+	}
 	resp2, err := fetchStatus(t, r, &statuspb.ClientStatusRequest{})
 	if err != nil {
 		t.Fatal(err)
@@ -207,16 +220,7 @@ func TestConvergenceWildcardAndSummary(t *testing.T) {
 // canary rejects the current version, the others are behind it, still
 // holding the released one, and the gauges say so.
 func TestConvergenceHeldRolloutIsBehind(t *testing.T) {
-	cp := testcp.Start(t)
-	cp.Set(t, "c1", "1", appCluster(time.Second), appEndpoints(1001))
-	r := startRelay(t, cp.Addr, func(c *Config) { c.Rollout.Canary, c.Rollout.Bake = 1, time.Hour })
-	var clients []*canaryClient
-	for i := range 4 {
-		c := startCanaryClient(t, r.Addr(), fmt.Sprintf("client-%d", i), i%2 == 0)
-		t.Cleanup(c.stop)
-		clients = append(clients, c)
-	}
-	waitAll(t, clients, "cds:1s")
+	cp, r, _ := heldRolloutFixture(t, 4)
 	cds := "/debug/convergence?type=clusters&name=app"
 	var out DebugConvergence
 	eventually(t, "every client accepts the first version", func() bool {

@@ -172,6 +172,24 @@ func appEndpoints(port int) *endpointpb.ClusterLoadAssignment {
 	return testcp.Endpoints("app", fmt.Sprintf("127.0.0.1:%d", port))
 }
 
+// heldRolloutFixture is a relay with one canary and a bake of an hour,
+// and n clients (client-0…, every other one delta) that saw the first
+// version of app: a change the canary NACKs is held from the rest.
+func heldRolloutFixture(t *testing.T, n int) (*testcp.ControlPlane, *Relay, []*canaryClient) {
+	t.Helper()
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", appCluster(time.Second), appEndpoints(1001))
+	r := startRelay(t, cp.Addr, func(c *Config) { c.Rollout.Canary, c.Rollout.Bake = 1, time.Hour })
+	var clients []*canaryClient
+	for i := range n {
+		c := startCanaryClient(t, r.Addr(), fmt.Sprintf("client-%d", i), i%2 == 0)
+		t.Cleanup(c.stop)
+		clients = append(clients, c)
+	}
+	waitAll(t, clients, "cds:1s")
+	return cp, r, clients
+}
+
 // waitAll waits until every client saw v.
 func waitAll(t *testing.T, clients []*canaryClient, v string) {
 	t.Helper()
@@ -284,16 +302,7 @@ func compareRank(a, b uint64) int {
 // the canary's error; to anyone, degraded in general terms), and an
 // operator's POST /debug/rollout/release passes it to the whole group.
 func TestRolloutHeldShowsOnReadyzAndReleases(t *testing.T) {
-	cp := testcp.Start(t)
-	cp.Set(t, "c1", "1", appCluster(time.Second), appEndpoints(1001))
-	r := startRelay(t, cp.Addr, func(c *Config) { c.Rollout.Canary, c.Rollout.Bake = 1, time.Hour })
-	var clients []*canaryClient
-	for i := range 3 {
-		c := startCanaryClient(t, r.Addr(), fmt.Sprintf("client-%d", i), i%2 == 0)
-		t.Cleanup(c.stop)
-		clients = append(clients, c)
-	}
-	waitAll(t, clients, "cds:1s")
+	cp, r, clients := heldRolloutFixture(t, 3)
 	cp.Set(t, "c1", "2", appCluster(badTimeout), appEndpoints(1001))
 	eventually(t, "the halt to be counted", func() bool {
 		return strings.Contains(getMetrics(t, r), `xdsrelay_rollout_halts_total{type="Cluster"} 1`)

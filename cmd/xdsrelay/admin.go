@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/xdsrelay/xdsrelay/internal/creds"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
 // adminFlags are how the admin commands (admin, guard release, rollout
@@ -56,7 +57,8 @@ func (f *adminFlags) base() string {
 }
 
 // do sends one request to the admin endpoint and returns the body of a 2xx
-// answer; any other status is an error with the answer's first line.
+// answer; any other status is an error with the answer's first line,
+// clipped.
 func (f *adminFlags) do(ctx context.Context, method, path string, q url.Values, body string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, f.timeout)
 	defer cancel()
@@ -90,7 +92,7 @@ func (f *adminFlags) do(ctx context.Context, method, path string, q url.Values, 
 	}
 	if resp.StatusCode/100 != 2 {
 		line, _, _ := strings.Cut(strings.TrimSpace(string(b)), "\n")
-		return nil, refusal{code: resp.StatusCode, err: fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, line)}
+		return nil, refusal{code: resp.StatusCode, err: fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, xds.Clip(line))}
 	}
 	return b, nil
 }

@@ -1,6 +1,10 @@
 package main
 
 import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -9,6 +13,7 @@ import (
 	"time"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/relay"
 )
 
@@ -136,5 +141,84 @@ func TestWaitReplicasOfAName(t *testing.T) {
 	}
 	if got := f.resolve(t.Context(), "127.0.0.1:9901"); len(got) != 1 || got[0].server != "127.0.0.1:9901" {
 		t.Errorf("an address: %+v", got)
+	}
+}
+
+// A replica that cannot be counted (unreachable, a 5xx, an answer that is
+// not JSON, more resources than it lists for --version) is named with why,
+// and the wait is neither done nor lost while it is; one that never
+// answers ends the wait at --timeout; a long error line is clipped.
+func TestWaitReplicasThatCannotBeCounted(t *testing.T) {
+	serve := func(code int, body string) string {
+		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			w.WriteHeader(code)
+			io.WriteString(w, body)
+		}))
+		t.Cleanup(s.Close)
+		return s.URL
+	}
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close()
+	good := `{"summary":[{"subscribed":2,"accepted":2}],"resources":[{"name":"a","version":"1","subscribed":2,"versions":[{"version":"1","accepted":2}]}],"more":3}`
+	for name, tc := range map[string]struct {
+		server, version, want string
+	}{
+		"unreachable": {gone.URL, "", "connect"},
+		"5xx":         {serve(http.StatusInternalServerError, strings.Repeat("x", 10*xds.MaxText)), "", "500 Internal Server Error: " + strings.Repeat("x", xds.MaxText) + "…"},
+		"not JSON":    {serve(http.StatusOK, "{"), "", "unexpected end of JSON input"},
+		"more":        {serve(http.StatusOK, good), "1", "3 resources past the 1 listed"},
+	} {
+		f := waitFlags{servers: []string{tc.server}, typ: "clusters", version: tc.version, fraction: 1}
+		c, refused := f.count(t.Context())
+		if refused != nil {
+			t.Errorf("%s: refused: %v", name, refused)
+			continue
+		}
+		if len(c.unknown) != 1 || !strings.HasPrefix(c.unknown[0], tc.server+": ") || !strings.Contains(c.unknown[0], tc.want) {
+			t.Errorf("%s: unknown %.300q, want one line naming %s with %.300q", name, c.unknown, tc.server, tc.want)
+		} else if len(c.unknown[0]) > 2*xds.MaxText {
+			t.Errorf("%s: %d bytes of error, not clipped", name, len(c.unknown[0]))
+		}
+		if done, lost := c.verdict(f.fraction); done || lost {
+			t.Errorf("%s: done %v, lost %v with a replica not counted", name, done, lost)
+		}
+	}
+
+	hang := make(chan struct{})
+	slow := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { <-hang }))
+	t.Cleanup(slow.Close)
+	t.Cleanup(func() { close(hang) })
+	f := waitFlags{servers: []string{slow.URL}, typ: "clusters", fraction: 1, timeout: 300 * time.Millisecond}
+	var out strings.Builder
+	start := time.Now()
+	err := f.run(t.Context(), &out)
+	if took := time.Since(start); err == nil || took > 5*time.Second {
+		t.Errorf("a replica that never answers: %v after %v, %q", err, took, out.String())
+	}
+}
+
+// A verdict names at most waitShown resources not there yet, and says how
+// many more, the relay's own past its limit among them.
+func TestWaitShowsBoundedResources(t *testing.T) {
+	var dc relay.DebugConvergence
+	for i := range waitShown + 2 {
+		dc.Resources = append(dc.Resources, relay.ConvergenceResource{Name: fmt.Sprintf("r%d", i), Version: "2", Subscribed: 2,
+			Versions: []relay.ConvergenceVersion{{Version: "2", Accepted: 1, Rejected: 1, Error: "no", RejectedBy: []string{"node-a"}}}})
+	}
+	dc.Resources = append(dc.Resources, relay.ConvergenceResource{Name: "done", Version: "2", Subscribed: 2,
+		Versions: []relay.ConvergenceVersion{{Version: "2", Accepted: 2}}})
+	dc.More = 5
+	dc.Summary = []relay.ConvergenceSummary{{Subscribed: 40, Accepted: 20, Rejected: 12}}
+	var c waitCount
+	f := waitFlags{}
+	f.add(&c, "relay-0", dc)
+	if len(c.shown) != waitShown || c.more != 2+5 {
+		t.Fatalf("%d shown, %d more; want %d and 7", len(c.shown), c.more, waitShown)
+	}
+	var out strings.Builder
+	c.print(&out)
+	if !strings.Contains(out.String(), `1 rejected: "no" by node-a`) || !strings.HasSuffix(out.String(), "... and 7 more resources\n") ||
+		strings.Contains(out.String(), `/done`) {
+		t.Errorf("printed %q", out.String())
 	}
 }
