@@ -190,3 +190,70 @@ func BenchmarkFramesRead(b *testing.B) {
 		}
 	}
 }
+
+// The server's side of a stream's end, and lengths it may not mean: its
+// RST_STREAM or a DATA frame with END_STREAM ends a stream half-way through
+// a message; a prefix announcing 4 GiB costs nothing; padding longer than
+// its frame is passed over. No stream outlives its end.
+func TestFramesServerEndsAndHostileLengths(t *testing.T) {
+	_, f := WatchFrames(nil)
+	pc := &pipeConn{}
+	c := newFrameConn(pc, f)
+	w := newFrameWriter()
+	client := func(build func()) { build(); feed(t, c, pc, true, w.take()) }
+	server := func(build func()) { build(); feed(t, c, pc, false, w.take()) }
+	open := func(ids ...uint32) {
+		client(func() {
+			for _, id := range ids {
+				w.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: []byte("hpack"), EndHeaders: true})
+			}
+		})
+	}
+	client(func() { w.buf.WriteString(http2.ClientPreface) })
+	open(1, 3)
+
+	huge := grpcMessage(0)
+	binary.BigEndian.PutUint32(huge[1:], 0xffffffff)
+	server(func() { w.fr.WriteData(1, false, append(huge, 1, 2, 3)) })
+	if !f.partlyRead() {
+		t.Fatal("a message announcing 4 GiB is not partly read")
+	}
+	server(func() { w.fr.WriteRSTStream(1, http2.ErrCodeInternal) })
+	if f.partlyRead() {
+		t.Fatal("a stream the server reset is still partly read")
+	}
+
+	server(func() { w.fr.WriteData(3, true, grpcMessage(10)[:7]) })
+	if f.partlyRead() {
+		t.Fatal("a stream the server ended with its DATA is still partly read")
+	}
+
+	// A padded DATA frame whose pad length exceeds the frame: no data, the
+	// rest passed over, and the frames after it still followed.
+	open(5)
+	server(func() {
+		w.buf.Write([]byte{0, 0, 3, frameData, flagPadded, 0, 0, 0, 5, 200, 0, 0})
+		w.fr.WriteData(5, false, grpcMessage(10)[:4])
+	})
+	if !f.partlyRead() {
+		t.Fatal("the frame after an overlong padding is not followed")
+	}
+	server(func() { w.fr.WriteRSTStream(5, http2.ErrCodeCancel) })
+
+	// Many streams opened and ended leave none behind.
+	for id := uint32(7); id < 2007; id += 2 {
+		open(id)
+		server(func() { w.fr.WriteData(id, false, grpcMessage(3)[:2]) })
+		if id%4 == 1 {
+			server(func() { w.fr.WriteRSTStream(id, http2.ErrCodeCancel) })
+		} else {
+			client(func() { w.fr.WriteRSTStream(id, http2.ErrCodeCancel) })
+		}
+	}
+	f.mu.Lock()
+	streams, partial := len(c.streams), len(f.partial)
+	f.mu.Unlock()
+	if streams != 0 || partial != 0 {
+		t.Fatalf("after every stream ended: %d streams and %d messages held, want none", streams, partial)
+	}
+}
