@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"io"
+	"maps"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -255,5 +257,42 @@ func TestFramesServerEndsAndHostileLengths(t *testing.T) {
 	f.mu.Unlock()
 	if streams != 0 || partial != 0 {
 		t.Fatalf("after every stream ended: %d streams and %d messages held, want none", streams, partial)
+	}
+}
+
+// A GOAWAY ends the streams past the last one the server processed: gRPC
+// closes them without a RST_STREAM. The streams up to it go on.
+func TestFramesGoAwayEndsUnprocessedStreams(t *testing.T) {
+	_, f := WatchFrames(nil)
+	pc := &pipeConn{}
+	c := newFrameConn(pc, f)
+	w := newFrameWriter()
+	client := func(build func()) { build(); feed(t, c, pc, true, w.take()) }
+	server := func(build func()) { build(); feed(t, c, pc, false, w.take()) }
+	client(func() {
+		w.buf.WriteString(http2.ClientPreface)
+		for _, id := range []uint32{1, 3, 5, 7} {
+			w.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: []byte("hpack"), EndHeaders: true})
+		}
+	})
+	held := func() []uint32 {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return slices.Sorted(maps.Keys(c.streams))
+	}
+	// gRPC's first GOAWAY of a graceful close names the largest stream ID.
+	server(func() { w.fr.WriteGoAway(1<<31-1, http2.ErrCodeNo, []byte("graceful")) })
+	if got := held(); !slices.Equal(got, []uint32{1, 3, 5, 7}) {
+		t.Fatalf("streams after a GOAWAY naming them all: %v", got)
+	}
+	server(func() {
+		w.fr.WriteGoAway(3, http2.ErrCodeNo, []byte("max_connection_age"))
+		w.fr.WriteData(3, false, grpcMessage(10)[:4])
+	})
+	if got := held(); !slices.Equal(got, []uint32{1, 3}) {
+		t.Fatalf("streams after a GOAWAY at 3: %v, want [1 3]", got)
+	}
+	if !f.partlyRead() {
+		t.Fatal("a processed stream's message after the GOAWAY is not followed")
 	}
 }
