@@ -75,16 +75,23 @@ func feed(t *testing.T, c *frameConn, pc *pipeConn, write bool, b []byte) {
 	}
 }
 
+// watched is a watched connection and a framer for it: client passes what
+// build frames as the relay's writes, server as the server's.
+func watched(t *testing.T) (f *Frames, c *frameConn, w *frameWriter, client, server func(build func())) {
+	_, f = WatchFrames(nil)
+	pc := &pipeConn{}
+	c = newFrameConn(pc, f)
+	w = newFrameWriter()
+	client = func(build func()) { build(); feed(t, c, pc, true, w.take()) }
+	server = func(build func()) { build(); feed(t, c, pc, false, w.take()) }
+	return f, c, w, client, server
+}
+
 // The watch follows gRPC's messages through HTTP/2 frames cut anywhere:
 // padded DATA, a message over several frames, streams the relay did not
 // open, a stream the relay resets, trailers, the connection's end.
 func TestFramesFollowMessages(t *testing.T) {
-	_, f := WatchFrames(nil)
-	pc := &pipeConn{}
-	c := newFrameConn(pc, f)
-	w := newFrameWriter()
-	client := func(build func()) { build(); feed(t, c, pc, true, w.take()) }
-	server := func(build func()) { build(); feed(t, c, pc, false, w.take()) }
+	f, c, w, client, server := watched(t)
 
 	client(func() {
 		w.buf.WriteString(http2.ClientPreface)
@@ -198,12 +205,7 @@ func BenchmarkFramesRead(b *testing.B) {
 // a message; a prefix announcing 4 GiB costs nothing; padding longer than
 // its frame is passed over. No stream outlives its end.
 func TestFramesServerEndsAndHostileLengths(t *testing.T) {
-	_, f := WatchFrames(nil)
-	pc := &pipeConn{}
-	c := newFrameConn(pc, f)
-	w := newFrameWriter()
-	client := func(build func()) { build(); feed(t, c, pc, true, w.take()) }
-	server := func(build func()) { build(); feed(t, c, pc, false, w.take()) }
+	f, c, w, client, server := watched(t)
 	open := func(ids ...uint32) {
 		client(func() {
 			for _, id := range ids {
@@ -263,12 +265,7 @@ func TestFramesServerEndsAndHostileLengths(t *testing.T) {
 // A GOAWAY ends the streams past the last one the server processed: gRPC
 // closes them without a RST_STREAM. The streams up to it go on.
 func TestFramesGoAwayEndsUnprocessedStreams(t *testing.T) {
-	_, f := WatchFrames(nil)
-	pc := &pipeConn{}
-	c := newFrameConn(pc, f)
-	w := newFrameWriter()
-	client := func(build func()) { build(); feed(t, c, pc, true, w.take()) }
-	server := func(build func()) { build(); feed(t, c, pc, false, w.take()) }
+	f, c, w, client, server := watched(t)
 	client(func() {
 		w.buf.WriteString(http2.ClientPreface)
 		for _, id := range []uint32{1, 3, 5, 7} {
