@@ -97,6 +97,7 @@ const (
 	frameData     = 0x0
 	frameHeaders  = 0x1
 	frameRSTStrm  = 0x3
+	frameGoAway   = 0x7
 	flagEndStream = 0x1
 	flagPadded    = 0x8
 	clientPreface = len("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
@@ -105,7 +106,8 @@ const (
 // frameConn is a watched connection: the plaintext HTTP/2 (after TLS)
 // between gRPC and the server. The relay's writes open streams (HEADERS)
 // and end them (RST_STREAM); the server's DATA frames carry the messages;
-// its END_STREAM or RST_STREAM ends a stream.
+// its END_STREAM or RST_STREAM ends a stream, and its GOAWAY every stream
+// past the last it processed (gRPC closes those without a RST_STREAM).
 type frameConn struct {
 	net.Conn
 	f *Frames
@@ -176,6 +178,16 @@ func (c *frameConn) wrote(h frameHeader, end bool) {
 
 // readEnd takes the end of a frame the server sent.
 func (c *frameConn) readEnd(h frameHeader, end bool) {
+	if end && h.typ == frameGoAway && h.length >= 8 {
+		c.f.mu.Lock()
+		defer c.f.mu.Unlock()
+		for id := range c.streams {
+			if id > h.lastStream {
+				c.endLocked(id)
+			}
+		}
+		return
+	}
 	if !end || !(h.typ == frameRSTStrm || h.flags&flagEndStream != 0 && (h.typ == frameData || h.typ == frameHeaders)) {
 		return
 	}
@@ -232,18 +244,21 @@ type frameHeader struct {
 	typ    byte
 	flags  byte
 	stream uint32
+
+	lastStream uint32 // a GOAWAY's last stream processed, once its payload is read
 }
 
 // scanner follows the frames of one direction of a connection through
 // reads or writes of any size.
 type scanner struct {
-	skip  int // bytes to pass over: the preface, a payload not read, padding
-	hdr   [9]byte
-	got   int // bytes of hdr read; 9 while in a frame's payload
-	h     frameHeader
-	pad   bool // a DATA frame's pad length is the next byte
-	data  int  // DATA payload still to come
-	after int  // padding after the data
+	skip   int // bytes to pass over: the preface, a payload not read, padding
+	hdr    [9]byte
+	got    int // bytes of hdr read; 9 while in a frame's payload
+	h      frameHeader
+	goAway int  // bytes of a GOAWAY's last stream ID still to read
+	pad    bool // a DATA frame's pad length is the next byte
+	data   int  // DATA payload still to come
+	after  int  // padding after the data
 }
 
 // scan reads p: frame is called at each frame's header (end false) and at
@@ -251,6 +266,15 @@ type scanner struct {
 func (s *scanner) scan(p []byte, frame func(h frameHeader, end bool), data func(id uint32, p []byte)) {
 	for len(p) > 0 {
 		switch {
+		case s.goAway > 0:
+			n := min(s.goAway, len(p))
+			for _, b := range p[:n] {
+				s.h.lastStream = s.h.lastStream<<8 | uint32(b)
+			}
+			if s.goAway -= n; s.goAway == 0 {
+				s.h.lastStream &= 0x7fffffff // the reserved bit
+			}
+			p = p[n:]
 		case s.skip > 0:
 			n := min(s.skip, len(p))
 			s.skip -= n
@@ -276,7 +300,7 @@ func (s *scanner) scan(p []byte, frame func(h frameHeader, end bool), data func(
 			s.data -= n
 			p = p[n:]
 		}
-		if s.got == len(s.hdr) && s.skip == 0 && !s.pad && s.data == 0 {
+		if s.got == len(s.hdr) && s.skip == 0 && !s.pad && s.data == 0 && s.goAway == 0 {
 			if s.after > 0 {
 				s.skip, s.after = s.after, 0
 				continue
@@ -297,6 +321,8 @@ func (s *scanner) header(frame func(h frameHeader, end bool)) {
 	}
 	frame(s.h, false)
 	switch {
+	case s.h.typ == frameGoAway && s.h.length >= 8:
+		s.goAway, s.skip = 4, s.h.length-4 // the last stream ID, then the rest
 	case s.h.typ == frameData && s.h.flags&flagPadded != 0 && s.h.length > 0:
 		s.pad = true
 	case s.h.typ == frameData:

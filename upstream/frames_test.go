@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"io"
+	"maps"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -73,16 +75,23 @@ func feed(t *testing.T, c *frameConn, pc *pipeConn, write bool, b []byte) {
 	}
 }
 
+// watched is a watched connection and a framer for it: client passes what
+// build frames as the relay's writes, server as the server's.
+func watched(t *testing.T) (f *Frames, c *frameConn, w *frameWriter, client, server func(build func())) {
+	_, f = WatchFrames(nil)
+	pc := &pipeConn{}
+	c = newFrameConn(pc, f)
+	w = newFrameWriter()
+	client = func(build func()) { build(); feed(t, c, pc, true, w.take()) }
+	server = func(build func()) { build(); feed(t, c, pc, false, w.take()) }
+	return f, c, w, client, server
+}
+
 // The watch follows gRPC's messages through HTTP/2 frames cut anywhere:
 // padded DATA, a message over several frames, streams the relay did not
 // open, a stream the relay resets, trailers, the connection's end.
 func TestFramesFollowMessages(t *testing.T) {
-	_, f := WatchFrames(nil)
-	pc := &pipeConn{}
-	c := newFrameConn(pc, f)
-	w := newFrameWriter()
-	client := func(build func()) { build(); feed(t, c, pc, true, w.take()) }
-	server := func(build func()) { build(); feed(t, c, pc, false, w.take()) }
+	f, c, w, client, server := watched(t)
 
 	client(func() {
 		w.buf.WriteString(http2.ClientPreface)
@@ -188,5 +197,99 @@ func BenchmarkFramesRead(b *testing.B) {
 				break
 			}
 		}
+	}
+}
+
+// The server's side of a stream's end, and lengths it may not mean: its
+// RST_STREAM or a DATA frame with END_STREAM ends a stream half-way through
+// a message; a prefix announcing 4 GiB costs nothing; padding longer than
+// its frame is passed over. No stream outlives its end.
+func TestFramesServerEndsAndHostileLengths(t *testing.T) {
+	f, c, w, client, server := watched(t)
+	open := func(ids ...uint32) {
+		client(func() {
+			for _, id := range ids {
+				w.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: []byte("hpack"), EndHeaders: true})
+			}
+		})
+	}
+	client(func() { w.buf.WriteString(http2.ClientPreface) })
+	open(1, 3)
+
+	huge := grpcMessage(0)
+	binary.BigEndian.PutUint32(huge[1:], 0xffffffff)
+	server(func() { w.fr.WriteData(1, false, append(huge, 1, 2, 3)) })
+	if !f.partlyRead() {
+		t.Fatal("a message announcing 4 GiB is not partly read")
+	}
+	server(func() { w.fr.WriteRSTStream(1, http2.ErrCodeInternal) })
+	if f.partlyRead() {
+		t.Fatal("a stream the server reset is still partly read")
+	}
+
+	server(func() { w.fr.WriteData(3, true, grpcMessage(10)[:7]) })
+	if f.partlyRead() {
+		t.Fatal("a stream the server ended with its DATA is still partly read")
+	}
+
+	// A padded DATA frame whose pad length exceeds the frame: no data, the
+	// rest passed over, and the frames after it still followed.
+	open(5)
+	server(func() {
+		w.buf.Write([]byte{0, 0, 3, frameData, flagPadded, 0, 0, 0, 5, 200, 0, 0})
+		w.fr.WriteData(5, false, grpcMessage(10)[:4])
+	})
+	if !f.partlyRead() {
+		t.Fatal("the frame after an overlong padding is not followed")
+	}
+	server(func() { w.fr.WriteRSTStream(5, http2.ErrCodeCancel) })
+
+	// Many streams opened and ended leave none behind.
+	for id := uint32(7); id < 2007; id += 2 {
+		open(id)
+		server(func() { w.fr.WriteData(id, false, grpcMessage(3)[:2]) })
+		if id%4 == 1 {
+			server(func() { w.fr.WriteRSTStream(id, http2.ErrCodeCancel) })
+		} else {
+			client(func() { w.fr.WriteRSTStream(id, http2.ErrCodeCancel) })
+		}
+	}
+	f.mu.Lock()
+	streams, partial := len(c.streams), len(f.partial)
+	f.mu.Unlock()
+	if streams != 0 || partial != 0 {
+		t.Fatalf("after every stream ended: %d streams and %d messages held, want none", streams, partial)
+	}
+}
+
+// A GOAWAY ends the streams past the last one the server processed: gRPC
+// closes them without a RST_STREAM. The streams up to it go on.
+func TestFramesGoAwayEndsUnprocessedStreams(t *testing.T) {
+	f, c, w, client, server := watched(t)
+	client(func() {
+		w.buf.WriteString(http2.ClientPreface)
+		for _, id := range []uint32{1, 3, 5, 7} {
+			w.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: []byte("hpack"), EndHeaders: true})
+		}
+	})
+	held := func() []uint32 {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return slices.Sorted(maps.Keys(c.streams))
+	}
+	// gRPC's first GOAWAY of a graceful close names the largest stream ID.
+	server(func() { w.fr.WriteGoAway(1<<31-1, http2.ErrCodeNo, []byte("graceful")) })
+	if got := held(); !slices.Equal(got, []uint32{1, 3, 5, 7}) {
+		t.Fatalf("streams after a GOAWAY naming them all: %v", got)
+	}
+	server(func() {
+		w.fr.WriteGoAway(3, http2.ErrCodeNo, []byte("max_connection_age"))
+		w.fr.WriteData(3, false, grpcMessage(10)[:4])
+	})
+	if got := held(); !slices.Equal(got, []uint32{1, 3}) {
+		t.Fatalf("streams after a GOAWAY at 3: %v, want [1 3]", got)
+	}
+	if !f.partlyRead() {
+		t.Fatal("a processed stream's message after the GOAWAY is not followed")
 	}
 }
