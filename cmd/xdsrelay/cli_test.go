@@ -20,7 +20,6 @@ import (
 	statuspb "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
@@ -274,17 +273,7 @@ func TestPersistInspect(t *testing.T) {
 		c.Cache.PersistDir = saved
 		c.Cache.PersistInterval = 20 * time.Millisecond
 	})
-	cc, err := grpc.NewClient(r.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), cliWait)
-	defer cancel()
-	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := sotwADS(t, r.Addr(), cliWait)
 	if err := st.Send(&discoverypb.DiscoveryRequest{Node: &corepb.Node{Id: "n1", Cluster: "c1"}, TypeUrl: resourcev3.ListenerType}); err != nil {
 		t.Fatal(err)
 	}

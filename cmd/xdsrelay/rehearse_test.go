@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -13,8 +12,6 @@ import (
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/xdsrelay/xdsrelay/relay"
 )
@@ -89,17 +86,7 @@ func TestWatchPosesAsEnvoy(t *testing.T) {
 	envoy := &corepb.Node{Id: "envoy-1", Cluster: "c1", UserAgentName: "envoy", ClientFeatures: features,
 		UserAgentVersionType: &corepb.Node_UserAgentBuildVersion{UserAgentBuildVersion: &corepb.BuildVersion{
 			Version: &typepb.SemanticVersion{MajorNumber: 1, MinorNumber: 31, Patch: 0}}}}
-	cc, err := grpc.NewClient(r.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), cliWait)
-	defer cancel()
-	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := sotwADS(t, r.Addr(), cliWait)
 	if err := st.Send(&discoverypb.DiscoveryRequest{Node: envoy, TypeUrl: resourcev3.ClusterType}); err != nil {
 		t.Fatal(err)
 	}
