@@ -1,12 +1,17 @@
 package main
 
 import (
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 	"github.com/xdsrelay/xdsrelay/relay"
@@ -136,5 +141,50 @@ func TestWaitReplicasOfAName(t *testing.T) {
 	}
 	if got := f.resolve(t.Context(), "127.0.0.1:9901"); len(got) != 1 || got[0].server != "127.0.0.1:9901" {
 		t.Errorf("an address: %+v", got)
+	}
+}
+
+// A replica wait cannot count keeps it from a verdict until the timeout,
+// and the verdict names the replica and why: one that does not answer,
+// one whose answer is not JSON, and, with --version, one listing fewer
+// resources than match. A replica that answers alone still decides.
+func TestWaitUncountedReplicas(t *testing.T) {
+	serve := func(body string) string {
+		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, body) }))
+		t.Cleanup(s.Close)
+		return s.URL
+	}
+	ok := serve(`{"summary":[{"subscribed":2,"accepted":2}],"resources":[{"name":"app","version":"1","subscribed":2,"versions":[{"version":"1","accepted":2}]}]}`)
+	notJSON := serve("<html>")
+	past := serve(`{"resources":[{"name":"app","version":"1","subscribed":2,"versions":[{"version":"1","accepted":2}]}],"more":3}`)
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closed.Close()
+	for _, tc := range []struct {
+		name     string
+		servers  []string
+		version  string
+		wantErr  string
+		wantLine string
+	}{
+		{name: "one that answers", servers: []string{ok}, wantErr: ""},
+		{name: "one that does not answer", servers: []string{ok, closed.URL}, wantErr: "short of 1 of them", wantLine: closed.URL + ": "},
+		{name: "an answer not JSON", servers: []string{notJSON}, wantErr: "short of 1 of them", wantLine: notJSON + ": invalid character"},
+		{name: "resources past those listed", servers: []string{past}, version: "1", wantErr: "short of 1 of them",
+			wantLine: past + ": 3 resources past the 1 listed: name those to wait for with --name"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := waitFlags{servers: tc.servers, typ: resourcev3.ClusterType, version: tc.version, fraction: 1, timeout: 600 * time.Millisecond}
+			var out strings.Builder
+			err := f.run(t.Context(), &out)
+			if tc.wantErr == "" {
+				if err != nil || out.String() != "2 of 2 clients accepted\n" {
+					t.Fatalf("err %v, out %q", err, out.String())
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(out.String(), tc.wantLine) {
+				t.Fatalf("err %v, out %q; want %q and a line %q", err, out.String(), tc.wantErr, tc.wantLine)
+			}
+		})
 	}
 }
