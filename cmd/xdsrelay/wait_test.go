@@ -21,7 +21,8 @@ import (
 // clients: exit 0 once they accepted a change, 1 at once when one rejects
 // it (with its error and node id), 0 again for a fraction the rejection
 // leaves reachable, 1 at the timeout for a version nobody is sent, and 2
-// for a command line it does not take. status --summary counts the same.
+// for a command line it does not take (a --fraction or --timeout out of
+// range among them). status --summary counts the same.
 func TestWaitExitCodes(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "xdsrelay")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
@@ -89,6 +90,8 @@ func TestWaitExitCodes(t *testing.T) {
 		{"wait", "--type", "clusters"},
 		{"wait", "--server", admin, "--type", "nosuchtype"},
 		{"wait", "--server", admin, "--type", "clusters", "--fraction", "1.5"},
+		{"wait", "--server", admin, "--type", "clusters", "--fraction", "0"},
+		{"wait", "--server", admin, "--type", "clusters", "--timeout", "0s"},
 		{"wait", "--server", admin, "--type", "clusters", "extra"},
 	} {
 		if code, out, _ := run(args...); code != 2 {
