@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -126,6 +127,23 @@ func waitForOutput(t *testing.T, out *syncBuffer, re string) {
 			t.Fatalf("no output matches %s; output:\n%s", re, out)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// eventually calls try every 20ms until it says nothing is missing (""),
+// for cliWait at most; then it fails the test with what try said last.
+func eventually(t *testing.T, try func() (missing string)) {
+	t.Helper()
+	deadline := time.Now().Add(cliWait)
+	for {
+		missing := try()
+		if missing == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(missing)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -523,13 +541,12 @@ func TestPersistInspectDir(t *testing.T) {
 		waitForOutput(t, out, "name: edge")
 		stop()
 	}
-	deadline := time.Now().Add(cliWait)
-	for files, _ := filepath.Glob(filepath.Join(saved, "group-*.cache")); len(files) < 2; files, _ = filepath.Glob(filepath.Join(saved, "group-*.cache")) {
-		if time.Now().After(deadline) {
-			t.Fatal("the two groups' caches were not saved")
+	eventually(t, func() string {
+		if files, _ := filepath.Glob(filepath.Join(saved, "group-*.cache")); len(files) < 2 {
+			return fmt.Sprintf("the two groups' caches were not saved: %q", files)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return ""
+	})
 	code, out, errOut := runCLI("persist", "inspect", saved)
 	if code != 0 || strings.Count(out, "== "+saved+string(filepath.Separator)+"group-") != 2 ||
 		!strings.Contains(out, "cluster=c1\n") || !strings.Contains(out, "cluster=c2\n") {
