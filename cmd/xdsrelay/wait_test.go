@@ -191,3 +191,22 @@ func TestWaitUncountedReplicas(t *testing.T) {
 		})
 	}
 }
+
+// status --summary prints the admin endpoint's summary as JSON with -o
+// json, and an answer that is not JSON is an error that says whose.
+func TestStatusSummaryJSON(t *testing.T) {
+	serve := func(body string) string {
+		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, body) }))
+		t.Cleanup(s.Close)
+		return s.URL
+	}
+	ok := serve(`{"summary":[{"group":"cluster=c1","type":"` + resourcev3.ClusterType + `","resources":1,"subscribed":2,"accepted":1,"rejected":1}]}`)
+	code, out, errOut := runCLI("status", "--summary", "--server", ok, "-o", "json")
+	if code != 0 || !strings.Contains(out, `"group": "cluster=c1"`) || !strings.Contains(out, `"rejected": 1`) {
+		t.Errorf("status --summary -o json: exit %d, %q %q", code, out, errOut)
+	}
+	code, out, errOut = runCLI("status", "--summary", "--server", serve("<html>"))
+	if code != 1 || !strings.Contains(errOut, "the admin endpoint's answer: invalid character") {
+		t.Errorf("status --summary on an answer not JSON: exit %d, %q %q", code, out, errOut)
+	}
+}
