@@ -299,17 +299,14 @@ func TestPersistInspect(t *testing.T) {
 		t.Fatal(err)
 	}
 	var file string
-	deadline := time.Now().Add(cliWait)
-	for file == "" {
-		if time.Now().After(deadline) {
-			t.Fatal("no cache file saved")
-		}
-		time.Sleep(10 * time.Millisecond)
+	eventually(t, func() string {
 		files, _ := filepath.Glob(filepath.Join(saved, "group-*.cache"))
-		if len(files) == 1 {
-			file = files[0]
+		if len(files) != 1 {
+			return fmt.Sprintf("not one cache file saved: %q", files)
 		}
-	}
+		file = files[0]
+		return ""
+	})
 
 	var out, errOut bytes.Buffer
 	if c := run(context.Background(), []string{"persist", "inspect", file}, nil, &out, &errOut); c != 0 {

@@ -127,18 +127,14 @@ func TestReadmeWatchAndStatus(t *testing.T) {
 		t.Fatalf("the README's status block: %d commands", len(status))
 	}
 	want := strings.Split(strings.TrimSpace(docBlock(t, "README.md", "text", "DOES_NOT_EXIST")), "\n")
-	deadline := time.Now().Add(cliWait)
-	for {
+	eventually(t, func() string { // the watch's ACK may still be on its way
 		code, got, errOut := runCLI(relayArgs(t, status[0], r.Addr())...)
 		lines := strings.Split(strings.TrimSpace(got), "\n")
 		if code == 0 && len(lines) == len(want) && lines[0] == want[0] && sameRowButVersion(lines[1], want[1]) {
-			break
+			return ""
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("xdsrelay status: exit %d, %q %q; the README shows %q", code, got, errOut, want)
-		}
-		time.Sleep(20 * time.Millisecond) // the watch's ACK may still be on its way
-	}
+		return fmt.Sprintf("xdsrelay status: exit %d, %q %q; the README shows %q", code, got, errOut, want)
+	})
 	if c := stop(); c != 0 {
 		t.Fatalf("watch: exit %d, want 0", c)
 	}
