@@ -95,17 +95,12 @@ func TestRolloutReleaseCommand(t *testing.T) {
 	b.wait(t, "1s")
 
 	cp.Set(t, "c1", "2", timedCluster(13*time.Second)) // the canary NACKs it
-	deadline := time.Now().Add(cliWait)
-	for {
-		code, out, _ := runCLI("admin", "--server", r.AdminAddr(), "/debug/groups")
-		if code == 0 && strings.Contains(out, `"held": true`) {
-			break
+	eventually(t, func() string {
+		if code, out, _ := runCLI("admin", "--server", r.AdminAddr(), "/debug/groups"); code != 0 || !strings.Contains(out, `"held": true`) {
+			return fmt.Sprintf("no held rollout: exit %d, %s", code, out)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no held rollout: %s", out)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return ""
+	})
 	key := relay.GroupKey(&corepb.Node{Id: "node-a", Cluster: "c1"}, cfg.Upstream.GroupBy)
 	code, out, errOut := runCLI("rollout", "release", "--server", r.AdminAddr(), "--group", key, "--type", "clusters")
 	if code != 0 || !strings.Contains(out, fmt.Sprintf("released a change of 1 Cluster resources in group %q, NACKed by canary \"node-", key)) ||

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -12,9 +11,7 @@ import (
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
@@ -68,17 +65,7 @@ func TestUpstreamAuthoritiesShapes(t *testing.T) {
 // removed with a NOT_FOUND error.
 func subscribeDelta(t *testing.T, addr string, names ...string) (got, removed []string) {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := deltaADS(t, addr, 10*time.Second)
 	if err := st.Send(&discoverypb.DeltaDiscoveryRequest{Node: &corepb.Node{Id: "n1", Cluster: "c1"},
 		TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: names}); err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"io"
 	"os"
 	"os/exec"
@@ -37,8 +38,12 @@ func TestBuiltBinaryPapercuts(t *testing.T) {
 	}
 
 	// The relay, from the example configuration, with a persist_dir.
+	// The relay and watch are killed if they outlive this, so that waiting
+	// for their exit after a signal is bounded.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
 	saved := t.TempDir()
-	relay := exec.Command(bin, "--config", filepath.Join(repo, "config.example.yaml"))
+	relay := exec.CommandContext(ctx, bin, "--config", filepath.Join(repo, "config.example.yaml"))
 	relay.Dir = repo
 	relay.Env = append(os.Environ(), "XDSRELAY_DOWNSTREAM_ADDRESS=127.0.0.1:0", "XDSRELAY_ADMIN_ADDRESS=127.0.0.1:0",
 		"XDSRELAY_CACHE_PERSIST_DIR="+saved)
@@ -53,7 +58,7 @@ func TestBuiltBinaryPapercuts(t *testing.T) {
 
 	// watch, as the Envoy it stands in for, taking the type by its message
 	// name, NACKing nothing that is there.
-	watch := exec.Command(bin, "watch", "--server", addr, "--node-id", "n1", "--cluster", "example", "--type", "Cluster",
+	watch := exec.CommandContext(ctx, bin, "watch", "--server", addr, "--node-id", "n1", "--cluster", "example", "--type", "Cluster",
 		"--user-agent", "envoy/1.31.0", "--client-feature", "envoy.lb.does_not_support_overprovisioning", "--nack-matching", "no-such-cluster")
 	stdout, err := watch.StdoutPipe()
 	if err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -20,7 +21,6 @@ import (
 	statuspb "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
@@ -127,6 +127,23 @@ func waitForOutput(t *testing.T, out *syncBuffer, re string) {
 			t.Fatalf("no output matches %s; output:\n%s", re, out)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// eventually calls try every 20ms until it says nothing is missing (""),
+// for cliWait at most; then it fails the test with what try said last.
+func eventually(t *testing.T, try func() (missing string)) {
+	t.Helper()
+	deadline := time.Now().Add(cliWait)
+	for {
+		missing := try()
+		if missing == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(missing)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -274,17 +291,7 @@ func TestPersistInspect(t *testing.T) {
 		c.Cache.PersistDir = saved
 		c.Cache.PersistInterval = 20 * time.Millisecond
 	})
-	cc, err := grpc.NewClient(r.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), cliWait)
-	defer cancel()
-	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := sotwADS(t, r.Addr(), cliWait)
 	if err := st.Send(&discoverypb.DiscoveryRequest{Node: &corepb.Node{Id: "n1", Cluster: "c1"}, TypeUrl: resourcev3.ListenerType}); err != nil {
 		t.Fatal(err)
 	}
@@ -292,17 +299,14 @@ func TestPersistInspect(t *testing.T) {
 		t.Fatal(err)
 	}
 	var file string
-	deadline := time.Now().Add(cliWait)
-	for file == "" {
-		if time.Now().After(deadline) {
-			t.Fatal("no cache file saved")
-		}
-		time.Sleep(10 * time.Millisecond)
+	eventually(t, func() string {
 		files, _ := filepath.Glob(filepath.Join(saved, "group-*.cache"))
-		if len(files) == 1 {
-			file = files[0]
+		if len(files) != 1 {
+			return fmt.Sprintf("not one cache file saved: %q", files)
 		}
-	}
+		file = files[0]
+		return ""
+	})
 
 	var out, errOut bytes.Buffer
 	if c := run(context.Background(), []string{"persist", "inspect", file}, nil, &out, &errOut); c != 0 {
@@ -534,13 +538,12 @@ func TestPersistInspectDir(t *testing.T) {
 		waitForOutput(t, out, "name: edge")
 		stop()
 	}
-	deadline := time.Now().Add(cliWait)
-	for files, _ := filepath.Glob(filepath.Join(saved, "group-*.cache")); len(files) < 2; files, _ = filepath.Glob(filepath.Join(saved, "group-*.cache")) {
-		if time.Now().After(deadline) {
-			t.Fatal("the two groups' caches were not saved")
+	eventually(t, func() string {
+		if files, _ := filepath.Glob(filepath.Join(saved, "group-*.cache")); len(files) < 2 {
+			return fmt.Sprintf("the two groups' caches were not saved: %q", files)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return ""
+	})
 	code, out, errOut := runCLI("persist", "inspect", saved)
 	if code != 0 || strings.Count(out, "== "+saved+string(filepath.Separator)+"group-") != 2 ||
 		!strings.Contains(out, "cluster=c1\n") || !strings.Contains(out, "cluster=c2\n") {

@@ -153,6 +153,83 @@ func TestLoadConfig(t *testing.T) {
 				}
 			},
 		},
+		{name: "zero lrs send_timeout", yaml: "lrs:\n  send_timeout: 0s\n", wantErr: "lrs.send_timeout: must be positive, got 0s"},
+		{name: "negative lrs send_timeout from the environment", env: map[string]string{"XDSRELAY_LRS_SEND_TIMEOUT": "-1s"},
+			wantErr: "lrs.send_timeout: must be positive, got -1s"},
+		{
+			name: "lrs.send_timeout alone",
+			yaml: "lrs:\n  send_timeout: 3s\n",
+			check: func(t *testing.T, o Options) {
+				if l := o.Relay.LRS; l.SendTimeout != 3*time.Second || l.MaxPending != 1000 {
+					t.Errorf("lrs: %+v", l)
+				}
+			},
+		},
+		{
+			name: "lrs.send_timeout from the environment overrides the file",
+			yaml: "lrs:\n  send_timeout: 3s\n  max_pending: 4\n",
+			env:  map[string]string{"XDSRELAY_LRS_SEND_TIMEOUT": "7s"},
+			check: func(t *testing.T, o Options) {
+				if l := o.Relay.LRS; l.SendTimeout != 7*time.Second || l.MaxPending != 4 {
+					t.Errorf("lrs: %+v", l)
+				}
+			},
+		},
+		{name: "negative consistency max_wait", yaml: "consistency:\n  max_wait: -1s\n",
+			wantErr: "consistency.max_wait: must not be negative (0 turns make before break off), got -1s"},
+		{name: "consistency max_wait not a duration", env: map[string]string{"XDSRELAY_CONSISTENCY_MAX_WAIT": "soon"}, wantErr: "consistency.max_wait"},
+		{
+			name: "consistency.max_wait 0 beside guard.wipe_hold",
+			yaml: "consistency:\n  max_wait: 0s\nguard:\n  wipe_hold: 1s\n",
+			check: func(t *testing.T, o Options) {
+				if o.Relay.Consistency.MaxWait != 0 || o.Relay.Guard.WipeHold != time.Second {
+					t.Errorf("consistency %+v guard %+v", o.Relay.Consistency, o.Relay.Guard)
+				}
+			},
+		},
+		{
+			name: "consistency.max_wait and guard.wipe_hold from the environment",
+			env:  map[string]string{"XDSRELAY_CONSISTENCY_MAX_WAIT": "250ms", "XDSRELAY_GUARD_WIPE_HOLD": "0s"},
+			check: func(t *testing.T, o Options) {
+				if o.Relay.Consistency.MaxWait != 250*time.Millisecond || o.Relay.Guard.WipeHold != 0 {
+					t.Errorf("consistency %+v guard %+v", o.Relay.Consistency, o.Relay.Guard)
+				}
+			},
+		},
+		{
+			name: "consistency.max_wait, guard.wipe_hold, lrs.send_timeout and upstream.protocol defaults",
+			check: func(t *testing.T, o Options) {
+				if o.Relay.Consistency.MaxWait != 5*time.Second || o.Relay.Guard.WipeHold != 2*time.Second || o.Relay.LRS.SendTimeout != 30*time.Second {
+					t.Errorf("consistency %+v guard %+v lrs %+v", o.Relay.Consistency, o.Relay.Guard, o.Relay.LRS)
+				}
+				if o.Relay.Upstream.Protocol != "auto" {
+					t.Errorf("protocol %q, want auto", o.Relay.Upstream.Protocol)
+				}
+			},
+		},
+		{name: "unknown upstream.protocol", yaml: "upstream:\n  protocol: grpc\n",
+			wantErr: `upstream.protocol: unknown protocol "grpc": want auto, delta, sotw or sotw-per-type`},
+		{name: "unknown upstream.protocol from the environment", env: map[string]string{"XDSRELAY_UPSTREAM_PROTOCOL": "SotW"},
+			wantErr: `upstream.protocol: unknown protocol "SotW"`},
+		{
+			name: "upstream.protocol default, alone, and from the environment",
+			yaml: "upstream:\n  address: cp.example:18000\n",
+			env:  map[string]string{"XDSRELAY_UPSTREAM_PROTOCOL": "sotw-per-type"},
+			check: func(t *testing.T, o Options) {
+				if u := o.Relay.Upstream; u.Protocol != "sotw-per-type" || u.Address != "cp.example:18000" {
+					t.Errorf("upstream: protocol %q address %q", u.Protocol, u.Address)
+				}
+			},
+		},
+		{
+			name: "upstream.protocol from the file",
+			yaml: "upstream:\n  protocol: delta\n",
+			check: func(t *testing.T, o Options) {
+				if o.Relay.Upstream.Protocol != "delta" {
+					t.Errorf("protocol %q", o.Relay.Upstream.Protocol)
+				}
+			},
+		},
 		{name: "reflection not a bool", yaml: "downstream:\n  reflection: sometimes\n", wantErr: "downstream.reflection"},
 		{
 			name: "connect_timeout, reflection, lrs and kinds in group_by",

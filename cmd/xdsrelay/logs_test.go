@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"regexp"
 	"strings"
@@ -88,6 +89,42 @@ func TestGRPCLogsInTheRelayFormat(t *testing.T) {
 	for _, line := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
 		if !json.Valid([]byte(line)) {
 			t.Errorf("not JSON: %q", line)
+		}
+	}
+}
+
+// gRPC's info and warning lines are the relay's debug lines, its errors
+// error lines, its verbose lines debug at level 0 only; and restore gives
+// gRPC's lines back to the logger they went to before.
+func TestGRPCLoggerLevels(t *testing.T) {
+	before := grpcLogs.Load()
+	info, debug := &syncBuffer{}, &syncBuffer{}
+	restore := useGRPCLogger(slog.New(slog.NewTextHandler(info, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	l := grpcLogger{}
+	l.Infof("info %d", 1)
+	l.Warningln("warning", 2)
+	l.Errorln("error", 3)
+	if l.V(0) {
+		t.Error("V(0) at level info: true, want false")
+	}
+	if got := info.String(); strings.Contains(got, "info 1") || strings.Contains(got, "warning 2") ||
+		!strings.Contains(got, `level=ERROR msg="error 3" component=grpc`) {
+		t.Errorf("at level info: %q; want only the error, without its newline", got)
+	}
+	restore()
+	if grpcLogs.Load() != before {
+		t.Fatal("restore did not put back the logger before")
+	}
+
+	defer useGRPCLogger(slog.New(slog.NewTextHandler(debug, &slog.HandlerOptions{Level: slog.LevelDebug})))()
+	l.Info("info ", 4)
+	l.Warningf("warning %d", 5)
+	if !l.V(0) || l.V(2) {
+		t.Errorf("at level debug: V(0) %v, V(2) %v; want true, false", l.V(0), l.V(2))
+	}
+	for _, want := range []string{`level=DEBUG msg="info 4" component=grpc`, `level=DEBUG msg="warning 5" component=grpc`} {
+		if !strings.Contains(debug.String(), want) {
+			t.Errorf("at level debug: %q lacks %q", debug.String(), want)
 		}
 	}
 }

@@ -60,16 +60,12 @@ func TestDocLoadReportsWalkthrough(t *testing.T) {
 		}
 	}
 	want := strings.TrimRight(docBlock(t, "docs/load-reports.md", "text", `"load_reports"`), "\n")
-	deadline := time.Now().Add(cliWait)
-	for {
+	eventually(t, func() string {
 		code, out, errOut := runCLI(args...)
 		if code == 0 && strings.Contains(out, want) {
 			t.Logf("/debug/groups:\n%s", out)
-			break
+			return ""
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("admin /debug/groups: exit %d, %q %q; the doc shows %q", code, out, errOut, want)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return fmt.Sprintf("admin /debug/groups: exit %d, %q %q; the doc shows %q", code, out, errOut, want)
+	})
 }

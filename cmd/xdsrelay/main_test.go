@@ -144,6 +144,7 @@ func TestUsageErrors(t *testing.T) {
 		{args: []string{"status"}, want: "--server is required"},
 		{args: []string{"status", "--server", "x:1", "-o", "yaml"}, want: `-o: "yaml" is not table or json`},
 		{args: []string{"status", "--server", "x:1", "extra"}, want: `unknown command "extra"`},
+		{args: []string{"status", "--summary", "--server", "x:1", "--node-id", "n"}, want: "--summary and --node-id: the summary counts every client"},
 		{args: []string{"watch", "--server", "x:1", "--node-id", "n", "--type", "xds"}, want: `--type: "xds" is not a resource type: Cluster|CDS|clusters, `},
 		{args: []string{"watch", "--server", "x:1", "--node-id", "n", "--type", "lds", "-o", "toml"}, want: `-o: "toml" is not yaml or json`},
 		{args: []string{"watch", "--server", "x:1", "--type", "lds"}, want: "--node-id is required"},

@@ -127,18 +127,14 @@ func TestReadmeWatchAndStatus(t *testing.T) {
 		t.Fatalf("the README's status block: %d commands", len(status))
 	}
 	want := strings.Split(strings.TrimSpace(docBlock(t, "README.md", "text", "DOES_NOT_EXIST")), "\n")
-	deadline := time.Now().Add(cliWait)
-	for {
+	eventually(t, func() string { // the watch's ACK may still be on its way
 		code, got, errOut := runCLI(relayArgs(t, status[0], r.Addr())...)
 		lines := strings.Split(strings.TrimSpace(got), "\n")
 		if code == 0 && len(lines) == len(want) && lines[0] == want[0] && sameRowButVersion(lines[1], want[1]) {
-			break
+			return ""
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("xdsrelay status: exit %d, %q %q; the README shows %q", code, got, errOut, want)
-		}
-		time.Sleep(20 * time.Millisecond) // the watch's ACK may still be on its way
-	}
+		return fmt.Sprintf("xdsrelay status: exit %d, %q %q; the README shows %q", code, got, errOut, want)
+	})
 	if c := stop(); c != 0 {
 		t.Fatalf("watch: exit %d, want 0", c)
 	}
@@ -469,7 +465,8 @@ func TestContributingCommands(t *testing.T) {
 // moved, and its unreachable control plane a port known to be closed):
 // the example client with -wait-for-ready=false fails with the relay's
 // UNAVAILABLE, not DEADLINE_EXCEEDED after its -wait; and -xds-server
-// reaches a relay on another port than the bootstrap's.
+// reaches a relay on another port than the bootstrap's, or says the
+// bootstrap names no server to replace.
 func TestDocGreeterFailsFast(t *testing.T) {
 	cmds := shellCommands(t, docBlock(t, "docs/clients.md", "sh", "-wait-for-ready=false"))
 	if len(cmds) != 2 || !cmds[0].background || len(cmds[1].words) < 3 || cmds[1].words[2] != "./examples/greeter/client" {
@@ -510,5 +507,15 @@ func TestDocGreeterFailsFast(t *testing.T) {
 	}()
 	if out, err := run("-xds-server", good.Addr()); err != nil || !strings.Contains(out, "xds:///greeter answered by greeter-1") {
 		t.Fatalf("client -xds-server %s: %v, %q", good.Addr(), err, out)
+	}
+
+	// -xds-server with a bootstrap that names no server to replace fails
+	// at once, saying so.
+	empty := filepath.Join(t.TempDir(), "bootstrap.json")
+	writeFile(t, empty, `{"node": {"id": "n"}}`)
+	c := exec.CommandContext(ctx, filepath.Join(bin, "client"), "-xds-server", good.Addr())
+	c.Env = append(os.Environ(), "GRPC_XDS_BOOTSTRAP="+empty)
+	if out, err := c.CombinedOutput(); err == nil || !strings.Contains(string(out), "-xds-server: GRPC_XDS_BOOTSTRAP names no xds_servers") {
+		t.Errorf("client -xds-server with no xds_servers: %v, %q", err, out)
 	}
 }

@@ -1,20 +1,17 @@
 package main
 
 import (
-	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	typepb "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/xdsrelay/xdsrelay/relay"
 )
@@ -56,17 +53,12 @@ func TestDocCanaryRehearsal(t *testing.T) {
 
 	readyz := shellCommands(t, docBlock(t, "docs/protection.md", "sh", " /readyz"))
 	degraded := strings.TrimSpace(docBlock(t, "docs/protection.md", "text", "DEGRADED"))
-	deadline := time.Now().Add(cliWait)
-	for {
-		_, out, _ := runCLI(moved(readyz[0])...)
-		if strings.Contains(out, degraded) {
-			break
+	eventually(t, func() string {
+		if _, out, _ := runCLI(moved(readyz[0])...); !strings.Contains(out, degraded) {
+			return fmt.Sprintf("/readyz: %q, the doc shows %q", out, degraded)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/readyz: %q, the doc shows %q", out, degraded)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return ""
+	})
 	if strings.Contains(fleetOut.String(), "connectTimeout: 5s") {
 		t.Fatal("the fleet was sent the change the canary NACKed")
 	}
@@ -89,17 +81,7 @@ func TestWatchPosesAsEnvoy(t *testing.T) {
 	envoy := &corepb.Node{Id: "envoy-1", Cluster: "c1", UserAgentName: "envoy", ClientFeatures: features,
 		UserAgentVersionType: &corepb.Node_UserAgentBuildVersion{UserAgentBuildVersion: &corepb.BuildVersion{
 			Version: &typepb.SemanticVersion{MajorNumber: 1, MinorNumber: 31, Patch: 0}}}}
-	cc, err := grpc.NewClient(r.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), cliWait)
-	defer cancel()
-	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := sotwADS(t, r.Addr(), cliWait)
 	if err := st.Send(&discoverypb.DiscoveryRequest{Node: envoy, TypeUrl: resourcev3.ClusterType}); err != nil {
 		t.Fatal(err)
 	}
@@ -138,17 +120,13 @@ func TestWatchNacks(t *testing.T) {
 		stop := startRun(t, append([]string{"watch", "--server", r.Addr(), "--node-id", "n-" + tc.variant, "--cluster", "c1", "--type", "cds", "--nack"}, tc.args...), nil, out, errOut)
 		waitForOutput(t, out, "name: c0")
 		waitForOutput(t, errOut, tc.stderr)
-		deadline := time.Now().Add(cliWait)
-		for {
-			_, clients, _ := runCLI("admin", "--server", r.AdminAddr(), "/debug/clients")
-			if regexp.MustCompile(`"variant": "` + tc.variant + `",[^\]]*"last_nack_error": "xdsrelay watch: --nack rejects every response"`).MatchString(clients) {
-				break
+		nacked := regexp.MustCompile(`"variant": "` + tc.variant + `",[^\]]*"last_nack_error": "xdsrelay watch: --nack rejects every response"`)
+		eventually(t, func() string {
+			if _, clients, _ := runCLI("admin", "--server", r.AdminAddr(), "/debug/clients"); !nacked.MatchString(clients) {
+				return fmt.Sprintf("%s: /debug/clients shows no NACK from watch:\n%s", tc.variant, clients)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: /debug/clients shows no NACK from watch:\n%s", tc.variant, clients)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return ""
+		})
 		if c := stop(); c != 0 {
 			t.Errorf("%s: exit %d", tc.variant, c)
 		}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"maps"
 	"os"
 	"path/filepath"
@@ -13,8 +12,6 @@ import (
 	tlspb "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
@@ -42,17 +39,7 @@ func TestDocSeveralControlPlanes(t *testing.T) {
 	}
 	r := bootConfig(t, file)
 
-	conn, err := grpc.NewClient(r.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := deltaADS(t, r.Addr(), 20*time.Second)
 	n := &corepb.Node{Id: "envoy-1", Cluster: "c1"}
 	for _, req := range []*discoverypb.DeltaDiscoveryRequest{
 		{Node: n, TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"web", xdstpCluster}},

@@ -191,6 +191,21 @@ func TestLoadUpstreams(t *testing.T) {
 			wantErr: "upstreams[0].stall_timeout: 500ms is below 1s"},
 		{name: "a negative stall_timeout", yaml: "upstream:\n  stall_timeout: -1s\n",
 			wantErr: "upstream.stall_timeout: must not be negative, got -1s"},
+		{name: "an entry's protocol checked", yaml: "upstreams:\n  - {name: a, types: [secrets], protocol: xds}\n",
+			wantErr: `upstreams[0].protocol: unknown protocol "xds"`},
+		{
+			name: "upstream.protocol from the environment, an entry's own, another's default",
+			env:  map[string]string{"XDSRELAY_UPSTREAM_PROTOCOL": "sotw"},
+			yaml: "upstreams:\n  - {name: a, types: [secrets], protocol: delta}\n  - {name: b, types: [clusters]}\n",
+			check: func(t *testing.T, o Options) {
+				if got := o.Relay.Upstream.Protocol; got != "sotw" {
+					t.Errorf("upstream.protocol: %q, want sotw", got)
+				}
+				if a, b := o.Relay.Upstreams[0].Protocol, o.Relay.Upstreams[1].Protocol; a != "delta" || b != "auto" {
+					t.Errorf("upstreams[].protocol: %q and %q, want delta and the default auto", a, b)
+				}
+			},
+		},
 		{name: "an entry's address checked", yaml: "upstreams:\n  - {name: a, types: [secrets], addresses: [nowhere]}\n",
 			wantErr: "upstreams[0].addresses"},
 	})

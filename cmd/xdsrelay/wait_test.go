@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/relay"
@@ -21,7 +23,8 @@ import (
 // clients: exit 0 once they accepted a change, 1 at once when one rejects
 // it (with its error and node id), 0 again for a fraction the rejection
 // leaves reachable, 1 at the timeout for a version nobody is sent, and 2
-// for a command line it does not take. status --summary counts the same.
+// for a command line it does not take (a --fraction or --timeout out of
+// range among them). status --summary counts the same.
 func TestWaitExitCodes(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "xdsrelay")
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
@@ -89,6 +92,8 @@ func TestWaitExitCodes(t *testing.T) {
 		{"wait", "--type", "clusters"},
 		{"wait", "--server", admin, "--type", "nosuchtype"},
 		{"wait", "--server", admin, "--type", "clusters", "--fraction", "1.5"},
+		{"wait", "--server", admin, "--type", "clusters", "--fraction", "0"},
+		{"wait", "--server", admin, "--type", "clusters", "--timeout", "0s"},
 		{"wait", "--server", admin, "--type", "clusters", "extra"},
 	} {
 		if code, out, _ := run(args...); code != 2 {
@@ -220,5 +225,69 @@ func TestWaitShowsBoundedResources(t *testing.T) {
 	if !strings.Contains(out.String(), `1 rejected: "no" by node-a`) || !strings.HasSuffix(out.String(), "... and 7 more resources\n") ||
 		strings.Contains(out.String(), `/done`) {
 		t.Errorf("printed %q", out.String())
+	}
+}
+
+// A replica wait cannot count keeps it from a verdict until the timeout,
+// and the verdict names the replica and why: one that does not answer,
+// one whose answer is not JSON, and, with --version, one listing fewer
+// resources than match. A replica that answers alone still decides.
+func TestWaitUncountedReplicas(t *testing.T) {
+	serve := func(body string) string {
+		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, body) }))
+		t.Cleanup(s.Close)
+		return s.URL
+	}
+	ok := serve(`{"summary":[{"subscribed":2,"accepted":2}],"resources":[{"name":"app","version":"1","subscribed":2,"versions":[{"version":"1","accepted":2}]}]}`)
+	notJSON := serve("<html>")
+	past := serve(`{"resources":[{"name":"app","version":"1","subscribed":2,"versions":[{"version":"1","accepted":2}]}],"more":3}`)
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closed.Close()
+	for _, tc := range []struct {
+		name     string
+		servers  []string
+		version  string
+		wantErr  string
+		wantLine string
+	}{
+		{name: "one that answers", servers: []string{ok}, wantErr: ""},
+		{name: "one that does not answer", servers: []string{ok, closed.URL}, wantErr: "short of 1 of them", wantLine: closed.URL + ": "},
+		{name: "an answer not JSON", servers: []string{notJSON}, wantErr: "short of 1 of them", wantLine: notJSON + ": invalid character"},
+		{name: "resources past those listed", servers: []string{past}, version: "1", wantErr: "short of 1 of them",
+			wantLine: past + ": 3 resources past the 1 listed: name those to wait for with --name"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := waitFlags{servers: tc.servers, typ: resourcev3.ClusterType, version: tc.version, fraction: 1, timeout: 600 * time.Millisecond}
+			var out strings.Builder
+			err := f.run(t.Context(), &out)
+			if tc.wantErr == "" {
+				if err != nil || out.String() != "2 of 2 clients accepted\n" {
+					t.Fatalf("err %v, out %q", err, out.String())
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(out.String(), tc.wantLine) {
+				t.Fatalf("err %v, out %q; want %q and a line %q", err, out.String(), tc.wantErr, tc.wantLine)
+			}
+		})
+	}
+}
+
+// status --summary prints the admin endpoint's summary as JSON with -o
+// json, and an answer that is not JSON is an error that says whose.
+func TestStatusSummaryJSON(t *testing.T) {
+	serve := func(body string) string {
+		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, body) }))
+		t.Cleanup(s.Close)
+		return s.URL
+	}
+	ok := serve(`{"summary":[{"group":"cluster=c1","type":"` + resourcev3.ClusterType + `","resources":1,"subscribed":2,"accepted":1,"rejected":1}]}`)
+	code, out, errOut := runCLI("status", "--summary", "--server", ok, "-o", "json")
+	if code != 0 || !strings.Contains(out, `"group": "cluster=c1"`) || !strings.Contains(out, `"rejected": 1`) {
+		t.Errorf("status --summary -o json: exit %d, %q %q", code, out, errOut)
+	}
+	code, out, errOut = runCLI("status", "--summary", "--server", serve("<html>"))
+	if code != 1 || !strings.Contains(errOut, "the admin endpoint's answer: invalid character") {
+		t.Errorf("status --summary on an answer not JSON: exit %d, %q %q", code, out, errOut)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	listenerpb "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	hcmpb "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"google.golang.org/protobuf/proto"
@@ -44,5 +45,28 @@ func TestMarshalJSONPrintsUnknownAnysRaw(t *testing.T) {
 	}
 	if !proto.Equal(a, before) {
 		t.Error("MarshalJSON changed the message")
+	}
+}
+
+// An unlinked Any as a map value is printed raw too; a linked Any whose
+// bytes do not decode is an error, not a message printed in part.
+func TestMarshalJSONMapsAndUndecodableAnys(t *testing.T) {
+	unknown := &anypb.Any{TypeUrl: "type.googleapis.com/example.v3.Options", Value: []byte{1, 2, 3}}
+	c := &clusterpb.Cluster{Name: "app", TypedExtensionProtocolOptions: map[string]*anypb.Any{"example.options": unknown}}
+	b, err := MarshalJSON(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, b); err != nil {
+		t.Fatal(err)
+	}
+	if want := `"example.options":{"@type":"type.googleapis.com/example.v3.Options","value":"AQID"}`; !strings.Contains(buf.String(), want) {
+		t.Errorf("%s lacks %s", buf.String(), want)
+	}
+
+	broken := &anypb.Any{TypeUrl: "type.googleapis.com/envoy.config.cluster.v3.Cluster", Value: []byte{0xff}}
+	if b, err := MarshalJSON(&clusterpb.Cluster{Name: "app", TypedExtensionProtocolOptions: map[string]*anypb.Any{"x": broken}}); err == nil {
+		t.Errorf("an Any that does not decode: no error, %s", b)
 	}
 }

@@ -28,6 +28,9 @@ func TestUserAgentFields(t *testing.T) {
 		{grpc("1.85"), "gRPC Go/1.85", "gRPC Go/1.85"},
 		{grpc("v2"), "gRPC Go/v2", "gRPC Go/v2"},
 		{grpc("a.b.c"), "gRPC Go/a.b.c", "gRPC Go/a.b.c"},
+		{grpc("v1.85.1"), "gRPC Go/v1.85.1", "gRPC Go/v1.85.1"},
+		{grpc("1.x.3"), "gRPC Go/1.x.3", "gRPC Go/1.x.3"},
+		{grpc("1..3"), "gRPC Go/1..3", "gRPC Go/1..3"},
 		{&corepb.Node{UserAgentName: "x"}, "x", "x"},
 		{&corepb.Node{}, "", ""},
 	} {
