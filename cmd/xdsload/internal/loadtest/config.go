@@ -72,6 +72,10 @@ type Config struct {
 	// one before it saved, and its clients are served from that cache
 	// before the control plane answers.
 	RelayPersist string `json:"relay_persist,omitempty"`
+	// RelayConsistencyOff turns the relay's make before break off
+	// (consistency.max_wait: 0): references are then neither read into
+	// waits nor fetched, to measure what they cost.
+	RelayConsistencyOff bool `json:"relay_consistency_off,omitempty"`
 	// relayTune, if set, edits the in-process relay's configuration last
 	// (tests: limits low enough to refuse a few clients). It does not
 	// reach a split run's child.
@@ -237,8 +241,8 @@ func (cfg *Config) validateStreams() error {
 // validateRelay checks the relay's options.
 func (cfg *Config) validateRelay() error {
 	switch {
-	case (cfg.RelayLimits || cfg.RelayPersist != "") && !cfg.Relay:
-		return errors.New("relay-limits and relay-persist set up the relay: give relay (or compare)")
+	case (cfg.RelayLimits || cfg.RelayPersist != "" || cfg.RelayConsistencyOff) && !cfg.Relay:
+		return errors.New("relay-limits, relay-persist and relay-consistency-off set up the relay: give relay (or compare)")
 	case cfg.RelayLimits && cfg.StreamsPerConn > relayStreamsPerConn:
 		// Streams past SETTINGS_MAX_CONCURRENT_STREAMS wait for a slot
 		// that a long-lived xDS stream never frees.

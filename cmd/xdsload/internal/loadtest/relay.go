@@ -78,6 +78,9 @@ func relayConfig(upstream string, cfg *Config) (relay.Config, error) {
 		}
 		rc.Cache.PersistDir, rc.Cache.PersistInterval = dir, relayPersistEvery
 	}
+	if cfg.RelayConsistencyOff {
+		rc.Consistency.MaxWait = 0
+	}
 	if cfg.LRS {
 		rc.LRS.Interval = cfg.LRSInterval
 		rc.LRS.MinInterval = min(rc.LRS.MinInterval, cfg.LRSInterval) // --lrs-interval may be shorter
