@@ -8,7 +8,7 @@ import (
 )
 
 // Order within a flush ("Eventual consistency considerations";
-// docs/architecture.md, invariant 7, "Order is kept"): Clusters and
+// docs/architecture.md, invariant 7 "Order is kept"): Clusters and
 // endpoints before the Listeners and Routes that use them, and a stale
 // resource removed only once nothing points at it. Changes that pile up on
 // a stream (a slow client, a flush waiting on a send) coalesce per type and
@@ -23,15 +23,17 @@ import (
 // pointing at a name before the name goes. A stream that keeps up flushes
 // each change on its own, in the order upstream sent it, and the cache
 // releases a removal only after the change that ended its references
-// (invariant 18), so that order holds across flushes too.
+// (invariant 18 "Make before break, whatever the order upstream"), so
+// that order holds across flushes too.
 //
 // An incremental flush of a type that adds and removes, followed by
 // another type, sends its removals in a trailing response (heldRemovals).
 // A SotW response is the type's whole state, so its removals cannot be
 // split out: a Listener or Cluster state that only removes goes after the
-// other types (heldState, heldFull); one that adds and removes goes in the
-// spec's order, with its removals. A flush of one type sends one response,
-// as it would anyway.
+// other types (removesOnly; sotwStream.flushFull and flushWildcard hold
+// it); one that adds and removes goes in the spec's order, with its
+// removals. A flush of one type sends one response, as it would anyway:
+// the last type of a flush holds nothing back.
 
 // ordered sorts the dirty types in place into the spec's order and returns
 // them.

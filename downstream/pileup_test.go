@@ -247,7 +247,7 @@ func setRoute(t *testing.T, c *cache.Cache, version, cluster string) {
 }
 
 // Make before break when changes pile up (docs/architecture.md, invariant
-// 7, "Order is kept"): a Route changes (its first pending change), Cluster
+// 7 "Order is kept"): a Route changes (its first pending change), Cluster
 // y is added, and the Route moves to y. Its latest state points at y, so
 // the client must have y first, whatever the order of the first pending
 // changes ("Eventual consistency considerations": CDS before RDS).
