@@ -161,9 +161,10 @@ func sotwPileClient(t *testing.T, cc *grpc.ClientConn, ctx context.Context) pile
 // what initial sends (until ready says so), it stops reading: big
 // Listeners are applied until a send to it blocks, then changes, which
 // pile up on the stream. It then reads again, and returns what it is told
-// of Clusters and Routes until done says it has all.
+// of Clusters and Routes until done says it has all, and the same by
+// response.
 func pileUp(t *testing.T, open func(*testing.T, *grpc.ClientConn, context.Context) pileClient,
-	initial func(*cache.Cache), ready func(got []string) bool, changes func(*cache.Cache), done func(got []string) bool) []string {
+	initial func(*cache.Cache), ready func(got []string) bool, changes func(*cache.Cache), done func(got []string) bool) (told []string, resps [][]string) {
 	t.Helper()
 	const cds, lds, rds = resourcev3.ClusterType, resourcev3.ListenerType, resourcev3.RouteType
 	c := cache.New(cache.Options{Retention: time.Hour})
@@ -184,17 +185,19 @@ func pileUp(t *testing.T, open func(*testing.T, *grpc.ClientConn, context.Contex
 	watched(t, c, cds, "w", "x", "y", "z")
 	watched(t, c, rds, "r")
 	initial(c)
-	read := func(until func([]string) bool) []string {
+	read := func(until func([]string) bool) (got []string, resps [][]string) {
 		t.Helper()
-		var got []string
 		for !until(got) {
 			more, err := cl.recv()
 			if err != nil {
 				t.Fatalf("after %v: %v", got, err)
 			}
 			got = append(got, more...)
+			if len(more) > 0 {
+				resps = append(resps, more)
+			}
 		}
-		return got
+		return got, resps
 	}
 	read(ready)
 	// The client reads nothing from here: gRPC takes a first big Listener
@@ -257,7 +260,7 @@ func TestPiledUpRouteGoesAfterTheClusterItPointsAt(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			cluster, routed := map[string]string{"delta": "Cluster +y", "sotw": "Cluster [x y]"}[name], "RouteConfiguration +r→y"
-			got := pileUp(t, open,
+			got, _ := pileUp(t, open,
 				func(c *cache.Cache) {
 					upsertClusters(t, c, "1", "x")
 					setRoute(t, c, "1", "x")
@@ -308,7 +311,7 @@ func TestPiledUpRemovalGoesAfterTheRouteThatLeftIt(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			const moved = "RouteConfiguration +r→y"
-			got := pileUp(t, tc.open,
+			got, _ := pileUp(t, tc.open,
 				func(c *cache.Cache) {
 					tc.clusters(t, c)
 					setRoute(t, c, "1", "x")
@@ -327,6 +330,49 @@ func TestPiledUpRemovalGoesAfterTheRouteThatLeftIt(t *testing.T) {
 				t.Fatalf("the client was told %v: the added Cluster z after the Route", got)
 			}
 		})
+	}
+}
+
+// What needs no reordering costs nothing more (docs/architecture.md,
+// invariant 7 "Order is kept"): an incremental flush of one type sends
+// its additions and removals in one response, as it would anyway.
+func TestPiledUpChangeOfOneTypeIsOneResponse(t *testing.T) {
+	_, resps := pileUp(t, deltaPileClient,
+		func(c *cache.Cache) {
+			upsertClusters(t, c, "1", "x", "y")
+			setRoute(t, c, "1", "y")
+		},
+		seen("RouteConfiguration +r→y"),
+		func(c *cache.Cache) {
+			upsertClusters(t, c, "1", "z")
+			c.Apply(resourcev3.ClusterType, cache.Change{Removed: []string{"x"}})
+		},
+		seen("Cluster +z", "Cluster -x"))
+	if want := []string{"Cluster +z", "Cluster -x"}; len(resps) != 1 || !slices.Equal(resps[0], want) {
+		t.Fatalf("the client was told %v, want one response %v", resps, want)
+	}
+}
+
+// The edge of the rule (docs/architecture.md, invariant 7 "Order is
+// kept"): a SotW Cluster state is the whole state, and one that adds and
+// removes goes in the spec's order, before the Route, with its removal.
+// The test holds the relay to what the architecture says it does.
+func TestPiledUpSotWStateThatAddsAndRemovesGoesInTypeOrder(t *testing.T) {
+	const clusters, moved = "Cluster [y z]", "RouteConfiguration +r→y"
+	got, _ := pileUp(t, sotwPileClient,
+		func(c *cache.Cache) {
+			upsertClusters(t, c, "1", "x", "y")
+			setRoute(t, c, "1", "x")
+		},
+		seen("RouteConfiguration +r→x"),
+		func(c *cache.Cache) {
+			upsertClusters(t, c, "1", "z")
+			setRoute(t, c, "2", "y")
+			c.Apply(resourcev3.ClusterType, cache.Change{Removed: []string{"x"}})
+		},
+		seen(clusters, moved))
+	if !before(got, clusters, moved) {
+		t.Fatalf("the client was told %v: the edge docs/architecture.md describes has changed, update it", got)
 	}
 }
 
