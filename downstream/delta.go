@@ -259,12 +259,11 @@ func (ds *deltaStream) candidates(t *deltaType, dirty, hbs *cache.NameSet, names
 // from one view of the cache. With hold, the removals of what the client
 // has are not in it: they are returned as later, a response of their own
 // for flushAll to send after the other types' changes (order.go). It is
-// one piece on purpose: each name's
-// decision reads and writes the same per-name records (what was sent, what
-// must be answered, the status) in one pass over one read, and a change
-// that reaches many streams runs it for each, where a second pass or a
-// helper's allocation per name would show (BENCHMARKS.md, the flush
-// benchmarks).
+// one piece on purpose: each name's decision reads and writes the same
+// per-name records (what was sent, what must be answered, the status) in
+// one pass over one read, and a change that reaches many streams runs it
+// for each, where a second pass or a helper's allocation per name would
+// show (BENCHMARKS.md, the flush benchmarks).
 func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache.NameSet, hold bool) (later func() error, err error) {
 	// One read: the response is one upstream version, never part of one.
 	// A change is of a name or a few: their names and lookups are kept on

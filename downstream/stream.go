@@ -139,10 +139,10 @@ type flusher interface {
 
 // flushAll sends what changed, make before break (order.go): each type's
 // additions and changes in the spec's order, each Cluster followed by the
-// endpoints that warm it (warming.go), and what a type only removes after
-// every other type's, in the reverse order; first, on a per-type EDS
-// stream, the endpoints the connection's CDS stream asks for. SotW and
-// incremental streams flush this way, through f.
+// endpoints that warm it (warming.go), then what the flushes held back,
+// removals, in the reverse order; first, on a per-type EDS stream, the
+// endpoints the connection's CDS stream asks for. SotW and incremental
+// streams flush this way, through f.
 func (b *streamBase) flushAll(f flusher) error {
 	if names := b.inbox.take(); len(names) > 0 {
 		if err := f.resendEndpoints(names); err != nil {
