@@ -170,6 +170,9 @@ func (b *streamBase) flushAll(f flusher) error {
 		if err := held[i](); err != nil {
 			return err
 		}
+		if err := b.flushWarm(f); err != nil {
+			return err
+		}
 	}
 	return nil
 }
