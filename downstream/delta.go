@@ -208,18 +208,19 @@ func (ds *deltaStream) awaitsWildcard() bool {
 // flush sends what changed (see flushAll).
 func (ds *deltaStream) flush() error { return ds.flushAll(ds) }
 
-// flushDirty sends what changed of one type.
-func (ds *deltaStream) flushDirty(d *cache.Dirty) error {
+// flushDirty sends what changed of one type; with hold, its removals are
+// returned as later (order.go).
+func (ds *deltaStream) flushDirty(d *cache.Dirty, hold bool) (later func() error, err error) {
 	t := ds.types.get(d.TypeURL)
 	if t == nil {
-		return nil
+		return nil, nil
 	}
 	if t.wildcard && t.names.len() == 0 && !t.responded {
 		if err := ds.wildcardUnreachable(d.TypeURL); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return ds.flushType(d.TypeURL, t, &d.Names, heartbeats(d, ds.ttl))
+	return ds.flushType(d.TypeURL, t, &d.Names, heartbeats(d, ds.ttl), hold)
 }
 
 // resendEndpoints sends again, of names, the endpoints the stream holds:
@@ -237,7 +238,8 @@ func (ds *deltaStream) resendEndpoints(names []string) error {
 	if set.Len() == 0 {
 		return nil
 	}
-	return ds.flushType(resourcev3.EndpointType, t, set, nil)
+	_, err := ds.flushType(resourcev3.EndpointType, t, set, nil, false)
+	return err
 }
 
 // candidates are the names a flush looks at, and whether it must look at
@@ -254,13 +256,15 @@ func (ds *deltaStream) candidates(t *deltaType, dirty, hbs *cache.NameSet, names
 
 // flushType sends, of one type, what changed for the client: resources
 // new or changed, removals, heartbeats and errors, in one response read
-// from one view of the cache. It is one piece on purpose: each name's
-// decision reads and writes the same per-name records (what was sent, what
-// must be answered, the status) in one pass over one read, and a change
-// that reaches many streams runs it for each, where a second pass or a
-// helper's allocation per name would show (BENCHMARKS.md, the flush
-// benchmarks).
-func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache.NameSet) error {
+// from one view of the cache. With hold, the removals of what the client
+// has are not in it: they are returned as later, a response of their own
+// for flushAll to send after the other types' changes (order.go). It is
+// one piece on purpose: each name's decision reads and writes the same
+// per-name records (what was sent, what must be answered, the status) in
+// one pass over one read, and a change that reaches many streams runs it
+// for each, where a second pass or a helper's allocation per name would
+// show (BENCHMARKS.md, the flush benchmarks).
+func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache.NameSet, hold bool) (later func() error, err error) {
 	// One read: the response is one upstream version, never part of one.
 	// A change is of a name or a few: their names and lookups are kept on
 	// the stack while they fit.
@@ -270,7 +274,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 	v := ds.cache.ReadInto(ds.watch, typeURL, names, all, lookupBuf[:0])
 	synced := v.Synced
 	var out [][]byte
-	var removed []string
+	var removed, gone []string // gone: removals held back
 	var errs []*cache.ResourceError
 	ts, nonce, now := ds.status.sendingFrom(typeURL, false, unixNano(v.Received)), ds.nonces.peek(), time.Now()
 	for _, l := range v.Lookups {
@@ -297,7 +301,11 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 			}
 		case had && have != absent && (l.Absent || t.wildcard && synced || !named):
 			// Removed upstream, or gone from the wildcard set.
-			removed = append(removed, l.Name)
+			if hold {
+				gone = append(gone, l.Name)
+			} else {
+				removed = append(removed, l.Name)
+			}
 			t.sent.set(l.Name, absent)
 			ts.absent(l.Name, now)
 		case !had && named && l.Absent:
@@ -328,8 +336,9 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 	// Until the wildcard is synced, what the client has cannot be compared
 	// with the complete set: look at everything again next time.
 	t.all = t.wildcard && !synced
+	later = ds.holdRemovals(typeURL, &v, gone)
 	if len(out) == 0 && len(removed) == 0 && len(errs) == 0 && !first {
-		return nil
+		return later, nil
 	}
 	short := xds.ShortName(typeURL)
 	for _, e := range errs {
@@ -337,6 +346,11 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 		t.errSent.record(e)
 		ds.sentError(short, e)
 	}
+	return later, ds.respond(typeURL, t, v, out, removed)
+}
+
+// respond sends one response of typeURL at v's version.
+func (ds *deltaStream) respond(typeURL string, t *deltaType, v cache.View, out [][]byte, removed []string) error {
 	t.responded = true
 	sent := ds.nonces.next()
 	msg := xds.DeltaFields(v.Version, typeURL, sent, out, removed)

@@ -3,6 +3,7 @@ package downstream
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -18,17 +19,24 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
-// listenerOrRoute is Listener or RouteConfiguration name at version, about
-// pad bytes long, as the relay caches it.
-func listenerOrRoute(t *testing.T, typeURL, name, version string, pad int) *cache.Resource {
+// bigListener is Listener l at version, about pad bytes long.
+func bigListener(t *testing.T, version string, pad int) *cache.Resource {
 	t.Helper()
-	var m proto.Message = &routepb.RouteConfiguration{Name: name, InternalOnlyHeaders: []string{version + strings.Repeat("x", pad)}}
-	if typeURL == resourcev3.ListenerType {
-		m = &listenerpb.Listener{Name: name, StatPrefix: version + strings.Repeat("x", pad)}
-	}
+	return encodeMsg(t, "l", version, &listenerpb.Listener{Name: "l", StatPrefix: version + strings.Repeat("x", pad)})
+}
+
+// route is Route r at version, sending everything to cluster.
+func route(t *testing.T, version, cluster string) *cache.Resource {
+	t.Helper()
+	return encodeMsg(t, "r", version, testcp.Route("r", cluster))
+}
+
+func encodeMsg(t *testing.T, name, version string, m proto.Message) *cache.Resource {
+	t.Helper()
 	a, err := anypb.New(m)
 	if err != nil {
 		t.Fatal(err)
@@ -48,17 +56,117 @@ func workerSendSlow(s *Server) bool {
 	return s.sends.blocked > 0
 }
 
-// Order when changes pile up behind a slow client (docs/architecture.md,
-// invariant 7, "Where order is not kept yet"): the control plane sends
-// Listener 3, Route 4, Listener 5 while the stream's send is blocked. A
-// type's place in the flush is its earliest pending change, and the flush
-// sends its latest state: the client gets Listener 5 before Route 4, one
-// change ahead of one the control plane sent before it. Latest state wins
-// per type, and no order of two types' latest states is the control
-// plane's when their changes interleave. The test holds the relay to what
-// the architecture says it does; the fix is the reference ordering's.
-func TestPiledUpChangesAreSentInTheOrderOfTheirEarliest(t *testing.T) {
-	const lds, rds = resourcev3.ListenerType, resourcev3.RouteType
+// pileClient is an ADS client, delta or SotW, that can stop reading: it
+// receives one response at a time, and describes each as what it tells
+// the client of Clusters and Routes (see describe). Responses of other
+// types are read and left out.
+type pileClient struct {
+	send func(typeURL string, names ...string)
+	recv func() ([]string, error)
+}
+
+// describe is what a resource tells a client: a Cluster's name, a Route's
+// name and the cluster it sends to.
+func describe(t *testing.T, a *anypb.Any) string {
+	t.Helper()
+	m, err := a.UnmarshalNew()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := m.(*routepb.RouteConfiguration); ok {
+		return r.GetName() + "→" + r.GetVirtualHosts()[0].GetRoutes()[0].GetRoute().GetCluster()
+	}
+	return m.(interface{ GetName() string }).GetName()
+}
+
+// deltaPileClient opens a delta ADS stream: a response is described as
+// "Cluster +x" per resource and "Cluster -x" per removal.
+func deltaPileClient(t *testing.T, cc *grpc.ClientConn, ctx context.Context) pileClient {
+	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := true
+	return pileClient{
+		send: func(typeURL string, names ...string) {
+			req := &discoverypb.DeltaDiscoveryRequest{TypeUrl: typeURL, ResourceNamesSubscribe: names}
+			if first {
+				req.Node, first = &corepb.Node{Id: "slow"}, false
+			}
+			if err := st.Send(req); err != nil {
+				t.Fatal(err)
+			}
+		},
+		recv: func() ([]string, error) {
+			resp, err := recvWithin(st, wait)
+			if err != nil || resp.GetTypeUrl() == resourcev3.ListenerType {
+				return nil, err
+			}
+			short := xds.ShortName(resp.GetTypeUrl())
+			var got []string
+			for _, r := range resp.GetResources() {
+				got = append(got, short+" +"+describe(t, r.GetResource()))
+			}
+			for _, n := range resp.GetRemovedResources() {
+				got = append(got, short+" -"+n)
+			}
+			return got, nil
+		},
+	}
+}
+
+// sotwPileClient opens a SotW ADS stream: a Cluster response is described
+// as the complete state, "Cluster [x y]", a Route as "RouteConfiguration
+// +r→x".
+func sotwPileClient(t *testing.T, cc *grpc.ClientConn, ctx context.Context) pileClient {
+	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := true
+	return pileClient{
+		send: func(typeURL string, names ...string) {
+			req := &discoverypb.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: names}
+			if first {
+				req.Node, first = &corepb.Node{Id: "slow"}, false
+			}
+			if err := st.Send(req); err != nil {
+				t.Fatal(err)
+			}
+		},
+		recv: func() ([]string, error) {
+			resp, err := recvWithin(st, wait)
+			if err != nil || resp.GetTypeUrl() == resourcev3.ListenerType {
+				return nil, err
+			}
+			short := xds.ShortName(resp.GetTypeUrl())
+			var names []string
+			for _, r := range resp.GetResources() {
+				names = append(names, describe(t, r))
+			}
+			if xds.FullState(resp.GetTypeUrl()) {
+				slices.Sort(names)
+				return []string{fmt.Sprintf("%s %v", short, names)}, nil
+			}
+			for i, n := range names {
+				names[i] = short + " +" + n
+			}
+			return names, nil
+		},
+	}
+}
+
+// pileUp opens an ADS stream with open, subscribed to Listener l, Clusters
+// x, y, z and w and Route r, and applies initial. Once the client has read
+// what initial sends (until ready says so), it stops reading: big
+// Listeners are applied until a send to it blocks, then changes, which
+// pile up on the stream. It then reads again, and returns what it is told
+// of Clusters and Routes until done says it has all, and the same by
+// response.
+func pileUp(t *testing.T, open func(*testing.T, *grpc.ClientConn, context.Context) pileClient,
+	initial func(*cache.Cache), ready func(got []string) bool, changes func(*cache.Cache), done func(got []string) bool) (told []string, resps [][]string) {
+	t.Helper()
+	const cds, lds, rds = resourcev3.ClusterType, resourcev3.ListenerType, resourcev3.RouteType
 	c := cache.New(cache.Options{Retention: time.Hour})
 	s, any := serveOn(t, Options{Groups: oneGroup{c}, SendTimeout: time.Minute})
 	cc, err := grpc.NewClient(any.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -69,23 +177,29 @@ func TestPiledUpChangesAreSentInTheOrderOfTheirEarliest(t *testing.T) {
 	defer cc.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	send := func(r *discoverypb.DeltaDiscoveryRequest) {
-		t.Helper()
-		if err := st.Send(r); err != nil {
-			t.Fatal(err)
-		}
-	}
-	send(&discoverypb.DeltaDiscoveryRequest{Node: &corepb.Node{Id: "slow"}, TypeUrl: lds, ResourceNamesSubscribe: []string{"l"}})
-	send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: rds, ResourceNamesSubscribe: []string{"r"}})
+	cl := open(t, cc, ctx)
+	cl.send(lds, "l")
+	cl.send(cds, "w", "x", "y", "z")
+	cl.send(rds, "r")
 	watched(t, c, lds, "l")
+	watched(t, c, cds, "w", "x", "y", "z")
 	watched(t, c, rds, "r")
-	apply := func(typeURL, version string, pad int) {
-		c.Apply(typeURL, cache.Change{Upserts: []*cache.Resource{listenerOrRoute(t, typeURL, map[string]string{lds: "l", rds: "r"}[typeURL], version, pad)}})
+	initial(c)
+	read := func(until func([]string) bool) (got []string, resps [][]string) {
+		t.Helper()
+		for !until(got) {
+			more, err := cl.recv()
+			if err != nil {
+				t.Fatalf("after %v: %v", got, err)
+			}
+			got = append(got, more...)
+			if len(more) > 0 {
+				resps = append(resps, more)
+			}
+		}
+		return got, resps
 	}
+	read(ready)
 	// The client reads nothing from here: gRPC takes a first big Listener
 	// whole, and the send of a later one blocks behind it (two big ones
 	// marked before a flush are one flush: big ones are marked until a
@@ -94,37 +208,178 @@ func TestPiledUpChangesAreSentInTheOrderOfTheirEarliest(t *testing.T) {
 		if i == 100 {
 			t.Fatal("no send blocked on a client that reads nothing")
 		}
-		apply(lds, fmt.Sprint("big-", i), 256<<10)
+		c.Apply(lds, cache.Change{Upserts: []*cache.Resource{bigListener(t, fmt.Sprint("big-", i), 256<<10)}})
 		for end := time.Now().Add(100 * time.Millisecond); time.Now().Before(end) && !workerSendSlow(s); {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	apply(lds, "3", 0)
-	apply(rds, "4", 0)
-	apply(lds, "5", 0)
+	changes(c)
+	return read(done)
+}
 
-	var got []string
-	for len(got) < 2 {
-		resp, err := recvWithin(st, wait)
-		if err != nil {
-			t.Fatalf("after %v: %v", got, err)
-		}
-		for _, r := range resp.GetResources() {
-			if !strings.HasPrefix(r.GetVersion(), "big-") {
-				got = append(got, fmt.Sprintf("%s %s", xds.ShortName(resp.GetTypeUrl()), r.GetVersion()))
+// seen returns a done for pileUp: every one of want has been told.
+func seen(want ...string) func([]string) bool {
+	return func(got []string) bool {
+		for _, w := range want {
+			if !slices.Contains(got, w) {
+				return false
 			}
 		}
+		return true
 	}
-	want := []string{"Listener 5", "RouteConfiguration 4"}
-	if strings.Join(got, ", ") != strings.Join(want, ", ") {
-		t.Fatalf("the slow client got %v, want %v: the order docs/architecture.md describes has changed, update it", got, want)
+}
+
+// before reports whether a is told before b in got.
+func before(got []string, a, b string) bool {
+	i, j := slices.Index(got, a), slices.Index(got, b)
+	return i >= 0 && j >= 0 && i < j
+}
+
+func upsertClusters(t *testing.T, c *cache.Cache, version string, names ...string) {
+	t.Helper()
+	var rs []*cache.Resource
+	for _, n := range names {
+		rs = append(rs, encoded(t, resourcev3.ClusterType, n, version, 0))
+	}
+	c.Apply(resourcev3.ClusterType, cache.Change{Upserts: rs})
+}
+
+func setRoute(t *testing.T, c *cache.Cache, version, cluster string) {
+	t.Helper()
+	c.Apply(resourcev3.RouteType, cache.Change{Upserts: []*cache.Resource{route(t, version, cluster)}})
+}
+
+// Make before break when changes pile up (docs/architecture.md, invariant
+// 7 "Order is kept"): a Route changes (its first pending change), Cluster
+// y is added, and the Route moves to y. Its latest state points at y, so
+// the client must have y first, whatever the order of the first pending
+// changes ("Eventual consistency considerations": CDS before RDS).
+func TestPiledUpRouteGoesAfterTheClusterItPointsAt(t *testing.T) {
+	for name, open := range map[string]func(*testing.T, *grpc.ClientConn, context.Context) pileClient{
+		"delta": deltaPileClient, "sotw": sotwPileClient,
+	} {
+		t.Run(name, func(t *testing.T) {
+			cluster, routed := map[string]string{"delta": "Cluster +y", "sotw": "Cluster [x y]"}[name], "RouteConfiguration +r→y"
+			got, _ := pileUp(t, open,
+				func(c *cache.Cache) {
+					upsertClusters(t, c, "1", "x")
+					setRoute(t, c, "1", "x")
+				},
+				seen("RouteConfiguration +r→x"),
+				func(c *cache.Cache) {
+					setRoute(t, c, "2", "x") // another change of the Route, first
+					upsertClusters(t, c, "1", "y")
+					setRoute(t, c, "3", "y")
+				},
+				seen(cluster, routed))
+			if !before(got, cluster, routed) {
+				t.Fatalf("the client was told %v: the Route to y before Cluster y", got)
+			}
+		})
+	}
+}
+
+// A removal that piles up behind the change that ended its references goes
+// after that change ("Eventual consistency considerations": stale Clusters
+// are removed once nothing references them). The Clusters change first
+// (delta: z is added; SotW: w, which nothing uses, is removed), the Route
+// moves from x to y, and x is removed: the client must be told the Route's
+// move before it loses x. An incremental stream sends the Clusters'
+// removals in a response of their own, after the Route; a SotW Cluster
+// state that only removes goes after the Route.
+func TestPiledUpRemovalGoesAfterTheRouteThatLeftIt(t *testing.T) {
+	cases := map[string]struct {
+		open            func(*testing.T, *grpc.ClientConn, context.Context) pileClient
+		clusters, first func(*testing.T, *cache.Cache)
+		gone            string // x is gone
+	}{
+		"delta": {
+			open:     deltaPileClient,
+			clusters: func(t *testing.T, c *cache.Cache) { upsertClusters(t, c, "1", "x", "y") },
+			first:    func(t *testing.T, c *cache.Cache) { upsertClusters(t, c, "1", "z") },
+			gone:     "Cluster -x",
+		},
+		"sotw": {
+			open:     sotwPileClient,
+			clusters: func(t *testing.T, c *cache.Cache) { upsertClusters(t, c, "1", "w", "x", "y") },
+			first: func(_ *testing.T, c *cache.Cache) {
+				c.Apply(resourcev3.ClusterType, cache.Change{Removed: []string{"w"}})
+			},
+			gone: "Cluster [y]",
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			const moved = "RouteConfiguration +r→y"
+			got, _ := pileUp(t, tc.open,
+				func(c *cache.Cache) {
+					tc.clusters(t, c)
+					setRoute(t, c, "1", "x")
+				},
+				seen("RouteConfiguration +r→x"),
+				func(c *cache.Cache) {
+					tc.first(t, c)
+					setRoute(t, c, "2", "y")
+					c.Apply(resourcev3.ClusterType, cache.Change{Removed: []string{"x"}})
+				},
+				seen(moved, tc.gone))
+			if !before(got, moved, tc.gone) {
+				t.Fatalf("the client was told %v: x removed before the Route left it", got)
+			}
+			if name == "delta" && !before(got, "Cluster +z", moved) {
+				t.Fatalf("the client was told %v: the added Cluster z after the Route", got)
+			}
+		})
+	}
+}
+
+// What needs no reordering costs nothing more (docs/architecture.md,
+// invariant 7 "Order is kept"): an incremental flush of one type sends
+// its additions and removals in one response, as it would anyway.
+func TestPiledUpChangeOfOneTypeIsOneResponse(t *testing.T) {
+	_, resps := pileUp(t, deltaPileClient,
+		func(c *cache.Cache) {
+			upsertClusters(t, c, "1", "x", "y")
+			setRoute(t, c, "1", "y")
+		},
+		seen("RouteConfiguration +r→y"),
+		func(c *cache.Cache) {
+			upsertClusters(t, c, "1", "z")
+			c.Apply(resourcev3.ClusterType, cache.Change{Removed: []string{"x"}})
+		},
+		seen("Cluster +z", "Cluster -x"))
+	if want := []string{"Cluster +z", "Cluster -x"}; len(resps) != 1 || !slices.Equal(resps[0], want) {
+		t.Fatalf("the client was told %v, want one response %v", resps, want)
+	}
+}
+
+// The edge of the rule (docs/architecture.md, invariant 7 "Order is
+// kept"): a SotW Cluster state is the whole state, and one that adds and
+// removes goes in the spec's order, before the Route, with its removal.
+// The test holds the relay to what the architecture says it does.
+func TestPiledUpSotWStateThatAddsAndRemovesGoesInTypeOrder(t *testing.T) {
+	const clusters, moved = "Cluster [y z]", "RouteConfiguration +r→y"
+	got, _ := pileUp(t, sotwPileClient,
+		func(c *cache.Cache) {
+			upsertClusters(t, c, "1", "x", "y")
+			setRoute(t, c, "1", "x")
+		},
+		seen("RouteConfiguration +r→x"),
+		func(c *cache.Cache) {
+			upsertClusters(t, c, "1", "z")
+			setRoute(t, c, "2", "y")
+			c.Apply(resourcev3.ClusterType, cache.Change{Removed: []string{"x"}})
+		},
+		seen(clusters, moved))
+	if !before(got, clusters, moved) {
+		t.Fatalf("the client was told %v: the edge docs/architecture.md describes has changed, update it", got)
 	}
 }
 
 // recvWithin receives on st within bound.
-func recvWithin(st grpc.BidiStreamingClient[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse], bound time.Duration) (*discoverypb.DeltaDiscoveryResponse, error) {
+func recvWithin[Req, Resp any](st grpc.BidiStreamingClient[Req, Resp], bound time.Duration) (*Resp, error) {
 	type result struct {
-		r   *discoverypb.DeltaDiscoveryResponse
+		r   *Resp
 		err error
 	}
 	ch := make(chan result, 1)

@@ -230,21 +230,23 @@ func (ss *sotwStream) flush() error { return ss.flushAll(ss) }
 
 // flushDirty sends what changed of one type: a Listener or Cluster
 // subscription's complete state, the changed resources of another type.
-func (ss *sotwStream) flushDirty(d *cache.Dirty) error {
+// With hold, a complete state that only removes is returned as later
+// (order.go).
+func (ss *sotwStream) flushDirty(d *cache.Dirty, hold bool) (later func() error, err error) {
 	t := ss.types.get(d.TypeURL)
 	if t == nil {
-		return nil
+		return nil, nil
 	}
 	if t.wildcard && t.names.len() == 0 && !t.responded {
 		if err := ss.wildcardUnreachable(d.TypeURL); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	hbs := heartbeats(d, ss.ttl)
 	if xds.FullState(d.TypeURL) {
-		return ss.flushFull(d.TypeURL, t, hbs)
+		return ss.flushFull(d.TypeURL, t, hbs, hold)
 	}
-	return ss.flushChanged(d.TypeURL, t, &d.Names, hbs)
+	return nil, ss.flushChanged(d.TypeURL, t, &d.Names, hbs)
 }
 
 // resendEndpoints sends again, of names, the endpoints the stream holds:
@@ -296,11 +298,12 @@ func (ss *sotwStream) holdsEndpoints() bool {
 //
 // A heartbeat of a resource the client has goes out as the complete state
 // with that resource as a heartbeat, so that the response still omits
-// nothing ("TTL").
-func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet) error {
+// nothing ("TTL"). With hold, a state that only removes is returned as
+// later, for flushAll to send after the other types (order.go).
+func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet, hold bool) (later func() error, err error) {
 	t.all = false
 	if t.wildcard && t.names.len() == 0 && !ss.ttl {
-		return ss.flushWildcard(typeURL, t)
+		return ss.flushWildcard(typeURL, t, hold)
 	}
 	t.materialize()
 	// One read: the response is one upstream version, never part of one.
@@ -323,14 +326,14 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet)
 		ready = v.Synced
 	}
 	if !t.responded && !ready {
-		return nil
+		return nil, nil
 	}
 	if len(want) == 0 && ss.awaitsAnswer() {
 		if ss.errorsWait(typeURL, t, errs) {
-			return nil
+			return nil, nil
 		}
 		if err := ss.onlyErrors(xds.ShortName(typeURL), errs); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	changed := !t.responded || len(want) != t.sent.len() || len(errs) > 0
@@ -345,23 +348,44 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet)
 		}
 	}
 	if !changed && !beat {
-		return nil
+		return nil, nil
+	}
+	full := fullState{ss: ss, typeURL: typeURL, t: t, v: v, want: want, errs: errs, hbs: hbs, changed: changed}
+	if hold && len(fresh) == 0 && len(errs) == 0 && t.responded && len(want) < t.sent.len() {
+		return full.send, nil // it only removes
 	}
 	for _, r := range fresh {
 		ss.warmed(r)
 	}
+	return nil, full.send()
+}
+
+// fullState is a complete state flushFull decided to send.
+type fullState struct {
+	ss      *sotwStream
+	typeURL string
+	t       *sotwType
+	v       cache.View
+	want    []cache.Lookup // present resources, sorted by name
+	errs    []*cache.ResourceError
+	hbs     *cache.NameSet
+	changed bool // else only heartbeats
+}
+
+func (f fullState) send() error {
+	ss, t := f.ss, f.t
 	t.sent.clear()
-	fields := make([][]byte, 0, len(want)+len(errs))
-	ts, nonce, now := ss.status.sendingFrom(typeURL, true, unixNano(v.Received)), ss.nonces.peek(), time.Now()
-	for _, l := range want {
+	fields := make([][]byte, 0, len(f.want)+len(f.errs))
+	ts, nonce, now := ss.status.sendingFrom(f.typeURL, true, unixNano(f.v.Received)), ss.nonces.peek(), time.Now()
+	for _, l := range f.want {
 		t.sent.set(l.Name, l.Resource.Version)
 		ts.sent(l.Name, l.Resource.Version, nonce, now)
-		fields = append(fields, ss.field(l, hbs.Has(l.Name) && !changed))
+		fields = append(fields, ss.field(l, f.hbs.Has(l.Name) && !f.changed))
 	}
 	ss.status.done()
 	// The errors go with the complete state: no client deletes what the
 	// response still holds.
-	return ss.respond(typeURL, v, t, ss.withErrors(typeURL, t, fields, errs))
+	return ss.respond(f.typeURL, f.v, t, ss.withErrors(f.typeURL, t, fields, f.errs))
 }
 
 // field is how this client is sent a resource: wrapped in a Resource with
@@ -380,14 +404,35 @@ func (ss *sotwStream) field(l cache.Lookup, heartbeat bool) []byte {
 // flushWildcard is flushFull for a wildcard-only subscription, the common
 // case of Envoy's LDS and CDS: the complete state is built once per version
 // and shared by every such client, so this costs a comparison and a write.
-func (ss *sotwStream) flushWildcard(typeURL string, t *sotwType) error {
+func (ss *sotwStream) flushWildcard(typeURL string, t *sotwType, hold bool) (later func() error, err error) {
 	st := ss.cache.StateFor(ss.watch, typeURL)
 	if !t.responded && !st.Synced {
-		return nil
+		return nil, nil
 	}
 	if t.sentState != nil && t.sentState.Version == st.Version && t.responded {
-		return nil
+		return nil, nil
 	}
+	if hold && t.removesOnly(st) {
+		shared := sharedState{ss: ss, typeURL: typeURL, t: t, st: st}
+		return shared.send, nil // after the other types (order.go)
+	}
+	return nil, ss.sendShared(typeURL, t, st)
+}
+
+// sharedState is a wildcard's complete state flushWildcard decided to
+// send.
+type sharedState struct {
+	ss      *sotwStream
+	typeURL string
+	t       *sotwType
+	st      *cache.State
+}
+
+func (s sharedState) send() error { return s.ss.sendShared(s.typeURL, s.t, s.st) }
+
+// sendShared sends st, the shared complete state, to a wildcard-only
+// subscription.
+func (ss *sotwStream) sendShared(typeURL string, t *sotwType, st *cache.State) error {
 	if ss.holdsEndpoints() {
 		ss.warmState(t, st)
 	}

@@ -25,24 +25,6 @@ import (
 // exist. No version is the empty string with a NUL in it.
 const absent = "\x00"
 
-// ordered sorts the dirty types in place into the order their changes
-// arrived from upstream, make-before-break among changes that arrived
-// together ("Eventual consistency considerations"), and returns them.
-func ordered(dirty cache.DirtySet) cache.DirtySet {
-	if len(dirty) > 1 {
-		slices.SortStableFunc(dirty, func(a, b *cache.Dirty) int {
-			if a.Seq != b.Seq {
-				if a.Seq < b.Seq {
-					return -1
-				}
-				return 1
-			}
-			return xds.Rank(a.TypeURL) - xds.Rank(b.TypeURL)
-		})
-	}
-	return dirty
-}
-
 // byType is a stream's per-type records, never removed: an inlineMap (a
 // stream subscribes to one type or a few) that remembers the record looked
 // up last. A stream mostly sends and is answered for one type, and its type
@@ -147,26 +129,45 @@ func hasFeature(n *corepb.Node, feature string) bool {
 
 // flusher is what differs between the protocols' flushes: sending what
 // changed of one type, and sending again the endpoints the stream holds of
-// names (warming.go).
+// names (warming.go). When hold is set, flushDirty may keep back a
+// response that only removes and return it as later, for flushAll to send
+// after the other types' changes (order.go).
 type flusher interface {
-	flushDirty(d *cache.Dirty) error
+	flushDirty(d *cache.Dirty, hold bool) (later func() error, err error)
 	resendEndpoints(names []string) error
 }
 
-// flushAll sends what changed, type by type in the order upstream sent it,
-// each Cluster followed by the endpoints that warm it (warming.go); first,
-// on a per-type EDS stream, the endpoints the connection's CDS stream asks
-// for. SotW and incremental streams flush this way, through f.
+// flushAll sends what changed, make before break (order.go): each type's
+// additions and changes in the spec's order, each Cluster followed by the
+// endpoints that warm it (warming.go), then what the flushes held back,
+// removals, in the reverse order; first, on a per-type EDS stream, the
+// endpoints the connection's CDS stream asks for. SotW and incremental
+// streams flush this way, through f.
 func (b *streamBase) flushAll(f flusher) error {
 	if names := b.inbox.take(); len(names) > 0 {
 		if err := f.resendEndpoints(names); err != nil {
 			return err
 		}
 	}
-	dirty := b.watch.Take()
+	dirty := ordered(b.watch.Take())
 	defer b.watch.Recycle(dirty)
-	for _, d := range ordered(dirty) {
-		if err := f.flushDirty(d); err != nil {
+	var heldBuf [4]func() error
+	held := heldBuf[:0]
+	for i, d := range dirty {
+		// The last type holds nothing back: nothing follows it.
+		later, err := f.flushDirty(d, i < len(dirty)-1)
+		if err != nil {
+			return err
+		}
+		if later != nil {
+			held = append(held, later)
+		}
+		if err := b.flushWarm(f); err != nil {
+			return err
+		}
+	}
+	for i := len(held) - 1; i >= 0; i-- {
+		if err := held[i](); err != nil {
 			return err
 		}
 		if err := b.flushWarm(f); err != nil {

@@ -1,0 +1,109 @@
+package downstream
+
+import (
+	"slices"
+
+	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// Order within a flush ("Eventual consistency considerations";
+// docs/architecture.md, invariant 7 "Order is kept"): Clusters and
+// endpoints before the Listeners and Routes that use them, and a stale
+// resource removed only once nothing points at it. Changes that pile up on
+// a stream (a slow client, a flush waiting on a send) coalesce per type and
+// a type's flush sends its latest state, so the order in which upstream
+// sent the changes says nothing about the order of those states: a Route's
+// latest may point at a Cluster added after the Route's first pending
+// change, and a Cluster's latest may lack one a Route still used when the
+// Cluster's first pending change arrived. So a flush sends each type's
+// additions and changes in the spec's order (xds.Rank: CDS, EDS, LEDS,
+// LDS, RDS, ...), whatever the order upstream sent them in, and what the
+// types remove last, in the reverse order: a Listener or Route stops
+// pointing at a name before the name goes. A stream that keeps up flushes
+// each change on its own, in the order upstream sent it, and the cache
+// releases a removal only after the change that ended its references
+// (invariant 18 "Make before break, whatever the order upstream"), so
+// that order holds across flushes too.
+//
+// An incremental flush of a type that adds and removes, followed by
+// another type, sends its removals in a trailing response (heldRemovals).
+// A SotW response is the type's whole state, so its removals cannot be
+// split out: a Listener or Cluster state that only removes goes after the
+// other types (removesOnly; sotwStream.flushFull and flushWildcard hold
+// it); one that adds and removes goes in the spec's order, with its
+// removals. A flush of one type sends one response, as it would anyway:
+// the last type of a flush holds nothing back.
+
+// ordered sorts the dirty types in place into the spec's order and returns
+// them.
+func ordered(dirty cache.DirtySet) cache.DirtySet {
+	if len(dirty) > 1 {
+		slices.SortFunc(dirty, func(a, b *cache.Dirty) int {
+			return xds.Rank(a.TypeURL) - xds.Rank(b.TypeURL)
+		})
+	}
+	return dirty
+}
+
+// heldRemovals is what an incremental flush of a type removed, sent after
+// the flush's other types: a response of removals alone, of the version
+// the flush read. It keeps nothing of the flush's view but values: the
+// view's lookups may be on the flush's stack.
+type heldRemovals struct {
+	ds       *deltaStream
+	typeURL  string
+	version  uint64
+	trace    cache.Trace
+	received int64 // Unix nanoseconds
+	names    []string
+}
+
+func (h heldRemovals) send() error {
+	v := cache.View{Version: h.version, Trace: h.trace, Received: fromUnix(h.received)}
+	return h.ds.respond(h.typeURL, h.ds.types.get(h.typeURL), v, nil, h.names)
+}
+
+// holdRemovals returns the send of names removed of typeURL at v, for
+// flushAll to call after the other types; nil if there are none.
+func (ds *deltaStream) holdRemovals(typeURL string, v *cache.View, names []string) func() error {
+	if len(names) == 0 {
+		return nil
+	}
+	h := heldRemovals{ds: ds, typeURL: typeURL, version: v.Version, trace: v.Trace,
+		received: unixNano(v.Received), names: names}
+	return h.send
+}
+
+// removesOnly reports whether st is what the client was last sent of a
+// wildcard-only subscription less some resources: the state only removes.
+func (t *sotwType) removesOnly(st *cache.State) bool {
+	if !t.responded {
+		return false
+	}
+	if t.sentState == nil {
+		if len(st.Resources) >= t.sent.len() {
+			return false
+		}
+		for _, r := range st.Resources {
+			if v, ok := t.sent.get(r.Name); !ok || v != r.Version {
+				return false
+			}
+		}
+		return true
+	}
+	prev := t.sentState.Resources
+	if len(st.Resources) >= len(prev) {
+		return false
+	}
+	i := 0 // both are sorted by name
+	for _, r := range st.Resources {
+		for i < len(prev) && prev[i].Name < r.Name {
+			i++
+		}
+		if i == len(prev) || prev[i].Name != r.Name || prev[i].Version != r.Version {
+			return false
+		}
+	}
+	return true
+}
