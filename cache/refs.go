@@ -93,6 +93,7 @@ const maxUnsafeRefs = 4
 // in the life of the cache.
 type RefusedReferences struct {
 	Count   int
+	ByType  map[string]int // Count by the type of the names refused
 	First   bool
 	Example xds.Ref // the first refused
 	From    xds.Ref // what pointed at it, if a present resource did
@@ -253,8 +254,10 @@ func (c *Cache) admitLocked(t *typeState, name string, e *entry) bool {
 	if !e.wanted && c.maxNames > 0 && c.wanted+c.refOnly >= c.maxNames {
 		if c.refused.Count == 0 {
 			c.refused.Example, c.refused.From, c.refused.Max = xds.Ref{TypeURL: t.typeURL, Name: name}, xds.Ref{}, c.maxNames
+			c.refused.ByType = make(map[string]int, 1)
 		}
 		c.refused.Count++
+		c.refused.ByType[t.typeURL]++
 		return false
 	}
 	e.refIn = true

@@ -570,7 +570,7 @@ func TestReferencedNamesCountAgainstMaxNames(t *testing.T) {
 	if got := c.Interest()[cds].Names; !slices.Equal(got, []string{"a"}) {
 		t.Errorf("cluster interest = %v, want [a]: 2 names wanted, MaxNames 3", got)
 	}
-	want := RefusedReferences{Count: 3, First: true, Example: xds.Ref{TypeURL: cds, Name: "b"}, Max: 3}
+	want := RefusedReferences{Count: 3, ByType: map[string]int{cds: 3}, First: true, Example: xds.Ref{TypeURL: cds, Name: "b"}, Max: 3}
 	if len(refused) != 1 || !reflect.DeepEqual(refused[0], want) {
 		t.Errorf("refused = %+v, want %+v", refused, want)
 	}
