@@ -238,8 +238,8 @@ func (c *Cache) referencedLocked(t *typeState, name string, e *entry, was bool) 
 			}
 		}
 	}
-	if !is && len(e.from) == 0 && c.waits > 0 {
-		c.wakeRemovalLocked(t, name)
+	if len(e.from) == 0 && c.waits > 0 {
+		c.wakeRemovalLocked(t, name) // nothing present points at it: its removal may go
 	}
 	t.missingLocked(name, e)
 }
