@@ -622,3 +622,32 @@ func TestFirstWaitOfATypeIsToldOnce(t *testing.T) {
 		t.Errorf("told = %+v, want %+v", told, want)
 	}
 }
+
+// A removal waits for what present resources point at, not for waiting
+// ones: once the last present one moves, it goes at once, though a
+// waiting Route still names the Cluster.
+func TestRemovalGoesOncePresentPointersMove(t *testing.T) {
+	c, _, events := consistent()
+	c.Watch(NewWatch(), rds, "r", "s")
+	c.Watch(NewWatch(), cds, "x", "z")
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1"), res("z", "1")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("s", "1", "x", "y")}}) // waits for y
+	c.Apply(cds, Change{Removed: []string{"x"}})
+	if present(c, cds, "x") == "" {
+		t.Fatal("x was removed while r points at it")
+	}
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "z")}})
+	if present(c, cds, "x") != "" {
+		t.Error("x's removal still waits once no present resource points at it")
+	}
+	var removal []ReferenceEvent
+	for _, ev := range *events {
+		if ev.Removal {
+			removal = append(removal, ev)
+		}
+	}
+	if len(removal) != 1 || removal[0].Name != "x" || removal[0].Outcome != WaitResolved {
+		t.Errorf("removal events = %+v, want x resolved", removal)
+	}
+}
