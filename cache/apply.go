@@ -150,6 +150,8 @@ type op struct {
 	guard   []GuardEvent                   // holds started or ended, told after the lock
 	rollout []RolloutEvent                 // rollout steps, told after the lock
 	refs    []ReferenceEvent               // reference waits that ended, told after the lock
+	unsafe  []UnsafeOrder                  // first waits of a type, told after the lock
+	refused RefusedReferences              // references refused at MaxNames, told after the lock
 }
 
 func (c *Cache) beginLocked() *op { return &op{} }
@@ -229,6 +231,7 @@ func (c *Cache) finishLocked(o *op) {
 		t.state = nil
 		o.markShared(&o.names, typeURL, t.wildcard, o.changed[typeURL])
 	}
+	c.takeTellsLocked(o)
 }
 
 // wake marks the collected watchers; called without the lock.
@@ -266,6 +269,7 @@ func (c *Cache) setLocked(t *typeState, e *entry, r *Resource) {
 		}
 		c.refsLocked(t, name, old, r)
 		t.missingLocked(name, e)
+		c.wakeLocked(t, name, e)
 	}
 }
 
@@ -348,6 +352,7 @@ func (c *Cache) removeLocked(t *typeState, typeURL, name string, forget bool, o 
 	} else {
 		e.absent = !kept
 	}
+	c.wakeLocked(t, name, e) // absent: what waited for it need not
 	if visible {
 		o.change(t, typeURL, name)
 		o.markWatchers(e, typeURL, name)

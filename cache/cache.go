@@ -88,6 +88,15 @@ type Options struct {
 	// OnReference, if set, is told of each reference wait that ends,
 	// after the cache's lock is released.
 	OnReference func(ReferenceEvent)
+	// OnUnsafeOrder, if set, is told of the first wait of each type for
+	// the life of the cache: the control plane sent a resource before what
+	// it points at, or removed a name something still points at. Told
+	// after the cache's lock is released.
+	OnUnsafeOrder func(UnsafeOrder)
+	// OnRefused, if set, is told of the names resources point at that were
+	// not fetched because the group's interest was at MaxNames. Told after
+	// the cache's lock is released.
+	OnRefused func(RefusedReferences)
 }
 
 // MaxNamesError is Watch's error when the watch would make the group want
@@ -117,8 +126,10 @@ type Cache struct {
 	rollout   Rollout
 	onRollout func(RolloutEvent)
 
-	consistency Consistency
-	onReference func(ReferenceEvent)
+	consistency   Consistency
+	onReference   func(ReferenceEvent)
+	onUnsafeOrder func(UnsafeOrder)
+	onRefused     func(RefusedReferences)
 
 	mu        sync.RWMutex
 	seq       uint64                            // guarded by mu
@@ -132,7 +143,17 @@ type Cache struct {
 	ilogFull bool
 	wanted   int       // names with entry.wanted set; guarded by mu
 	changes  []*change // changes waiting for release (Rollout), oldest first; guarded by mu
-	waits    int       // resources and removals waiting for references (Consistency); guarded by mu
+	// Make before break (Consistency, refs.go); guarded by mu.
+	waits       int                             // resources and removals waiting for references
+	waitOn      map[string]map[xds.Ref]struct{} // Cluster name → the waiting resources that point at it
+	waitQ       []queuedWait                    // waits in the order they began, for MaxWait; may hold ended ones
+	wokenRes    map[xds.Ref]struct{}            // waiting resources the changes since the last settle may have ended
+	wokenRm     map[xds.Ref]struct{}            // waiting removals likewise
+	refOnly     int                             // names in the interest only because something points at them
+	refused     RefusedReferences               // references refused at MaxNames, to tell
+	unsafeTold  map[string]bool                 // types whose first wait was told (OnUnsafeOrder)
+	refusedTold bool                            // a refusal was told (RefusedReferences.First)
+	unsafe      []UnsafeOrder                   // first waits, to tell
 	// While dropIfUnheldLocked drops a resource, the names only it
 	// pointed at (orphans), to drop in turn; guarded by mu.
 	dropping bool
@@ -213,6 +234,10 @@ type entry struct {
 	// many waiting ones. A name something points at is in the interest.
 	from map[xds.Ref]struct{}
 	pend int
+	// refIn: something points at the name and it was let into the
+	// interest (admitLocked): fetched. Counted in Cache.refOnly unless
+	// wanted.
+	refIn bool
 }
 
 // New returns an empty cache.
@@ -231,11 +256,13 @@ func New(opts Options) *Cache {
 		rollout:   opts.Rollout,
 		onRollout: opts.OnRollout,
 
-		consistency: opts.Consistency,
-		onReference: opts.OnReference,
-		interest:    make(chan struct{}, 1),
-		types:       make(map[string]*typeState),
-		idle:        idle,
+		consistency:   opts.Consistency,
+		onReference:   opts.OnReference,
+		onUnsafeOrder: opts.OnUnsafeOrder,
+		onRefused:     opts.OnRefused,
+		interest:      make(chan struct{}, 1),
+		types:         make(map[string]*typeState),
+		idle:          idle,
 	}
 }
 
@@ -333,8 +360,14 @@ func (c *Cache) wantLocked(e *entry, wanted bool) {
 	switch {
 	case wanted && !e.wanted:
 		c.wanted++
+		if e.refIn {
+			c.refOnly--
+		}
 	case !wanted && e.wanted:
 		c.wanted--
+		if e.refIn {
+			c.refOnly++
+		}
 	}
 	e.wanted = wanted
 }

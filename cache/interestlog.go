@@ -13,7 +13,7 @@ func (c *Cache) noteLocked(typeURL, name string, wanted bool) {
 		return
 	}
 	if !wanted && name != "*" {
-		if e := c.types[typeURL].entryLocked(name); e != nil && e.referenced() {
+		if e := c.types[typeURL].entryLocked(name); e != nil && e.refIn {
 			return // still in the interest: something points at it
 		}
 	}
@@ -62,7 +62,7 @@ func (c *Cache) TypeInterest(typeURL string) Interest {
 func (t *typeState) interestLocked() Interest {
 	in := Interest{Wildcard: t.wantWildcard}
 	for n, e := range t.entries {
-		if e.wanted || e.referenced() {
+		if e.wanted || e.refIn {
 			in.Names = append(in.Names, n)
 		}
 	}

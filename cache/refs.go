@@ -71,10 +71,48 @@ type References struct {
 	Waiting  []Waiting
 }
 
+// UnsafeOrder is the first wait of a type in the cache, as told to
+// Options.OnUnsafeOrder: the control plane sent a resource before what it
+// points at, or removed a name something still points at. Each type is
+// told once for the life of the cache.
+type UnsafeOrder struct {
+	TypeURL, Name string
+	Removal       bool // a removal waits, not a resource
+	// Refs is what the resource lacks, or, for a removal, what still
+	// points at the name; sorted, at most maxUnsafeRefs.
+	Refs []xds.Ref
+}
+
+// maxUnsafeRefs bounds UnsafeOrder.Refs: an example, not an inventory.
+const maxUnsafeRefs = 4
+
+// RefusedReferences is, as told to Options.OnRefused, how many names that
+// resources point at were not fetched since the last time told, because
+// the group's interest was at MaxNames; a resource that waits for one is
+// released when Consistency.MaxWait passes. First is set the first time
+// in the life of the cache.
+type RefusedReferences struct {
+	Count   int
+	ByType  map[string]int // Count by the type of the names refused
+	First   bool
+	Example xds.Ref // the first refused
+	From    xds.Ref // what pointed at it, if a present resource did
+	Max     int     // Options.MaxNames
+}
+
 // waiter is a resource waiting for what it points at.
 type waiter struct {
 	res   *Resource
 	since time.Time
+}
+
+// queuedWait is a wait in Cache.waitQ: the resource (or removal) of ref
+// that began to wait at since. It has ended if what waits for ref now
+// began at another time, or nothing does.
+type queuedWait struct {
+	ref     xds.Ref
+	removal bool
+	since   time.Time
 }
 
 // referenced reports whether something points at the entry: a present
@@ -144,7 +182,11 @@ func (c *Cache) pointLocked(ref xds.Ref, from *xds.Ref, pend int) {
 		e.from[*from] = struct{}{}
 	}
 	e.pend += pend
+	refused := c.refused.Count
 	c.referencedLocked(t, ref.Name, e, was)
+	if refused == 0 && c.refused.Count > 0 && from != nil {
+		c.refused.From = *from
+	}
 }
 
 // unpointLocked undoes pointLocked.
@@ -164,26 +206,74 @@ func (c *Cache) unpointLocked(ref xds.Ref, from *xds.Ref, pend int) {
 
 // referencedLocked keeps the interest and the missing names as what points
 // at e changed (was: whether something did). A name something points at is
-// in the interest; once nothing does, it is retained as a name whose last
-// watcher left.
+// in the interest, if the group's bound lets it in (admitLocked); once
+// nothing does, it is retained as a name whose last watcher left.
 func (c *Cache) referencedLocked(t *typeState, name string, e *entry, was bool) {
 	is := e.referenced()
 	switch {
-	case is && !was && !e.wanted:
-		c.noteLocked(t.typeURL, name, true)
-		c.signalInterest()
-	case !is && was && !e.wanted && c.dropping:
-		// What pointed at it is dropped, retired or evicted: nothing
-		// held it but that, and it goes with it (dropIfUnheldLocked).
-		c.orphans = append(c.orphans, xds.Ref{TypeURL: t.typeURL, Name: name})
-	case !is && was && !e.wanted:
-		c.wantLocked(e, true)
-		e.idle = c.now()
-		if e.watchers.len() == 0 {
-			c.idle.Add(idleKey{typeURL: t.typeURL, name: name}, struct{}{})
+	case is && !was:
+		if c.admitLocked(t, name, e) && !e.wanted {
+			c.noteLocked(t.typeURL, name, true)
+			c.signalInterest()
+		}
+	case !is && was:
+		admitted := e.refIn
+		c.unadmitLocked(e)
+		switch {
+		case e.wanted:
+		case !admitted:
+			// Refused at MaxNames: never fetched, nothing to keep.
+			if e.res == nil && !e.absent && e.watchers.len() == 0 && e.rel == nil && e.err == nil {
+				t.deleteEntryLocked(name)
+			}
+		case c.dropping:
+			// What pointed at it is dropped, retired or evicted: nothing
+			// held it but that, and it goes with it (dropIfUnheldLocked).
+			c.orphans = append(c.orphans, xds.Ref{TypeURL: t.typeURL, Name: name})
+		default:
+			c.wantLocked(e, true)
+			e.idle = c.now()
+			if e.watchers.len() == 0 {
+				c.idle.Add(idleKey{typeURL: t.typeURL, name: name}, struct{}{})
+			}
 		}
 	}
+	if len(e.from) == 0 && c.waits > 0 {
+		c.wakeRemovalLocked(t, name) // nothing present points at it: its removal may go
+	}
 	t.missingLocked(name, e)
+}
+
+// admitLocked lets a name something now points at into the interest,
+// unless that would take the names the group fetches (wanted, and only
+// referenced) past MaxNames (docs/architecture.md, invariant 9 "Every
+// bound is explicit"): a Route naming 100,000 Clusters fetches no more
+// than the bound. A refused name is counted (OnRefused) and not fetched;
+// what waits for it is released by Consistency.MaxWait.
+func (c *Cache) admitLocked(t *typeState, name string, e *entry) bool {
+	if !e.wanted && c.maxNames > 0 && c.wanted+c.refOnly >= c.maxNames {
+		if c.refused.Count == 0 {
+			c.refused.Example, c.refused.From, c.refused.Max = xds.Ref{TypeURL: t.typeURL, Name: name}, xds.Ref{}, c.maxNames
+			c.refused.ByType = make(map[string]int, 1)
+		}
+		c.refused.Count++
+		c.refused.ByType[t.typeURL]++
+		return false
+	}
+	e.refIn = true
+	if !e.wanted {
+		c.refOnly++
+	}
+	return true
+}
+
+// unadmitLocked takes out of the interest a name nothing points at any
+// more (the interest log is kept by the caller).
+func (c *Cache) unadmitLocked(e *entry) {
+	if e.refIn && !e.wanted {
+		c.refOnly--
+	}
+	e.refIn = false
 }
 
 // missingLocked keeps t.missing: the names present resources point at
@@ -267,10 +357,9 @@ func (c *Cache) waitUpsertsLocked(t *typeState, upserts []*Resource, now time.Ti
 	copied := false
 	for i, r := range upserts {
 		since := now
-		if w := t.waiting[r.Name]; w != nil {
-			since = w.since
-			delete(t.waiting, r.Name)
-			c.waits--
+		queued := false
+		if w := c.dropWaiterLocked(t, r.Name); w != nil {
+			since, queued = w.since, true
 			replaced = append(replaced, w.res)
 		}
 		c.unremoveLocked(t, r.Name)
@@ -294,14 +383,156 @@ func (c *Cache) waitUpsertsLocked(t *typeState, upserts []*Resource, now time.Ti
 			out = append(make([]*Resource, 0, len(upserts)-1), upserts[:i]...)
 			copied = true
 		}
-		if t.waiting == nil {
-			t.waiting = make(map[string]*waiter)
-		}
-		t.waiting[r.Name] = &waiter{res: r, since: since}
-		c.waits++
+		c.addWaiterLocked(t, &waiter{res: r, since: since}, !queued)
 		c.pendLocked(r, true)
 	}
 	return out, replaced
+}
+
+// addWaiterLocked makes w wait: indexed by the Clusters it points at
+// (waitsFor), so that a change of one looks at its waiters only
+// (wakeLocked), and queued for its MaxWait unless it replaces a waiter
+// that is (queued keeps its place: a newer version keeps when the wait
+// began). The first wait of the type is told (unsafeLocked).
+func (c *Cache) addWaiterLocked(t *typeState, w *waiter, queue bool) {
+	if t.waiting == nil {
+		t.waiting = make(map[string]*waiter)
+	}
+	t.waiting[w.res.Name] = w
+	c.waits++
+	ref := xds.Ref{TypeURL: t.typeURL, Name: w.res.Name}
+	for _, r := range w.res.Refs {
+		if !waitsFor(r.TypeURL) {
+			continue
+		}
+		if c.waitOn == nil {
+			c.waitOn = make(map[string]map[xds.Ref]struct{})
+		}
+		m := c.waitOn[r.Name]
+		if m == nil {
+			m = make(map[xds.Ref]struct{}, 1)
+			c.waitOn[r.Name] = m
+		}
+		m[ref] = struct{}{}
+	}
+	if queue {
+		c.waitQ = append(c.waitQ, queuedWait{ref: ref, since: w.since})
+		c.unsafeLocked(t, w.res.Name, false, func() []xds.Ref { return c.lackingLocked(w.res, true) })
+	}
+}
+
+// dropWaiterLocked ends the wait of the resource name, if one waits, and
+// returns its waiter.
+func (c *Cache) dropWaiterLocked(t *typeState, name string) *waiter {
+	w := t.waiting[name]
+	if w == nil {
+		return nil
+	}
+	delete(t.waiting, name)
+	ref := xds.Ref{TypeURL: t.typeURL, Name: name}
+	for _, r := range w.res.Refs {
+		if m := c.waitOn[r.Name]; m != nil && waitsFor(r.TypeURL) {
+			delete(m, ref)
+			if len(m) == 0 {
+				delete(c.waitOn, r.Name)
+			}
+		}
+	}
+	c.waitEndedLocked()
+	return w
+}
+
+// waitEndedLocked counts a wait that ended (settleRemovalsLocked lets go
+// of what was kept for them once none is left).
+func (c *Cache) waitEndedLocked() {
+	c.waits--
+}
+
+// unsafeLocked tells (OnUnsafeOrder) the first wait of t's type in the
+// life of the cache: the refs are what it waits for.
+func (c *Cache) unsafeLocked(t *typeState, name string, removal bool, refs func() []xds.Ref) {
+	if c.unsafeTold[t.typeURL] {
+		return
+	}
+	if c.unsafeTold == nil {
+		c.unsafeTold = make(map[string]bool)
+	}
+	c.unsafeTold[t.typeURL] = true
+	r := refs()
+	c.unsafe = append(c.unsafe, UnsafeOrder{TypeURL: t.typeURL, Name: name, Removal: removal, Refs: r[:min(len(r), maxUnsafeRefs):min(len(r), maxUnsafeRefs)]})
+}
+
+// wakeLocked notes the waits that a change of name (of t) may end: the
+// resources waiting for it if it is a Cluster, or for a Cluster that
+// points at it; and its own removal's. settleLocked and
+// settleRemovalsLocked look at those (and at the waits whose MaxWait
+// passed) only.
+func (c *Cache) wakeLocked(t *typeState, name string, e *entry) {
+	if c.waits == 0 {
+		return
+	}
+	switch t.typeURL {
+	case resourcev3.ClusterType:
+		c.wakeWaitersLocked(name)
+	case resourcev3.EndpointType:
+		for from := range e.from {
+			if from.TypeURL == resourcev3.ClusterType {
+				c.wakeWaitersLocked(from.Name)
+			}
+		}
+	}
+	c.wakeRemovalLocked(t, name)
+}
+
+// wakeWaitersLocked notes the resources waiting for the Cluster name.
+func (c *Cache) wakeWaitersLocked(name string) {
+	for ref := range c.waitOn[name] {
+		if c.wokenRes == nil {
+			c.wokenRes = make(map[xds.Ref]struct{})
+		}
+		c.wokenRes[ref] = struct{}{}
+	}
+}
+
+// wakeRemovalLocked notes the removal of name, if one waits.
+func (c *Cache) wakeRemovalLocked(t *typeState, name string) {
+	if _, ok := t.removing[name]; !ok {
+		return
+	}
+	if c.wokenRm == nil {
+		c.wokenRm = make(map[xds.Ref]struct{})
+	}
+	c.wokenRm[xds.Ref{TypeURL: t.typeURL, Name: name}] = struct{}{}
+}
+
+// lateLocked wakes the waits whose MaxWait has passed by now, oldest
+// first, skipping those that ended.
+func (c *Cache) lateLocked(now time.Time) {
+	i := 0
+	for ; i < len(c.waitQ); i++ {
+		q := c.waitQ[i]
+		if now.Sub(q.since) < c.consistency.MaxWait {
+			break
+		}
+		t := c.types[q.ref.TypeURL]
+		if t == nil {
+			continue
+		}
+		switch {
+		case q.removal:
+			if since, ok := t.removing[q.ref.Name]; ok && since.Equal(q.since) {
+				c.wakeRemovalLocked(t, q.ref.Name)
+			}
+		default:
+			if w := t.waiting[q.ref.Name]; w != nil && w.since.Equal(q.since) {
+				if c.wokenRes == nil {
+					c.wokenRes = make(map[xds.Ref]struct{})
+				}
+				c.wokenRes[q.ref] = struct{}{}
+			}
+		}
+	}
+	c.waitQ = c.waitQ[i:]
 }
 
 // unremoveLocked ends the wait of a removal of name, if one waits: upstream
@@ -309,7 +540,7 @@ func (c *Cache) waitUpsertsLocked(t *typeState, upserts []*Resource, now time.Ti
 func (c *Cache) unremoveLocked(t *typeState, name string) {
 	if _, ok := t.removing[name]; ok {
 		delete(t.removing, name)
-		c.waits--
+		c.waitEndedLocked()
 	}
 }
 
@@ -321,10 +552,10 @@ func (c *Cache) unpendLocked(replaced []*Resource) {
 }
 
 // unwaitLocked ends the wait of a resource without applying it.
-func (c *Cache) unwaitLocked(t *typeState, name string, w *waiter) {
-	delete(t.waiting, name)
-	c.waits--
-	c.pendLocked(w.res, false)
+func (c *Cache) unwaitLocked(t *typeState, name string) {
+	if w := c.dropWaiterLocked(t, name); w != nil {
+		c.pendLocked(w.res, false)
+	}
 }
 
 // waitRemovalsLocked takes out of removed the present names that a present
@@ -337,9 +568,7 @@ func (c *Cache) waitRemovalsLocked(t *typeState, removed []string, now time.Time
 	out := removed
 	copied := false
 	for i, n := range removed {
-		if w := t.waiting[n]; w != nil {
-			c.unwaitLocked(t, n, w)
-		}
+		c.unwaitLocked(t, n)
 		e := t.entries[n]
 		wait := e != nil && e.res != nil && len(e.from) > 0
 		if !wait {
@@ -358,6 +587,8 @@ func (c *Cache) waitRemovalsLocked(t *typeState, removed []string, now time.Time
 			}
 			t.removing[n] = now
 			c.waits++
+			c.waitQ = append(c.waitQ, queuedWait{ref: xds.Ref{TypeURL: t.typeURL, Name: n}, removal: true, since: now})
+			c.unsafeLocked(t, n, true, func() []xds.Ref { return sortedRefs(e.from) })
 		}
 	}
 	return out
@@ -390,47 +621,66 @@ func stageNameLocked(stg map[string]*staging, t *typeState, name string) {
 }
 
 // settleLocked applies the resource waits that are over: resources whose
-// Clusters are all present, or whose Consistency.MaxWait has passed. What
-// one applies may end others (a Cluster released lets the Route that
-// points at it go): it goes on until nothing more is over. The removals
-// wait for a later op (settleRemovalsLocked): a removal that this one's
-// changes end reaches clients after them. Costs nothing while nothing
-// waits.
+// Clusters are all present, or whose Consistency.MaxWait has passed. It
+// looks only at the waits that changes since the last settle may have
+// ended (wakeLocked) and at those past MaxWait (lateLocked): its cost is
+// that of what changed, not of what waits. What one applies may end
+// others (a Cluster released lets the Route that points at it go): it
+// goes on until nothing more is over. The removals wait for a later op
+// (settleRemovalsLocked): a removal that this one's changes end reaches
+// clients after them. Costs nothing while nothing waits.
 func (c *Cache) settleLocked(now time.Time, stg map[string]*staging, o *op) {
-	for progress := c.waits > 0; progress && c.waits > 0; {
-		progress = false
-		for typeURL, t := range c.types {
-			for n, w := range t.waiting {
-				late := now.Sub(w.since) >= c.consistency.MaxWait
-				if !late && c.lacksLocked(w.res) {
-					continue
-				}
-				ev := ReferenceEvent{TypeURL: typeURL, Name: n, Outcome: WaitResolved, Waited: now.Sub(w.since)}
-				if late {
-					ev.Missing = c.lackingLocked(w.res, true)
-					if len(ev.Missing) > 0 {
-						ev.Outcome = WaitTimeout
-					}
-				}
-				delete(t.waiting, n)
-				c.waits--
-				stageNameLocked(stg, t, n)
-				c.putLocked(t, typeURL, w.res, o)
-				c.pendLocked(w.res, false) // after: what it points at stays in the interest
-				o.refs = append(o.refs, ev)
-				progress = true
+	c.lateLocked(now)
+	for c.waits > 0 && len(c.wokenRes) > 0 {
+		woken := slices.SortedFunc(maps.Keys(c.wokenRes), compareRefs)
+		c.wokenRes = nil
+		for _, ref := range woken {
+			t := c.types[ref.TypeURL]
+			w := t.waitingLocked(ref.Name)
+			if w == nil {
+				continue
 			}
+			late := now.Sub(w.since) >= c.consistency.MaxWait
+			if !late && c.lacksLocked(w.res) {
+				continue
+			}
+			ev := ReferenceEvent{TypeURL: ref.TypeURL, Name: ref.Name, Outcome: WaitResolved, Waited: now.Sub(w.since)}
+			if late {
+				ev.Missing = c.lackingLocked(w.res, true)
+				if len(ev.Missing) > 0 {
+					ev.Outcome = WaitTimeout
+				}
+			}
+			c.dropWaiterLocked(t, ref.Name)
+			stageNameLocked(stg, t, ref.Name)
+			c.putLocked(t, ref.TypeURL, w.res, o)
+			c.pendLocked(w.res, false) // after: what it points at stays in the interest
+			o.refs = append(o.refs, ev)
 		}
 	}
+}
+
+// waitingLocked is the waiter of name; t may be nil.
+func (t *typeState) waitingLocked(name string) *waiter {
+	if t == nil {
+		return nil
+	}
+	return t.waiting[name]
 }
 
 // settleRemovalsLocked applies, in an op of their own after the changes
 // that ended them, the removals whose wait is over: of names nothing
 // present points at any more, or whose Consistency.MaxWait has passed.
-// It returns the op, nil if it applied nothing; the caller wakes it and
-// tells its events after the first op's.
+// Like settleLocked, it looks only at the removals changes may have ended
+// and at those past MaxWait. It returns the op, nil if it applied
+// nothing; the caller wakes it and tells its events after the first op's.
 func (c *Cache) settleRemovalsLocked(now time.Time) *op {
 	if c.waits == 0 {
+		c.waitQ, c.wokenRes, c.wokenRm = nil, nil, nil
+		return nil
+	}
+	c.lateLocked(now)
+	if len(c.wokenRm) == 0 {
 		return nil
 	}
 	o := c.beginLocked()
@@ -439,31 +689,39 @@ func (c *Cache) settleRemovalsLocked(now time.Time) *op {
 		stg = map[string]*staging{}
 	}
 	done := false
-	for progress := true; progress; {
-		progress = false
-		for typeURL, t := range c.types {
-			for n, since := range t.removing {
-				e := t.entries[n]
-				held := e != nil && e.res != nil && len(e.from) > 0
-				late := now.Sub(since) >= c.consistency.MaxWait
-				if held && !late {
-					continue
-				}
-				delete(t.removing, n)
-				c.waits--
-				progress, done = true, true
-				if e == nil || e.res == nil {
-					continue // gone by other means
-				}
-				ev := ReferenceEvent{TypeURL: typeURL, Name: n, Removal: true, Outcome: WaitResolved, Waited: now.Sub(since)}
-				if held {
-					ev.Outcome, ev.Missing = WaitTimeout, sortedRefs(e.from)
-				}
-				stageNameLocked(stg, t, n)
-				forget := !e.wanted && t.wantWildcard && stg == nil
-				c.removeLocked(t, typeURL, n, forget, o)
-				o.refs = append(o.refs, ev)
+	for c.waits > 0 && len(c.wokenRm) > 0 {
+		woken := slices.SortedFunc(maps.Keys(c.wokenRm), compareRefs)
+		c.wokenRm = nil
+		for _, ref := range woken {
+			t := c.types[ref.TypeURL]
+			if t == nil {
+				continue
 			}
+			n := ref.Name
+			since, ok := t.removing[n]
+			if !ok {
+				continue
+			}
+			e := t.entries[n]
+			held := e != nil && e.res != nil && len(e.from) > 0
+			late := now.Sub(since) >= c.consistency.MaxWait
+			if held && !late {
+				continue
+			}
+			delete(t.removing, n)
+			c.waitEndedLocked()
+			done = true
+			if e == nil || e.res == nil {
+				continue // gone by other means
+			}
+			ev := ReferenceEvent{TypeURL: ref.TypeURL, Name: n, Removal: true, Outcome: WaitResolved, Waited: now.Sub(since)}
+			if held {
+				ev.Outcome, ev.Missing = WaitTimeout, sortedRefs(e.from)
+			}
+			stageNameLocked(stg, t, n)
+			forget := !e.wanted && t.wantWildcard && stg == nil
+			c.removeLocked(t, ref.TypeURL, n, forget, o)
+			o.refs = append(o.refs, ev)
 		}
 	}
 	if !done {
@@ -574,10 +832,28 @@ func (c *Cache) DanglingReferences() map[string]int {
 
 // tellReferences passes the op's reference events on, without the lock.
 func (c *Cache) tellReferences(o *op) {
+	if c.onUnsafeOrder != nil {
+		for _, u := range o.unsafe {
+			c.onUnsafeOrder(u)
+		}
+	}
+	if c.onRefused != nil && o.refused.Count > 0 {
+		c.onRefused(o.refused)
+	}
 	if c.onReference == nil {
 		return
 	}
 	for _, ev := range o.refs {
 		c.onReference(ev)
+	}
+}
+
+// takeTellsLocked moves into o what the cache has to tell that is not of
+// one op (first waits, refused references), for tellReferences.
+func (c *Cache) takeTellsLocked(o *op) {
+	o.unsafe, c.unsafe = c.unsafe, nil
+	o.refused, c.refused = c.refused, RefusedReferences{}
+	if o.refused.Count > 0 && !c.refusedTold {
+		o.refused.First, c.refusedTold = true, true
 	}
 }

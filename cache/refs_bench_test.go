@@ -77,3 +77,29 @@ func benchCLAChange(b *testing.B, c *Cache) {
 		}
 	}
 }
+
+// BenchmarkChangeWhileRoutesWait is the change of a resource nothing waits
+// for (a ClusterLoadAssignment) while many Routes wait, each for a Cluster
+// of its own that has not come: what the change costs must not grow with
+// the waiters (settleLocked looks only at those waiting on what changed).
+func BenchmarkChangeWhileRoutesWait(b *testing.B) {
+	for _, waiters := range []int{0, 10, 100, 1000} {
+		b.Run("waiters-"+strconv.Itoa(waiters), func(b *testing.B) {
+			c := New(Options{Consistency: Consistency{MaxWait: time.Hour}})
+			w := NewWatch()
+			routes := make([]*Resource, 0, waiters)
+			var names []string
+			for i := range waiters {
+				n := "r-" + strconv.Itoa(i)
+				names = append(names, n)
+				routes = append(routes, route(n, "v1", "missing-"+strconv.Itoa(i)))
+			}
+			c.Watch(w, rds, names...)
+			c.Apply(rds, Change{Upserts: routes})
+			if got := len(c.References().Waiting); got != waiters {
+				b.Fatalf("%d waiting, want %d", got, waiters)
+			}
+			benchCLAChange(b, c)
+		})
+	}
+}

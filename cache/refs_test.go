@@ -1,6 +1,7 @@
 package cache
 
 import (
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -551,5 +552,102 @@ func TestWaitingRemovalWithRollout(t *testing.T) {
 	c.Sweep()
 	if got := versionOf(c, other, cds, "x"); got != "" {
 		t.Errorf("non-canary reads x %q after the bake, want it removed", got)
+	}
+}
+
+// The names resources point at count against MaxNames with the names the
+// group wants: past it they are not fetched, the refusal is told (once
+// marked first), and what waits for them is released by MaxWait.
+func TestReferencedNamesCountAgainstMaxNames(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var refused []RefusedReferences
+	var events []ReferenceEvent
+	c := New(Options{Retention: time.Minute, Now: clk.now, MaxNames: 3, Consistency: Consistency{MaxWait: 5 * time.Second},
+		OnReference: func(ev ReferenceEvent) { events = append(events, ev) },
+		OnRefused:   func(r RefusedReferences) { refused = append(refused, r) }})
+	c.Watch(NewWatch(), rds, "r", "s")
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "a", "b", "c", "d")}})
+	if got := c.Interest()[cds].Names; !slices.Equal(got, []string{"a"}) {
+		t.Errorf("cluster interest = %v, want [a]: 2 names wanted, MaxNames 3", got)
+	}
+	want := RefusedReferences{Count: 3, ByType: map[string]int{cds: 3}, First: true, Example: xds.Ref{TypeURL: cds, Name: "b"}, Max: 3}
+	if len(refused) != 1 || !reflect.DeepEqual(refused[0], want) {
+		t.Errorf("refused = %+v, want %+v", refused, want)
+	}
+	c.Apply(rds, Change{Upserts: []*Resource{route("s", "1", "e")}})
+	if len(refused) != 2 || refused[1].First || refused[1].Count != 1 {
+		t.Errorf("second refusal = %+v, want one, not first", refused[1:])
+	}
+	c.Apply(cds, Change{Upserts: []*Resource{res("a", "1")}})
+	clk.t = clk.t.Add(5 * time.Second)
+	c.Sweep()
+	if got := present(c, rds, "r"); got != "1" {
+		t.Fatal("a route waiting for a refused name is not released by MaxWait")
+	}
+	if len(events) != 2 || events[0].Outcome != WaitTimeout || events[1].Outcome != WaitTimeout {
+		t.Errorf("events = %+v, want two timeouts", events)
+	}
+	// Once r points at nothing refused, the names it let go are no longer
+	// held: a is retained, b, c and d were never fetched.
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "a")}})
+	if got := c.Interest()[cds].Names; !slices.Equal(got, []string{"a"}) {
+		t.Errorf("cluster interest = %v, want [a]", got)
+	}
+	for _, n := range []string{"b", "c", "d"} {
+		if e := c.types[cds].entries[n]; e != nil {
+			t.Errorf("refused %s kept an entry: %+v", n, e)
+		}
+	}
+}
+
+// The first wait of each type is told once for the life of the cache,
+// with what it waits for: a resource's lacking Cluster, or what still
+// points at a name whose removal waits.
+func TestFirstWaitOfATypeIsToldOnce(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var told []UnsafeOrder
+	c := New(Options{Retention: time.Minute, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second},
+		OnUnsafeOrder: func(u UnsafeOrder) { told = append(told, u) }})
+	c.Watch(NewWatch(), rds, "r", "s")
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("s", "1", "y")}})
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1"), res("y", "1")}})
+	c.Apply(cds, Change{Removed: []string{"x"}})
+	c.Apply(cds, Change{Removed: []string{"y"}})
+	want := []UnsafeOrder{
+		{TypeURL: rds, Name: "r", Refs: []xds.Ref{{TypeURL: cds, Name: "x"}}},
+		{TypeURL: cds, Name: "x", Removal: true, Refs: []xds.Ref{{TypeURL: rds, Name: "r"}}},
+	}
+	if !reflect.DeepEqual(told, want) {
+		t.Errorf("told = %+v, want %+v", told, want)
+	}
+}
+
+// A removal waits for what present resources point at, not for waiting
+// ones: once the last present one moves, it goes at once, though a
+// waiting Route still names the Cluster.
+func TestRemovalGoesOncePresentPointersMove(t *testing.T) {
+	c, _, events := consistent()
+	c.Watch(NewWatch(), rds, "r", "s")
+	c.Watch(NewWatch(), cds, "x", "z")
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1"), res("z", "1")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("s", "1", "x", "y")}}) // waits for y
+	c.Apply(cds, Change{Removed: []string{"x"}})
+	if present(c, cds, "x") == "" {
+		t.Fatal("x was removed while r points at it")
+	}
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "z")}})
+	if present(c, cds, "x") != "" {
+		t.Error("x's removal still waits once no present resource points at it")
+	}
+	var removal []ReferenceEvent
+	for _, ev := range *events {
+		if ev.Removal {
+			removal = append(removal, ev)
+		}
+	}
+	if len(removal) != 1 || removal[0].Name != "x" || removal[0].Outcome != WaitResolved {
+		t.Errorf("removal events = %+v, want x resolved", removal)
 	}
 }

@@ -202,6 +202,11 @@ func TestAlertsFireOnFirstEvent(t *testing.T) {
 			t.Errorf("XdsrelayClientsBehind before any change: %v", got)
 		}
 	})
+	// The alerts on a state no exercise reaches in a test's time (clients
+	// slow for minutes, references that keep timing out): over the
+	// relay's own scrape with one series' values moved.
+	t.Run("XdsrelaySlowConvergence", func(t *testing.T) { testSlowConvergence(t, before, t0) })
+	t.Run("XdsrelayReferenceWaitsTimingOut", func(t *testing.T) { testReferenceWaitsTimingOut(t, before, t0) })
 	for _, name := range slices.Sorted(func(yield func(string) bool) {
 		for n := range firstEventAlerts {
 			if !yield(n) {

@@ -20,6 +20,7 @@ import (
 type referenceMetrics struct {
 	waits    *metrics.Vec // by type, outcome
 	dangling *metrics.Vec // by type
+	refused  *metrics.Vec // by type
 }
 
 func newReferenceMetrics(reg *metrics.Registry) referenceMetrics {
@@ -27,6 +28,8 @@ func newReferenceMetrics(reg *metrics.Registry) referenceMetrics {
 		waits: reg.Counter("xdsrelay_reference_waits_total", "Resources from the control plane that waited for a name they point at (a Route for its Cluster, a Cluster for its endpoints), and removals that waited for nothing to point at the name, by the type of what waited and how the wait ended: resolved (what it waited for came, or went) or timeout (consistency.max_wait passed; clients got the control plane's word as it was).", "type", "outcome").
 			Zero(metrics.Cross(xds.TypeLabels(), []string{cache.WaitResolved, cache.WaitTimeout})...),
 		dangling: reg.Gauge("xdsrelay_dangling_references", "References from resources the groups' caches hold to names they lack (being fetched, not existing upstream, or let through after consistency.max_wait), by the type of the name pointed at; summed over groups.", "type").
+			ZeroEach(xds.TypeLabels()...),
+		refused: reg.Counter("xdsrelay_references_refused_total", "Names that resources from the control plane point at and that the relay did not fetch, because the group's interest was at limits.max_names_per_group, by the type of the name; what waits for one is released after consistency.max_wait.", "type").
 			ZeroEach(xds.TypeLabels()...),
 	}
 }
@@ -73,6 +76,47 @@ func (r *Relay) referenceEvent(key string, ev cache.ReferenceEvent) {
 	r.log.Warn("consistency: a resource waited consistency.max_wait for a name it points at; sent as the control plane said",
 		"group", xds.Clip(key), "type", short, "name", xds.Clip(ev.Name), "missing", len(ev.Missing),
 		"first", xds.Clip(first), "consistency.max_wait", r.cfg.Consistency.MaxWait)
+}
+
+// unsafeOrder logs, once per group and type (the cache tells only the
+// first wait of each type), that the control plane sends resources of the
+// type in an order that is not make before break ("Eventual consistency
+// considerations"): the relay holds them, for consistency.max_wait at most.
+func (r *Relay) unsafeOrder(key string, u cache.UnsafeOrder) {
+	short := xds.ShortName(u.TypeURL)
+	first := ""
+	if len(u.Refs) > 0 {
+		first = xds.ShortName(u.Refs[0].TypeURL) + " " + u.Refs[0].Name
+	}
+	if u.Removal {
+		r.log.Warn("consistency: the control plane removed a name that a resource still points at, an unsafe order; the relay holds the removal until nothing points at the name, for consistency.max_wait at most (logged once per group and type)",
+			"group", xds.Clip(key), "type", short, "name", xds.Clip(u.Name), "pointed_at_by", xds.Clip(first),
+			"consistency.max_wait", r.cfg.Consistency.MaxWait)
+		return
+	}
+	r.log.Warn("consistency: the control plane sent a resource before what it points at, an unsafe order; the relay holds it until that arrives, for consistency.max_wait at most (logged once per group and type)",
+		"group", xds.Clip(key), "type", short, "name", xds.Clip(u.Name), "points_at", xds.Clip(first),
+		"consistency.max_wait", r.cfg.Consistency.MaxWait)
+}
+
+// referencesRefused counts names a group's resources point at that were
+// not fetched at limits.max_names_per_group (docs/architecture.md,
+// invariant 9 "Every bound is explicit"), and logs the first refusal of
+// the group.
+func (r *Relay) referencesRefused(key string, rr cache.RefusedReferences) {
+	for typeURL, n := range rr.ByType {
+		r.refM.refused.With(xds.ShortName(typeURL)).Add(int64(n))
+	}
+	if !rr.First {
+		return
+	}
+	from := ""
+	if rr.From.Name != "" {
+		from = xds.ShortName(rr.From.TypeURL) + " " + rr.From.Name
+	}
+	r.log.Warn("consistency: names resources point at were not fetched, the group's names are at limits.max_names_per_group; what waits for them is released after consistency.max_wait (logged once per group, counted in xdsrelay_references_refused_total)",
+		"group", xds.Clip(key), "refused", rr.Count, "first", xds.Clip(xds.ShortName(rr.Example.TypeURL)+" "+rr.Example.Name),
+		"from", xds.Clip(from), "limits.max_names_per_group", rr.Max)
 }
 
 // maxDebugReferences bounds the entries of each list /debug/references

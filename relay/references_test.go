@@ -2,6 +2,7 @@ package relay
 
 import (
 	"fmt"
+	"log/slog"
 	"net/url"
 	"slices"
 	"testing"
@@ -239,5 +240,81 @@ func TestDebugReferencesAreBounded(t *testing.T) {
 	}
 	if got, _ := debugRefs(nil); got == nil {
 		t.Error("debugRefs(nil) is nil: the body would say null")
+	}
+}
+
+// unsafeOrderMsg is the warning logged once per group and type when the
+// control plane sends a resource before what it points at.
+const unsafeOrderMsg = "consistency: the control plane sent a resource before what it points at, an unsafe order; the relay holds it until that arrives, for consistency.max_wait at most (logged once per group and type)"
+
+// The control plane sends a Route before its Cluster, twice: the relay
+// warns once for the group and type, naming the Route and the Cluster.
+func TestUnsafeOrderWarnsOncePerGroupAndType(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Route("r", "x"))
+	logs := &logBuffer{}
+	r := startRelayLogged(t, cp.Addr, slog.New(slog.NewJSONHandler(logs, nil)), func(c *Config) { c.Consistency.MaxWait = time.Minute })
+	c := openDelta(t, r.Addr())
+	c.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.RouteType, ResourceNamesSubscribe: []string{"r"}})
+	eventually(t, "the route to x to wait", func() bool {
+		g := r.groupCache(keyOf("c1"))
+		return g != nil && len(g.References().Waiting) == 1
+	})
+	cp.Set(t, "c1", "2", testcp.Route("r", "x"), testcp.Cluster("x"), testcp.Endpoints("x"))
+	if got := routeClusters(t, recvAck(t, c, wait), "r"); !slices.Equal(got, []string{"x"}) {
+		t.Fatalf("route to %v, want [x]", got)
+	}
+	cp.Set(t, "c1", "3", testcp.Route("r", "y"), testcp.Cluster("x"), testcp.Endpoints("x"))
+	eventually(t, "the route to y to wait", func() bool { return len(r.groupCache(keyOf("c1")).References().Waiting) == 1 })
+	cp.Set(t, "c1", "4", testcp.Route("r", "y"), testcp.Cluster("x"), testcp.Endpoints("x"), testcp.Cluster("y"), testcp.Endpoints("y"))
+	if got := routeClusters(t, recvAck(t, c, wait), "r"); !slices.Equal(got, []string{"y"}) {
+		t.Fatalf("route to %v, want [y]", got)
+	}
+	if n := referenceWaits(t, r, resourcev3.RouteType, "resolved"); n != 2 {
+		t.Errorf("xdsrelay_reference_waits_total{outcome=resolved} = %v, want 2 (the route waited twice)", n)
+	}
+	lines := logs.Lines(t, unsafeOrderMsg)
+	if len(lines) != 1 {
+		t.Fatalf("%d unsafe-order warnings, want 1: %v", len(lines), lines)
+	}
+	l := lines[0]
+	if l["level"] != "WARN" || l["group"] != keyOf("c1") || l["type"] != xds.ShortName(resourcev3.RouteType) ||
+		l["name"] != "r" || l["points_at"] != xds.ShortName(resourcev3.ClusterType)+" x" {
+		t.Errorf("warning = %v, want group c1, type Route, r pointing at Cluster x", l)
+	}
+}
+
+// A Route naming more Clusters than limits.max_names_per_group leaves
+// room for fetches the relay makes them all: the names past the bound are
+// not fetched, counted, and logged once; the Route is released by
+// consistency.max_wait.
+func TestReferencedNamesAreBoundedPerGroup(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", weightedRoute("r", "a", "b", "c", "d", "e"))
+	logs := &logBuffer{}
+	const maxWait = time.Second
+	r := startRelayLogged(t, cp.Addr, slog.New(slog.NewJSONHandler(logs, nil)), func(c *Config) {
+		c.Consistency.MaxWait = maxWait
+		c.Limits.MaxNamesPerGroup = 3
+	})
+	waitMetric(t, r, `xdsrelay_references_refused_total{type="`+xds.ShortName(resourcev3.ClusterType)+`"} 0`) // there from the start
+	c := openDelta(t, r.Addr())
+	c.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.RouteType, ResourceNamesSubscribe: []string{"r"}})
+	got := routeClusters(t, recvAck(t, c, maxWait+wait), "r")
+	if !slices.Equal(got, []string{"a", "b", "c", "d", "e"}) {
+		t.Fatalf("route to %v, want [a b c d e]", got)
+	}
+	if names := r.groupCache(keyOf("c1")).Interest()[resourcev3.ClusterType].Names; len(names) != 2 {
+		t.Errorf("clusters fetched = %v, want 2: 1 name wanted, limits.max_names_per_group 3", names)
+	}
+	if n := value(scrape(t, r), "xdsrelay_references_refused_total", map[string]string{"type": xds.ShortName(resourcev3.ClusterType)}); n != 3 {
+		t.Errorf("xdsrelay_references_refused_total{type=Cluster} = %v, want 3", n)
+	}
+	if n := referenceWaits(t, r, resourcev3.RouteType, "timeout"); n != 1 {
+		t.Errorf("xdsrelay_reference_waits_total{outcome=timeout} = %v, want 1", n)
+	}
+	const msg = "consistency: names resources point at were not fetched, the group's names are at limits.max_names_per_group; what waits for them is released after consistency.max_wait (logged once per group, counted in xdsrelay_references_refused_total)"
+	if lines := logs.Lines(t, msg); len(lines) != 1 || lines[0]["refused"] != float64(3) {
+		t.Errorf("refusal warnings = %v, want one of 3 names", lines)
 	}
 }

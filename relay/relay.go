@@ -626,11 +626,13 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 		fields: keyNode(r.cfg.Upstream.GroupBy, client),
 		cache: cache.New(cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources,
 			MaxNames: r.cfg.Limits.MaxNamesPerGroup, Guard: r.cfg.cacheGuard(),
-			OnGuard:     func(ev cache.GuardEvent) { r.guardEvent(key, ev) },
-			Rollout:     r.cfg.cacheRollout(),
-			OnRollout:   func(ev cache.RolloutEvent) { r.rolloutEvent(key, ev) },
-			Consistency: r.cfg.cacheConsistency(),
-			OnReference: func(ev cache.ReferenceEvent) { r.referenceEvent(key, ev) }}),
+			OnGuard:       func(ev cache.GuardEvent) { r.guardEvent(key, ev) },
+			Rollout:       r.cfg.cacheRollout(),
+			OnRollout:     func(ev cache.RolloutEvent) { r.rolloutEvent(key, ev) },
+			Consistency:   r.cfg.cacheConsistency(),
+			OnReference:   func(ev cache.ReferenceEvent) { r.referenceEvent(key, ev) },
+			OnUnsafeOrder: func(u cache.UnsafeOrder) { r.unsafeOrder(key, u) },
+			OnRefused:     func(rr cache.RefusedReferences) { r.referencesRefused(key, rr) }}),
 		cancel: cancel,
 	}
 	g.node = g.nodes[0]
