@@ -50,7 +50,10 @@ type Dangling struct {
 	Listener string
 	Route    string // the RouteConfiguration; "" for an inline one
 	Cluster  string
-	At       time.Time // when it began
+	// Warming reports that the Cluster was held, new and warming, when
+	// the reference began; else it was absent.
+	Warming bool
+	At      time.Time // when it began
 }
 
 func (d Dangling) String() string {
@@ -58,7 +61,11 @@ func (d Dangling) String() string {
 	if route == "" {
 		route = "(inline)"
 	}
-	return fmt.Sprintf("%s/%s->%s at %s", d.Listener, route, d.Cluster, d.At.Format("15:04:05.000000"))
+	state := "absent"
+	if d.Warming {
+		state = "warming"
+	}
+	return fmt.Sprintf("%s/%s->%s (%s) at %s", d.Listener, route, d.Cluster, state, d.At.Format("15:04:05.000000"))
 }
 
 // maxSeen bounds the dangling references DanglingSeen keeps.
@@ -139,12 +146,13 @@ func (c *Client) changedLocked(now time.Time) {
 		}
 		add := func(route string, clusters []string) {
 			for _, cl := range clusters {
-				if cs := c.clusters[cl]; cs != nil && cs.serving {
+				cs := c.clusters[cl]
+				if cs != nil && cs.serving {
 					continue
 				}
 				d, ok := was[[3]string{ln, route, cl}]
 				if !ok {
-					d = Dangling{Listener: ln, Route: route, Cluster: cl, At: now}
+					d = Dangling{Listener: ln, Route: route, Cluster: cl, Warming: cs != nil, At: now}
 					c.seenTotal++
 					if len(c.seen) < maxSeen {
 						c.seen = append(c.seen, d)
