@@ -17,8 +17,8 @@
 //   - Delta: after a CDS response it subscribes only EDS names it did not
 //     watch and unsubscribes those no cluster needs: nothing when the names
 //     did not change.
-//   - ADS (one stream for both types), or per-type CDS and EDS streams on
-//     one connection.
+//   - ADS (one stream for every type), or a per-type stream each on one
+//     connection.
 //
 // With Options.Listeners it also does as Envoy's LdsApiImpl and
 // RdsRouteConfigSubscription do (listeners.go):
@@ -78,8 +78,9 @@ type Options struct {
 	// Delta selects the incremental variant (Envoy's DELTA_GRPC), else
 	// SotW (GRPC).
 	Delta bool
-	// PerType opens CDS and EDS streams of their own on the connection
-	// instead of one ADS stream.
+	// PerType opens a stream of its own for each type on the connection
+	// (CDS and EDS, and with Listeners LDS and RDS) instead of one ADS
+	// stream.
 	PerType bool
 	// Listeners also subscribes Listeners with the wildcard, and the
 	// RouteConfigurations they load by RDS.

@@ -134,6 +134,10 @@ func (c *Client) DanglingSeen() ([]Dangling, int) {
 // changedLocked records the dangling references after a change and wakes
 // the waiters.
 func (c *Client) changedLocked(now time.Time) {
+	if len(c.listeners) == 0 && len(c.dangling) == 0 {
+		c.notifyLocked() // nothing serves: nothing to walk (clusters alone)
+		return
+	}
 	was := map[[3]string]Dangling{}
 	for _, d := range c.dangling {
 		was[[3]string{d.Listener, d.Route, d.Cluster}] = d
