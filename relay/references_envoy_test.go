@@ -170,11 +170,12 @@ func TestEnvoyKeepsAClusterItsRouteNeeds(t *testing.T) {
 			}
 			t.Run(name, func(t *testing.T) {
 				if xFirst && d != testcp.DialectDelta {
-					// Against a go-control-plane SotW control plane the
-					// held removal of x keeps x in the relay's CDS request
-					// ([* x]); the control plane answers every request, and
-					// answers one without a Cluster, which the guard takes
-					// for a wipe; when guard.wipe_hold ends, the Envoy
+					// go-control-plane's SotW snapshot cache takes the
+					// explicit wildcard for a name: with x in the relay's
+					// CDS request beside it ([* x]) it answers with x
+					// alone, then, x removed, with nothing, and answers
+					// every ACK again; the guard takes the empty answer
+					// for a wipe, and when guard.wipe_hold ends the Envoy
 					// loses x while r points at it.
 					t.Skip("known: a SotW control plane's removal of a referenced Cluster reaches the Envoy after guard.wipe_hold")
 				}
