@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerpb "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	hcmpb "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -225,6 +226,48 @@ func TestInlineRoutesNeedNoRDS(t *testing.T) {
 				if r.GetTypeUrl() == resourcev3.RouteType {
 					t.Fatalf("RDS request %v for inline routes", r)
 				}
+			}
+		})
+	}
+}
+
+// A changed Cluster warms while its former version serves: a route to it
+// does not dangle. A new one that warms does not serve: a route to it
+// dangles. (Each warms on a ClusterLoadAssignment the control plane does
+// not have, so that it stays warming.)
+func TestChangedClusterServesWhileItWarms(t *testing.T) {
+	warmsForever := func(name string) *clusterpb.Cluster {
+		cl := testcp.Cluster(name)
+		cl.EdsClusterConfig.ServiceName = name + "-never"
+		return cl
+	}
+	for _, v := range listenerVariants {
+		t.Run(v.name, func(t *testing.T) {
+			cp := testcp.StartDialect(t, v.dialect)
+			cp.Set(t, "c1", "1", testcp.Listener("l", "r"), testcp.Route("r", "x"), testcp.Cluster("x"), testcp.Endpoints("x", "127.0.0.1:1"))
+			sim, err := Start(context.Background(), Options{Conn: dial(t, cp.Addr), Node: node(), Delta: v.delta, PerType: v.perType, Listeners: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sim.Close()
+			waitState(t, sim, "l serving on r to x", serving("l", []string{"r"}, "x"))
+
+			cp.Set(t, "c1", "2", testcp.Listener("l", "r"), testcp.Route("r", "x"), warmsForever("x"), testcp.Endpoints("x", "127.0.0.1:1"))
+			waitState(t, sim, "x changed", func(s State) bool { return s.Clusters["x"].EDS == "x-never" })
+			if !sim.Clusters()["x"].Warming {
+				t.Fatal("the changed cluster did not warm")
+			}
+			if seen, n := sim.DanglingSeen(); n != 0 {
+				t.Fatalf("a route to a changed cluster, its former version serving, dangled: %v", seen)
+			}
+
+			cp.Set(t, "c1", "3", testcp.Listener("l", "r"), testcp.Route("r", "w"), warmsForever("x"), testcp.Endpoints("x", "127.0.0.1:1"), warmsForever("w"))
+			waitState(t, sim, "r to w, w held", func(s State) bool {
+				_, w := s.Clusters["w"]
+				return w && slices.Equal(s.Routes["r"].Clusters, []string{"w"})
+			})
+			if d := sim.Dangling(); len(d) != 1 || d[0].Cluster != "w" {
+				t.Fatalf("dangling %v, want l/r->w, w warming", d)
 			}
 		})
 	}
