@@ -20,7 +20,8 @@ import (
 // (routes are not warmed: spec "Eventual consistency considerations"), and
 // records every moment a serving Listener's route names a Cluster it does
 // not serve. Through the relay, over delta and SotW ADS, whatever the
-// control plane's dialect, it never records one.
+// control plane's dialect, it never records one to a Cluster it lacks (one
+// to a Cluster still warming is the edge neverDangled tells of).
 
 // envoyADS are the Envoy clients whose order the relay keeps: one ADS
 // stream for every type (invariant 7 "Order is kept").
@@ -133,7 +134,7 @@ func xOnly(extra ...types.Resource) []types.Resource {
 
 // The control plane points Route r, and a new Listener m's new Route s, at
 // Cluster y before it publishes y: the Envoy never serves a route to y
-// before y is usable, and ends with both routes on a usable y.
+// before it has y, and ends with both routes on a usable y.
 func TestEnvoyRouteNeverPrecedesItsCluster(t *testing.T) {
 	forEachEnvoy(t, func(t *testing.T, d testcp.Dialect, delta bool) {
 		cp := testcp.StartDialect(t, d)
