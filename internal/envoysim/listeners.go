@@ -236,7 +236,8 @@ func (c *Client) onListeners(rs []*anypb.Any, removed []string, full bool) ([]st
 }
 
 // onRoutes applies an RDS response: each RouteConfiguration subscribed
-// applies as it arrives; Listeners that waited for it finish warming. It
+// applies as it arrives, routes are not warmed (spec "Eventual consistency
+// considerations"); Listeners that waited for it finish warming. It
 // returns the RouteConfigurations the Listeners now load, sorted.
 func (c *Client) onRoutes(rs []*anypb.Any) ([]string, error) {
 	now := time.Now()
@@ -257,7 +258,8 @@ func (c *Client) onRoutes(rs []*anypb.Any) ([]string, error) {
 }
 
 // warmedLocked finishes the warming of every Listener whose routes are
-// held, replacing the version that served; it drops the routes no
+// held (spec "Resource warming"; one held from before counts, as Envoy's
+// notes there say), replacing the version that served; it drops the routes no
 // Listener loads any more (Envoy drops a route subscription with its last
 // Listener), records the change and returns the routes to subscribe.
 func (c *Client) warmedLocked(now time.Time) []string {
