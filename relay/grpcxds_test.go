@@ -25,7 +25,7 @@ func (b *backend) UnaryCall(context.Context, *testgrpc.SimpleRequest) (*testgrpc
 	return &testgrpc.SimpleResponse{Hostname: b.name}, nil
 }
 
-func startBackend(t *testing.T, name string) string {
+func startBackend(t testing.TB, name string) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -84,7 +84,7 @@ func testGRPCClientThroughRelay(t *testing.T, d testcp.Dialect) {
 
 // grpcXDSClient is a real gRPC client of target whose xDS bootstrap names
 // the relay at addr and the node id in cluster; closed when the test ends.
-func grpcXDSClient(t *testing.T, addr, id, cluster, target string) *grpc.ClientConn {
+func grpcXDSClient(t testing.TB, addr, id, cluster, target string) *grpc.ClientConn {
 	t.Helper()
 	return grpcClientWith(t, fmt.Sprintf(`{
 		"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}], "server_features": ["xds_v3"]}],
@@ -94,7 +94,7 @@ func grpcXDSClient(t *testing.T, addr, id, cluster, target string) *grpc.ClientC
 
 // grpcClientWith is a real gRPC client of target with the xDS bootstrap;
 // closed when the test ends.
-func grpcClientWith(t *testing.T, bootstrap, target string) *grpc.ClientConn {
+func grpcClientWith(t testing.TB, bootstrap, target string) *grpc.ClientConn {
 	t.Helper()
 	resolver, err := xds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
 	if err != nil {

@@ -1,7 +1,7 @@
 // Package envoysim is an xDS client that behaves on the wire as Envoy's
-// does for clusters and their endpoints, warming included, so that tests
-// and the load tool can prove what an Envoy fleet sees without an Envoy
-// binary.
+// does for clusters and their endpoints, and, if asked, for listeners and
+// their routes, warming included, so that tests and the load tool can
+// prove what an Envoy fleet sees without an Envoy binary.
 //
 // What it does as Envoy does (GrpcMuxImpl, NewGrpcMuxImpl, WatchMap and
 // CdsApiImpl; envoy#13009, envoy#47302):
@@ -17,8 +17,32 @@
 //   - Delta: after a CDS response it subscribes only EDS names it did not
 //     watch and unsubscribes those no cluster needs: nothing when the names
 //     did not change.
-//   - ADS (one stream for both types), or per-type CDS and EDS streams on
-//     one connection.
+//   - ADS (one stream for every type), or a per-type stream each on one
+//     connection.
+//
+// With Options.Listeners it also does as Envoy's LdsApiImpl and
+// RdsRouteConfigSubscription do (listeners.go):
+//   - Listeners are subscribed with the wildcard once the clusters of the
+//     first CDS response are warmed (the cluster manager initializes before
+//     the listener manager starts LDS). The RouteConfigurations that the
+//     Listeners' HttpConnectionManagers load by RDS (rds.route_config_name,
+//     of an API listener or of a filter chain) are subscribed on RDS: SotW,
+//     the whole list with the version and nonce of the last RDS ACK; delta,
+//     what changed. These requests go before the LDS ACK. A Listener whose
+//     routes are inline (route_config) needs no RDS.
+//   - A new or changed Listener warms until every RouteConfiguration it
+//     loads by RDS is held ("Resource warming": one held from before
+//     finishes it at once); while it warms, the version before it, if
+//     any, serves.
+//   - Routes are not warmed ("Eventual consistency considerations"): a
+//     RouteConfiguration applies as it arrives. A Cluster that is changing
+//     keeps serving its former version while the new one warms, as
+//     Envoy's cluster manager keeps an active cluster beside a warming one;
+//     a removed Cluster is gone at once.
+//
+// Responses apply in the order they arrive, one at a time. After each, the
+// client records whether a serving Listener's routes name a Cluster it
+// does not serve: a dangling reference (Client.Dangling, DanglingSeen).
 //
 // It is a client for tests: it keeps what it was sent and when each
 // cluster became usable, and never NACKs.
@@ -40,6 +64,8 @@ import (
 	clustersvc "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	endpointsvc "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
+	listenersvc "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
+	routesvc "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -52,9 +78,13 @@ type Options struct {
 	// Delta selects the incremental variant (Envoy's DELTA_GRPC), else
 	// SotW (GRPC).
 	Delta bool
-	// PerType opens CDS and EDS streams of their own on the connection
-	// instead of one ADS stream.
+	// PerType opens a stream of its own for each type on the connection
+	// (CDS and EDS, and with Listeners LDS and RDS) instead of one ADS
+	// stream.
 	PerType bool
+	// Listeners also subscribes Listeners with the wildcard, and the
+	// RouteConfigurations they load by RDS.
+	Listeners bool
 	// OnCluster, if set, is called with a cluster's state each time it
 	// changes (a new version arrives, or it finishes warming), on the
 	// goroutine that read the response, before the response is ACKed; it
@@ -86,16 +116,26 @@ type Client struct {
 	done   chan struct{}
 	err    error // why the streams ended; set before done is closed
 
-	mu       sync.Mutex
-	clusters map[string]*clusterState // guarded by mu
-	changed  chan struct{}            // guarded by mu: closed and replaced at every change
-	cdsSeen  int                      // guarded by mu: CDS responses received
-	edsSeen  int                      // guarded by mu: EDS responses received
+	// guarded by mu
+	mu        sync.Mutex
+	clusters  map[string]*clusterState
+	listeners map[string]*listenerState
+	routes    map[string]*Route
+	changed   chan struct{} // closed and replaced at every change
+	cdsSeen   int           // CDS responses received
+	edsSeen   int           // EDS responses received
+	cdsInit   bool          // the first CDS response arrived
+	dangling  []Dangling    // the dangling references held now
+	seen      []Dangling    // every one that began, the first maxSeen
+	seenTotal int           // how many began
 }
 
 type clusterState struct {
 	Cluster
 	raw []byte // the Cluster as received, to tell a change
+	// serving: a version of the cluster finished warming and the cluster
+	// was not removed since; Envoy serves it while a changed one warms.
+	serving bool
 }
 
 // Start opens the client's streams and sends its first requests.
@@ -105,7 +145,7 @@ func Start(ctx context.Context, opts Options) (*Client, error) {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	c := &Client{opts: opts, cancel: cancel, done: make(chan struct{}), clusters: map[string]*clusterState{},
-		changed: make(chan struct{})}
+		listeners: map[string]*listenerState{}, routes: map[string]*Route{}, changed: make(chan struct{})}
 	var run func() error
 	var err error
 	if opts.Delta {
@@ -150,16 +190,22 @@ func (c *Client) Clusters() map[string]Cluster {
 
 // WaitFor waits until cond holds of the clusters, or ctx ends.
 func (c *Client) WaitFor(ctx context.Context, cond func(map[string]Cluster) bool) error {
+	return c.WaitState(ctx, func(s State) bool { return cond(s.Clusters) })
+}
+
+// WaitState waits until cond holds of the client's state, or ctx ends.
+func (c *Client) WaitState(ctx context.Context, cond func(State) bool) error {
 	for {
 		c.mu.Lock()
 		ch := c.changed
+		st := c.stateLocked()
 		c.mu.Unlock()
-		if cond(c.Clusters()) {
+		if cond(st) {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("envoysim: %w; clusters: %v", ctx.Err(), c.describe())
+			return fmt.Errorf("envoysim: %w; %v", ctx.Err(), c.describe())
 		case <-c.done:
 			return fmt.Errorf("envoysim: streams ended: %v", c.err)
 		case <-ch:
@@ -176,9 +222,21 @@ func Usable(name string) func(map[string]Cluster) bool {
 }
 
 func (c *Client) describe() string {
+	st := c.State()
 	var b bytes.Buffer
-	for _, cl := range c.Clusters() {
+	b.WriteString("clusters: ")
+	for _, cl := range st.Clusters {
 		fmt.Fprintf(&b, "%s(eds=%q warming=%v) ", cl.Name, cl.EDS, cl.Warming)
+	}
+	if c.opts.Listeners {
+		b.WriteString("listeners: ")
+		for _, l := range st.Listeners {
+			fmt.Fprintf(&b, "%s(routes=%v warming=%v serving=%v) ", l.Name, l.Routes, l.Warming, l.Serving)
+		}
+		b.WriteString("routes: ")
+		for _, r := range st.Routes {
+			fmt.Fprintf(&b, "%s->%v ", r.Name, r.Clusters)
+		}
 	}
 	return b.String()
 }
@@ -225,9 +283,10 @@ func (c *Client) applyClusters(rs []*anypb.Any, removed []string, full bool) (na
 		if old != nil && bytes.Equal(old.raw, a.GetValue()) {
 			continue // the same cluster: Envoy keeps it as it is
 		}
-		cs := &clusterState{Cluster: Cluster{Name: cl.GetName(), EDS: edsName(&cl), Updated: now}, raw: a.GetValue()}
+		cs := &clusterState{Cluster: Cluster{Name: cl.GetName(), EDS: edsName(&cl), Updated: now}, raw: a.GetValue(),
+			serving: old != nil && old.serving}
 		if cs.EDS == "" {
-			cs.Usable = now
+			cs.Usable, cs.serving = now, true
 		} else {
 			cs.Warming = true
 		}
@@ -240,7 +299,8 @@ func (c *Client) applyClusters(rs []*anypb.Any, removed []string, full bool) (na
 	if full {
 		maps.DeleteFunc(c.clusters, func(n string, _ *clusterState) bool { return !seen[n] })
 	}
-	c.notifyLocked()
+	c.cdsInit = true
+	c.changedLocked(now)
 	return c.edsNamesLocked(), told, nil
 }
 
@@ -278,13 +338,13 @@ func (c *Client) applyEndpoints(rs []*anypb.Any) (told []Cluster, err error) {
 			if cs.EDS == cla.GetClusterName() {
 				cs.Endpoints = cla
 				if cs.Warming {
-					cs.Warming, cs.Usable = false, now
+					cs.Warming, cs.Usable, cs.serving = false, now, true
 					told = append(told, cs.Cluster)
 				}
 			}
 		}
 	}
-	c.notifyLocked()
+	c.changedLocked(now)
 	return told, nil
 }
 
@@ -299,24 +359,53 @@ func edsName(cl *clusterpb.Cluster) string {
 	return cl.GetName()
 }
 
-// sotw is a SotW stream of either service, for requests and responses.
+// sotw is a SotW stream of any service, for requests and responses.
 type sotw = grpc.BidiStreamingClient[discoverypb.DiscoveryRequest, discoverypb.DiscoveryResponse]
 
-// streams are a client's CDS and EDS streams of one variant: one and the
-// same on ADS, or a per-type stream each on one connection.
+// streams are a client's streams of one variant, by type URL: one and the
+// same ADS stream for every type, or a per-type stream each on one
+// connection.
 type streams[Req, Resp any] struct {
-	c        *Client
-	cds, eds grpc.BidiStreamingClient[Req, Resp]
-	setNode  func(*Req, *corepb.Node)
-	node     map[grpc.BidiStreamingClient[Req, Resp]]bool // the node was sent on the stream; guarded by the state's mu
+	c       *Client
+	by      map[string]grpc.BidiStreamingClient[Req, Resp]
+	setNode func(*Req, *corepb.Node)
+	node    map[grpc.BidiStreamingClient[Req, Resp]]bool // the node was sent on the stream; guarded by the state's mu
 }
 
-func newStreams[Req, Resp any](c *Client, cds, eds grpc.BidiStreamingClient[Req, Resp], setNode func(*Req, *corepb.Node)) streams[Req, Resp] {
-	return streams[Req, Resp]{c: c, cds: cds, eds: eds, setNode: setNode, node: map[grpc.BidiStreamingClient[Req, Resp]]bool{}}
+// opener opens the stream of one type; ADS opens one stream for all.
+type opener[Req, Resp any] func(typeURL string) (grpc.BidiStreamingClient[Req, Resp], error)
+
+// openStreams opens the streams the client needs: clusters and endpoints,
+// and with Options.Listeners listeners and routes.
+func openStreams[Req, Resp any](c *Client, open opener[Req, Resp], setNode func(*Req, *corepb.Node)) (streams[Req, Resp], error) {
+	s := streams[Req, Resp]{c: c, by: map[string]grpc.BidiStreamingClient[Req, Resp]{}, setNode: setNode,
+		node: map[grpc.BidiStreamingClient[Req, Resp]]bool{}}
+	types := []string{resourcev3.ClusterType, resourcev3.EndpointType}
+	if c.opts.Listeners {
+		types = append(types, resourcev3.ListenerType, resourcev3.RouteType)
+	}
+	var ads grpc.BidiStreamingClient[Req, Resp]
+	for _, t := range types {
+		if ads != nil {
+			s.by[t] = ads
+			continue
+		}
+		st, err := open(t)
+		if err != nil {
+			return s, fmt.Errorf("envoysim: open: %w", err)
+		}
+		s.by[t] = st
+		if !c.opts.PerType {
+			ads = st
+		}
+	}
+	return s, nil
 }
 
-// send sends r on st, with the node if it is the stream's first request.
-func (s *streams[Req, Resp]) send(st grpc.BidiStreamingClient[Req, Resp], r *Req) error {
+// send sends r on the stream of typeURL, with the node if it is the
+// stream's first request.
+func (s *streams[Req, Resp]) send(typeURL string, r *Req) error {
+	st := s.by[typeURL]
 	if !s.node[st] {
 		s.setNode(r, s.c.opts.Node)
 		s.node[st] = true
@@ -327,8 +416,8 @@ func (s *streams[Req, Resp]) send(st grpc.BidiStreamingClient[Req, Resp], r *Req
 	return nil
 }
 
-// run reads the responses of both streams into handle until one fails,
-// then ends the other.
+// run reads the responses of every stream into handle until one fails,
+// then ends the others.
 func (s *streams[Req, Resp]) run(handle func(*Resp) error) error {
 	recv := func(st grpc.BidiStreamingClient[Req, Resp]) error {
 		for {
@@ -341,35 +430,50 @@ func (s *streams[Req, Resp]) run(handle func(*Resp) error) error {
 			}
 		}
 	}
-	if s.cds == s.eds {
-		return recv(s.cds)
+	var all []grpc.BidiStreamingClient[Req, Resp]
+	for _, st := range s.by {
+		if !slices.Contains(all, st) {
+			all = append(all, st)
+		}
 	}
-	errc := make(chan error, 2)
-	go func() { errc <- recv(s.cds) }()
-	go func() { errc <- recv(s.eds) }()
-	err := <-errc
-	s.c.cancel() // ends the other stream
-	return errors.Join(err, <-errc)
+	if len(all) == 1 {
+		return recv(all[0])
+	}
+	errc := make(chan error, len(all))
+	for _, st := range all {
+		go func() { errc <- recv(st) }()
+	}
+	errs := []error{<-errc}
+	s.c.cancel() // ends the others
+	for range len(all) - 1 {
+		errs = append(errs, <-errc)
+	}
+	return errors.Join(errs...)
 }
 
 // startSotW opens the SotW streams and subscribes clusters with the
 // wildcard.
 func (c *Client) startSotW(ctx context.Context) (func() error, error) {
-	var cds, eds sotw
-	var err error
-	if c.opts.PerType {
-		if cds, err = clustersvc.NewClusterDiscoveryServiceClient(c.opts.Conn).StreamClusters(ctx); err == nil {
-			eds, err = endpointsvc.NewEndpointDiscoveryServiceClient(c.opts.Conn).StreamEndpoints(ctx)
+	open := func(typeURL string) (sotw, error) {
+		if !c.opts.PerType {
+			return discoverypb.NewAggregatedDiscoveryServiceClient(c.opts.Conn).StreamAggregatedResources(ctx)
 		}
-	} else {
-		cds, err = discoverypb.NewAggregatedDiscoveryServiceClient(c.opts.Conn).StreamAggregatedResources(ctx)
-		eds = cds
+		switch typeURL {
+		case resourcev3.ClusterType:
+			return clustersvc.NewClusterDiscoveryServiceClient(c.opts.Conn).StreamClusters(ctx)
+		case resourcev3.EndpointType:
+			return endpointsvc.NewEndpointDiscoveryServiceClient(c.opts.Conn).StreamEndpoints(ctx)
+		case resourcev3.ListenerType:
+			return listenersvc.NewListenerDiscoveryServiceClient(c.opts.Conn).StreamListeners(ctx)
+		}
+		return routesvc.NewRouteDiscoveryServiceClient(c.opts.Conn).StreamRoutes(ctx)
 	}
+	sts, err := openStreams(c, open, func(r *discoverypb.DiscoveryRequest, n *corepb.Node) { r.Node = n })
 	if err != nil {
-		return nil, fmt.Errorf("envoysim: open: %w", err)
+		return nil, err
 	}
-	s := &sotwState{streams: newStreams(c, cds, eds, func(r *discoverypb.DiscoveryRequest, n *corepb.Node) { r.Node = n })}
-	if err := s.send(cds, &discoverypb.DiscoveryRequest{TypeUrl: resourcev3.ClusterType}); err != nil {
+	s := &sotwState{streams: sts, subs: map[string]*sotwSub{}}
+	if err := s.send(resourcev3.ClusterType, &discoverypb.DiscoveryRequest{TypeUrl: resourcev3.ClusterType}); err != nil {
 		return nil, err
 	}
 	return func() error { return s.run(s.handle) }, nil
@@ -381,15 +485,48 @@ type sotwState struct {
 	streams[discoverypb.DiscoveryRequest, discoverypb.DiscoveryResponse]
 
 	mu         sync.Mutex
-	edsNames   []string // the EDS subscription
-	edsVersion string   // of the last EDS response accepted
-	edsNonce   string   // of the last EDS response
-	edsStarted bool
+	subs       map[string]*sotwSub // EDS's and RDS's, by type URL
+	ldsStarted bool
+}
+
+// sotwSub is a SotW subscription by name (EDS, RDS).
+type sotwSub struct {
+	names   []string // subscribed
+	version string   // of the last response accepted
+	nonce   string   // of the last response
+	started bool
+}
+
+func (s *sotwState) sub(typeURL string) *sotwSub {
+	if s.subs[typeURL] == nil {
+		s.subs[typeURL] = &sotwSub{}
+	}
+	return s.subs[typeURL]
+}
+
+// request sends the subscription of typeURL: its names, with the version
+// and nonce of its last ACK.
+func (s *sotwState) request(typeURL string) error {
+	sub := s.sub(typeURL)
+	sub.started = true
+	return s.send(typeURL, &discoverypb.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: sub.names,
+		VersionInfo: sub.version, ResponseNonce: sub.nonce})
+}
+
+// startLDS subscribes Listeners with the wildcard once the cluster manager
+// has initialized: the first CDS response arrived and no cluster warms.
+func (s *sotwState) startLDS() error {
+	if s.ldsStarted || !s.c.listenersDue() {
+		return nil
+	}
+	s.ldsStarted = true
+	return s.send(resourcev3.ListenerType, &discoverypb.DiscoveryRequest{TypeUrl: resourcev3.ListenerType})
 }
 
 func (s *sotwState) handle(resp *discoverypb.DiscoveryResponse) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	ack := &discoverypb.DiscoveryRequest{TypeUrl: resp.GetTypeUrl(), VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}
 	switch resp.GetTypeUrl() {
 	case resourcev3.ClusterType:
 		names, err := s.c.onClusters(resp.GetResources(), nil, true)
@@ -399,46 +536,83 @@ func (s *sotwState) handle(resp *discoverypb.DiscoveryResponse) error {
 		// The cluster manager's EDS watches change under a paused EDS
 		// subscription; resumed, it sends its request, identical to the
 		// last when the names did not change. Then CDS is ACKed.
-		if len(names) > 0 || s.edsStarted {
-			s.edsStarted, s.edsNames = true, names
-			if err := s.send(s.eds, &discoverypb.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: names,
-				VersionInfo: s.edsVersion, ResponseNonce: s.edsNonce}); err != nil {
+		if eds := s.sub(resourcev3.EndpointType); len(names) > 0 || eds.started {
+			eds.names = names
+			if err := s.request(resourcev3.EndpointType); err != nil {
 				return err
 			}
 		}
-		return s.send(s.cds, &discoverypb.DiscoveryRequest{TypeUrl: resourcev3.ClusterType,
-			VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()})
+		if err := s.send(resourcev3.ClusterType, ack); err != nil {
+			return err
+		}
+		return s.startLDS()
 	case resourcev3.EndpointType:
 		if err := s.c.onEndpoints(resp.GetResources()); err != nil {
 			return err
 		}
-		s.edsVersion, s.edsNonce = resp.GetVersionInfo(), resp.GetNonce()
-		return s.send(s.eds, &discoverypb.DiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResourceNames: s.edsNames,
-			VersionInfo: s.edsVersion, ResponseNonce: s.edsNonce})
+		eds := s.sub(resourcev3.EndpointType)
+		eds.version, eds.nonce = resp.GetVersionInfo(), resp.GetNonce()
+		if err := s.request(resourcev3.EndpointType); err != nil {
+			return err
+		}
+		return s.startLDS()
+	case resourcev3.ListenerType:
+		names, err := s.c.onListeners(resp.GetResources(), nil, true)
+		if err != nil {
+			return err
+		}
+		// LdsApiImpl pauses RDS while it applies Listeners: the RDS
+		// request, if the names changed, goes before the LDS ACK.
+		if err := s.resubscribe(resourcev3.RouteType, names); err != nil {
+			return err
+		}
+		return s.send(resourcev3.ListenerType, ack)
+	case resourcev3.RouteType:
+		names, err := s.c.onRoutes(resp.GetResources())
+		if err != nil {
+			return err
+		}
+		rds := s.sub(resourcev3.RouteType)
+		rds.names, rds.version, rds.nonce = names, resp.GetVersionInfo(), resp.GetNonce()
+		return s.request(resourcev3.RouteType)
 	}
 	return nil
 }
 
-// delta is an incremental stream of either service.
+// resubscribe sends the subscription of typeURL if its names changed.
+func (s *sotwState) resubscribe(typeURL string, names []string) error {
+	sub := s.sub(typeURL)
+	if slices.Equal(sub.names, names) || (len(names) == 0 && !sub.started) {
+		return nil
+	}
+	sub.names = names
+	return s.request(typeURL)
+}
+
+// delta is an incremental stream of any service.
 type delta = grpc.BidiStreamingClient[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
 
 func (c *Client) startDelta(ctx context.Context) (func() error, error) {
-	var cds, eds delta
-	var err error
-	if c.opts.PerType {
-		if cds, err = clustersvc.NewClusterDiscoveryServiceClient(c.opts.Conn).DeltaClusters(ctx); err == nil {
-			eds, err = endpointsvc.NewEndpointDiscoveryServiceClient(c.opts.Conn).DeltaEndpoints(ctx)
+	open := func(typeURL string) (delta, error) {
+		if !c.opts.PerType {
+			return discoverypb.NewAggregatedDiscoveryServiceClient(c.opts.Conn).DeltaAggregatedResources(ctx)
 		}
-	} else {
-		cds, err = discoverypb.NewAggregatedDiscoveryServiceClient(c.opts.Conn).DeltaAggregatedResources(ctx)
-		eds = cds
+		switch typeURL {
+		case resourcev3.ClusterType:
+			return clustersvc.NewClusterDiscoveryServiceClient(c.opts.Conn).DeltaClusters(ctx)
+		case resourcev3.EndpointType:
+			return endpointsvc.NewEndpointDiscoveryServiceClient(c.opts.Conn).DeltaEndpoints(ctx)
+		case resourcev3.ListenerType:
+			return listenersvc.NewListenerDiscoveryServiceClient(c.opts.Conn).DeltaListeners(ctx)
+		}
+		return routesvc.NewRouteDiscoveryServiceClient(c.opts.Conn).DeltaRoutes(ctx)
 	}
+	sts, err := openStreams(c, open, func(r *discoverypb.DeltaDiscoveryRequest, n *corepb.Node) { r.Node = n })
 	if err != nil {
-		return nil, fmt.Errorf("envoysim: open: %w", err)
+		return nil, err
 	}
-	s := &deltaState{streams: newStreams(c, cds, eds, func(r *discoverypb.DeltaDiscoveryRequest, n *corepb.Node) { r.Node = n }),
-		watched: map[string]bool{}}
-	if err := s.send(cds, &discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType,
+	s := &deltaState{streams: sts, watched: map[string]map[string]bool{}}
+	if err := s.send(resourcev3.ClusterType, &discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType,
 		ResourceNamesSubscribe: []string{"*"}}); err != nil {
 		return nil, err
 	}
@@ -449,8 +623,20 @@ func (c *Client) startDelta(ctx context.Context) (func() error, error) {
 type deltaState struct {
 	streams[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse]
 
-	mu      sync.Mutex
-	watched map[string]bool // the EDS names subscribed
+	mu         sync.Mutex
+	watched    map[string]map[string]bool // the EDS and RDS names subscribed, by type URL
+	ldsStarted bool
+}
+
+// startLDS subscribes Listeners with the wildcard once the cluster manager
+// has initialized.
+func (s *deltaState) startLDS() error {
+	if s.ldsStarted || !s.c.listenersDue() {
+		return nil
+	}
+	s.ldsStarted = true
+	return s.send(resourcev3.ListenerType, &discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ListenerType,
+		ResourceNamesSubscribe: []string{"*"}})
 }
 
 func (s *deltaState) handle(resp *discoverypb.DeltaDiscoveryResponse) error {
@@ -462,48 +648,80 @@ func (s *deltaState) handle(resp *discoverypb.DeltaDiscoveryResponse) error {
 			rs = append(rs, r.GetResource())
 		}
 	}
+	ack := &discoverypb.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()}
 	switch resp.GetTypeUrl() {
 	case resourcev3.ClusterType:
 		names, err := s.c.onClusters(rs, resp.GetRemovedResources(), false)
 		if err != nil {
 			return err
 		}
-		if err := s.resubscribe(names); err != nil {
+		if err := s.resubscribe(resourcev3.EndpointType, names, nil); err != nil {
 			return err
 		}
-		return s.send(s.cds, &discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: resp.GetNonce()})
+		if err := s.send(resourcev3.ClusterType, ack); err != nil {
+			return err
+		}
+		return s.startLDS()
 	case resourcev3.EndpointType:
 		if err := s.c.onEndpoints(rs); err != nil {
 			return err
 		}
-		return s.send(s.eds, &discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: resp.GetNonce()})
+		if err := s.send(resourcev3.EndpointType, ack); err != nil {
+			return err
+		}
+		return s.startLDS()
+	case resourcev3.ListenerType:
+		names, err := s.c.onListeners(rs, resp.GetRemovedResources(), false)
+		if err != nil {
+			return err
+		}
+		if err := s.resubscribe(resourcev3.RouteType, names, nil); err != nil {
+			return err
+		}
+		return s.send(resourcev3.ListenerType, ack)
+	case resourcev3.RouteType:
+		// A delta RDS removal is ignored, as Envoy's
+		// RdsRouteConfigSubscription ignores it (with an error log).
+		names, err := s.c.onRoutes(rs)
+		if err != nil {
+			return err
+		}
+		// What a Listener that finished warming no longer needs is
+		// unsubscribed with the ACK.
+		return s.resubscribe(resourcev3.RouteType, names, ack)
 	}
 	return nil
 }
 
-// resubscribe moves the EDS subscription to names: only what changed is
-// sent, and nothing when nothing did (envoy#13009, envoy#47302).
-func (s *deltaState) resubscribe(names []string) error {
+// resubscribe moves the subscription of typeURL to names: only what
+// changed is sent, and nothing when nothing did (envoy#13009,
+// envoy#47302), unless the request is also an ACK (ack non-nil).
+func (s *deltaState) resubscribe(typeURL string, names []string, ack *discoverypb.DeltaDiscoveryRequest) error {
+	watched := s.watched[typeURL]
 	want := map[string]bool{}
 	var sub, unsub []string
 	for _, n := range names {
 		want[n] = true
-		if !s.watched[n] {
+		if !watched[n] {
 			sub = append(sub, n)
 		}
 	}
-	for n := range s.watched {
+	for n := range watched {
 		if !want[n] {
 			unsub = append(unsub, n)
 		}
 	}
-	if len(sub) == 0 && len(unsub) == 0 {
+	if len(sub) == 0 && len(unsub) == 0 && ack == nil {
 		return nil
 	}
 	slices.Sort(unsub)
-	s.watched = want
-	return s.send(s.eds, &discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType,
-		ResourceNamesSubscribe: sub, ResourceNamesUnsubscribe: unsub})
+	s.watched[typeURL] = want
+	req := ack
+	if req == nil {
+		req = &discoverypb.DeltaDiscoveryRequest{TypeUrl: typeURL}
+	}
+	req.ResourceNamesSubscribe, req.ResourceNamesUnsubscribe = sub, unsub
+	return s.send(typeURL, req)
 }
 
 // Counts are how many responses of each type the client was sent.
