@@ -42,15 +42,20 @@ type ConvergenceSummary struct {
 
 // ConvergenceResource is one resource of one group.
 type ConvergenceResource struct {
-	Group      string `json:"group"`
-	Type       string `json:"type"`
-	Name       string `json:"name"`
-	Version    string `json:"version"` // the cache's current version; "" if it holds none
-	Subscribed int    `json:"subscribed"`
-	Accepted   int    `json:"accepted"` // of the current version, as are the next three
-	Rejected   int    `json:"rejected"`
-	Pending    int    `json:"pending"`
-	Behind     int    `json:"behind"`
+	Group   string `json:"group"`
+	Type    string `json:"type"`
+	Name    string `json:"name"`
+	Version string `json:"version"` // the cache's current version; "" if it holds none
+	// UpstreamVersion is the version of the upstream response the current
+	// version came in: a SotW response's version_info, a delta response's
+	// system_version_info (a delta control plane's own version of the
+	// resource is Version itself, when it sets one).
+	UpstreamVersion string `json:"upstream_version,omitempty"`
+	Subscribed      int    `json:"subscribed"`
+	Accepted        int    `json:"accepted"` // of the current version, as are the next three
+	Rejected        int    `json:"rejected"`
+	Pending         int    `json:"pending"`
+	Behind          int    `json:"behind"`
 	// Versions are the versions clients stand with, the current first.
 	Versions []ConvergenceVersion `json:"versions"`
 }
@@ -59,9 +64,12 @@ type ConvergenceResource struct {
 type ConvergenceVersion struct {
 	Version  string     `json:"version"`
 	Received *time.Time `json:"received,omitempty"` // when the change that brought it arrived
-	Accepted int        `json:"accepted"`
-	Rejected int        `json:"rejected"`
-	Pending  int        `json:"pending"`
+	// UpstreamVersion is the resource's upstream_version, on the current
+	// version only.
+	UpstreamVersion string `json:"upstream_version,omitempty"`
+	Accepted        int    `json:"accepted"`
+	Rejected        int    `json:"rejected"`
+	Pending         int    `json:"pending"`
 	// OldestPending is how long, at most, the oldest pending client has
 	// waited: since the pending count last rose from zero.
 	OldestPending float64  `json:"oldest_pending_seconds,omitempty"`
@@ -168,7 +176,8 @@ func summed(group string, rs []cache.ResourceConvergence) []ConvergenceSummary {
 func resourceShown(group string, rc cache.ResourceConvergence, now time.Time) ConvergenceResource {
 	at := rc.At()
 	out := ConvergenceResource{Group: group, Type: rc.Type, Name: xds.Clip(rc.Name), Version: xds.Clip(rc.Current),
-		Subscribed: rc.Subscribed, Behind: rc.Behind, Accepted: at.Accepted, Rejected: at.Rejected, Pending: at.Pending,
+		UpstreamVersion: xds.Clip(rc.Upstream),
+		Subscribed:      rc.Subscribed, Behind: rc.Behind, Accepted: at.Accepted, Rejected: at.Rejected, Pending: at.Pending,
 		Versions: []ConvergenceVersion{}}
 	for _, v := range rc.Versions {
 		cv := ConvergenceVersion{Version: xds.Clip(v.Version), Accepted: v.Accepted, Rejected: v.Rejected, Pending: v.Pending,
@@ -176,6 +185,9 @@ func resourceShown(group string, rc cache.ResourceConvergence, now time.Time) Co
 			P50: v.P50.Seconds(), P99: v.P99.Seconds(), Max: v.Max.Seconds()}
 		if !v.Received.IsZero() {
 			cv.Received = &v.Received
+		}
+		if v.Version == rc.Current {
+			cv.UpstreamVersion = out.UpstreamVersion
 		}
 		if !v.PendingSince.IsZero() {
 			cv.OldestPending = now.Sub(v.PendingSince).Seconds()

@@ -248,3 +248,46 @@ func TestConvergenceHeldRolloutIsBehind(t *testing.T) {
 		t.Errorf("xdsrelay_clients_behind = %v, xdsrelay_clients_rejecting = %v; want 3 and 1", b, n)
 	}
 }
+
+// Beside each version, /debug/convergence shows the upstream version it
+// came with, whatever the control plane speaks: a SotW response's
+// version_info (the cache's version is then a hash of the bytes), and from
+// a delta control plane its system_version_info, with the resource's own
+// version, as the control plane sent it, as the version.
+func TestConvergenceUpstreamVersion(t *testing.T) {
+	forEachDialect(t, func(t *testing.T, d testcp.Dialect) {
+		cp := testcp.StartDialect(t, d)
+		cp.Set(t, "c1", "snap-1", testcp.Endpoints("e1", "10.0.0.1:80"))
+		r := startRelay(t, cp.Addr)
+		s := openDelta(t, r.Addr())
+		s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{"e1"}})
+		resp := s.recv()
+		s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: resp.GetNonce()})
+		for _, want := range []string{"snap-1", "snap-2"} {
+			if want == "snap-2" {
+				cp.Set(t, "c1", want, testcp.Endpoints("e1", "10.0.0.2:80"))
+				resp = s.recv()
+				s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: resp.GetNonce()})
+			}
+			var rc ConvergenceResource
+			eventually(t, "the client accepts e1 at "+want, func() bool {
+				rc = convergenceOfE1(t, r)
+				return rc.UpstreamVersion == want && rc.Accepted == 1
+			})
+			if len(rc.Versions) != 1 || rc.Versions[0].UpstreamVersion != want || rc.Versions[0].Version != rc.Version {
+				t.Fatalf("e1 at %s: %+v", want, rc)
+			}
+			if d != testcp.DialectDelta {
+				continue
+			}
+			// The control plane's own version of e1, asked of it directly.
+			direct := openDelta(t, cp.Addr)
+			direct.send(&discoverypb.DeltaDiscoveryRequest{Node: node("direct", "c1"), TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{"e1"}})
+			got := direct.recv().GetResources()
+			direct.close()
+			if len(got) != 1 || got[0].GetVersion() == "" || got[0].GetVersion() != rc.Version {
+				t.Fatalf("the control plane's version of e1 %v; /debug/convergence shows %q", got, rc.Version)
+			}
+		}
+	})
+}
