@@ -25,6 +25,11 @@ type DebugConvergence struct {
 	Resources []ConvergenceResource `json:"resources"`
 	// More is how many resources matched past the limit.
 	More int `json:"more,omitempty"`
+	// Tiers are the lower relays among the groups' clients, each counted
+	// above as one client (tiers.go); TiersMore, how many streams of
+	// others past the bound are not named.
+	Tiers     []ConvergenceTier `json:"tiers,omitempty"`
+	TiersMore int               `json:"tiers_more,omitempty"`
 }
 
 // ConvergenceSummary sums one group's type.
@@ -111,7 +116,9 @@ func (r *Relay) debugConvergence(w http.ResponseWriter, req *http.Request) {
 		}
 		groups = []*group{g}
 	}
-	writeJSON(w, convergenceOf(groups, types, q["name"], limit, time.Now()))
+	out := convergenceOf(groups, types, q["name"], limit, time.Now())
+	out.Tiers, out.TiersMore = r.tiersOf(groups)
+	writeJSON(w, out)
 }
 
 // convergenceOf reads the groups' counters: types and names narrow it,
