@@ -13,6 +13,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
@@ -290,4 +291,40 @@ func TestConvergenceUpstreamVersion(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A relay lists the lower relays among its clients, as their nodes
+// advertise their admin endpoints, once per node whatever its streams,
+// and forgets one when its last stream leaves; a client advertising
+// nothing, or an address nobody can dial, is not listed.
+func TestConvergenceListsTiers(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Endpoints("e1", "10.0.0.1:80"))
+	r := startRelay(t, cp.Addr)
+	advertising := func(id, admin string) *deltaStream {
+		s := openDelta(t, r.Addr())
+		n := node(id, "c1")
+		n.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{TierMetadataKey: structpb.NewStringValue(admin)}}
+		s.send(&discoverypb.DeltaDiscoveryRequest{Node: n, TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{"e1"}})
+		s.recv()
+		return s
+	}
+	tiers := func() []ConvergenceTier {
+		var out DebugConvergence
+		getJSON(t, r, "/debug/convergence", &out)
+		return out.Tiers
+	}
+	b1, b1again := advertising("relay-b1", "10.0.0.7:9901"), advertising("relay-b1", "10.0.0.7:9901")
+	b2 := advertising("relay-b2", "10.0.0.8:9901")
+	advertising("envoy", "")
+	advertising("confused", "0.0.0.0:9901")
+	want := []ConvergenceTier{{Group: keyOf("c1"), Node: "relay-b1", Admin: "10.0.0.7:9901"}, {Group: keyOf("c1"), Node: "relay-b2", Admin: "10.0.0.8:9901"}}
+	if got := tiers(); !slices.Equal(got, want) {
+		t.Fatalf("tiers %+v, want %+v", got, want)
+	}
+	b1.close()
+	b2.close()
+	eventually(t, "relay-b2 forgotten, relay-b1 kept by its other stream", func() bool { return slices.Equal(tiers(), want[:1]) })
+	b1again.close()
+	eventually(t, "relay-b1 forgotten with its last stream", func() bool { return len(tiers()) == 0 })
 }

@@ -225,7 +225,9 @@ func (f *waitFlags) add(c *waitCount, server string, dc relay.DebugConvergence) 
 	}
 	for _, r := range dc.Resources {
 		want := r.Version
-		if f.version != "" {
+		if f.version != "" && f.version != r.UpstreamVersion {
+			// --version names the cache's version, or the upstream
+			// version the current one came with.
 			want = f.version
 		}
 		var at relay.ConvergenceVersion

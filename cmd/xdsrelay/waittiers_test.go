@@ -116,6 +116,9 @@ func TestWaitTiers(t *testing.T) {
 	if code, out := wait("--tiers", "--timeout", "20s"); code != 0 || out != "4 of 4 clients accepted\n" {
 		t.Fatalf("wait --tiers: exit %d, %q", code, out)
 	}
+	if code, out := wait("--version", "cp-1", "--timeout", "20s"); code != 0 || out != "3 of 3 clients accepted\n" {
+		t.Fatalf("wait at the top for the control plane's version_info: exit %d, %q", code, out)
+	}
 	if code, out := wait("--tiers", "--version", "cp-1", "--timeout", "20s"); code != 0 || out != "4 of 4 clients accepted\n" {
 		t.Fatalf("wait --tiers for the control plane's version_info: exit %d, %q", code, out)
 	}
