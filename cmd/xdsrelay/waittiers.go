@@ -1,11 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/xdsrelay/xdsrelay/relay"
@@ -38,7 +41,7 @@ type tierRelay struct {
 // tierKey is a resource, whatever its group.
 type tierKey struct{ typ, name string }
 
-// tierVersions are, per resource, the tierVersions that are the one waited for:
+// tierVersions are, per resource, the versions that are the one waited for:
 // --version (or each resource's current version at the top) and, tier by
 // tier, the version a lower relay holds it at when that one's version or
 // upstream version is one of them (through a SotW tier the cache's
@@ -64,6 +67,19 @@ func (vs *tierVersions) add(k tierKey, v string) {
 		vs.by[k] = map[string]bool{}
 	}
 	vs.by[k][v] = true
+}
+
+// one is a version waited for of a resource, to name it: --version, or
+// the first of them in order.
+func (vs *tierVersions) one(k tierKey) string {
+	if vs.asked != "" {
+		return vs.asked
+	}
+	all := slices.Sorted(maps.Keys(vs.by[k]))
+	if len(all) == 0 {
+		return ""
+	}
+	return all[0]
 }
 
 // learn adds what one relay's resources say: at the top without
@@ -166,16 +182,15 @@ func (t *tierRelay) where() string {
 
 // tierCount is one resource of one relay's group, as wait counts it.
 type tierCount struct {
-	relay                               *tierRelay
-	r                                   relay.ConvergenceResource
-	at                                  relay.ConvergenceVersion // summed over the tierVersions waited for
-	subscribed, accepted, rejected, pen int
+	relay                                   *tierRelay
+	r                                       relay.ConvergenceResource
+	at                                      relay.ConvergenceVersion // summed over the versions waited for
+	subscribed, accepted, rejected, pending int
 }
 
-// sumTiers counts every relay's resources at the tierVersions waited for,
-// takes each lower relay out of its parent's count where it is a client
-// (it holds the resource: its stream above is subscribed to it; it
-// accepted if it holds a version waited for), and sums.
+// sumTiers counts every relay's resources at the versions waited for,
+// takes each lower relay out of its parent's count where it is a client,
+// and sums.
 func (f *waitFlags) sumTiers(c *waitCount, all []*tierRelay, vs *tierVersions) {
 	var counts []*tierCount
 	byRelay := map[*tierRelay][]*tierCount{}
@@ -187,62 +202,82 @@ func (f *waitFlags) sumTiers(c *waitCount, all []*tierRelay, vs *tierVersions) {
 			c.unknown = append(c.unknown, fmt.Sprintf("%s: %d resources past the %d listed: name those to wait for with --name", t.where(), t.dc.More, len(t.dc.Resources)))
 		}
 		for _, r := range t.dc.Resources {
-			tc := &tierCount{relay: t, r: r, subscribed: r.Subscribed}
-			k := tierKey{r.Type, r.Name}
-			for _, v := range r.Versions {
-				if vs.has(k, v.Version) {
-					tc.at.Version = v.Version
-					tc.at.Accepted += v.Accepted
-					tc.at.Rejected += v.Rejected
-					tc.at.Pending += v.Pending
-					tc.at.OldestPending = max(tc.at.OldestPending, v.OldestPending)
-					if tc.at.Error == "" {
-						tc.at.Error = v.Error
-					}
-					tc.at.RejectedBy = append(tc.at.RejectedBy, v.RejectedBy...)
-				}
-			}
-			if tc.at.Version == "" {
-				tc.at.Version = f.version
-			}
-			tc.accepted, tc.rejected, tc.pen = tc.at.Accepted, tc.at.Rejected, tc.at.Pending
+			tc := countAt(t, r, vs)
 			counts = append(counts, tc)
 			byRelay[t] = append(byRelay[t], tc)
 		}
 	}
 	for _, tc := range counts {
-		t := tc.relay
-		if t.parent == nil || tc.r.Version == "" {
-			continue
-		}
-		if up := parentCount(byRelay[t.parent], t.group, tc.r); up != nil {
-			up.subscribed--
-			if vs.has(tierKey{tc.r.Type, tc.r.Name}, tc.r.Version) {
-				up.accepted--
-			}
-		}
+		takeOut(tc, byRelay[tc.relay.parent], vs)
 	}
 	for _, tc := range counts {
-		tc.subscribed, tc.accepted = max(tc.subscribed, 0), max(tc.accepted, 0)
-		c.subscribed += tc.subscribed
-		c.accepted += tc.accepted
-		c.rejected += tc.rejected
-		c.pending += tc.pen
-		behind := max(tc.subscribed-tc.accepted-tc.rejected-tc.pen, 0)
-		c.behind += behind
-		if tc.accepted >= tc.subscribed {
-			continue
-		}
-		if len(c.shown) == waitShown {
-			c.more++
-			continue
-		}
-		r := tc.r
-		r.Subscribed = tc.subscribed
-		at := tc.at
-		at.Accepted = tc.accepted
-		c.shown = append(c.shown, resourceLine(tc.relay.where(), r, at.Version, at, behind))
+		c.addTier(tc)
 	}
+}
+
+// countAt counts one relay's resource at the versions waited for: at the
+// top without --version, its own current version.
+func countAt(t *tierRelay, r relay.ConvergenceResource, vs *tierVersions) *tierCount {
+	tc := &tierCount{relay: t, r: r, subscribed: r.Subscribed}
+	k := tierKey{r.Type, r.Name}
+	for _, v := range r.Versions {
+		if t.parent == nil && vs.asked == "" && v.Version != r.Version {
+			continue
+		}
+		if !vs.has(k, v.Version) && !(v.Version == r.Version && vs.has(k, r.UpstreamVersion)) {
+			continue
+		}
+		tc.at.Version = v.Version
+		tc.at.Accepted += v.Accepted
+		tc.at.Rejected += v.Rejected
+		tc.at.Pending += v.Pending
+		tc.at.OldestPending = max(tc.at.OldestPending, v.OldestPending)
+		tc.at.Error = cmp.Or(tc.at.Error, v.Error)
+		tc.at.RejectedBy = append(tc.at.RejectedBy, v.RejectedBy...)
+	}
+	tc.at.Version = cmp.Or(tc.at.Version, vs.one(k))
+	tc.accepted, tc.rejected, tc.pending = tc.at.Accepted, tc.at.Rejected, tc.at.Pending
+	return tc
+}
+
+// takeOut takes a lower relay's group that holds a resource out of its
+// parent's count of it: its stream above is one subscribed client, and
+// one that accepted if it holds a version waited for. Its own clients
+// are counted in its place.
+func takeOut(tc *tierCount, parent []*tierCount, vs *tierVersions) {
+	if tc.relay.parent == nil || tc.r.Version == "" {
+		return
+	}
+	up := parentCount(parent, tc.relay.group, tc.r)
+	if up == nil {
+		return
+	}
+	up.subscribed--
+	if vs.has(tierKey{tc.r.Type, tc.r.Name}, tc.r.Version) {
+		up.accepted--
+	}
+}
+
+// addTier adds one relay's resource to the sums, and a line if it is not
+// there yet.
+func (c *waitCount) addTier(tc *tierCount) {
+	tc.subscribed, tc.accepted = max(tc.subscribed, 0), max(tc.accepted, 0)
+	behind := max(tc.subscribed-tc.accepted-tc.rejected-tc.pending, 0)
+	c.subscribed += tc.subscribed
+	c.accepted += tc.accepted
+	c.rejected += tc.rejected
+	c.pending += tc.pending
+	c.behind += behind
+	if tc.accepted >= tc.subscribed {
+		return
+	}
+	if len(c.shown) == waitShown {
+		c.more++
+		return
+	}
+	r, at := tc.r, tc.at
+	r.Subscribed, at.Accepted = tc.subscribed, tc.accepted
+	c.shown = append(c.shown, resourceLine(tc.relay.where(), r, at.Version, at, behind))
 }
 
 // parentCount is the parent's count of the resource a lower relay holds:
