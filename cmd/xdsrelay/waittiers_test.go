@@ -3,9 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -81,7 +84,9 @@ func advertisingClient(t *testing.T, addr, id, admin string) {
 // endpoint upstream, with real delta clients at every tier (two at C).
 // `xdsrelay wait --tiers` asks A and counts the four clients at the leaves
 // in place of B and C; without --tiers, A's clients (node-a and B's two
-// groups' streams) are all it knows. A change that a client of C rejects: wait at A alone
+// groups' streams) are all it knows. A client of C that never answers:
+// wait at A says converged, wait --tiers times out naming C's pending
+// client. A change that a client of C rejects: wait at A alone
 // says converged (B accepted it, and so did C), wait --tiers exits 1 naming
 // the client at the bottom and its error. The version the control plane
 // gave (version_info) is found at every tier through the upstream version
@@ -123,6 +128,30 @@ func TestWaitTiers(t *testing.T) {
 		t.Fatalf("wait --tiers for the control plane's version_info: exit %d, %q", code, out)
 	}
 
+	// A client at the bottom that is sent the version and never answers:
+	// the tiers above accepted it; --tiers waits for that client, and says
+	// where it is.
+	stop := silentClient(t, c.Addr(), "node-silent")
+	if code, out := wait("--timeout", "20s"); code != 0 || out != "3 of 3 clients accepted\n" {
+		t.Fatalf("wait at the top with a silent client at the bottom: exit %d, %q", code, out)
+	}
+	code, out := wait("--tiers", "--timeout", "1s")
+	if code != 1 || !strings.Contains(out, "4 of 5 clients accepted after 1s") || !strings.Contains(out, c.AdminAddr()+" (a lower relay of ") ||
+		!strings.Contains(out, "2/3 accepted, 1 pending") {
+		t.Fatalf("wait --tiers with a silent client at the bottom: exit %d, %q", code, out)
+	}
+	stop()
+	eventually(t, func() string {
+		sum := 0
+		for _, s := range convergenceAt(t, c.AdminAddr()).Summary {
+			sum += s.Subscribed
+		}
+		if sum != 2 {
+			return fmt.Sprintf("C counts %d clients, not 2: the silent one is not forgotten", sum)
+		}
+		return ""
+	})
+
 	cp.Set(t, "c1", "cp-2", timedCluster(13*time.Second)) // node-c2, at the bottom, NACKs it
 	for _, j := range clients {
 		j.wait(t, "13s")
@@ -142,23 +171,21 @@ func TestWaitTiers(t *testing.T) {
 	// A lower relay nobody answers at: not converged, and named.
 	gone := freeAddr(t)
 	advertisingClient(t, b.Addr(), "node-gone", gone)
-	deadline := time.Now().Add(cliWait)
-	for !listsTier(t, b.AdminAddr(), gone) {
-		if time.Now().After(deadline) {
-			t.Fatalf("B does not list the lower relay at %s", gone)
+	eventually(t, func() string {
+		if !slices.ContainsFunc(convergenceAt(t, b.AdminAddr()).Tiers, func(l relay.ConvergenceTier) bool { return l.Admin == gone }) {
+			return "B does not list the lower relay at " + gone
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	code, out := wait("--tiers", "--fraction", "0.5", "--timeout", "2s")
+		return ""
+	})
+	code, out = wait("--tiers", "--fraction", "0.5", "--timeout", "2s")
 	t.Logf("wait --tiers with a lower relay gone: exit %d\n%s", code, out)
 	if code != 1 || !strings.Contains(out, gone+" (a lower relay of "+b.AdminAddr()) {
 		t.Fatalf("wait --tiers with a lower relay that does not answer: exit %d, %q", code, out)
 	}
 }
 
-// listsTier reports whether the relay's /debug/convergence lists a lower
-// relay at admin.
-func listsTier(t *testing.T, server, admin string) bool {
+// convergenceAt is a relay's /debug/convergence.
+func convergenceAt(t *testing.T, server string) relay.DebugConvergence {
 	t.Helper()
 	resp, err := http.Get("http://" + server + "/debug/convergence")
 	if err != nil {
@@ -169,10 +196,40 @@ func listsTier(t *testing.T, server, admin string) bool {
 	if err := json.NewDecoder(resp.Body).Decode(&dc); err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range dc.Tiers {
-		if l.Admin == admin {
-			return true
-		}
+	return dc
+}
+
+// silentClient is a delta client of addr subscribed to every Cluster that
+// reads what it is sent and never answers; it returns once it was sent
+// something, and stop ends its stream.
+func silentClient(t *testing.T, addr, id string) (stop func()) {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
 	}
-	return false
+	ctx, cancel := context.WithCancel(context.Background())
+	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discoverypb.DeltaDiscoveryRequest{Node: &corepb.Node{Id: id, Cluster: "c1"}, TypeUrl: resourcev3.ClusterType}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			if _, err := st.Recv(); err != nil {
+				return
+			}
+		}
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done; cc.Close() }) }
+	t.Cleanup(stop)
+	return stop
 }
