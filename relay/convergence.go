@@ -56,11 +56,15 @@ type ConvergenceResource struct {
 	// system_version_info (a delta control plane's own version of the
 	// resource is Version itself, when it sets one).
 	UpstreamVersion string `json:"upstream_version,omitempty"`
-	Subscribed      int    `json:"subscribed"`
-	Accepted        int    `json:"accepted"` // of the current version, as are the next three
-	Rejected        int    `json:"rejected"`
-	Pending         int    `json:"pending"`
-	Behind          int    `json:"behind"`
+	// BytesVersion, asked for with ?bytes_version=1, is the version a
+	// relay below that speaks SotW to this one holds the current version
+	// at: a hash of its bytes (cache.Resource.BytesVersion).
+	BytesVersion string `json:"bytes_version,omitempty"`
+	Subscribed   int    `json:"subscribed"`
+	Accepted     int    `json:"accepted"` // of the current version, as are the next three
+	Rejected     int    `json:"rejected"`
+	Pending      int    `json:"pending"`
+	Behind       int    `json:"behind"`
 	// Versions are the versions clients stand with, the current first.
 	Versions []ConvergenceVersion `json:"versions"`
 }
@@ -117,6 +121,9 @@ func (r *Relay) debugConvergence(w http.ResponseWriter, req *http.Request) {
 		groups = []*group{g}
 	}
 	out := convergenceOf(groups, types, q["name"], limit, time.Now())
+	if q.Get("bytes_version") == "1" {
+		withBytesVersions(groups, out.Resources)
+	}
 	out.Tiers, out.TiersMore = r.tiersOf(groups)
 	writeJSON(w, out)
 }
@@ -202,4 +209,25 @@ func resourceShown(group string, rc cache.ResourceConvergence, now time.Time) Co
 		out.Versions = append(out.Versions, cv)
 	}
 	return out
+}
+
+// withBytesVersions sets the listed resources' bytes versions: a hash of
+// each one's bytes, which costs what the answer's resources weigh; asked
+// for by xdsrelay wait --tiers, so that a version is found through a SotW
+// tier (docs/architecture.md, invariant 19 "Count as it happens").
+func withBytesVersions(groups []*group, rs []ConvergenceResource) {
+	byShown := make(map[string]*group, len(groups))
+	for _, g := range groups {
+		byShown[g.shown] = g
+	}
+	for i := range rs {
+		r := &rs[i]
+		g := byShown[r.Group]
+		if g == nil || r.Version == "" {
+			continue
+		}
+		if res := g.cache.Get(r.Type, []string{r.Name})[0].Resource; res != nil && xds.Clip(res.Version) == r.Version {
+			r.BytesVersion = res.BytesVersion()
+		}
+	}
 }

@@ -64,8 +64,9 @@ endpoint with admin.advertise_address), tier by tier (at most 8 tiers
 and 1,000 relays, with the same TLS flags), and counts the clients at the
 leaves: a lower relay's clients take its place as a client of the relay
 above. A lower relay's resource is at the version when its version, or
-the upstream version it came with, is the one waited for at the tier
-above. A lower relay that does not answer counts as not converged, and is
+the upstream version it came with, is one waited for at the tier above:
+there its version, or the hash of its bytes, which a SotW tier below
+holds it at. A lower relay that does not answer counts as not converged, and is
 named.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {

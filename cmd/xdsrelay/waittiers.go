@@ -41,12 +41,12 @@ type tierRelay struct {
 // tierKey is a resource, whatever its group.
 type tierKey struct{ typ, name string }
 
-// tierVersions are, per resource, the versions that are the one waited for:
-// --version (or each resource's current version at the top) and, tier by
-// tier, the version a lower relay holds it at when that one's version or
-// upstream version is one of them (through a SotW tier the cache's
-// version is a hash of the bytes, and the upper relay's version is the
-// upstream version it came with).
+// tierVersions are, per resource, the versions that are the one waited
+// for: --version (or each resource's current version at the top) and,
+// tier by tier, those a relay holds it at when its version or its
+// upstream version is one of them: its version (a delta tier below holds
+// it at that) and the hash of its bytes (bytes_version: a SotW tier below
+// holds it at that, whatever the version above).
 type tierVersions struct {
 	asked string // --version: every resource's
 	by    map[tierKey]map[string]bool
@@ -93,6 +93,7 @@ func (vs *tierVersions) learn(top bool, dc *relay.DebugConvergence) {
 		}
 		if vs.has(k, r.Version) || vs.has(k, r.UpstreamVersion) {
 			vs.add(k, r.Version)
+			vs.add(k, r.BytesVersion) // as a SotW tier below holds it
 		}
 	}
 }
@@ -134,7 +135,9 @@ func (f *waitFlags) countTiers(ctx context.Context) (c waitCount, refused error)
 
 // ask asks one relay for the resources.
 func (f *waitFlags) ask(ctx context.Context, t *tierRelay) error {
-	body, err := t.af.do(ctx, http.MethodGet, "/debug/convergence", f.query(), "")
+	q := f.query()
+	q.Set("bytes_version", "1")
+	body, err := t.af.do(ctx, http.MethodGet, "/debug/convergence", q, "")
 	if err != nil {
 		return err
 	}
@@ -261,7 +264,11 @@ func takeOut(tc *tierCount, parent []*tierCount, vs *tierVersions) {
 // addTier adds one relay's resource to the sums, and a line if it is not
 // there yet.
 func (c *waitCount) addTier(tc *tierCount) {
-	tc.subscribed, tc.accepted = max(tc.subscribed, 0), max(tc.accepted, 0)
+	// A lower relay taken out may have been counted above in another way
+	// than its version here says (an answer on its way): no relay's count
+	// goes below zero, nor its acceptances past its clients.
+	tc.subscribed = max(tc.subscribed, 0)
+	tc.accepted = min(max(tc.accepted, 0), tc.subscribed)
 	behind := max(tc.subscribed-tc.accepted-tc.rejected-tc.pending, 0)
 	c.subscribed += tc.subscribed
 	c.accepted += tc.accepted

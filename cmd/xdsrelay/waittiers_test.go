@@ -233,3 +233,43 @@ func silentClient(t *testing.T, addr, id string) (stop func()) {
 	t.Cleanup(stop)
 	return stop
 }
+
+// Through a SotW tier under a delta control plane: the control plane's
+// version of a resource does not cross it (the relay below versions what
+// it is sent over SotW by its bytes), but the hash of the bytes the relay
+// above tells does, and wait --tiers finds the version at the bottom,
+// asked for by the control plane's version or not.
+func TestWaitTiersThroughSotW(t *testing.T) {
+	cp := testcp.StartDialect(t, testcp.DialectDelta)
+	cp.Set(t, "c1", "cp-1", timedCluster(time.Second))
+	cfg := relay.Default()
+	cfg.Upstream.Address = cp.Addr
+	cfg.Downstream.Address, cfg.Admin.Address = "127.0.0.1:0", "127.0.0.1:0"
+	a := startRelayConfig(t, cfg)
+	b := startTierRelay(t, a.Addr(), "sotw")
+	for _, j := range []*judge{acceptingClient(t, a.Addr(), "node-a"), acceptingClient(t, b.Addr(), "node-b1"), acceptingClient(t, b.Addr(), "node-b2")} {
+		j.wait(t, "1s")
+	}
+	var top relay.ConvergenceResource
+	eventually(t, func() string {
+		rs := convergenceAt(t, a.AdminAddr()).Resources // in node-a's group and in B's
+		if len(rs) != 2 || rs[0].Version != rs[1].Version || rs[0].Version == "" {
+			return fmt.Sprintf("A lists %+v, want the cluster in two groups at one version", rs)
+		}
+		top = rs[0]
+		return ""
+	})
+	if code, out, _ := runCLI("wait", "--server", a.AdminAddr(), "--type", "clusters", "--timeout", "20s"); code != 0 || out != "2 of 2 clients accepted\n" {
+		t.Fatalf("wait at A: exit %d, %q; want node-a and B", code, out)
+	}
+	below := convergenceAt(t, b.AdminAddr()).Resources
+	if len(below) != 1 || below[0].Version == top.Version {
+		t.Fatalf("the cluster at A %q, at B over SotW %+v: want another version below", top.Version, below)
+	}
+	for _, args := range [][]string{{}, {"--version", top.Version}} {
+		code, out, errOut := runCLI(append([]string{"wait", "--server", a.AdminAddr(), "--type", "clusters", "--tiers", "--timeout", "20s"}, args...)...)
+		if code != 0 || out != "3 of 3 clients accepted\n" {
+			t.Fatalf("wait --tiers %q through a SotW tier: exit %d, %q%s", args, code, out, errOut)
+		}
+	}
+}
