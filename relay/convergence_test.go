@@ -254,7 +254,8 @@ func TestConvergenceHeldRolloutIsBehind(t *testing.T) {
 // came with, whatever the control plane speaks: a SotW response's
 // version_info (the cache's version is then a hash of the bytes), and from
 // a delta control plane its system_version_info, with the resource's own
-// version, as the control plane sent it, as the version.
+// version, as the control plane sent it, as the version; with
+// ?bytes_version=1, the hash of its bytes beside.
 func TestConvergenceUpstreamVersion(t *testing.T) {
 	forEachDialect(t, func(t *testing.T, d testcp.Dialect) {
 		cp := testcp.StartDialect(t, d)
@@ -275,8 +276,17 @@ func TestConvergenceUpstreamVersion(t *testing.T) {
 				rc = convergenceOfE1(t, r)
 				return rc.UpstreamVersion == want && rc.Accepted == 1
 			})
-			if len(rc.Versions) != 1 || rc.Versions[0].UpstreamVersion != want || rc.Versions[0].Version != rc.Version {
+			if len(rc.Versions) != 1 || rc.Versions[0].UpstreamVersion != want || rc.Versions[0].Version != rc.Version || rc.BytesVersion != "" {
 				t.Fatalf("e1 at %s: %+v", want, rc)
+			}
+			// Asked for, the hash of its bytes: the version itself where
+			// the control plane sent none (SotW), another beside the
+			// control plane's own (delta).
+			var withBytes DebugConvergence
+			getJSON(t, r, "/debug/convergence?type=eds&name=e1&bytes_version=1", &withBytes)
+			if len(withBytes.Resources) != 1 || withBytes.Resources[0].BytesVersion == "" ||
+				(withBytes.Resources[0].BytesVersion == rc.Version) != (d != testcp.DialectDelta) {
+				t.Fatalf("e1 at %s (version %q) with ?bytes_version=1: %+v", want, rc.Version, withBytes.Resources)
 			}
 			if d != testcp.DialectDelta {
 				continue
