@@ -20,7 +20,8 @@ import (
 // advertise their admin endpoints (admin.advertise_address, /debug/
 // convergence tiers). wait asks them too, tier by tier, and counts the
 // clients at the leaves: at each tier, a lower relay's clients take its
-// place as a client of the tier above (docs/architecture.md, "Tiers").
+// place as a client of the tier above (docs/architecture.md, invariant
+// 19 "Count as it happens", Tiers).
 
 // Bounds of the tree wait --tiers follows.
 const (
