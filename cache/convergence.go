@@ -304,6 +304,9 @@ type ResourceConvergence struct {
 	// Current is the cache's version of the resource; empty if the cache
 	// does not hold it (removed, or not arrived).
 	Current string
+	// Upstream is the version of the upstream response Current came in
+	// (Resource.Upstream); empty if none or if the cache holds none.
+	Upstream string
 	// Subscribed is how many clients watch the name, by name or with the
 	// type's wildcard.
 	Subscribed int
@@ -397,7 +400,7 @@ func (c *Cache) resourceLocked(t *typeState, typeURL, name string, n *convName) 
 	sums := c.resourceCountsLocked(t, name, n)
 	r := ResourceConvergence{Type: typeURL, Name: name, Subscribed: sums.Subscribed, Behind: sums.Behind}
 	if t != nil && t.entries[name] != nil && t.entries[name].res != nil {
-		r.Current = t.entries[name].res.Version
+		r.Current, r.Upstream = t.entries[name].res.Version, t.entries[name].res.Upstream
 	}
 	if n != nil {
 		for ver, v := range n.versions {

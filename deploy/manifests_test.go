@@ -105,6 +105,7 @@ func checkInstall(t *testing.T, bin string, m manifests) {
 	checkSecurity(t, m)
 	checkGoMemLimit(t, m)
 	checkProbesAndPorts(t, m)
+	checkHeadlessAdmin(t, m)
 	checkConfigMatchesContainer(t, m)
 	checkNetworkPolicy(t, m)
 	validateConfig(t, bin, m)
@@ -200,6 +201,9 @@ func TestChartMatchesKustomize(t *testing.T) {
 	}
 	if !reflect.DeepEqual(k.service.Spec.Ports, h.service.Spec.Ports) || k.service.Spec.Type != h.service.Spec.Type {
 		t.Errorf("the Services' ports differ: %v, %v", k.service.Spec.Ports, h.service.Spec.Ports)
+	}
+	if k.headless.Name != h.headless.Name || !reflect.DeepEqual(k.headless.Spec.Ports, h.headless.Spec.Ports) {
+		t.Errorf("the headless Services differ: %s %v, %s %v", k.headless.Name, k.headless.Spec.Ports, h.headless.Name, h.headless.Spec.Ports)
 	}
 	if !reflect.DeepEqual(k.pdb.Spec.MinAvailable, h.pdb.Spec.MinAvailable) {
 		t.Error("the PodDisruptionBudgets differ")
@@ -524,6 +528,27 @@ func checkProbesAndPorts(t *testing.T, m manifests) {
 	}
 	if tls {
 		checkAdminTLSMount(t, m.deployment)
+	}
+}
+
+// checkHeadlessAdmin holds the headless Service that xdsrelay wait
+// --server and status --summary resolve to every replica (docs/cli.md,
+// wait): no cluster IP, the relay's pods (ready or not: a replica still
+// syncing has clients to count), only the admin port, as the Service has it.
+func checkHeadlessAdmin(t *testing.T, m manifests) {
+	t.Helper()
+	h := m.headless
+	if h.Spec.ClusterIP != corev1.ClusterIPNone || !h.Spec.PublishNotReadyAddresses {
+		t.Errorf("headless Service %s: clusterIP %q, publishNotReadyAddresses %v; want None and true", h.Name, h.Spec.ClusterIP, h.Spec.PublishNotReadyAddresses)
+	}
+	if h.Name != m.service.Name+"-admin" || h.Namespace != m.service.Namespace {
+		t.Errorf("headless Service %s/%s, want %s/%s-admin", h.Namespace, h.Name, m.service.Namespace, m.service.Name)
+	}
+	if !reflect.DeepEqual(h.Spec.Selector, m.service.Spec.Selector) || !selects(t, &metav1.LabelSelector{MatchLabels: h.Spec.Selector}, m.deployment.Spec.Template.Labels) {
+		t.Errorf("headless Service selector %v does not select the relay's pods as the Service does (%v)", h.Spec.Selector, m.service.Spec.Selector)
+	}
+	if admin := servicePort(m.service, "admin"); len(h.Spec.Ports) != 1 || admin == nil || !reflect.DeepEqual(h.Spec.Ports[0], *admin) {
+		t.Errorf("headless Service ports %v, want only the Service's admin port %v", h.Spec.Ports, admin)
 	}
 }
 

@@ -39,6 +39,7 @@ type manifests struct {
 	config     *corev1.ConfigMap
 	deployment *appsv1.Deployment
 	service    *corev1.Service
+	headless   *corev1.Service // the replicas' admin endpoints, one address each
 	pdb        *policyv1.PodDisruptionBudget
 	netpol     *networkingv1.NetworkPolicy
 	account    *corev1.ServiceAccount
@@ -119,6 +120,9 @@ func decodeObjects(t *testing.T, source string, stream []byte) manifests {
 		if err != nil {
 			t.Fatalf("%s: %v", source, err)
 		}
+		if tm.APIVersion == "v1" && tm.Kind == "Service" && headlessService(js) {
+			slot = &m.headless
+		}
 		if !isNilSlot(slot) {
 			t.Fatalf("%s: two objects of kind %s", source, tm.Kind)
 		}
@@ -128,12 +132,23 @@ func decodeObjects(t *testing.T, source string, stream []byte) manifests {
 			t.Fatalf("%s: %s: %v", source, tm.Kind, err)
 		}
 	}
-	for kind, missing := range map[string]bool{"ConfigMap": m.config == nil, "Deployment": m.deployment == nil, "Service": m.service == nil} {
+	for kind, missing := range map[string]bool{"ConfigMap": m.config == nil, "Deployment": m.deployment == nil, "Service": m.service == nil,
+		"headless Service": m.headless == nil} {
 		if missing {
 			t.Fatalf("%s: no %s", source, kind)
 		}
 	}
 	return m
+}
+
+// headlessService reports whether a Service's JSON has clusterIP None.
+func headlessService(js []byte) bool {
+	var svc struct {
+		Spec struct {
+			ClusterIP string `json:"clusterIP"`
+		} `json:"spec"`
+	}
+	return json.Unmarshal(js, &svc) == nil && svc.Spec.ClusterIP == corev1.ClusterIPNone
 }
 
 // isNilSlot reports whether the pointer slot points at a nil object.

@@ -96,6 +96,12 @@ type Config struct {
 		// health report ready only once the relay has something to serve
 		// (see Relay.synced).
 		ReadyAfterSync bool
+		// AdvertiseAddress is admin.advertise_address: the host:port at
+		// which the relay above reaches this one's admin endpoint, put in
+		// the metadata of every node the relay presents upstream
+		// (TierMetadataKey) so that xdsrelay wait --tiers follows the tree
+		// down; empty to advertise nothing.
+		AdvertiseAddress string
 	}
 	Metrics struct {
 		// GroupLabel is metrics.group_label: the per-group series carry
@@ -461,6 +467,11 @@ func (c *Config) validateAdmin() error {
 	if c.Admin.Address != "" {
 		if err := checkHostPort(c.Admin.Address); err != nil {
 			return fmt.Errorf("admin.address: %w", err)
+		}
+	}
+	if a := c.Admin.AdvertiseAddress; a != "" {
+		if err := checkAdvertised(a); err != nil {
+			return fmt.Errorf("admin.advertise_address: %w", err)
 		}
 	}
 	if t := c.Admin.TLS; t.Enabled() && (t.CertFile == "" || t.KeyFile == "") {

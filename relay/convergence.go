@@ -25,6 +25,11 @@ type DebugConvergence struct {
 	Resources []ConvergenceResource `json:"resources"`
 	// More is how many resources matched past the limit.
 	More int `json:"more,omitempty"`
+	// Tiers are the lower relays among the groups' clients, each counted
+	// above as one client (tiers.go); TiersMore, how many streams of
+	// others past the bound are not named.
+	Tiers     []ConvergenceTier `json:"tiers,omitempty"`
+	TiersMore int               `json:"tiers_more,omitempty"`
 }
 
 // ConvergenceSummary sums one group's type.
@@ -42,15 +47,24 @@ type ConvergenceSummary struct {
 
 // ConvergenceResource is one resource of one group.
 type ConvergenceResource struct {
-	Group      string `json:"group"`
-	Type       string `json:"type"`
-	Name       string `json:"name"`
-	Version    string `json:"version"` // the cache's current version; "" if it holds none
-	Subscribed int    `json:"subscribed"`
-	Accepted   int    `json:"accepted"` // of the current version, as are the next three
-	Rejected   int    `json:"rejected"`
-	Pending    int    `json:"pending"`
-	Behind     int    `json:"behind"`
+	Group   string `json:"group"`
+	Type    string `json:"type"`
+	Name    string `json:"name"`
+	Version string `json:"version"` // the cache's current version; "" if it holds none
+	// UpstreamVersion is the version of the upstream response the current
+	// version came in: a SotW response's version_info, a delta response's
+	// system_version_info (a delta control plane's own version of the
+	// resource is Version itself, when it sets one).
+	UpstreamVersion string `json:"upstream_version,omitempty"`
+	// BytesVersion, asked for with ?bytes_version=1, is the version a
+	// relay below that speaks SotW to this one holds the current version
+	// at: a hash of its bytes (cache.Resource.BytesVersion).
+	BytesVersion string `json:"bytes_version,omitempty"`
+	Subscribed   int    `json:"subscribed"`
+	Accepted     int    `json:"accepted"` // of the current version, as are the next three
+	Rejected     int    `json:"rejected"`
+	Pending      int    `json:"pending"`
+	Behind       int    `json:"behind"`
 	// Versions are the versions clients stand with, the current first.
 	Versions []ConvergenceVersion `json:"versions"`
 }
@@ -59,9 +73,12 @@ type ConvergenceResource struct {
 type ConvergenceVersion struct {
 	Version  string     `json:"version"`
 	Received *time.Time `json:"received,omitempty"` // when the change that brought it arrived
-	Accepted int        `json:"accepted"`
-	Rejected int        `json:"rejected"`
-	Pending  int        `json:"pending"`
+	// UpstreamVersion is the resource's upstream_version, on the current
+	// version only.
+	UpstreamVersion string `json:"upstream_version,omitempty"`
+	Accepted        int    `json:"accepted"`
+	Rejected        int    `json:"rejected"`
+	Pending         int    `json:"pending"`
 	// OldestPending is how long, at most, the oldest pending client has
 	// waited: since the pending count last rose from zero.
 	OldestPending float64  `json:"oldest_pending_seconds,omitempty"`
@@ -103,7 +120,12 @@ func (r *Relay) debugConvergence(w http.ResponseWriter, req *http.Request) {
 		}
 		groups = []*group{g}
 	}
-	writeJSON(w, convergenceOf(groups, types, q["name"], limit, time.Now()))
+	out := convergenceOf(groups, types, q["name"], limit, time.Now())
+	if q.Get("bytes_version") == "1" {
+		withBytesVersions(groups, out.Resources)
+	}
+	out.Tiers, out.TiersMore = r.tiersOf(groups)
+	writeJSON(w, out)
 }
 
 // convergenceOf reads the groups' counters: types and names narrow it,
@@ -168,7 +190,8 @@ func summed(group string, rs []cache.ResourceConvergence) []ConvergenceSummary {
 func resourceShown(group string, rc cache.ResourceConvergence, now time.Time) ConvergenceResource {
 	at := rc.At()
 	out := ConvergenceResource{Group: group, Type: rc.Type, Name: xds.Clip(rc.Name), Version: xds.Clip(rc.Current),
-		Subscribed: rc.Subscribed, Behind: rc.Behind, Accepted: at.Accepted, Rejected: at.Rejected, Pending: at.Pending,
+		UpstreamVersion: xds.Clip(rc.Upstream),
+		Subscribed:      rc.Subscribed, Behind: rc.Behind, Accepted: at.Accepted, Rejected: at.Rejected, Pending: at.Pending,
 		Versions: []ConvergenceVersion{}}
 	for _, v := range rc.Versions {
 		cv := ConvergenceVersion{Version: xds.Clip(v.Version), Accepted: v.Accepted, Rejected: v.Rejected, Pending: v.Pending,
@@ -177,10 +200,34 @@ func resourceShown(group string, rc cache.ResourceConvergence, now time.Time) Co
 		if !v.Received.IsZero() {
 			cv.Received = &v.Received
 		}
+		if v.Version == rc.Current {
+			cv.UpstreamVersion = out.UpstreamVersion
+		}
 		if !v.PendingSince.IsZero() {
 			cv.OldestPending = now.Sub(v.PendingSince).Seconds()
 		}
 		out.Versions = append(out.Versions, cv)
 	}
 	return out
+}
+
+// withBytesVersions sets the listed resources' bytes versions: a hash of
+// each one's bytes, which costs what the answer's resources weigh; asked
+// for by xdsrelay wait --tiers, so that a version is found through a SotW
+// tier (docs/architecture.md, invariant 19 "Count as it happens").
+func withBytesVersions(groups []*group, rs []ConvergenceResource) {
+	byShown := make(map[string]*group, len(groups))
+	for _, g := range groups {
+		byShown[g.shown] = g
+	}
+	for i := range rs {
+		r := &rs[i]
+		g := byShown[r.Group]
+		if g == nil || r.Version == "" {
+			continue
+		}
+		if res := g.cache.Get(r.Type, []string{r.Name})[0].Resource; res != nil && xds.Clip(res.Version) == r.Version {
+			r.BytesVersion = res.BytesVersion()
+		}
+	}
 }

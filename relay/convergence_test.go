@@ -13,6 +13,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
@@ -247,4 +248,93 @@ func TestConvergenceHeldRolloutIsBehind(t *testing.T) {
 	if b, n := value(mfs, "xdsrelay_clients_behind", map[string]string{"type": short}), value(mfs, "xdsrelay_clients_rejecting", map[string]string{"type": short}); b != 3 || n != 1 {
 		t.Errorf("xdsrelay_clients_behind = %v, xdsrelay_clients_rejecting = %v; want 3 and 1", b, n)
 	}
+}
+
+// Beside each version, /debug/convergence shows the upstream version it
+// came with, whatever the control plane speaks: a SotW response's
+// version_info (the cache's version is then a hash of the bytes), and from
+// a delta control plane its system_version_info, with the resource's own
+// version, as the control plane sent it, as the version; with
+// ?bytes_version=1, the hash of its bytes beside.
+func TestConvergenceUpstreamVersion(t *testing.T) {
+	forEachDialect(t, func(t *testing.T, d testcp.Dialect) {
+		cp := testcp.StartDialect(t, d)
+		cp.Set(t, "c1", "snap-1", testcp.Endpoints("e1", "10.0.0.1:80"))
+		r := startRelay(t, cp.Addr)
+		s := openDelta(t, r.Addr())
+		s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{"e1"}})
+		resp := s.recv()
+		s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: resp.GetNonce()})
+		for _, want := range []string{"snap-1", "snap-2"} {
+			if want == "snap-2" {
+				cp.Set(t, "c1", want, testcp.Endpoints("e1", "10.0.0.2:80"))
+				resp = s.recv()
+				s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: resp.GetNonce()})
+			}
+			var rc ConvergenceResource
+			eventually(t, "the client accepts e1 at "+want, func() bool {
+				rc = convergenceOfE1(t, r)
+				return rc.UpstreamVersion == want && rc.Accepted == 1
+			})
+			if len(rc.Versions) != 1 || rc.Versions[0].UpstreamVersion != want || rc.Versions[0].Version != rc.Version || rc.BytesVersion != "" {
+				t.Fatalf("e1 at %s: %+v", want, rc)
+			}
+			// Asked for, the hash of its bytes: the version itself where
+			// the control plane sent none (SotW), another beside the
+			// control plane's own (delta).
+			var withBytes DebugConvergence
+			getJSON(t, r, "/debug/convergence?type=eds&name=e1&bytes_version=1", &withBytes)
+			if len(withBytes.Resources) != 1 || withBytes.Resources[0].BytesVersion == "" ||
+				(withBytes.Resources[0].BytesVersion == rc.Version) != (d != testcp.DialectDelta) {
+				t.Fatalf("e1 at %s (version %q) with ?bytes_version=1: %+v", want, rc.Version, withBytes.Resources)
+			}
+			if d != testcp.DialectDelta {
+				continue
+			}
+			// The control plane's own version of e1, asked of it directly.
+			direct := openDelta(t, cp.Addr)
+			direct.send(&discoverypb.DeltaDiscoveryRequest{Node: node("direct", "c1"), TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{"e1"}})
+			got := direct.recv().GetResources()
+			direct.close()
+			if len(got) != 1 || got[0].GetVersion() == "" || got[0].GetVersion() != rc.Version {
+				t.Fatalf("the control plane's version of e1 %v; /debug/convergence shows %q", got, rc.Version)
+			}
+		}
+	})
+}
+
+// A relay lists the lower relays among its clients, as their nodes
+// advertise their admin endpoints, once per node whatever its streams,
+// and forgets one when its last stream leaves; a client advertising
+// nothing, or an address nobody can dial, is not listed.
+func TestConvergenceListsTiers(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Endpoints("e1", "10.0.0.1:80"))
+	r := startRelay(t, cp.Addr)
+	advertising := func(id, admin string) *deltaStream {
+		s := openDelta(t, r.Addr())
+		n := node(id, "c1")
+		n.Metadata = &structpb.Struct{Fields: map[string]*structpb.Value{TierMetadataKey: structpb.NewStringValue(admin)}}
+		s.send(&discoverypb.DeltaDiscoveryRequest{Node: n, TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{"e1"}})
+		s.recv()
+		return s
+	}
+	tiers := func() []ConvergenceTier {
+		var out DebugConvergence
+		getJSON(t, r, "/debug/convergence", &out)
+		return out.Tiers
+	}
+	b1, b1again := advertising("relay-b1", "10.0.0.7:9901"), advertising("relay-b1", "10.0.0.7:9901")
+	b2 := advertising("relay-b2", "10.0.0.8:9901")
+	advertising("envoy", "")
+	advertising("confused", "0.0.0.0:9901")
+	want := []ConvergenceTier{{Group: keyOf("c1"), Node: "relay-b1", Admin: "10.0.0.7:9901"}, {Group: keyOf("c1"), Node: "relay-b2", Admin: "10.0.0.8:9901"}}
+	if got := tiers(); !slices.Equal(got, want) {
+		t.Fatalf("tiers %+v, want %+v", got, want)
+	}
+	b1.close()
+	b2.close()
+	eventually(t, "relay-b2 forgotten, relay-b1 kept by its other stream", func() bool { return slices.Equal(tiers(), want[:1]) })
+	b1again.close()
+	eventually(t, "relay-b1 forgotten with its last stream", func() bool { return len(tiers()) == 0 })
 }

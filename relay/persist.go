@@ -31,8 +31,9 @@ import (
 //
 //	magic line, then length-prefixed records: the group's node, then one
 //	DeltaDiscoveryResponse per type (its resources as sent to delta
-//	clients, removed_resources the names known not to exist, and
-//	system_version_info the wildcard state), then the SHA-256 of all that.
+//	clients, removed_resources the names known not to exist, the nonce
+//	the wildcard state, and in field 1000 each resource's upstream
+//	version), then the SHA-256 of all that.
 //
 // Files are written whole to a temporary name and renamed, so a crash leaves
 // the previous file. A file that does not check out is reported and ignored.
@@ -82,7 +83,7 @@ func encodeGroup(node *corepb.Node, states []cache.TypeState, owner func(typeURL
 			if part.upstream != upstream.DefaultUpstream {
 				msg.Parts[0] = appendControlPlane(msg.Parts[0], part.upstream)
 			}
-			record(bytes.Join(msg.Parts, nil))
+			record(appendUpstreamVersions(bytes.Join(msg.Parts, nil), part.Resources))
 		}
 	}
 	sum := sha256.Sum256(buf.Bytes())
@@ -138,6 +139,61 @@ func appendControlPlane(b []byte, identifier string) []byte {
 	cp = protowire.AppendString(cp, identifier)
 	b = protowire.AppendTag(b, 7, protowire.BytesType) // DeltaDiscoveryResponse.control_plane
 	return protowire.AppendBytes(b, cp)
+}
+
+// savedUpstreamField is the field of a saved type's record that holds its
+// resources' upstream versions (Resource.Upstream), one string per resource
+// in the record's order. DeltaDiscoveryResponse has no such field: a file
+// written before it loads with none, and a binary from before it ignores
+// it.
+const savedUpstreamField = 1000
+
+// appendUpstreamVersions adds the resources' upstream versions to an
+// encoded record; nothing if none has one.
+func appendUpstreamVersions(b []byte, rs []*cache.Resource) []byte {
+	if !slices.ContainsFunc(rs, func(r *cache.Resource) bool { return r.Upstream != "" }) {
+		return b
+	}
+	for _, r := range rs {
+		b = protowire.AppendTag(b, savedUpstreamField, protowire.BytesType)
+		b = protowire.AppendString(b, r.Upstream)
+	}
+	return b
+}
+
+// upstreamVersions reads what appendUpstreamVersions wrote among a
+// record's unknown fields: nil if there is none, or it does not name one
+// per resource. Equal neighbours share one string, as a response's
+// resources did.
+func upstreamVersions(unknown []byte, n int) []string {
+	var out []string
+	for len(unknown) > 0 {
+		num, typ, l := protowire.ConsumeTag(unknown)
+		if l < 0 {
+			return nil
+		}
+		unknown = unknown[l:]
+		if num == savedUpstreamField && typ == protowire.BytesType {
+			v, m := protowire.ConsumeString(unknown)
+			if m < 0 {
+				return nil
+			}
+			if len(out) > 0 && out[len(out)-1] == v {
+				v = out[len(out)-1]
+			}
+			out, unknown = append(out, v), unknown[m:]
+			continue
+		}
+		if m := protowire.ConsumeFieldValue(num, typ, unknown); m >= 0 {
+			unknown = unknown[m:]
+		} else {
+			return nil
+		}
+	}
+	if len(out) != n {
+		return nil
+	}
+	return out
 }
 
 // decodeGroup reads what encodeGroup wrote, re-validating every resource,
@@ -263,13 +319,17 @@ func decodeType(b []byte) (savedType, error) {
 		Synced:   m.GetNonce() == wildcardSynced,
 		Absent:   m.GetRemovedResources(),
 	}
-	for _, res := range m.GetResources() {
+	ups := upstreamVersions(m.ProtoReflect().GetUnknown(), len(m.GetResources()))
+	for i, res := range m.GetResources() {
 		if got := res.GetResource().GetTypeUrl(); got != ts.TypeURL {
 			return savedType{}, fmt.Errorf("resource %q of type %q among the %s resources", res.GetName(), got, ts.TypeURL)
 		}
 		r, err := xds.Encode(res.GetName(), res.GetVersion(), res.GetResource(), res.GetTtl(), res.GetAliases())
 		if err != nil {
 			return savedType{}, err
+		}
+		if ups != nil {
+			r.Upstream = ups[i]
 		}
 		ts.Resources = append(ts.Resources, r)
 	}

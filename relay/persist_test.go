@@ -11,14 +11,17 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
 // Warm restart: a relay restarted while the control plane is down configures
@@ -259,5 +262,64 @@ func TestPersistHealthBoundsWhatItNames(t *testing.T) {
 	}
 	if got := h.loadErrors.Get(); got != maxLoadFailures+2 {
 		t.Errorf("counted %d load errors", got)
+	}
+}
+
+// A saved cache keeps each resource's upstream version (the response's
+// version_info or system_version_info it came in), shared by neighbours
+// as it was; a file saved without them (as before they were kept) loads,
+// each with none.
+func TestPersistUpstreamVersions(t *testing.T) {
+	enc := func(name, ver string) *cache.Resource {
+		a, err := anypb.New(testcp.Cluster(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := xds.Encode(name, ver, a, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	a, b, c := enc("a", "1"), enc("b", "2"), enc("c", "3")
+	a.Upstream, b.Upstream = "snap-7", "snap-7"
+	states := []cache.TypeState{{TypeURL: resourcev3.ClusterType, Resources: []*cache.Resource{a, b, c}}}
+	data, err := encodeGroup(node("n", "c1"), states, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, got, err := decodeGroup(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || len(got[0].Resources) != 3 {
+		t.Fatalf("decoded %+v", got)
+	}
+	var ups []string
+	for _, r := range got[0].Resources {
+		ups = append(ups, r.Upstream)
+	}
+	if !slices.Equal(ups, []string{"snap-7", "snap-7", ""}) || unsafe.StringData(ups[0]) != unsafe.StringData(ups[1]) {
+		t.Fatalf("upstream versions %q, want snap-7 (one string), snap-7, none", ups)
+	}
+
+	// As a file written before upstream versions were kept: the same
+	// record without them.
+	a.Upstream, b.Upstream = "", ""
+	old, err := encodeGroup(node("n", "c1"), states, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(old) >= len(data) {
+		t.Fatalf("a cache without upstream versions is %d bytes, with them %d", len(old), len(data))
+	}
+	_, got, err = decodeGroup(old)
+	if err != nil || len(got) != 1 || len(got[0].Resources) != 3 {
+		t.Fatalf("decoded %+v, %v", got, err)
+	}
+	for _, r := range got[0].Resources {
+		if r.Upstream != "" || r.Version == "" {
+			t.Errorf("%s: version %q, upstream version %q", r.Name, r.Version, r.Upstream)
+		}
 	}
 }

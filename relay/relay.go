@@ -120,8 +120,10 @@ type group struct {
 	cancel context.CancelFunc
 
 	// Guarded by Relay.mu.
-	clients int
-	loads   *groupLoads // nil until a client reports load
+	clients   int
+	loads     *groupLoads          // nil until a client reports load
+	tiers     map[string]*tierLink // lower relays among the clients, by node id (tiers.go)
+	tiersOver int                  // their streams past maxTiers, not named
 }
 
 // New validates cfg and prepares a relay; Start runs it. It is the steps
@@ -605,11 +607,13 @@ func (r *Relay) Join(node *corepb.Node) (*cache.Cache, func(), error) {
 		}
 	}
 	g.clients++
+	leaveTier := g.joinTierLocked(node)
 	var once sync.Once
 	return g.cache, func() {
 		once.Do(func() {
 			r.mu.Lock()
 			g.clients--
+			leaveTier()
 			r.mu.Unlock()
 		})
 	}, nil

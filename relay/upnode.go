@@ -105,6 +105,7 @@ func upstreamNode(cfg *Config, nc NodeConfig, host, key string, client *corepb.N
 	for k, v := range nc.Metadata {
 		setMetadata(n, k, structpb.NewStringValue(v))
 	}
+	advertise(cfg, n)
 	for _, f := range cfg.Upstream.GroupBy {
 		copyField(n, client, f)
 	}

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -150,3 +151,37 @@ func TestEachUpstreamSeesItsOwnNode(t *testing.T) {
 		}
 	}
 }
+
+// admin.advertise_address: a host:port another machine can dial, refused
+// naming the key otherwise; set, it is in every node the relay presents
+// upstream (metadata xdsrelay.admin), and a client's node that carries a
+// usable one is read back, one that does not is not.
+func TestAdvertiseAddress(t *testing.T) {
+	for _, bad := range []string{"10.0.0.7", "0.0.0.0:9901", "[::]:9901", ":9901", "10.0.0.7:0", "10.0.0.7:x"} {
+		c := Default()
+		c.Admin.AdvertiseAddress = bad
+		if err := c.Validate(); err == nil || !strings.HasPrefix(err.Error(), "admin.advertise_address") {
+			t.Errorf("%q: error %v, want one naming admin.advertise_address", bad, err)
+		}
+	}
+	c := Default()
+	c.Admin.AdvertiseAddress = "10.0.0.7:9901"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range groupNodes(&c, "h", "k", node("n1", "c1")) {
+		if got := advertised(n); got != "10.0.0.7:9901" {
+			t.Errorf("node %d advertises %q", i, got)
+		}
+	}
+	if got := advertised(groupNode(ptr(Default()), "h", "k", node("n1", "c1"))); got != "" {
+		t.Errorf("without the key, the node advertises %q", got)
+	}
+	bad := node("n1", "c1")
+	setMetadata(bad, TierMetadataKey, structpb.NewStringValue("0.0.0.0:9901"))
+	if got := advertised(bad); got != "" {
+		t.Errorf("a node advertising a wildcard address is read as %q", got)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -420,6 +420,8 @@ func (s *session) encode(r *xds.Received, typeURL, short string, held map[string
 			if e, err := res.Encode(); err != nil {
 				out.problems.add(err.Error())
 			} else {
+				// The response's version, one string for all its resources.
+				e.Upstream = r.SystemVersionInfo
 				out.upserts = append(out.upserts, e)
 			}
 		}

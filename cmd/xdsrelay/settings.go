@@ -50,6 +50,7 @@ func settings(o *Options) []setting {
 		{"admin.tls.cert_file", kindString, &o.Relay.Admin.TLS.CertFile, "TLS certificate for the admin endpoint (HTTPS)."},
 		{"admin.tls.key_file", kindString, &o.Relay.Admin.TLS.KeyFile, "The key of admin.tls.cert_file."},
 		{"admin.tls.client_ca_file", kindString, &o.Relay.Admin.TLS.CAFile, "Client certificates signed by this CA see the admin details on any address; requests without one get the general answers."},
+		{"admin.advertise_address", kindString, &o.Relay.Admin.AdvertiseAddress, "The host:port at which the relay above reaches this relay's admin endpoint (a pod IP and the admin port), put in the node the relay presents upstream (metadata xdsrelay.admin) so that xdsrelay wait --tiers counts this relay's clients in its place; empty advertises nothing."},
 		{"admin.pprof", kindBool, &o.Relay.Admin.Pprof, "Serve Go's profiler (net/http/pprof) under /debug/pprof/ on the admin endpoint, to private callers only, with the mutex profile sampled (1 contention event in 100)."},
 		{"admin.ready_after_sync", kindBool, &o.Relay.Admin.ReadyAfterSync, "Report ready (/readyz, gRPC health) only once there is something to serve: a control-plane answer, the resource files, or a restored cache."},
 		{"metrics.group_label", kindBool, &o.Relay.Metrics.GroupLabel, "Per-group series on /metrics carry the group key as their group label (a key over 64 bytes as its sha256: hash); false sums them without it."},

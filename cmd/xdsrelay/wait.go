@@ -33,12 +33,13 @@ type waitFlags struct {
 	version  string
 	fraction float64
 	timeout  time.Duration
+	tiers    bool
 }
 
 func newWaitCmd() *cobra.Command {
 	var f waitFlags
 	cmd := &cobra.Command{
-		Use:   "wait --server ADMIN_ADDR --type T [--name N]... [--version V] [--fraction F] [--timeout D]",
+		Use:   "wait --server ADMIN_ADDR --type T [--name N]... [--version V] [--fraction F] [--timeout D] [--tiers]",
 		Short: "Wait until the clients have accepted a version (their ACK), or say who rejected it",
 		Long: `Asks the relays' admin endpoints (GET /debug/convergence) until the
 clients subscribed to the resources of --type (--name narrows them) have
@@ -54,7 +55,19 @@ headless Service of replicas) is asked at each, and the counts are summed.
 The endpoints must be private to the caller: loopback, or admin.tls with a
 client certificate (--ca-file, --cert-file, --key-file; --server-name
 through kubectl port-forward). An ACK means a client accepted the
-configuration, not that its traffic uses it yet.`,
+configuration, not that its traffic uses it yet.
+
+A relay whose upstream is another relay is one client of it: its ACK says
+it has the version, not that its clients do. With --tiers, wait also asks
+the lower relays each relay lists (those that advertise their admin
+endpoint with admin.advertise_address), tier by tier (at most 8 tiers
+and 1,000 relays, with the same TLS flags), and counts the clients at the
+leaves: a lower relay's clients take its place as a client of the relay
+above. A lower relay's resource is at the version when its version, or
+the upstream version it came with, is one waited for at the tier above:
+there its version, or the hash of its bytes, which a SotW tier below
+holds it at. A lower relay that does not answer counts as not converged, and is
+named.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := f.check(cmd); err != nil {
@@ -70,6 +83,7 @@ configuration, not that its traffic uses it yet.`,
 	fs.StringVar(&f.version, "version", "", "the `VERSION` to wait for (each resource's current version in the relay without it)")
 	fs.Float64Var(&f.fraction, "fraction", 1.0, "the `FRACTION` of subscribed clients that must accept, in (0, 1]")
 	fs.DurationVar(&f.timeout, "timeout", time.Minute, "give up after this long")
+	fs.BoolVar(&f.tiers, "tiers", false, "count the clients of the lower relays the relays list, tier by tier, in their place")
 	f.tls.addTLS(cmd)
 	return cmd
 }
@@ -165,6 +179,9 @@ func (c waitCount) print(out io.Writer) {
 // replica's 4xx answer (not private to the caller, an unknown path), which
 // ends the wait at once.
 func (f *waitFlags) count(ctx context.Context) (c waitCount, refused error) {
+	if f.tiers {
+		return f.countTiers(ctx)
+	}
 	for _, af := range f.replicas(ctx) {
 		body, err := af.do(ctx, http.MethodGet, "/debug/convergence", f.query(), "")
 		var r refusal
@@ -209,7 +226,9 @@ func (f *waitFlags) add(c *waitCount, server string, dc relay.DebugConvergence) 
 	}
 	for _, r := range dc.Resources {
 		want := r.Version
-		if f.version != "" {
+		if f.version != "" && f.version != r.UpstreamVersion {
+			// --version names the cache's version, or the upstream
+			// version the current one came with.
 			want = f.version
 		}
 		var at relay.ConvergenceVersion

@@ -236,10 +236,23 @@ func (r *ReceivedResource) BytesVersion() string {
 		return ""
 	}
 	if r.bytesVersion == "" {
-		sum := sha256.Sum256(r.anyMsg)
-		r.bytesVersion = hex.EncodeToString(sum[:8])
+		r.bytesVersion = bytesVersion(r.anyMsg)
 	}
 	return r.bytesVersion
+}
+
+// bytesVersion is the version of an encoded Any received without one.
+func bytesVersion(anyMsg []byte) string {
+	sum := sha256.Sum256(anyMsg)
+	return hex.EncodeToString(sum[:8])
+}
+
+// BytesVersion is the version a relay gives the resource's bytes when they
+// arrive without one (ReceivedResource.BytesVersion), as they do over
+// SotW: the version a relay below that speaks SotW to this one holds the
+// resource at, whatever its version here. It hashes the bytes each time.
+func (r *Resource) BytesVersion() string {
+	return bytesVersion(fieldBody(r.Any))
 }
 
 // HasTTL reports whether the resource carries a TTL ("TTL"): sent again,

@@ -84,3 +84,29 @@ func TestSotWReceived(t *testing.T) {
 		t.Fatal("the same bytes in two responses have two versions")
 	}
 }
+
+// A resource that came with a control plane's version, sent on over SotW
+// (its Any as a SotW response carries it), is versioned below by its
+// bytes: Resource.BytesVersion says that version where it is.
+func TestBytesVersionIsTheSotWTiers(t *testing.T) {
+	cla := mustAny(t, &endpointpb.ClusterLoadAssignment{ClusterName: "e"})
+	here, err := Encode("e", "cp-version-9", cla, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b []byte
+	for _, p := range SotWResponse(3, resourcev3.EndpointType, "n", []*Resource{here}).Parts {
+		b = append(b, p...)
+	}
+	var below SotWReceived
+	if err := (Codec{}).Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, &below); err != nil {
+		t.Fatal(err)
+	}
+	enc, err := below.Resources[0].Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if enc.Version == here.Version || here.BytesVersion() != enc.Version || enc.BytesVersion() != enc.Version {
+		t.Fatalf("here %q (bytes %q), below over SotW %q (bytes %q)", here.Version, here.BytesVersion(), enc.Version, enc.BytesVersion())
+	}
+}

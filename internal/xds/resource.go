@@ -8,6 +8,13 @@ import "time"
 type Resource struct {
 	Name    string
 	Version string
+	// Upstream is the version of the response the resource came in, as
+	// the control plane set it: a SotW response's version_info, a delta
+	// response's system_version_info; "" if none. One string shared by
+	// every resource of the response. Version stays the cache's (a delta
+	// control plane's resource version, or a hash of the bytes): Upstream
+	// is what lets a version at one tier be found at the next.
+	Upstream string
 	// Any is the encoded google.protobuf.Any, as a SotW response carries it.
 	Any []byte
 	// Wire is the encoded envoy.service.discovery.v3.Resource (name,

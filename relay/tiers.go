@@ -1,0 +1,136 @@
+package relay
+
+import (
+	"errors"
+	"net"
+	"slices"
+	"strings"
+
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
+
+// Tiers: a relay whose upstream is another relay is one client of it, and
+// its ACK says only that it has a change, not that its clients do. With
+// admin.advertise_address, a relay puts its admin endpoint in the node it
+// presents upstream (TierMetadataKey); the relay above keeps, per group,
+// the lower relays among its clients and lists them in /debug/convergence
+// (tiers), so that xdsrelay wait --tiers follows the tree down and counts
+// the clients at its leaves (docs/architecture.md, invariant 19 "Count as
+// it happens": a set kept as streams join and leave, never found by
+// walking them).
+
+// TierMetadataKey is the node metadata field in which a relay advertises
+// its admin endpoint (admin.advertise_address) to the relay above.
+const TierMetadataKey = "xdsrelay.admin"
+
+// maxTiers bounds the lower relays a group keeps; the others are counted,
+// not named.
+const maxTiers = 1000
+
+// maxAdvertised bounds an advertised address, as a client sends it.
+const maxAdvertised = 256
+
+// tierLink is a lower relay among a group's clients: its admin endpoint and
+// how many of its streams are open.
+type tierLink struct {
+	admin   string
+	streams int
+}
+
+// checkAdvertised checks an admin address to advertise: host:port that
+// another host can dial, not a wildcard.
+func checkAdvertised(addr string) error {
+	if err := checkHostPort(addr); err != nil {
+		return err
+	}
+	host, port, _ := net.SplitHostPort(addr)
+	switch {
+	case len(addr) > maxAdvertised:
+		return errors.New("is longer than 256 bytes")
+	case host == "" || host == "0.0.0.0" || host == "::":
+		return errors.New("names no host: advertise one the relay above can reach (the pod IP)")
+	case port == "0":
+		return errors.New("has port 0")
+	}
+	return nil
+}
+
+// advertise puts the relay's admin address in a node it presents upstream.
+func advertise(cfg *Config, n *corepb.Node) {
+	if a := cfg.Admin.AdvertiseAddress; a != "" {
+		setMetadata(n, TierMetadataKey, structpb.NewStringValue(a))
+	}
+}
+
+// advertised is the admin address a client's node advertises: "" if none,
+// or if it is not a usable address.
+func advertised(n *corepb.Node) string {
+	a := n.GetMetadata().GetFields()[TierMetadataKey].GetStringValue()
+	if a == "" || checkAdvertised(a) != nil {
+		return ""
+	}
+	return a
+}
+
+// joinTierLocked records a client's stream if its node advertises an admin
+// address; the returned func forgets it (once, under Relay.mu). Call with
+// Relay.mu held.
+func (g *group) joinTierLocked(n *corepb.Node) func() {
+	admin := advertised(n)
+	if admin == "" {
+		return func() {}
+	}
+	id := xds.Clip(n.GetId())
+	l := g.tiers[id]
+	if l == nil {
+		if len(g.tiers) >= maxTiers {
+			g.tiersOver++
+			return func() { g.tiersOver-- }
+		}
+		if g.tiers == nil {
+			g.tiers = make(map[string]*tierLink)
+		}
+		l = &tierLink{admin: admin}
+		g.tiers[id] = l
+	}
+	l.admin = admin // the latest stream's word
+	l.streams++
+	return func() {
+		if l.streams--; l.streams == 0 && g.tiers[id] == l {
+			delete(g.tiers, id)
+		}
+	}
+}
+
+// ConvergenceTier is a lower relay among a group's clients: the node it
+// presents and the admin endpoint it advertises.
+type ConvergenceTier struct {
+	Group string `json:"group"`
+	Node  string `json:"node"`
+	Admin string `json:"admin"`
+}
+
+// tiersOf lists the groups' lower relays, sorted by group and node, and
+// how many past maxTiers are not named. It costs what the answer costs.
+func (r *Relay) tiersOf(groups []*group) ([]ConvergenceTier, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []ConvergenceTier
+	over := 0
+	for _, g := range groups {
+		for id, l := range g.tiers {
+			out = append(out, ConvergenceTier{Group: g.shown, Node: id, Admin: l.admin})
+		}
+		over += g.tiersOver
+	}
+	slices.SortFunc(out, func(a, b ConvergenceTier) int {
+		if c := strings.Compare(a.Group, b.Group); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Node, b.Node)
+	})
+	return out, over
+}
