@@ -41,8 +41,8 @@ import (
 // operation) would reach the client Route first: before a flush sends a
 // type it has read, it sends what was marked meanwhile of the types of
 // lower rank, and reads its type again (readOrdered). The edges that
-// remain (a mark that lands just after the read, removals released
-// between reads) are in docs/architecture.md, invariant 7.
+// remain (a mark that lands just after the read, a removal released after
+// the flush took its marks) are in docs/architecture.md, invariant 7.
 
 // ordered sorts the dirty types in place into the spec's order and returns
 // them.
@@ -149,11 +149,12 @@ func (b *streamBase) dropHeld() {
 
 // maxLowerRounds bounds how many times a flush reads a type again because
 // a type of lower rank was marked meanwhile: a stream whose Clusters change
-// without pause still gets its Routes, in the last round's order.
+// without pause still gets its Routes, the last read as it is.
 const maxLowerRounds = 4
 
-// readOrdered reads a type of the flush with read and returns what it
-// read, once nothing of a type of lower rank waits: "Eventual consistency
+// readOrdered reads a type of the flush with read, which stores what it
+// read in its caller's variables (they may point at the caller's stack),
+// until nothing of a type of lower rank waits: "Eventual consistency
 // considerations", a Cluster before the Route that points at it. The flush
 // reads one type after another, not all at one instant, and the cache may
 // release a Cluster and a Route that points at it (make before break:
@@ -166,8 +167,6 @@ const maxLowerRounds = 4
 // after it releases its lock (cache.Apply): a read in that instant sees
 // the Route before the Cluster's mark is there (docs/architecture.md,
 // invariant 7 "Order is kept", names the edge).
-// read stores what it read in its caller's variables, which may point at
-// the caller's stack.
 func (b *streamBase) readOrdered(typeURL string, read func()) error {
 	for round := 0; ; round++ {
 		read()
