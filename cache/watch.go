@@ -3,6 +3,8 @@ package cache
 import (
 	"iter"
 	"sync"
+
+	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
 // Dirty is what changed for one type since a watcher last looked.
@@ -228,6 +230,28 @@ func (w *Watch) Take() DirtySet {
 	return d
 }
 
+// TakeBelow moves into dst, and clears, what changed of the types that go
+// before rank in the spec's order (xds.Rank), and returns dst; dst
+// unchanged if none. A flush that has read a type calls it before it
+// sends: what the cache released meanwhile of a type that goes first is
+// sent first (see downstream/order.go). Give the records back with
+// RecycleRecords.
+func (w *Watch) TakeBelow(rank int, dst DirtySet) DirtySet {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	keep := w.dirty[:0]
+	for _, d := range w.dirty {
+		if xds.Rank(d.TypeURL) < rank {
+			dst = append(dst, d)
+		} else {
+			keep = append(keep, d)
+		}
+	}
+	clear(w.dirty[len(keep):])
+	w.dirty = keep
+	return dst
+}
+
 // recycleMax bounds the maps Recycle keeps: a cleared map keeps its size,
 // and a watch should not hold on to the memory of one large change.
 const recycleMax = 64
@@ -240,6 +264,21 @@ func (w *Watch) Recycle(d DirtySet) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.recycleLocked(d)
+	if w.spare == nil && cap(d) <= recycleMax {
+		w.spare = d[:0]
+	}
+}
+
+// RecycleRecords gives back the records of d, which TakeBelow returned,
+// and keeps nothing of d itself, the caller's.
+func (w *Watch) RecycleRecords(d DirtySet) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.recycleLocked(d)
+}
+
+func (w *Watch) recycleLocked(d DirtySet) {
 	for i, x := range d {
 		// Reset even when not kept: a record may be one of the watch's
 		// own, which would otherwise hold a large change's names.
@@ -250,9 +289,6 @@ func (w *Watch) Recycle(d DirtySet) {
 			w.free = append(w.free, x)
 		}
 		d[i] = nil
-	}
-	if w.spare == nil && cap(d) <= recycleMax {
-		w.spare = d[:0]
 	}
 }
 

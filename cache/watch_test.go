@@ -1,6 +1,12 @@
 package cache
 
-import "testing"
+import (
+	"testing"
+
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"github.com/xdsrelay/xdsrelay/internal/xds"
+)
 
 // A watch that is marked, taken and recycled over and over reuses its sets:
 // nothing of an earlier change shows in a later one, and a mark allocates
@@ -112,5 +118,44 @@ func TestNameSet(t *testing.T) {
 		if s.Len() != 1 || !s.Has("x") {
 			t.Fatalf("%d names added: after reset, one added reads %v", n, s.AppendTo(nil))
 		}
+	}
+}
+
+// TakeBelow takes what changed of the types that go before a rank and
+// leaves the others marked; looking when nothing is below allocates
+// nothing, and its records are reused once given back.
+func TestWatchTakeBelow(t *testing.T) {
+	w := NewWatch()
+	w.OnReady(func() {})
+	cds, lds, rds := resourcev3.ClusterType, resourcev3.ListenerType, resourcev3.RouteType
+	w.Mark(rds, 1, "r")
+	w.Mark(lds, 2, "l")
+	var buf [2]*Dirty
+	if got := w.TakeBelow(xds.Rank(rds), buf[:0]); len(got) != 1 || got[0].TypeURL != lds {
+		t.Fatalf("below RDS with LDS and RDS marked: %+v", got)
+	} else {
+		w.RecycleRecords(got)
+	}
+	if got := w.TakeBelow(xds.Rank(rds), buf[:0]); len(got) != 0 {
+		t.Fatalf("below RDS after taking LDS: %+v", got)
+	}
+	w.Mark(cds, 3, "y")
+	got := w.TakeBelow(xds.Rank(lds), buf[:0])
+	if len(got) != 1 || got[0].TypeURL != cds || !got[0].Names.Has("y") {
+		t.Fatalf("below LDS with CDS marked: %+v", got)
+	}
+	w.RecycleRecords(got)
+	rest := w.Take()
+	if len(rest) != 1 || rest[0].TypeURL != rds || !rest[0].Names.Has("r") {
+		t.Fatalf("left marked: %+v", rest)
+	}
+	w.Recycle(rest)
+	allocs := testing.AllocsPerRun(100, func() {
+		w.Mark(rds, 4, "r")
+		w.TakeBelow(xds.Rank(rds), buf[:0])
+		w.Recycle(w.Take())
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per mark, look below and take", allocs)
 	}
 }

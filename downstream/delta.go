@@ -270,8 +270,13 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 	// the stack while they fit.
 	var nameBuf [4]string
 	var lookupBuf [4]cache.Lookup
-	names, all := ds.candidates(t, dirty, hbs, nameBuf[:0])
-	v := ds.cache.ReadInto(ds.watch, typeURL, names, all, lookupBuf[:0])
+	var v cache.View
+	if err := ds.readOrdered(typeURL, func() {
+		names, all := ds.candidates(t, dirty, hbs, nameBuf[:0])
+		v = ds.cache.ReadInto(ds.watch, typeURL, names, all, lookupBuf[:0])
+	}); err != nil {
+		return nil, err
+	}
 	synced := v.Synced
 	var out [][]byte
 	var removed, gone []string // gone: removals held back

@@ -2,6 +2,7 @@ package downstream
 
 import (
 	"slices"
+	"sync/atomic"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
@@ -34,6 +35,14 @@ import (
 // it); one that adds and removes goes in the spec's order, with its
 // removals. A flush of one type sends one response, as it would anyway:
 // the last type of a flush holds nothing back.
+//
+// A flush reads its types one after another, and what the cache releases
+// between two reads (a Cluster and the Route that waited for it, in one
+// operation) would reach the client Route first: before a flush sends a
+// type it has read, it sends what was marked meanwhile of the types of
+// lower rank, and reads its type again (readOrdered). The edges that
+// remain (a mark that lands just after the read, a removal released after
+// the flush took its marks) are in docs/architecture.md, invariant 7.
 
 // ordered sorts the dirty types in place into the spec's order and returns
 // them.
@@ -107,3 +116,92 @@ func (t *sotwType) removesOnly(st *cache.State) bool {
 	}
 	return true
 }
+
+// heldSend is a response a flush held back, of a type of rank (xds.Rank).
+type heldSend struct {
+	rank int
+	send func() error
+}
+
+// sendHeld sends what the flush held back, the removals: the types in the
+// reverse of the spec's order, a type's in the order the flush read them,
+// each followed by what it warms.
+func (b *streamBase) sendHeld(f flusher) error {
+	if len(b.held) > 1 {
+		slices.SortStableFunc(b.held, func(x, y heldSend) int { return y.rank - x.rank })
+	}
+	for _, h := range b.held {
+		if err := h.send(); err != nil {
+			return err
+		}
+		if err := b.flushWarm(f); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dropHeld ends a flush: it keeps nothing of what the flush held back.
+func (b *streamBase) dropHeld() {
+	clear(b.held)
+	b.held, b.flushing = nil, nil
+}
+
+// maxLowerRounds bounds how many times a flush reads a type again because
+// a type of lower rank was marked meanwhile: a stream whose Clusters change
+// without pause still gets its Routes, the last read as it is.
+const maxLowerRounds = 4
+
+// readOrdered reads a type of the flush with read, which stores what it
+// read in its caller's variables (they may point at the caller's stack),
+// until nothing of a type of lower rank waits: "Eventual consistency
+// considerations", a Cluster before the Route that points at it. The flush
+// reads one type after another, not all at one instant, and the cache may
+// release a Cluster and a Route that points at it (make before break:
+// cache/refs.go) between its read of the Clusters and its read of the
+// Routes. So, once it has read a type, the flush looks at the stream's
+// marks: if a type of lower rank was marked meanwhile, it sends that first
+// (lowerFirst) and reads its own type again, for a state at least as
+// recent as what it just sent. One look at the marks per read; nothing
+// more when nothing lower waits. The cache marks a change's watchers just
+// after it releases its lock (cache.Apply): a read in that instant sees
+// the Route before the Cluster's mark is there (docs/architecture.md,
+// invariant 7 "Order is kept", names the edge).
+func (b *streamBase) readOrdered(typeURL string, read func()) error {
+	for round := 0; ; round++ {
+		read()
+		if round == maxLowerRounds {
+			return nil
+		}
+		sent, err := b.lowerFirst(typeURL)
+		if err != nil || !sent {
+			return err
+		}
+	}
+}
+
+// lowerFirst sends, while a flush sends its types' additions, what changed
+// of the types of lower rank than typeURL since the flush took its marks,
+// each with what it warms and holding back its removals as the flush does;
+// it reports whether there was any. A per-type stream has one type.
+func (b *streamBase) lowerFirst(typeURL string) (bool, error) {
+	if b.flushing == nil || b.fixed != "" {
+		return false, nil
+	}
+	rank := xds.Rank(typeURL)
+	if rank == 0 {
+		return false, nil
+	}
+	var buf [2]*cache.Dirty
+	lower := b.watch.TakeBelow(rank, buf[:0])
+	if len(lower) == 0 {
+		return false, nil
+	}
+	defer b.watch.RecycleRecords(lower)
+	return true, b.flushTypes(ordered(lower), true)
+}
+
+// betweenTypes, when set, is called by a flush between the types it sends,
+// with the next: tests set it to change the cache at that instant. Nil in
+// production; atomic, for a test sets it while other tests' streams end.
+var betweenTypes atomic.Pointer[func(next string)]

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -166,8 +167,15 @@ func sotwPileClient(t *testing.T, cc *grpc.ClientConn, ctx context.Context) pile
 func pileUp(t *testing.T, open func(*testing.T, *grpc.ClientConn, context.Context) pileClient,
 	initial func(*cache.Cache), ready func(got []string) bool, changes func(*cache.Cache), done func(got []string) bool) (told []string, resps [][]string) {
 	t.Helper()
+	return pileUpWith(t, cache.Options{Retention: time.Hour}, open, initial, ready, changes, done)
+}
+
+// pileUpWith is pileUp on a cache made with opts.
+func pileUpWith(t *testing.T, opts cache.Options, open func(*testing.T, *grpc.ClientConn, context.Context) pileClient,
+	initial func(*cache.Cache), ready func(got []string) bool, changes func(*cache.Cache), done func(got []string) bool) (told []string, resps [][]string) {
+	t.Helper()
 	const cds, lds, rds = resourcev3.ClusterType, resourcev3.ListenerType, resourcev3.RouteType
-	c := cache.New(cache.Options{Retention: time.Hour})
+	c := cache.New(opts)
 	s, any := serveOn(t, Options{Groups: oneGroup{c}, SendTimeout: time.Minute})
 	cc, err := grpc.NewClient(any.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(16<<20))
@@ -373,6 +381,63 @@ func TestPiledUpSotWStateThatAddsAndRemovesGoesInTypeOrder(t *testing.T) {
 		seen(clusters, moved))
 	if !before(got, clusters, moved) {
 		t.Fatalf("the client was told %v: the edge docs/architecture.md describes has changed, update it", got)
+	}
+}
+
+// A Cluster and the Route that points at it, released by the cache in one
+// operation while a flush is between its read of the Clusters and its read
+// of the Routes (docs/architecture.md, invariant 7 "Order is kept"): the
+// Route waits for Cluster y (invariant 18 "Make before break, whatever the
+// order upstream"), and y's arrival, with w's removal, releases both. The
+// flush has read the Clusters already; before it sends the Route it sends
+// y ("Eventual consistency considerations": CDS before RDS), not after it
+// in the next flush, and an incremental stream holds w's removal back
+// until after the Route, as the flush's own. betweenTypes places the
+// release at that instant.
+func TestClusterReleasedMidFlushGoesBeforeTheRouteToIt(t *testing.T) {
+	for name, open := range map[string]func(*testing.T, *grpc.ClientConn, context.Context) pileClient{
+		"delta": deltaPileClient, "sotw": sotwPileClient,
+	} {
+		t.Run(name, func(t *testing.T) {
+			cluster, routed := map[string]string{"delta": "Cluster +y", "sotw": "Cluster [x y]"}[name], "RouteConfiguration +r→y"
+			gone := map[string]string{"delta": "Cluster -w", "sotw": cluster}[name]
+			toY, y := route(t, "3", "y"), encoded(t, resourcev3.ClusterType, "y", "1", 0)
+			var group atomic.Pointer[cache.Cache]
+			var fired atomic.Bool
+			hook := func(next string) {
+				c := group.Load()
+				if next != resourcev3.RouteType || c == nil || !fired.CompareAndSwap(false, true) {
+					return
+				}
+				c.Apply(resourcev3.RouteType, cache.Change{Upserts: []*cache.Resource{toY}})                         // waits for y
+				c.Apply(resourcev3.ClusterType, cache.Change{Upserts: []*cache.Resource{y}, Removed: []string{"w"}}) // releases y and the Route
+			}
+			betweenTypes.Store(&hook)
+			t.Cleanup(func() { betweenTypes.Store(nil) })
+			got, _ := pileUpWith(t, cache.Options{Retention: time.Hour, Consistency: cache.Consistency{MaxWait: time.Hour}}, open,
+				func(c *cache.Cache) {
+					upsertClusters(t, c, "1", "w", "x")
+					setRoute(t, c, "1", "x")
+				},
+				seen("RouteConfiguration +r→x"),
+				func(c *cache.Cache) {
+					// A change of each type piles up: one flush reads the
+					// Clusters, then the Routes.
+					upsertClusters(t, c, "2", "x")
+					setRoute(t, c, "2", "x")
+					group.Store(c)
+				},
+				seen(cluster, routed, gone))
+			if !fired.Load() {
+				t.Fatalf("the client was told %v by no flush of Clusters and Routes", got)
+			}
+			if !before(got, cluster, routed) {
+				t.Fatalf("the client was told %v: the Route to y before Cluster y", got)
+			}
+			if name == "delta" && !before(got, routed, gone) {
+				t.Fatalf("the client was told %v: w's removal before the Route", got)
+			}
+		})
 	}
 }
 

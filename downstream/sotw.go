@@ -307,7 +307,12 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet,
 	}
 	t.materialize()
 	// One read: the response is one upstream version, never part of one.
-	v := ss.cache.ReadFor(ss.watch, typeURL, t.names.appendKeys(nil), t.wildcard)
+	var v cache.View
+	if err := ss.readOrdered(typeURL, func() {
+		v = ss.cache.ReadFor(ss.watch, typeURL, t.names.appendKeys(nil), t.wildcard)
+	}); err != nil {
+		return nil, err
+	}
 	var errs []*cache.ResourceError
 	for _, l := range v.Lookups {
 		ss.refusedError(&l)
@@ -405,7 +410,10 @@ func (ss *sotwStream) field(l cache.Lookup, heartbeat bool) []byte {
 // case of Envoy's LDS and CDS: the complete state is built once per version
 // and shared by every such client, so this costs a comparison and a write.
 func (ss *sotwStream) flushWildcard(typeURL string, t *sotwType, hold bool) (later func() error, err error) {
-	st := ss.cache.StateFor(ss.watch, typeURL)
+	var st *cache.State
+	if err := ss.readOrdered(typeURL, func() { st = ss.cache.StateFor(ss.watch, typeURL) }); err != nil {
+		return nil, err
+	}
 	if !t.responded && !st.Synced {
 		return nil, nil
 	}
@@ -495,21 +503,26 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs *cach
 	// As the delta flush's: a change's few names and lookups on the stack.
 	var nameBuf [4]string
 	var lookupBuf [4]cache.Lookup
-	names := nameBuf[:0]
-	all := false
-	if t.all {
-		names = t.names.appendKeys(names)
-		all, t.all = t.wildcard, false
-	}
-	for _, set := range []*cache.NameSet{dirty, hbs} {
-		for n := range set.All() {
-			if t.names.has(n) || t.wildcard {
-				names = append(names, n)
+	subscribed, all := t.all, t.all && t.wildcard
+	t.all = false
+	// One read: the response is one upstream version, never part of one.
+	var v cache.View
+	if err := ss.readOrdered(typeURL, func() {
+		names := nameBuf[:0]
+		if subscribed {
+			names = t.names.appendKeys(names)
+		}
+		for _, set := range []*cache.NameSet{dirty, hbs} {
+			for n := range set.All() {
+				if t.names.has(n) || t.wildcard {
+					names = append(names, n)
+				}
 			}
 		}
+		v = ss.cache.ReadInto(ss.watch, typeURL, names, all, lookupBuf[:0])
+	}); err != nil {
+		return err
 	}
-	// One read: the response is one upstream version, never part of one.
-	v := ss.cache.ReadInto(ss.watch, typeURL, names, all, lookupBuf[:0])
 	t.all = all && !v.Synced
 	var out [][]byte
 	var errs []*cache.ResourceError

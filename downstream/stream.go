@@ -151,24 +151,33 @@ func (b *streamBase) flushAll(f flusher) error {
 	}
 	dirty := ordered(b.watch.Take())
 	defer b.watch.Recycle(dirty)
-	var heldBuf [4]func() error
-	held := heldBuf[:0]
+	b.held = b.heldArr[:0]
+	defer b.dropHeld()
+	b.flushing = f
+	err := b.flushTypes(dirty, false)
+	b.flushing = nil // the removals send what the flush read
+	if err != nil {
+		return err
+	}
+	return b.sendHeld(f)
+}
+
+// flushTypes sends what changed of each of dirty, in order, each followed
+// by what it warms; what they hold back joins b.held. The last type holds
+// nothing back unless more follows it (followed: a response a lower type
+// went before, order.go).
+func (b *streamBase) flushTypes(dirty cache.DirtySet, followed bool) error {
+	f := b.flushing
 	for i, d := range dirty {
-		// The last type holds nothing back: nothing follows it.
-		later, err := f.flushDirty(d, i < len(dirty)-1)
+		if hook := betweenTypes.Load(); i > 0 && hook != nil {
+			(*hook)(d.TypeURL)
+		}
+		later, err := f.flushDirty(d, followed || i < len(dirty)-1)
 		if err != nil {
 			return err
 		}
 		if later != nil {
-			held = append(held, later)
-		}
-		if err := b.flushWarm(f); err != nil {
-			return err
-		}
-	}
-	for i := len(held) - 1; i >= 0; i-- {
-		if err := held[i](); err != nil {
-			return err
+			b.held = append(b.held, heldSend{rank: xds.Rank(d.TypeURL), send: later})
 		}
 		if err := b.flushWarm(f); err != nil {
 			return err
@@ -230,6 +239,12 @@ type streamBase struct {
 	names   int                             // names subscribed, across types (see watchNames)
 	sent    map[string]sentVersion          // by type, for the rollout's verdicts; nil unless it rolls out
 	refused map[string]*cache.ResourceError // names asked for and refused by grant, with their errors
+	// The flush under way (order.go): its flusher while it sends the
+	// types' additions, nil otherwise; the responses it holds back, for
+	// after them, in heldArr's array while they fit.
+	flushing flusher
+	held     []heldSend
+	heldArr  [4]heldSend
 	// Warming (warming.go): the endpoints of the Clusters a flush just
 	// sent; on a per-type CDS stream, those waiting for the client's ACK of
 	// the response warmNonce; on a per-type EDS stream, what the

@@ -48,6 +48,9 @@ func (b *streamBase) flushWarm(f flusher) error {
 	if len(b.warming) == 0 {
 		return nil
 	}
+	// names shares its array with b.warming: each resendEndpoints makes
+	// its set of names before it reads, and a Cluster a read sends first
+	// (order.go) notes its own in that array.
 	names := b.warming
 	b.warming = b.warming[:0]
 	if cap(names) > 64 {
