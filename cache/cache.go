@@ -88,6 +88,12 @@ type Options struct {
 	// OnReference, if set, is told of each reference wait that ends,
 	// after the cache's lock is released.
 	OnReference func(ReferenceEvent)
+	// OnRejected, if set, is told each time a version of a resource is
+	// rejected by a first client (its count of rejecting clients leaves
+	// zero), after the counters' lock is released (convergence.go). It
+	// is called where the client's answer is counted, under the
+	// downstream's lock of that client's status: it must not block.
+	OnRejected func(Rejection)
 }
 
 // MaxNamesError is Watch's error when the watch would make the group want
@@ -119,6 +125,7 @@ type Cache struct {
 
 	consistency Consistency
 	onReference func(ReferenceEvent)
+	onRejected  func(Rejection)
 
 	mu        sync.RWMutex
 	seq       uint64                            // guarded by mu
@@ -233,6 +240,7 @@ func New(opts Options) *Cache {
 
 		consistency: opts.Consistency,
 		onReference: opts.OnReference,
+		onRejected:  opts.OnRejected,
 		interest:    make(chan struct{}, 1),
 		types:       make(map[string]*typeState),
 		idle:        idle,

@@ -28,6 +28,10 @@ type Config struct {
 		// locality.sub_zone, metadata.<key>); empty for one group. One
 		// setting for every upstream.
 		GroupBy []string
+		// ForwardNACKs is upstream.forward_nacks: tell the control plane,
+		// with a NACK of its response, when clients reject a version it
+		// sent (upstream/forward.go). One setting for every upstream.
+		ForwardNACKs bool
 	}
 	// Upstreams is upstreams: more control planes, each serving the types
 	// and xdstp authorities it lists (gRFC A47); every other name is the
@@ -363,6 +367,7 @@ func Default() Config {
 	var c Config
 	c.Upstream.UpstreamConfig = DefaultUpstream()
 	c.Upstream.GroupBy = []string{"cluster", xds.FieldUserAgent, xds.FieldClientFeatures}
+	c.Upstream.ForwardNACKs = true
 	c.Downstream.Address = "0.0.0.0:18001"
 	c.Downstream.PollTimeout = 30 * time.Second
 	c.Downstream.SendTimeout = 30 * time.Second

@@ -624,15 +624,22 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 		shown:  shownKey(key),
 		nodes:  groupNodes(&r.cfg, r.host, key, client),
 		fields: keyNode(r.cfg.Upstream.GroupBy, client),
-		cache: cache.New(cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources,
-			MaxNames: r.cfg.Limits.MaxNamesPerGroup, Guard: r.cfg.cacheGuard(),
-			OnGuard:     func(ev cache.GuardEvent) { r.guardEvent(key, ev) },
-			Rollout:     r.cfg.cacheRollout(),
-			OnRollout:   func(ev cache.RolloutEvent) { r.rolloutEvent(key, ev) },
-			Consistency: r.cfg.cacheConsistency(),
-			OnReference: func(ev cache.ReferenceEvent) { r.referenceEvent(key, ev) }}),
 		cancel: cancel,
 	}
+	opts := cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources,
+		MaxNames: r.cfg.Limits.MaxNamesPerGroup, Guard: r.cfg.cacheGuard(),
+		OnGuard:     func(ev cache.GuardEvent) { r.guardEvent(key, ev) },
+		Rollout:     r.cfg.cacheRollout(),
+		OnRollout:   func(ev cache.RolloutEvent) { r.rolloutEvent(key, ev) },
+		Consistency: r.cfg.cacheConsistency(),
+		OnReference: func(ev cache.ReferenceEvent) { r.referenceEvent(key, ev) }}
+	if r.cfg.Upstream.ForwardNACKs {
+		// Clients' rejections go to the control plane (docs/architecture.md,
+		// "Forwarded NACKs"). g.feed is set below, before any client can
+		// have the cache (Join hands it out under Relay.mu).
+		opts.OnRejected = func(ev cache.Rejection) { g.feed.Rejected(ev) }
+	}
+	g.cache = cache.New(opts)
 	g.node = g.nodes[0]
 	if saved != nil {
 		g.cache.Import(saved)
