@@ -4,17 +4,14 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/hashicorp/golang-lru/v2/simplelru"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/genproto/googleapis/rpc/status"
 	grpccodes "google.golang.org/grpc/codes"
-	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
@@ -47,14 +44,6 @@ const (
 	maxInbox     = 256  // rejections told and not yet taken by the session loop
 	maxQueued    = 16   // per type, waiting for ForwardInterval: coalesced into one request
 	maxForwarded = 4096 // versions remembered as forwarded, for once per version
-)
-
-// ErrorInfo of a forwarded NACK's details: one per rejected version, so
-// that a relay above (a tier) counts the rejection against the resource
-// (downstream: "Forwarded NACKs").
-const (
-	RejectedDomain = "xdsrelay"
-	RejectedReason = "CLIENTS_REJECTED"
 )
 
 // Rejections is an upstream feed's inbox of the versions its group's
@@ -235,9 +224,9 @@ func (c *Client) rejectedDetail(typeURL string, rs []cache.Rejection) *status.St
 		}
 		parts = append(parts, fmt.Sprintf("%d of %d clients rejected %s %s version %s: %s", rejected, clients, short,
 			xds.Clip(r.Name), xds.Clip(r.Version), msg))
-		info, err := anypb.New(&errdetails.ErrorInfo{Reason: RejectedReason, Domain: RejectedDomain, Metadata: map[string]string{
-			"type": typeURL, "name": r.Name, "version": r.Version, "rejected": strconv.Itoa(rejected),
-			"clients": strconv.Itoa(clients), "error": xds.Clip(msg)}})
+		// The details name each version for a relay above (a tier).
+		info, err := xds.Rejected{Type: typeURL, Name: r.Name, Version: r.Version, Rejected: rejected, Clients: clients,
+			Error: msg}.Detail()
 		if err == nil {
 			st.Details = append(st.Details, info)
 		}
