@@ -121,6 +121,9 @@ type Options struct {
 	// Rejections is the inbox of the versions clients rejected, to
 	// forward (forward.go); the client makes its own if nil.
 	Rejections *Rejections
+	// ForwardInterval is the least time between two forwarded NACKs of
+	// one type (forward.go); ForwardInterval if 0.
+	ForwardInterval time.Duration
 }
 
 // Server is one server of a control plane.
@@ -253,6 +256,9 @@ func New(opts Options) (*Client, error) {
 	}
 	if opts.Upstream == "" {
 		opts.Upstream = DefaultUpstream
+	}
+	if opts.ForwardInterval <= 0 {
+		opts.ForwardInterval = ForwardInterval
 	}
 	if opts.Interest == nil {
 		opts.Interest = opts.Cache

@@ -167,7 +167,7 @@ func (s *session) forward(now time.Time) error {
 			return err
 		}
 		if sent {
-			f.next[typeURL] = now.Add(ForwardInterval)
+			f.next[typeURL] = now.Add(c.opts.ForwardInterval)
 			delete(f.queued, typeURL)
 		}
 	}
