@@ -31,7 +31,26 @@ const maxForwardedPerNACK = 64
 // the client.
 func (b *streamBase) forwarded(typeURL string, d *rpcstatus.Status) {
 	if rs := xds.Forwarded(d, maxForwardedPerNACK); len(rs) > 0 {
+		b.asServed(typeURL, rs)
 		b.status.rejectedBelow(typeURL, rs, time.Now())
+	}
+}
+
+// asServed turns each version of rs that a relay below named by its own
+// version (it speaks SotW to this one, whose responses carry no version
+// per resource, and versions them itself: invariant 16 "The control
+// plane's dialect stays upstream") into the version this relay serves, if
+// the bytes it names (Rejected.AnyVersion) are those this relay holds.
+func (b *streamBase) asServed(typeURL string, rs []xds.Rejected) {
+	names := make([]string, len(rs))
+	for i, r := range rs {
+		names[i] = r.Name
+	}
+	for i, l := range b.cache.Get(typeURL, names) {
+		if res := l.Resource; res != nil && res.Version != rs[i].Version && rs[i].AnyVersion != "" && len(res.Any) > 0 &&
+			xds.AnyVersion(res.Any) == rs[i].AnyVersion {
+			rs[i].Version = res.Version
+		}
 	}
 }
 

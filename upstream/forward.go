@@ -224,9 +224,14 @@ func (c *Client) rejectedDetail(typeURL string, rs []cache.Rejection) *status.St
 		}
 		parts = append(parts, fmt.Sprintf("%d of %d clients rejected %s %s version %s: %s", rejected, clients, short,
 			xds.Clip(r.Name), xds.Clip(r.Version), msg))
-		// The details name each version for a relay above (a tier).
+		// The details name each version for a relay above (a tier), with
+		// its bytes' version: the relay above may version it otherwise.
+		anyVersion := ""
+		if l := c.opts.Cache.Get(typeURL, []string{r.Name}); l[0].Resource != nil && l[0].Resource.Version == r.Version {
+			anyVersion = xds.AnyVersion(l[0].Resource.Any)
+		}
 		info, err := xds.Rejected{Type: typeURL, Name: r.Name, Version: r.Version, Rejected: rejected, Clients: clients,
-			Error: msg}.Detail()
+			Error: msg, AnyVersion: anyVersion}.Detail()
 		if err == nil {
 			st.Details = append(st.Details, info)
 		}

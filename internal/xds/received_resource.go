@@ -236,10 +236,17 @@ func (r *ReceivedResource) BytesVersion() string {
 		return ""
 	}
 	if r.bytesVersion == "" {
-		sum := sha256.Sum256(r.anyMsg)
-		r.bytesVersion = hex.EncodeToString(sum[:8])
+		r.bytesVersion = AnyVersion(r.anyMsg)
 	}
 	return r.bytesVersion
+}
+
+// AnyVersion is the version of an encoded google.protobuf.Any received
+// without one (BytesVersion): what a relay below that speaks SotW to this
+// one calls a resource this one sent it.
+func AnyVersion(anyMsg []byte) string {
+	sum := sha256.Sum256(anyMsg)
+	return hex.EncodeToString(sum[:8])
 }
 
 // HasTTL reports whether the resource carries a TTL ("TTL"): sent again,

@@ -22,13 +22,17 @@ type Rejected struct {
 	Type, Name, Version string
 	Rejected, Clients   int    // how many clients rejected it, of those that were sent it
 	Error               string // the first client's error, clipped
+	// AnyVersion is the AnyVersion of the resource's bytes at Version, if
+	// the relay still holds them: what a relay above that versions the
+	// resource otherwise knows it by.
+	AnyVersion string
 }
 
 // Detail is r as a forwarded NACK's detail.
 func (r Rejected) Detail() (*anypb.Any, error) {
 	return anypb.New(&errdetails.ErrorInfo{Reason: RejectedReason, Domain: RejectedDomain, Metadata: map[string]string{
 		"type": r.Type, "name": r.Name, "version": r.Version, "rejected": strconv.Itoa(r.Rejected),
-		"clients": strconv.Itoa(r.Clients), "error": Clip(r.Error)}})
+		"clients": strconv.Itoa(r.Clients), "error": Clip(r.Error), "any": r.AnyVersion}})
 }
 
 // Forwarded is what a NACK's error_detail says a relay's clients
@@ -44,7 +48,7 @@ func Forwarded(st *status.Status, max int) []Rejected {
 			continue
 		}
 		m := info.GetMetadata()
-		r := Rejected{Type: m["type"], Name: m["name"], Version: m["version"], Error: Clip(m["error"])}
+		r := Rejected{Type: m["type"], Name: m["name"], Version: m["version"], Error: Clip(m["error"]), AnyVersion: m["any"]}
 		r.Rejected, _ = strconv.Atoi(m["rejected"])
 		r.Clients, _ = strconv.Atoi(m["clients"])
 		if r.Name != "" && r.Version != "" {
