@@ -28,10 +28,6 @@ type Config struct {
 		// locality.sub_zone, metadata.<key>); empty for one group. One
 		// setting for every upstream.
 		GroupBy []string
-		// ForwardNACKs is upstream.forward_nacks: tell the control plane,
-		// with a NACK of its response, when clients reject a version it
-		// sent (upstream/forward.go). One setting for every upstream.
-		ForwardNACKs bool
 	}
 	// Upstreams is upstreams: more control planes, each serving the types
 	// and xdstp authorities it lists (gRFC A47); every other name is the
@@ -332,6 +328,24 @@ type UpstreamConfig struct {
 	Headers map[string]string
 	// Node is upstream.node.*: the node presented upstream per group.
 	Node NodeConfig
+	// ForwardNACKs is upstream.forward_nacks: tell the control plane,
+	// with a NACK of its response, when clients reject a version it
+	// sent (upstream/forward.go).
+	ForwardNACKs bool
+}
+
+// forwardsNACKs reports whether any upstream is to be told of clients'
+// rejections.
+func (c *Config) forwardsNACKs() bool {
+	if c.Upstream.ForwardNACKs {
+		return true
+	}
+	for _, u := range c.Upstreams {
+		if u.ForwardNACKs {
+			return true
+		}
+	}
+	return false
 }
 
 // Servers are the upstream's servers in priority order: Address, then
@@ -358,6 +372,7 @@ func DefaultUpstream() UpstreamConfig {
 	u.KeepaliveTimeout = 10 * time.Second
 	u.StallTimeout = upstream.DefaultStallTimeout
 	u.ConnectTimeout = 10 * time.Second
+	u.ForwardNACKs = true
 	return u
 }
 
@@ -367,7 +382,6 @@ func Default() Config {
 	var c Config
 	c.Upstream.UpstreamConfig = DefaultUpstream()
 	c.Upstream.GroupBy = []string{"cluster", xds.FieldUserAgent, xds.FieldClientFeatures}
-	c.Upstream.ForwardNACKs = true
 	c.Downstream.Address = "0.0.0.0:18001"
 	c.Downstream.PollTimeout = 30 * time.Second
 	c.Downstream.SendTimeout = 30 * time.Second

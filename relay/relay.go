@@ -363,7 +363,8 @@ func (r *Relay) upstreamSource(u UpstreamConfig, key string) (upstream.Source, e
 	src, err := upstream.NewADS(upstream.Options{Servers: servers, Metrics: r.upm, Logger: r.log,
 		Backoff: reconnectBackoff(u), NotFoundTimeout: r.cfg.Cache.NotFoundTimeout, ProbeTimeout: u.KeepaliveTimeout,
 		StallTimeout:    stallTimeout(u),
-		MaxRequestBytes: u.MaxRequestBytes, FallbackRecheck: u.FallbackRecheck, Protocol: upstream.Protocol(u.Protocol), Upstream: u.Name})
+		MaxRequestBytes: u.MaxRequestBytes, FallbackRecheck: u.FallbackRecheck, Protocol: upstream.Protocol(u.Protocol), Upstream: u.Name,
+		ForwardNACKs: u.ForwardNACKs})
 	if err != nil {
 		closeAll()
 		return nil, err
@@ -633,7 +634,7 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 		OnRollout:   func(ev cache.RolloutEvent) { r.rolloutEvent(key, ev) },
 		Consistency: r.cfg.cacheConsistency(),
 		OnReference: func(ev cache.ReferenceEvent) { r.referenceEvent(key, ev) }}
-	if r.cfg.Upstream.ForwardNACKs {
+	if r.cfg.forwardsNACKs() {
 		// Clients' rejections go to the control plane (docs/architecture.md,
 		// "Forwarded NACKs"). g.feed is set below, before any client can
 		// have the cache (Join hands it out under Relay.mu).

@@ -121,6 +121,10 @@ type Options struct {
 	// Rejections is the inbox of the versions clients rejected, to
 	// forward (forward.go); the client makes its own if nil.
 	Rejections *Rejections
+	// ForwardNACKs tells the control plane of the versions clients
+	// rejected (forward.go, upstream.forward_nacks); what Rejections
+	// holds is dropped, uncounted, if false.
+	ForwardNACKs bool
 	// ForwardInterval is the least time between two forwarded NACKs of
 	// one type (forward.go); ForwardInterval if 0.
 	ForwardInterval time.Duration

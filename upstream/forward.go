@@ -126,7 +126,7 @@ func (f *forwarding) stop() {
 // Rejected tells the client that a first client of its group rejected a
 // version (cache.Options.OnRejected); it never blocks.
 func (c *Client) Rejected(r cache.Rejection) {
-	if c.owns(r.Type, r.Name) {
+	if c.opts.ForwardNACKs && c.owns(r.Type, r.Name) {
 		c.fwd.in.Put(r)
 	}
 }
@@ -138,6 +138,9 @@ func (s *session) forward(now time.Time) error {
 	c := s.c
 	f := &c.fwd
 	list, dropped := f.in.take()
+	if !c.opts.ForwardNACKs {
+		return nil // another upstream of the group forwards its own (a Router's member)
+	}
 	for typeURL, n := range dropped {
 		c.opts.Metrics.ForwardedNACKs.With(xds.ShortName(typeURL), "dropped").Add(int64(n))
 	}

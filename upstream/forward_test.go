@@ -30,7 +30,7 @@ func TestForwardCoalescesAndForwardsOnce(t *testing.T) {
 	reg := &metrics.Registry{}
 	m := NewMetrics(reg)
 	st := runClient(t, srv, Options{Conn: conn, Node: &corepb.Node{Id: "n"}, Cache: c, Metrics: m, Rejections: in,
-		ForwardInterval: time.Second})
+		ForwardNACKs: true, ForwardInterval: time.Second})
 	recvReq(t, st)
 	var rs []*discoverypb.Resource
 	for _, n := range names {

@@ -31,8 +31,7 @@ func settings(o *Options) []setting {
 	d, c, l := &o.Relay.Downstream, &o.Relay.Cache, &o.Relay.Limits
 	return append(upstreamSettings("upstream.", &o.Relay.Upstream.UpstreamConfig), []setting{
 		{"upstream.group_by", kindList, &o.Relay.Upstream.GroupBy, "Node fields forming the group key: id, cluster, locality.region, locality.zone, locality.sub_zone, user_agent (name/MAJOR.MINOR), user_agent_patch (name/whole version), client_features, metadata.<key>; [] for one group. Without a user agent field and client_features, client kinds share a group."},
-		{"upstream.forward_nacks", kindBool, &o.Relay.Upstream.ForwardNACKs, "When clients reject (NACK) a version of a resource the control plane sent, tell it: a NACK of its response on the group's stream naming the resource, the version, how many clients rejected it and the first error; once per version, at most one per type every 5s per group (coalesced), counted in xdsrelay_upstream_forwarded_nacks_total. The relay keeps serving what the control plane sent. One setting for every upstream."},
-		{"upstreams", kindUpstreams, &o.Relay.Upstreams, "More control planes, each serving the types and xdstp authorities it lists: a list of {name, types, authorities, address, ...}, each taking every upstream.* key except group_by and forward_nacks; from the environment as JSON."},
+		{"upstreams", kindUpstreams, &o.Relay.Upstreams, "More control planes, each serving the types and xdstp authorities it lists: a list of {name, types, authorities, address, ...}, each taking every upstream.* key except group_by; from the environment as JSON."},
 		{"downstream.address", kindString, &d.Address, "Where xDS clients connect (gRPC): ADS and the per-type services."},
 		{"downstream.rest_address", kindString, &d.RESTAddress, "REST-JSON polling (POST /v3/discovery:<type>); empty disables it."},
 		{"downstream.poll_timeout", kindDuration, &d.PollTimeout, "How long a REST-JSON or gRPC Fetch poll with a current version_info is held."},
@@ -122,6 +121,7 @@ func upstreamSettings(prefix string, u *relay.UpstreamConfig) []setting {
 		{"node.metadata", kindMap, &u.Node.Metadata, "Metadata added to the node presented upstream for each group."},
 		{"node.user_agent_name", kindString, &u.Node.UserAgentName, "user_agent_name of the node presented upstream."},
 		{"headers", kindMap, &u.Headers, "Metadata sent on every upstream RPC; from the environment name=value,name2=value2."},
+		{"forward_nacks", kindBool, &u.ForwardNACKs, "When clients reject (NACK) a version of a resource the control plane sent, tell it: a NACK of its response on the group's stream naming the resource, the version, how many clients rejected it and the first error; once per version, at most one per type every 5s per group (coalesced), counted in xdsrelay_upstream_forwarded_nacks_total. The relay keeps serving what the control plane sent."},
 	}
 	for i := range out {
 		out[i].key = prefix + out[i].key
