@@ -212,3 +212,33 @@ func forwardThroughTiers(t *testing.T, protocol string) {
 		t.Errorf("relay A's e1: %+v", rc)
 	}
 }
+
+// With several control planes, each upstream's upstream.forward_nacks
+// decides for the names it serves: a rejection goes to the control plane
+// that sent the version, if that one is to be told.
+func TestForwardNACKToTheUpstreamOfTheName(t *testing.T) {
+	def, eds := testcp.Start(t), testcp.Start(t)
+	def.Set(t, "c1", "1", testcp.Cluster("a"))
+	eds.Set(t, "c1", "1", testcp.Endpoints("e1", "10.0.0.1:80"))
+	r := startRelay(t, def.Addr, func(c *Config) { c.Upstream.ForwardNACKs = false },
+		withUpstream("eds", eds.Addr, []string{resourcev3.EndpointType}, nil))
+
+	s, resp := edsClient(t, r, "nacker")
+	nack(s, resp, "bad endpoint e1")
+	eventually(t, "the EDS control plane to be told", func() bool { return len(forwardedNACKs(eds, resourcev3.EndpointType)) == 1 })
+
+	c := openDelta(t, r.Addr())
+	c.send(&discoverypb.DeltaDiscoveryRequest{Node: node("cds-nacker", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"a"}})
+	cresp := c.recv()
+	c.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: cresp.GetNonce(),
+		ErrorDetail: &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: "bad cluster a"}})
+	eventually(t, "the cluster's rejection counted", func() bool {
+		var out DebugConvergence
+		getJSON(t, r, "/debug/convergence?type=cds&name=a", &out)
+		return len(out.Resources) == 1 && out.Resources[0].Rejected == 1
+	})
+	c.quiet(quietWindow)
+	if got := forwardedNACKs(def, resourcev3.ClusterType); len(got) != 0 {
+		t.Fatalf("the default control plane, upstream.forward_nacks off, was told %v", got)
+	}
+}
