@@ -183,13 +183,13 @@ func (s *session) forward(now time.Time) error {
 // forwardType sends one NACK of typeURL for rs; false if the stream has
 // no response of the type to NACK yet.
 func (s *session) forwardType(typeURL string, rs []cache.Rejection) (bool, error) {
-	detail := s.c.rejectedDetail(typeURL, rs)
 	short := xds.ShortName(typeURL)
 	if s.sotw == nil {
 		nonce := s.nonces[typeURL]
 		if nonce == "" {
 			return false, nil
 		}
+		detail := s.c.rejectedDetail(typeURL, rs)
 		if err := s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: nonce, ErrorDetail: detail}); err != nil {
 			return false, err
 		}
@@ -198,6 +198,7 @@ func (s *session) forwardType(typeURL string, rs []cache.Rejection) (bool, error
 		if sub == nil || !s.sotw.answered(typeURL) {
 			return false, nil
 		}
+		detail := s.c.rejectedDetail(typeURL, rs)
 		if err := s.sotw.forward(typeURL, detail, sub.wildcard, sub.sorted()); err != nil {
 			return false, err
 		}
