@@ -100,13 +100,13 @@ func forwardedCount(t *testing.T, r *Relay, outcome string) float64 {
 		map[string]string{"type": xds.ShortName(resourcev3.EndpointType), "outcome": outcome})
 }
 
-// A client's NACK reaches the control plane, delta or SotW: one request
+// A client's NACK reaches the control plane, in each dialect: one request
 // naming the count, the resource, the version and the first error; a
 // second client rejecting the same version sends nothing more; and the
 // control plane's reaction changes nothing: no resubscription, nothing
 // new for the clients, the version still served.
 func TestForwardNACK(t *testing.T) {
-	for _, d := range []testcp.Dialect{testcp.DialectDelta, testcp.DialectSotW} {
+	for _, d := range testcp.Dialects {
 		t.Run(string(d), func(t *testing.T) {
 			cp := testcp.StartDialect(t, d)
 			cp.Set(t, "c1", "1", testcp.Endpoints("e1", "10.0.0.1:80"))
