@@ -97,6 +97,12 @@ type Options struct {
 	// not fetched because the group's interest was at MaxNames. Told after
 	// the cache's lock is released.
 	OnRefused func(RefusedReferences)
+	// OnRejected, if set, is told each time a version of a resource is
+	// rejected by a first client (its count of rejecting clients leaves
+	// zero), after the counters' lock is released (convergence.go). It
+	// is called where the client's answer is counted, under the
+	// downstream's lock of that client's status: it must not block.
+	OnRejected func(Rejection)
 }
 
 // MaxNamesError is Watch's error when the watch would make the group want
@@ -130,6 +136,7 @@ type Cache struct {
 	onReference   func(ReferenceEvent)
 	onUnsafeOrder func(UnsafeOrder)
 	onRefused     func(RefusedReferences)
+	onRejected    func(Rejection)
 
 	mu        sync.RWMutex
 	seq       uint64                            // guarded by mu
@@ -260,6 +267,7 @@ func New(opts Options) *Cache {
 		onReference:   opts.OnReference,
 		onUnsafeOrder: opts.OnUnsafeOrder,
 		onRefused:     opts.OnRefused,
+		onRejected:    opts.OnRejected,
 		interest:      make(chan struct{}, 1),
 		types:         make(map[string]*typeState),
 		idle:          idle,

@@ -109,8 +109,17 @@ func (c *Cache) Move(typeURL, name string, from, to Standing, received, now time
 	}
 	cv := &c.conv
 	cv.mu.Lock()
-	defer cv.mu.Unlock()
-	return moveLocked(cv.byName(typeURL), name, from, to, received, now, m)
+	byName := cv.byName(typeURL)
+	first := c.firstRejectionLocked(byName, typeURL, name, to, m)
+	took := moveLocked(byName, name, from, to, received, now, m)
+	if first != nil {
+		first.counted(byName)
+	}
+	cv.mu.Unlock()
+	if first != nil {
+		c.onRejected(*first)
+	}
+	return took
 }
 
 // MoveAll is Move for every resource of from, which a client stood with
@@ -123,17 +132,21 @@ func (c *Cache) MoveAll(typeURL string, from []*Resource, fa Answer, to []*Resou
 		return
 	}
 	var took []time.Duration
-	c.moveAllLocked(typeURL, from, fa, to, ta, received, now, m, &took)
+	var firsts []Rejection
+	c.moveAllLocked(typeURL, from, fa, to, ta, received, now, m, &took, &firsts)
 	if observe != nil {
 		for _, d := range took {
 			observe(d)
 		}
 	}
+	for _, r := range firsts {
+		c.onRejected(r)
+	}
 }
 
 // moveAllLocked is MoveAll under the counters' mu, appending the times to
-// accept to took.
-func (c *Cache) moveAllLocked(typeURL string, from []*Resource, fa Answer, to []*Resource, ta Answer, received, now time.Time, m Mover, took *[]time.Duration) {
+// accept to took and the first rejections to firsts.
+func (c *Cache) moveAllLocked(typeURL string, from []*Resource, fa Answer, to []*Resource, ta Answer, received, now time.Time, m Mover, took *[]time.Duration, firsts *[]Rejection) {
 	cv := &c.conv
 	cv.mu.Lock()
 	defer cv.mu.Unlock()
@@ -142,8 +155,13 @@ func (c *Cache) moveAllLocked(typeURL string, from []*Resource, fa Answer, to []
 		if f == t {
 			return
 		}
+		first := c.firstRejectionLocked(byName, typeURL, name, t, m)
 		if d := moveLocked(byName, name, f, t, received, now, m); d > 0 {
 			*took = append(*took, d)
+		}
+		if first != nil {
+			first.counted(byName)
+			*firsts = append(*firsts, *first)
 		}
 	}
 	at := func(r *Resource, a Answer) Standing { return Standing{Version: r.Version, Answer: a} }
@@ -165,6 +183,41 @@ func (c *Cache) moveAllLocked(typeURL string, from []*Resource, fa Answer, to []
 		default:
 			move(to[j].Name, at(from[i], fa), at(to[j], ta))
 			i, j = i+1, j+1
+		}
+	}
+}
+
+// Rejection is a version of a resource that a first client of the group
+// rejected (Options.OnRejected): its count of rejecting clients left zero.
+type Rejection struct {
+	Type, Name, Version string
+	Node                string // the rejecting client's node id, clipped
+	Error               string // its NACK's message, clipped
+	// Clients is how many clients stood with the version, the rejecting
+	// one counted, when it rejected it.
+	Clients int
+}
+
+// firstRejectionLocked is the Rejection that moving a client of name to
+// to makes, if to rejects a version no client rejected yet and someone
+// is to be told (Options.OnRejected); else nil. Call with the counters'
+// mu held, before the move.
+func (c *Cache) firstRejectionLocked(byName map[string]*convName, typeURL, name string, to Standing, m Mover) *Rejection {
+	if c.onRejected == nil || to.Answer != Rejected || to.Version == "" {
+		return nil
+	}
+	if n := byName[name]; n != nil && n.versions[to.Version] != nil && n.versions[to.Version].rejected > 0 {
+		return nil
+	}
+	return &Rejection{Type: typeURL, Name: name, Version: to.Version, Node: m.Node, Error: m.Error}
+}
+
+// counted fills in r.Clients once the move is made; call with the
+// counters' mu held.
+func (r *Rejection) counted(byName map[string]*convName) {
+	if n := byName[r.Name]; n != nil {
+		if v := n.versions[r.Version]; v != nil {
+			r.Clients = v.pending + v.accepted + v.rejected
 		}
 	}
 }

@@ -99,3 +99,43 @@ func TestMoveAllObservesUnlocked(t *testing.T) {
 		t.Errorf("observed %v, want 1s for each of a and b", took)
 	}
 }
+
+// OnRejected is told when a version's count of rejecting clients leaves
+// zero, by Move and by MoveAll, with the clients that stand with it, and
+// once the counters' lock is released (it reads them); not for a second
+// rejection of the version, nor for a pending or accepted move.
+func TestOnRejectedAtTheFirstRejection(t *testing.T) {
+	const typ = "T"
+	var c *Cache
+	var got []Rejection
+	c = New(Options{OnRejected: func(r Rejection) {
+		c.Convergence([]string{typ}, nil) // deadlocks if called under the counters' lock
+		got = append(got, r)
+	}})
+	now := time.Unix(1000, 0)
+	pending, rejected := Standing{Version: "1", Answer: Pending}, Standing{Version: "1", Answer: Rejected}
+	accepted := Standing{Version: "1", Answer: Accepted}
+	for range 3 {
+		c.Move(typ, "x", Standing{}, pending, now, now, Mover{})
+	}
+	c.Move(typ, "x", pending, accepted, time.Time{}, now, Mover{})
+	if len(got) != 0 {
+		t.Fatalf("told %+v before any rejection", got)
+	}
+	c.Move(typ, "x", pending, rejected, time.Time{}, now, Mover{Node: "n1", Error: "bad"})
+	c.Move(typ, "x", pending, rejected, time.Time{}, now, Mover{Node: "n2", Error: "worse"})
+	want := Rejection{Type: typ, Name: "x", Version: "1", Node: "n1", Error: "bad", Clients: 3}
+	if len(got) != 1 || got[0] != want {
+		t.Fatalf("told %+v, want once: %+v", got, want)
+	}
+
+	// A shared state answered whole: its first rejection of y, not of x again.
+	got = nil
+	x, y := &Resource{Name: "x", Version: "1"}, &Resource{Name: "y", Version: "1"}
+	c.MoveAll(typ, nil, Unsent, []*Resource{x, y}, Pending, now, now, Mover{}, nil)
+	c.MoveAll(typ, []*Resource{x, y}, Pending, []*Resource{x, y}, Rejected, time.Time{}, now, Mover{Node: "n3", Error: "no"}, nil)
+	want = Rejection{Type: typ, Name: "y", Version: "1", Node: "n3", Error: "no", Clients: 1}
+	if len(got) != 1 || got[0] != want {
+		t.Fatalf("MoveAll told %+v, want %+v", got, want)
+	}
+}

@@ -293,6 +293,7 @@ func (b *streamBase) answered(typeURL, short, nonce, version string, d *rpcstatu
 	switch {
 	case d != nil:
 		b.nacked(short, nonce, d.GetMessage(), "version", xds.Clip(version))
+		defer b.forwarded(typeURL, d) // after the nonce's answer, which it may refine
 	case nonce != "":
 		b.srv.acks.With(short).Inc()
 	}

@@ -334,6 +334,24 @@ type UpstreamConfig struct {
 	Headers map[string]string
 	// Node is upstream.node.*: the node presented upstream per group.
 	Node NodeConfig
+	// ForwardNACKs is upstream.forward_nacks: tell the control plane,
+	// with a NACK of its response, when clients reject a version it
+	// sent (upstream/forward.go).
+	ForwardNACKs bool
+}
+
+// forwardsNACKs reports whether any upstream is to be told of clients'
+// rejections.
+func (c *Config) forwardsNACKs() bool {
+	if c.Upstream.ForwardNACKs {
+		return true
+	}
+	for _, u := range c.Upstreams {
+		if u.ForwardNACKs {
+			return true
+		}
+	}
+	return false
 }
 
 // Servers are the upstream's servers in priority order: Address, then
@@ -360,6 +378,7 @@ func DefaultUpstream() UpstreamConfig {
 	u.KeepaliveTimeout = 10 * time.Second
 	u.StallTimeout = upstream.DefaultStallTimeout
 	u.ConnectTimeout = 10 * time.Second
+	u.ForwardNACKs = true
 	return u
 }
 

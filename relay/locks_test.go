@@ -153,6 +153,7 @@ var lockOrder = [][2]string{
 	{"sendGuard.mu", "sendPool.mu"},
 	{"Cache.mu", "convergence.mu"},
 	{"streamStatus.mu", "convergence.mu"},
+	{"streamStatus.mu", "Rejections.mu"},
 }
 
 // mdTable returns the rows of the markdown table of doc whose header line

@@ -365,7 +365,8 @@ func (r *Relay) upstreamSource(u UpstreamConfig, key string) (upstream.Source, e
 	src, err := upstream.NewADS(upstream.Options{Servers: servers, Metrics: r.upm, Logger: r.log,
 		Backoff: reconnectBackoff(u), NotFoundTimeout: r.cfg.Cache.NotFoundTimeout, ProbeTimeout: u.KeepaliveTimeout,
 		StallTimeout:    stallTimeout(u),
-		MaxRequestBytes: u.MaxRequestBytes, FallbackRecheck: u.FallbackRecheck, Protocol: upstream.Protocol(u.Protocol), Upstream: u.Name})
+		MaxRequestBytes: u.MaxRequestBytes, FallbackRecheck: u.FallbackRecheck, Protocol: upstream.Protocol(u.Protocol), Upstream: u.Name,
+		ForwardNACKs: u.ForwardNACKs})
 	if err != nil {
 		closeAll()
 		return nil, err
@@ -628,17 +629,24 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 		shown:  shownKey(key),
 		nodes:  groupNodes(&r.cfg, r.host, key, client),
 		fields: keyNode(r.cfg.Upstream.GroupBy, client),
-		cache: cache.New(cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources,
-			MaxNames: r.cfg.Limits.MaxNamesPerGroup, Guard: r.cfg.cacheGuard(),
-			OnGuard:       func(ev cache.GuardEvent) { r.guardEvent(key, ev) },
-			Rollout:       r.cfg.cacheRollout(),
-			OnRollout:     func(ev cache.RolloutEvent) { r.rolloutEvent(key, ev) },
-			Consistency:   r.cfg.cacheConsistency(),
-			OnReference:   func(ev cache.ReferenceEvent) { r.referenceEvent(key, ev) },
-			OnUnsafeOrder: func(u cache.UnsafeOrder) { r.unsafeOrder(key, u) },
-			OnRefused:     func(rr cache.RefusedReferences) { r.referencesRefused(key, rr) }}),
 		cancel: cancel,
 	}
+	opts := cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources,
+		MaxNames: r.cfg.Limits.MaxNamesPerGroup, Guard: r.cfg.cacheGuard(),
+		OnGuard:       func(ev cache.GuardEvent) { r.guardEvent(key, ev) },
+		Rollout:       r.cfg.cacheRollout(),
+		OnRollout:     func(ev cache.RolloutEvent) { r.rolloutEvent(key, ev) },
+		Consistency:   r.cfg.cacheConsistency(),
+		OnReference:   func(ev cache.ReferenceEvent) { r.referenceEvent(key, ev) },
+		OnUnsafeOrder: func(u cache.UnsafeOrder) { r.unsafeOrder(key, u) },
+		OnRefused:     func(rr cache.RefusedReferences) { r.referencesRefused(key, rr) }}
+	if r.cfg.forwardsNACKs() {
+		// Clients' rejections go to the control plane (docs/architecture.md,
+		// "Forwarded NACKs"). g.feed is set below, before any client can
+		// have the cache (Join hands it out under Relay.mu).
+		opts.OnRejected = func(ev cache.Rejection) { g.feed.Rejected(ev) }
+	}
+	g.cache = cache.New(opts)
 	g.node = g.nodes[0]
 	if saved != nil {
 		g.cache.Import(saved)

@@ -38,6 +38,10 @@ type Metrics struct {
 	// Stalls is a counter, by upstream: streams ended because a response
 	// stopped half-way for upstream.stall_timeout (stall.go).
 	Stalls *metrics.Vec
+	// ForwardedNACKs is a counter, by type and outcome: versions clients
+	// rejected, told the control plane (sent) or not (dropped: past the
+	// bounds of forward.go).
+	ForwardedNACKs *metrics.Vec
 }
 
 // NewMetrics registers the upstream families on r.
@@ -57,6 +61,9 @@ func NewMetrics(r *metrics.Registry) *Metrics {
 			ZeroEach(xds.TypeLabels()...),
 		Stalls: r.Counter("xdsrelay_upstream_stalls_total",
 			"Upstream streams ended and opened again because a response stopped half-way for upstream.stall_timeout, the connection alive.", "upstream"),
+		ForwardedNACKs: r.Counter("xdsrelay_upstream_forwarded_nacks_total",
+			"Versions of resources that clients rejected, by outcome: sent (told the control plane in a NACK of its response, once per version, coalesced per type) or dropped (past the bounds on what waits to be told). Off with upstream.forward_nacks: false.", "type", "outcome").
+			Zero(metrics.Cross(xds.TypeLabels(), []string{"sent", "dropped"})...),
 	}
 }
 
@@ -111,6 +118,16 @@ type Options struct {
 	// a response's resources and removals of other names are dropped, and
 	// resumes carry only these names. Every name is, if nil.
 	Owns func(typeURL, name string) bool
+	// Rejections is the inbox of the versions clients rejected, to
+	// forward (forward.go); the client makes its own if nil.
+	Rejections *Rejections
+	// ForwardNACKs tells the control plane of the versions clients
+	// rejected (forward.go, upstream.forward_nacks); what Rejections
+	// holds is dropped, uncounted, if false.
+	ForwardNACKs bool
+	// ForwardInterval is the least time between two forwarded NACKs of
+	// one type (forward.go); ForwardInterval if 0.
+	ForwardInterval time.Duration
 }
 
 // Server is one server of a control plane.
@@ -158,6 +175,7 @@ type Client struct {
 	status Status // guarded by mu
 
 	// Owned by Run.
+	fwd      forwarding // the rejections to forward (forward.go); its inbox is safe for concurrent use
 	reach    reach
 	reported []reportedAttempt // by server: the connection attempt a failure on it was last reported for
 }
@@ -243,6 +261,9 @@ func New(opts Options) (*Client, error) {
 	if opts.Upstream == "" {
 		opts.Upstream = DefaultUpstream
 	}
+	if opts.ForwardInterval <= 0 {
+		opts.ForwardInterval = ForwardInterval
+	}
 	if opts.Interest == nil {
 		opts.Interest = opts.Cache
 	}
@@ -262,6 +283,7 @@ func New(opts Options) (*Client, error) {
 			frames: s.Frames, attempts: s.Attempts})
 	}
 	c.reported = make([]reportedAttempt, len(c.servers))
+	c.fwd = newForwarding(opts.Rejections)
 	c.status = Status{Upstream: opts.Upstream, Server: c.servers[0].name}
 	return c, nil
 }
@@ -579,6 +601,7 @@ func (c *Client) loop(ctx context.Context, s *session) (healthy bool, takeover *
 	}
 	var p *probe
 	defer func() { p.stop() }()
+	defer c.fwd.stop()
 	stall := s.stallCheck()
 	if stall != nil {
 		defer stall.Stop()
@@ -612,6 +635,14 @@ func (c *Client) loop(ctx context.Context, s *session) (healthy bool, takeover *
 			}
 		case <-c.opts.Interest.InterestChanged():
 			if err := s.sync(); err != nil {
+				return healthy, nil, err
+			}
+		case <-c.fwd.in.ready:
+			if err := s.forward(time.Now()); err != nil {
+				return healthy, nil, err
+			}
+		case <-c.fwd.due():
+			if err := s.forward(time.Now()); err != nil {
 				return healthy, nil, err
 			}
 		case now := <-s.notFound.C():
@@ -660,7 +691,13 @@ func (c *Client) received(s *session, r *xds.Received, healthy *bool) error {
 	c.setStatus(func(st *Status) {
 		st.Connected, st.LastResponse, st.Server, st.Protocol = true, time.Now(), c.servers[s.server].name, string(s.protocol)
 	})
-	return s.handle(r)
+	if err := s.handle(r); err != nil {
+		return err
+	}
+	if len(c.fwd.queued[xds.Canonical(r.TypeURL)]) > 0 {
+		return s.forward(time.Now()) // what waited for a response of the type to NACK
+	}
+	return nil
 }
 
 // receive turns the stream's RecvMsg into a channel of responses (decoded

@@ -70,7 +70,7 @@ var (
 func (r *Router) Feed(g Group) (Feed, error) {
 	f := &routedFeed{r: r, g: g, members: make([]*member, r.routes.Len()), unroutableWanted: map[string]map[string]struct{}{}}
 	for i := range f.members {
-		f.members[i] = &member{view: newView()}
+		f.members[i] = &member{view: newView(), rejections: NewRejections()}
 	}
 	return f, nil
 }
@@ -113,12 +113,21 @@ type routedFeed struct {
 
 // member is one upstream of a group.
 type member struct {
-	view *view // read-only after Feed
+	view       *view       // read-only after Feed
+	rejections *Rejections // read-only after Feed: the member's inbox, kept while its feed stops and starts
 
 	// Owned by routedFeed.Run; feed is read by Status under routedFeed.mu.
 	feed   Feed
 	cancel context.CancelFunc
 	done   chan struct{}
+}
+
+// Rejected gives r to the upstream that serves its name (forward.go);
+// an unroutable name has no control plane to tell.
+func (f *routedFeed) Rejected(r cache.Rejection) {
+	if i := f.r.routes.Of(r.Type, r.Name); i >= 0 && i < len(f.members) {
+		f.members[i].rejections.Put(r)
+	}
 }
 
 // Run splits the group's interest among the upstreams until ctx is done,
@@ -237,7 +246,8 @@ func (f *routedFeed) start(ctx context.Context, i int) {
 	}
 	feed, err := f.r.members[i].Feed(Group{Key: f.g.Key, Node: node, Cache: f.g.Cache,
 		Upstream: f.r.routes.Name(i), Interest: m.view,
-		Owns: func(typeURL, name string) bool { return f.r.routes.Of(typeURL, name) == i }})
+		Owns:       func(typeURL, name string) bool { return f.r.routes.Of(typeURL, name) == i },
+		Rejections: m.rejections})
 	if err != nil {
 		f.r.log.Error("upstream feed", "upstream", f.r.routes.Name(i), "error", err)
 		return

@@ -69,7 +69,8 @@ type session struct {
 	sentNode bool
 	synced   bool // the first sync, of the whole interest, is done
 	notFound notFound
-	pending  *xds.Received // received by a probe, not yet handled
+	pending  *xds.Received     // received by a probe, not yet handled
+	nonces   map[string]string // delta: by type, the last response's nonce (forward.go)
 	// probing: the session proves a server reachable (see try), so each
 	// type's resume leaves one cached name out for the server to answer.
 	probing bool
@@ -371,6 +372,10 @@ func (s *session) handle(r *xds.Received) error {
 // a request would subscribe to (legacy wildcard).
 func (s *session) ack(r *xds.Received, typeURL string, detail *status.Status) error {
 	if s.sotw == nil {
+		if s.nonces == nil {
+			s.nonces = map[string]string{}
+		}
+		s.nonces[typeURL] = r.Nonce
 		return s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: typeURL, ResponseNonce: r.Nonce, ErrorDetail: detail})
 	}
 	sub := s.subs[typeURL]

@@ -182,6 +182,25 @@ func (s *sotwStream) ack(typeURL, nonce, version string, detail *rpcstatus.Statu
 		ResponseNonce: nonce, ErrorDetail: detail})
 }
 
+// answered reports whether a response of typeURL has been answered on
+// the stream: there is one to NACK (forward).
+func (s *sotwStream) answered(typeURL string) bool {
+	t := s.types[typeURL]
+	return t != nil && t.nonce != ""
+}
+
+// forward NACKs the last response of typeURL for the relay's clients
+// (forward.go): the request last sent for the type, with detail. Its
+// version_info is the version the relay accepted and serves, so that a
+// server that compares versions (go-control-plane's snapshot cache) has
+// nothing new to send, and its names are the whole list, so that
+// nothing is unsubscribed.
+func (s *sotwStream) forward(typeURL string, detail *rpcstatus.Status, wildcard bool, names []string) error {
+	t := s.types[typeURL]
+	return s.send(typeURL, &discoverypb.DiscoveryRequest{VersionInfo: t.acked, ResourceNames: t.list(wildcard, names), TypeUrl: typeURL,
+		ResponseNonce: t.nonce, ErrorDetail: detail})
+}
+
 // send sends req on typeURL's stream, with the node on each stream's
 // first request ("Basic Protocol Overview").
 func (s *sotwStream) send(typeURL string, req *discoverypb.DiscoveryRequest) error {

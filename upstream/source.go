@@ -39,6 +39,9 @@ type Group struct {
 	Upstream string
 	Interest Interest
 	Owns     func(typeURL, name string) bool
+	// Rejections, set by a Router, is the inbox of the versions clients
+	// rejected that are this upstream's to forward (forward.go).
+	Rejections *Rejections
 }
 
 // Feed keeps one group's cache filled.
@@ -47,6 +50,11 @@ type Feed interface {
 	Run(ctx context.Context)
 	// Status is what the admin endpoint shows of the feed.
 	Status() Status
+	// Rejected tells the feed that a first client of the group rejected
+	// a version (cache.Options.OnRejected), for its control plane
+	// (forward.go); it never blocks. Resource files have no control
+	// plane to tell.
+	Rejected(r cache.Rejection)
 }
 
 var (
@@ -87,7 +95,7 @@ func NewADS(opts Options) (*ADS, error) {
 		opts.Logger = slog.Default()
 	}
 	opts.found = newFound(opts.Protocol, opts.Upstream, serverNames(opts.Servers), opts.Metrics, opts.Logger.With("component", "upstream"))
-	opts.Node, opts.Cache, opts.Group, opts.Interest, opts.Owns = nil, nil, "", nil, nil
+	opts.Node, opts.Cache, opts.Group, opts.Interest, opts.Owns, opts.Rejections = nil, nil, "", nil, nil, nil
 	return &ADS{opts: opts}, nil
 }
 
@@ -95,7 +103,7 @@ func NewADS(opts Options) (*ADS, error) {
 // group's fields from g.
 func (a *ADS) Feed(g Group) (Feed, error) {
 	o := a.opts
-	o.Node, o.Cache, o.Group, o.Interest, o.Owns = g.Node, g.Cache, g.Key, g.Interest, g.Owns
+	o.Node, o.Cache, o.Group, o.Interest, o.Owns, o.Rejections = g.Node, g.Cache, g.Key, g.Interest, g.Owns, g.Rejections
 	if g.Upstream != "" {
 		o.Upstream = g.Upstream
 	}
@@ -128,6 +136,9 @@ type fileFeed struct {
 }
 
 func (ff fileFeed) Run(ctx context.Context) { ff.f.serve(ctx, ff.g) }
+
+// Rejected has no control plane to tell.
+func (fileFeed) Rejected(cache.Rejection) {}
 func (ff fileFeed) Status() Status {
 	s := ff.f.Status()
 	s.Upstream = ff.g.Upstream

@@ -122,6 +122,7 @@ func upstreamSettings(prefix string, u *relay.UpstreamConfig) []setting {
 		{"node.metadata", kindMap, &u.Node.Metadata, "Metadata added to the node presented upstream for each group."},
 		{"node.user_agent_name", kindString, &u.Node.UserAgentName, "user_agent_name of the node presented upstream."},
 		{"headers", kindMap, &u.Headers, "Metadata sent on every upstream RPC; from the environment name=value,name2=value2."},
+		{"forward_nacks", kindBool, &u.ForwardNACKs, "When clients reject (NACK) a version of a resource the control plane sent, tell it: a NACK of its response on the group's stream naming the resource, the version, how many clients rejected it and the first error; once per version, at most one per type every 5s per group (coalesced), counted in xdsrelay_upstream_forwarded_nacks_total. The relay keeps serving what the control plane sent."},
 	}
 	for i := range out {
 		out[i].key = prefix + out[i].key

@@ -236,13 +236,15 @@ func (r *ReceivedResource) BytesVersion() string {
 		return ""
 	}
 	if r.bytesVersion == "" {
-		r.bytesVersion = bytesVersion(r.anyMsg)
+		r.bytesVersion = AnyVersion(r.anyMsg)
 	}
 	return r.bytesVersion
 }
 
-// bytesVersion is the version of an encoded Any received without one.
-func bytesVersion(anyMsg []byte) string {
+// AnyVersion is the version of an encoded google.protobuf.Any received
+// without one (BytesVersion): what a relay below that speaks SotW to this
+// one calls a resource this one sent it.
+func AnyVersion(anyMsg []byte) string {
 	sum := sha256.Sum256(anyMsg)
 	return hex.EncodeToString(sum[:8])
 }
@@ -252,7 +254,7 @@ func bytesVersion(anyMsg []byte) string {
 // SotW: the version a relay below that speaks SotW to this one holds the
 // resource at, whatever its version here. It hashes the bytes each time.
 func (r *Resource) BytesVersion() string {
-	return bytesVersion(fieldBody(r.Any))
+	return AnyVersion(fieldBody(r.Any))
 }
 
 // HasTTL reports whether the resource carries a TTL ("TTL"): sent again,
