@@ -807,12 +807,8 @@ func (c *Cache) resourceCountsLocked(t *typeState, name string, n *convName) Typ
 				r.Subscribed = len(t.wildcard)
 			}
 			r.Subscribed += e.watchers.len()
-			if e.res != nil && len(t.wildcard) > 0 {
-				for w := range e.watchers.all() {
-					if _, both := t.wildcard[w]; both {
-						r.Subscribed-- // by name and with the wildcard: one client
-					}
-				}
+			if e.res != nil {
+				r.Subscribed -= e.both // by name and with the wildcard: one client
 			}
 		}
 	}

@@ -222,3 +222,68 @@ func reported(rs []ResourceConvergence) string {
 	}
 	return b.String()
 }
+
+// A client is one subscriber of a name however it watches it, by name,
+// with the wildcard or both, through any order of watching, unwatching
+// and leaving: the count is kept as watches come and go, never walked.
+func TestSubscribedCountsEachClientOnce(t *testing.T) {
+	const typ = "T"
+	names := []string{"a", "b", "c"}
+	for seed := range uint64(20) {
+		rnd := rand.New(rand.NewPCG(seed, 3))
+		c := New(Options{})
+		var rs []*Resource
+		for _, n := range names {
+			rs = append(rs, &Resource{Name: n, Version: "1"})
+		}
+		watches := make([]*Watch, 4)
+		wild := make([]bool, len(watches))
+		named := make([]map[string]bool, len(watches))
+		for i := range watches {
+			watches[i], named[i] = NewWatch(), map[string]bool{}
+		}
+		c.WatchWildcard(watches[0], typ)
+		wild[0] = true
+		c.Apply(typ, Change{Upserts: rs, Synced: true})
+		for step := range 200 {
+			i, n := rnd.IntN(len(watches)), names[rnd.IntN(len(names))]
+			w := watches[i]
+			switch rnd.IntN(5) {
+			case 0:
+				if err := c.Watch(w, typ, n); err != nil {
+					t.Fatal(err)
+				}
+				named[i][n] = true
+			case 1:
+				c.Unwatch(w, typ, n)
+				delete(named[i], n)
+			case 2:
+				c.WatchWildcard(w, typ)
+				wild[i] = true
+			case 3:
+				c.UnwatchWildcard(w, typ)
+				wild[i] = false
+			case 4:
+				c.Release(w)
+				wild[i], named[i] = false, map[string]bool{}
+			}
+			want := map[string]int{}
+			for _, n := range names {
+				for j := range watches {
+					if wild[j] || named[j][n] {
+						want[n]++
+					}
+				}
+			}
+			got := map[string]int{}
+			for _, r := range c.Convergence([]string{typ}, names) {
+				got[r.Name] = r.Subscribed
+			}
+			for _, n := range names {
+				if got[n] != want[n] {
+					t.Fatalf("seed %d, step %d: %s has %d subscribers, want %d", seed, step, n, got[n], want[n])
+				}
+			}
+		}
+	}
+}
