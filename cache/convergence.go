@@ -222,6 +222,7 @@ type convShared struct {
 	versions     []*convVersion // of the state's resources, in order
 	newest       []int32        // indexes of versions, latest received first: what an ACK times
 	unsorted     bool           // newest is out of order: a version's received was set since
+	unreceived   bool           // a version has no received yet: the next send with one sets it
 }
 
 // MoveShared records that a client moved from standing with every
@@ -304,7 +305,7 @@ func (cv *convergence) enterState(typeURL string, st *State, a Answer, received,
 	if s.pending == 0 {
 		s.pendingSince = now
 	}
-	if s.pending == 0 || cv.lastSent[typeURL] != s {
+	if cv.lastSent[typeURL] != s || s.unreceived && !received.IsZero() {
 		s.sent(st, received)
 		if cv.lastSent == nil {
 			cv.lastSent = make(map[string]*convShared)
@@ -389,20 +390,23 @@ func (cv *convergence) uncount(st *State, s *convShared) {
 	}
 }
 
-// sent is a send of the state that may change what it holds: its pending
-// count rising from zero, or another version of one of its names sent
-// since its last send (convergence.lastSent). As a send of each resource
-// would (convName.enter), each version takes received if it had no time
-// yet, and becomes its name's latest. O(resources), not once per client
-// but once per state, and again only if the type's latest versions moved
-// on in between (a canary's state and the released one, sent in turn).
+// sent is a send of the state that changes what it holds: its first, one
+// after another version of one of its names was sent (convergence.
+// lastSent), or one that brings a time of arrival it lacked. As a send
+// of each resource would (convName.enter), each version takes received if
+// it had no time yet, and becomes its name's latest. O(resources), not
+// once per client but once per state, and again only if the type's
+// latest versions moved on in between (a canary's state and the released
+// one, sent in turn).
 func (s *convShared) sent(st *State, received time.Time) {
+	s.unreceived = false
 	for i, v := range s.versions {
 		n, version := s.names[i], st.Resources[i].Version
 		if v.received.IsZero() && !received.IsZero() {
 			v.received = received
 			v.resort()
 		}
+		s.unreceived = s.unreceived || v.received.IsZero()
 		n.makeLatest(version)
 	}
 }
