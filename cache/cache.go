@@ -234,9 +234,13 @@ type entry struct {
 	expires  time.Time      // when res's TTL runs out; zero without a TTL
 	absent   bool
 	watchers watchSet
-	wanted   bool      // explicitly part of the interest
-	idle     time.Time // when the last watcher left, while wanted
-	rel      *released // what all but the canaries read, while a change of it is pending
+	// both is how many of watchers also watch the type with the wildcard:
+	// one client each (Convergence's subscribed), counted as they come
+	// and go so that a query never walks the watchers.
+	both   int
+	wanted bool      // explicitly part of the interest
+	idle   time.Time // when the last watcher left, while wanted
+	rel    *released // what all but the canaries read, while a change of it is pending
 	// What points at the name (Consistency): present resources, and how
 	// many waiting ones. A name something points at is in the interest.
 	from map[xds.Ref]struct{}
@@ -271,6 +275,7 @@ func New(opts Options) *Cache {
 		interest:      make(chan struct{}, 1),
 		types:         make(map[string]*typeState),
 		idle:          idle,
+		conv:          convergence{tell: opts.OnRejected != nil},
 	}
 }
 
@@ -319,7 +324,12 @@ func (c *Cache) Watch(w *Watch, typeURL string, names ...string) error {
 		if e == nil {
 			e = t.newEntryLocked(n)
 		}
-		e.watchers.add(w)
+		if !e.watchers.has(w) {
+			e.watchers.add(w)
+			if r.wildcard {
+				e.both++
+			}
+		}
 		c.idle.Remove(idleKey{typeURL: typeURL, name: n})
 		if !e.wanted {
 			c.wantLocked(e, true)
@@ -401,6 +411,9 @@ func (c *Cache) unwatchLocked(w *Watch, typeURL string, names []string) {
 		if e == nil {
 			continue
 		}
+		if e.watchers.has(w) && r.wildcard {
+			e.both--
+		}
 		e.watchers.remove(w)
 		if e.watchers.len() == 0 {
 			e.idle = now
@@ -417,8 +430,12 @@ func (c *Cache) WatchWildcard(w *Watch, typeURL string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := c.typeLocked(typeURL)
+	r := w.regLocked(typeURL)
+	if !r.wildcard {
+		t.bothLocked(w, r, 1)
+	}
 	t.wildcard[w] = struct{}{}
-	w.regLocked(typeURL).wildcard = true
+	r.wildcard = true
 	c.trackLocked(t, typeURL, w)
 	c.idle.Remove(idleKey{typeURL: typeURL, wildcard: true})
 	if !t.wantWildcard {
@@ -441,6 +458,9 @@ func (c *Cache) unwatchWildcardLocked(w *Watch, typeURL string) {
 		return
 	}
 	if r := w.regs[typeURL]; r != nil {
+		if r.wildcard {
+			t.bothLocked(w, r, -1)
+		}
 		r.wildcard = false
 	}
 	c.trackLocked(t, typeURL, w)
@@ -451,6 +471,16 @@ func (c *Cache) unwatchWildcardLocked(w *Watch, typeURL string) {
 	if len(t.wildcard) == 0 {
 		t.wildcardIdle = c.now()
 		c.idle.Add(idleKey{typeURL: typeURL, wildcard: true}, struct{}{})
+	}
+}
+
+// bothLocked adds d to the count of watchers by name and with the
+// wildcard of each name w watches: w's wildcard comes (1) or goes (-1).
+func (t *typeState) bothLocked(w *Watch, r *reg, d int) {
+	for n := range r.names {
+		if e := t.entries[n]; e != nil && e.watchers.has(w) {
+			e.both += d
+		}
 	}
 }
 

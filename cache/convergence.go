@@ -61,6 +61,18 @@ const (
 type convergence struct {
 	mu    sync.Mutex
 	types map[string]map[string]*convName // type → name → its versions
+	// shared counts the clients that stand with a whole complete state
+	// (MoveShared), pending or accepted, once per state rather than once
+	// per resource of it.
+	shared map[*State]*convShared
+	// lastSent is, per type, the counted state whose versions are their
+	// names' latest (convName.latest) as of its last send: sending it
+	// again changes none.
+	lastSent map[string]*convShared
+	// tell is whether first rejections are told (Options.OnRejected);
+	// firsts holds those a move made, until its caller lets the lock go.
+	tell   bool
+	firsts []Rejection
 }
 
 // convName is what clients hold of one name: the versions any of them
@@ -81,11 +93,37 @@ type convVersion struct {
 	firstError   string    // the first NACK's message
 	rejectedBy   []string  // node ids of clients that rejected it, up to MaxRejectedBy
 	acks         []time.Duration
-	ackCount     int // acks timed; acks is a uniform sample of them
+	ackCount     int  // acks timed; acks is a uniform sample of them
+	acksSorted   bool // acks is in order (the sample is a set: its order is free)
 	maxAck       time.Duration
+	// states are the counted complete states that hold this version: their
+	// clients count here too (see convShared).
+	states []*convShared
 }
 
-func (v *convVersion) zero() bool { return v.pending == 0 && v.accepted == 0 && v.rejected == 0 }
+// zero says nobody stands with the version, by name or through a state.
+func (v *convVersion) zero() bool {
+	return v.pending == 0 && v.accepted == 0 && v.rejected == 0 && len(v.states) == 0
+}
+
+// counts is how many clients stand with the version, by name and through
+// the complete states that hold it, and since when the count of pending
+// ones has been above zero: the earliest rise from zero of its parts, as
+// no pending client of any part came before it.
+func (v *convVersion) counts() (pending, accepted, rejected int, pendingSince time.Time) {
+	pending, accepted, rejected = v.pending, v.accepted, v.rejected
+	if v.pending > 0 {
+		pendingSince = v.pendingSince
+	}
+	for _, s := range v.states {
+		if s.pending > 0 && (pendingSince.IsZero() || s.pendingSince.Before(pendingSince)) {
+			pendingSince = s.pendingSince
+		}
+		pending += s.pending
+		accepted += s.accepted
+	}
+	return pending, accepted, rejected, pendingSince
+}
 
 func (v *convVersion) count(a Answer) *int {
 	switch a {
@@ -109,16 +147,10 @@ func (c *Cache) Move(typeURL, name string, from, to Standing, received, now time
 	}
 	cv := &c.conv
 	cv.mu.Lock()
-	byName := cv.byName(typeURL)
-	first := c.firstRejectionLocked(byName, typeURL, name, to, m)
-	took := moveLocked(byName, name, from, to, received, now, m)
-	if first != nil {
-		first.counted(byName)
-	}
+	took := cv.moveLocked(typeURL, cv.byName(typeURL), name, from, to, received, now, m)
+	firsts := cv.takeFirstsLocked()
 	cv.mu.Unlock()
-	if first != nil {
-		c.onRejected(*first)
-	}
+	c.tellRejected(firsts)
 	return took
 }
 
@@ -132,21 +164,18 @@ func (c *Cache) MoveAll(typeURL string, from []*Resource, fa Answer, to []*Resou
 		return
 	}
 	var took []time.Duration
-	var firsts []Rejection
-	c.moveAllLocked(typeURL, from, fa, to, ta, received, now, m, &took, &firsts)
+	firsts := c.moveAllLocked(typeURL, from, fa, to, ta, received, now, m, &took)
 	if observe != nil {
 		for _, d := range took {
 			observe(d)
 		}
 	}
-	for _, r := range firsts {
-		c.onRejected(r)
-	}
+	c.tellRejected(firsts)
 }
 
 // moveAllLocked is MoveAll under the counters' mu, appending the times to
-// accept to took and the first rejections to firsts.
-func (c *Cache) moveAllLocked(typeURL string, from []*Resource, fa Answer, to []*Resource, ta Answer, received, now time.Time, m Mover, took *[]time.Duration, firsts *[]Rejection) {
+// accept to took; it returns the first rejections to tell.
+func (c *Cache) moveAllLocked(typeURL string, from []*Resource, fa Answer, to []*Resource, ta Answer, received, now time.Time, m Mover, took *[]time.Duration) []Rejection {
 	cv := &c.conv
 	cv.mu.Lock()
 	defer cv.mu.Unlock()
@@ -155,13 +184,8 @@ func (c *Cache) moveAllLocked(typeURL string, from []*Resource, fa Answer, to []
 		if f == t {
 			return
 		}
-		first := c.firstRejectionLocked(byName, typeURL, name, t, m)
-		if d := moveLocked(byName, name, f, t, received, now, m); d > 0 {
+		if d := cv.moveLocked(typeURL, byName, name, f, t, received, now, m); d > 0 {
 			*took = append(*took, d)
-		}
-		if first != nil {
-			first.counted(byName)
-			*firsts = append(*firsts, *first)
 		}
 	}
 	at := func(r *Resource, a Answer) Standing { return Standing{Version: r.Version, Answer: a} }
@@ -172,6 +196,9 @@ func (c *Cache) moveAllLocked(typeURL string, from []*Resource, fa Answer, to []
 			// The same resource, unchanged (a cached one is never changed in place).
 			if fa != ta {
 				move(to[j].Name, at(from[i], fa), at(to[j], ta))
+			} else if n := byName[to[j].Name]; ta == Pending && n != nil && n.latest != to[j].Version {
+				delete(cv.lastSent, typeURL)
+				n.makeLatest(to[j].Version) // sent again: the latest sent, as MoveShared counts it
 			}
 			i, j = i+1, j+1
 		case j == len(to) || i < len(from) && from[i].Name < to[j].Name:
@@ -185,6 +212,244 @@ func (c *Cache) moveAllLocked(typeURL string, from []*Resource, fa Answer, to []
 			i, j = i+1, j+1
 		}
 	}
+	return cv.takeFirstsLocked()
+}
+
+// convShared counts the clients that stand with every resource of one
+// complete state at once, pending or accepted: wildcard SotW streams sent
+// the type's shared state (built once, Cache.State), or answering it. A
+// client moves in O(1) however many resources the state holds, instead of
+// once per resource; the state's versions count its clients through their
+// states (convVersion.counts). A state is counted from its first client
+// to its last, and holds its versions in the counters meanwhile.
+type convShared struct {
+	typeURL      string
+	pending      int
+	accepted     int
+	pendingSince time.Time      // when pending last rose from zero
+	names        []*convName    // of the state's resources, in order
+	versions     []*convVersion // of the state's resources, in order
+	newest       []int32        // indexes of versions, latest received first: what an ACK times
+	unsorted     bool           // newest is out of order: a version's received was set since
+	unreceived   bool           // a version has no received yet: the next send with one sets it
+}
+
+// MoveShared records that a client moved from standing with every
+// resource of the complete state from, at answer fa, to every resource of
+// to, at ta (nil: none): a wildcard SotW client sent the shared state, or
+// answering it. The counts are those MoveAll of the states' resources
+// makes, and what CSDS shows per resource; pending and accepted are
+// counted once per state, in O(1), a rejection once per resource as Move
+// counts it, with the node and the error. observe is told each time to
+// accept once the counters' lock is let go.
+func (c *Cache) MoveShared(typeURL string, from *State, fa Answer, to *State, ta Answer, received, now time.Time, m Mover, observe func(time.Duration)) {
+	if from == to && fa == ta && ta != Pending { // sent again, it is a send all the same
+		return
+	}
+	var buf [8]time.Duration
+	cv := &c.conv
+	cv.mu.Lock()
+	took := cv.enterState(typeURL, to, ta, received, now, m, buf[:0]) // first: a state moved to itself stays counted
+	cv.leaveState(typeURL, from, fa, now, m)
+	firsts := cv.takeFirstsLocked()
+	cv.mu.Unlock()
+	if observe != nil {
+		for _, d := range took {
+			observe(d)
+		}
+	}
+	c.tellRejected(firsts)
+}
+
+// Unshare turns one client counted with the whole of st at a (see
+// MoveShared) into one counted with each of its resources by name at a,
+// as Move counts it; nothing is timed. A rejection is counted by name
+// already.
+func (c *Cache) Unshare(typeURL string, st *State, a Answer) {
+	if st == nil || a != Pending && a != Accepted {
+		return
+	}
+	cv := &c.conv
+	cv.mu.Lock()
+	defer cv.mu.Unlock()
+	s := cv.shared[st]
+	if s == nil || *s.count(a) == 0 {
+		return
+	}
+	for _, v := range s.versions {
+		if a == Pending && v.pending == 0 {
+			v.pendingSince = s.pendingSince
+		}
+		*v.count(a)++
+	}
+	cv.leaveState(typeURL, st, a, time.Time{}, Mover{})
+}
+
+func (s *convShared) count(a Answer) *int {
+	if a == Pending {
+		return &s.pending
+	}
+	return &s.accepted
+}
+
+// enterState counts a client in st at a, appending to took the times to
+// accept; call with mu held.
+func (cv *convergence) enterState(typeURL string, st *State, a Answer, received, now time.Time, m Mover, took []time.Duration) []time.Duration {
+	if st == nil || len(st.Resources) == 0 || a == Unsent {
+		return took
+	}
+	if a == Rejected {
+		byName := cv.byName(typeURL)
+		for _, r := range st.Resources {
+			cv.moveLocked(typeURL, byName, r.Name, Standing{}, Standing{Version: r.Version, Answer: a}, received, now, m)
+		}
+		return took
+	}
+	s := cv.shared[st]
+	if s == nil {
+		s = cv.countState(typeURL, st)
+	}
+	if a == Accepted {
+		s.accepted++
+		return s.timed(m.Since, now, took)
+	}
+	if s.pending == 0 {
+		s.pendingSince = now
+	}
+	if cv.lastSent[typeURL] != s || s.unreceived && !received.IsZero() {
+		s.sent(st, received)
+		if cv.lastSent == nil {
+			cv.lastSent = make(map[string]*convShared)
+		}
+		cv.lastSent[typeURL] = s
+	}
+	s.pending++
+	return took
+}
+
+// leaveState takes a client out of st at a; call with mu held.
+func (cv *convergence) leaveState(typeURL string, st *State, a Answer, now time.Time, m Mover) {
+	if st == nil || len(st.Resources) == 0 || a == Unsent {
+		return
+	}
+	if a == Rejected {
+		byName := cv.byName(typeURL)
+		for _, r := range st.Resources {
+			cv.moveLocked(typeURL, byName, r.Name, Standing{Version: r.Version, Answer: a}, Standing{}, time.Time{}, now, m)
+		}
+		return
+	}
+	s := cv.shared[st]
+	if s == nil || *s.count(a) == 0 {
+		return
+	}
+	*s.count(a)--
+	if s.pending == 0 && s.accepted == 0 {
+		cv.uncount(st, s)
+	}
+}
+
+// countState starts counting clients of st: its resources' versions hold
+// it, made if need be. O(resources), once per state.
+func (cv *convergence) countState(typeURL string, st *State) *convShared {
+	byName := cv.byName(typeURL)
+	s := &convShared{typeURL: typeURL, names: make([]*convName, len(st.Resources)),
+		versions: make([]*convVersion, len(st.Resources)), newest: make([]int32, len(st.Resources))}
+	for i, r := range st.Resources {
+		n := byName[r.Name]
+		if n == nil {
+			n = &convName{versions: make(map[string]*convVersion, 1)}
+			byName[r.Name] = n
+		}
+		v := n.versions[r.Version]
+		if v == nil {
+			v = &convVersion{}
+			n.versions[r.Version] = v
+		}
+		v.states = append(v.states, s)
+		s.names[i], s.versions[i], s.newest[i] = n, v, int32(i)
+	}
+	s.unsorted = true
+	if cv.shared == nil {
+		cv.shared = make(map[*State]*convShared)
+	}
+	cv.shared[st] = s
+	return s
+}
+
+// uncount stops counting clients of st, which has none left: a version
+// nobody else holds goes, as a client's leave and move to nothing make
+// it go by name (convName.leave, enter). O(resources), once per state.
+func (cv *convergence) uncount(st *State, s *convShared) {
+	delete(cv.shared, st)
+	if cv.lastSent[s.typeURL] == s {
+		delete(cv.lastSent, s.typeURL)
+	}
+	byName := cv.types[s.typeURL]
+	for i, v := range s.versions {
+		n, r := s.names[i], st.Resources[i]
+		if j := slices.Index(v.states, s); j >= 0 {
+			v.states = slices.Delete(v.states, j, j+1)
+		}
+		if v.zero() && r.Version != n.latest {
+			delete(n.versions, r.Version)
+		}
+		n.forgetLatest()
+		if len(n.versions) == 0 && byName[r.Name] == n {
+			delete(byName, r.Name)
+		}
+	}
+}
+
+// sent is a send of the state that changes what it holds: its first, one
+// after another version of one of its names was sent (convergence.
+// lastSent), or one that brings a time of arrival it lacked. As a send
+// of each resource would (convName.enter), each version takes received if
+// it had no time yet, and becomes its name's latest. O(resources), not
+// once per client but once per state, and again only if the type's
+// latest versions moved on in between (a canary's state and the released
+// one, sent in turn).
+func (s *convShared) sent(st *State, received time.Time) {
+	s.unreceived = false
+	for i, v := range s.versions {
+		n, version := s.names[i], st.Resources[i].Version
+		if v.received.IsZero() && !received.IsZero() {
+			v.received = received
+			v.resort()
+		}
+		s.unreceived = s.unreceived || v.received.IsZero()
+		n.makeLatest(version)
+	}
+}
+
+// resort tells the states that hold the version that its received
+// changed.
+func (v *convVersion) resort() {
+	for _, s := range v.states {
+		s.unsorted = true
+	}
+}
+
+// timed is an ACK of the state: each version that arrived after the
+// client's last ACK (Mover.Since) is timed, as convName.enter times it;
+// only those are visited.
+func (s *convShared) timed(since, now time.Time, took []time.Duration) []time.Duration {
+	if s.unsorted {
+		slices.SortFunc(s.newest, func(a, b int32) int { return s.versions[b].received.Compare(s.versions[a].received) })
+		s.unsorted = false
+	}
+	for _, i := range s.newest {
+		v := s.versions[i]
+		if v.received.IsZero() || !v.received.After(since) {
+			break
+		}
+		d := max(now.Sub(v.received), 0)
+		v.timed(d)
+		if d > 0 {
+			took = append(took, d)
+		}
+	}
+	return took
 }
 
 // Rejection is a version of a resource that a first client of the group
@@ -198,27 +463,19 @@ type Rejection struct {
 	Clients int
 }
 
-// firstRejectionLocked is the Rejection that moving a client of name to
-// to makes, if to rejects a version no client rejected yet and someone
-// is to be told (Options.OnRejected); else nil. Call with the counters'
-// mu held, before the move.
-func (c *Cache) firstRejectionLocked(byName map[string]*convName, typeURL, name string, to Standing, m Mover) *Rejection {
-	if c.onRejected == nil || to.Answer != Rejected || to.Version == "" {
-		return nil
-	}
-	if n := byName[name]; n != nil && n.versions[to.Version] != nil && n.versions[to.Version].rejected > 0 {
-		return nil
-	}
-	return &Rejection{Type: typeURL, Name: name, Version: to.Version, Node: m.Node, Error: m.Error}
+// takeFirstsLocked hands over the first rejections the moves made since
+// it was last called; call with the counters' mu held.
+func (cv *convergence) takeFirstsLocked() []Rejection {
+	f := cv.firsts
+	cv.firsts = nil
+	return f
 }
 
-// counted fills in r.Clients once the move is made; call with the
-// counters' mu held.
-func (r *Rejection) counted(byName map[string]*convName) {
-	if n := byName[r.Name]; n != nil {
-		if v := n.versions[r.Version]; v != nil {
-			r.Clients = v.pending + v.accepted + v.rejected
-		}
+// tellRejected tells Options.OnRejected of first rejections, once the
+// counters' lock is let go.
+func (c *Cache) tellRejected(firsts []Rejection) {
+	for _, r := range firsts {
+		c.onRejected(r)
 	}
 }
 
@@ -235,15 +492,35 @@ func (cv *convergence) byName(typeURL string) map[string]*convName {
 	return byName
 }
 
-// moveLocked is Move in a type's counters; call with the counters' mu held.
-func moveLocked(byName map[string]*convName, name string, from, to Standing, received, now time.Time, m Mover) time.Duration {
+// moveLocked is Move in a type's counters, byName; call with the
+// counters' mu held.
+func (cv *convergence) moveLocked(typeURL string, byName map[string]*convName, name string, from, to Standing, received, now time.Time, m Mover) time.Duration {
 	n := byName[name]
 	if n == nil {
 		n = &convName{versions: make(map[string]*convVersion, 1)}
 		byName[name] = n
 	}
-	n.leave(from, m.Node)
+	if to.Answer == Pending && to.Version != n.latest {
+		delete(cv.lastSent, typeURL) // the next send of a state sets its names' latest again
+	}
+	first := cv.tell && to.Answer == Rejected && to.Version != "" &&
+		(n.versions[to.Version] == nil || n.versions[to.Version].rejected == 0)
+	// Entered first: a version the client stays with is never empty for a
+	// moment, so that it keeps its time of arrival and its first error, as
+	// MoveShared keeps them.
 	took := n.enter(to, received, now, m)
+	n.leave(from, m.Node)
+	if first {
+		r := Rejection{Type: typeURL, Name: name, Version: to.Version, Node: m.Node, Error: m.Error}
+		if v := n.versions[to.Version]; v != nil {
+			p, a, rj, _ := v.counts()
+			r.Clients = p + a + rj
+		}
+		cv.firsts = append(cv.firsts, r)
+	}
+	if to.Answer == Unsent || to.Version == "" {
+		n.forgetLatest()
+	}
 	if len(n.versions) == 0 {
 		delete(byName, name)
 	}
@@ -271,12 +548,28 @@ func (n *convName) leave(s Standing, node string) {
 	}
 }
 
+// forgetLatest drops the latest version sent if it is all that is left
+// and nobody holds it: nobody holds the name any more.
+func (n *convName) forgetLatest() {
+	if l := n.versions[n.latest]; len(n.versions) == 1 && l != nil && l.zero() {
+		delete(n.versions, n.latest)
+	}
+}
+
+// makeLatest makes version, just sent, the name's latest, dropping the
+// one before it if nobody holds it.
+func (n *convName) makeLatest(version string) {
+	if n.latest != version {
+		if old := n.versions[n.latest]; old != nil && old.zero() {
+			delete(n.versions, n.latest)
+		}
+		n.latest = version
+	}
+}
+
 // enter counts a client in its new standing.
 func (n *convName) enter(s Standing, received, now time.Time, m Mover) time.Duration {
 	if s.Answer == Unsent || s.Version == "" {
-		if len(n.versions) == 1 && n.versions[n.latest] != nil && n.versions[n.latest].zero() {
-			delete(n.versions, n.latest) // nobody holds the name any more
-		}
 		return 0
 	}
 	v := n.versions[s.Version]
@@ -286,15 +579,11 @@ func (n *convName) enter(s Standing, received, now time.Time, m Mover) time.Dura
 	}
 	switch s.Answer {
 	case Pending:
-		if v.received.IsZero() {
+		if v.received.IsZero() && !received.IsZero() {
 			v.received = received
+			v.resort()
 		}
-		if n.latest != s.Version {
-			if old := n.versions[n.latest]; old != nil && old.zero() {
-				delete(n.versions, n.latest)
-			}
-			n.latest = s.Version
-		}
+		n.makeLatest(s.Version)
 		if v.pending == 0 {
 			v.pendingSince = now
 		}
@@ -321,6 +610,7 @@ func (n *convName) enter(s Standing, received, now time.Time, m Mover) time.Dura
 // timed adds a time to accept to the version's sample (reservoir
 // sampling: every ACK is as likely to be kept).
 func (v *convVersion) timed(d time.Duration) {
+	v.acksSorted = false
 	v.ackCount++
 	v.maxAck = max(v.maxAck, d)
 	if len(v.acks) < maxAckSample {
@@ -476,17 +766,17 @@ func (c *Cache) resourceLocked(t *typeState, typeURL, name string, n *convName) 
 }
 
 // snapshot copies the version's counts, with the percentiles of its
-// sample.
+// sample, sorted in place once after it changed (a query that follows
+// no new ACK sorts nothing).
 func (v *convVersion) snapshot(version string) VersionCount {
-	vc := VersionCount{Version: version, Received: v.received, Pending: v.pending, Accepted: v.accepted,
-		Rejected: v.rejected, FirstError: v.firstError, RejectedBy: slices.Clone(v.rejectedBy),
-		Acks: v.ackCount, Max: v.maxAck}
-	if v.pending > 0 {
-		vc.PendingSince = v.pendingSince
-	}
-	if len(v.acks) > 0 {
-		s := slices.Clone(v.acks)
-		slices.Sort(s)
+	vc := VersionCount{Version: version, Received: v.received, FirstError: v.firstError,
+		RejectedBy: slices.Clone(v.rejectedBy), Acks: v.ackCount, Max: v.maxAck}
+	vc.Pending, vc.Accepted, vc.Rejected, vc.PendingSince = v.counts()
+	if s := v.acks; len(s) > 0 {
+		if !v.acksSorted {
+			slices.Sort(s)
+			v.acksSorted = true
+		}
 		vc.P50, vc.P99 = s[(len(s)-1)*50/100], s[(len(s)-1)*99/100]
 	}
 	return vc
@@ -572,21 +862,18 @@ func (c *Cache) resourceCountsLocked(t *typeState, name string, n *convName) Typ
 				r.Subscribed = len(t.wildcard)
 			}
 			r.Subscribed += e.watchers.len()
-			if e.res != nil && len(t.wildcard) > 0 {
-				for w := range e.watchers.all() {
-					if _, both := t.wildcard[w]; both {
-						r.Subscribed-- // by name and with the wildcard: one client
-					}
-				}
+			if e.res != nil {
+				r.Subscribed -= e.both // by name and with the wildcard: one client
 			}
 		}
 	}
 	if n != nil {
 		for ver, v := range n.versions {
+			p, a, rj, _ := v.counts()
 			if ver == current {
-				r.Pending, r.Accepted, r.Rejected = v.pending, v.accepted, v.rejected
+				r.Pending, r.Accepted, r.Rejected = p, a, rj
 			} else {
-				r.Older += v.pending + v.accepted + v.rejected
+				r.Older += p + a + rj
 			}
 		}
 	}

@@ -2,7 +2,9 @@ package cache
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -137,5 +139,191 @@ func TestOnRejectedAtTheFirstRejection(t *testing.T) {
 	want = Rejection{Type: typ, Name: "y", Version: "1", Node: "n3", Error: "no", Clients: 1}
 	if len(got) != 1 || got[0] != want {
 		t.Fatalf("MoveAll told %+v, want %+v", got, want)
+	}
+}
+
+// MoveShared counts a client of a complete state once per state, and
+// Unshare turns it into counts by name: through any sequence of sends,
+// ACKs, NACKs, unsharing and leaving, what Convergence reports is what
+// MoveAll, one count per resource, reports, time to accept included.
+// Only the oldest pending time may differ: a state's is when its own
+// pending count rose from zero.
+func TestMoveSharedCountsAsMoveAll(t *testing.T) {
+	const typ = "T"
+	res := func(name, version string) *Resource { return &Resource{Name: name, Version: version} }
+	a1, b1, c1, b2, d1, b3 := res("a", "1"), res("b", "1"), res("c", "1"), res("b", "2"), res("d", "1"), res("b", "3")
+	t0 := time.Unix(1000, 0)
+	states := []*State{
+		{Received: t0, Resources: []*Resource{a1, b1, c1}},
+		{Received: t0.Add(time.Second), Resources: []*Resource{a1, b2, c1}},
+		{Received: t0.Add(2 * time.Second), Resources: []*Resource{a1, b2, d1}},
+		{Received: t0.Add(3 * time.Second), Resources: []*Resource{b3}},
+	}
+	type client struct {
+		st      *State
+		a       Answer
+		byName  bool // in shared: counted by name since Unshare
+		since   time.Time
+		node    string
+		nackMsg string
+	}
+	for seed := range uint64(50) {
+		rnd := rand.New(rand.NewPCG(seed, 1))
+		perName, shared := New(Options{}), New(Options{})
+		clients := make([]client, 6)
+		for i := range clients {
+			clients[i].node = fmt.Sprint("n", i)
+			clients[i].since = t0.Add(-time.Hour)
+		}
+		now := t0
+		var tookAll, tookShared []time.Duration
+		for step := range 60 {
+			now = now.Add(time.Duration(rnd.IntN(2000)) * time.Millisecond)
+			i := rnd.IntN(len(clients))
+			c := &clients[i]
+			from, fa := c.st, c.a
+			var to *State
+			var ta Answer
+			received := time.Time{}
+			switch op := rnd.IntN(5); {
+			case op == 0 || c.st == nil: // sent a state
+				to, ta = states[rnd.IntN(len(states))], Pending
+				received = to.Received
+			case op == 1: // ACK
+				to, ta = c.st, Accepted
+			case op == 2: // NACK
+				to, ta = c.st, Rejected
+				c.nackMsg = fmt.Sprint("bad ", step)
+			case op == 3: // the record turns per name
+				if !c.byName {
+					shared.Unshare(typ, c.st, c.a)
+					c.byName = true
+				}
+				continue
+			default: // gone
+			}
+			m := Mover{Node: c.node, Error: c.nackMsg, Since: c.since}
+			resources := func(s *State) []*Resource {
+				if s == nil {
+					return nil
+				}
+				return s.Resources
+			}
+			perName.MoveAll(typ, resources(from), fa, resources(to), ta, received, now, m, func(d time.Duration) { tookAll = append(tookAll, d) })
+			observe := func(d time.Duration) { tookShared = append(tookShared, d) }
+			if c.byName {
+				shared.MoveAll(typ, resources(from), fa, resources(to), ta, received, now, m, observe)
+			} else {
+				shared.MoveShared(typ, from, fa, to, ta, received, now, m, observe)
+			}
+			c.st, c.a = to, ta
+			if to == nil {
+				*c = client{node: c.node, since: c.since}
+			}
+			if ta == Accepted {
+				c.since = now
+			}
+			want, got := reported(perName.Convergence(nil, nil)), reported(shared.Convergence(nil, nil))
+			slices.Sort(tookAll) // observed into a histogram: their order is free
+			slices.Sort(tookShared)
+			if want != got || !slices.Equal(tookAll, tookShared) {
+				t.Fatalf("seed %d, step %d: by name\n%s\nby state\n%s\ntimes %v, %v", seed, step, want, got, tookAll, tookShared)
+			}
+		}
+		for i := range clients {
+			c := &clients[i]
+			if c.st == nil {
+				continue
+			}
+			m := Mover{Node: c.node}
+			if c.byName {
+				shared.MoveAll(typ, c.st.Resources, c.a, nil, Unsent, time.Time{}, now, m, nil)
+			} else {
+				shared.MoveShared(typ, c.st, c.a, nil, Unsent, time.Time{}, now, m, nil)
+			}
+		}
+		if rs := shared.Convergence(nil, nil); len(rs) != 0 || len(shared.conv.shared) != 0 {
+			t.Fatalf("seed %d: every client gone, the counters hold %+v and %d states", seed, rs, len(shared.conv.shared))
+		}
+	}
+}
+
+// reported is what Convergence says, but for the oldest pending time,
+// of which it says only whether there is one.
+func reported(rs []ResourceConvergence) string {
+	var b strings.Builder
+	for _, r := range rs {
+		for _, v := range r.Versions {
+			rejectedBy := slices.Sorted(slices.Values(v.RejectedBy))
+			fmt.Fprintf(&b, "%s@%s: p%d a%d r%d since %v received %v error %q by %v acks %d p50 %v p99 %v max %v\n",
+				r.Name, v.Version, v.Pending, v.Accepted, v.Rejected, !v.PendingSince.IsZero(), v.Received.Unix(),
+				v.FirstError, rejectedBy, v.Acks, v.P50, v.P99, v.Max)
+		}
+	}
+	return b.String()
+}
+
+// A client is one subscriber of a name however it watches it, by name,
+// with the wildcard or both, through any order of watching, unwatching
+// and leaving: the count is kept as watches come and go, never walked.
+func TestSubscribedCountsEachClientOnce(t *testing.T) {
+	const typ = "T"
+	names := []string{"a", "b", "c"}
+	for seed := range uint64(20) {
+		rnd := rand.New(rand.NewPCG(seed, 3))
+		c := New(Options{})
+		var rs []*Resource
+		for _, n := range names {
+			rs = append(rs, &Resource{Name: n, Version: "1"})
+		}
+		watches := make([]*Watch, 4)
+		wild := make([]bool, len(watches))
+		named := make([]map[string]bool, len(watches))
+		for i := range watches {
+			watches[i], named[i] = NewWatch(), map[string]bool{}
+		}
+		c.WatchWildcard(watches[0], typ)
+		wild[0] = true
+		c.Apply(typ, Change{Upserts: rs, Synced: true})
+		for step := range 200 {
+			i, n := rnd.IntN(len(watches)), names[rnd.IntN(len(names))]
+			w := watches[i]
+			switch rnd.IntN(5) {
+			case 0:
+				if err := c.Watch(w, typ, n); err != nil {
+					t.Fatal(err)
+				}
+				named[i][n] = true
+			case 1:
+				c.Unwatch(w, typ, n)
+				delete(named[i], n)
+			case 2:
+				c.WatchWildcard(w, typ)
+				wild[i] = true
+			case 3:
+				c.UnwatchWildcard(w, typ)
+				wild[i] = false
+			case 4:
+				c.Release(w)
+				wild[i], named[i] = false, map[string]bool{}
+			}
+			want := map[string]int{}
+			for _, n := range names {
+				for j := range watches {
+					if wild[j] || named[j][n] {
+						want[n]++
+					}
+				}
+			}
+			got := map[string]int{}
+			for _, r := range c.Convergence([]string{typ}, names) {
+				got[r.Name] = r.Subscribed
+			}
+			for _, n := range names {
+				if got[n] != want[n] {
+					t.Fatalf("seed %d, step %d: %s has %d subscribers, want %d", seed, step, n, got[n], want[n])
+				}
+			}
+		}
 	}
 }

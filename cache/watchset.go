@@ -35,6 +35,14 @@ func (s *watchSet) remove(w *Watch) {
 	delete(s.more, w)
 }
 
+func (s *watchSet) has(w *Watch) bool {
+	if s.one == w {
+		return w != nil
+	}
+	_, ok := s.more[w]
+	return ok
+}
+
 func (s *watchSet) len() int {
 	if s.one == nil {
 		return 0

@@ -72,40 +72,46 @@ func (mv mover) moveTo(name string, from, to cache.Standing, msg string, receive
 	}
 }
 
-// reshare moves the resources of the shared state the client was sent
-// (if any) to those of st, sent now and pending (nil: none): one move per
-// name, under one lock of the counters.
+// reshare moves the client from the shared state it was sent (if any) to
+// st, sent now and pending (nil: none). The counters count a shared state
+// once per client, not once per resource of it (cache.Cache.MoveShared).
 func (mv mover) reshare(st *cache.State, now time.Time) {
-	t := mv.t
-	var old, next []*cache.Resource
-	if t.shared != nil {
-		old = t.shared.Resources
-	}
 	var received time.Time
 	if st != nil {
-		next, received = st.Resources, st.Received
+		received = st.Received
 	}
-	mv.moveAll(old, t.sharedState, next, Requested, "", received, now)
+	mv.moveShared(mv.t.shared, mv.t.sharedState, st, Requested, "", received, now)
 }
 
-// answerShared moves the resources of the shared state from the state
-// they had to the one the client's answer gave them.
+// answerShared moves the client, standing with the shared state, from the
+// state it had to the one its answer gave it.
 func (mv mover) answerShared(from ResourceState, now time.Time) {
 	t := mv.t
 	msg := ""
 	if t.sharedState == Nacked {
 		msg = t.sharedNack
 	}
-	mv.moveAll(t.shared.Resources, from, t.shared.Resources, t.sharedState, msg, time.Time{}, now)
+	mv.moveShared(t.shared, from, t.shared, t.sharedState, msg, time.Time{}, now)
 }
 
-// moveAll moves the resources of from, at state fs, to those of to, at
-// state ts (see cache.Cache.MoveAll).
-func (mv mover) moveAll(from []*cache.Resource, fs ResourceState, to []*cache.Resource, ts ResourceState, msg string, received, now time.Time) {
-	if mv.s == nil || mv.s.cache == nil {
+// unshare turns the client's count through the shared state into counts
+// by name, as its records become per name (typeStatus.unshare).
+func (mv mover) unshare() {
+	if mv.s == nil || mv.s.cache == nil || mv.t.shared == nil {
 		return
 	}
-	answer := func(s ResourceState) cache.Answer { return standing("v", s).Answer }
+	mv.s.cache.Unshare(mv.typeURL, mv.t.shared, answer(mv.t.sharedState))
+}
+
+// answer is a state's answer in the counters.
+func answer(s ResourceState) cache.Answer { return standing("v", s).Answer }
+
+// moveShared moves the client from the shared state from, at state fs,
+// to to, at state ts (see cache.Cache.MoveShared).
+func (mv mover) moveShared(from *cache.State, fs ResourceState, to *cache.State, ts ResourceState, msg string, received, now time.Time) {
+	if mv.s == nil || mv.s.cache == nil || from == nil && to == nil {
+		return
+	}
 	m := cache.Mover{Error: msg, Since: time.Unix(0, max(mv.s.opened, mv.t.accepted))}
 	if fs == Nacked || ts == Nacked {
 		m.Node = xds.Clip(mv.s.node.GetId())
@@ -114,7 +120,7 @@ func (mv mover) moveAll(from []*cache.Resource, fs ResourceState, to []*cache.Re
 	if mv.s.push != nil {
 		observe = func(took time.Duration) { mv.s.push.converged(mv.typeURL, took) }
 	}
-	mv.s.cache.MoveAll(mv.typeURL, from, answer(fs), to, answer(ts), received, now, m, observe)
+	mv.s.cache.MoveShared(mv.typeURL, from, answer(fs), to, answer(ts), received, now, m, observe)
 }
 
 // left takes the whole stream out of the counters: a client that leaves

@@ -1,6 +1,9 @@
 package downstream
 
 import (
+	"fmt"
+	"maps"
+	"math/rand/v2"
 	"testing"
 	"time"
 	"unsafe"
@@ -77,5 +80,79 @@ func TestConvergenceCostsAStreamLittle(t *testing.T) {
 	}
 	if size := unsafe.Sizeof(typeStatus{}); size > 304 {
 		t.Errorf("a type's status record is %d bytes, want at most the 304 it was before counting", size)
+	}
+}
+
+// Wildcard SotW streams counted once per shared state say, per resource
+// and version, what each stream's record (CSDS) says, through sends of
+// either state, ACKs, NACKs, a response by name that turns the record per
+// name, and leaving.
+func TestConvergenceOfSharedStatesIsCSDS(t *testing.T) {
+	const typ = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+	res := func(name, version string) *cache.Resource { return &cache.Resource{Name: name, Version: version} }
+	a1, b1, b2, c1 := res("a", "1"), res("b", "1"), res("b", "2"), res("c", "1")
+	now := time.Unix(1000, 0)
+	states := []*cache.State{{Received: now, Resources: []*cache.Resource{a1, b1}}, {Received: now, Resources: []*cache.Resource{a1, b2, c1}}}
+	c := cache.New(cache.Options{})
+	streams := make([]*streamStatus, 5)
+	nonces := make([]uint64, len(streams))
+	for i := range streams {
+		streams[i] = &streamStatus{node: &corepb.Node{Id: fmt.Sprint("n", i)}, cache: c, opened: 1}
+	}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	for step := range 400 {
+		now = now.Add(time.Second)
+		i := rnd.IntN(len(streams))
+		s := streams[i]
+		switch op := rnd.IntN(6); op {
+		case 0, 1:
+			nonces[i]++
+			s.sentShared(typ, states[rnd.IntN(len(states))], nonces[i], now)
+		case 2, 3:
+			s.answered(typ, fmt.Sprint(nonces[i]), "v", op == 3, "bad", now)
+		case 4:
+			nonces[i]++
+			rec := s.sendingFrom(typ, false, now.UnixNano())
+			rec.sent("b", "3", nonces[i], now)
+			s.done()
+		case 5:
+			s.left()
+		}
+		csds := map[string][3]int{} // name@version: ACKED, NACKED, sent and unanswered
+		for _, s := range streams {
+			for _, ts := range s.snapshot().Types {
+				for _, r := range ts.Resources {
+					k, n := r.Name+"@"+r.Version, csds[r.Name+"@"+r.Version]
+					switch {
+					case r.Version == "":
+						continue
+					case r.State == Acked:
+						n[0]++
+					case r.State == Nacked:
+						n[1]++
+					case r.State == Requested:
+						n[2]++
+					}
+					csds[k] = n
+				}
+			}
+		}
+		counted := map[string][3]int{}
+		for _, rc := range c.Convergence(nil, nil) {
+			for _, v := range rc.Versions {
+				if v.Accepted+v.Rejected+v.Pending > 0 {
+					counted[rc.Name+"@"+v.Version] = [3]int{v.Accepted, v.Rejected, v.Pending}
+				}
+			}
+		}
+		if !maps.Equal(csds, counted) {
+			t.Fatalf("step %d: CSDS %v, counters %v", step, csds, counted)
+		}
+	}
+	for _, s := range streams {
+		s.left()
+	}
+	if rs := c.Convergence(nil, nil); len(rs) != 0 {
+		t.Fatalf("every stream left, the counters still hold %+v", rs)
 	}
 }

@@ -240,6 +240,7 @@ func (t *typeStatus) unshare(mv mover) {
 	if t.sharedState == Nacked {
 		note = &nackNote{msg: t.sharedNack, at: t.nackAt}
 	}
+	mv.unshare()
 	for _, r := range t.shared.Resources {
 		e, had := t.res.get(r.Name)
 		if had {
