@@ -273,3 +273,44 @@ func TestSotWWildcardAfterNames(t *testing.T) {
 		})
 	}
 }
+
+// Under the wildcard no name goes upstream; when the wildcard leaves,
+// every name the type keeps is asked for the first time, and those past
+// MaxRequestBytes are refused: no request passes the bound.
+func TestSotWWildcardLeavesNamesTooMany(t *testing.T) {
+	cp := testcp.StartDialect(t, testcp.DialectSotW)
+	var rs []types.Resource
+	var names []string
+	for i := range 100 {
+		names = append(names, fmt.Sprintf("cluster-%03d", i))
+		rs = append(rs, testcp.Cluster(names[i]))
+	}
+	cp.Set(t, "c1", "1", rs...)
+	const bound = 1000
+	c := cache.New(cache.Options{Retention: time.Millisecond})
+	wild := cache.NewWatch()
+	c.WatchWildcard(wild, resourcev3.ClusterType)
+	if err := c.Watch(cache.NewWatch(), resourcev3.ClusterType, names...); err != nil {
+		t.Fatal(err)
+	}
+	m := NewMetrics(&metrics.Registry{})
+	runSotW(t, dialTest(t, cp.Addr), Options{Cache: c, Metrics: m, Protocol: ProtocolSotW, MaxRequestBytes: bound})
+	within(t, "every Cluster held", func() bool { return held(c, resourcev3.ClusterType, names...) })
+	if n := m.ListTooLarge.With("Cluster").Get(); n != 0 {
+		t.Fatalf("%d names refused under the wildcard, which carries none", n)
+	}
+
+	c.UnwatchWildcard(wild, resourcev3.ClusterType)
+	within(t, "the wildcard's retention over and the last name refused", func() bool {
+		c.Sweep()
+		return errorCode(c, resourcev3.ClusterType, names[99]) == codes.ResourceExhausted
+	})
+	if n := m.ListTooLarge.With("Cluster").Get(); n == 0 || n >= 100 {
+		t.Fatalf("%d names refused, want some and not all", n)
+	}
+	for _, req := range cp.SotWRequests() {
+		if n := proto.Size(req); n > bound {
+			t.Errorf("a request of %d bytes, past the bound %d", n, bound)
+		}
+	}
+}
