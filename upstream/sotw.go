@@ -165,7 +165,7 @@ func (s *sotwStream) request(typeURL string, wildcard bool, names []string) erro
 // does-not-exist timer, as any missing name. The legacy form means the
 // wildcard only while nothing was named for the type on the stream ("How
 // the client specifies what resources to return"): once names were sent,
-// the wildcard needs a new stream (errReopen).
+// the wildcard needs a new stream (reopenError).
 func (t *sotwType) list(typeURL string, wildcard bool, names []string) ([]string, error) {
 	switch {
 	case wildcard && t.named:
