@@ -276,3 +276,38 @@ func TestDialectAbsenceRemovesOnlyWhatIsHeld(t *testing.T) {
 		})
 	}
 }
+
+// One group, a client naming Cluster x, then an Envoy under the wildcard:
+// over SotW the relay cannot ask for the wildcard in the legacy form on the
+// stream that named x ("How the client specifies what resources to
+// return"), and go-control-plane answers "*" beside x with x alone; the
+// stream is opened again once, and the wildcard client gets every Cluster.
+func TestDialectWildcardAfterNames(t *testing.T) {
+	for _, d := range []testcp.Dialect{testcp.DialectSotW, testcp.DialectPerType} {
+		t.Run(string(d), func(t *testing.T) {
+			cp := testcp.StartDialect(t, d)
+			cp.Set(t, "c1", "1", testcp.Cluster("a"), testcp.Cluster("b"), testcp.Cluster("x"))
+			r := startRelay(t, cp.Addr)
+
+			named := openDelta(t, r.Addr())
+			named.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.ClusterType,
+				ResourceNamesSubscribe: []string{"x"}})
+			if got := collectDelta(named, 1); !slices.Equal(got, []string{"x"}) {
+				t.Fatalf("named CDS: %v, want [x]", got)
+			}
+			wild := openDelta(t, r.Addr())
+			wild.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n2", "c1"), TypeUrl: resourcev3.ClusterType,
+				ResourceNamesSubscribe: []string{"*"}})
+			if got := collectDelta(wild, 3); !slices.Equal(got, []string{"a", "b", "x"}) {
+				t.Fatalf("wildcard CDS: %v, want [a b x]", got)
+			}
+			var reopens float64
+			for _, m := range scrape(t, r)["xdsrelay_upstream_sotw_wildcard_reopens_total"].GetMetric() {
+				reopens += counterValue(m)
+			}
+			if reopens != 1 {
+				t.Errorf("xdsrelay_upstream_sotw_wildcard_reopens_total is %v, want 1", reopens)
+			}
+		})
+	}
+}

@@ -35,6 +35,9 @@ type Metrics struct {
 	// state-of-the-world request with them would exceed
 	// upstream.max_request_bytes.
 	ListTooLarge *metrics.Vec
+	// WildcardReopens is a counter, by type: SotW streams opened again
+	// for the legacy wildcard (sotwType.list).
+	WildcardReopens *metrics.Vec
 	// Stalls is a counter, by upstream: streams ended because a response
 	// stopped half-way for upstream.stall_timeout (stall.go).
 	Stalls *metrics.Vec
@@ -58,6 +61,9 @@ func NewMetrics(r *metrics.Registry) *Metrics {
 			"upstream", "server", "protocol"),
 		ListTooLarge: r.Counter("xdsrelay_upstream_sotw_names_refused_total",
 			"Names not subscribed upstream because a state-of-the-world request with them would exceed upstream.max_request_bytes (SotW requests cannot be split).", "type").
+			ZeroEach(xds.TypeLabels()...),
+		WildcardReopens: r.Counter("xdsrelay_upstream_sotw_wildcard_reopens_total",
+			"State-of-the-world streams opened again because the wildcard came to a type they had named names of: only a new stream can ask with the legacy wildcard (no names).", "type").
 			ZeroEach(xds.TypeLabels()...),
 		Stalls: r.Counter("xdsrelay_upstream_stalls_total",
 			"Upstream streams ended and opened again because a response stopped half-way for upstream.stall_timeout, the connection alive.", "upstream"),
@@ -345,6 +351,10 @@ func (c *Client) Run(ctx context.Context) {
 		healthy, takeover, err := c.loop(ctx, s)
 		err = s.why(err)
 		s.close()
+		if c.reopened(s, err) {
+			attempt = -1
+			continue
+		}
 		if !healthy && takeover == nil && ctx.Err() == nil && c.refusedProtocol(s, err) {
 			continue
 		}
@@ -368,6 +378,22 @@ func (c *Client) Run(ctx context.Context) {
 		cur = c.wait(ctx, cur, healthy, attempt)
 		c.awaitAttempt(ctx, cur)
 	}
+}
+
+// reopened reports whether s, a SotW stream, ended to be opened again at
+// once: a type named on it is now wanted under the wildcard, which only
+// a new stream can ask in the legacy form (sotwType.list). It is counted
+// and logged, once per such change; the stream was alive, so what its
+// timer judged stands (no withdraw), and no backoff is due.
+func (c *Client) reopened(s *session, err error) bool {
+	var re *reopenError
+	if !errors.As(err, &re) {
+		return false
+	}
+	c.opts.Metrics.WildcardReopens.With(xds.ShortName(re.typeURL)).Inc()
+	c.log.Info("the wildcard came to a type named on the state-of-the-world stream; opening the stream again to ask with the legacy wildcard",
+		"type", xds.ShortName(re.typeURL), "server", c.servers[s.server].name)
+	return true
 }
 
 // ended records why a stream ended; false if the client is to stop. A

@@ -145,8 +145,9 @@ func (s *session) send(req *discoverypb.DeltaDiscoveryRequest) error {
 // sync moves the stream's subscriptions to the cache's union of interests.
 // A type's first request carries initial_resource_versions from the cache,
 // so that a resumed stream is sent only what changed ("Incremental
-// reconnect example"). The wildcard is always subscribed explicitly as "*",
-// never by the legacy empty list, since names may be subscribed beside it.
+// reconnect example"). On delta the wildcard is always subscribed
+// explicitly as "*", never by the legacy empty list, since names may be
+// subscribed beside it; on SotW it is the legacy form (sotwType.list).
 func (s *session) sync() error {
 	changes, all := s.c.opts.Interest.InterestChanges()
 	if s.synced && !all {

@@ -136,10 +136,8 @@ func (s *sotwStream) RecvMsg(m any) error {
 }
 
 // request sends typeURL's subscription: the whole list, the wildcard as
-// the spec asks ("How the client specifies what resources to return"):
-// legacy (no names) while nothing was ever named on the stream, "*"
-// beside names otherwise. A type never requested with nothing to ask is
-// not sent.
+// the legacy form (see list). A type never requested with nothing to ask
+// is not sent.
 func (s *sotwStream) request(typeURL string, wildcard bool, names []string) error {
 	t := s.types[typeURL]
 	if t == nil {
@@ -149,20 +147,45 @@ func (s *sotwStream) request(typeURL string, wildcard bool, names []string) erro
 		t = &sotwType{}
 		s.types[typeURL] = t
 	}
-	return s.send(typeURL, &discoverypb.DiscoveryRequest{VersionInfo: t.acked, ResourceNames: t.list(wildcard, names), TypeUrl: typeURL,
+	list, err := t.list(typeURL, wildcard, names)
+	if err != nil {
+		return err
+	}
+	return s.send(typeURL, &discoverypb.DiscoveryRequest{VersionInfo: t.acked, ResourceNames: list, TypeUrl: typeURL,
 		ResponseNonce: t.nonce})
 }
 
-// list is the resource_names of a request of the type: the legacy
-// wildcard (no names) while nothing was ever named on the stream, "*"
-// beside names otherwise.
-func (t *sotwType) list(wildcard bool, names []string) []string {
-	list := names
-	if wildcard && (t.named || len(names) > 0) {
-		list = append([]string{"*"}, names...)
+// list is the resource_names of a request of the type. Under the
+// wildcard it is the legacy wildcard, no names at all: the wildcard
+// already asks for every resource the server has, and every SotW control
+// plane known answers the legacy form, where go-control-plane's snapshot
+// cache takes an explicit "*" for a name (with ADS, "*" alone is never
+// answered; "*" beside x is answered with x alone). Names wanted beside
+// the wildcard that the server's wildcard does not cover are left to the
+// does-not-exist timer, as any missing name. The legacy form means the
+// wildcard only while nothing was named for the type on the stream ("How
+// the client specifies what resources to return"): once names were sent,
+// the wildcard needs a new stream (reopenError).
+func (t *sotwType) list(typeURL string, wildcard bool, names []string) ([]string, error) {
+	switch {
+	case wildcard && t.named:
+		return nil, &reopenError{typeURL: typeURL}
+	case wildcard:
+		return nil, nil
 	}
-	t.named = t.named || len(list) > 0
-	return list
+	t.named = t.named || len(names) > 0
+	return names, nil
+}
+
+// reopenError ends a SotW stream whose type, named on it before, is now
+// wanted under the wildcard: the stream is opened again at once (not a
+// failure, no backoff), so that its first request of the type can carry
+// the legacy wildcard.
+type reopenError struct{ typeURL string }
+
+func (e *reopenError) Error() string {
+	return fmt.Sprintf("upstream: %s wanted under the wildcard after names: the state-of-the-world stream is opened again to ask with the legacy wildcard",
+		xds.ShortName(e.typeURL))
 }
 
 // ack ACKs a response of typeURL (detail nil), accepting its version, or
@@ -178,7 +201,11 @@ func (s *sotwStream) ack(typeURL, nonce, version string, detail *rpcstatus.Statu
 	if detail == nil {
 		t.acked = version
 	}
-	return s.send(typeURL, &discoverypb.DiscoveryRequest{VersionInfo: t.acked, ResourceNames: t.list(wildcard, names), TypeUrl: typeURL,
+	list, err := t.list(typeURL, wildcard, names)
+	if err != nil {
+		return err
+	}
+	return s.send(typeURL, &discoverypb.DiscoveryRequest{VersionInfo: t.acked, ResourceNames: list, TypeUrl: typeURL,
 		ResponseNonce: nonce, ErrorDetail: detail})
 }
 
@@ -313,8 +340,9 @@ func (s *sotwStream) wait() { s.readers.Wait() }
 
 // requestSize is the size of typeURL's request with names, the node
 // counted whether or not it goes on it: what a SotW request cannot split
-// (no name may be left out of the list). The version and nonce it echoes
-// are the control plane's, of any length: counted as they are.
+// (no name may be left out of the list). Under the wildcard it carries no
+// names (see list). The version and nonce it echoes are the control
+// plane's, of any length: counted as they are.
 func (s *sotwStream) requestSize(typeURL string, wildcard bool, names []string) int {
 	var acked, nonce string
 	if t := s.types[typeURL]; t != nil {
@@ -322,7 +350,7 @@ func (s *sotwStream) requestSize(typeURL string, wildcard bool, names []string) 
 	}
 	n := proto.Size(&discoverypb.DiscoveryRequest{TypeUrl: typeURL, Node: s.node, VersionInfo: acked, ResponseNonce: nonce})
 	if wildcard {
-		n += nameSize("*")
+		return n
 	}
 	for _, name := range names {
 		n += nameSize(name)

@@ -3,6 +3,7 @@ package upstream
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -20,11 +21,18 @@ import (
 // it. A SotW request cannot be split: when the list is larger than
 // upstream.max_request_bytes, the names just subscribed that do not fit
 // are not asked for; they get a RESOURCE_EXHAUSTED error that names the
-// key, and are counted. What was already subscribed stays asked.
+// key, and are counted. What was already subscribed stays asked. Under
+// the wildcard no name goes upstream (sotwType.list): when the wildcard
+// leaves, every name the type keeps is asked for the first time, and may
+// be refused.
 func (s *session) requestSotW(ch change, sub *subscription) error {
 	max := s.c.opts.MaxRequestBytes
 	if size := s.sotw.requestSize(ch.typeURL, sub.wildcard, sub.sorted()); size > max {
-		s.refuseTooMany(ch.typeURL, sub, ch.subscribe, size, max)
+		subscribed := ch.subscribe
+		if !sub.wildcard && slices.Contains(ch.unsubscribe, "*") {
+			subscribed = sub.sorted()
+		}
+		s.refuseTooMany(ch.typeURL, sub, subscribed, size, max)
 	}
 	s.notFound.asked(ch.typeURL, timed(ch.subscribe))
 	err := s.sotw.request(ch.typeURL, sub.wildcard, sub.sorted())

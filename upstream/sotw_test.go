@@ -165,3 +165,152 @@ func TestPerTypeServiceRefusedAlone(t *testing.T) {
 		t.Error("a name of a refused service was taken not to exist")
 	}
 }
+
+// held reports whether c holds every one of names of typeURL.
+func held(c *cache.Cache, typeURL string, names ...string) bool {
+	for _, l := range c.Get(typeURL, names) {
+		if l.Resource == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// cdsNames is the resource_names of every CDS request cp received.
+func cdsNames(cp *testcp.ControlPlane) [][]string {
+	var out [][]string
+	for _, req := range cp.SotWRequests() {
+		if req.GetTypeUrl() == resourcev3.ClusterType {
+			out = append(out, req.GetResourceNames())
+		}
+	}
+	return out
+}
+
+// A group that watches Clusters under the wildcard and names x beside it
+// (a Route's Cluster, fetched as a reference) asks with the legacy
+// wildcard alone, on ADS and on the per-type service: go-control-plane's
+// snapshot cache would answer "*" beside x with x alone. Every Cluster is
+// held, and x's removal removes x alone.
+func TestSotWWildcardBesideNames(t *testing.T) {
+	for _, d := range []testcp.Dialect{testcp.DialectSotW, testcp.DialectPerType} {
+		t.Run(string(d), func(t *testing.T) {
+			cp := testcp.StartDialect(t, d)
+			cp.Set(t, "c1", "1", testcp.Cluster("a"), testcp.Cluster("b"), testcp.Cluster("x"))
+			c := cache.New(cache.Options{Retention: time.Minute})
+			c.WatchWildcard(cache.NewWatch(), resourcev3.ClusterType)
+			if err := c.Watch(cache.NewWatch(), resourcev3.ClusterType, "x"); err != nil {
+				t.Fatal(err)
+			}
+			p := ProtocolSotW
+			if d == testcp.DialectPerType {
+				p = ProtocolSotWPerType
+			}
+			runSotW(t, dialTest(t, cp.Addr), Options{Cache: c, Protocol: p})
+			within(t, "every Cluster held", func() bool { return held(c, resourcev3.ClusterType, "a", "b", "x") })
+
+			cp.Set(t, "c1", "2", testcp.Cluster("a"), testcp.Cluster("b"))
+			within(t, "x removed", func() bool { return c.Get(resourcev3.ClusterType, []string{"x"})[0].Absent })
+			if !held(c, resourcev3.ClusterType, "a", "b") {
+				t.Fatal("x's removal removed the other Clusters too")
+			}
+			for _, names := range cdsNames(cp) {
+				if len(names) > 0 {
+					t.Fatalf("a CDS request with names %q: want the legacy wildcard alone", names)
+				}
+			}
+		})
+	}
+}
+
+// A type named on the stream before the wildcard comes cannot ask for
+// the wildcard in the legacy form on that stream ("How the client
+// specifies what resources to return"): the stream is opened again, once,
+// counted, and its CDS request carries no names and the node.
+func TestSotWWildcardAfterNames(t *testing.T) {
+	for _, d := range []testcp.Dialect{testcp.DialectSotW, testcp.DialectPerType} {
+		t.Run(string(d), func(t *testing.T) {
+			cp := testcp.StartDialect(t, d)
+			cp.Set(t, "c1", "1", testcp.Cluster("a"), testcp.Cluster("b"), testcp.Cluster("x"))
+			c := cache.New(cache.Options{Retention: time.Minute})
+			if err := c.Watch(cache.NewWatch(), resourcev3.ClusterType, "x"); err != nil {
+				t.Fatal(err)
+			}
+			p := ProtocolSotW
+			if d == testcp.DialectPerType {
+				p = ProtocolSotWPerType
+			}
+			m := NewMetrics(&metrics.Registry{})
+			runSotW(t, dialTest(t, cp.Addr), Options{Cache: c, Metrics: m, Protocol: p})
+			within(t, "x held", func() bool { return held(c, resourcev3.ClusterType, "x") })
+			if held(c, resourcev3.ClusterType, "a") {
+				t.Fatal("a held while only x is named")
+			}
+
+			c.WatchWildcard(cache.NewWatch(), resourcev3.ClusterType)
+			within(t, "every Cluster held", func() bool { return held(c, resourcev3.ClusterType, "a", "b", "x") })
+			if n := m.WildcardReopens.With("Cluster").Get(); n != 1 {
+				t.Errorf("%d streams opened again for the wildcard, want 1", n)
+			}
+			reqs := cp.SotWRequests()
+			last := -1
+			for i, req := range reqs {
+				if req.GetTypeUrl() == resourcev3.ClusterType && len(req.GetResourceNames()) == 0 {
+					if last < 0 && req.GetNode() == nil {
+						t.Error("the first wildcard request, of a new stream, carries no node")
+					}
+					last = i
+				}
+			}
+			if last < 0 {
+				t.Fatal("no CDS request with the legacy wildcard")
+			}
+			for _, req := range reqs[last:] {
+				if req.GetTypeUrl() == resourcev3.ClusterType && len(req.GetResourceNames()) > 0 {
+					t.Errorf("a CDS request with names %q after the wildcard", req.GetResourceNames())
+				}
+			}
+		})
+	}
+}
+
+// Under the wildcard no name goes upstream; when the wildcard leaves,
+// every name the type keeps is asked for the first time, and those past
+// MaxRequestBytes are refused: no request passes the bound.
+func TestSotWWildcardLeavesNamesTooMany(t *testing.T) {
+	cp := testcp.StartDialect(t, testcp.DialectSotW)
+	var rs []types.Resource
+	var names []string
+	for i := range 100 {
+		names = append(names, fmt.Sprintf("cluster-%03d", i))
+		rs = append(rs, testcp.Cluster(names[i]))
+	}
+	cp.Set(t, "c1", "1", rs...)
+	const bound = 1000
+	c := cache.New(cache.Options{Retention: time.Millisecond})
+	wild := cache.NewWatch()
+	c.WatchWildcard(wild, resourcev3.ClusterType)
+	if err := c.Watch(cache.NewWatch(), resourcev3.ClusterType, names...); err != nil {
+		t.Fatal(err)
+	}
+	m := NewMetrics(&metrics.Registry{})
+	runSotW(t, dialTest(t, cp.Addr), Options{Cache: c, Metrics: m, Protocol: ProtocolSotW, MaxRequestBytes: bound})
+	within(t, "every Cluster held", func() bool { return held(c, resourcev3.ClusterType, names...) })
+	if n := m.ListTooLarge.With("Cluster").Get(); n != 0 {
+		t.Fatalf("%d names refused under the wildcard, which carries none", n)
+	}
+
+	c.UnwatchWildcard(wild, resourcev3.ClusterType)
+	within(t, "the wildcard's retention over and the last name refused", func() bool {
+		c.Sweep()
+		return errorCode(c, resourcev3.ClusterType, names[99]) == codes.ResourceExhausted
+	})
+	if n := m.ListTooLarge.With("Cluster").Get(); n == 0 || n >= 100 {
+		t.Fatalf("%d names refused, want some and not all", n)
+	}
+	for _, req := range cp.SotWRequests() {
+		if n := proto.Size(req); n > bound {
+			t.Errorf("a request of %d bytes, past the bound %d", n, bound)
+		}
+	}
+}
