@@ -224,7 +224,11 @@ func (s *sotwStream) answered(typeURL string) bool {
 // nothing is unsubscribed.
 func (s *sotwStream) forward(typeURL string, detail *rpcstatus.Status, wildcard bool, names []string) error {
 	t := s.types[typeURL]
-	return s.send(typeURL, &discoverypb.DiscoveryRequest{VersionInfo: t.acked, ResourceNames: t.list(wildcard, names), TypeUrl: typeURL,
+	list, err := t.list(typeURL, wildcard, names)
+	if err != nil {
+		return err
+	}
+	return s.send(typeURL, &discoverypb.DiscoveryRequest{VersionInfo: t.acked, ResourceNames: list, TypeUrl: typeURL,
 		ResponseNonce: t.nonce, ErrorDetail: detail})
 }
 
