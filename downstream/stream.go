@@ -149,11 +149,14 @@ func (b *streamBase) flushAll(f flusher) error {
 			return err
 		}
 	}
-	dirty := ordered(b.watch.Take())
+	dirty := ordered(b.unheld(b.watch.Take()))
 	defer b.watch.Recycle(dirty)
 	var heldBuf [4]func() error
 	held := heldBuf[:0]
 	for i, d := range dirty {
+		if b.heldBack(d) { // behind a Cluster that warms (warmorder.go)
+			continue
+		}
 		// The last type holds nothing back: nothing follows it.
 		later, err := f.flushDirty(d, i < len(dirty)-1)
 		if err != nil {
@@ -238,6 +241,9 @@ type streamBase struct {
 	warmOnAck cache.NameSet
 	warmNonce uint64
 	inbox     *warmInbox
+	// On ADS, Listeners and Routes kept back behind new Clusters that warm
+	// (warmorder.go); nil until the stream sends one.
+	hold *warmHold
 	// The first answer (errors.go): spoke is set once a response was
 	// sent; while endable, the handler returns a flush's error, and first
 	// is closed once the stream has spoken or ended (see onlyErrors,
@@ -282,8 +288,11 @@ func (b *streamBase) answered(typeURL, short, nonce, version string, d *rpcstatu
 		b.srv.acks.With(short).Inc()
 	}
 	if nonce != "" {
-		if b.fixed == resourcev3.ClusterType {
+		switch {
+		case b.fixed == resourcev3.ClusterType:
 			b.ackedClusters(nonce, d != nil)
+		case b.fixed == "" && typeURL == resourcev3.ClusterType:
+			b.answeredClusters(nonce)
 		}
 		b.status.answered(typeURL, nonce, version, d != nil, d.GetMessage(), time.Now())
 		if b.sent != nil {
@@ -393,6 +402,7 @@ func run[Req any, Resp any, PReq interface {
 	s.registry.add(b.status)
 	defer s.registry.remove(b.status)
 	defer b.status.left() // its counts go with it (convergence.go)
+	defer b.endHold()     // once no flush runs (warmorder.go)
 	defer pm.end()
 	pm.canEnd(true) // the first request's flush ends the stream by returning
 	if err := handle(pm, p, first); err != nil {
