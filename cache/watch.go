@@ -327,6 +327,12 @@ func (w *Watch) mark(typeURL string, seq uint64, heartbeat bool, names []string)
 		set.Add(n)
 	}
 	w.mu.Unlock()
+	w.Wake()
+}
+
+// Wake wakes the watch as a mark does, marking nothing: a stream that
+// keeps marks of its own back wakes itself to flush them.
+func (w *Watch) Wake() {
 	if w.notify != nil {
 		w.notify()
 		return

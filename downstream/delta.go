@@ -298,7 +298,11 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 				out = append(out, ds.field(l.Resource))
 				t.sent.set(l.Name, l.Resource.Version)
 				ts.sent(l.Name, l.Resource.Version, nonce, now)
-				ds.warmed(l.Resource)
+				if had && have != absent {
+					ds.warmed(l.Resource)
+				} else {
+					ds.warmedNew(l.Resource)
+				}
 				t.errSent.forget(l.Name)
 			case beat && l.Heartbeat != nil:
 				// "TTL": the heartbeat refreshes the client's TTL.

@@ -27,6 +27,12 @@ import (
 // (invariant 18 "Make before break, whatever the order upstream"), so
 // that order holds across flushes too.
 //
+// The endpoints of a Cluster new to the stream go out only once the
+// client asks for them, after it reads the Cluster: on ADS the flushes
+// keep the Listeners and Routes back behind such a Cluster until the
+// client answers the response that carried it, bounded (warmorder.go),
+// so that an Envoy has the Cluster warmed before a Route points at it.
+//
 // An incremental flush of a type that adds and removes, followed by
 // another type, sends its removals in a trailing response (heldRemovals).
 // A SotW response is the type's whole state, so its removals cannot be

@@ -360,7 +360,11 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet,
 		return full.send, nil // it only removes
 	}
 	for _, r := range fresh {
-		ss.warmed(r)
+		if t.sent.has(r.Name) {
+			ss.warmed(r)
+		} else {
+			ss.warmedNew(r)
+		}
 	}
 	return nil, full.send()
 }
@@ -441,7 +445,7 @@ func (s sharedState) send() error { return s.ss.sendShared(s.typeURL, s.t, s.st)
 // sendShared sends st, the shared complete state, to a wildcard-only
 // subscription.
 func (ss *sotwStream) sendShared(typeURL string, t *sotwType, st *cache.State) error {
-	if ss.holdsEndpoints() {
+	if ss.fixed == "" || ss.holdsEndpoints() { // on ADS, a new Cluster may hold Routes back (warmorder.go)
 		ss.warmState(t, st)
 	}
 	t.sentState = st
@@ -468,7 +472,13 @@ func (ss *sotwStream) warmState(t *sotwType, st *cache.State) {
 	prev := t.sentState
 	if prev == nil {
 		for _, r := range st.Resources {
-			if r.Warm != "" && t.sent.value(r.Name) != r.Version {
+			if r.Warm == "" {
+				continue
+			}
+			switch v, ok := t.sent.get(r.Name); {
+			case !ok:
+				ss.warmedNew(r)
+			case v != r.Version:
 				ss.warmed(r)
 			}
 		}
@@ -479,7 +489,11 @@ func (ss *sotwStream) warmState(t *sotwType, st *cache.State) {
 		for i < len(prev.Resources) && prev.Resources[i].Name < r.Name {
 			i++
 		}
-		if r.Warm != "" && (i == len(prev.Resources) || prev.Resources[i] != r) {
+		switch {
+		case r.Warm == "":
+		case i == len(prev.Resources) || prev.Resources[i].Name != r.Name:
+			ss.warmedNew(r)
+		case prev.Resources[i] != r:
 			ss.warmed(r)
 		}
 	}

@@ -149,7 +149,7 @@ func (b *streamBase) flushAll(f flusher) error {
 			return err
 		}
 	}
-	dirty := ordered(b.watch.Take())
+	dirty := ordered(b.unheld(b.watch.Take()))
 	defer b.watch.Recycle(dirty)
 	b.held = b.heldArr[:0]
 	defer b.dropHeld()
@@ -169,6 +169,9 @@ func (b *streamBase) flushAll(f flusher) error {
 func (b *streamBase) flushTypes(dirty cache.DirtySet, followed bool) error {
 	f := b.flushing
 	for i, d := range dirty {
+		if b.heldBack(d) { // behind a Cluster that warms (warmorder.go)
+			continue
+		}
 		if hook := betweenTypes.Load(); i > 0 && hook != nil {
 			(*hook)(d.TypeURL)
 		}
@@ -253,6 +256,9 @@ type streamBase struct {
 	warmOnAck cache.NameSet
 	warmNonce uint64
 	inbox     *warmInbox
+	// On ADS, Listeners and Routes kept back behind new Clusters that warm
+	// (warmorder.go); nil until the stream sends one.
+	hold *warmHold
 	// The first answer (errors.go): spoke is set once a response was
 	// sent; while endable, the handler returns a flush's error, and first
 	// is closed once the stream has spoken or ended (see onlyErrors,
@@ -298,8 +304,11 @@ func (b *streamBase) answered(typeURL, short, nonce, version string, d *rpcstatu
 		b.srv.acks.With(short).Inc()
 	}
 	if nonce != "" {
-		if b.fixed == resourcev3.ClusterType {
+		switch {
+		case b.fixed == resourcev3.ClusterType:
 			b.ackedClusters(nonce, d != nil)
+		case b.fixed == "" && typeURL == resourcev3.ClusterType:
+			b.answeredClusters(nonce)
 		}
 		b.status.answered(typeURL, nonce, version, d != nil, d.GetMessage(), time.Now())
 		if b.sent != nil {
@@ -409,6 +418,7 @@ func run[Req any, Resp any, PReq interface {
 	s.registry.add(b.status)
 	defer s.registry.remove(b.status)
 	defer b.status.left() // its counts go with it (convergence.go)
+	defer b.endHold()     // once no flush runs (warmorder.go)
 	defer pm.end()
 	pm.canEnd(true) // the first request's flush ends the stream by returning
 	if err := handle(pm, p, first); err != nil {

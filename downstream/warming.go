@@ -58,7 +58,10 @@ func (b *streamBase) flushWarm(f flusher) error {
 	}
 	switch b.fixed {
 	case "":
-		return f.resendEndpoints(names)
+		if err := f.resendEndpoints(names); err != nil {
+			return err
+		}
+		b.holdCold(f) // warmorder.go
 	case resourcev3.ClusterType:
 		for _, n := range names { // each once: a client may answer late
 			b.warmOnAck.Add(n)
