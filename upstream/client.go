@@ -618,6 +618,10 @@ func (c *Client) refusedProtocol(s *session, err error) bool {
 // the higher ones every FallbackRecheck; one whose stream answers is
 // returned as takeover, make-before-break: s kept serving meanwhile, and
 // the cache keeps what s gave until the takeover's answers replace it.
+// It is one piece: one select over everything a session waits on (its
+// responses, the group's interest, forwarded rejections and their pace,
+// the does-not-exist timer, the fallback recheck), each case a line or
+// two that hands off to a method.
 func (c *Client) loop(ctx context.Context, s *session) (healthy bool, takeover *session, err error) {
 	var recheck <-chan time.Time
 	if s.server > 0 {
