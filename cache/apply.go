@@ -66,6 +66,7 @@ type Trace struct {
 // waits that this change ends are settled, the rollout gates what changed,
 // and a removal the change ended follows in an op of its own.
 func (c *Cache) Apply(typeURL string, ch Change) {
+	c.wakeMu.Lock()
 	c.mu.Lock()
 	o := c.beginLocked()
 	t := c.typeLocked(typeURL)
@@ -104,9 +105,6 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 		o.change(t, typeURL)
 	}
 	c.unavailableLocked(t, typeURL, ch, o)
-	if c.waits > 0 {
-		c.settleLocked(now, stg, o)
-	}
 	var staged []*change
 	if rolling {
 		staged = c.gateStagedLocked(stg, o)
@@ -128,12 +126,37 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 			t.received = c.now()
 		}
 	}
-	after := c.settleRemovalsLocked(now)
+	c.publish(o, now)
+}
+
+// publish ends an op made under c.mu and c.wakeMu (Apply, Sweep): it
+// releases c.mu, marks the op's watchers, then applies in ops of their own
+// the waits the op ended (followLocked), each marked before the next is
+// made, releases c.wakeMu and tells the ops' events in order. What waited
+// for what the op brought becomes readable only once the op's marks are on
+// every watch: a flush that reads a released Route finds its Cluster's
+// mark and sends the Cluster first (downstream's readOrdered;
+// "Eventual consistency considerations").
+func (c *Cache) publish(o *op, now time.Time) {
+	due := c.settleDueLocked(now)
 	c.mu.Unlock()
 	o.wake()
+	var rel, after *op
+	if due {
+		c.mu.Lock()
+		rel, after = c.followLocked(now)
+		c.mu.Unlock()
+		rel.wake()
+		if after != nil {
+			after.wake()
+		}
+	}
+	c.wakeMu.Unlock()
 	c.tell(o)
+	if rel != nil {
+		c.tell(rel)
+	}
 	if after != nil {
-		after.wake()
 		c.tell(after)
 	}
 }
@@ -504,6 +527,7 @@ func (t *typeState) aliasWantedLocked(r *Resource) bool {
 // due, not to what is cached: it looks only at resources with a TTL and
 // at the oldest of what nobody watches.
 func (c *Cache) Sweep() (empty bool) {
+	c.wakeMu.Lock()
 	c.mu.Lock()
 	o := c.beginLocked()
 	now := c.now()
@@ -527,33 +551,11 @@ func (c *Cache) Sweep() (empty bool) {
 			delete(c.types, typeURL)
 		}
 	}
-	var staged []*change
-	if c.waits > 0 {
-		var stg map[string]*staging
-		if c.rollout.on() {
-			stg = map[string]*staging{}
-		}
-		c.settleLocked(now, stg, o) // waits whose MaxWait passed
-		if stg != nil {
-			staged = c.gateStagedLocked(stg, o)
-		}
-	}
 	if changed {
 		c.signalInterest()
 	}
 	c.finishLocked(o)
-	c.queueStagedLocked(staged, o)
-	if len(staged) > 0 {
-		c.advanceLocked(now, o)
-	}
-	after := c.settleRemovalsLocked(now)
-	c.mu.Unlock()
-	o.wake()
-	c.tell(o)
-	if after != nil {
-		after.wake()
-		c.tell(after)
-	}
+	c.publish(o, now) // and the waits whose MaxWait passed
 	return empty
 }
 
