@@ -130,13 +130,14 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 }
 
 // publish ends an op made under c.mu and c.wakeMu (Apply, Sweep): it
-// releases c.mu, marks the op's watchers, then applies in ops of their own
-// the waits the op ended (followLocked), each marked before the next is
-// made, releases c.wakeMu and tells the ops' events in order. What waited
-// for what the op brought becomes readable only once the op's marks are on
-// every watch: a flush that reads a released Route finds its Cluster's
-// mark and sends the Cluster first (downstream's readOrdered;
-// "Eventual consistency considerations").
+// releases c.mu and marks the op's watchers; then it applies the waits the
+// op ended, the resources (followLocked) and then the removals
+// (settleRemovalsLocked), each in an op of its own made once the one
+// before is marked on every watch; it releases c.wakeMu and tells the ops'
+// events in order. What waited for what an op brought becomes readable
+// only once that op's marks are on every watch: a flush that reads a
+// released Route finds its Cluster's mark and sends the Cluster first
+// (downstream's readOrdered; "Eventual consistency considerations").
 func (c *Cache) publish(o *op, now time.Time) {
 	due := c.settleDueLocked(now)
 	c.mu.Unlock()
@@ -144,9 +145,15 @@ func (c *Cache) publish(o *op, now time.Time) {
 	var rel, after *op
 	if due {
 		c.mu.Lock()
-		rel, after = c.followLocked(now)
+		rel = c.followLocked(now)
+		due = c.removalsDueLocked(now)
 		c.mu.Unlock()
 		rel.wake()
+	}
+	if due {
+		c.mu.Lock()
+		after = c.settleRemovalsLocked(now)
+		c.mu.Unlock()
 		if after != nil {
 			after.wake()
 		}

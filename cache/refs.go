@@ -669,18 +669,29 @@ func (c *Cache) settleDueLocked(now time.Time) bool {
 		c.waitQ, c.wokenRes, c.wokenRm = nil, nil, nil
 		return false
 	}
-	return len(c.wokenRes) > 0 || len(c.wokenRm) > 0 ||
-		(len(c.waitQ) > 0 && now.Sub(c.waitQ[0].since) >= c.consistency.MaxWait)
+	return len(c.wokenRes) > 0 || len(c.wokenRm) > 0 || c.lateDueLocked(now)
 }
 
-// followLocked applies the waits that are over, after the op that ended
-// them was made and marked (publish): the resources (settleLocked) in rel,
-// gated by the rollout as a change of their own, and then the removals
-// (settleRemovalsLocked) in after, nil if none. A Route that waited for a
-// Cluster is thus released in an op after the Cluster's, which every watch
-// is marked with first (docs/architecture.md, invariant 18 "Make before
-// break, whatever the order upstream").
-func (c *Cache) followLocked(now time.Time) (rel, after *op) {
+// removalsDueLocked reports whether a removal's wait may be over: one that
+// the changes since the last settle may have ended, or one past MaxWait.
+func (c *Cache) removalsDueLocked(now time.Time) bool {
+	return c.waits > 0 && (len(c.wokenRm) > 0 || c.lateDueLocked(now))
+}
+
+// lateDueLocked reports whether the oldest wait queued is past MaxWait (it
+// may have ended: lateLocked skips it).
+func (c *Cache) lateDueLocked(now time.Time) bool {
+	return len(c.waitQ) > 0 && now.Sub(c.waitQ[0].since) >= c.consistency.MaxWait
+}
+
+// followLocked applies, in rel, the resource waits that are over
+// (settleLocked), after the op that ended them was made and marked
+// (publish), gated by the rollout as a change of their own. A Route that
+// waited for a Cluster is thus released in an op after the Cluster's,
+// which every watch is marked with first (docs/architecture.md, invariant
+// 18 "Make before break, whatever the order upstream"). The removals
+// follow in an op of their own, once rel is marked (settleRemovalsLocked).
+func (c *Cache) followLocked(now time.Time) (rel *op) {
 	rel = c.beginLocked()
 	var stg map[string]*staging
 	if c.rollout.on() {
@@ -698,7 +709,7 @@ func (c *Cache) followLocked(now time.Time) (rel, after *op) {
 	if len(staged) > 0 {
 		c.advanceLocked(now, rel)
 	}
-	return rel, c.settleRemovalsLocked(now)
+	return rel
 }
 
 // waitingLocked is the waiter of name; t may be nil.

@@ -755,3 +755,51 @@ func TestApplyWaitsForTheMarksOfTheOneBefore(t *testing.T) {
 		t.Errorf("route = %q, want 2", got)
 	}
 }
+
+// A removal that a released Route ended is readable only once the Route's
+// release is marked on every watch, as the Route's is once its Cluster's
+// is: the client holds the change that left the name before it can read
+// the name gone.
+func TestRemovalReadableOnlyOnceTheReleaseThatEndedItIsMarked(t *testing.T) {
+	c, _, _ := consistent()
+	client, other := NewWatch(), NewWatch()
+	c.Watch(client, rds, "r")
+	c.Watch(client, cds, "x", "y")
+	c.Watch(other, rds, "r")
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	c.Apply(cds, Change{Removed: []string{"x"}})                     // waits: r points at x
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y")}}) // waits for y
+	if present(c, cds, "x") != "1" || present(c, rds, "r") != "1" {
+		t.Fatalf("x = %q, r = %q before y came", present(c, cds, "x"), present(c, rds, "r"))
+	}
+	client.Take()
+	other.Take()
+	var early []string
+	seen := 0
+	look := func(who string) func() {
+		return func() {
+			if present(c, cds, "x") != "" {
+				return
+			}
+			seen++
+			for name, w := range map[string]*Watch{"client": client, "other": other} {
+				if !marked(w, rds, "r") {
+					early = append(early, who+" marked: x is gone and "+name+" lacks the route's mark")
+				}
+			}
+		}
+	}
+	client.OnReady(look("client"))
+	other.OnReady(look("other"))
+	c.Apply(cds, Change{Upserts: []*Resource{res("y", "1")}})
+	for _, e := range early {
+		t.Error(e)
+	}
+	if seen == 0 {
+		t.Fatal("no watch was marked once x was gone")
+	}
+	if got := present(c, rds, "r"); got != "2" {
+		t.Errorf("route = %q, want 2", got)
+	}
+}
