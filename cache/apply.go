@@ -60,11 +60,13 @@ type Trace struct {
 // Apply applies one upstream response for typeURL under one lock: readers
 // see all of it or none of it, and it makes at most one new version of the
 // type. Watchers of what changed, and wildcard watchers of the type, are
-// marked once the lock is released. It is one piece because its steps are
-// the release step's order under that one lock: the reference waits take
-// out what must wait, the rest is applied, the guard holds removals, the
-// waits that this change ends are settled, the rollout gates what changed,
-// and a removal the change ended follows in an op of its own.
+// marked once the lock is released, before any later change of the cache
+// is made (publish). It is one piece because its steps are the release
+// step's order under that one lock: the reference waits take out what
+// must wait, the rest is applied, the guard holds removals, and the
+// rollout gates what changed. What waited for the change (a Route for its
+// Cluster) and the removals it ended follow in ops of their own, each
+// made once the one before is marked on every watch.
 func (c *Cache) Apply(typeURL string, ch Change) {
 	c.wakeMu.Lock()
 	c.mu.Lock()
