@@ -60,12 +60,15 @@ type Trace struct {
 // Apply applies one upstream response for typeURL under one lock: readers
 // see all of it or none of it, and it makes at most one new version of the
 // type. Watchers of what changed, and wildcard watchers of the type, are
-// marked once the lock is released. It is one piece because its steps are
-// the release step's order under that one lock: the reference waits take
-// out what must wait, the rest is applied, the guard holds removals, the
-// waits that this change ends are settled, the rollout gates what changed,
-// and a removal the change ended follows in an op of its own.
+// marked once the lock is released, before any later change of the cache
+// is made (publish). It is one piece because its steps are the release
+// step's order under that one lock: the reference waits take out what
+// must wait, the rest is applied, the guard holds removals, and the
+// rollout gates what changed. What waited for the change (a Route for its
+// Cluster) and the removals it ended follow in ops of their own, each
+// made once the one before is marked on every watch.
 func (c *Cache) Apply(typeURL string, ch Change) {
+	c.wakeMu.Lock()
 	c.mu.Lock()
 	o := c.beginLocked()
 	t := c.typeLocked(typeURL)
@@ -104,9 +107,6 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 		o.change(t, typeURL)
 	}
 	c.unavailableLocked(t, typeURL, ch, o)
-	if c.waits > 0 {
-		c.settleLocked(now, stg, o)
-	}
 	var staged []*change
 	if rolling {
 		staged = c.gateStagedLocked(stg, o)
@@ -128,12 +128,44 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 			t.received = c.now()
 		}
 	}
-	after := c.settleRemovalsLocked(now)
+	c.publish(o, now)
+}
+
+// publish ends an op made under c.mu and c.wakeMu (Apply, Sweep): it
+// releases c.mu and marks the op's watchers; then it applies the waits the
+// op ended, the resources (followLocked) and then the removals
+// (settleRemovalsLocked), each in an op of its own made once the one
+// before is marked on every watch; it releases c.wakeMu and tells the ops'
+// events in order. What waited for what an op brought becomes readable
+// only once that op's marks are on every watch: a flush that reads a
+// released Route finds its Cluster's mark and sends the Cluster first
+// (downstream's readOrdered; "Eventual consistency considerations").
+func (c *Cache) publish(o *op, now time.Time) {
+	due := c.settleDueLocked(now)
 	c.mu.Unlock()
 	o.wake()
+	var rel, after *op
+	if due {
+		c.mu.Lock()
+		rel = c.followLocked(now)
+		due = c.removalsDueLocked(now)
+		c.mu.Unlock()
+		rel.wake()
+	}
+	if due {
+		c.mu.Lock()
+		after = c.settleRemovalsLocked(now)
+		c.mu.Unlock()
+		if after != nil {
+			after.wake()
+		}
+	}
+	c.wakeMu.Unlock()
 	c.tell(o)
+	if rel != nil {
+		c.tell(rel)
+	}
 	if after != nil {
-		after.wake()
 		c.tell(after)
 	}
 }
@@ -504,6 +536,7 @@ func (t *typeState) aliasWantedLocked(r *Resource) bool {
 // due, not to what is cached: it looks only at resources with a TTL and
 // at the oldest of what nobody watches.
 func (c *Cache) Sweep() (empty bool) {
+	c.wakeMu.Lock()
 	c.mu.Lock()
 	o := c.beginLocked()
 	now := c.now()
@@ -527,33 +560,11 @@ func (c *Cache) Sweep() (empty bool) {
 			delete(c.types, typeURL)
 		}
 	}
-	var staged []*change
-	if c.waits > 0 {
-		var stg map[string]*staging
-		if c.rollout.on() {
-			stg = map[string]*staging{}
-		}
-		c.settleLocked(now, stg, o) // waits whose MaxWait passed
-		if stg != nil {
-			staged = c.gateStagedLocked(stg, o)
-		}
-	}
 	if changed {
 		c.signalInterest()
 	}
 	c.finishLocked(o)
-	c.queueStagedLocked(staged, o)
-	if len(staged) > 0 {
-		c.advanceLocked(now, o)
-	}
-	after := c.settleRemovalsLocked(now)
-	c.mu.Unlock()
-	o.wake()
-	c.tell(o)
-	if after != nil {
-		after.wake()
-		c.tell(after)
-	}
+	c.publish(o, now) // and the waits whose MaxWait passed
 	return empty
 }
 

@@ -138,6 +138,14 @@ type Cache struct {
 	onRefused     func(RefusedReferences)
 	onRejected    func(Rejection)
 
+	// wakeMu orders publication with waking: an op that changes what
+	// readers see (c.mu) is made and marked on its watchers (op.wake)
+	// under it, so that nothing a later op publishes is readable before an
+	// earlier op's marks are on every watch (docs/architecture.md,
+	// invariant 7 "Order is kept"). Taken before mu, and held across
+	// op.wake only: never across a callback (tell).
+	wakeMu sync.Mutex
+
 	mu        sync.RWMutex
 	seq       uint64                            // guarded by mu
 	types     map[string]*typeState             // guarded by mu
@@ -486,6 +494,7 @@ func (t *typeState) bothLocked(w *Watch, r *reg, d int) {
 
 // Release removes every registration of w.
 func (c *Cache) Release(w *Watch) {
+	c.wakeMu.Lock()
 	c.mu.Lock()
 	for typeURL, r := range w.regs {
 		if r.wildcard {
@@ -496,6 +505,7 @@ func (c *Cache) Release(w *Watch) {
 	clear(w.regs)
 	if len(c.changes) == 0 {
 		c.mu.Unlock()
+		c.wakeMu.Unlock()
 		return
 	}
 	// A canary that leaves is not waited for.
@@ -504,6 +514,7 @@ func (c *Cache) Release(w *Watch) {
 	c.finishLocked(o)
 	c.mu.Unlock()
 	o.wake()
+	c.wakeMu.Unlock()
 	c.tell(o)
 }
 

@@ -62,6 +62,8 @@ func (c *Cache) Generation() uint64 {
 // unless a client watches it, and is in the interest meanwhile, so that the
 // upstream stream resumes with it.
 func (c *Cache) Import(states []TypeState) {
+	c.wakeMu.Lock()
+	defer c.wakeMu.Unlock()
 	c.mu.Lock()
 	o := c.beginLocked()
 	now := c.now()

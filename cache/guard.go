@@ -181,6 +181,7 @@ func (c *Cache) endHoldLocked(t *typeState, typeURL, why string, o *op) {
 // ReleaseHolds ends the holds of typeURL (every type if empty), applying their
 // removals now; it returns the holds it ended.
 func (c *Cache) ReleaseHolds(typeURL string) []Hold {
+	c.wakeMu.Lock()
 	c.mu.Lock()
 	o := c.beginLocked()
 	var out []Hold
@@ -194,6 +195,7 @@ func (c *Cache) ReleaseHolds(typeURL string) []Hold {
 	c.finishLocked(o)
 	c.mu.Unlock()
 	o.wake()
+	c.wakeMu.Unlock()
 	c.tell(o)
 	slices.SortFunc(out, func(a, b Hold) int { return strings.Compare(a.TypeURL, b.TypeURL) })
 	return out

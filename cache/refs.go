@@ -660,6 +660,58 @@ func (c *Cache) settleLocked(now time.Time, stg map[string]*staging, o *op) {
 	}
 }
 
+// settleDueLocked reports whether a wait may be over: one that the changes
+// since the last settle may have ended (wakeLocked), or one past MaxWait.
+// Once nothing waits it drops what was kept for the waits. It costs
+// nothing while nothing waits.
+func (c *Cache) settleDueLocked(now time.Time) bool {
+	if c.waits == 0 {
+		c.waitQ, c.wokenRes, c.wokenRm = nil, nil, nil
+		return false
+	}
+	return len(c.wokenRes) > 0 || len(c.wokenRm) > 0 || c.lateDueLocked(now)
+}
+
+// removalsDueLocked reports whether a removal's wait may be over: one that
+// the changes since the last settle may have ended, or one past MaxWait.
+func (c *Cache) removalsDueLocked(now time.Time) bool {
+	return c.waits > 0 && (len(c.wokenRm) > 0 || c.lateDueLocked(now))
+}
+
+// lateDueLocked reports whether the oldest wait queued is past MaxWait (it
+// may have ended: lateLocked skips it).
+func (c *Cache) lateDueLocked(now time.Time) bool {
+	return len(c.waitQ) > 0 && now.Sub(c.waitQ[0].since) >= c.consistency.MaxWait
+}
+
+// followLocked applies, in rel, the resource waits that are over
+// (settleLocked), after the op that ended them was made and marked
+// (publish), gated by the rollout as a change of their own. A Route that
+// waited for a Cluster is thus released in an op after the Cluster's,
+// which every watch is marked with first (docs/architecture.md, invariant
+// 18 "Make before break, whatever the order upstream"). The removals
+// follow in an op of their own, once rel is marked (settleRemovalsLocked).
+func (c *Cache) followLocked(now time.Time) (rel *op) {
+	rel = c.beginLocked()
+	var stg map[string]*staging
+	if c.rollout.on() {
+		stg = map[string]*staging{}
+	}
+	var staged []*change
+	if c.waits > 0 {
+		c.settleLocked(now, stg, rel)
+		if stg != nil {
+			staged = c.gateStagedLocked(stg, rel)
+		}
+	}
+	c.finishLocked(rel)
+	c.queueStagedLocked(staged, rel)
+	if len(staged) > 0 {
+		c.advanceLocked(now, rel)
+	}
+	return rel
+}
+
 // waitingLocked is the waiter of name; t may be nil.
 func (t *typeState) waitingLocked(name string) *waiter {
 	if t == nil {

@@ -2,6 +2,7 @@ package cache
 
 import (
 	"reflect"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -649,5 +650,156 @@ func TestRemovalGoesOncePresentPointersMove(t *testing.T) {
 	}
 	if len(removal) != 1 || removal[0].Name != "x" || removal[0].Outcome != WaitResolved {
 		t.Errorf("removal events = %+v, want x resolved", removal)
+	}
+}
+
+// marked reports whether w holds a mark of name of typeURL, not yet taken.
+func marked(w *Watch, typeURL, name string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	d := w.dirty.Of(typeURL)
+	return d != nil && d.Names.Has(name)
+}
+
+// A Route released because its Cluster came is readable only once the
+// Cluster's mark is on every watch: a flush that reads the Route finds the
+// Cluster marked and sends it first (docs/architecture.md, invariant 18
+// "Make before break, whatever the order upstream"). Each watch looks, as
+// it is marked, at what a reader finds.
+func TestReleasedRouteReadableOnlyOnceItsClusterIsMarked(t *testing.T) {
+	c, _, _ := consistent()
+	client, other := NewWatch(), NewWatch()
+	c.Watch(client, rds, "r")
+	c.Watch(client, cds, "y")
+	c.Watch(other, cds, "y")
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "y")}})
+	if got := present(c, rds, "r"); got != "" {
+		t.Fatalf("the route was released before its cluster: version %q", got)
+	}
+	client.Take()
+	other.Take()
+	var early []string
+	seen := 0
+	look := func(who string) func() {
+		return func() {
+			if present(c, rds, "r") == "" {
+				return
+			}
+			seen++
+			for name, w := range map[string]*Watch{"client": client, "other": other} {
+				if !marked(w, cds, "y") {
+					early = append(early, who+" marked: the route is readable and "+name+" lacks y's mark")
+				}
+			}
+		}
+	}
+	client.OnReady(look("client"))
+	other.OnReady(look("other"))
+	c.Apply(cds, Change{Upserts: []*Resource{res("y", "1")}})
+	for _, e := range early {
+		t.Error(e)
+	}
+	if seen == 0 {
+		t.Fatal("no watch was marked once the route was readable")
+	}
+	seq := map[string]uint64{}
+	for _, d := range client.Take() {
+		seq[d.TypeURL] = d.Seq
+	}
+	if seq[cds] == 0 || seq[rds] <= seq[cds] {
+		t.Errorf("y's change at %d, the route's release at %d: the release must come after", seq[cds], seq[rds])
+	}
+}
+
+// An op applied while another's watchers are being marked becomes readable
+// only once they all are: a Route moved to y by one upstream stream does
+// not overtake y's marks, applied by another (invariant 7 "Order is
+// kept"). The Route's Apply starts from inside the marking of y's, which
+// looks for the Route's change for a while before it returns.
+func TestApplyWaitsForTheMarksOfTheOneBefore(t *testing.T) {
+	c, _, _ := consistent()
+	client := NewWatch()
+	c.Watch(client, rds, "r")
+	c.Watch(client, cds, "x", "y")
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	client.Take()
+	done := make(chan struct{})
+	started := false
+	overtook := false
+	client.OnReady(func() {
+		if started {
+			return
+		}
+		started = true
+		go func() {
+			defer close(done)
+			c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y")}})
+		}()
+		for end := time.Now().Add(100 * time.Millisecond); time.Now().Before(end); runtime.Gosched() {
+			if present(c, rds, "r") == "2" {
+				overtook = true
+				return
+			}
+		}
+	})
+	c.Apply(cds, Change{Upserts: []*Resource{res("y", "1")}})
+	<-done
+	if !started {
+		t.Fatal("y's change marked no watch")
+	}
+	if overtook {
+		t.Error("the route's change was readable while y's watchers were being marked")
+	}
+	if got := present(c, rds, "r"); got != "2" {
+		t.Errorf("route = %q, want 2", got)
+	}
+}
+
+// A removal that a released Route ended is readable only once the Route's
+// release is marked on every watch, as the Route's is once its Cluster's
+// is: the client holds the change that left the name before it can read
+// the name gone.
+func TestRemovalReadableOnlyOnceTheReleaseThatEndedItIsMarked(t *testing.T) {
+	c, _, _ := consistent()
+	client, other := NewWatch(), NewWatch()
+	c.Watch(client, rds, "r")
+	c.Watch(client, cds, "x", "y")
+	c.Watch(other, rds, "r")
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	c.Apply(cds, Change{Removed: []string{"x"}})                     // waits: r points at x
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y")}}) // waits for y
+	if present(c, cds, "x") != "1" || present(c, rds, "r") != "1" {
+		t.Fatalf("x = %q, r = %q before y came", present(c, cds, "x"), present(c, rds, "r"))
+	}
+	client.Take()
+	other.Take()
+	var early []string
+	seen := 0
+	look := func(who string) func() {
+		return func() {
+			if present(c, cds, "x") != "" {
+				return
+			}
+			seen++
+			for name, w := range map[string]*Watch{"client": client, "other": other} {
+				if !marked(w, rds, "r") {
+					early = append(early, who+" marked: x is gone and "+name+" lacks the route's mark")
+				}
+			}
+		}
+	}
+	client.OnReady(look("client"))
+	other.OnReady(look("other"))
+	c.Apply(cds, Change{Upserts: []*Resource{res("y", "1")}})
+	for _, e := range early {
+		t.Error(e)
+	}
+	if seen == 0 {
+		t.Fatal("no watch was marked once x was gone")
+	}
+	if got := present(c, rds, "r"); got != "2" {
+		t.Errorf("route = %q, want 2", got)
 	}
 }

@@ -379,6 +379,7 @@ func (c *Cache) Verdict(w *Watch, typeURL string, version uint64, nack bool, who
 	if !c.rollout.on() {
 		return
 	}
+	c.wakeMu.Lock()
 	c.mu.Lock()
 	o := c.beginLocked()
 	for _, ch := range c.changes {
@@ -402,6 +403,7 @@ func (c *Cache) Verdict(w *Watch, typeURL string, version uint64, nack bool, who
 	c.finishLocked(o)
 	c.mu.Unlock()
 	o.wake()
+	c.wakeMu.Unlock()
 	c.tell(o)
 }
 
@@ -437,6 +439,7 @@ func (ch *change) state() RolloutState {
 // for its canaries (then as soon as it is released). It returns the
 // changes it released from hold, as they were.
 func (c *Cache) ReleaseHeld(typeURL string) []RolloutState {
+	c.wakeMu.Lock()
 	c.mu.Lock()
 	o := c.beginLocked()
 	var out []RolloutState
@@ -451,6 +454,7 @@ func (c *Cache) ReleaseHeld(typeURL string) []RolloutState {
 	c.finishLocked(o)
 	c.mu.Unlock()
 	o.wake()
+	c.wakeMu.Unlock()
 	c.tell(o)
 	return out
 }

@@ -43,12 +43,16 @@ import (
 // the last type of a flush holds nothing back.
 //
 // A flush reads its types one after another, and what the cache releases
-// between two reads (a Cluster and the Route that waited for it, in one
-// operation) would reach the client Route first: before a flush sends a
-// type it has read, it sends what was marked meanwhile of the types of
-// lower rank, and reads its type again (readOrdered). The edges that
-// remain (a mark that lands just after the read, a removal released after
-// the flush took its marks) are in docs/architecture.md, invariant 7.
+// between two reads (a Cluster, then the Route that waited for it) would
+// reach the client Route first: before a flush sends a type it has read,
+// it sends what was marked meanwhile of the types of lower rank, and reads
+// its type again (readOrdered). The cache makes nothing readable before
+// the marks of what came earlier are on every watch (cache.Apply: an op is
+// marked before the next is made, and the Route a Cluster's arrival
+// releases is an op of its own, after the Cluster's), so the look finds
+// the Cluster's mark. The edge that remains (a removal released after the
+// flush took its marks goes out with what the flush held back) is in
+// docs/architecture.md, invariant 7 "Order is kept".
 
 // ordered sorts the dirty types in place into the spec's order and returns
 // them.
@@ -169,10 +173,9 @@ const maxLowerRounds = 4
 // marks: if a type of lower rank was marked meanwhile, it sends that first
 // (lowerFirst) and reads its own type again, for a state at least as
 // recent as what it just sent. One look at the marks per read; nothing
-// more when nothing lower waits. The cache marks a change's watchers just
-// after it releases its lock (cache.Apply): a read in that instant sees
-// the Route before the Cluster's mark is there (docs/architecture.md,
-// invariant 7 "Order is kept", names the edge).
+// more when nothing lower waits. The look is enough: the cache makes a
+// released Route readable only once the Cluster's mark is on every watch
+// (cache.Apply; docs/architecture.md, invariant 7 "Order is kept").
 func (b *streamBase) readOrdered(typeURL string, read func()) error {
 	for round := 0; ; round++ {
 		read()
