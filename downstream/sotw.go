@@ -292,6 +292,19 @@ func (ss *sotwStream) holdsEndpoints() bool {
 	return false
 }
 
+// asksHeldTypes reports whether the stream has asked for a type that a new
+// Cluster's warming holds back (heldByWarming: Listeners, Routes): without
+// one there is nothing to hold, and a wildcard client of Clusters alone
+// is not walked for new Clusters at every send of the shared state.
+func (ss *sotwStream) asksHeldTypes() bool {
+	for typeURL := range ss.types.all() {
+		if heldByWarming(typeURL) {
+			return true
+		}
+	}
+	return false
+}
+
 // flushFull sends the complete state of a Listener or Cluster subscription
 // when any part of it differs from what the client has ("Grouping Resources
 // into Responses": omission means deletion).
@@ -445,7 +458,7 @@ func (s sharedState) send() error { return s.ss.sendShared(s.typeURL, s.t, s.st)
 // sendShared sends st, the shared complete state, to a wildcard-only
 // subscription.
 func (ss *sotwStream) sendShared(typeURL string, t *sotwType, st *cache.State) error {
-	if ss.fixed == "" || ss.holdsEndpoints() { // on ADS, a new Cluster may hold Routes back (warmorder.go)
+	if ss.holdsEndpoints() || ss.fixed == "" && ss.asksHeldTypes() { // on ADS, a new Cluster may hold Routes back (warmorder.go)
 		ss.warmState(t, st)
 	}
 	t.sentState = st
