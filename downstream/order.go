@@ -50,9 +50,11 @@ import (
 // the marks of what came earlier are on every watch (cache.Apply: an op is
 // marked before the next is made, and the Route a Cluster's arrival
 // releases is an op of its own, after the Cluster's), so the look finds
-// the Cluster's mark. The edge that remains (a removal released after the
-// flush took its marks goes out with what the flush held back) is in
-// docs/architecture.md, invariant 7 "Order is kept".
+// the Cluster's mark. An incremental flush reads only the names it was
+// marked for, so a removal released after it took its marks goes in the
+// next flush, with the change that released it; the edge that remains (a
+// SotW read is the whole state) is in docs/architecture.md, invariant 7
+// "Order is kept".
 
 // ordered sorts the dirty types in place into the spec's order and returns
 // them.
@@ -210,7 +212,7 @@ func (b *streamBase) lowerFirst(typeURL string) (bool, error) {
 	return true, b.flushTypes(ordered(lower), true)
 }
 
-// betweenTypes, when set, is called by a flush between the types it sends,
-// with the next: tests set it to change the cache at that instant. Nil in
+// betweenTypes, when set, is called by a flush before each type it sends,
+// with that type: tests set it to change the cache at that instant. Nil in
 // production; atomic, for a test sets it while other tests' streams end.
 var betweenTypes atomic.Pointer[func(next string)]

@@ -459,3 +459,46 @@ func recvWithin[Req, Resp any](st grpc.BidiStreamingClient[Req, Resp], bound tim
 		return nil, fmt.Errorf("no response within %v", bound)
 	}
 }
+
+// A removal the cache makes readable after a flush took its marks
+// (docs/architecture.md, invariant 7 "Order is kept"): the control plane
+// removes Cluster x while Route r points at it, so the removal waits
+// (invariant 18 "Make before break, whatever the order upstream"); then r
+// moves to w, which marks the Routes and then releases x's removal, which
+// marks the Clusters. A flush that took only a change of Cluster w before
+// that, and reads the Clusters after it, reads only w, the name it was
+// marked for: x's removal goes in the next flush, which carries the Route
+// too, and removals last. betweenTypes places the change after the flush's
+// marks and before its read of the Clusters.
+func TestRemovalReadAfterTheRouteMovedGoesAfterIt(t *testing.T) {
+	moved, gone := "RouteConfiguration +r→w", "Cluster -x"
+	var group atomic.Pointer[cache.Cache]
+	var fired atomic.Bool
+	hook := func(next string) {
+		c := group.Load()
+		if next != resourcev3.ClusterType || c == nil || !fired.CompareAndSwap(false, true) {
+			return
+		}
+		c.Apply(resourcev3.ClusterType, cache.Change{Removed: []string{"x"}})                       // waits: r points at x
+		c.Apply(resourcev3.RouteType, cache.Change{Upserts: []*cache.Resource{route(t, "3", "w")}}) // marks r, then releases x's removal
+	}
+	betweenTypes.Store(&hook)
+	t.Cleanup(func() { betweenTypes.Store(nil) })
+	got, _ := pileUpWith(t, cache.Options{Retention: time.Hour, Consistency: cache.Consistency{MaxWait: time.Hour}}, deltaPileClient,
+		func(c *cache.Cache) {
+			upsertClusters(t, c, "1", "w", "x")
+			setRoute(t, c, "1", "x")
+		},
+		seen("RouteConfiguration +r→x"),
+		func(c *cache.Cache) {
+			upsertClusters(t, c, "2", "w") // the flush's one mark: the Clusters
+			group.Store(c)
+		},
+		seen(moved, gone))
+	if !fired.Load() {
+		t.Fatalf("the client was told %v by no flush that read the Clusters", got)
+	}
+	if !before(got, moved, gone) {
+		t.Fatalf("the client was told %v: x removed before the Route moved off it", got)
+	}
+}

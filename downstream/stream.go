@@ -172,7 +172,7 @@ func (b *streamBase) flushTypes(dirty cache.DirtySet, followed bool) error {
 		if b.heldBack(d) { // behind a Cluster that warms (warmorder.go)
 			continue
 		}
-		if hook := betweenTypes.Load(); i > 0 && hook != nil {
+		if hook := betweenTypes.Load(); hook != nil {
 			(*hook)(d.TypeURL)
 		}
 		later, err := f.flushDirty(d, followed || i < len(dirty)-1)
