@@ -31,22 +31,7 @@ func runSotW(t *testing.T, conn grpc.ClientConnInterface, opts Options) *Client 
 	if opts.Metrics == nil {
 		opts.Metrics = NewMetrics(&metrics.Registry{})
 	}
-	cl, err := New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan struct{})
-	go func() { defer close(ran); cl.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-ran:
-		case <-time.After(10 * time.Second):
-			t.Error("the client did not stop")
-		}
-	})
-	return cl
+	return startClient(t, opts)
 }
 
 func dialTest(t *testing.T, addr string) *grpc.ClientConn {
@@ -57,16 +42,6 @@ func dialTest(t *testing.T, addr string) *grpc.ClientConn {
 	}
 	t.Cleanup(func() { conn.Close() })
 	return conn
-}
-
-// within polls cond for up to 10s.
-func within(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-	}
 }
 
 // errorCode is the code of name's error in c, 0 if it has none.
@@ -98,7 +73,7 @@ func TestSotWNameListTooLarge(t *testing.T) {
 	m := NewMetrics(&metrics.Registry{})
 	runSotW(t, dialTest(t, cp.Addr), Options{Cache: c, Metrics: m, Protocol: ProtocolSotW, MaxRequestBytes: bound})
 
-	within(t, "the first name served and the last refused", func() bool {
+	eventually(t, "the first name served and the last refused", func() bool {
 		return c.Get(resourcev3.EndpointType, names[:1])[0].Resource != nil &&
 			errorCode(c, resourcev3.EndpointType, names[99]) == codes.ResourceExhausted
 	})
@@ -150,7 +125,7 @@ func TestPerTypeServiceRefusedAlone(t *testing.T) {
 		}
 	}
 	cl := runSotW(t, dialTest(t, ln.Addr().String()), Options{Cache: c, Protocol: ProtocolSotWPerType})
-	within(t, "the Cluster served, the endpoints and the virtual host UNAVAILABLE", func() bool {
+	eventually(t, "the Cluster served, the endpoints and the virtual host UNAVAILABLE", func() bool {
 		return c.Get(resourcev3.ClusterType, []string{"a"})[0].Resource != nil &&
 			errorCode(c, resourcev3.EndpointType, "a") == codes.Unavailable &&
 			errorCode(c, resourcev3.VirtualHostType, "r/vh") == codes.Unavailable
@@ -207,10 +182,10 @@ func TestSotWWildcardBesideNames(t *testing.T) {
 				p = ProtocolSotWPerType
 			}
 			runSotW(t, dialTest(t, cp.Addr), Options{Cache: c, Protocol: p})
-			within(t, "every Cluster held", func() bool { return held(c, resourcev3.ClusterType, "a", "b", "x") })
+			eventually(t, "every Cluster held", func() bool { return held(c, resourcev3.ClusterType, "a", "b", "x") })
 
 			cp.Set(t, "c1", "2", testcp.Cluster("a"), testcp.Cluster("b"))
-			within(t, "x removed", func() bool { return c.Get(resourcev3.ClusterType, []string{"x"})[0].Absent })
+			eventually(t, "x removed", func() bool { return c.Get(resourcev3.ClusterType, []string{"x"})[0].Absent })
 			if !held(c, resourcev3.ClusterType, "a", "b") {
 				t.Fatal("x's removal removed the other Clusters too")
 			}
@@ -242,13 +217,13 @@ func TestSotWWildcardAfterNames(t *testing.T) {
 			}
 			m := NewMetrics(&metrics.Registry{})
 			runSotW(t, dialTest(t, cp.Addr), Options{Cache: c, Metrics: m, Protocol: p})
-			within(t, "x held", func() bool { return held(c, resourcev3.ClusterType, "x") })
+			eventually(t, "x held", func() bool { return held(c, resourcev3.ClusterType, "x") })
 			if held(c, resourcev3.ClusterType, "a") {
 				t.Fatal("a held while only x is named")
 			}
 
 			c.WatchWildcard(cache.NewWatch(), resourcev3.ClusterType)
-			within(t, "every Cluster held", func() bool { return held(c, resourcev3.ClusterType, "a", "b", "x") })
+			eventually(t, "every Cluster held", func() bool { return held(c, resourcev3.ClusterType, "a", "b", "x") })
 			if n := m.WildcardReopens.With("Cluster").Get(); n != 1 {
 				t.Errorf("%d streams opened again for the wildcard, want 1", n)
 			}
@@ -295,13 +270,13 @@ func TestSotWWildcardLeavesNamesTooMany(t *testing.T) {
 	}
 	m := NewMetrics(&metrics.Registry{})
 	runSotW(t, dialTest(t, cp.Addr), Options{Cache: c, Metrics: m, Protocol: ProtocolSotW, MaxRequestBytes: bound})
-	within(t, "every Cluster held", func() bool { return held(c, resourcev3.ClusterType, names...) })
+	eventually(t, "every Cluster held", func() bool { return held(c, resourcev3.ClusterType, names...) })
 	if n := m.ListTooLarge.With("Cluster").Get(); n != 0 {
 		t.Fatalf("%d names refused under the wildcard, which carries none", n)
 	}
 
 	c.UnwatchWildcard(wild, resourcev3.ClusterType)
-	within(t, "the wildcard's retention over and the last name refused", func() bool {
+	eventually(t, "the wildcard's retention over and the last name refused", func() bool {
 		c.Sweep()
 		return errorCode(c, resourcev3.ClusterType, names[99]) == codes.ResourceExhausted
 	})
