@@ -44,6 +44,27 @@ func dialTest(t *testing.T, addr string) *grpc.ClientConn {
 	return conn
 }
 
+// numbered is n names prefix-000, prefix-001, … and a resource of each.
+func numbered(prefix string, n int, build func(string) types.Resource) ([]string, []types.Resource) {
+	names, rs := make([]string, n), make([]types.Resource, n)
+	for i := range n {
+		names[i] = fmt.Sprintf("%s-%03d", prefix, i)
+		rs[i] = build(names[i])
+	}
+	return names, rs
+}
+
+// requestsWithin fails t if a SotW request cp received is larger than
+// bound bytes.
+func requestsWithin(t *testing.T, cp *testcp.ControlPlane, bound int) {
+	t.Helper()
+	for _, req := range cp.SotWRequests() {
+		if n := proto.Size(req); n > bound {
+			t.Errorf("a request of %d bytes, past the bound %d", n, bound)
+		}
+	}
+}
+
 // errorCode is the code of name's error in c, 0 if it has none.
 func errorCode(c *cache.Cache, typeURL, name string) codes.Code {
 	if e := c.Get(typeURL, []string{name})[0].Error; e != nil {
@@ -58,12 +79,7 @@ func errorCode(c *cache.Cache, typeURL, name string) codes.Code {
 // and the names that fit are served.
 func TestSotWNameListTooLarge(t *testing.T) {
 	cp := testcp.StartDialect(t, testcp.DialectSotW)
-	var rs []types.Resource
-	var names []string
-	for i := range 100 {
-		names = append(names, fmt.Sprintf("endpoints-%03d", i))
-		rs = append(rs, testcp.Endpoints(names[i], "10.0.0.1:80"))
-	}
+	names, rs := numbered("endpoints", 100, func(n string) types.Resource { return testcp.Endpoints(n, "10.0.0.1:80") })
 	cp.Set(t, "c1", "1", rs...)
 	const bound = 1000
 	c := cache.New(cache.Options{Retention: time.Minute})
@@ -84,11 +100,7 @@ func TestSotWNameListTooLarge(t *testing.T) {
 	if got := errorCode(c, resourcev3.EndpointType, names[0]); got != 0 {
 		t.Errorf("the first name, which fits, has error %v", got)
 	}
-	for _, req := range cp.SotWRequests() {
-		if n := proto.Size(req); n > bound {
-			t.Errorf("a request of %d bytes, past the bound %d", n, bound)
-		}
-	}
+	requestsWithin(t, cp, bound)
 }
 
 // A per-type control plane that serves CDS but not EDS (UNIMPLEMENTED):
@@ -254,12 +266,7 @@ func TestSotWWildcardAfterNames(t *testing.T) {
 // MaxRequestBytes are refused: no request passes the bound.
 func TestSotWWildcardLeavesNamesTooMany(t *testing.T) {
 	cp := testcp.StartDialect(t, testcp.DialectSotW)
-	var rs []types.Resource
-	var names []string
-	for i := range 100 {
-		names = append(names, fmt.Sprintf("cluster-%03d", i))
-		rs = append(rs, testcp.Cluster(names[i]))
-	}
+	names, rs := numbered("cluster", 100, func(n string) types.Resource { return testcp.Cluster(n) })
 	cp.Set(t, "c1", "1", rs...)
 	const bound = 1000
 	c := cache.New(cache.Options{Retention: time.Millisecond})
@@ -283,9 +290,5 @@ func TestSotWWildcardLeavesNamesTooMany(t *testing.T) {
 	if n := m.ListTooLarge.With("Cluster").Get(); n == 0 || n >= 100 {
 		t.Fatalf("%d names refused, want some and not all", n)
 	}
-	for _, req := range cp.SotWRequests() {
-		if n := proto.Size(req); n > bound {
-			t.Errorf("a request of %d bytes, past the bound %d", n, bound)
-		}
-	}
+	requestsWithin(t, cp, bound)
 }
