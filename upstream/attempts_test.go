@@ -1,7 +1,6 @@
 package upstream
 
 import (
-	"context"
 	"net"
 	"testing"
 	"time"
@@ -73,15 +72,8 @@ func TestRefusedAttemptReportedOnce(t *testing.T) {
 	c := cache.New(cache.Options{Retention: time.Minute})
 	w := cache.NewWatch()
 	c.Watch(w, resourcev3.ClusterType, "a")
-	cl, err := New(Options{Servers: []Server{{Name: "refused", Conn: conn, Attempts: attempts}}, Node: &corepb.Node{Id: "n"},
+	startClient(t, Options{Servers: []Server{{Name: "refused", Conn: conn, Attempts: attempts}}, Node: &corepb.Node{Id: "n"},
 		Cache: c, Metrics: m, Group: "g", Backoff: backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1, MaxDelay: 20 * time.Millisecond}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan struct{})
-	go func() { defer close(ran); cl.Run(ctx) }()
-	defer func() { cancel(); <-ran }()
 	reconnects := m.Reconnects.With("g")
 	deadline := time.Now().Add(10 * time.Second)
 	for {

@@ -69,9 +69,9 @@ func startScripted(t *testing.T, register ...func(*grpc.Server)) (*scripted, *gr
 	return srv, conn
 }
 
-// runClient starts a client with opts until the test ends, and returns the
-// stream it opens on srv.
-func runClient(t *testing.T, srv *scripted, opts Options) grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse] {
+// startClient runs a client with opts until the test ends, and waits (up
+// to 10s) for it to stop then.
+func startClient(t *testing.T, opts Options) *Client {
 	t.Helper()
 	cl, err := New(opts)
 	if err != nil {
@@ -88,6 +88,14 @@ func runClient(t *testing.T, srv *scripted, opts Options) grpc.BidiStreamingServ
 			t.Error("the client did not stop")
 		}
 	})
+	return cl
+}
+
+// runClient starts a client with opts until the test ends, and returns the
+// stream it opens on srv.
+func runClient(t *testing.T, srv *scripted, opts Options) grpc.BidiStreamingServer[discoverypb.DeltaDiscoveryRequest, discoverypb.DeltaDiscoveryResponse] {
+	t.Helper()
+	startClient(t, opts)
 	select {
 	case st := <-srv.streams:
 		return st

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -76,5 +77,50 @@ func TestForwardCoalescesAndForwardsOnce(t *testing.T) {
 	}
 	if n := m.ForwardedNACKs.With(xds.ShortName(resourcev3.ClusterType), "sent").Get(); n != 4 {
 		t.Errorf("forwarded NACKs sent: %d, want 4", n)
+	}
+}
+
+// What waits to be forwarded is bounded, and what passes a bound is
+// counted dropped: the inbox holds maxInbox; a type waiting for a
+// response to NACK holds maxQueued, which go in one NACK whose message
+// is clipped to xds.MaxText.
+func TestForwardBounds(t *testing.T) {
+	in := NewRejections()
+	for i := range maxInbox + 3 {
+		in.Put(cache.Rejection{Type: resourcev3.ClusterType, Name: fmt.Sprint(i), Version: "1"})
+	}
+	if list, dropped := in.take(); len(list) != maxInbox || len(dropped) != 1 || dropped[resourcev3.ClusterType] != 3 {
+		t.Fatalf("inbox: %d held, dropped %v; want %d and 3 Clusters", len(list), dropped, maxInbox)
+	}
+
+	srv, conn := startScripted(t)
+	c := cache.New(cache.Options{Retention: time.Minute})
+	c.Watch(cache.NewWatch(), resourcev3.ClusterType, "a")
+	m := NewMetrics(&metrics.Registry{})
+	st := runClient(t, srv, Options{Conn: conn, Node: &corepb.Node{Id: "n"}, Cache: c, Metrics: m, Rejections: in,
+		ForwardNACKs: true, ForwardInterval: time.Second})
+	recvReq(t, st)
+	// No response of the type yet: the rejections wait for one.
+	for i := range maxQueued + 4 {
+		in.Put(cache.Rejection{Type: resourcev3.ClusterType, Name: fmt.Sprint("r", i), Version: "1", Error: strings.Repeat("e", 200)})
+	}
+	a, _ := anypb.New(testcp.Cluster("a"))
+	if err := st.Send(&discoverypb.DeltaDiscoveryResponse{TypeUrl: resourcev3.ClusterType, Nonce: "7",
+		Resources: []*discoverypb.Resource{{Name: "a", Version: "1", Resource: a}}}); err != nil {
+		t.Fatal(err)
+	}
+	if ack := recvReq(t, st); ack.GetErrorDetail() != nil {
+		t.Fatalf("want an ACK, got %v", ack)
+	}
+	r := recvReq(t, st)
+	if got := xds.Forwarded(r.GetErrorDetail(), 100); r.GetResponseNonce() != "7" || len(got) != maxQueued {
+		t.Fatalf("want a NACK of nonce 7 naming %d versions, got %d: %v", maxQueued, len(got), r)
+	}
+	if msg := r.GetErrorDetail().GetMessage(); len(msg) > xds.MaxText+32 || !strings.HasSuffix(msg, " bytes)") {
+		t.Errorf("the message is not clipped: %d bytes", len(msg))
+	}
+	short := xds.ShortName(resourcev3.ClusterType)
+	if sent, dropped := m.ForwardedNACKs.With(short, "sent").Get(), m.ForwardedNACKs.With(short, "dropped").Get(); sent != maxQueued || dropped != 4 {
+		t.Errorf("forwarded NACKs sent %d, dropped %d; want %d and 4", sent, dropped, maxQueued)
 	}
 }

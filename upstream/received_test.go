@@ -55,3 +55,33 @@ func TestReceivedResourcesAreEncodedAsBefore(t *testing.T) {
 		}
 	}
 }
+
+// A response's system_version_info is the control plane's, of any length:
+// what each resource keeps of it (and a warm-restart file saves) is
+// clipped to xds.MaxText.
+func TestUpstreamVersionClipped(t *testing.T) {
+	srv, conn := startScripted(t)
+	c := cache.New(cache.Options{Retention: time.Minute})
+	c.Watch(cache.NewWatch(), resourcev3.ClusterType, "a", "b")
+	st := runClient(t, srv, Options{Conn: conn, Node: &corepb.Node{Id: "n"}, Cache: c, Metrics: NewMetrics(&metrics.Registry{})})
+	recvReq(t, st)
+	var rs []*discoverypb.Resource
+	for _, n := range []string{"a", "b"} {
+		a, _ := anypb.New(testcp.Cluster(n))
+		rs = append(rs, &discoverypb.Resource{Name: n, Version: "1", Resource: a})
+	}
+	long := string(make([]byte, 5*xds.MaxText))
+	if err := st.Send(&discoverypb.DeltaDiscoveryResponse{TypeUrl: resourcev3.ClusterType, Nonce: "1",
+		SystemVersionInfo: long, Resources: rs}); err != nil {
+		t.Fatal(err)
+	}
+	recvReq(t, st) // the ACK: the response is applied
+	for _, l := range c.Get(resourcev3.ClusterType, []string{"a", "b"}) {
+		if l.Resource == nil {
+			t.Fatalf("%s not held", l.Name)
+		}
+		if got := l.Resource.Upstream; got != xds.Clip(long) {
+			t.Errorf("%s: upstream version of %d bytes, want it clipped to %d", l.Name, len(got), len(xds.Clip(long)))
+		}
+	}
+}

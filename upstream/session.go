@@ -401,6 +401,10 @@ type encoded struct {
 // that do not decode are left out; the problems are what the NACK says.
 func (s *session) encode(r *xds.Received, typeURL, short string, held map[string]string) encoded {
 	out := encoded{problems: duplicates(r)}
+	// The response's version, one string for all its resources: the
+	// control plane's, of any length, and each resource keeps (and a
+	// warm-restart file saves) its own copy of it, so it is clipped.
+	upstream := xds.Clip(r.SystemVersionInfo)
 	for i := range r.Resources {
 		res := r.Resources[i]
 		r.Resources[i] = xds.ReceivedResource{}
@@ -426,8 +430,7 @@ func (s *session) encode(r *xds.Received, typeURL, short string, held map[string
 			if e, err := res.Encode(); err != nil {
 				out.problems.add(err.Error())
 			} else {
-				// The response's version, one string for all its resources.
-				e.Upstream = r.SystemVersionInfo
+				e.Upstream = upstream
 				out.upserts = append(out.upserts, e)
 			}
 		}

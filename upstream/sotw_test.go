@@ -31,22 +31,7 @@ func runSotW(t *testing.T, conn grpc.ClientConnInterface, opts Options) *Client 
 	if opts.Metrics == nil {
 		opts.Metrics = NewMetrics(&metrics.Registry{})
 	}
-	cl, err := New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	ran := make(chan struct{})
-	go func() { defer close(ran); cl.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-ran:
-		case <-time.After(10 * time.Second):
-			t.Error("the client did not stop")
-		}
-	})
-	return cl
+	return startClient(t, opts)
 }
 
 func dialTest(t *testing.T, addr string) *grpc.ClientConn {
@@ -59,12 +44,23 @@ func dialTest(t *testing.T, addr string) *grpc.ClientConn {
 	return conn
 }
 
-// within polls cond for up to 10s.
-func within(t *testing.T, what string, cond func() bool) {
+// numbered is n names prefix-000, prefix-001, … and a resource of each.
+func numbered(prefix string, n int, build func(string) types.Resource) ([]string, []types.Resource) {
+	names, rs := make([]string, n), make([]types.Resource, n)
+	for i := range n {
+		names[i] = fmt.Sprintf("%s-%03d", prefix, i)
+		rs[i] = build(names[i])
+	}
+	return names, rs
+}
+
+// requestsWithin fails t if a SotW request cp received is larger than
+// bound bytes.
+func requestsWithin(t *testing.T, cp *testcp.ControlPlane, bound int) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+	for _, req := range cp.SotWRequests() {
+		if n := proto.Size(req); n > bound {
+			t.Errorf("a request of %d bytes, past the bound %d", n, bound)
 		}
 	}
 }
@@ -83,12 +79,7 @@ func errorCode(c *cache.Cache, typeURL, name string) codes.Code {
 // and the names that fit are served.
 func TestSotWNameListTooLarge(t *testing.T) {
 	cp := testcp.StartDialect(t, testcp.DialectSotW)
-	var rs []types.Resource
-	var names []string
-	for i := range 100 {
-		names = append(names, fmt.Sprintf("endpoints-%03d", i))
-		rs = append(rs, testcp.Endpoints(names[i], "10.0.0.1:80"))
-	}
+	names, rs := numbered("endpoints", 100, func(n string) types.Resource { return testcp.Endpoints(n, "10.0.0.1:80") })
 	cp.Set(t, "c1", "1", rs...)
 	const bound = 1000
 	c := cache.New(cache.Options{Retention: time.Minute})
@@ -98,7 +89,7 @@ func TestSotWNameListTooLarge(t *testing.T) {
 	m := NewMetrics(&metrics.Registry{})
 	runSotW(t, dialTest(t, cp.Addr), Options{Cache: c, Metrics: m, Protocol: ProtocolSotW, MaxRequestBytes: bound})
 
-	within(t, "the first name served and the last refused", func() bool {
+	eventually(t, "the first name served and the last refused", func() bool {
 		return c.Get(resourcev3.EndpointType, names[:1])[0].Resource != nil &&
 			errorCode(c, resourcev3.EndpointType, names[99]) == codes.ResourceExhausted
 	})
@@ -109,11 +100,7 @@ func TestSotWNameListTooLarge(t *testing.T) {
 	if got := errorCode(c, resourcev3.EndpointType, names[0]); got != 0 {
 		t.Errorf("the first name, which fits, has error %v", got)
 	}
-	for _, req := range cp.SotWRequests() {
-		if n := proto.Size(req); n > bound {
-			t.Errorf("a request of %d bytes, past the bound %d", n, bound)
-		}
-	}
+	requestsWithin(t, cp, bound)
 }
 
 // A per-type control plane that serves CDS but not EDS (UNIMPLEMENTED):
@@ -150,7 +137,7 @@ func TestPerTypeServiceRefusedAlone(t *testing.T) {
 		}
 	}
 	cl := runSotW(t, dialTest(t, ln.Addr().String()), Options{Cache: c, Protocol: ProtocolSotWPerType})
-	within(t, "the Cluster served, the endpoints and the virtual host UNAVAILABLE", func() bool {
+	eventually(t, "the Cluster served, the endpoints and the virtual host UNAVAILABLE", func() bool {
 		return c.Get(resourcev3.ClusterType, []string{"a"})[0].Resource != nil &&
 			errorCode(c, resourcev3.EndpointType, "a") == codes.Unavailable &&
 			errorCode(c, resourcev3.VirtualHostType, "r/vh") == codes.Unavailable
@@ -207,10 +194,10 @@ func TestSotWWildcardBesideNames(t *testing.T) {
 				p = ProtocolSotWPerType
 			}
 			runSotW(t, dialTest(t, cp.Addr), Options{Cache: c, Protocol: p})
-			within(t, "every Cluster held", func() bool { return held(c, resourcev3.ClusterType, "a", "b", "x") })
+			eventually(t, "every Cluster held", func() bool { return held(c, resourcev3.ClusterType, "a", "b", "x") })
 
 			cp.Set(t, "c1", "2", testcp.Cluster("a"), testcp.Cluster("b"))
-			within(t, "x removed", func() bool { return c.Get(resourcev3.ClusterType, []string{"x"})[0].Absent })
+			eventually(t, "x removed", func() bool { return c.Get(resourcev3.ClusterType, []string{"x"})[0].Absent })
 			if !held(c, resourcev3.ClusterType, "a", "b") {
 				t.Fatal("x's removal removed the other Clusters too")
 			}
@@ -242,13 +229,13 @@ func TestSotWWildcardAfterNames(t *testing.T) {
 			}
 			m := NewMetrics(&metrics.Registry{})
 			runSotW(t, dialTest(t, cp.Addr), Options{Cache: c, Metrics: m, Protocol: p})
-			within(t, "x held", func() bool { return held(c, resourcev3.ClusterType, "x") })
+			eventually(t, "x held", func() bool { return held(c, resourcev3.ClusterType, "x") })
 			if held(c, resourcev3.ClusterType, "a") {
 				t.Fatal("a held while only x is named")
 			}
 
 			c.WatchWildcard(cache.NewWatch(), resourcev3.ClusterType)
-			within(t, "every Cluster held", func() bool { return held(c, resourcev3.ClusterType, "a", "b", "x") })
+			eventually(t, "every Cluster held", func() bool { return held(c, resourcev3.ClusterType, "a", "b", "x") })
 			if n := m.WildcardReopens.With("Cluster").Get(); n != 1 {
 				t.Errorf("%d streams opened again for the wildcard, want 1", n)
 			}
@@ -279,12 +266,7 @@ func TestSotWWildcardAfterNames(t *testing.T) {
 // MaxRequestBytes are refused: no request passes the bound.
 func TestSotWWildcardLeavesNamesTooMany(t *testing.T) {
 	cp := testcp.StartDialect(t, testcp.DialectSotW)
-	var rs []types.Resource
-	var names []string
-	for i := range 100 {
-		names = append(names, fmt.Sprintf("cluster-%03d", i))
-		rs = append(rs, testcp.Cluster(names[i]))
-	}
+	names, rs := numbered("cluster", 100, func(n string) types.Resource { return testcp.Cluster(n) })
 	cp.Set(t, "c1", "1", rs...)
 	const bound = 1000
 	c := cache.New(cache.Options{Retention: time.Millisecond})
@@ -295,22 +277,18 @@ func TestSotWWildcardLeavesNamesTooMany(t *testing.T) {
 	}
 	m := NewMetrics(&metrics.Registry{})
 	runSotW(t, dialTest(t, cp.Addr), Options{Cache: c, Metrics: m, Protocol: ProtocolSotW, MaxRequestBytes: bound})
-	within(t, "every Cluster held", func() bool { return held(c, resourcev3.ClusterType, names...) })
+	eventually(t, "every Cluster held", func() bool { return held(c, resourcev3.ClusterType, names...) })
 	if n := m.ListTooLarge.With("Cluster").Get(); n != 0 {
 		t.Fatalf("%d names refused under the wildcard, which carries none", n)
 	}
 
 	c.UnwatchWildcard(wild, resourcev3.ClusterType)
-	within(t, "the wildcard's retention over and the last name refused", func() bool {
+	eventually(t, "the wildcard's retention over and the last name refused", func() bool {
 		c.Sweep()
 		return errorCode(c, resourcev3.ClusterType, names[99]) == codes.ResourceExhausted
 	})
 	if n := m.ListTooLarge.With("Cluster").Get(); n == 0 || n >= 100 {
 		t.Fatalf("%d names refused, want some and not all", n)
 	}
-	for _, req := range cp.SotWRequests() {
-		if n := proto.Size(req); n > bound {
-			t.Errorf("a request of %d bytes, past the bound %d", n, bound)
-		}
-	}
+	requestsWithin(t, cp, bound)
 }

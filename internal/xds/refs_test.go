@@ -17,18 +17,9 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
-func refAny(t *testing.T, m proto.Message) *anypb.Any {
-	t.Helper()
-	a, err := anypb.New(m)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return a
-}
-
 func TestRefs(t *testing.T) {
 	rdsFrom := func(route string, cs *corepb.ConfigSource) *anypb.Any {
-		return refAny(t, &hcmpb.HttpConnectionManager{RouteSpecifier: &hcmpb.HttpConnectionManager_Rds{
+		return mustAny(t, &hcmpb.HttpConnectionManager{RouteSpecifier: &hcmpb.HttpConnectionManager_Rds{
 			Rds: &hcmpb.Rds{RouteConfigName: route, ConfigSource: cs}}})
 	}
 	rds := func(route string) *anypb.Any { return rdsFrom(route, nil) }
@@ -52,7 +43,7 @@ func TestRefs(t *testing.T) {
 		return c
 	}
 	socket := func(m proto.Message) *corepb.TransportSocket {
-		return &corepb.TransportSocket{Name: "tls", ConfigType: &corepb.TransportSocket_TypedConfig{TypedConfig: refAny(t, m)}}
+		return &corepb.TransportSocket{Name: "tls", ConfigType: &corepb.TransportSocket_TypedConfig{TypedConfig: mustAny(t, m)}}
 	}
 	R := func(n string) Ref { return Ref{resourcev3.RouteType, n} }
 	C := func(n string) Ref { return Ref{resourcev3.ClusterType, n} }
@@ -72,7 +63,7 @@ func TestRefs(t *testing.T) {
 			},
 			DefaultFilterChain: &listenerpb.FilterChain{Filters: []*listenerpb.Filter{{Name: "hcm", ConfigType: &listenerpb.Filter_TypedConfig{TypedConfig: rds("r2")}}}},
 		}, want: []Ref{R("r1"), S("cert"), S("ca"), R("r2")}},
-		{name: "inline route config", res: &listenerpb.Listener{Name: "l", ApiListener: &listenerpb.ApiListener{ApiListener: refAny(t,
+		{name: "inline route config", res: &listenerpb.Listener{Name: "l", ApiListener: &listenerpb.ApiListener{ApiListener: mustAny(t,
 			&hcmpb.HttpConnectionManager{RouteSpecifier: &hcmpb.HttpConnectionManager_RouteConfig{RouteConfig: route(to(&routepb.RouteAction{ClusterSpecifier: &routepb.RouteAction_Cluster{Cluster: "x"}}))}})}},
 			want: []Ref{C("x")}},
 		{name: "rds from ads, self, and another config source", res: &listenerpb.Listener{Name: "l", FilterChains: []*listenerpb.FilterChain{{Filters: []*listenerpb.Filter{
@@ -81,7 +72,7 @@ func TestRefs(t *testing.T) {
 			{Name: "other", ConfigType: &listenerpb.Filter_TypedConfig{TypedConfig: rdsFrom("r3", &corepb.ConfigSource{ConfigSourceSpecifier: &corepb.ConfigSource_ApiConfigSource{}})}},
 		}}}}, want: []Ref{R("r1"), R("r2")}},
 		{name: "unknown filter", res: &listenerpb.Listener{Name: "l", FilterChains: []*listenerpb.FilterChain{{Filters: []*listenerpb.Filter{{Name: "tcp",
-			ConfigType: &listenerpb.Filter_TypedConfig{TypedConfig: refAny(t, wrapperspb.String("not a filter"))}}}}}}},
+			ConfigType: &listenerpb.Filter_TypedConfig{TypedConfig: mustAny(t, wrapperspb.String("not a filter"))}}}}}}},
 		{name: "route: cluster, weighted, header", res: route(
 			to(&routepb.RouteAction{ClusterSpecifier: &routepb.RouteAction_Cluster{Cluster: "x"}}),
 			to(&routepb.RouteAction{ClusterSpecifier: &routepb.RouteAction_WeightedClusters{WeightedClusters: &routepb.WeightedCluster{
@@ -95,7 +86,7 @@ func TestRefs(t *testing.T) {
 		{name: "endpoints point at nothing", res: &endpointpb.ClusterLoadAssignment{ClusterName: "a"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a := refAny(t, tc.res)
+			a := mustAny(t, tc.res)
 			if got := Refs(a.GetTypeUrl(), a.GetValue()); !slices.Equal(got, tc.want) {
 				t.Errorf("Refs = %v, want %v", got, tc.want)
 			}
@@ -159,14 +150,14 @@ func TestRefsManyAndSocketMatches(t *testing.T) {
 			}
 		}
 	}
-	a := refAny(t, rc)
+	a := mustAny(t, rc)
 	if got := Refs(a.GetTypeUrl(), a.GetValue()); !slices.Equal(got, want) {
 		t.Errorf("Refs = %v, want %v", got, want)
 	}
 	ads := &corepb.ConfigSource{ConfigSourceSpecifier: &corepb.ConfigSource_Ads{Ads: &corepb.AggregatedConfigSource{}}}
-	tls := refAny(t, &tlspb.UpstreamTlsContext{CommonTlsContext: &tlspb.CommonTlsContext{
+	tls := mustAny(t, &tlspb.UpstreamTlsContext{CommonTlsContext: &tlspb.CommonTlsContext{
 		TlsCertificateSdsSecretConfigs: []*tlspb.SdsSecretConfig{{Name: "m", SdsConfig: ads}}}})
-	c := refAny(t, &clusterpb.Cluster{Name: "a", TransportSocketMatches: []*clusterpb.Cluster_TransportSocketMatch{{Name: "tls",
+	c := mustAny(t, &clusterpb.Cluster{Name: "a", TransportSocketMatches: []*clusterpb.Cluster_TransportSocketMatch{{Name: "tls",
 		TransportSocket: &corepb.TransportSocket{Name: "tls", ConfigType: &corepb.TransportSocket_TypedConfig{TypedConfig: tls}}}}})
 	if got := Refs(c.GetTypeUrl(), c.GetValue()); !slices.Equal(got, []Ref{{resourcev3.SecretType, "m"}}) {
 		t.Errorf("Refs of a cluster with socket matches = %v", got)

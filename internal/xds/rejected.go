@@ -49,11 +49,20 @@ func Forwarded(st *status.Status, max int) []Rejected {
 		}
 		m := info.GetMetadata()
 		r := Rejected{Type: m["type"], Name: m["name"], Version: m["version"], Error: Clip(m["error"]), AnyVersion: m["any"]}
-		r.Rejected, _ = strconv.Atoi(m["rejected"])
-		r.Clients, _ = strconv.Atoi(m["clients"])
+		r.Rejected, r.Clients = count(m["rejected"]), count(m["clients"])
 		if r.Name != "" && r.Version != "" {
 			out = append(out, r)
 		}
 	}
 	return out
+}
+
+// count reads a count from a relay below: 0 if it does not parse or is
+// negative.
+func count(s string) int {
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return 0
+	}
+	return n
 }

@@ -32,3 +32,14 @@ func TestForwardedRoundTrip(t *testing.T) {
 		t.Errorf("a NACK without details: %+v", got)
 	}
 }
+
+// A count that does not parse, or is negative, reads as 0.
+func TestForwardedCounts(t *testing.T) {
+	for _, c := range []string{"-3", "x", "99999999999999999999999", ""} {
+		d, _ := anypb.New(&errdetails.ErrorInfo{Domain: RejectedDomain, Reason: RejectedReason,
+			Metadata: map[string]string{"name": "n", "version": "1", "rejected": c, "clients": c}})
+		if got := Forwarded(&status.Status{Details: []*anypb.Any{d}}, 1); len(got) != 1 || got[0].Rejected != 0 || got[0].Clients != 0 {
+			t.Errorf("counts %q read %+v, want 0", c, got)
+		}
+	}
+}
