@@ -33,6 +33,23 @@ func consistent() (*Cache, *clock, *[]ReferenceEvent) {
 	return c, clk, events
 }
 
+// consistentRollout is consistent with a rollout (one canary, a bake of a
+// minute) and two clients that watch the Route r and the Clusters
+// clusters: the canary (rank 1) and another (rank 2).
+func consistentRollout(clusters ...string) (c *Cache, clk *clock, canary, other *Watch) {
+	clk = &clock{t: time.Unix(1000, 0)}
+	c = New(Options{Retention: time.Minute, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second},
+		Rollout: Rollout{Canary: 1, Bake: time.Minute}})
+	canary, other = NewWatch(), NewWatch()
+	canary.SetRank(1)
+	other.SetRank(2)
+	for _, w := range []*Watch{canary, other} {
+		c.Watch(w, rds, "r")
+		c.Watch(w, cds, clusters...)
+	}
+	return c, clk, canary, other
+}
+
 func present(c *Cache, typeURL, name string) string {
 	l := c.Read(typeURL, []string{name}, false).Lookups[0]
 	if l.Resource == nil {
@@ -223,17 +240,7 @@ func TestConsistencyOffChangesNothing(t *testing.T) {
 }
 
 func TestReferenceWaitWithRollout(t *testing.T) {
-	clk := &clock{t: time.Unix(1000, 0)}
-	var rev []RolloutEvent
-	c := New(Options{Retention: time.Minute, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second},
-		Rollout: Rollout{Canary: 1, Bake: time.Minute}, OnRollout: func(ev RolloutEvent) { rev = append(rev, ev) }})
-	canary, other := NewWatch(), NewWatch()
-	canary.SetRank(1)
-	other.SetRank(2)
-	for _, w := range []*Watch{canary, other} {
-		c.Watch(w, rds, "r")
-		c.Watch(w, cds, "x", "y")
-	}
+	c, clk, canary, other := consistentRollout("x", "y")
 	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1")}})
 	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
 	// r moves to y before y exists: it waits, then goes to the canary first.
@@ -401,16 +408,7 @@ func TestWaitingResentKeepsItsWait(t *testing.T) {
 // A change released by the bound (Sweep) goes through the rollout like
 // any other: the canaries first, the rest after the bake.
 func TestReferenceTimeoutWithRollout(t *testing.T) {
-	clk := &clock{t: time.Unix(1000, 0)}
-	c := New(Options{Retention: time.Minute, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second},
-		Rollout: Rollout{Canary: 1, Bake: time.Minute}})
-	canary, other := NewWatch(), NewWatch()
-	canary.SetRank(1)
-	other.SetRank(2)
-	for _, w := range []*Watch{canary, other} {
-		c.Watch(w, rds, "r")
-		c.Watch(w, cds, "x")
-	}
+	c, clk, canary, other := consistentRollout("x")
 	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1")}})
 	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
 	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y")}}) // y never comes
@@ -524,16 +522,7 @@ func TestWaitOutlivesItsWildcard(t *testing.T) {
 // A removal whose wait a change ends goes through the rollout like the
 // change: the canaries lose the name first, the rest after the bake.
 func TestWaitingRemovalWithRollout(t *testing.T) {
-	clk := &clock{t: time.Unix(1000, 0)}
-	c := New(Options{Retention: time.Minute, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second},
-		Rollout: Rollout{Canary: 1, Bake: time.Minute}})
-	canary, other := NewWatch(), NewWatch()
-	canary.SetRank(1)
-	other.SetRank(2)
-	for _, w := range []*Watch{canary, other} {
-		c.Watch(w, rds, "r")
-		c.Watch(w, cds, "x", "y")
-	}
+	c, clk, canary, other := consistentRollout("x", "y")
 	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1"), res("y", "1")}})
 	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
 	clk.t = clk.t.Add(2 * time.Minute)
