@@ -792,3 +792,15 @@ func TestRemovalReadableOnlyOnceTheReleaseThatEndedItIsMarked(t *testing.T) {
 		t.Errorf("route = %q, want 2", got)
 	}
 }
+
+// A restored cache tells what its restore refused as a live change tells
+// it: the names restored Routes point at count against MaxNames too.
+func TestImportTellsRefusedReferences(t *testing.T) {
+	var refused []RefusedReferences
+	c := New(Options{Retention: time.Minute, MaxNames: 2, Consistency: Consistency{MaxWait: 5 * time.Second},
+		OnRefused: func(r RefusedReferences) { refused = append(refused, r) }})
+	c.Import([]TypeState{{TypeURL: rds, Resources: []*Resource{route("r", "1", "a", "b", "c")}}})
+	if len(refused) != 1 || !refused[0].First || refused[0].Count != 2 {
+		t.Errorf("refused = %+v, want b and c, first", refused)
+	}
+}
