@@ -252,6 +252,7 @@ func (c *Cache) MoveShared(typeURL string, from *State, fa Answer, to *State, ta
 	took := cv.enterState(typeURL, to, ta, received, now, m, buf[:0]) // first: a state moved to itself stays counted
 	cv.leaveState(typeURL, from, fa, now, m)
 	firsts := cv.takeFirstsLocked()
+	cv.recountLocked(firsts)
 	cv.mu.Unlock()
 	if observe != nil {
 		for _, d := range took {
@@ -469,6 +470,20 @@ func (cv *convergence) takeFirstsLocked() []Rejection {
 	f := cv.firsts
 	cv.firsts = nil
 	return f
+}
+
+// recountLocked sets the Clients of first rejections to the counts as
+// they stand now: MoveShared counts a NACK of a state by name before the
+// client leaves the state, where moveLocked would count it twice. Call
+// with the counters' mu held.
+func (cv *convergence) recountLocked(firsts []Rejection) {
+	for i := range firsts {
+		r := &firsts[i]
+		if n := cv.types[r.Type][r.Name]; n != nil && n.versions[r.Version] != nil {
+			p, a, rj, _ := n.versions[r.Version].counts()
+			r.Clients = p + a + rj
+		}
+	}
 }
 
 // tellRejected tells Options.OnRejected of first rejections, once the
