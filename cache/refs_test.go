@@ -804,3 +804,29 @@ func TestImportTellsRefusedReferences(t *testing.T) {
 		t.Errorf("refused = %+v, want b and c, first", refused)
 	}
 }
+
+// The index of waits keeps nothing of a wait that ended, however it
+// ended: resolved, replaced by a newer version, removed upstream, past
+// MaxWait, or a removal's wait ended by a resend.
+func TestEndedWaitsLeaveNothingIndexed(t *testing.T) {
+	c, clk, _ := consistent()
+	c.Watch(NewWatch(), rds, "r", "s", "q")
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x"), route("s", "1", "y"), route("q", "1", "z")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "w")}}) // replaced: waits for w now
+	c.Apply(rds, Change{Removed: []string{"s"}})                     // removed while it waits
+	c.Apply(cds, Change{Upserts: []*Resource{res("w", "1")}})        // r resolved
+	c.Apply(rds, Change{Upserts: []*Resource{route("s", "2", "a")}})
+	c.Apply(cds, Change{Removed: []string{"w"}}) // r points at it: the removal waits
+	c.Apply(cds, Change{Resent: []string{"w"}})  // and ends
+	clk.t = clk.t.Add(5 * time.Second)
+	c.Sweep() // q and s past MaxWait
+	if c.waits != 0 || len(c.waitOn) != 0 || len(c.waitQ) != 0 || len(c.wokenRes) != 0 || len(c.wokenRm) != 0 {
+		t.Errorf("waits %d, waitOn %v, waitQ %v, woken %v %v: want nothing once every wait ended",
+			c.waits, c.waitOn, c.waitQ, c.wokenRes, c.wokenRm)
+	}
+	for _, n := range []string{"r", "s", "q"} {
+		if present(c, rds, n) == "" {
+			t.Errorf("%s not applied", n)
+		}
+	}
+}
