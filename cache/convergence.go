@@ -1,8 +1,10 @@
 package cache
 
 import (
+	"cmp"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -707,19 +709,7 @@ func (c *Cache) Convergence(types, names []string) []ResourceConvergence {
 		out = c.convergenceLocked(out, typeURL, names)
 	}
 	slices.SortFunc(out, func(a, b ResourceConvergence) int {
-		if a.Type != b.Type {
-			if a.Type < b.Type {
-				return -1
-			}
-			return 1
-		}
-		if a.Name < b.Name {
-			return -1
-		}
-		if a.Name > b.Name {
-			return 1
-		}
-		return 0
+		return cmp.Or(strings.Compare(a.Type, b.Type), strings.Compare(a.Name, b.Name))
 	})
 	return out
 }
@@ -843,15 +833,7 @@ func (c *Cache) ConvergenceSummary() []TypeConvergence {
 	for _, s := range byType {
 		out = append(out, *s)
 	}
-	slices.SortFunc(out, func(a, b TypeConvergence) int {
-		switch {
-		case a.Type < b.Type:
-			return -1
-		case a.Type > b.Type:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b TypeConvergence) int { return strings.Compare(a.Type, b.Type) })
 	return out
 }
 
