@@ -688,7 +688,8 @@ func (r ResourceConvergence) At() VersionCount {
 // Convergence reports, for the types (every one if types is empty) and
 // names (every one if empty), where the clients stand: the resources the
 // cache holds that clients watch, and those clients still hold, sorted by
-// type and name. It costs what the answer costs: the resources it reports.
+// type and name, each once. It costs what the answer costs: the resources
+// it reports.
 func (c *Cache) Convergence(types, names []string) []ResourceConvergence {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
@@ -711,7 +712,8 @@ func (c *Cache) Convergence(types, names []string) []ResourceConvergence {
 	slices.SortFunc(out, func(a, b ResourceConvergence) int {
 		return cmp.Or(strings.Compare(a.Type, b.Type), strings.Compare(a.Name, b.Name))
 	})
-	return out
+	// A type or name asked for twice is reported once.
+	return slices.CompactFunc(out, func(a, b ResourceConvergence) bool { return a.Type == b.Type && a.Name == b.Name })
 }
 
 // convergenceLocked appends one type's resources; call with c.mu and the

@@ -24,6 +24,9 @@ func TestMoveCounts(t *testing.T) {
 			t.Fatalf("a NACK timed: %v", took)
 		}
 	}
+	if rs := c.Convergence([]string{typ, typ}, []string{"x", "x"}); len(rs) != 1 {
+		t.Fatalf("x asked for twice, of a type asked for twice: %d reports, want 1", len(rs))
+	}
 	v := c.Convergence([]string{typ}, []string{"x"})[0].Versions[0]
 	if v.Rejected != MaxRejectedBy+2 || len(v.RejectedBy) != MaxRejectedBy || v.FirstError != "bad 0" {
 		t.Fatalf("after %d NACKs: %+v", MaxRejectedBy+2, v)
