@@ -733,9 +733,13 @@ func TestApplyWaitsForTheMarksOfTheOneBefore(t *testing.T) {
 		}
 	})
 	c.Apply(cds, Change{Upserts: []*Resource{res("y", "1")}})
-	<-done
 	if !started {
 		t.Fatal("y's change marked no watch")
+	}
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("the route's Apply did not return once y's watchers were marked")
 	}
 	if overtook {
 		t.Error("the route's change was readable while y's watchers were being marked")
