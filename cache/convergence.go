@@ -734,7 +734,7 @@ func (c *Cache) convergenceLocked(out []ResourceConvergence, typeURL string, nam
 	}
 	if t != nil {
 		for n, e := range t.entries {
-			if e.res != nil && (e.watchers.len() > 0 || len(t.wildcard) > 0) && !seen(n) {
+			if t.watchedLocked(e) && !seen(n) {
 				add(n)
 			}
 		}
@@ -743,6 +743,12 @@ func (c *Cache) convergenceLocked(out []ResourceConvergence, typeURL string, nam
 		add(n)
 	}
 	return out
+}
+
+// watchedLocked reports whether Convergence reports e though no client
+// holds a version of it: the cache holds it and a client watches it.
+func (t *typeState) watchedLocked(e *entry) bool {
+	return e.res != nil && (e.watchers.len() > 0 || len(t.wildcard) > 0)
 }
 
 // resourceLocked reports one name; t and n may be nil.
@@ -821,7 +827,7 @@ func (c *Cache) ConvergenceSummary() []TypeConvergence {
 	for typeURL, t := range c.types {
 		byName := c.conv.types[typeURL]
 		for n, e := range t.entries {
-			if e.res != nil && (e.watchers.len() > 0 || len(t.wildcard) > 0) && byName[n] == nil {
+			if t.watchedLocked(e) && byName[n] == nil {
 				sum(typeURL).add(c.resourceCountsLocked(t, n, nil))
 			}
 		}
