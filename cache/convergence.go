@@ -1,8 +1,10 @@
 package cache
 
 import (
+	"cmp"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 )
@@ -252,6 +254,7 @@ func (c *Cache) MoveShared(typeURL string, from *State, fa Answer, to *State, ta
 	took := cv.enterState(typeURL, to, ta, received, now, m, buf[:0]) // first: a state moved to itself stays counted
 	cv.leaveState(typeURL, from, fa, now, m)
 	firsts := cv.takeFirstsLocked()
+	cv.recountLocked(firsts)
 	cv.mu.Unlock()
 	if observe != nil {
 		for _, d := range took {
@@ -471,6 +474,20 @@ func (cv *convergence) takeFirstsLocked() []Rejection {
 	return f
 }
 
+// recountLocked sets the Clients of first rejections to the counts as
+// they stand now: MoveShared counts a NACK of a state by name before the
+// client leaves the state, where moveLocked would count it twice. Call
+// with the counters' mu held.
+func (cv *convergence) recountLocked(firsts []Rejection) {
+	for i := range firsts {
+		r := &firsts[i]
+		if n := cv.types[r.Type][r.Name]; n != nil && n.versions[r.Version] != nil {
+			p, a, rj, _ := n.versions[r.Version].counts()
+			r.Clients = p + a + rj
+		}
+	}
+}
+
 // tellRejected tells Options.OnRejected of first rejections, once the
 // counters' lock is let go.
 func (c *Cache) tellRejected(firsts []Rejection) {
@@ -671,7 +688,8 @@ func (r ResourceConvergence) At() VersionCount {
 // Convergence reports, for the types (every one if types is empty) and
 // names (every one if empty), where the clients stand: the resources the
 // cache holds that clients watch, and those clients still hold, sorted by
-// type and name. It costs what the answer costs: the resources it reports.
+// type and name, each once. It costs what the answer costs: the resources
+// it reports.
 func (c *Cache) Convergence(types, names []string) []ResourceConvergence {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
@@ -692,21 +710,10 @@ func (c *Cache) Convergence(types, names []string) []ResourceConvergence {
 		out = c.convergenceLocked(out, typeURL, names)
 	}
 	slices.SortFunc(out, func(a, b ResourceConvergence) int {
-		if a.Type != b.Type {
-			if a.Type < b.Type {
-				return -1
-			}
-			return 1
-		}
-		if a.Name < b.Name {
-			return -1
-		}
-		if a.Name > b.Name {
-			return 1
-		}
-		return 0
+		return cmp.Or(strings.Compare(a.Type, b.Type), strings.Compare(a.Name, b.Name))
 	})
-	return out
+	// A type or name asked for twice is reported once.
+	return slices.CompactFunc(out, func(a, b ResourceConvergence) bool { return a.Type == b.Type && a.Name == b.Name })
 }
 
 // convergenceLocked appends one type's resources; call with c.mu and the
@@ -727,7 +734,7 @@ func (c *Cache) convergenceLocked(out []ResourceConvergence, typeURL string, nam
 	}
 	if t != nil {
 		for n, e := range t.entries {
-			if e.res != nil && (e.watchers.len() > 0 || len(t.wildcard) > 0) && !seen(n) {
+			if t.watchedLocked(e) && !seen(n) {
 				add(n)
 			}
 		}
@@ -736,6 +743,12 @@ func (c *Cache) convergenceLocked(out []ResourceConvergence, typeURL string, nam
 		add(n)
 	}
 	return out
+}
+
+// watchedLocked reports whether Convergence reports e though no client
+// holds a version of it: the cache holds it and a client watches it.
+func (t *typeState) watchedLocked(e *entry) bool {
+	return e.res != nil && (e.watchers.len() > 0 || len(t.wildcard) > 0)
 }
 
 // resourceLocked reports one name; t and n may be nil.
@@ -814,7 +827,7 @@ func (c *Cache) ConvergenceSummary() []TypeConvergence {
 	for typeURL, t := range c.types {
 		byName := c.conv.types[typeURL]
 		for n, e := range t.entries {
-			if e.res != nil && (e.watchers.len() > 0 || len(t.wildcard) > 0) && byName[n] == nil {
+			if t.watchedLocked(e) && byName[n] == nil {
 				sum(typeURL).add(c.resourceCountsLocked(t, n, nil))
 			}
 		}
@@ -828,15 +841,7 @@ func (c *Cache) ConvergenceSummary() []TypeConvergence {
 	for _, s := range byType {
 		out = append(out, *s)
 	}
-	slices.SortFunc(out, func(a, b TypeConvergence) int {
-		switch {
-		case a.Type < b.Type:
-			return -1
-		case a.Type > b.Type:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b TypeConvergence) int { return strings.Compare(a.Type, b.Type) })
 	return out
 }
 

@@ -24,6 +24,9 @@ func TestMoveCounts(t *testing.T) {
 			t.Fatalf("a NACK timed: %v", took)
 		}
 	}
+	if rs := c.Convergence([]string{typ, typ}, []string{"x", "x"}); len(rs) != 1 {
+		t.Fatalf("x asked for twice, of a type asked for twice: %d reports, want 1", len(rs))
+	}
 	v := c.Convergence([]string{typ}, []string{"x"})[0].Versions[0]
 	if v.Rejected != MaxRejectedBy+2 || len(v.RejectedBy) != MaxRejectedBy || v.FirstError != "bad 0" {
 		t.Fatalf("after %d NACKs: %+v", MaxRejectedBy+2, v)
@@ -103,7 +106,7 @@ func TestMoveAllObservesUnlocked(t *testing.T) {
 }
 
 // OnRejected is told when a version's count of rejecting clients leaves
-// zero, by Move and by MoveAll, with the clients that stand with it, and
+// zero, by Move, MoveAll and MoveShared, with the clients that stand with it, and
 // once the counters' lock is released (it reads them); not for a second
 // rejection of the version, nor for a pending or accepted move.
 func TestOnRejectedAtTheFirstRejection(t *testing.T) {
@@ -139,6 +142,18 @@ func TestOnRejectedAtTheFirstRejection(t *testing.T) {
 	want = Rejection{Type: typ, Name: "y", Version: "1", Node: "n3", Error: "no", Clients: 1}
 	if len(got) != 1 || got[0] != want {
 		t.Fatalf("MoveAll told %+v, want %+v", got, want)
+	}
+
+	// The same by MoveShared: the rejecting client, counted with the
+	// state until it NACKs it, is counted once.
+	got = nil
+	z := &Resource{Name: "z", Version: "1"}
+	st := &State{Resources: []*Resource{x, z}}
+	c.MoveShared(typ, nil, Unsent, st, Pending, now, now, Mover{}, nil)
+	c.MoveShared(typ, st, Pending, st, Rejected, time.Time{}, now, Mover{Node: "n4", Error: "nope"}, nil)
+	want = Rejection{Type: typ, Name: "z", Version: "1", Node: "n4", Error: "nope", Clients: 1}
+	if len(got) != 1 || got[0] != want {
+		t.Fatalf("MoveShared told %+v, want %+v", got, want)
 	}
 }
 

@@ -60,10 +60,11 @@ func (c *Cache) Generation() uint64 {
 // Import fills an empty cache with saved contents. What it restores is held
 // as if its last watcher had just left: it stays for the retention period
 // unless a client watches it, and is in the interest meanwhile, so that the
-// upstream stream resumes with it.
+// upstream stream resumes with it. What the restore has to tell (names
+// refused at MaxNames, as Apply tells them) is told once the locks are let
+// go.
 func (c *Cache) Import(states []TypeState) {
 	c.wakeMu.Lock()
-	defer c.wakeMu.Unlock()
 	c.mu.Lock()
 	o := c.beginLocked()
 	now := c.now()
@@ -95,6 +96,8 @@ func (c *Cache) Import(states []TypeState) {
 	c.mu.Unlock()
 	c.signalInterest()
 	o.wake()
+	c.wakeMu.Unlock()
+	c.tell(o)
 }
 
 // TypeStat is what the cache holds of one type, for metrics.

@@ -33,6 +33,23 @@ func consistent() (*Cache, *clock, *[]ReferenceEvent) {
 	return c, clk, events
 }
 
+// consistentRollout is consistent with a rollout (one canary, a bake of a
+// minute) and two clients that watch the Route r and the Clusters
+// clusters: the canary (rank 1) and another (rank 2).
+func consistentRollout(clusters ...string) (c *Cache, clk *clock, canary, other *Watch) {
+	clk = &clock{t: time.Unix(1000, 0)}
+	c = New(Options{Retention: time.Minute, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second},
+		Rollout: Rollout{Canary: 1, Bake: time.Minute}})
+	canary, other = NewWatch(), NewWatch()
+	canary.SetRank(1)
+	other.SetRank(2)
+	for _, w := range []*Watch{canary, other} {
+		c.Watch(w, rds, "r")
+		c.Watch(w, cds, clusters...)
+	}
+	return c, clk, canary, other
+}
+
 func present(c *Cache, typeURL, name string) string {
 	l := c.Read(typeURL, []string{name}, false).Lookups[0]
 	if l.Resource == nil {
@@ -223,17 +240,7 @@ func TestConsistencyOffChangesNothing(t *testing.T) {
 }
 
 func TestReferenceWaitWithRollout(t *testing.T) {
-	clk := &clock{t: time.Unix(1000, 0)}
-	var rev []RolloutEvent
-	c := New(Options{Retention: time.Minute, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second},
-		Rollout: Rollout{Canary: 1, Bake: time.Minute}, OnRollout: func(ev RolloutEvent) { rev = append(rev, ev) }})
-	canary, other := NewWatch(), NewWatch()
-	canary.SetRank(1)
-	other.SetRank(2)
-	for _, w := range []*Watch{canary, other} {
-		c.Watch(w, rds, "r")
-		c.Watch(w, cds, "x", "y")
-	}
+	c, clk, canary, other := consistentRollout("x", "y")
 	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1")}})
 	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
 	// r moves to y before y exists: it waits, then goes to the canary first.
@@ -401,16 +408,7 @@ func TestWaitingResentKeepsItsWait(t *testing.T) {
 // A change released by the bound (Sweep) goes through the rollout like
 // any other: the canaries first, the rest after the bake.
 func TestReferenceTimeoutWithRollout(t *testing.T) {
-	clk := &clock{t: time.Unix(1000, 0)}
-	c := New(Options{Retention: time.Minute, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second},
-		Rollout: Rollout{Canary: 1, Bake: time.Minute}})
-	canary, other := NewWatch(), NewWatch()
-	canary.SetRank(1)
-	other.SetRank(2)
-	for _, w := range []*Watch{canary, other} {
-		c.Watch(w, rds, "r")
-		c.Watch(w, cds, "x")
-	}
+	c, clk, canary, other := consistentRollout("x")
 	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1")}})
 	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
 	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y")}}) // y never comes
@@ -524,16 +522,7 @@ func TestWaitOutlivesItsWildcard(t *testing.T) {
 // A removal whose wait a change ends goes through the rollout like the
 // change: the canaries lose the name first, the rest after the bake.
 func TestWaitingRemovalWithRollout(t *testing.T) {
-	clk := &clock{t: time.Unix(1000, 0)}
-	c := New(Options{Retention: time.Minute, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second},
-		Rollout: Rollout{Canary: 1, Bake: time.Minute}})
-	canary, other := NewWatch(), NewWatch()
-	canary.SetRank(1)
-	other.SetRank(2)
-	for _, w := range []*Watch{canary, other} {
-		c.Watch(w, rds, "r")
-		c.Watch(w, cds, "x", "y")
-	}
+	c, clk, canary, other := consistentRollout("x", "y")
 	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1"), res("y", "1")}})
 	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
 	clk.t = clk.t.Add(2 * time.Minute)
@@ -744,9 +733,13 @@ func TestApplyWaitsForTheMarksOfTheOneBefore(t *testing.T) {
 		}
 	})
 	c.Apply(cds, Change{Upserts: []*Resource{res("y", "1")}})
-	<-done
 	if !started {
 		t.Fatal("y's change marked no watch")
+	}
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("the route's Apply did not return once y's watchers were marked")
 	}
 	if overtook {
 		t.Error("the route's change was readable while y's watchers were being marked")
@@ -801,5 +794,43 @@ func TestRemovalReadableOnlyOnceTheReleaseThatEndedItIsMarked(t *testing.T) {
 	}
 	if got := present(c, rds, "r"); got != "2" {
 		t.Errorf("route = %q, want 2", got)
+	}
+}
+
+// A restored cache tells what its restore refused as a live change tells
+// it: the names restored Routes point at count against MaxNames too.
+func TestImportTellsRefusedReferences(t *testing.T) {
+	var refused []RefusedReferences
+	c := New(Options{Retention: time.Minute, MaxNames: 2, Consistency: Consistency{MaxWait: 5 * time.Second},
+		OnRefused: func(r RefusedReferences) { refused = append(refused, r) }})
+	c.Import([]TypeState{{TypeURL: rds, Resources: []*Resource{route("r", "1", "a", "b", "c")}}})
+	if len(refused) != 1 || !refused[0].First || refused[0].Count != 2 {
+		t.Errorf("refused = %+v, want b and c, first", refused)
+	}
+}
+
+// The index of waits keeps nothing of a wait that ended, however it
+// ended: resolved, replaced by a newer version, removed upstream, past
+// MaxWait, or a removal's wait ended by a resend.
+func TestEndedWaitsLeaveNothingIndexed(t *testing.T) {
+	c, clk, _ := consistent()
+	c.Watch(NewWatch(), rds, "r", "s", "q")
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x"), route("s", "1", "y"), route("q", "1", "z")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "w")}}) // replaced: waits for w now
+	c.Apply(rds, Change{Removed: []string{"s"}})                     // removed while it waits
+	c.Apply(cds, Change{Upserts: []*Resource{res("w", "1")}})        // r resolved
+	c.Apply(rds, Change{Upserts: []*Resource{route("s", "2", "a")}})
+	c.Apply(cds, Change{Removed: []string{"w"}}) // r points at it: the removal waits
+	c.Apply(cds, Change{Resent: []string{"w"}})  // and ends
+	clk.t = clk.t.Add(5 * time.Second)
+	c.Sweep() // q and s past MaxWait
+	if c.waits != 0 || len(c.waitOn) != 0 || len(c.waitQ) != 0 || len(c.wokenRes) != 0 || len(c.wokenRm) != 0 {
+		t.Errorf("waits %d, waitOn %v, waitQ %v, woken %v %v: want nothing once every wait ended",
+			c.waits, c.waitOn, c.waitQ, c.wokenRes, c.wokenRm)
+	}
+	for _, n := range []string{"r", "s", "q"} {
+		if present(c, rds, n) == "" {
+			t.Errorf("%s not applied", n)
+		}
 	}
 }
