@@ -23,13 +23,17 @@ import (
 // version). A SotW client that shares a complete state (wildcard) keeps no
 // record per name: its forwarded NACK is counted and logged only.
 
-// maxForwardedPerNACK bounds the versions read from one forwarded NACK
-// (the relay below sends at most 16 a request).
+// maxForwardedPerNACK bounds the details read from one forwarded NACK,
+// those that name a version and those that do not (the relay below sends
+// at most 16 a request): a client's NACK costs at most that many decodes.
 const maxForwardedPerNACK = 64
 
 // forwarded marks what a forwarded NACK of typeURL names as rejected by
 // the client.
 func (b *streamBase) forwarded(typeURL string, d *rpcstatus.Status) {
+	if ds := d.GetDetails(); len(ds) > maxForwardedPerNACK {
+		d = &rpcstatus.Status{Details: ds[:maxForwardedPerNACK]}
+	}
 	if rs := xds.Forwarded(d, maxForwardedPerNACK); len(rs) > 0 {
 		b.asServed(typeURL, rs)
 		b.status.rejectedBelow(typeURL, rs, time.Now())
