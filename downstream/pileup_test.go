@@ -177,12 +177,7 @@ func pileUpWith(t *testing.T, opts cache.Options, open func(*testing.T, *grpc.Cl
 	const cds, lds, rds = resourcev3.ClusterType, resourcev3.ListenerType, resourcev3.RouteType
 	c := cache.New(opts)
 	s, any := serveOn(t, Options{Groups: oneGroup{c}, SendTimeout: time.Minute})
-	cc, err := grpc.NewClient(any.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(16<<20))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	cc := smallWindows(t, any.Target())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cl := open(t, cc, ctx)
@@ -439,6 +434,21 @@ func TestClusterReleasedMidFlushGoesBeforeTheRouteToIt(t *testing.T) {
 			}
 		})
 	}
+}
+
+// smallWindows dials target with each stream's flow-control window small
+// and fixed (64 KiB) and the connection's large: a stream that does not
+// read blocks the server's sends to it alone. It is closed when the test
+// ends.
+func smallWindows(t *testing.T, target string) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(16<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
 }
 
 // recvWithin receives on st within bound.
