@@ -512,3 +512,48 @@ func TestRemovalReadAfterTheRouteMovedGoesAfterIt(t *testing.T) {
 		t.Fatalf("the client was told %v: x removed before the Route moved off it", got)
 	}
 }
+
+// A flush reads a type again at most maxLowerRounds times for a type of
+// lower rank marked meanwhile (readOrdered): Clusters that change before
+// each read of the Routes, without pause, hold the Route back for a
+// bounded number of Cluster responses, not until the Clusters stop.
+func TestRouteBehindClustersThatKeepChangingIsBounded(t *testing.T) {
+	const changes = 40 // the Clusters stop changing after this many
+	routed := "RouteConfiguration +r→y"
+	var group atomic.Pointer[cache.Cache]
+	var n atomic.Int32
+	hook := func(next string) {
+		c := group.Load()
+		if next != resourcev3.ClusterType || c == nil || n.Load() >= changes {
+			return
+		}
+		upsertClusters(t, c, fmt.Sprint("h", n.Add(1)), "w") // marks the Clusters again
+	}
+	betweenTypes.Store(&hook)
+	t.Cleanup(func() { betweenTypes.Store(nil) })
+	got, _ := pileUp(t, deltaPileClient,
+		func(c *cache.Cache) {
+			upsertClusters(t, c, "1", "w", "x", "y")
+			setRoute(t, c, "1", "x")
+		},
+		seen("RouteConfiguration +r→x"),
+		func(c *cache.Cache) {
+			upsertClusters(t, c, "2", "w")
+			setRoute(t, c, "2", "y")
+			group.Store(c)
+		},
+		seen(routed))
+	clusters := 0
+	for _, s := range got[:slices.Index(got, routed)] {
+		if s == "Cluster +w" {
+			clusters++
+		}
+	}
+	if clusters > 2*(maxLowerRounds+1) {
+		t.Fatalf("the Route went after %d responses of Clusters that kept changing (%d changes), want at most %d: %v",
+			clusters, n.Load(), 2*(maxLowerRounds+1), got)
+	}
+	if n.Load() == 0 {
+		t.Fatalf("no flush sent the Clusters after the change: %v", got)
+	}
+}
