@@ -80,6 +80,20 @@ func describe(t *testing.T, a *anypb.Any) string {
 	return m.(interface{ GetName() string }).GetName()
 }
 
+// pileSend is a pileClient's send on st of the requests req makes: the
+// first carries the node, the others none.
+func pileSend[Req any](t *testing.T, st interface{ Send(*Req) error },
+	req func(typeURL string, names []string, node *corepb.Node) *Req) func(string, ...string) {
+	node := &corepb.Node{Id: "slow"}
+	return func(typeURL string, names ...string) {
+		r := req(typeURL, names, node)
+		node = nil
+		if err := st.Send(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // deltaPileClient opens a delta ADS stream: a response is described as
 // "Cluster +x" per resource and "Cluster -x" per removal.
 func deltaPileClient(t *testing.T, cc *grpc.ClientConn, ctx context.Context) pileClient {
@@ -87,17 +101,10 @@ func deltaPileClient(t *testing.T, cc *grpc.ClientConn, ctx context.Context) pil
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := true
 	return pileClient{
-		send: func(typeURL string, names ...string) {
-			req := &discoverypb.DeltaDiscoveryRequest{TypeUrl: typeURL, ResourceNamesSubscribe: names}
-			if first {
-				req.Node, first = &corepb.Node{Id: "slow"}, false
-			}
-			if err := st.Send(req); err != nil {
-				t.Fatal(err)
-			}
-		},
+		send: pileSend(t, st, func(typeURL string, names []string, node *corepb.Node) *discoverypb.DeltaDiscoveryRequest {
+			return &discoverypb.DeltaDiscoveryRequest{Node: node, TypeUrl: typeURL, ResourceNamesSubscribe: names}
+		}),
 		recv: func() ([]string, error) {
 			resp, err := recvWithin(st, wait)
 			if err != nil || resp.GetTypeUrl() == resourcev3.ListenerType {
@@ -124,17 +131,10 @@ func sotwPileClient(t *testing.T, cc *grpc.ClientConn, ctx context.Context) pile
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := true
 	return pileClient{
-		send: func(typeURL string, names ...string) {
-			req := &discoverypb.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: names}
-			if first {
-				req.Node, first = &corepb.Node{Id: "slow"}, false
-			}
-			if err := st.Send(req); err != nil {
-				t.Fatal(err)
-			}
-		},
+		send: pileSend(t, st, func(typeURL string, names []string, node *corepb.Node) *discoverypb.DiscoveryRequest {
+			return &discoverypb.DiscoveryRequest{Node: node, TypeUrl: typeURL, ResourceNames: names}
+		}),
 		recv: func() ([]string, error) {
 			resp, err := recvWithin(st, wait)
 			if err != nil || resp.GetTypeUrl() == resourcev3.ListenerType {
