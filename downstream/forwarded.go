@@ -74,7 +74,10 @@ func (s *streamStatus) rejectedBelow(typeURL string, rs []xds.Rejected, now time
 		if r.Type != typeURL || !ok || res.version != r.Version || res.state == Nacked {
 			continue
 		}
-		msg := xds.Clip(fmt.Sprintf("%d of %d clients behind rejected it: %s", r.Rejected, r.Clients, r.Error))
+		msg := xds.Clip("clients behind rejected it: " + r.Error)
+		if r.Rejected > 0 && r.Clients >= r.Rejected { // the client's counts, said only when they make sense
+			msg = xds.Clip(fmt.Sprintf("%d of %d clients behind rejected it: %s", r.Rejected, r.Clients, r.Error))
+		}
 		was := res
 		// nonce 0: an answer to a later response does not take it back.
 		res.state, res.nonce, res.nack = Nacked, 0, &nackNote{msg: msg, at: now}

@@ -60,7 +60,40 @@ func TestForwardedNACKMarksOnlyWhatTheClientHolds(t *testing.T) {
 			t.Errorf("%s is %v after the forwarded NACKs, want %v (all: %v)", n, got[n], st, got)
 		}
 	}
+	if msg := errorOf(s, "a"); msg != "1 of 2 clients behind rejected it: bad" {
+		t.Errorf("a's error is %q", msg)
+	}
+
+	// Counts that make no sense are not repeated.
+	for _, c := range [][2]int{{-1, 2}, {3, 2}, {0, 0}, {1 << 62, 1}} {
+		s.subscribed(cds, []string{"e"})
+		rec := s.sending(cds, false)
+		rec.sent("e", "1", 2, now)
+		s.done()
+		s.answered(cds, "2", "v", false, "", now)
+		d, err := xds.Rejected{Type: cds, Name: "e", Version: "1", Rejected: c[0], Clients: c[1], Error: "bad"}.Detail()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.forwarded(cds, &rpcstatus.Status{Details: []*anypb.Any{d}})
+		if msg := errorOf(s, "e"); msg != "clients behind rejected it: bad" {
+			t.Errorf("with %d of %d clients, e's error is %q", c[0], c[1], msg)
+		}
+		s.unsubscribed(cds, []string{"e"})
+	}
 	if _, ok := got["zz"]; ok {
 		t.Errorf("a name the client does not hold is recorded: %v", got)
 	}
+}
+
+// errorOf is the error the status record s holds for name.
+func errorOf(s *streamStatus, name string) string {
+	for _, ts := range s.snapshot().Types {
+		for _, r := range ts.Resources {
+			if r.Name == name {
+				return r.Error
+			}
+		}
+	}
+	return ""
 }
