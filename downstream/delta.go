@@ -196,13 +196,8 @@ func (ds *deltaStream) awaitsAnswer() bool { return false }
 // awaitsWildcard reports whether the stream's one subscription is a
 // wildcard of one type: the stream wildcardUnreachable may end.
 func (ds *deltaStream) awaitsWildcard() bool {
-	if ds.types.recs.len() != 1 {
-		return false
-	}
-	for _, t := range ds.types.all() {
-		return t.wildcard && t.names.len() == 0
-	}
-	return false
+	t := ds.types.only()
+	return t != nil && t.wildcard && t.names.len() == 0
 }
 
 // flush sends what changed (see flushAll).

@@ -23,13 +23,17 @@ import (
 // version). A SotW client that shares a complete state (wildcard) keeps no
 // record per name: its forwarded NACK is counted and logged only.
 
-// maxForwardedPerNACK bounds the versions read from one forwarded NACK
-// (the relay below sends at most 16 a request).
+// maxForwardedPerNACK bounds the details read from one forwarded NACK,
+// those that name a version and those that do not (the relay below sends
+// at most 16 a request): a client's NACK costs at most that many decodes.
 const maxForwardedPerNACK = 64
 
 // forwarded marks what a forwarded NACK of typeURL names as rejected by
 // the client.
 func (b *streamBase) forwarded(typeURL string, d *rpcstatus.Status) {
+	if ds := d.GetDetails(); len(ds) > maxForwardedPerNACK {
+		d = &rpcstatus.Status{Details: ds[:maxForwardedPerNACK]}
+	}
 	if rs := xds.Forwarded(d, maxForwardedPerNACK); len(rs) > 0 {
 		b.asServed(typeURL, rs)
 		b.status.rejectedBelow(typeURL, rs, time.Now())
@@ -70,7 +74,10 @@ func (s *streamStatus) rejectedBelow(typeURL string, rs []xds.Rejected, now time
 		if r.Type != typeURL || !ok || res.version != r.Version || res.state == Nacked {
 			continue
 		}
-		msg := xds.Clip(fmt.Sprintf("%d of %d clients behind rejected it: %s", r.Rejected, r.Clients, r.Error))
+		msg := xds.Clip("clients behind rejected it: " + r.Error)
+		if r.Rejected > 0 && r.Clients >= r.Rejected { // the client's counts, said only when they make sense
+			msg = xds.Clip(fmt.Sprintf("%d of %d clients behind rejected it: %s", r.Rejected, r.Clients, r.Error))
+		}
 		was := res
 		// nonce 0: an answer to a later response does not take it back.
 		res.state, res.nonce, res.nack = Nacked, 0, &nackNote{msg: msg, at: now}

@@ -80,6 +80,20 @@ func describe(t *testing.T, a *anypb.Any) string {
 	return m.(interface{ GetName() string }).GetName()
 }
 
+// pileSend is a pileClient's send on st of the requests req makes: the
+// first carries the node, the others none.
+func pileSend[Req any](t *testing.T, st interface{ Send(*Req) error },
+	req func(typeURL string, names []string, node *corepb.Node) *Req) func(string, ...string) {
+	node := &corepb.Node{Id: "slow"}
+	return func(typeURL string, names ...string) {
+		r := req(typeURL, names, node)
+		node = nil
+		if err := st.Send(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // deltaPileClient opens a delta ADS stream: a response is described as
 // "Cluster +x" per resource and "Cluster -x" per removal.
 func deltaPileClient(t *testing.T, cc *grpc.ClientConn, ctx context.Context) pileClient {
@@ -87,17 +101,10 @@ func deltaPileClient(t *testing.T, cc *grpc.ClientConn, ctx context.Context) pil
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := true
 	return pileClient{
-		send: func(typeURL string, names ...string) {
-			req := &discoverypb.DeltaDiscoveryRequest{TypeUrl: typeURL, ResourceNamesSubscribe: names}
-			if first {
-				req.Node, first = &corepb.Node{Id: "slow"}, false
-			}
-			if err := st.Send(req); err != nil {
-				t.Fatal(err)
-			}
-		},
+		send: pileSend(t, st, func(typeURL string, names []string, node *corepb.Node) *discoverypb.DeltaDiscoveryRequest {
+			return &discoverypb.DeltaDiscoveryRequest{Node: node, TypeUrl: typeURL, ResourceNamesSubscribe: names}
+		}),
 		recv: func() ([]string, error) {
 			resp, err := recvWithin(st, wait)
 			if err != nil || resp.GetTypeUrl() == resourcev3.ListenerType {
@@ -124,17 +131,10 @@ func sotwPileClient(t *testing.T, cc *grpc.ClientConn, ctx context.Context) pile
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := true
 	return pileClient{
-		send: func(typeURL string, names ...string) {
-			req := &discoverypb.DiscoveryRequest{TypeUrl: typeURL, ResourceNames: names}
-			if first {
-				req.Node, first = &corepb.Node{Id: "slow"}, false
-			}
-			if err := st.Send(req); err != nil {
-				t.Fatal(err)
-			}
-		},
+		send: pileSend(t, st, func(typeURL string, names []string, node *corepb.Node) *discoverypb.DiscoveryRequest {
+			return &discoverypb.DiscoveryRequest{Node: node, TypeUrl: typeURL, ResourceNames: names}
+		}),
 		recv: func() ([]string, error) {
 			resp, err := recvWithin(st, wait)
 			if err != nil || resp.GetTypeUrl() == resourcev3.ListenerType {
@@ -177,12 +177,7 @@ func pileUpWith(t *testing.T, opts cache.Options, open func(*testing.T, *grpc.Cl
 	const cds, lds, rds = resourcev3.ClusterType, resourcev3.ListenerType, resourcev3.RouteType
 	c := cache.New(opts)
 	s, any := serveOn(t, Options{Groups: oneGroup{c}, SendTimeout: time.Minute})
-	cc, err := grpc.NewClient(any.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(16<<20))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	cc := smallWindows(t, any.Target())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cl := open(t, cc, ctx)
@@ -441,6 +436,21 @@ func TestClusterReleasedMidFlushGoesBeforeTheRouteToIt(t *testing.T) {
 	}
 }
 
+// smallWindows dials target with each stream's flow-control window small
+// and fixed (64 KiB) and the connection's large: a stream that does not
+// read blocks the server's sends to it alone. It is closed when the test
+// ends.
+func smallWindows(t *testing.T, target string) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(16<<20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
 // recvWithin receives on st within bound.
 func recvWithin[Req, Resp any](st grpc.BidiStreamingClient[Req, Resp], bound time.Duration) (*Resp, error) {
 	type result struct {
@@ -500,5 +510,50 @@ func TestRemovalReadAfterTheRouteMovedGoesAfterIt(t *testing.T) {
 	}
 	if !before(got, moved, gone) {
 		t.Fatalf("the client was told %v: x removed before the Route moved off it", got)
+	}
+}
+
+// A flush reads a type again at most maxLowerRounds times for a type of
+// lower rank marked meanwhile (readOrdered): Clusters that change before
+// each read of the Routes, without pause, hold the Route back for a
+// bounded number of Cluster responses, not until the Clusters stop.
+func TestRouteBehindClustersThatKeepChangingIsBounded(t *testing.T) {
+	const changes = 40 // the Clusters stop changing after this many
+	routed := "RouteConfiguration +r→y"
+	var group atomic.Pointer[cache.Cache]
+	var n atomic.Int32
+	hook := func(next string) {
+		c := group.Load()
+		if next != resourcev3.ClusterType || c == nil || n.Load() >= changes {
+			return
+		}
+		upsertClusters(t, c, fmt.Sprint("h", n.Add(1)), "w") // marks the Clusters again
+	}
+	betweenTypes.Store(&hook)
+	t.Cleanup(func() { betweenTypes.Store(nil) })
+	got, _ := pileUp(t, deltaPileClient,
+		func(c *cache.Cache) {
+			upsertClusters(t, c, "1", "w", "x", "y")
+			setRoute(t, c, "1", "x")
+		},
+		seen("RouteConfiguration +r→x"),
+		func(c *cache.Cache) {
+			upsertClusters(t, c, "2", "w")
+			setRoute(t, c, "2", "y")
+			group.Store(c)
+		},
+		seen(routed))
+	clusters := 0
+	for _, s := range got[:slices.Index(got, routed)] {
+		if s == "Cluster +w" {
+			clusters++
+		}
+	}
+	if clusters > 2*(maxLowerRounds+1) {
+		t.Fatalf("the Route went after %d responses of Clusters that kept changing (%d changes), want at most %d: %v",
+			clusters, n.Load(), 2*(maxLowerRounds+1), got)
+	}
+	if n.Load() == 0 {
+		t.Fatalf("no flush sent the Clusters after the change: %v", got)
 	}
 }

@@ -10,8 +10,6 @@ import (
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 )
@@ -53,12 +51,7 @@ func TestSlowHandlerSendStrandsNoStreamOfItsConnection(t *testing.T) {
 	s, any := serveOn(t, Options{Groups: oneGroup{c}, SendTimeout: time.Minute})
 	// One connection, whose streams' windows are small and fixed: the
 	// stream that does not read blocks its own sends, not the others'.
-	cc, err := grpc.NewClient(any.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithInitialWindowSize(64<<10), grpc.WithInitialConnWindowSize(16<<20))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	cc := smallWindows(t, any.Target())
 	ads := discoverypb.NewAggregatedDiscoveryServiceClient(cc)
 
 	// The reading stream wants x and the big ones, which the cache then

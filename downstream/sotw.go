@@ -183,13 +183,8 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) (
 // nothing else (see protocol): the one stream whose first answer of errors
 // alone ends it (see onlyErrors).
 func (ss *sotwStream) awaitsAnswer() bool {
-	if ss.types.recs.len() != 1 {
-		return false
-	}
-	for _, t := range ss.types.all() {
-		return !t.wildcard && t.names.len() > 0
-	}
-	return false
+	t := ss.types.only()
+	return t != nil && !t.wildcard && t.names.len() > 0
 }
 
 // errorsWait reports whether errs, about to be a first answer of errors
@@ -216,13 +211,8 @@ func (ss *sotwStream) errorsWait(typeURL string, t *sotwType, errs []*cache.Reso
 // awaitsWildcard reports whether the stream's one subscription is a
 // wildcard of one type: the stream wildcardUnreachable may end.
 func (ss *sotwStream) awaitsWildcard() bool {
-	if ss.types.recs.len() != 1 {
-		return false
-	}
-	for _, t := range ss.types.all() {
-		return t.wildcard && t.names.len() == 0
-	}
-	return false
+	t := ss.types.only()
+	return t != nil && t.wildcard && t.names.len() == 0
 }
 
 // flush sends what changed (see flushAll).

@@ -54,6 +54,18 @@ func (b *byType[T]) put(typeURL string, t *T) { b.recs.set(typeURL, t) }
 // all yields every type's record.
 func (b *byType[T]) all() iter.Seq2[string, *T] { return b.recs.all() }
 
+// only returns the record of the stream's one type; nil unless it has
+// exactly one.
+func (b *byType[T]) only() *T {
+	if b.recs.len() != 1 {
+		return nil
+	}
+	for _, t := range b.all() {
+		return t
+	}
+	return nil
+}
+
 // nonces hands out a stream's response nonces: fresh for every response,
 // valid only on the stream ("Basic Protocol Overview").
 type nonces uint64

@@ -205,3 +205,40 @@ func TestRouteHeldBehindAWarmingClusterIsBounded(t *testing.T) {
 		})
 	}
 }
+
+// The hold ends on the client's answer on CDS to the response that started
+// or last extended it, and wakes the stream to send what it kept back; an
+// answer to an older response, or a nonce that does not parse, leaves it
+// on (warmHoldMax still bounds it).
+func TestWarmHoldEndsOnTheClustersAnswer(t *testing.T) {
+	const rds = resourcev3.RouteType
+	b := &streamBase{watch: cache.NewWatch()}
+	h := &warmHold{on: true, nonce: 5, until: time.Now().Add(time.Hour), timer: time.AfterFunc(time.Hour, func() {}),
+		parked: []*cache.Dirty{{TypeURL: rds}}}
+	b.hold = h
+	defer b.endHold()
+	woken := func() bool {
+		select {
+		case <-b.watch.Ready():
+			return true
+		default:
+			return false
+		}
+	}
+	for _, nonce := range []string{"", "x", "-1", "4", "99999999999999999999999"} {
+		b.answeredClusters(nonce)
+		if !h.on || woken() {
+			t.Fatalf("the answer with nonce %q ended the hold of the response 5", nonce)
+		}
+		if d := b.unheld(nil); len(d) != 0 {
+			t.Fatalf("the hold let %d types out after the answer with nonce %q", len(d), nonce)
+		}
+	}
+	b.answeredClusters("5")
+	if h.on || !woken() {
+		t.Fatalf("the answer to the response 5 left the hold on (%v) or did not wake the stream", h.on)
+	}
+	if d := b.unheld(nil); len(d) != 1 || d[0].TypeURL != rds {
+		t.Fatalf("after the hold, the flush has %v, want the Routes kept back", d)
+	}
+}
