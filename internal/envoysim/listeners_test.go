@@ -30,6 +30,18 @@ var listenerVariants = []struct {
 	{"sotw-per-type", false, true, testcp.DialectPerType},
 }
 
+// startListeners starts a client that subscribes Listeners too on cp,
+// closed when the test ends.
+func startListeners(t *testing.T, cp *testcp.ControlPlane, delta, perType bool) *Client {
+	t.Helper()
+	sim, err := Start(context.Background(), Options{Conn: dial(t, cp.Addr), Node: node(), Delta: delta, PerType: perType, Listeners: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sim.Close() })
+	return sim
+}
+
 // waitState waits, bounded, until cond holds of sim's state.
 func waitState(t *testing.T, sim *Client, what string, cond func(State) bool) {
 	t.Helper()
@@ -102,11 +114,7 @@ func TestListenersWarmUntilTheirRoutes(t *testing.T) {
 		t.Run(v.name, func(t *testing.T) {
 			cp := testcp.StartDialect(t, v.dialect)
 			cp.Set(t, "c1", "1", testcp.Listener("l", "r"), testcp.Route("r", "x"), testcp.Cluster("x"), testcp.Endpoints("x", "127.0.0.1:1"))
-			sim, err := Start(context.Background(), Options{Conn: dial(t, cp.Addr), Node: node(), Delta: v.delta, PerType: v.perType, Listeners: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer sim.Close()
+			sim := startListeners(t, cp, v.delta, v.perType)
 			waitState(t, sim, "l serving on r to x", serving("l", []string{"r"}, "x"))
 			if d, n := sim.DanglingSeen(); n != 0 {
 				t.Fatalf("dangling %v in a consistent snapshot", d)
@@ -195,11 +203,7 @@ func TestInlineRoutesNeedNoRDS(t *testing.T) {
 		t.Run(v.name, func(t *testing.T) {
 			cp := testcp.StartDialect(t, v.dialect)
 			cp.Set(t, "c1", "1", inlineListener("l", "z"), testcp.Cluster("z"), testcp.Endpoints("z", "127.0.0.1:1"))
-			sim, err := Start(context.Background(), Options{Conn: dial(t, cp.Addr), Node: node(), Delta: v.delta, PerType: v.perType, Listeners: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer sim.Close()
+			sim := startListeners(t, cp, v.delta, v.perType)
 			waitState(t, sim, "l serving to z", func(s State) bool {
 				l := s.Listeners["l"]
 				return l.Serving && slices.Equal(l.Inline, []string{"z"})
@@ -245,11 +249,7 @@ func TestChangedClusterServesWhileItWarms(t *testing.T) {
 		t.Run(v.name, func(t *testing.T) {
 			cp := testcp.StartDialect(t, v.dialect)
 			cp.Set(t, "c1", "1", testcp.Listener("l", "r"), testcp.Route("r", "x"), testcp.Cluster("x"), testcp.Endpoints("x", "127.0.0.1:1"))
-			sim, err := Start(context.Background(), Options{Conn: dial(t, cp.Addr), Node: node(), Delta: v.delta, PerType: v.perType, Listeners: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer sim.Close()
+			sim := startListeners(t, cp, v.delta, v.perType)
 			waitState(t, sim, "l serving on r to x", serving("l", []string{"r"}, "x"))
 
 			cp.Set(t, "c1", "2", testcp.Listener("l", "r"), testcp.Route("r", "x"), warmsForever("x"), testcp.Endpoints("x", "127.0.0.1:1"))
