@@ -2,6 +2,7 @@ package envoysim
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -270,5 +271,32 @@ func TestChangedClusterServesWhileItWarms(t *testing.T) {
 				t.Fatalf("dangling %v, want l/r->w, w warming", d)
 			}
 		})
+	}
+}
+
+// DanglingSeen keeps the first maxSeen references that began, and counts
+// them all: a fleet-sized control plane that leaves every route dangling
+// does not grow the client without bound.
+func TestDanglingSeenIsBounded(t *testing.T) {
+	c := &Client{clusters: map[string]*clusterState{}, listeners: map[string]*listenerState{}, routes: map[string]*Route{},
+		changed: make(chan struct{})}
+	const n = maxSeen + 100
+	for i := range n {
+		name := fmt.Sprintf("l%05d", i)
+		c.listeners[name] = &listenerState{serving: &listenerVersion{inline: []string{"absent-" + name}}}
+	}
+	c.mu.Lock()
+	c.changedLocked(time.Now())
+	c.changedLocked(time.Now()) // the same references: none begins again
+	c.mu.Unlock()
+	if d := c.Dangling(); len(d) != n {
+		t.Fatalf("%d dangling now, want %d", len(d), n)
+	}
+	seen, total := c.DanglingSeen()
+	if len(seen) != maxSeen || total != n {
+		t.Fatalf("seen %d of %d, want %d of %d", len(seen), total, maxSeen, n)
+	}
+	if seen[0].Listener != "l00000" || seen[maxSeen-1].Listener != fmt.Sprintf("l%05d", maxSeen-1) {
+		t.Errorf("seen runs %s..%s, want the first %d in order", seen[0].Listener, seen[maxSeen-1].Listener, maxSeen)
 	}
 }
