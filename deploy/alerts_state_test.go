@@ -79,7 +79,7 @@ func testSlowConvergence(t *testing.T, before sample, t0 time.Time) {
 		}
 		return 0, false
 	})
-	holdsAfter(t, "XdsrelaySlowConvergence", before, after, t0, "Cluster", "with Clusters accepted after more than 30s and Routes within 1s")
+	holdsAfter(t, "XdsrelaySlowConvergence", 10*time.Minute, before, after, t0, "Cluster", "with Clusters accepted after more than 30s and Routes within 1s")
 }
 
 // testReferenceWaitsTimingOut: with RouteConfiguration waits that timed
@@ -98,18 +98,18 @@ func testReferenceWaitsTimingOut(t *testing.T, before sample, t0 time.Time) {
 		}
 		return 0, false
 	})
-	holdsAfter(t, "XdsrelayReferenceWaitsTimingOut", before, after, t0, "RouteConfiguration", "with Route waits timing out and Cluster removals' waits resolved")
+	holdsAfter(t, "XdsrelayReferenceWaitsTimingOut", 10*time.Minute, before, after, t0, "RouteConfiguration", "with Route waits timing out and Cluster removals' waits resolved")
 }
 
-// holdsAfter checks the state alert name (for: 10m) over scrape before at
+// holdsAfter checks the state alert name (for: hold) over scrape before at
 // t0 and scrape after one interval later: it returns nothing at t0, and
 // one series, of type typ, after (what says how after differs). It
 // returns the storage, for other rules to be read over the same scrapes.
-func holdsAfter(t *testing.T, name string, before, after sample, t0 time.Time, typ, what string) storage.Queryable {
+func holdsAfter(t *testing.T, name string, hold time.Duration, before, after sample, t0 time.Time, typ, what string) storage.Queryable {
 	t.Helper()
 	rule := loadAlertRule(t, name)
-	if rule.hold != 10*time.Minute {
-		t.Errorf("%s for: %v, want 10m", name, rule.hold)
+	if rule.hold != hold {
+		t.Errorf("%s for: %v, want %v", name, rule.hold, hold)
 	}
 	st := teststorage.New(t)
 	ingest(t, st, before, t0)
@@ -121,4 +121,20 @@ func holdsAfter(t *testing.T, name string, before, after sample, t0 time.Time, t
 		t.Errorf("%s %s: %v, want one series of type %s", name, what, got, typ)
 	}
 	return st
+}
+
+// testClientsBehind: with 3 clients behind on a Cluster between two
+// scrapes, XdsrelayClientsBehind returns the Cluster series alone; before,
+// nothing.
+func testClientsBehind(t *testing.T, before sample, t0 time.Time) {
+	after := withValues(t, before, func(name string, l map[string]string) (float64, bool) {
+		if name != "xdsrelay_clients_behind" {
+			return 0, false
+		}
+		if l["type"] == "Cluster" {
+			return 3, true
+		}
+		return 0, true
+	})
+	holdsAfter(t, "XdsrelayClientsBehind", 15*time.Minute, before, after, t0, "Cluster", "with 3 clients behind on a Cluster")
 }
