@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/prometheus/storage"
 	"github.com/prometheus/prometheus/util/teststorage"
 )
 
@@ -53,10 +54,6 @@ func withValues(t *testing.T, s sample, set func(name string, labels map[string]
 // between two scrapes, XdsrelaySlowConvergence returns the Cluster series
 // alone; before, nothing.
 func testSlowConvergence(t *testing.T, before sample, t0 time.Time) {
-	rule := loadAlertRule(t, "XdsrelaySlowConvergence")
-	if rule.hold != 10*time.Minute {
-		t.Errorf("for: %v, want 10m", rule.hold)
-	}
 	after := withValues(t, before, func(name string, l map[string]string) (float64, bool) {
 		slow := l["type"] == "Cluster"
 		if !slow && l["type"] != "RouteConfiguration" {
@@ -82,15 +79,7 @@ func testSlowConvergence(t *testing.T, before sample, t0 time.Time) {
 		}
 		return 0, false
 	})
-	st := teststorage.New(t)
-	ingest(t, st, before, t0)
-	ingest(t, st, after, t0.Add(scrapeInterval))
-	if got := holding(t, rule, st, t0); len(got) != 0 {
-		t.Errorf("before any change was accepted: %v", got)
-	}
-	if got := holding(t, rule, st, t0.Add(scrapeInterval)); len(got) != 1 || !strings.Contains(got[0], `type="Cluster"`) {
-		t.Errorf("with Clusters accepted after more than 30s and Routes within 1s: %v, want one series of type Cluster", got)
-	}
+	holdsAfter(t, "XdsrelaySlowConvergence", 10*time.Minute, before, after, t0, "Cluster", "with Clusters accepted after more than 30s and Routes within 1s")
 }
 
 // testReferenceWaitsTimingOut: with RouteConfiguration waits that timed
@@ -98,10 +87,6 @@ func testSlowConvergence(t *testing.T, before sample, t0 time.Time) {
 // XdsrelayReferenceWaitsTimingOut returns the RouteConfiguration series
 // alone; before, nothing.
 func testReferenceWaitsTimingOut(t *testing.T, before sample, t0 time.Time) {
-	rule := loadAlertRule(t, "XdsrelayReferenceWaitsTimingOut")
-	if rule.hold != 10*time.Minute {
-		t.Errorf("for: %v, want 10m", rule.hold)
-	}
 	after := withValues(t, before, func(name string, l map[string]string) (float64, bool) {
 		if name != "xdsrelay_reference_waits_total" {
 			return 0, false
@@ -113,13 +98,43 @@ func testReferenceWaitsTimingOut(t *testing.T, before sample, t0 time.Time) {
 		}
 		return 0, false
 	})
+	holdsAfter(t, "XdsrelayReferenceWaitsTimingOut", 10*time.Minute, before, after, t0, "RouteConfiguration", "with Route waits timing out and Cluster removals' waits resolved")
+}
+
+// holdsAfter checks the state alert name (for: hold) over scrape before at
+// t0 and scrape after one interval later: it returns nothing at t0, and
+// one series, of type typ, after (what says how after differs). It
+// returns the storage, for other rules to be read over the same scrapes.
+func holdsAfter(t *testing.T, name string, hold time.Duration, before, after sample, t0 time.Time, typ, what string) storage.Queryable {
+	t.Helper()
+	rule := loadAlertRule(t, name)
+	if rule.hold != hold {
+		t.Errorf("%s for: %v, want %v", name, rule.hold, hold)
+	}
 	st := teststorage.New(t)
 	ingest(t, st, before, t0)
 	ingest(t, st, after, t0.Add(scrapeInterval))
 	if got := holding(t, rule, st, t0); len(got) != 0 {
-		t.Errorf("before any wait ended: %v", got)
+		t.Errorf("%s before: %v", name, got)
 	}
-	if got := holding(t, rule, st, t0.Add(scrapeInterval)); len(got) != 1 || !strings.Contains(got[0], `type="RouteConfiguration"`) {
-		t.Errorf("with Route waits timing out and Cluster removals' waits resolved: %v, want one series of type RouteConfiguration", got)
+	if got := holding(t, rule, st, t0.Add(scrapeInterval)); len(got) != 1 || !strings.Contains(got[0], `type="`+typ+`"`) {
+		t.Errorf("%s %s: %v, want one series of type %s", name, what, got, typ)
 	}
+	return st
+}
+
+// testClientsBehind: with 3 clients behind on a Cluster between two
+// scrapes, XdsrelayClientsBehind returns the Cluster series alone; before,
+// nothing.
+func testClientsBehind(t *testing.T, before sample, t0 time.Time) {
+	after := withValues(t, before, func(name string, l map[string]string) (float64, bool) {
+		if name != "xdsrelay_clients_behind" {
+			return 0, false
+		}
+		if l["type"] == "Cluster" {
+			return 3, true
+		}
+		return 0, true
+	})
+	holdsAfter(t, "XdsrelayClientsBehind", 15*time.Minute, before, after, t0, "Cluster", "with 3 clients behind on a Cluster")
 }

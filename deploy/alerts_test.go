@@ -184,19 +184,7 @@ func TestAlertsFireOnFirstEvent(t *testing.T) {
 	// The canary that NACKed the change rejects the current version: a
 	// state, held by for: 10m, absent before it.
 	t.Run("XdsrelayClientsRejecting", func(t *testing.T) {
-		rule := loadAlertRule(t, "XdsrelayClientsRejecting")
-		if rule.hold != 10*time.Minute {
-			t.Errorf("for: %v, want 10m", rule.hold)
-		}
-		st := teststorage.New(t)
-		ingest(t, st, before, t0)
-		ingest(t, st, after, t0.Add(scrapeInterval))
-		if got := holding(t, rule, st, t0); len(got) != 0 {
-			t.Errorf("before any client rejected: %v", got)
-		}
-		if got := holding(t, rule, st, t0.Add(scrapeInterval)); len(got) != 1 || !strings.Contains(got[0], `type="Cluster"`) {
-			t.Errorf("with the canary rejecting the change: %v, want one series of type Cluster", got)
-		}
+		st := holdsAfter(t, "XdsrelayClientsRejecting", 10*time.Minute, before, after, t0, "Cluster", "with the canary rejecting the change")
 		behind := loadAlertRule(t, "XdsrelayClientsBehind")
 		if got := holding(t, behind, st, t0); len(got) != 0 {
 			t.Errorf("XdsrelayClientsBehind before any change: %v", got)
@@ -207,6 +195,7 @@ func TestAlertsFireOnFirstEvent(t *testing.T) {
 	// relay's own scrape with one series' values moved.
 	t.Run("XdsrelaySlowConvergence", func(t *testing.T) { testSlowConvergence(t, before, t0) })
 	t.Run("XdsrelayReferenceWaitsTimingOut", func(t *testing.T) { testReferenceWaitsTimingOut(t, before, t0) })
+	t.Run("XdsrelayClientsBehind", func(t *testing.T) { testClientsBehind(t, before, t0) })
 	for _, name := range slices.Sorted(func(yield func(string) bool) {
 		for n := range firstEventAlerts {
 			if !yield(n) {

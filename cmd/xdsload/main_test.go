@@ -130,6 +130,12 @@ func TestFlagErrors(t *testing.T) {
 		{"soak gate unknown", []string{"--soak", "1m", "--soak-gate", "heap,cpu"}, 2, "soak-gate"},
 		{"soak rows past its end", []string{"--soak", "10s", "--soak-every", "1m"}, 2, "soak-every"},
 		{"relay limits without the relay", []string{"--serve-cp", "127.0.0.1:0", "--relay-limits"}, 2, "relay-limits"},
+		{"relay consistency off without the relay", []string{"--serve-cp", "127.0.0.1:0", "--relay-consistency-off"}, 2, "relay-consistency-off"},
+		{"relay persist without the relay", []string{"--serve-cp", "127.0.0.1:0", "--relay-persist", "/tmp/x"}, 2, "relay-persist"},
+		{"delta clients on a sotw control plane", []string{"--serve-cp", "127.0.0.1:0", "--cp-protocol", "sotw"}, 2, "variant sotw"},
+		{"ADS clients on a per-type control plane", []string{"--serve-cp", "127.0.0.1:0", "--cp-protocol", "sotw-per-type", "--variant", "sotw"}, 2, "ads=false"},
+		{"compare on a sotw control plane", []string{"--compare", "--cp-protocol", "sotw"}, 2, "cp-protocol"},
+		{"unknown control-plane protocol", []string{"--serve-cp", "127.0.0.1:0", "--cp-protocol", "rest"}, 2, "cp-protocol"},
 		{"relay limits past max_streams_per_connection", []string{"--compare", "--relay-limits", "--streams-per-conn", "200"}, 2, "max_streams_per_connection"},
 		{"soak fault duration without faults", []string{"--soak", "1m", "--soak-fault-for", "30s"}, 2, "soak-fault-for"},
 		{"rolling without the relay binary", []string{"--rolling"}, 2, "relay-bin"},
@@ -169,6 +175,22 @@ func TestTypeFlag(t *testing.T) {
 	for _, name := range []string{"secrets", "clusterz"} {
 		if _, err := parseFlags([]string{"--floor", "--type", name}, io.Discard); err == nil || !strings.Contains(err.Error(), "type") {
 			t.Errorf("--type %s: %v, want an error naming the type", name, err)
+		}
+	}
+}
+
+// --cp-protocol is taken by clients that speak it, and by any behind the
+// relay, which finds it.
+func TestCPProtocolFlag(t *testing.T) {
+	for _, args := range [][]string{
+		{"--serve-cp", "127.0.0.1:0", "--cp-protocol", "sotw", "--variant", "sotw"},
+		{"--serve-cp", "127.0.0.1:0", "--cp-protocol", "sotw-per-type", "--variant", "sotw", "--ads=false"},
+		{"--serve-cp", "127.0.0.1:0", "--cp-protocol", "sotw-per-type", "--relay"},
+		{"--soak", "1m", "--cp-protocol", "sotw"},
+		{"--rolling", "--relay-bin", "xdsrelay", "--serve-cp", "127.0.0.1:0", "--cp-protocol", "sotw"},
+	} {
+		if _, err := parseFlags(args, io.Discard); err != nil {
+			t.Errorf("%v: %v", args, err)
 		}
 	}
 }

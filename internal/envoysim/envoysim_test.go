@@ -52,11 +52,7 @@ func node() *corepb.Node { return &corepb.Node{Id: "envoy-1", Cluster: "c1"} }
 // waitFor waits, bounded, until cond holds of sim's clusters.
 func waitFor(t *testing.T, sim *Client, cond func(map[string]Cluster) bool) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
-	defer cancel()
-	if err := sim.WaitFor(ctx, cond); err != nil {
-		t.Fatal(err)
-	}
+	waitState(t, sim, "clusters", func(s State) bool { return cond(s.Clusters) })
 }
 
 // A changed cluster warms until its endpoints come again, in every

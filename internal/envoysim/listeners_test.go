@@ -2,6 +2,7 @@ package envoysim
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -28,6 +29,18 @@ var listenerVariants = []struct {
 	{"sotw-ads", false, false, testcp.DialectDelta},
 	{"delta-ads", true, false, testcp.DialectDelta},
 	{"sotw-per-type", false, true, testcp.DialectPerType},
+}
+
+// startListeners starts a client that subscribes Listeners too on cp,
+// closed when the test ends.
+func startListeners(t *testing.T, cp *testcp.ControlPlane, delta, perType bool) *Client {
+	t.Helper()
+	sim, err := Start(context.Background(), Options{Conn: dial(t, cp.Addr), Node: node(), Delta: delta, PerType: perType, Listeners: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sim.Close() })
+	return sim
 }
 
 // waitState waits, bounded, until cond holds of sim's state.
@@ -102,11 +115,7 @@ func TestListenersWarmUntilTheirRoutes(t *testing.T) {
 		t.Run(v.name, func(t *testing.T) {
 			cp := testcp.StartDialect(t, v.dialect)
 			cp.Set(t, "c1", "1", testcp.Listener("l", "r"), testcp.Route("r", "x"), testcp.Cluster("x"), testcp.Endpoints("x", "127.0.0.1:1"))
-			sim, err := Start(context.Background(), Options{Conn: dial(t, cp.Addr), Node: node(), Delta: v.delta, PerType: v.perType, Listeners: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer sim.Close()
+			sim := startListeners(t, cp, v.delta, v.perType)
 			waitState(t, sim, "l serving on r to x", serving("l", []string{"r"}, "x"))
 			if d, n := sim.DanglingSeen(); n != 0 {
 				t.Fatalf("dangling %v in a consistent snapshot", d)
@@ -195,11 +204,7 @@ func TestInlineRoutesNeedNoRDS(t *testing.T) {
 		t.Run(v.name, func(t *testing.T) {
 			cp := testcp.StartDialect(t, v.dialect)
 			cp.Set(t, "c1", "1", inlineListener("l", "z"), testcp.Cluster("z"), testcp.Endpoints("z", "127.0.0.1:1"))
-			sim, err := Start(context.Background(), Options{Conn: dial(t, cp.Addr), Node: node(), Delta: v.delta, PerType: v.perType, Listeners: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer sim.Close()
+			sim := startListeners(t, cp, v.delta, v.perType)
 			waitState(t, sim, "l serving to z", func(s State) bool {
 				l := s.Listeners["l"]
 				return l.Serving && slices.Equal(l.Inline, []string{"z"})
@@ -245,11 +250,7 @@ func TestChangedClusterServesWhileItWarms(t *testing.T) {
 		t.Run(v.name, func(t *testing.T) {
 			cp := testcp.StartDialect(t, v.dialect)
 			cp.Set(t, "c1", "1", testcp.Listener("l", "r"), testcp.Route("r", "x"), testcp.Cluster("x"), testcp.Endpoints("x", "127.0.0.1:1"))
-			sim, err := Start(context.Background(), Options{Conn: dial(t, cp.Addr), Node: node(), Delta: v.delta, PerType: v.perType, Listeners: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer sim.Close()
+			sim := startListeners(t, cp, v.delta, v.perType)
 			waitState(t, sim, "l serving on r to x", serving("l", []string{"r"}, "x"))
 
 			cp.Set(t, "c1", "2", testcp.Listener("l", "r"), testcp.Route("r", "x"), warmsForever("x"), testcp.Endpoints("x", "127.0.0.1:1"))
@@ -270,5 +271,32 @@ func TestChangedClusterServesWhileItWarms(t *testing.T) {
 				t.Fatalf("dangling %v, want l/r->w, w warming", d)
 			}
 		})
+	}
+}
+
+// DanglingSeen keeps the first maxSeen references that began, and counts
+// them all: a fleet-sized control plane that leaves every route dangling
+// does not grow the client without bound.
+func TestDanglingSeenIsBounded(t *testing.T) {
+	c := &Client{clusters: map[string]*clusterState{}, listeners: map[string]*listenerState{}, routes: map[string]*Route{},
+		changed: make(chan struct{})}
+	const n = maxSeen + 100
+	for i := range n {
+		name := fmt.Sprintf("l%05d", i)
+		c.listeners[name] = &listenerState{serving: &listenerVersion{inline: []string{"absent-" + name}}}
+	}
+	c.mu.Lock()
+	c.changedLocked(time.Now())
+	c.changedLocked(time.Now()) // the same references: none begins again
+	c.mu.Unlock()
+	if d := c.Dangling(); len(d) != n {
+		t.Fatalf("%d dangling now, want %d", len(d), n)
+	}
+	seen, total := c.DanglingSeen()
+	if len(seen) != maxSeen || total != n {
+		t.Fatalf("seen %d of %d, want %d of %d", len(seen), total, maxSeen, n)
+	}
+	if seen[0].Listener != "l00000" || seen[maxSeen-1].Listener != fmt.Sprintf("l%05d", maxSeen-1) {
+		t.Errorf("seen runs %s..%s, want the first %d in order", seen[0].Listener, seen[maxSeen-1].Listener, maxSeen)
 	}
 }

@@ -64,7 +64,7 @@ type ControlPlane struct {
 	dialect Dialect
 
 	mu       sync.Mutex
-	nodes    []*corepb.Node // first request's node of each delta stream
+	nodes    []*corepb.Node // node of every request that carried one (a stream's first), SotW or delta
 	reqs     []*discoverypb.DeltaDiscoveryRequest
 	sotwReqs []*discoverypb.DiscoveryRequest
 	stop     func() // stops the serving gRPC server; nil while stopped

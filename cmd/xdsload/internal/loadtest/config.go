@@ -210,6 +210,9 @@ func (cfg *Config) Validate() error {
 	if err := cfg.validateRelay(); err != nil {
 		return err
 	}
+	if err := cfg.validateDialect(); err != nil {
+		return err
+	}
 	if err := cfg.Soak.validate(cfg); err != nil {
 		return err
 	}
@@ -234,6 +237,23 @@ func (cfg *Config) validateStreams() error {
 		return fmt.Errorf("churn-settle %s: must not be negative", cfg.ChurnSettle)
 	case cfg.Churn > 0 && cfg.Timeout <= cfg.Churn+cfg.ChurnSettle:
 		return fmt.Errorf("timeout %s: must be longer than churn %s plus churn-settle %s", cfg.Timeout, cfg.Churn, cfg.ChurnSettle)
+	}
+	return nil
+}
+
+// validateDialect checks that clients that reach the tool's control plane
+// directly speak what --cp-protocol serves: one that refuses delta, or
+// serves no ADS, is for a relay in front (--relay, --rolling), which finds
+// its protocol; the clients would each be refused.
+func (cfg *Config) validateDialect() error {
+	direct := cfg.ServeCP != "" && !cfg.Relay && cfg.Rolling.RelayBin == "" && !cfg.LRS
+	switch d := testcp.Dialect(cfg.CPProtocol); {
+	case !direct || d == testcp.DialectDelta:
+		return nil
+	case cfg.Variant == VariantDelta:
+		return fmt.Errorf("cp-protocol %s refuses delta: give relay, or variant sotw", d)
+	case d == testcp.DialectPerType && cfg.ADS:
+		return fmt.Errorf("cp-protocol %s serves no ADS: give relay, or ads=false", d)
 	}
 	return nil
 }

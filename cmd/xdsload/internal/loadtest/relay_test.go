@@ -40,6 +40,43 @@ func TestRelayConfigLimits(t *testing.T) {
 	}
 }
 
+// --relay-consistency-off reaches the relay as consistency.max_wait 0,
+// and the relay keeps its default without it; --lrs-interval shorter than
+// the relay's lrs.min_interval lowers the floor with it.
+func TestRelayConfigOptions(t *testing.T) {
+	def := relay.Default()
+	tests := []struct {
+		name  string
+		cfg   Config
+		check func(relay.Config) bool
+	}{
+		{"consistency on by default", Config{}, func(c relay.Config) bool {
+			return c.Consistency.MaxWait == def.Consistency.MaxWait && c.Consistency.MaxWait > 0
+		}},
+		{"relay-consistency-off", Config{RelayConsistencyOff: true}, func(c relay.Config) bool { return c.Consistency.MaxWait == 0 }},
+		{"lrs-interval under min_interval", Config{LRS: true, LRSInterval: 100 * time.Millisecond}, func(c relay.Config) bool {
+			return c.LRS.Interval == 100*time.Millisecond && c.LRS.MinInterval == 100*time.Millisecond
+		}},
+		{"lrs-interval over min_interval", Config{LRS: true, LRSInterval: time.Minute}, func(c relay.Config) bool {
+			return c.LRS.Interval == time.Minute && c.LRS.MinInterval == def.LRS.MinInterval
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rc, err := relayConfig("127.0.0.1:1", &tt.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tt.check(rc) {
+				t.Errorf("consistency %+v, lrs %+v", rc.Consistency, rc.LRS)
+			}
+			if err := rc.Validate(); err != nil {
+				t.Errorf("the relay refuses it: %v", err)
+			}
+		})
+	}
+}
+
 func TestBackoffDelay(t *testing.T) {
 	tests := []struct {
 		retry    int
