@@ -273,3 +273,45 @@ func TestWaitTiersThroughSotW(t *testing.T) {
 		}
 	}
 }
+
+// wait --tiers asks at most tierDepth tiers below the relays it is given
+// and tierRelays relays in all; a lower relay past either bound, and the
+// streams a relay counts past the lower relays it names, are not
+// converged, and are named.
+func TestWaitTiersBounds(t *testing.T) {
+	var f waitFlags
+	listing := func(depth, n, more int) *tierRelay {
+		dc := &relay.DebugConvergence{TiersMore: more}
+		for i := range n {
+			dc.Tiers = append(dc.Tiers, relay.ConvergenceTier{Group: "g", Node: fmt.Sprintf("n%d", i), Admin: fmt.Sprintf("10.0.%d.%d:9901", i/250, i%250+1)})
+		}
+		return &tierRelay{af: adminFlags{server: "above:9901"}, depth: depth, dc: dc}
+	}
+
+	var c waitCount
+	if next := f.below(listing(tierDepth-1, 1, 0), nil, map[string]bool{}, 1, &c); len(next) != 1 || next[0].depth != tierDepth || len(c.unknown) != 0 {
+		t.Errorf("a relay %d tiers down: asked %d, unknown %q; want it asked", tierDepth, len(next), c.unknown)
+	}
+	c = waitCount{}
+	if next := f.below(listing(tierDepth, 1, 0), nil, map[string]bool{}, 1, &c); len(next) != 0 || len(c.unknown) != 1 || !strings.Contains(c.unknown[0], fmt.Sprintf("deeper than %d tiers", tierDepth)) {
+		t.Errorf("a relay %d tiers down: asked %d, unknown %q; want it named, not asked", tierDepth+1, len(next), c.unknown)
+	}
+
+	c = waitCount{}
+	next := f.below(listing(0, tierRelays+4, 2), nil, map[string]bool{}, 1, &c)
+	if len(next) != tierRelays-1 {
+		t.Errorf("%d lower relays asked below one, want %d", len(next), tierRelays-1)
+	}
+	var over, past int
+	for _, u := range c.unknown {
+		switch {
+		case strings.Contains(u, fmt.Sprintf("more than %d relays, not asked", tierRelays)):
+			over++
+		case strings.Contains(u, "2 streams of lower relays past the bound"):
+			past++
+		}
+	}
+	if over != 5 || past != 1 || len(c.unknown) != 6 {
+		t.Errorf("unknown %d lines (%d over the relays, %d past the bound), want 5 and 1", len(c.unknown), over, past)
+	}
+}
