@@ -1,22 +1,17 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
@@ -53,30 +48,16 @@ func startTierRelay(t *testing.T, upstream, protocol string) *relay.Relay {
 // what it is sent.
 func advertisingClient(t *testing.T, addr, id, admin string) {
 	t.Helper()
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	md, _ := structpb.NewStruct(map[string]any{relay.TierMetadataKey: admin})
-	if err := st.Send(&discoverypb.DeltaDiscoveryRequest{Node: &corepb.Node{Id: id, Cluster: "c1", Metadata: md}, TypeUrl: resourcev3.ClusterType}); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	_, st, run := clusterStream(t, addr, &corepb.Node{Id: id, Cluster: "c1", Metadata: md})
+	run(func() {
 		for {
 			resp, err := st.Recv()
 			if err != nil || st.Send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()}) != nil {
 				return
 			}
 		}
-	}()
-	t.Cleanup(func() { cancel(); <-done; cc.Close() })
+	})
 }
 
 // Three tiers: a SotW control plane, relay A in front of it, relay B (delta)
@@ -204,34 +185,17 @@ func convergenceAt(t *testing.T, server string) relay.DebugConvergence {
 // something, and stop ends its stream.
 func silentClient(t *testing.T, addr, id string) (stop func()) {
 	t.Helper()
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(&discoverypb.DeltaDiscoveryRequest{Node: &corepb.Node{Id: id, Cluster: "c1"}, TypeUrl: resourcev3.ClusterType}); err != nil {
-		t.Fatal(err)
-	}
+	_, st, run := clusterStream(t, addr, &corepb.Node{Id: id, Cluster: "c1"})
 	if _, err := st.Recv(); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	return run(func() {
 		for {
 			if _, err := st.Recv(); err != nil {
 				return
 			}
 		}
-	}()
-	var once sync.Once
-	stop = func() { once.Do(func() { cancel(); <-done; cc.Close() }) }
-	t.Cleanup(stop)
-	return stop
+	})
 }
 
 // Through a SotW tier under a delta control plane: the control plane's
