@@ -278,4 +278,13 @@ func TestWaitTiersBounds(t *testing.T) {
 	if over != 5 || past != 1 || len(c.unknown) != 6 {
 		t.Errorf("unknown %d lines (%d over the relays, %d past the bound), want 5 and 1", len(c.unknown), over, past)
 	}
+
+	// What is not counted is named up to waitShown relays, then counted.
+	c = waitCount{}
+	f.below(listing(0, tierRelays+30, 0), nil, map[string]bool{}, 1, &c)
+	var out strings.Builder
+	c.print(&out)
+	if len(c.unknown) != waitShown || c.unknownMore != 31-waitShown || !strings.Contains(out.String(), fmt.Sprintf("... and %d more not counted\n", 31-waitShown)) {
+		t.Errorf("31 relays not asked: %d named, %d more; printed %q", len(c.unknown), c.unknownMore, out.String())
+	}
 }
