@@ -10,10 +10,8 @@ import (
 
 	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/xdsrelay/xdsrelay/cache"
-	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
 // Sizes of the group BenchmarkDebugConvergence reads.
@@ -40,15 +38,7 @@ func convergenceGroup(b *testing.B) *group {
 	c := cache.New(cache.Options{})
 	cluster := func(i int, version string) *cache.Resource {
 		name := "cluster-" + strconv.Itoa(i)
-		a, err := anypb.New(&clusterpb.Cluster{Name: name, AltStatName: version})
-		if err != nil {
-			b.Fatal(err)
-		}
-		r, err := xds.Encode(name, version, a, nil, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return r
+		return encodeForTest(b, name, version, &clusterpb.Cluster{Name: name, AltStatName: version})
 	}
 	first := make([]*cache.Resource, convResources)
 	for i := range first {

@@ -79,10 +79,8 @@ func TestConvergenceFollowsAChange(t *testing.T) {
 	cp.Set(t, "c1", "1", testcp.Endpoints("e1", "10.0.0.1:80"))
 	r := startRelay(t, cp.Addr)
 
-	d := openDelta(t, r.Addr())
-	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("acker", "c1"), TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{"e1"}})
-	resp := d.recv()
-	d.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: resp.GetNonce()})
+	d, resp := edsClient(t, r, "acker")
+	ackDelta(d, resp)
 
 	sotw := func(id string) (*sotwStream, *discoverypb.DiscoveryResponse) {
 		s := openSotW(t, r.Addr())
@@ -261,15 +259,12 @@ func TestConvergenceUpstreamVersion(t *testing.T) {
 		cp := testcp.StartDialect(t, d)
 		cp.Set(t, "c1", "snap-1", testcp.Endpoints("e1", "10.0.0.1:80"))
 		r := startRelay(t, cp.Addr)
-		s := openDelta(t, r.Addr())
-		s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{"e1"}})
-		resp := s.recv()
-		s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: resp.GetNonce()})
+		s, resp := edsClient(t, r, "n1")
+		ackDelta(s, resp)
 		for _, want := range []string{"snap-1", "snap-2"} {
 			if want == "snap-2" {
 				cp.Set(t, "c1", want, testcp.Endpoints("e1", "10.0.0.2:80"))
-				resp = s.recv()
-				s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.EndpointType, ResponseNonce: resp.GetNonce()})
+				ackDelta(s, s.recv())
 			}
 			var rc ConvergenceResource
 			eventually(t, "the client accepts e1 at "+want, func() bool {

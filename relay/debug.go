@@ -179,7 +179,7 @@ func (r *Relay) debugGroups(w http.ResponseWriter, _ *http.Request) {
 	out := []debugGroup{}
 	for _, g := range r.snapshotGroups() {
 		s := g.feed.Status()
-		dg := debugGroup{Key: g.shown, UserAgent: xds.Clip(r.shownUserAgent(g.node)), ClientFeatures: clipList(g.node.GetClientFeatures()),
+		dg := debugGroup{Key: g.shown, UserAgent: xds.Clip(r.shownUserAgent(g.nodes[0])), ClientFeatures: clipList(g.nodes[0].GetClientFeatures()),
 			Connected: s.Connected, LastError: xds.Clip(s.LastError), Invalid: xds.Clip(s.Invalid),
 			Resources: g.cache.Len(), Clients: r.groupClients(g), Types: []debugGroupType{}}
 		if !s.LastResponse.IsZero() {

@@ -112,20 +112,27 @@ func grpcClientWith(t testing.TB, bootstrap, target string) *grpc.ClientConn {
 // want, failing the test after wait.
 func rpcReaches(t *testing.T, cc *grpc.ClientConn, want string, onFail func()) {
 	t.Helper()
-	client := testgrpc.NewTestServiceClient(cc)
+	if last, lastErr, ok := reachWithin(testgrpc.NewTestServiceClient(cc), want, 10*time.Millisecond); !ok {
+		onFail()
+		t.Fatalf("RPCs to %s never reached %s (last reached %q, error %v)", cc.Target(), want, last, lastErr)
+	}
+}
+
+// reachWithin makes RPCs, poll apart, until one is answered by the backend
+// named want or wait has passed; errors (a route whose cluster grpc-go
+// does not have yet) are retried. Not ok, last and lastErr are what the
+// last RPC got.
+func reachWithin(client testgrpc.TestServiceClient, want string, poll time.Duration) (last string, lastErr error, ok bool) {
 	deadline := time.Now().Add(wait)
-	var last string
-	var lastErr error
 	for time.Now().Before(deadline) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		resp, err := client.UnaryCall(ctx, &testgrpc.SimpleRequest{}, grpc.WaitForReady(true))
 		cancel()
 		if err == nil && resp.GetHostname() == want {
-			return
+			return "", nil, true
 		}
 		last, lastErr = resp.GetHostname(), err
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(poll)
 	}
-	onFail()
-	t.Fatalf("RPCs to %s never reached %s (last reached %q, error %v)", cc.Target(), want, last, lastErr)
+	return last, lastErr, false
 }

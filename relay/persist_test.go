@@ -21,7 +21,6 @@ import (
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
-	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
 // Warm restart: a relay restarted while the control plane is down configures
@@ -270,17 +269,7 @@ func TestPersistHealthBoundsWhatItNames(t *testing.T) {
 // as it was; a file saved without them (as before they were kept) loads,
 // each with none.
 func TestPersistUpstreamVersions(t *testing.T) {
-	enc := func(name, ver string) *cache.Resource {
-		a, err := anypb.New(testcp.Cluster(name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := xds.Encode(name, ver, a, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
+	enc := func(name, ver string) *cache.Resource { return encodeForTest(t, name, ver, testcp.Cluster(name)) }
 	a, b, c := enc("a", "1"), enc("b", "2"), enc("c", "3")
 	a.Upstream, b.Upstream = "snap-7", "snap-7"
 	states := []cache.TypeState{{TypeURL: resourcev3.ClusterType, Resources: []*cache.Resource{a, b, c}}}

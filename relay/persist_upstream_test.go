@@ -17,13 +17,14 @@ import (
 
 const partnerCluster = "xdstp://partner.example.com/envoy.config.cluster.v3.Cluster/c2"
 
-func encodeForTest(t *testing.T, name string, m proto.Message) *cache.Resource {
+// encodeForTest is m as the cache holds it, named name at version.
+func encodeForTest(t testing.TB, name, version string, m proto.Message) *cache.Resource {
 	t.Helper()
 	a, err := anypb.New(m)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := xds.Encode(name, "1", a, nil, nil)
+	r, err := xds.Encode(name, version, a, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,8 +49,8 @@ func TestPersistRecordsUpstream(t *testing.T) {
 	r := &Relay{routes: routes, log: testLogger()}
 	states := []cache.TypeState{
 		{TypeURL: resourcev3.ClusterType, Wildcard: true, Synced: true, Resources: []*cache.Resource{
-			encodeForTest(t, "c1", testcp.Cluster("c1")), encodeForTest(t, partnerCluster, testcp.Cluster(partnerCluster))}},
-		{TypeURL: resourcev3.SecretType, Resources: []*cache.Resource{encodeForTest(t, "s1", &tlspb.Secret{Name: "s1"})}, Absent: []string{"s2"}},
+			encodeForTest(t, "c1", "1", testcp.Cluster("c1")), encodeForTest(t, partnerCluster, "1", testcp.Cluster(partnerCluster))}},
+		{TypeURL: resourcev3.SecretType, Resources: []*cache.Resource{encodeForTest(t, "s1", "1", &tlspb.Secret{Name: "s1"})}, Absent: []string{"s2"}},
 	}
 	data, err := encodeGroup(node("n", "c1"), states, r.owner())
 	if err != nil {

@@ -137,8 +137,9 @@ func testRemovalWaitsForTheRouteToMove(t *testing.T, d testcp.Dialect) {
 
 	cp.Set(t, "c1", "3", testcp.Route("r", "y"), testcp.Cluster("y"), testcp.Endpoints("y"))
 	moved := false
+	deadline := time.Now().Add(wait)
 	for {
-		resp := recvAck(t, c, wait)
+		resp := recvAck(t, c, time.Until(deadline))
 		if got := routeClusters(t, resp, "r"); got != nil {
 			if !slices.Equal(got, []string{"y"}) {
 				t.Fatalf("route to %v, want [y]", got)

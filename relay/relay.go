@@ -112,8 +112,7 @@ func (r *Relay) closeReloaders() {
 type group struct {
 	key    string
 	shown  string         // key as the admin endpoint and the metrics show it (shownKey)
-	node   *corepb.Node   // presented to the default upstream
-	nodes  []*corepb.Node // presented to each upstream, by route index (groupNodes)
+	nodes  []*corepb.Node // presented to each upstream, by route index (groupNodes); the default upstream's first
 	fields *corepb.Node   // the group_by fields of its clients' nodes (keyNode)
 	cache  *cache.Cache
 	feed   upstream.Feed // what fills cache; its Status is the group's upstream state
@@ -647,11 +646,10 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 		opts.OnRejected = func(ev cache.Rejection) { g.feed.Rejected(ev) }
 	}
 	g.cache = cache.New(opts)
-	g.node = g.nodes[0]
 	if saved != nil {
 		g.cache.Import(saved)
 	}
-	feed, err := r.source.Feed(upstream.Group{Key: key, Node: g.node, Nodes: g.nodes, Cache: g.cache})
+	feed, err := r.source.Feed(upstream.Group{Key: key, Node: g.nodes[0], Nodes: g.nodes, Cache: g.cache})
 	if err != nil {
 		cancel()
 		return nil, err
@@ -661,7 +659,7 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 	r.goRun(func() { feed.Run(ctx) })
 	r.groups[key] = g
 	r.groupsG.Set(int64(len(r.groups)))
-	r.log.Info("group started", "group", xds.Clip(key), "upstream_node", xds.Clip(g.node.GetId()))
+	r.log.Info("group started", "group", xds.Clip(key), "upstream_node", xds.Clip(g.nodes[0].GetId()))
 	return g, nil
 }
 

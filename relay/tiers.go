@@ -2,8 +2,10 @@ package relay
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -41,19 +43,26 @@ type tierLink struct {
 }
 
 // checkAdvertised checks an admin address to advertise: host:port that
-// another host can dial, not a wildcard.
+// another host can dial, not a wildcard, the port a number. A client's node
+// is checked with it under Relay.mu, so the length is checked before
+// anything reads the address, and a port that is not a number is refused
+// before checkHostPort could look it up as a service name.
 func checkAdvertised(addr string) error {
+	if len(addr) > maxAdvertised {
+		return fmt.Errorf("is longer than %d bytes", maxAdvertised)
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port: %w", addr, err)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return fmt.Errorf("%q has no valid port: want a number from 1 to 65535", addr)
+	}
 	if err := checkHostPort(addr); err != nil {
 		return err
 	}
-	host, port, _ := net.SplitHostPort(addr)
-	switch {
-	case len(addr) > maxAdvertised:
-		return errors.New("is longer than 256 bytes")
-	case host == "" || host == "0.0.0.0" || host == "::":
+	if host == "" || host == "0.0.0.0" || host == "::" {
 		return errors.New("names no host: advertise one the relay above can reach (the pod IP)")
-	case port == "0":
-		return errors.New("has port 0")
 	}
 	return nil
 }

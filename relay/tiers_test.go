@@ -1,15 +1,19 @@
 package relay
 
 import (
+	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/xdsrelay/xdsrelay/internal/faultproxy"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
@@ -304,5 +308,62 @@ func TestTiersKeepUnavailableThroughTheTimer(t *testing.T) {
 	l := zone.groupCache(keyOf("c1")).Get(resourcev3.ClusterType, []string{"x"})[0]
 	if l.Absent || l.Error == nil || l.Error.Code != int32(codes.Unavailable) {
 		t.Fatalf("the zone relay holds x as %+v, want UNAVAILABLE and not absent", l)
+	}
+}
+
+// A group names at most maxTiers lower relays; the streams of the others
+// are counted in tiers_more, and a name is freed for another relay once its
+// streams end. An advertised address longer than maxAdvertised, or with a
+// port that is not a number, is not read.
+func TestTiersBounded(t *testing.T) {
+	long := node("long", "c1")
+	setMetadata(long, TierMetadataKey, structpb.NewStringValue(strings.Repeat("a", maxAdvertised)+".example:9901"))
+	named := node("named", "c1")
+	setMetadata(named, TierMetadataKey, structpb.NewStringValue("10.0.0.7:http"))
+	for _, n := range []*corepb.Node{long, named} {
+		if got := advertised(n); got != "" {
+			t.Errorf("node %s advertises %q", n.GetId(), got)
+		}
+	}
+
+	r := &Relay{}
+	g := &group{shown: "g"}
+	tier := func(i int) *corepb.Node {
+		n := node(fmt.Sprintf("relay-%d", i), "c1")
+		setMetadata(n, TierMetadataKey, structpb.NewStringValue(fmt.Sprintf("10.0.%d.%d:9901", i/250, i%250+1)))
+		return n
+	}
+	var leave []func()
+	for i := range maxTiers + 3 {
+		leave = append(leave, g.joinTierLocked(tier(i)))
+	}
+	leave = append(leave, g.joinTierLocked(tier(0))) // a second stream of one named
+	tiers, more := r.tiersOf([]*group{g})
+	if len(tiers) != maxTiers || more != 3 {
+		t.Fatalf("%d tiers named, %d more; want %d and 3", len(tiers), more, maxTiers)
+	}
+	left := map[int]bool{}
+	out := func(i int) { leave[i](); left[i] = true }
+	out(0)
+	if tiers, _ := r.tiersOf([]*group{g}); len(tiers) != maxTiers {
+		t.Errorf("relay-0 left with a stream still open: %d tiers named", len(tiers))
+	}
+	out(len(leave) - 1)
+	out(maxTiers)
+	tiers, more = r.tiersOf([]*group{g})
+	if len(tiers) != maxTiers-1 || more != 2 {
+		t.Errorf("after relay-0 and one past the bound left: %d tiers named, %d more; want %d and 2", len(tiers), more, maxTiers-1)
+	}
+	leave = append(leave, g.joinTierLocked(tier(maxTiers+3)))
+	if tiers, _ := r.tiersOf([]*group{g}); len(tiers) != maxTiers {
+		t.Errorf("a relay joining below the bound again is not named: %d tiers", len(tiers))
+	}
+	for i := range leave {
+		if !left[i] {
+			out(i)
+		}
+	}
+	if tiers, more := r.tiersOf([]*group{g}); len(tiers) != 0 || more != 0 || len(g.tiers) != 0 {
+		t.Errorf("every stream left: %d tiers named, %d more, %d kept", len(tiers), more, len(g.tiers))
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -142,22 +143,9 @@ func acceptingClient(t *testing.T, addr, id string) *judge {
 // reject (nothing if "").
 func deltaJudge(t *testing.T, addr, id, reject string) *judge {
 	t.Helper()
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(&discoverypb.DeltaDiscoveryRequest{Node: &corepb.Node{Id: id, Cluster: "c1"}, TypeUrl: resourcev3.ClusterType}); err != nil {
-		t.Fatal(err)
-	}
+	ctx, st, run := clusterStream(t, addr, &corepb.Node{Id: id, Cluster: "c1"})
 	j := &judge{seen: make(chan string, 16)}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	run(func() {
 		for {
 			resp, err := st.Recv()
 			if err != nil {
@@ -176,16 +164,56 @@ func deltaJudge(t *testing.T, addr, id, reject string) *judge {
 					return
 				}
 				if reject != "" && timeout == reject {
-					ack.ErrorDetail = &rpcstatus.Status{Code: 3, Message: "13s is too slow"}
+					ack.ErrorDetail = &rpcstatus.Status{Code: 3, Message: reject + " is too slow"}
 				}
 			}
 			if st.Send(ack) != nil {
 				return
 			}
 		}
-	}()
-	t.Cleanup(func() { cancel(); <-done; cc.Close() })
+	})
 	return j
+}
+
+// clusterStream is a delta ADS stream to addr with node n, subscribed to
+// every Cluster. run starts loop, which reads the stream, in a goroutine of
+// its own; the stop it returns, also called at the test's end, cancels the
+// stream, waits for loop to return and closes the connection.
+func clusterStream(t *testing.T, addr string, n *corepb.Node) (context.Context, discoverypb.AggregatedDiscoveryService_DeltaAggregatedResourcesClient, func(loop func()) (stop func())) {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	started := false
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if started {
+				<-done
+			}
+			cc.Close()
+		})
+	}
+	t.Cleanup(stop)
+	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&discoverypb.DeltaDiscoveryRequest{Node: n, TypeUrl: resourcev3.ClusterType}); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, st, func(loop func()) func() {
+		started = true
+		go func() {
+			defer close(done)
+			loop()
+		}()
+		return stop
+	}
 }
 
 // wait waits for the client to be sent a cluster with this timeout.

@@ -207,6 +207,60 @@ func TestLoadConfig(t *testing.T) {
 				}
 			},
 		},
+		{name: "admin.advertise_address without a port", yaml: "admin:\n  advertise_address: 10.0.0.7\n", wantErr: "admin.advertise_address"},
+		{name: "admin.advertise_address unspecified host from the environment", env: map[string]string{"XDSRELAY_ADMIN_ADVERTISE_ADDRESS": "0.0.0.0:9901"},
+			wantErr: "admin.advertise_address"},
+		{
+			name: "admin.advertise_address default, beside admin.address",
+			yaml: "admin:\n  address: :9902\n",
+			check: func(t *testing.T, o Options) {
+				if a := o.Relay.Admin; a.AdvertiseAddress != "" || a.Address != ":9902" {
+					t.Errorf("admin: advertise_address %q address %q", a.AdvertiseAddress, a.Address)
+				}
+			},
+		},
+		{
+			name: "admin.advertise_address alone",
+			yaml: "admin:\n  advertise_address: 10.0.0.7:9901\n",
+			check: func(t *testing.T, o Options) {
+				if got := o.Relay.Admin.AdvertiseAddress; got != "10.0.0.7:9901" {
+					t.Errorf("advertise_address %q", got)
+				}
+			},
+		},
+		{
+			name: "admin.advertise_address from the environment overrides the file",
+			yaml: "admin:\n  address: :9902\n  advertise_address: 10.0.0.7:9901\n",
+			env:  map[string]string{"XDSRELAY_ADMIN_ADVERTISE_ADDRESS": "10.0.0.8:9902"},
+			check: func(t *testing.T, o Options) {
+				if a := o.Relay.Admin; a.AdvertiseAddress != "10.0.0.8:9902" || a.Address != ":9902" {
+					t.Errorf("admin: advertise_address %q address %q", a.AdvertiseAddress, a.Address)
+				}
+			},
+		},
+		{name: "upstream.forward_nacks not a bool", yaml: "upstream:\n  forward_nacks: sometimes\n", wantErr: "upstream.forward_nacks"},
+		{
+			name: "upstream.forward_nacks default, and off beside the address",
+			yaml: "upstream:\n  address: cp.example:18000\n  forward_nacks: false\n",
+			check: func(t *testing.T, o Options) {
+				if u := o.Relay.Upstream; u.ForwardNACKs || u.Address != "cp.example:18000" {
+					t.Errorf("upstream: forward_nacks %v address %q", u.ForwardNACKs, u.Address)
+				}
+				if !relay.Default().Upstream.ForwardNACKs {
+					t.Error("upstream.forward_nacks is off by default")
+				}
+			},
+		},
+		{
+			name: "upstream.forward_nacks from the environment overrides the file",
+			yaml: "upstream:\n  forward_nacks: true\n",
+			env:  map[string]string{"XDSRELAY_UPSTREAM_FORWARD_NACKS": "false"},
+			check: func(t *testing.T, o Options) {
+				if o.Relay.Upstream.ForwardNACKs {
+					t.Error("forward_nacks on, want the environment's false")
+				}
+			},
+		},
 		{name: "unknown upstream.protocol", yaml: "upstream:\n  protocol: grpc\n",
 			wantErr: `upstream.protocol: unknown protocol "grpc": want auto, delta, sotw or sotw-per-type`},
 		{name: "unknown upstream.protocol from the environment", env: map[string]string{"XDSRELAY_UPSTREAM_PROTOCOL": "SotW"},

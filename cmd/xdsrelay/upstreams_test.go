@@ -206,6 +206,22 @@ func TestLoadUpstreams(t *testing.T) {
 				}
 			},
 		},
+		{
+			name: "upstream.forward_nacks from the environment, an entry's own, another's default",
+			env:  map[string]string{"XDSRELAY_UPSTREAM_FORWARD_NACKS": "false"},
+			yaml: "upstreams:\n  - {name: a, types: [secrets], forward_nacks: false}\n  - {name: b, types: [clusters]}\n  - {name: c, types: [listeners], forward_nacks: true}\n",
+			check: func(t *testing.T, o Options) {
+				if o.Relay.Upstream.ForwardNACKs {
+					t.Error("upstream.forward_nacks on, want the environment's false")
+				}
+				us := o.Relay.Upstreams
+				if a, b, c := us[0].ForwardNACKs, us[1].ForwardNACKs, us[2].ForwardNACKs; a || !b || !c {
+					t.Errorf("upstreams[].forward_nacks: %v, %v and %v, want false, the default true and true", a, b, c)
+				}
+			},
+		},
+		{name: "an entry's forward_nacks not a bool", yaml: "upstreams:\n  - {name: a, types: [secrets], forward_nacks: 1s}\n",
+			wantErr: "upstreams[0].forward_nacks"},
 		{name: "an entry's address checked", yaml: "upstreams:\n  - {name: a, types: [secrets], addresses: [nowhere]}\n",
 			wantErr: "upstreams[0].addresses"},
 	})

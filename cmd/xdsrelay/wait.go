@@ -22,7 +22,8 @@ import (
 // waitPoll is how often wait asks the relays again.
 const waitPoll = 250 * time.Millisecond
 
-// waitShown bounds the resources a verdict names.
+// waitShown bounds the resources a verdict names, and the relays it names
+// as not counted.
 const waitShown = 10
 
 type waitFlags struct {
@@ -67,7 +68,7 @@ above. A lower relay's resource is at the version when its version, or
 the upstream version it came with, is one waited for at the tier above:
 there its version, or the hash of its bytes, which a SotW tier below
 holds it at. A lower relay that does not answer counts as not converged, and is
-named.`,
+named (the first 10 such relays; past them, how many more).`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := f.check(cmd); err != nil {
@@ -112,7 +113,18 @@ type waitCount struct {
 	subscribed, accepted, rejected, pending, behind int
 	shown                                           []string // lines about resources not there yet, at most waitShown
 	more                                            int      // resources not shown
-	unknown                                         []string // replicas that did not answer, and why
+	unknown                                         []string // replicas that did not answer, and why; at most waitShown
+	unknownMore                                     int      // more of those, not shown
+}
+
+// notCounted records a replica or lower relay whose clients are not
+// counted, and why; past waitShown of them, only how many.
+func (c *waitCount) notCounted(line string) {
+	if len(c.unknown) == waitShown {
+		c.unknownMore++
+		return
+	}
+	c.unknown = append(c.unknown, line)
 }
 
 // done reports whether the fraction is reached; lost, whether it no
@@ -164,6 +176,9 @@ func (c waitCount) print(out io.Writer) {
 	for _, u := range c.unknown {
 		fmt.Fprintln(out, u)
 	}
+	if c.unknownMore > 0 {
+		fmt.Fprintf(out, "... and %d more not counted\n", c.unknownMore)
+	}
 	for _, l := range c.shown {
 		fmt.Fprintln(out, l)
 	}
@@ -193,7 +208,7 @@ func (f *waitFlags) count(ctx context.Context) (c waitCount, refused error) {
 			err = json.Unmarshal(body, &dc)
 		}
 		if err != nil {
-			c.unknown = append(c.unknown, fmt.Sprintf("%s: %v", af.server, err))
+			c.notCounted(fmt.Sprintf("%s: %v", af.server, err))
 			continue
 		}
 		f.add(&c, af.server, dc)
@@ -222,7 +237,7 @@ func (f *waitFlags) add(c *waitCount, server string, dc relay.DebugConvergence) 
 			c.behind += s.Behind
 		}
 	} else if dc.More > 0 {
-		c.unknown = append(c.unknown, fmt.Sprintf("%s: %d resources past the %d listed: name those to wait for with --name", server, dc.More, len(dc.Resources)))
+		c.notCounted(fmt.Sprintf("%s: %d resources past the %d listed: name those to wait for with --name", server, dc.More, len(dc.Resources)))
 	}
 	for _, r := range dc.Resources {
 		want := r.Version

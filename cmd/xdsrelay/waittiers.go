@@ -121,7 +121,7 @@ func (f *waitFlags) countTiers(ctx context.Context) (c waitCount, refused error)
 				if t.parent == nil && errors.As(err, &r) && r.code/100 == 4 {
 					return c, fmt.Errorf("%s: %w", t.af.server, err)
 				}
-				c.unknown = append(c.unknown, fmt.Sprintf("%s: %v", t.where(), err))
+				c.notCounted(fmt.Sprintf("%s: %v", t.where(), err))
 				continue
 			}
 			vs.learn(t.parent == nil, t.dc)
@@ -154,7 +154,7 @@ func (f *waitFlags) ask(ctx context.Context, t *tierRelay) error {
 // within the bounds; what the bounds leave out is unknown.
 func (f *waitFlags) below(t *tierRelay, next []*tierRelay, seen map[string]bool, asked int, c *waitCount) []*tierRelay {
 	if t.dc.TiersMore > 0 {
-		c.unknown = append(c.unknown, fmt.Sprintf("%s: %d streams of lower relays past the bound it names", t.af.server, t.dc.TiersMore))
+		c.notCounted(fmt.Sprintf("%s: %d streams of lower relays past the bound it names", t.af.server, t.dc.TiersMore))
 	}
 	for _, l := range t.dc.Tiers {
 		if seen[l.Admin] {
@@ -163,10 +163,10 @@ func (f *waitFlags) below(t *tierRelay, next []*tierRelay, seen map[string]bool,
 		seen[l.Admin] = true
 		switch {
 		case t.depth+1 > tierDepth:
-			c.unknown = append(c.unknown, fmt.Sprintf("%s: deeper than %d tiers, not asked", l.Admin, tierDepth))
+			c.notCounted(fmt.Sprintf("%s: deeper than %d tiers, not asked", l.Admin, tierDepth))
 			continue
 		case asked+len(next) >= tierRelays:
-			c.unknown = append(c.unknown, fmt.Sprintf("%s: more than %d relays, not asked", l.Admin, tierRelays))
+			c.notCounted(fmt.Sprintf("%s: more than %d relays, not asked", l.Admin, tierRelays))
 			continue
 		}
 		af := f.tls
@@ -203,7 +203,7 @@ func (f *waitFlags) sumTiers(c *waitCount, all []*tierRelay, vs *tierVersions) {
 			continue
 		}
 		if t.dc.More > 0 {
-			c.unknown = append(c.unknown, fmt.Sprintf("%s: %d resources past the %d listed: name those to wait for with --name", t.where(), t.dc.More, len(t.dc.Resources)))
+			c.notCounted(fmt.Sprintf("%s: %d resources past the %d listed: name those to wait for with --name", t.where(), t.dc.More, len(t.dc.Resources)))
 		}
 		for _, r := range t.dc.Resources {
 			tc := countAt(t, r, vs)

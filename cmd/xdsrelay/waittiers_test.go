@@ -1,22 +1,17 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
@@ -53,30 +48,16 @@ func startTierRelay(t *testing.T, upstream, protocol string) *relay.Relay {
 // what it is sent.
 func advertisingClient(t *testing.T, addr, id, admin string) {
 	t.Helper()
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	md, _ := structpb.NewStruct(map[string]any{relay.TierMetadataKey: admin})
-	if err := st.Send(&discoverypb.DeltaDiscoveryRequest{Node: &corepb.Node{Id: id, Cluster: "c1", Metadata: md}, TypeUrl: resourcev3.ClusterType}); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	_, st, run := clusterStream(t, addr, &corepb.Node{Id: id, Cluster: "c1", Metadata: md})
+	run(func() {
 		for {
 			resp, err := st.Recv()
 			if err != nil || st.Send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()}) != nil {
 				return
 			}
 		}
-	}()
-	t.Cleanup(func() { cancel(); <-done; cc.Close() })
+	})
 }
 
 // Three tiers: a SotW control plane, relay A in front of it, relay B (delta)
@@ -204,34 +185,17 @@ func convergenceAt(t *testing.T, server string) relay.DebugConvergence {
 // something, and stop ends its stream.
 func silentClient(t *testing.T, addr, id string) (stop func()) {
 	t.Helper()
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Send(&discoverypb.DeltaDiscoveryRequest{Node: &corepb.Node{Id: id, Cluster: "c1"}, TypeUrl: resourcev3.ClusterType}); err != nil {
-		t.Fatal(err)
-	}
+	_, st, run := clusterStream(t, addr, &corepb.Node{Id: id, Cluster: "c1"})
 	if _, err := st.Recv(); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	return run(func() {
 		for {
 			if _, err := st.Recv(); err != nil {
 				return
 			}
 		}
-	}()
-	var once sync.Once
-	stop = func() { once.Do(func() { cancel(); <-done; cc.Close() }) }
-	t.Cleanup(stop)
-	return stop
+	})
 }
 
 // Through a SotW tier under a delta control plane: the control plane's
@@ -271,5 +235,56 @@ func TestWaitTiersThroughSotW(t *testing.T) {
 		if code != 0 || out != "3 of 3 clients accepted\n" {
 			t.Fatalf("wait --tiers %q through a SotW tier: exit %d, %q%s", args, code, out, errOut)
 		}
+	}
+}
+
+// wait --tiers asks at most tierDepth tiers below the relays it is given
+// and tierRelays relays in all; a lower relay past either bound, and the
+// streams a relay counts past the lower relays it names, are not
+// converged, and are named.
+func TestWaitTiersBounds(t *testing.T) {
+	var f waitFlags
+	listing := func(depth, n, more int) *tierRelay {
+		dc := &relay.DebugConvergence{TiersMore: more}
+		for i := range n {
+			dc.Tiers = append(dc.Tiers, relay.ConvergenceTier{Group: "g", Node: fmt.Sprintf("n%d", i), Admin: fmt.Sprintf("10.0.%d.%d:9901", i/250, i%250+1)})
+		}
+		return &tierRelay{af: adminFlags{server: "above:9901"}, depth: depth, dc: dc}
+	}
+
+	var c waitCount
+	if next := f.below(listing(tierDepth-1, 1, 0), nil, map[string]bool{}, 1, &c); len(next) != 1 || next[0].depth != tierDepth || len(c.unknown) != 0 {
+		t.Errorf("a relay %d tiers down: asked %d, unknown %q; want it asked", tierDepth, len(next), c.unknown)
+	}
+	c = waitCount{}
+	if next := f.below(listing(tierDepth, 1, 0), nil, map[string]bool{}, 1, &c); len(next) != 0 || len(c.unknown) != 1 || !strings.Contains(c.unknown[0], fmt.Sprintf("deeper than %d tiers", tierDepth)) {
+		t.Errorf("a relay %d tiers down: asked %d, unknown %q; want it named, not asked", tierDepth+1, len(next), c.unknown)
+	}
+
+	c = waitCount{}
+	next := f.below(listing(0, tierRelays+4, 2), nil, map[string]bool{}, 1, &c)
+	if len(next) != tierRelays-1 {
+		t.Errorf("%d lower relays asked below one, want %d", len(next), tierRelays-1)
+	}
+	var over, past int
+	for _, u := range c.unknown {
+		switch {
+		case strings.Contains(u, fmt.Sprintf("more than %d relays, not asked", tierRelays)):
+			over++
+		case strings.Contains(u, "2 streams of lower relays past the bound"):
+			past++
+		}
+	}
+	if over != 5 || past != 1 || len(c.unknown) != 6 {
+		t.Errorf("unknown %d lines (%d over the relays, %d past the bound), want 5 and 1", len(c.unknown), over, past)
+	}
+
+	// What is not counted is named up to waitShown relays, then counted.
+	c = waitCount{}
+	f.below(listing(0, tierRelays+30, 0), nil, map[string]bool{}, 1, &c)
+	var out strings.Builder
+	c.print(&out)
+	if len(c.unknown) != waitShown || c.unknownMore != 31-waitShown || !strings.Contains(out.String(), fmt.Sprintf("... and %d more not counted\n", 31-waitShown)) {
+		t.Errorf("31 relays not asked: %d named, %d more; printed %q", len(c.unknown), c.unknownMore, out.String())
 	}
 }
