@@ -113,7 +113,7 @@ func (r *Relay) debugConvergence(w http.ResponseWriter, req *http.Request) {
 	}
 	groups := r.snapshotGroups()
 	if key := q.Get("group"); key != "" {
-		g := r.groupShown(key)
+		g := r.groupNamed(key)
 		if g == nil {
 			http.Error(w, fmt.Sprintf("xdsrelay: no group %q", xds.Clip(key)), http.StatusNotFound)
 			return
@@ -142,21 +142,21 @@ func convergenceOf(groups []*group, types, names []string, limit int, now time.T
 				if len(types) > 0 && s.Type != types[0] {
 					continue
 				}
-				out.Summary = append(out.Summary, ConvergenceSummary{Group: g.shown, Type: s.Type, Resources: s.Resources,
+				out.Summary = append(out.Summary, ConvergenceSummary{Group: g.id, Type: s.Type, Resources: s.Resources,
 					Subscribed: s.Subscribed, Accepted: s.Accepted, Rejected: s.Rejected, Pending: s.Pending, Behind: s.Behind, Older: s.Older})
 				if rs == nil {
 					out.More += s.Resources // past the limit, not read
 				}
 			}
 		} else {
-			out.Summary = append(out.Summary, summed(g.shown, rs)...)
+			out.Summary = append(out.Summary, summed(g.id, rs)...)
 		}
 		for _, rc := range rs {
 			if len(out.Resources) >= limit {
 				out.More++
 				continue
 			}
-			out.Resources = append(out.Resources, resourceShown(g.shown, rc, now))
+			out.Resources = append(out.Resources, resourceShown(g.id, rc, now))
 		}
 	}
 	return out
@@ -218,7 +218,7 @@ func resourceShown(group string, rc cache.ResourceConvergence, now time.Time) Co
 func withBytesVersions(groups []*group, rs []ConvergenceResource) {
 	byShown := make(map[string]*group, len(groups))
 	for _, g := range groups {
-		byShown[g.shown] = g
+		byShown[g.id] = g
 	}
 	for i := range rs {
 		r := &rs[i]

@@ -189,7 +189,7 @@ func TestFileFeedReadsWhatEnteredTheInterest(t *testing.T) {
 	}
 	c := cache.New(cache.Options{Retention: time.Minute})
 	in := &countedInterest{Cache: c}
-	feed, err := f.Feed(Group{Key: "g", Cache: c, Interest: in})
+	feed, err := f.Feed(Group{ID: "g", Cache: c, Interest: in})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -53,7 +53,7 @@ func settings(o *Options) []setting {
 		{"admin.advertise_address", kindString, &o.Relay.Admin.AdvertiseAddress, "The host:port at which the relay above reaches this relay's admin endpoint (a pod IP and the admin port), put in the node the relay presents upstream (metadata xdsrelay.admin) so that xdsrelay wait --tiers counts this relay's clients in its place; empty advertises nothing."},
 		{"admin.pprof", kindBool, &o.Relay.Admin.Pprof, "Serve Go's profiler (net/http/pprof) under /debug/pprof/ on the admin endpoint, to private callers only, with the mutex profile sampled (1 contention event in 100)."},
 		{"admin.ready_after_sync", kindBool, &o.Relay.Admin.ReadyAfterSync, "Report ready (/readyz, gRPC health) only once there is something to serve: a control-plane answer, the resource files, or a restored cache."},
-		{"metrics.group_label", kindBool, &o.Relay.Metrics.GroupLabel, "Per-group series on /metrics carry the group key as their group label (a key over 64 bytes as its sha256: hash); false sums them without it."},
+		{"metrics.group_label", kindBool, &o.Relay.Metrics.GroupLabel, "Per-group series on /metrics carry the group's id (as xdsrelay groups shows it) as their group label; false sums them without it."},
 		{"cache.retention", kindDuration, &c.Retention, "How long a resource nobody watches stays subscribed upstream and cached."},
 		{"cache.max_resources", kindInt, &c.MaxResources, "Per group, resources past this many that nobody watches are dropped, least recently used first; 0 for no bound."},
 		{"cache.not_found_timeout", kindDuration, &c.NotFoundTimeout, "A requested name that has not arrived from upstream this long after it was first asked for is reported to incremental clients as not existing; 0 disables."},
