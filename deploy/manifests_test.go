@@ -532,7 +532,7 @@ func checkProbesAndPorts(t *testing.T, m manifests) {
 }
 
 // checkHeadlessAdmin holds the headless Service that xdsrelay wait
-// --server and status --summary resolve to every replica (docs/cli.md,
+// --admin and status --summary resolve to every replica (docs/cli.md,
 // wait): no cluster IP, the relay's pods (ready or not: a replica still
 // syncing has clients to count), only the admin port, as the Service has it.
 func checkHeadlessAdmin(t *testing.T, m manifests) {

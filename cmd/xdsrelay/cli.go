@@ -163,7 +163,7 @@ func newRootCmd(environ []string) *cobra.Command {
 	root.Flags().StringVar(&config, "config", "", "read the configuration from `FILE` (YAML); without it, defaults and the environment only")
 	root.Flags().BoolVar(&showVersion, "version", false, "print the version and exit")
 	root.SetFlagErrorFunc(flagError)
-	root.AddCommand(newServeCmd(environ), newValidateCmd(environ), newStatusCmd(), newWatchCmd(), newPersistCmd(), newGuardCmd(),
+	root.AddCommand(newServeCmd(environ), newValidateCmd(environ), newStatusCmd(), newWatchCmd(), newGroupsCmd(), newPersistCmd(), newGuardCmd(),
 		newRolloutCmd(), newWaitCmd(), newAdminCmd(), newVersionCmd(), newDocsCmd())
 	defaultHelp := root.HelpFunc()
 	root.SetHelpFunc(func(cmd *cobra.Command, args []string) {

@@ -28,7 +28,8 @@ const waitShown = 10
 
 type waitFlags struct {
 	tls      adminFlags // the TLS flags; server is set per replica
-	servers  []string
+	servers  []string   // --admin
+	legacy   []string   // --server, its deprecated name
 	typ      string
 	names    []string
 	version  string
@@ -40,7 +41,7 @@ type waitFlags struct {
 func newWaitCmd() *cobra.Command {
 	var f waitFlags
 	cmd := &cobra.Command{
-		Use:   "wait --server ADMIN_ADDR --type T [--name N]... [--version V] [--fraction F] [--timeout D] [--tiers]",
+		Use:   "wait --admin ADMIN_ADDR --type T [--name N]... [--version V] [--fraction F] [--timeout D] [--tiers]",
 		Short: "Wait until the clients have accepted a version (their ACK), or say who rejected it",
 		Long: `Asks the relays' admin endpoints (GET /debug/convergence) until the
 clients subscribed to the resources of --type (--name narrows them) have
@@ -48,10 +49,10 @@ accepted --version (each resource's current version without it): exits 0
 once --fraction of them (1.0: all) did, 1 when --timeout passes first or as
 soon as rejections make the fraction unreachable (with 1.0, any rejection),
 printing how many are behind, pending and rejecting, with the clients'
-errors and node ids, or at once when an endpoint refuses (4xx); 2 for a
-command line it does not take.
+errors and node ids, or at once when an endpoint refuses (4xx) or
+answers as an xDS port does; 2 for a command line it does not take.
 
---server is repeatable; a DNS name that resolves to several addresses (a
+--admin is repeatable (--server is its deprecated name); a DNS name that resolves to several addresses (a
 headless Service of replicas) is asked at each, and the counts are summed.
 The endpoints must be private to the caller: loopback, or admin.tls with a
 client certificate (--ca-file, --cert-file, --key-file; --server-name
@@ -78,7 +79,9 @@ named (the first 10 such relays; past them, how many more).`,
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringArrayVar(&f.servers, "server", nil, "a relay's admin endpoint `ADDR` (host:port or URL), repeatable; a name with several addresses is asked at each (required)")
+	fs.StringArrayVar(&f.servers, "admin", nil, "a relay's admin endpoint `ADDR` (admin.address: host:port or URL), repeatable; a name with several addresses is asked at each (required)")
+	fs.StringArrayVar(&f.legacy, "server", nil, "deprecated: --admin")
+	_ = fs.MarkHidden("server")
 	fs.StringVar(&f.typ, "type", "", "the resources' `TYPE`: clusters, Cluster, cds or a type URL (required)")
 	fs.StringArrayVar(&f.names, "name", nil, "only the resource `NAME`, repeatable (every resource of the type without it)")
 	fs.StringVar(&f.version, "version", "", "the `VERSION` to wait for (each resource's current version in the relay without it)")
@@ -91,7 +94,15 @@ named (the first 10 such relays; past them, how many more).`,
 
 // check refuses a command line wait does not take, and resolves --type.
 func (f *waitFlags) check(cmd *cobra.Command) error {
-	if err := required(cmd, "server", "type"); err != nil {
+	f.tls.flag = "--admin"
+	if len(f.legacy) > 0 {
+		deprecatedServer(cmd)
+		f.servers, f.tls.flag = append(f.servers, f.legacy...), "--server"
+	}
+	if len(f.servers) == 0 {
+		return usageError{cmd, errors.New("--admin is required: the relays' admin endpoints (admin.address)")}
+	}
+	if err := required(cmd, "type"); err != nil {
 		return err
 	}
 	typeURL, err := xds.ParseType(f.typ)
@@ -199,8 +210,7 @@ func (f *waitFlags) count(ctx context.Context) (c waitCount, refused error) {
 	}
 	for _, af := range f.replicas(ctx) {
 		body, err := af.do(ctx, http.MethodGet, "/debug/convergence", f.query(), "")
-		var r refusal
-		if errors.As(err, &r) && r.code/100 == 4 {
+		if final(err) {
 			return c, fmt.Errorf("%s: %w", af.server, err)
 		}
 		var dc relay.DebugConvergence
@@ -289,6 +299,13 @@ func resourceLine(server string, r relay.ConvergenceResource, want string, at re
 		fmt.Fprintf(&b, ", %d rejected: %q by %s", at.Rejected, at.Error, strings.Join(at.RejectedBy, ", "))
 	}
 	return b.String()
+}
+
+// final reports whether an admin endpoint's error ends the wait at once:
+// a refusal (4xx) or an xDS port, which asking again would not change.
+func final(err error) bool {
+	var r refusal
+	return errors.As(err, &r) && r.code/100 == 4 || isWrongPort(err)
 }
 
 // replicas are the admin endpoints to ask: each --server, and each address

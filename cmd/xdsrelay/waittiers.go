@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -117,8 +116,7 @@ func (f *waitFlags) countTiers(ctx context.Context) (c waitCount, refused error)
 		var next []*tierRelay
 		for _, t := range level {
 			if err := f.ask(ctx, t); err != nil {
-				var r refusal
-				if t.parent == nil && errors.As(err, &r) && r.code/100 == 4 {
+				if t.parent == nil && final(err) {
 					return c, fmt.Errorf("%s: %w", t.af.server, err)
 				}
 				c.notCounted(fmt.Sprintf("%s: %v", t.where(), err))
