@@ -81,7 +81,7 @@ func TestGroupOneName(t *testing.T) {
 	r := startRelayLogged(t, cp.Addr, slog.New(slog.NewJSONHandler(logs, nil)))
 	s := openDelta(t, r.Addr())
 	s.send(&discoverypb.DeltaDiscoveryRequest{Node: n, TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"c0"}})
-	ackDelta(s, s.recv())
+	s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: s.recv().GetNonce()})
 
 	started := logs.Lines(t, "group started")
 	if len(started) != 1 || started[0]["group"] != id || started[0]["key"] != key {

@@ -784,12 +784,13 @@ func (r *Relay) registerGroupMetrics() {
 }
 
 // registerConvergenceMetrics sets, at each scrape, how many clients are
-// behind or rejecting, summed over the groups' resources from the counters
-// the streams keep as they send and are answered (cache/convergence.go):
-// the scrape visits resources, never streams.
+// behind or rejecting, each client counted once per type, from the counts
+// the streams keep as they send, are answered and are marked
+// (cache/clients.go): the scrape visits the groups' types, never streams
+// nor resources.
 func (r *Relay) registerConvergenceMetrics() {
-	behind := r.metrics.Gauge("xdsrelay_clients_behind", "Clients subscribed to a resource that have not been sent its current version (a held rollout or guard, a slow client), summed over the resources of the type in every group.", "type")
-	rejecting := r.metrics.Gauge("xdsrelay_clients_rejecting", "Clients whose answer to a resource's current version is a NACK, summed over the resources of the type in every group.", "type")
+	behind := r.metrics.Gauge("xdsrelay_clients_behind", "Clients (streams) of the type owed a change not sent yet (a held rollout, a slow client), each counted once however many resources it holds, in every group; a client rejecting a resource is counted in xdsrelay_clients_rejecting instead.", "type")
+	rejecting := r.metrics.Gauge("xdsrelay_clients_rejecting", "Clients (streams) of the type that rejected (NACKed) a resource they hold, each counted once however many resources it rejected, in every group.", "type")
 	shorts := make([]string, 0, len(xds.Types))
 	for _, t := range xds.Types {
 		shorts = append(shorts, xds.ShortName(t))
@@ -806,7 +807,7 @@ func (r *Relay) registerConvergenceMetrics() {
 		defer mu.Unlock()
 		sums := map[string][2]int64{}
 		for _, g := range r.snapshotGroups() {
-			for _, s := range g.cache.ConvergenceSummary() {
+			for _, s := range g.cache.ClientSummary() {
 				short := xds.ShortName(s.Type)
 				v := sums[short]
 				sums[short] = [2]int64{v[0] + int64(s.Behind), v[1] + int64(s.Rejected)}

@@ -46,10 +46,12 @@ and DOES_NOT_EXIST.
 
 With --summary it reads the relay's admin endpoint instead (--admin
 ADMIN_ADDR, with the TLS flags as the admin commands take them; GET
-/debug/convergence) and prints, per group and type, how many clients
-accepted, rejected, are pending and are behind on the current versions,
-from counters the relay keeps as it goes: it costs the relay what the
-answer costs, whatever the number of clients. --server still names the
+/debug/convergence) and prints, per group and type, its resources and its
+clients, each counted once: how many accepted everything they were sent,
+rejected something, are pending, are behind (owed a change not sent yet)
+and are waiting for a first answer, from counters the relay keeps as it
+goes: it costs the relay what the answer costs, whatever the number of
+clients. --server still names the
 admin endpoint with --summary, deprecated.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -129,10 +131,10 @@ func statusSummary(cmd *cobra.Command, af adminFlags, output string) error {
 		return enc.Encode(dc.Summary)
 	}
 	tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP\tTYPE\tRESOURCES\tSUBSCRIBED\tACCEPTED\tREJECTED\tPENDING\tBEHIND\tOLDER")
+	fmt.Fprintln(tw, "GROUP\tTYPE\tRESOURCES\tCLIENTS\tACCEPTED\tREJECTED\tPENDING\tBEHIND\tWAITING")
 	for _, s := range dc.Summary {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", orDash(s.Group), xds.TypeAbbrev(s.Type), s.Resources,
-			s.Subscribed, s.Accepted, s.Rejected, s.Pending, s.Behind, s.Older)
+			s.Subscribed, s.Accepted, s.Rejected, s.Pending, s.Behind, s.Waiting)
 	}
 	return tw.Flush()
 }

@@ -291,3 +291,36 @@ func TestStatusSummaryJSON(t *testing.T) {
 		t.Errorf("status --summary on an answer not JSON: exit %d, %q %q", code, out, errOut)
 	}
 }
+
+// Clients are counted as clients: with two clients of five Clusters, one
+// rejecting them all, wait says 1 of 2 clients rejected (not 5 of 10),
+// and status --summary shows 2 clients, 1 rejecting, of 5 resources.
+func TestWaitCountsClients(t *testing.T) {
+	dir := t.TempDir()
+	for i := range 5 {
+		writeFile(t, filepath.Join(dir, fmt.Sprintf("c%d.yaml", i)), clusterFile(fmt.Sprintf("c%d", i)))
+	}
+	r := startFileRelay(t, dir, func(c *relay.Config) { c.Admin.Address = "127.0.0.1:0" })
+	for _, args := range [][]string{{"--node-id", "acker"}, {"--node-id", "nacker", "--nack"}} {
+		out := &syncBuffer{}
+		stop := runAsync(t, out, append([]string{"watch", "--server", r.Addr(), "--cluster", "c1", "--type", "cds"}, args...)...)
+		defer stop()
+		waitForOutput(t, out, "name: c4")
+	}
+	var code int
+	var out, errOut string
+	eventually(t, func() string { // the NACK may be on its way
+		code, out, errOut = runCLI("wait", "--admin", r.AdminAddr(), "--type", "clusters", "--timeout", "20s")
+		if code == 1 && strings.Contains(errOut, "wait: 1 of 2 clients rejected: 1 of them can no longer accept") {
+			return ""
+		}
+		return fmt.Sprintf("wait: exit %d, %q %q", code, out, errOut)
+	})
+	if !strings.HasPrefix(out, "2 clients: 1 accepted, 1 rejected, 0 pending, 0 behind, 0 waiting\n") {
+		t.Errorf("wait's counts: %q", out)
+	}
+	code, sum, _ := runCLI("status", "--summary", "--admin", r.AdminAddr())
+	if code != 0 || !regexp.MustCompile(`(?m)^\S+\s+CDS\s+5\s+2\s+1\s+1\s+0\s+0\s+0$`).MatchString(sum) {
+		t.Errorf("status --summary: exit %d, %q; want 5 resources, 2 clients: 1 accepted, 1 rejected", code, sum)
+	}
+}
