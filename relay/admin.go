@@ -42,7 +42,7 @@ func (r *Relay) loadAdminTLS() error {
 	}
 	rl, err := creds.NewReloader(r.ctx, r.cfg.Admin.TLS, r.log)
 	if err != nil {
-		return fmt.Errorf("admin.tls: %w", err)
+		return tlsError("admin", "client_ca_file", err)
 	}
 	r.certs["admin"] = rl
 	cfg := rl.ServerConfig()

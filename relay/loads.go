@@ -308,20 +308,24 @@ func (r *Relay) loadsOf(g *group) *debugLoads {
 }
 
 // validateLRS checks the lrs.* keys.
-func (c *Config) validateLRS() error {
-	switch {
-	case c.LRS.Interval <= 0:
-		return fmt.Errorf("lrs.interval: must be positive, got %s", c.LRS.Interval)
-	case c.LRS.MinInterval <= 0 || c.LRS.MinInterval > c.LRS.Interval:
-		return fmt.Errorf("lrs.min_interval: must be positive and at most lrs.interval (%s), got %s", c.LRS.Interval, c.LRS.MinInterval)
-	case c.LRS.MaxPending < 1:
-		return fmt.Errorf("lrs.max_pending: must be at least 1, got %d", c.LRS.MaxPending)
-	case c.LRS.SendTimeout <= 0:
-		return fmt.Errorf("lrs.send_timeout: must be positive, got %s", c.LRS.SendTimeout)
-	case c.LRS.MaxPendingBytes < 1:
-		return fmt.Errorf("lrs.max_pending_bytes: must be at least 1, got %d", c.LRS.MaxPendingBytes)
-	case c.LRS.MaxNames < 1:
-		return fmt.Errorf("lrs.max_names: must be at least 1, got %d", c.LRS.MaxNames)
+func (c *Config) validateLRS(p *problems) {
+	l := &c.LRS
+	if l.Interval <= 0 {
+		p.addf("lrs.interval: must be positive, got %s", l.Interval)
 	}
-	return nil
+	if l.MinInterval <= 0 || l.Interval > 0 && l.MinInterval > l.Interval {
+		p.addf("lrs.min_interval: must be positive and at most lrs.interval (%s), got %s", l.Interval, l.MinInterval)
+	}
+	if l.MaxPending < 1 {
+		p.addf("lrs.max_pending: must be at least 1, got %d", l.MaxPending)
+	}
+	if l.SendTimeout <= 0 {
+		p.addf("lrs.send_timeout: must be positive, got %s", l.SendTimeout)
+	}
+	if l.MaxPendingBytes < 1 {
+		p.addf("lrs.max_pending_bytes: must be at least 1, got %d", l.MaxPendingBytes)
+	}
+	if l.MaxNames < 1 {
+		p.addf("lrs.max_names: must be at least 1, got %d", l.MaxNames)
+	}
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/xdsrelay/xdsrelay/relay"
 )
 
@@ -269,10 +271,35 @@ func decodeBool(raw any, dst *bool) error {
 	return fmt.Errorf("want true or false, got %v", raw)
 }
 
-// decodeList reads a YAML list of strings, or a comma-separated string from
-// the environment. A YAML scalar is not a list of one: it is an error.
+// fromFlow reads a value from the environment written as YAML writes it
+// in a flow, [a, b] or {k: v} (as config.example.yaml shows the keys):
+// the decoded value, and whether it was one.
+func fromFlow(s string, open string) (any, bool, error) {
+	s = strings.TrimSpace(s)
+	if !strings.HasPrefix(s, open) {
+		return nil, false, nil
+	}
+	var v any
+	if err := yaml.Unmarshal([]byte(s), &v); err != nil {
+		return nil, true, fmt.Errorf("%q does not read as YAML: %w", s, err)
+	}
+	return v, true, nil
+}
+
+// decodeList reads a YAML list of strings, or from the environment a
+// comma-separated string or a YAML flow list ([a, b], [] for none). A
+// YAML scalar is not a list of one: it is an error.
 func decodeList(raw any, fromEnv bool, dst *[]string) error {
 	if s, ok := raw.(string); ok && fromEnv {
+		if v, flow, err := fromFlow(s, "["); flow {
+			if err != nil {
+				return err
+			}
+			if v == nil {
+				v = []any{}
+			}
+			return decodeList(v, false, dst)
+		}
 		var out []string
 		for _, e := range strings.Split(s, ",") {
 			if e = strings.TrimSpace(e); e != "" {
@@ -298,10 +325,19 @@ func decodeList(raw any, fromEnv bool, dst *[]string) error {
 	return nil
 }
 
-// decodeMap reads a YAML map of strings, or name=value pairs separated by
-// commas from the environment.
+// decodeMap reads a YAML map of strings, or from the environment name=value
+// pairs separated by commas or a YAML flow map ({name: value}).
 func decodeMap(raw any, fromEnv bool, dst *map[string]string) error {
 	if s, ok := raw.(string); ok && fromEnv {
+		if v, flow, err := fromFlow(s, "{"); flow {
+			if err != nil {
+				return err
+			}
+			if v == nil {
+				v = map[string]any{}
+			}
+			return decodeMap(v, false, dst)
+		}
 		return decodePairs(s, dst)
 	}
 	m, ok := raw.(map[string]any)
