@@ -344,7 +344,7 @@ func (s *session) handle(r *xds.Received) error {
 	present := s.fullState(r, typeURL)
 	enc := s.encode(r, typeURL, short, held)
 	if present != nil {
-		r.RemovedResources = s.absent(typeURL, present, held)
+		r.RemovedResources = s.absent(r, typeURL, present, held)
 	}
 	if xds.Known(typeURL) {
 		s.apply(ctx, r, typeURL, short, enc, cache.Change{Received: received, Trace: cacheTrace(span.SpanContext())})
@@ -458,6 +458,10 @@ func (s *session) apply(ctx context.Context, r *xds.Received, typeURL, short str
 			ch.Errors = append(ch.Errors, enc)
 		}
 	}
+	for _, u := range ch.Upserts {
+		s.notFound.arrived(typeURL, []string{u.Name})
+	}
+	s.notFound.arrived(typeURL, ch.Resent)
 	s.notFound.errored(typeURL, ch.Errors)
 	if sub := s.subs[typeURL]; sub != nil && sub.awaitingWildcard {
 		// The first response to a wildcard subscribe is the complete state.

@@ -3,21 +3,26 @@ package upstream
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	clustersvc "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
@@ -291,4 +296,79 @@ func TestSotWWildcardLeavesNamesTooMany(t *testing.T) {
 		t.Fatalf("%d names refused, want some and not all", n)
 	}
 	requestsWithin(t, cp, bound)
+}
+
+// sotwClusters is a SotW Cluster response of version, nonce and the
+// Clusters named (each with a connect timeout of its seconds), with errs
+// as its resource errors, by name.
+func sotwClusters(t *testing.T, version string, seconds map[string]int64, errs map[string]codes.Code) *discoverypb.DiscoveryResponse {
+	t.Helper()
+	resp := &discoverypb.DiscoveryResponse{TypeUrl: resourcev3.ClusterType, VersionInfo: version, Nonce: version}
+	for _, n := range slices.Sorted(maps.Keys(seconds)) {
+		c := testcp.Cluster(n)
+		c.ConnectTimeout.Seconds = seconds[n]
+		a, err := anypb.New(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Resources = append(resp.Resources, a)
+	}
+	for _, n := range slices.Sorted(maps.Keys(errs)) {
+		resp.ResourceErrors = append(resp.ResourceErrors, &discoverypb.ResourceError{ResourceName: &discoverypb.ResourceName{Name: n},
+			ErrorDetail: &rpcstatus.Status{Code: int32(errs[n]), Message: "from the tier above"}})
+	}
+	return resp
+}
+
+// An error is never absence (docs/architecture.md, invariant 21): a
+// Cluster that a full-state response leaves out while it, or an earlier
+// response on the stream, says UNAVAILABLE for it (as a relay of the
+// tier above does when it cannot fetch it) is kept; one left out with
+// NOT_FOUND, or once it has arrived again and its error is over, is
+// removed.
+func TestSotWErrorIsNotAbsence(t *testing.T) {
+	cp := testcp.StartScriptedSotW(t)
+	const cds = resourcev3.ClusterType
+	c := cache.New(cache.Options{Retention: time.Minute})
+	if err := c.Watch(cache.NewWatch(), cds, "x", "y", "z"); err != nil {
+		t.Fatal(err)
+	}
+	runSotW(t, dialTest(t, cp.Addr), Options{Cache: c, Protocol: ProtocolSotW})
+	st := cp.Stream(t)
+	if req := st.Recv(); !slices.Equal(req.GetResourceNames(), []string{"x", "y", "z"}) {
+		t.Fatalf("first request %v", req)
+	}
+	held := func(names ...string) bool {
+		for _, l := range c.Get(cds, names) {
+			if l.Resource == nil {
+				return false
+			}
+		}
+		return true
+	}
+	respond := func(resp *discoverypb.DiscoveryResponse) {
+		t.Helper()
+		st.Send(resp)
+		if ack := st.Recv(); ack.GetResponseNonce() != resp.GetNonce() || ack.GetErrorDetail() != nil {
+			t.Fatalf("answer to %s: %v", resp.GetNonce(), ack)
+		}
+	}
+	respond(sotwClusters(t, "1", map[string]int64{"x": 1, "y": 1, "z": 1}, nil))
+	eventually(t, "x, y and z held", func() bool { return held("x", "y", "z") })
+
+	// x is left out with UNAVAILABLE, then with nothing (its error was
+	// sent once): kept both times. z is left out with NOT_FOUND: removed.
+	respond(sotwClusters(t, "2", map[string]int64{"y": 2}, map[string]codes.Code{"x": codes.Unavailable, "z": codes.NotFound}))
+	respond(sotwClusters(t, "3", map[string]int64{"y": 3}, nil))
+	// Each response is applied before it is ACKed.
+	if l := c.Get(cds, []string{"x", "z"}); l[0].Resource == nil || l[0].Absent || !l[1].Absent {
+		t.Fatalf("after x was left out with UNAVAILABLE and z with NOT_FOUND: x %+v, z %+v", l[0], l[1])
+	}
+
+	// x arrives again, so its error is over: left out now, it is removed.
+	respond(sotwClusters(t, "4", map[string]int64{"x": 4, "y": 3}, nil))
+	respond(sotwClusters(t, "5", map[string]int64{"y": 3}, nil))
+	if l := c.Get(cds, []string{"x"})[0]; !l.Absent {
+		t.Fatalf("x, left out once its error was over, is %+v", l)
+	}
 }
