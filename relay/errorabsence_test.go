@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -209,4 +210,95 @@ func TestGRPCClientKeepsAClusterTheRelayCannotFetch(t *testing.T) {
 	if n := held(); n != ends {
 		t.Errorf("%v more held streams ended once x was back", n-ends)
 	}
+}
+
+// wildcardEndpoints is a relay with a cache.retention of retention in
+// front of a proxy to addr, speaking protocol, and a delta client of it
+// under the endpoints' wildcard that has received want.
+func wildcardEndpoints(t *testing.T, addr, protocol string, retention time.Duration, want ...string) (*faultproxy.Proxy, *deltaStream) {
+	t.Helper()
+	proxy := startProxy(t, addr)
+	r := startRelay(t, proxy.Addr, fastReconnect, func(c *Config) { c.Cache.Retention, c.Upstream.Protocol = retention, protocol })
+	s := openDelta(t, r.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: []string{"*"}})
+	if got := collectDelta(s, len(want)); !slices.Equal(got, want) {
+		t.Fatalf("wildcard endpoints: %v, want %v", got, want)
+	}
+	return proxy, s
+}
+
+// removedWithin reads s, ACKing each response, until name is removed,
+// failing the test if anything else is or if bound passes first.
+func removedWithin(t *testing.T, s *deltaStream, name string, bound time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for {
+		resp := s.recvWithin(time.Until(deadline))
+		for _, n := range resp.GetRemovedResources() {
+			if n != name {
+				t.Fatalf("the client was told %s was removed, waiting for %s", n, name)
+			}
+			return
+		}
+		s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()})
+	}
+}
+
+// Endpoints under the wildcard, from a state-of-the-world control plane
+// whose snapshot cache sends every one in each response (go-control-plane's
+// SotW ADS and per-type services): a set the control plane stops sending
+// is not removed by its absence from a response (SotW endpoint responses
+// are not complete states); the relay's next stream, asked with no
+// version, is sent all there is, and what it does not send within
+// cache.retention is removed. What it sends is never removed.
+func TestWildcardEndpointsFromASnapshotServer(t *testing.T) {
+	for _, d := range []testcp.Dialect{testcp.DialectSotW, testcp.DialectPerType} {
+		t.Run(string(d), func(t *testing.T) {
+			const retention = 500 * time.Millisecond
+			cp := testcp.StartDialect(t, d)
+			cp.Set(t, "c1", "1", testcp.Endpoints("a", "10.0.0.1:80"), testcp.Endpoints("b", "10.0.0.2:80"))
+			proxy, s := wildcardEndpoints(t, cp.Addr, "auto", retention, "a", "b")
+
+			cp.Set(t, "c1", "2", testcp.Endpoints("a", "10.0.0.1:80"))
+			noRemoval(t, s, 3*retention) // left out of a response: kept
+			proxy.Reset()                // a new stream
+			removedWithin(t, s, "b", wait)
+			noRemoval(t, s, 3*retention)
+		})
+	}
+}
+
+// Endpoints under the wildcard, from a control plane that sends only what
+// changed (go-control-plane's LinearCache over SotW): a set it does not
+// send again, however long and however many other changes go by, is never
+// removed, nor when a new stream is sent it again; one it deleted, which
+// SotW cannot say, is removed once a new stream does not send it within
+// cache.retention.
+func TestWildcardEndpointsFromAChangesOnlyServer(t *testing.T) {
+	const retention = 500 * time.Millisecond
+	l := testcp.StartLinear(t)
+	set := func(name, addr string) {
+		t.Helper()
+		if err := l.Endpoints.UpdateResource(name, testcp.Endpoints(name, addr)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set("a", "10.0.0.1:80")
+	set("b", "10.0.0.2:80")
+	proxy, s := wildcardEndpoints(t, l.Addr, "sotw", retention, "a", "b")
+
+	for i := range 6 { // a changes, b is never sent again: 3 retentions
+		set("a", fmt.Sprintf("10.0.0.1:%d", 81+i))
+		noRemoval(t, s, retention/2)
+	}
+	proxy.Reset() // a new stream: both are sent again
+	noRemoval(t, s, 3*retention)
+
+	if err := l.Endpoints.DeleteResource("b"); err != nil {
+		t.Fatal(err)
+	}
+	noRemoval(t, s, 2*retention) // SotW cannot say it
+	proxy.Reset()
+	removedWithin(t, s, "b", wait)
+	noRemoval(t, s, 2*retention)
 }

@@ -85,6 +85,9 @@ type session struct {
 	undecided    []asked
 	probe        *liveness
 	judged       map[string]map[string]struct{}
+	// SotW: what the wildcard's first request of a type on the stream has
+	// not heard of yet (sotw_sweep.go), owned like the above.
+	sweeps sweeps
 }
 
 // close ends the stream and waits for its receiver and its liveness
@@ -94,6 +97,7 @@ func (s *session) close() {
 		return
 	}
 	s.notFound.stop()
+	s.sweeps.stop()
 	s.cancel()
 	<-s.errc
 	if s.sotw != nil {
@@ -197,6 +201,7 @@ func (s *session) syncChanges(changes map[string]map[string]bool) error {
 				sub.wildcard, sub.awaitingWildcard, wildcard = true, true, true
 			case n == "*" && !wanted && sub.wildcard:
 				sub.wildcard = false
+				s.sweeps.cancel(typeURL)
 				ch.unsubscribe = append(ch.unsubscribe, n)
 			case n == "*":
 			case wanted && !has:
@@ -239,6 +244,7 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 	}
 	if !in.Wildcard && sub.wildcard {
 		ch.unsubscribe = append(ch.unsubscribe, "*")
+		s.sweeps.cancel(typeURL)
 	}
 	sub.wildcard = in.Wildcard
 	want := make(map[string]struct{}, len(in.Names))
@@ -342,6 +348,7 @@ func (s *session) handle(r *xds.Received) error {
 		held = s.c.opts.Cache.Versions(typeURL)
 	}
 	present := s.fullState(r, typeURL)
+	s.sweeps.carried(typeURL, r) // before encode lets the resources go
 	enc := s.encode(r, typeURL, short, held)
 	if present != nil {
 		r.RemovedResources = s.absent(r, typeURL, present, held)

@@ -35,6 +35,9 @@ func (s *session) requestSotW(ch change, sub *subscription) error {
 		s.refuseTooMany(ch.typeURL, sub, subscribed, size, max)
 	}
 	s.notFound.asked(ch.typeURL, timed(ch.subscribe))
+	if sub.wildcard && slices.Contains(ch.subscribe, "*") {
+		s.startSweep(ch.typeURL) // the wildcard's first request on the stream
+	}
 	err := s.sotw.request(ch.typeURL, sub.wildcard, sub.sorted())
 	if errors.Is(err, errNoSotWService) {
 		// VHDS and LEDS, or a service the server refused: asked of nothing.

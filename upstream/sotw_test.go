@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net"
 	"slices"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -27,6 +28,7 @@ import (
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
 // runSotW runs a client of conn with opts until the test ends.
@@ -370,5 +372,79 @@ func TestSotWErrorIsNotAbsence(t *testing.T) {
 	respond(sotwClusters(t, "5", map[string]int64{"y": 3}, nil))
 	if l := c.Get(cds, []string{"x"})[0]; !l.Absent {
 		t.Fatalf("x, left out once its error was over, is %+v", l)
+	}
+}
+
+// sotwEndpoints is a SotW ClusterLoadAssignment response of version (its
+// nonce too) carrying the named endpoints, each at port.
+func sotwEndpoints(t *testing.T, version string, port map[string]int) *discoverypb.DiscoveryResponse {
+	t.Helper()
+	resp := &discoverypb.DiscoveryResponse{TypeUrl: resourcev3.EndpointType, VersionInfo: version, Nonce: version}
+	for _, n := range slices.Sorted(maps.Keys(port)) {
+		a, err := anypb.New(testcp.Endpoints(n, fmt.Sprintf("10.0.0.1:%d", port[n])))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Resources = append(resp.Resources, a)
+	}
+	return resp
+}
+
+// A SotW endpoints response is not a complete state: what one leaves out
+// is kept, whatever the server sends later on the stream (a server may
+// send only what changed). But a new stream, asked the wildcard with no
+// version, must be sent everything the server has, in one response or
+// several: what the relay holds that none of them carries within
+// cache.retention is removed, and counted.
+func TestSotWWildcardDropsWhatANewStreamDoesNotSend(t *testing.T) {
+	cp := testcp.StartScriptedSotW(t)
+	const eds = resourcev3.EndpointType
+	const retention = 500 * time.Millisecond
+	c := cache.New(cache.Options{Retention: retention})
+	w := cache.NewWatch()
+	c.WatchWildcard(w, eds)
+	var imported []*cache.Resource
+	for _, n := range []string{"a", "b", "gone"} { // as a warm restart restores them
+		a, err := anypb.New(testcp.Endpoints(n, "10.0.0.1:1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := xds.Encode(n, "", a, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		imported = append(imported, r)
+	}
+	c.Import([]cache.TypeState{{TypeURL: eds, Resources: imported}})
+	m := NewMetrics(&metrics.Registry{})
+	runSotW(t, dialTest(t, cp.Addr), Options{Cache: c, Metrics: m, Protocol: ProtocolSotW})
+	st := cp.Stream(t)
+	if req := st.Recv(); req.GetTypeUrl() != eds || len(req.GetResourceNames()) != 0 || req.GetVersionInfo() != "" {
+		t.Fatalf("first request %v, want the legacy wildcard with no version", req)
+	}
+	respond := func(resp *discoverypb.DiscoveryResponse) {
+		t.Helper()
+		st.Send(resp)
+		if ack := st.Recv(); ack.GetResponseNonce() != resp.GetNonce() || ack.GetErrorDetail() != nil {
+			t.Fatalf("answer to %s: %v", resp.GetNonce(), ack)
+		}
+	}
+	// The server sends its state in two responses, then only what changes.
+	start := time.Now()
+	respond(sotwEndpoints(t, "1", map[string]int{"a": 1}))
+	respond(sotwEndpoints(t, "2", map[string]int{"b": 1}))
+	eventually(t, "gone to be removed", func() bool { return c.Get(eds, []string{"gone"})[0].Absent })
+	if took := time.Since(start); took < retention-50*time.Millisecond {
+		t.Errorf("gone removed %v after the request, before cache.retention (%v)", took, retention)
+	}
+	if got := m.StaleRemoved.With("ClusterLoadAssignment").Get(); got != 1 {
+		t.Errorf("xdsrelay_upstream_sotw_stale_removed_total{ClusterLoadAssignment} %d, want 1", got)
+	}
+	for i := range 4 {
+		respond(sotwEndpoints(t, strconv.Itoa(3+i), map[string]int{"a": 2 + i})) // b never again
+		time.Sleep(retention / 2)
+	}
+	if l := c.Get(eds, []string{"a", "b"}); l[0].Resource == nil || l[1].Resource == nil {
+		t.Fatalf("after %v of responses without b: a %+v, b %+v", 2*retention, l[0], l[1])
 	}
 }
