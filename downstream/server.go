@@ -11,7 +11,6 @@ import (
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
@@ -162,7 +161,7 @@ func New(opts Options) (*Server, error) {
 		resourceErrors: m.Counter("xdsrelay_resource_errors_total", "Per-resource errors sent to clients (gRFC A88 resource_errors), the control plane's and the relay's own (NOT_FOUND: an authority no upstream serves, or a name the control plane did not send in time on a stream shown alive; PERMISSION_DENIED: an authority the client's certificate may not ask for; UNAVAILABLE: every server that could serve it unreachable, a connected server silent past the timer, or not received yet beside a SotW Listener or Cluster state sent without it), by type and code.", "type", "code").
 			Zero(metrics.Cross(xds.TypeLabels(), ownErrorCodes)...),
 		heldEnds: m.Counter("xdsrelay_downstream_held_ends_total", "SotW streams ended with UNAVAILABLE because the relay could not send a Listener or Cluster state without leaving out a name the client may hold and the relay does not have (an error is never absence), within upstream.connect_timeout of the client's first request of the type, by type.", "type").
-			ZeroEach(xds.ShortName(resourcev3.ListenerType), xds.ShortName(resourcev3.ClusterType)),
+			ZeroEach(xds.TypeLabels()...),
 	}, nil
 }
 
