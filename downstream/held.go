@@ -2,6 +2,8 @@ package downstream
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -55,6 +57,15 @@ import (
 // name it has not received, left out of a state (see above).
 const notYetMessage = "xdsrelay has not received it from the control plane yet"
 
+// firstNames are the names of a Listener or Cluster type's first request
+// on the stream, until a state of the type is sent.
+type firstNames struct {
+	prior map[string]struct{}
+	// holdUntil, if the request carried a version_info, is when the stream
+	// ends if no state could be sent by then; zero otherwise.
+	holdUntil time.Time
+}
+
 // expect notes, at the first request of a Listener or Cluster type on the
 // stream, the names the client may hold, and whether it said it holds a
 // state of the type (version, the request's version_info).
@@ -62,22 +73,30 @@ func (ss *sotwStream) expect(typeURL string, t *sotwType, version string) {
 	if !xds.FullState(typeURL) || t.names.len() == 0 {
 		return
 	}
+	f := &firstNames{prior: make(map[string]struct{}, t.names.len())}
 	for n := range t.names.all() {
 		if n != noName {
-			t.prior.set(n, struct{}{})
+			f.prior[n] = struct{}{}
 		}
 	}
-	if version != "" && t.prior.len() > 0 {
-		t.holdUntil = time.Now().Add(ss.srv.heldWait)
+	if len(f.prior) == 0 {
+		return
+	}
+	if version != "" {
+		f.holdUntil = time.Now().Add(ss.srv.heldWait)
 		atomic.AddInt32(&ss.holds, 1)
 	}
+	t.first = f
 }
 
 // unexpect drops a name the client no longer asks for from those held
 // for.
 func (ss *sotwStream) unexpect(t *sotwType, name string) {
-	t.prior.remove(name)
-	if t.prior.len() == 0 {
+	if t.first == nil {
+		return
+	}
+	delete(t.first.prior, name)
+	if len(t.first.prior) == 0 {
 		ss.settled(t)
 	}
 }
@@ -85,11 +104,13 @@ func (ss *sotwStream) unexpect(t *sotwType, name string) {
 // settled ends the type's wait on its first state: it has been sent, or
 // nothing is held for any more.
 func (ss *sotwStream) settled(t *sotwType) {
-	t.prior.clear()
-	if !t.holdUntil.IsZero() {
-		t.holdUntil = time.Time{}
+	if t.first == nil {
+		return
+	}
+	if !t.first.holdUntil.IsZero() {
 		atomic.AddInt32(&ss.holds, -1)
 	}
+	t.first = nil
 }
 
 // unsettled looks at the names held for in lookups, the state about to be
@@ -97,18 +118,19 @@ func (ss *sotwStream) settled(t *sotwType) {
 // only unavailable); otherwise made are the errors the relay makes for the
 // names not yet received, to go out with it.
 func (ss *sotwStream) unsettled(t *sotwType, lookups []cache.Lookup) (hold bool, made []*cache.ResourceError) {
-	if t.prior.len() == 0 {
+	f := t.first
+	if f == nil {
 		return false, nil
 	}
 	for _, l := range lookups {
-		if !t.prior.has(l.Name) {
+		if _, ok := f.prior[l.Name]; !ok {
 			continue
 		}
 		ss.refusedError(&l)
 		if !onlyUnavailable(l) {
 			continue
 		}
-		if !t.holdUntil.IsZero() {
+		if !f.holdUntil.IsZero() {
 			return true, nil
 		}
 		if l.Error == nil && t.errSent[l.Name] == nil {
@@ -129,8 +151,8 @@ func onlyUnavailable(l cache.Lookup) bool {
 func (ss *sotwStream) heldUntil() time.Time {
 	var until time.Time
 	for _, t := range ss.types.all() {
-		if !t.holdUntil.IsZero() && (until.IsZero() || t.holdUntil.Before(until)) {
-			until = t.holdUntil
+		if f := t.first; f != nil && !f.holdUntil.IsZero() && (until.IsZero() || f.holdUntil.Before(until)) {
+			until = f.holdUntil
 		}
 	}
 	return until
@@ -138,20 +160,25 @@ func (ss *sotwStream) heldUntil() time.Time {
 
 // heldEnd is the end of a stream whose first state of a type stayed held
 // past its bound: UNAVAILABLE, naming the type and a name it lacks, and
-// counted (xdsrelay_downstream_held_ends_total).
+// counted (xdsrelay_downstream_held_ends_total). nil if every such type
+// now lacks nothing: the flush the cache marked sends its state.
 func (ss *sotwStream) heldEnd() error {
 	for typeURL, t := range ss.types.all() {
-		if t.holdUntil.IsZero() || time.Now().Before(t.holdUntil) {
+		f := t.first
+		if f == nil || f.holdUntil.IsZero() || time.Now().Before(f.holdUntil) {
 			continue
 		}
 		short, name, why := xds.ShortName(typeURL), "", notYetMessage
-		for _, l := range ss.cache.Get(typeURL, t.prior.appendKeys(nil)) {
+		for _, l := range ss.cache.Get(typeURL, slices.Sorted(maps.Keys(f.prior))) {
 			if ss.refusedError(&l); onlyUnavailable(l) {
 				if name = l.Name; l.Error != nil {
 					why = l.Error.Message
 				}
 				break
 			}
+		}
+		if name == "" {
+			continue
 		}
 		ss.srv.heldEnds.With(short).Inc()
 		return status.Errorf(codes.Unavailable,

@@ -23,8 +23,8 @@ const cds = resourcev3.ClusterType
 // heldWaitTest is Options.HeldWait in these tests.
 const heldWaitTest = 500 * time.Millisecond
 
-// heldGroup serves a group whose cache holds Cluster y and keeps what
-// nobody watches, with a HeldWait of heldWaitTest.
+// heldGroup serves a group whose cache keeps what nobody watches, with a
+// HeldWait of heldWaitTest.
 func heldGroup(t *testing.T) (*cache.Cache, *grpc.ClientConn, *Server) {
 	t.Helper()
 	c := cache.New(cache.Options{Retention: time.Hour})

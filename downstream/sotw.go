@@ -34,12 +34,9 @@ type sotwType struct {
 	responded bool
 	all       bool       // the next flush considers every subscribed name
 	errSent   errorsSent // the per-resource errors the client was sent
-	// Invariant 21 (held.go): the names of the type's first request, which
-	// the client may hold, until a state of the type is sent; holdUntil,
-	// if that request carried a version_info, is when the stream ends if
-	// none could be sent by then.
-	prior     inlineMap[struct{}]
-	holdUntil time.Time
+	// Invariant 21 (held.go): until a state of the type is sent, the names
+	// of its first request, which the client may hold; nil otherwise.
+	first *firstNames
 }
 
 // subscription applies the SotW rules of "How the client specifies what
@@ -155,9 +152,7 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) (
 		for _, n := range removed {
 			t.sent.remove(n)
 			t.errSent.forget(n)
-			if t.prior.has(n) {
-				ss.unexpect(t, n)
-			}
+			ss.unexpect(t, n)
 		}
 	}
 	if len(added) > 0 {
