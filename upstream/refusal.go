@@ -99,8 +99,9 @@ var v098Words = map[string]string{
 // does not serve; "" if it says no such thing. pending reports the types
 // the stream asked for and had no answer of: only one of them can be
 // refused (a type answered is served). The server's words are read as
-// typeWords says, or else, from a refusal's code (UNKNOWN, INVALID_ARGUMENT,
-// UNIMPLEMENTED), as the one pending type its message names.
+// typeWords says, or else, from UNKNOWN or INVALID_ARGUMENT, as the one
+// pending type its message names. UNIMPLEMENTED refuses a method: on ADS
+// the protocol (refused), on a per-type stream its type (sotwStream.read).
 func typeRefused(err error, pending func(typeURL string) bool) string {
 	st, ok := serverStatus(err)
 	if !ok {
@@ -123,9 +124,7 @@ func typeRefused(err error, pending func(typeURL string) bool) string {
 		}
 		return ""
 	}
-	switch st.Code() {
-	case codes.Unknown, codes.InvalidArgument, codes.Unimplemented:
-	default:
+	if c := st.Code(); c != codes.Unknown && c != codes.InvalidArgument {
 		return ""
 	}
 	var found string
@@ -203,7 +202,9 @@ func (s *session) leaveOut(typeURL string, names []string, words string) {
 	}
 	s.c.opts.Metrics.UnservedNames.With(xds.ShortName(typeURL)).Add(int64(len(named)))
 	if errs := s.c.giveUnavailable(typeURL, named, msg); len(errs) > 0 {
-		s.c.log.Info("names of a type the server does not serve are not asked of it; UNAVAILABLE to clients", "type", xds.ShortName(typeURL),
+		// Told once, at warn, when the type was found not served
+		// (found.unserve); these are counted.
+		s.c.log.Debug("names of a type the server does not serve are not asked of it; UNAVAILABLE to clients", "type", xds.ShortName(typeURL),
 			"names", len(errs), "first", xds.Clip(errs[0].Name), "server", server)
 	}
 }

@@ -68,6 +68,8 @@ func TestRefusalWords(t *testing.T) {
 			err:     status.Error(codes.InvalidArgument, "unsupported type envoy.config.endpoint.v3.ClusterLoadAssignment"),
 			pending: []string{cds, eds}, typ: eds},
 		{name: "naming a type answered already", err: status.Error(codes.InvalidArgument, "unsupported type "+eds), pending: []string{cds}},
+		{name: "unimplemented on ADS refuses the protocol, whatever it names",
+			err: status.Error(codes.Unimplemented, "delta is not served for "+eds), pending: []string{eds}, dialect: true},
 		{name: "naming two asked", err: status.Error(codes.Unknown, "neither "+cds+" nor "+eds), pending: []string{cds, eds}},
 		{name: "a longer name is not the type",
 			err:     status.Error(codes.InvalidArgument, "bad envoy.config.cluster.v3.ClusterX"),
