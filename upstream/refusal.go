@@ -243,6 +243,7 @@ func (c *Client) refusal(s *session, answered bool, err error) (again bool, refu
 		return false, ""
 	}
 	if c.refusedType(s, err) {
+		c.reach.answered() // it spoke: reachable
 		c.retried(err, "")
 		c.opts.Metrics.Reconnects.With(c.opts.Group).Inc()
 		c.log.Info("the stream is opened again without the type its server does not serve", "server", c.servers[s.server].name,
