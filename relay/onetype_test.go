@@ -43,6 +43,14 @@ func TestOneTypeControlPlaneSeesTwoStreams(t *testing.T) {
 	if n := len(logs.Lines(t, "control plane server does not serve a type; not asked of it again")); n != 1 {
 		t.Errorf("the refusal was logged %d times, want once", n)
 	}
+	if body := readyz(t, r); !strings.Contains(body, "connected, speaks delta, does not serve ClusterLoadAssignment (not asked of it)") {
+		t.Errorf("/readyz does not say what the server does not serve:\n%s", body)
+	}
+	var groups []debugGroup
+	getJSON(t, r, "/debug/groups", &groups)
+	if len(groups) != 1 || len(groups[0].Upstreams) != 1 || !slices.Equal(groups[0].Upstreams[0].Unserved, []string{"ClusterLoadAssignment"}) {
+		t.Errorf("/debug/groups: %+v, want the upstream's unserved [ClusterLoadAssignment]", groups)
+	}
 	// The Clusters keep flowing on the stream opened again.
 	cp.Set(t, testcp.Cluster("c"))
 	if got := deltaNames(d.recv()); !slices.Equal(got, []string{"c"}) {
