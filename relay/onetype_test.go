@@ -107,3 +107,54 @@ func atMostStreams(t *testing.T, cp *testcp.OneType, max int64, window time.Dura
 		}
 	}
 }
+
+// Over state of the world too, ADS or the per-type services, the one-type
+// server's refusal is learned: on ADS the stream is opened again without
+// the endpoints; per type, only the endpoints' stream ends, and the
+// Clusters' keeps running. Either way the control plane sees at most 2
+// streams.
+func TestOneTypeControlPlaneInSotW(t *testing.T) {
+	for _, p := range []string{"sotw", "sotw-per-type"} {
+		t.Run(p, func(t *testing.T) {
+			cp := testcp.StartOneType(t, resourcev3.ClusterType)
+			cp.Set(t, testcp.Cluster("a"), testcp.Cluster("b"))
+			r := startRelay(t, cp.Addr, func(c *Config) { c.Upstream.Protocol = p })
+			d := openDelta(t, r.Addr())
+			d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.ClusterType,
+				ResourceNamesSubscribe: []string{"*"}})
+			if got := collectDelta(d, 2); !slices.Equal(got, []string{"a", "b"}) {
+				t.Fatalf("the client's Clusters: %v, want [a b]", got)
+			}
+			waitMetric(t, r, `xdsrelay_upstream_unserved_types{server="`+cp.Addr+`",type="ClusterLoadAssignment",upstream="default"} 1`)
+			atMostStreams(t, cp, 2, 3*time.Second)
+			cp.Set(t, testcp.Cluster("c"))
+			if got := deltaNames(d.recv()); !slices.Equal(got, []string{"c"}) {
+				t.Fatalf("after the refusal, the client got %v, want [c]", got)
+			}
+		})
+	}
+}
+
+// What a server was found to speak is forgotten once a stream to it fails
+// without an answer: a SotW-only server replaced, at the same address, by
+// one that speaks delta is spoken to in delta.
+func TestDialectFoundAgainAfterARestart(t *testing.T) {
+	cp := testcp.StartDialect(t, testcp.DialectSotW)
+	cp.Set(t, "c1", "1", testcp.Cluster("a"))
+	r := startRelay(t, cp.Addr, fastReconnect)
+	d := openDelta(t, r.Addr())
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"a"}})
+	d.recv()
+	eventually(t, "the relay to speak sotw", func() bool { return upstreamProtocol(t, r) == "sotw" })
+	cp.Stop()
+	eventually(t, "a stream to fail without an answer", func() bool {
+		var groups []debugGroup
+		getJSON(t, r, "/debug/groups", &groups)
+		return len(groups) == 1 && strings.Contains(groups[0].LastError, "connection refused")
+	})
+	cp.RestartAs(testcp.DialectDelta)
+	eventually(t, "the relay to open a delta stream to the new server", func() bool { return cp.DeltaStreams.Load() > 0 })
+	if got := upstreamProtocol(t, r); got == "sotw" {
+		t.Errorf("/debug/groups says the upstream speaks %q", got)
+	}
+}

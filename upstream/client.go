@@ -739,7 +739,12 @@ func (c *Client) up(s *session) {
 	if !c.routed() {
 		c.opts.Metrics.Streams.With(c.opts.Group).Set(1)
 	}
-	c.setStatus(func(st *Status) { st.Connected, st.Server = true, c.servers[s.server].name })
+	c.setStatus(func(st *Status) {
+		st.Connected, st.Server = true, c.servers[s.server].name
+		if st.Protocol != string(s.protocol) {
+			st.Protocol = "" // what it answers in is not known yet
+		}
+	})
 }
 
 // received handles one response of s; healthy is set at the first.

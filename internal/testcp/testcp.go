@@ -238,6 +238,14 @@ func (cp *ControlPlane) Restart() {
 	cp.serve(ln)
 }
 
+// RestartAs brings a stopped control plane back on the same address,
+// speaking d: another version of the server at the same place.
+func (cp *ControlPlane) RestartAs(d Dialect) {
+	cp.t.Helper()
+	cp.dialect = d // read by serve, on this goroutine
+	cp.Restart()
+}
+
 // Nodes returns the node of every stream's first request (SotW or delta).
 func (cp *ControlPlane) Nodes() []*corepb.Node {
 	cp.mu.Lock()
