@@ -207,7 +207,7 @@ func (r *Relay) newDownstream() error {
 	r.down, err = downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: r.log,
 		PollTimeout: cfg.Downstream.PollTimeout, SendTimeout: cfg.Downstream.SendTimeout, Authorizer: az,
 		Limits: downstreamLimits(cfg), AnswerWait: min(cfg.Cache.NotFoundTimeout, firstAnswerWait),
-		WildcardWait: cfg.wildcardWait(), Loads: r.loads.downstream(r)})
+		WildcardWait: cfg.wildcardWait(), HeldWait: cfg.longestConnectTimeout(), Loads: r.loads.downstream(r)})
 	return err
 }
 
@@ -280,11 +280,20 @@ const firstAnswerWait = 2 * time.Second
 // the longest upstream.connect_timeout, by which the relay knows whether
 // its control plane can be reached, and firstAnswerWait for the rest.
 func (c *Config) wildcardWait() time.Duration {
+	return c.longestConnectTimeout() + firstAnswerWait
+}
+
+// longestConnectTimeout is the longest upstream.connect_timeout: by then
+// the relay knows whether each control plane can be reached. It bounds
+// how long a SotW stream holds a Listener or Cluster state that would
+// leave out a name its client may hold (downstream's HeldWait,
+// docs/architecture.md, invariant 21).
+func (c *Config) longestConnectTimeout() time.Duration {
 	longest := c.Upstream.ConnectTimeout
 	for _, u := range c.Upstreams {
 		longest = max(longest, u.ConnectTimeout)
 	}
-	return longest + firstAnswerWait
+	return longest
 }
 
 // newSource opens what the configuration names upstream: a directory of

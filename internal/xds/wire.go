@@ -69,6 +69,21 @@ func NewError(name string, code codes.Code, message string) *ResourceError {
 	return e
 }
 
+// DataError reports whether a per-resource error with code says that the
+// name is not to be had, rather than not to be had now (gRFC A88's data
+// errors): NOT_FOUND (it does not exist), PERMISSION_DENIED (refused to
+// the client), INVALID_ARGUMENT (it is not valid) and RESOURCE_EXHAUSTED
+// (refused at a bound). Any other code (UNAVAILABLE, INTERNAL,
+// UNKNOWN...) says only that it cannot be fetched now: the name is not
+// known not to exist (docs/architecture.md, invariant 21).
+func DataError(c int32) bool {
+	switch codes.Code(c) {
+	case codes.NotFound, codes.PermissionDenied, codes.InvalidArgument, codes.ResourceExhausted:
+		return true
+	}
+	return false
+}
+
 // CodeName is a google.rpc.Code as the protos name it (NOT_FOUND,
 // UNAVAILABLE...), for metric labels; UNKNOWN for a code out of range.
 func CodeName(c int32) string {
