@@ -11,7 +11,10 @@ import (
 )
 
 func newValidateCmd(environ []string) *cobra.Command {
-	var config string
+	var (
+		config   string
+		keysOnly bool
+	)
 	cmd := &cobra.Command{
 		Use:   "validate [--config FILE]",
 		Short: "Check the configuration and what it names, as serve does at start, without listening",
@@ -23,10 +26,14 @@ upstream.address every resource file. It reports every error, one a line,
 each naming its key (and for a resource file, the file, the resource and
 the line and column in the file). An XDSRELAY_ variable that names no key
 is an error here (serve warns and ignores it). Exits 0 when all is well, 2
-for a configuration error, 1 for resource files that do not load.`,
+for a configuration error, 1 for resource files that do not load.
+
+--keys-only checks the keys' values and not the files they name (TLS
+files, resource files): to check a configuration away from where it runs,
+a rendered manifest in CI say, whose certificates are mounted in the pod.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			msg, err := validate(config, environ)
+			msg, err := validate(config, environ, keysOnly)
 			if err != nil {
 				return err
 			}
@@ -35,13 +42,14 @@ for a configuration error, 1 for resource files that do not load.`,
 		},
 	}
 	cmd.Flags().StringVar(&config, "config", "", "check the configuration in `FILE` (YAML); without it, defaults and the environment only")
+	cmd.Flags().BoolVar(&keysOnly, "keys-only", false, "check the keys' values, not the files they name (TLS files, resource files)")
 	return cmd
 }
 
 // validate makes serve's checks of the configuration and of what it names,
 // and says what it checked: every error, joined, as a configError (exit 2)
 // if any is the configuration's, else as the resource files' (exit 1).
-func validate(config string, environ []string) (string, error) {
+func validate(config string, environ []string, keysOnly bool) (string, error) {
 	opts, unknownEnv, err := loadConfig(config, environ)
 	var cfgErrs []error
 	if err != nil {
@@ -50,7 +58,10 @@ func validate(config string, environ []string) (string, error) {
 	if len(unknownEnv) > 0 {
 		cfgErrs = append(cfgErrs, unknownEnvError(unknownEnv))
 	}
-	checked := relay.CheckStart(opts.Relay) // what a key that did not load names is its default's
+	var checked relay.Checked
+	if !keysOnly {
+		checked = relay.CheckStart(opts.Relay) // what a key that did not load names is its default's
+	}
 	cfgErrs = append(cfgErrs, checked.TLS...)
 	switch {
 	case len(cfgErrs) > 0:

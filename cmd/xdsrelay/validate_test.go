@@ -35,6 +35,12 @@ func TestValidateIsServeWithoutListening(t *testing.T) {
 		t.Errorf("validate: exit %d, %q %q; want 2 naming upstream.tls.cert_file", code, out, errText)
 	}
 
+	// --keys-only: the keys' values, not the files they name (a manifest
+	// checked where its certificates are not mounted).
+	if code, out, errText := runCLI("validate", "--keys-only", "--config", tlsConfig); code != 0 || out != "configuration OK\n" {
+		t.Errorf("validate --keys-only: exit %d, %q %q", code, out, errText)
+	}
+
 	// Every error at once: keys that do not load, values out of bounds, a
 	// key file missing beside its certificate, a server's TLS files, and
 	// the resource files.
