@@ -6,11 +6,11 @@ import (
 	"math"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
@@ -144,9 +144,9 @@ type Cache struct {
 	// earlier op's marks are on every watch (docs/architecture.md,
 	// invariant 7 "Order is kept"). Taken before mu, and held across
 	// op.wake only: never across a callback (tell).
-	wakeMu sync.Mutex
+	wakeMu lockorder.Mutex[cacheWakeMu]
 
-	mu        sync.RWMutex
+	mu        lockorder.RWMutex[cacheMu]
 	seq       uint64                            // guarded by mu
 	types     map[string]*typeState             // guarded by mu
 	size      int                               // present resources; guarded by mu

@@ -2,8 +2,8 @@ package cache
 
 import (
 	"iter"
-	"sync"
 
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
@@ -163,7 +163,7 @@ type Watch struct {
 	wake   chan struct{}
 	notify func() // set by OnReady; replaces wake
 
-	mu    sync.Mutex
+	mu    lockorder.Mutex[watchMu]
 	dirty DirtySet // guarded by mu
 	// Given back by Recycle, for the next Take and marks: a watch that is
 	// marked and flushed over and over allocates nothing. Guarded by mu.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/authz"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
@@ -237,7 +238,7 @@ type sendGuard struct {
 	opened   time.Time        // when the stream opened
 	answered bool             // a send succeeded: first was observed
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex[sendGuardMu]
 	sending bool
 	worker  bool // the send runs on a send worker, not on the handler's goroutine
 	slow    bool // the watchdog found this send slow (and told the pool, if worker)

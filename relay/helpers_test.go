@@ -10,11 +10,11 @@ import (
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder/lockcheck"
 	"github.com/xdsrelay/xdsrelay/internal/testlog"
 )
 
@@ -22,7 +22,7 @@ func TestMain(m *testing.M) {
 	// Most tests shut a relay down with clients connected: a second of
 	// grace each is the package's time, not what they test.
 	drainGrace = 200 * time.Millisecond
-	goleak.VerifyTestMain(m)
+	lockcheck.Main(m)
 }
 
 // wait bounds every wait in these tests.

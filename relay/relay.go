@@ -27,6 +27,7 @@ import (
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/downstream"
 	"github.com/xdsrelay/xdsrelay/internal/creds"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/upstream"
@@ -83,7 +84,7 @@ type Relay struct {
 	restored atomic.Bool // a saved cache loaded (cache.persist_dir)
 
 	// The groups, guarded by mu.
-	mu     sync.Mutex
+	mu     lockorder.Mutex[relayMu]
 	groups map[string]*group
 
 	// live counts every goroutine the relay starts (goRun), the groups'
@@ -453,7 +454,7 @@ func (r *Relay) goRun(f func()) {
 // for as long as what it waits for runs, which an abandoned goroutine may
 // do for ever.
 type goroutines struct {
-	mu   sync.Mutex
+	mu   lockorder.Mutex[goroutinesMu]
 	n    int           // guarded by mu
 	zero chan struct{} // guarded by mu: closed when n falls to 0; nil while no one waits
 }
@@ -730,7 +731,7 @@ func (r *Relay) registerGroupMetrics() {
 	typeSize := r.metrics.Gauge("xdsrelay_cache_type_resources", "Resources of the type cached for the group.", "group", "type")
 	typeBytes := r.metrics.Gauge("xdsrelay_cache_type_bytes", "Encoded bytes of the type's resources cached for the group (held once, whatever the number of clients).", "group", "type")
 	typeAge := r.metrics.Gauge("xdsrelay_cache_type_age_seconds", "Seconds since the latest upstream response that changed the type in the group's cache (-1 before the first); without the group label, the oldest.", "group", "type").Max()
-	var mu sync.Mutex
+	var mu lockorder.Mutex[groupScrapeMu]
 	var last [][2]string // (group, type) pairs; guarded by mu: scrapes may overlap
 	r.metrics.OnScrape(func() {
 		mu.Lock()
@@ -796,7 +797,7 @@ func (r *Relay) registerConvergenceMetrics() {
 	}
 	behind.ZeroEach(shorts...)
 	rejecting.ZeroEach(shorts...)
-	var mu sync.Mutex
+	var mu lockorder.Mutex[convergenceScrapeMu]
 	shown := map[string]bool{} // every type given a series; guarded by mu: scrapes may overlap
 	for _, short := range shorts {
 		shown[short] = true

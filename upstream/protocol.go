@@ -3,10 +3,11 @@ package upstream
 import (
 	"fmt"
 	"log/slog"
-	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 )
 
 // Protocol is the dialect a control plane's server is spoken to in
@@ -70,7 +71,7 @@ type found struct {
 	metrics    *Metrics     // read-only
 	log        *slog.Logger // read-only
 
-	mu    sync.Mutex
+	mu    lockorder.Mutex[foundMu]
 	found map[string]Protocol // by server name: to speak; guarded by mu
 	shown map[string]Protocol // by server name: answered in, metric set; guarded by mu
 	// unserved: by server, the types whose per-type service it refused

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
@@ -104,7 +105,7 @@ type routedFeed struct {
 	g       Group
 	members []*member // by route index
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex[routedFeedMu]
 	running []*member // guarded by mu; in route order
 
 	// Owned by Run.
@@ -333,7 +334,7 @@ func joinNonEmpty(a, b string) string {
 type view struct {
 	wake chan struct{} // capacity 1
 
-	mu       sync.Mutex
+	mu       lockorder.Mutex[viewMu]
 	wanted   map[string]map[string]struct{} // type → names; guarded by mu
 	wildcard map[string]bool                // types whose wildcard is wanted; guarded by mu
 	log      map[string]map[string]bool     // changes since InterestChanges; guarded by mu
