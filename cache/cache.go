@@ -139,11 +139,12 @@ type Cache struct {
 	onRejected    func(Rejection)
 
 	// wakeMu orders publication with waking: an op that changes what
-	// readers see (c.mu) is made and marked on its watchers (op.wake)
+	// readers see (c.mu) is made and marked on its watchers (op.markAll)
 	// under it, so that nothing a later op publishes is readable before an
 	// earlier op's marks are on every watch (docs/architecture.md,
 	// invariant 7 "Order is kept"). Taken before mu, and held across
-	// op.wake only: never across a callback (tell).
+	// op.markAll only: never across a callback (tell, which wakes the
+	// watches marked, once it is released).
 	wakeMu lockorder.Mutex[cacheWakeMu]
 
 	mu        lockorder.RWMutex[cacheMu]
@@ -513,7 +514,7 @@ func (c *Cache) Release(w *Watch) {
 	c.advanceLocked(c.now(), o)
 	c.finishLocked(o)
 	c.mu.Unlock()
-	o.wake()
+	o.markAll()
 	c.wakeMu.Unlock()
 	c.tell(o)
 }

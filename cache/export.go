@@ -95,7 +95,7 @@ func (c *Cache) Import(states []TypeState) {
 	c.ilog, c.ilogLen, c.ilogFull = nil, 0, true // taken whole from Interest
 	c.mu.Unlock()
 	c.signalInterest()
-	o.wake()
+	o.markAll()
 	c.wakeMu.Unlock()
 	c.tell(o)
 }
