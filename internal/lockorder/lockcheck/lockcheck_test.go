@@ -72,7 +72,7 @@ var notChecked = map[string]string{
 	"internal/envoysim":   "a client for tests, behaving as Envoy",
 	"internal/faultproxy": "a TCP proxy for tests",
 	"internal/testlog":    "a log buffer for tests",
-	"deploy":              "the manifests' own module: tests only",
+	"internal/realcp":     "real control planes, run for tests",
 }
 
 func exempt(dir string) bool {
@@ -84,8 +84,8 @@ func exempt(dir string) bool {
 	return false
 }
 
-// goFiles parses the module's Go files that are not tests (nor testdata),
-// by directory relative to the root.
+// goFiles parses the module's Go files that are not tests (nor testdata,
+// nor another module's: deploy/'s), by directory relative to the root.
 func goFiles(t *testing.T) (fset *token.FileSet, files map[string][]*ast.File) {
 	t.Helper()
 	root, err := Root()
@@ -98,6 +98,8 @@ func goFiles(t *testing.T) (fset *token.FileSet, files map[string][]*ast.File) {
 		case err != nil:
 			return err
 		case d.IsDir() && path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata"):
+			return filepath.SkipDir
+		case d.IsDir() && path != root && fileExists(filepath.Join(path, "go.mod")):
 			return filepath.SkipDir
 		case d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go"):
 			return nil
@@ -114,6 +116,11 @@ func goFiles(t *testing.T) (fset *token.FileSet, files map[string][]*ast.File) {
 		t.Fatal(err)
 	}
 	return fset, files
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // syncLocks returns where the files declare a sync.Mutex or sync.RWMutex:
