@@ -149,6 +149,7 @@ type Cache struct {
 
 	mu        lockorder.RWMutex[cacheMu]
 	seq       uint64                            // guarded by mu
+	igen      uint64                            // moves with each change of the interest (Generation); guarded by mu
 	types     map[string]*typeState             // guarded by mu
 	size      int                               // present resources; guarded by mu
 	idle      *simplelru.LRU[idleKey, struct{}] // what nobody watches, least recently used first; guarded by mu
@@ -384,6 +385,9 @@ func (t *typeState) entryLocked(name string) *entry {
 // wantLocked sets whether e is explicitly part of the interest, keeping the
 // count of wanted names.
 func (c *Cache) wantLocked(e *entry, wanted bool) {
+	if wanted != e.wanted {
+		c.igen++
+	}
 	switch {
 	case wanted && !e.wanted:
 		c.wanted++

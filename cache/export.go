@@ -50,11 +50,15 @@ func (c *Cache) Export() ([]TypeState, uint64) {
 	return out, c.seq
 }
 
-// Generation changes whenever the cache's contents do.
+// Generation changes whenever the cache's contents do (each op that
+// changes something), or its union of interests: while it stays, what
+// Get, Interest and Synced answer stays. A reader that derives something
+// from the whole interest (upstream's Client.missing) reads it again only
+// once the generation moved.
 func (c *Cache) Generation() uint64 {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	return c.seq
+	return c.seq + c.igen
 }
 
 // Import fills an empty cache with saved contents. What it restores is held

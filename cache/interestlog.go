@@ -9,6 +9,7 @@ const maxInterestLog = 1 << 16
 // noteLocked records that name (the wildcard: "*") of a type entered or
 // left the union of interests, for InterestChanges.
 func (c *Cache) noteLocked(typeURL, name string, wanted bool) {
+	c.igen++
 	if c.ilogFull {
 		return
 	}

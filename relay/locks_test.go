@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/downstream"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
@@ -120,4 +123,37 @@ func TestSweepCallsBackWithoutTheRelaysLock(t *testing.T) {
 			t.Fatal("the sweeper held Relay.mu while the cache told it the change was released")
 		}
 	})
+}
+
+// Where a group's load reports go is found without the relay's lock
+// (docs/architecture.md, "Locks"): Relay.loadRoute reads every Cluster
+// name the group wants, and warns when they come from several upstreams.
+// A log handler that reads the groups takes Relay.mu at that warning; were
+// the walk made under it, the handler would wait for it.
+func TestLoadRouteReadsTheNamesWithoutTheRelaysLock(t *testing.T) {
+	def, meshB := testcp.Start(t), testcp.Start(t)
+	r, got, not := probedRelay(t, def, "the group's Clusters come from several upstreams",
+		withUpstream("mesh-b", meshB.Addr, nil, []string{"mesh-b"}))
+	n := lrsNode("envoy-1", "c1", "z1")
+	c, leave, err := r.Join(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leave()
+	w := cache.NewWatch()
+	if err := c.Watch(w, resourcev3.ClusterType, "c-default", "xdstp://mesh-b/envoy.config.cluster.v3.Cluster/c-b"); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release(w)
+	_, leaveLoads, err := r.JoinLoads(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer leaveLoads()
+	if got.Load()+not.Load() == 0 {
+		t.Fatal("no warning that the group's Clusters come from several upstreams")
+	}
+	if not.Load() > 0 {
+		t.Fatal("Relay.loadRoute read the group's Cluster names under Relay.mu")
+	}
 }

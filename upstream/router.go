@@ -341,6 +341,7 @@ type view struct {
 	logLen   int                            // entries in log; guarded by mu
 	all      bool                           // the log was dropped: read Interest; guarded by mu
 	changed  bool                           // something to signal; guarded by mu
+	gen      uint64                         // moves with every change of wanted and wildcard; guarded by mu
 }
 
 func newView() *view {
@@ -353,6 +354,7 @@ func (v *view) reset() {
 	defer v.mu.Unlock()
 	v.wanted, v.wildcard, v.log, v.logLen = map[string]map[string]struct{}{}, map[string]bool{}, nil, 0
 	v.all, v.changed = true, true
+	v.gen++
 }
 
 // note records that name ("*": the wildcard) of typeURL entered or left
@@ -382,6 +384,7 @@ func (v *view) note(typeURL, name string, wanted bool) {
 		}
 	}
 	v.changed = true
+	v.gen++
 	if v.all {
 		return
 	}
@@ -424,6 +427,13 @@ func (v *view) empty() bool {
 }
 
 func (v *view) InterestChanged() <-chan struct{} { return v.wake }
+
+// Generation moves whenever what Interest returns may have changed.
+func (v *view) Generation() uint64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.gen
+}
 
 func (v *view) InterestChanges() (map[string]map[string]bool, bool) {
 	v.mu.Lock()
