@@ -154,12 +154,9 @@ type Cache struct {
 	size      int                               // present resources; guarded by mu
 	idle      *simplelru.LRU[idleKey, struct{}] // what nobody watches, least recently used first; guarded by mu
 	evictions uint64                            // guarded by mu
-	// The interest log (InterestChanges); guarded by mu.
-	ilog     map[string]map[string]bool
-	ilogLen  int
-	ilogFull bool
-	wanted   int       // names with entry.wanted set; guarded by mu
-	changes  []*change // changes waiting for release (Rollout), oldest first; guarded by mu
+	ilog      InterestLog                       // what entered and left the interest (InterestChanges); guarded by mu
+	wanted    int                               // names with entry.wanted set; guarded by mu
+	changes   []*change                         // changes waiting for release (Rollout), oldest first; guarded by mu
 	// Make before break (Consistency, refs.go); guarded by mu.
 	waits       int                             // resources and removals waiting for references
 	waitOn      map[string]map[xds.Ref]struct{} // Cluster name → the waiting resources that point at it

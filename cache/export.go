@@ -96,7 +96,7 @@ func (c *Cache) Import(states []TypeState) {
 	}
 	c.evictLocked(o)
 	c.finishLocked(o)
-	c.ilog, c.ilogLen, c.ilogFull = nil, 0, true // taken whole from Interest
+	c.ilog.Drop() // taken whole from Interest
 	c.mu.Unlock()
 	c.signalInterest()
 	o.markAll()

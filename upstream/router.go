@@ -337,9 +337,7 @@ type view struct {
 	mu       lockorder.Mutex[viewMu]
 	wanted   map[string]map[string]struct{} // type → names; guarded by mu
 	wildcard map[string]bool                // types whose wildcard is wanted; guarded by mu
-	log      map[string]map[string]bool     // changes since InterestChanges; guarded by mu
-	logLen   int                            // entries in log; guarded by mu
-	all      bool                           // the log was dropped: read Interest; guarded by mu
+	log      cache.InterestLog              // changes since InterestChanges; guarded by mu
 	changed  bool                           // something to signal; guarded by mu
 	gen      uint64                         // moves with every change of wanted and wildcard; guarded by mu
 }
@@ -352,8 +350,9 @@ func newView() *view {
 func (v *view) reset() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	v.wanted, v.wildcard, v.log, v.logLen = map[string]map[string]struct{}{}, map[string]bool{}, nil, 0
-	v.all, v.changed = true, true
+	v.wanted, v.wildcard = map[string]map[string]struct{}{}, map[string]bool{}
+	v.log.Drop()
+	v.changed = true
 	v.gen++
 }
 
@@ -385,26 +384,8 @@ func (v *view) note(typeURL, name string, wanted bool) {
 	}
 	v.changed = true
 	v.gen++
-	if v.all {
-		return
-	}
-	if v.log == nil {
-		v.log = map[string]map[string]bool{}
-	}
-	if v.log[typeURL] == nil {
-		v.log[typeURL] = map[string]bool{}
-	}
-	if _, ok := v.log[typeURL][name]; !ok {
-		v.logLen++
-	}
-	v.log[typeURL][name] = wanted
-	if v.logLen > maxInterestLog {
-		v.log, v.logLen, v.all = nil, 0, true // the client reads Interest instead
-	}
+	v.log.Note(typeURL, name, wanted)
 }
-
-// maxInterestLog bounds a view's log of changes, as the cache bounds its own.
-const maxInterestLog = 1 << 16
 
 // signal wakes the client if something changed since the last signal.
 func (v *view) signal() {
@@ -438,9 +419,7 @@ func (v *view) Generation() uint64 {
 func (v *view) InterestChanges() (map[string]map[string]bool, bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	log, all := v.log, v.all
-	v.log, v.logLen, v.all = nil, 0, false
-	return log, all
+	return v.log.Take()
 }
 
 func (v *view) Interest() map[string]cache.Interest {
