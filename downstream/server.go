@@ -62,6 +62,11 @@ type Options struct {
 	// Loads configure the load reporting service (LRS); not served if
 	// Loads.Groups is nil.
 	Loads LoadOptions
+
+	// betweenTypes, set by the package's tests only, is called by a flush
+	// before each type it sends, with that type: a test changes the cache
+	// at that instant. Nil in use.
+	betweenTypes func(next string)
 }
 
 // Server implements the xDS services on top of the groups' caches.
@@ -81,6 +86,7 @@ type Server struct {
 	admission   *admission
 	deadlines   *deadlines // limits.first_request_timeout; nil for none
 	loads       LoadOptions
+	between     func(next string) // Options.betweenTypes; nil in use
 
 	drainOnce sync.Once
 	conns     connSet   // connections accepted by Listen
@@ -130,6 +136,7 @@ func New(opts Options) (*Server, error) {
 		sendTimeout: opts.SendTimeout,
 		answerWait:  opts.AnswerWait,
 		wildWait:    opts.WildcardWait,
+		between:     opts.betweenTypes,
 		limits:      opts.Limits,
 		loads:       opts.Loads.defaults(),
 		admission:   newAdmission(opts.Limits),

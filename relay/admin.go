@@ -27,9 +27,14 @@ import (
 // trusted: a proxy in front of the relay (a sidecar) makes every request
 // look local.
 
-// isLoopback reports whether the admin listener's address is a loopback
-// one. A variable so that tests can give the other answer on 127.0.0.1.
-var isLoopback = func(a net.Addr) bool {
+// adminLoopback reports whether the admin listener's address is a
+// loopback one: with a verified client certificate (private), the rule's
+// one input. The package's tests may give the other answer on 127.0.0.1
+// (Config.hooks).
+func (r *Relay) adminLoopback(a net.Addr) bool {
+	if loopback := r.cfg.hooks.loopback; loopback != nil {
+		return loopback(a)
+	}
 	tcp, ok := a.(*net.TCPAddr)
 	return ok && tcp.IP.IsLoopback()
 }
@@ -70,7 +75,7 @@ func (r *Relay) startAdmin() error {
 		return fmt.Errorf("admin.address: %w", err)
 	}
 	r.adminLn = aln
-	loopback := isLoopback(aln.Addr())
+	loopback := r.adminLoopback(aln.Addr())
 	if !loopback && r.adminTLS == nil {
 		r.warnings.warn(r.log, "admin.address", "docs/operations.md#admin-exposure",
 			"admin.address is not a loopback address and admin.tls is not set: /metrics (group keys in its labels) is served in plaintext to whoever reaches it, and the details to no one")

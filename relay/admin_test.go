@@ -16,17 +16,16 @@ import (
 )
 
 // publicAdmin binds the admin endpoint to an address that is not loopback:
-// the machine's own if it has one; else 127.0.0.1, with the loopback test
-// answering no.
+// the machine's own if it has one; else 127.0.0.1, with the relay's
+// loopback rule answering no.
 func publicAdmin(t *testing.T) func(*Config) {
-	ip := nonLoopbackIP()
-	if ip == "" {
-		old := isLoopback
-		isLoopback = func(net.Addr) bool { return false }
-		t.Cleanup(func() { isLoopback = old })
-		ip = "127.0.0.1"
+	if ip := nonLoopbackIP(); ip != "" {
+		return func(c *Config) { c.Admin.Address = net.JoinHostPort(ip, "0") }
 	}
-	return func(c *Config) { c.Admin.Address = net.JoinHostPort(ip, "0") }
+	return func(c *Config) {
+		c.Admin.Address = "127.0.0.1:0"
+		c.hooks.loopback = func(net.Addr) bool { return false }
+	}
 }
 
 // nonLoopbackIP is an IPv4 address of this machine, not loopback, that can

@@ -18,12 +18,7 @@ import (
 	"github.com/xdsrelay/xdsrelay/internal/testlog"
 )
 
-func TestMain(m *testing.M) {
-	// Most tests shut a relay down with clients connected: a second of
-	// grace each is the package's time, not what they test.
-	drainGrace = 200 * time.Millisecond
-	lockcheck.Main(m)
-}
+func TestMain(m *testing.M) { lockcheck.Main(m) }
 
 // wait bounds every wait in these tests.
 const wait = 10 * time.Second
@@ -50,6 +45,9 @@ func startRelayLogged(t testing.TB, upstream string, logger *slog.Logger, mutate
 	cfg.Admin.Address = "127.0.0.1:0"
 	cfg.Cache.Retention = time.Minute
 	cfg.LRS.MinInterval = time.Millisecond // tests' control planes ask for periods of tens of ms
+	// Most tests shut a relay down with clients connected: a second of
+	// grace each is the package's time, not what they test.
+	cfg.hooks.drainGrace = 200 * time.Millisecond
 	for _, m := range mutate {
 		m(&cfg)
 	}

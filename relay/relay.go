@@ -524,8 +524,16 @@ func (r *Relay) AdminAddr() string {
 // drainGrace is how long Shutdown lets clients learn that the relay goes
 // (GOAWAY on every connection, gRPC health NOT_SERVING) before it ends
 // their streams: a client that opens a stream meanwhile opens it elsewhere.
-// A variable for the package's tests only, which shorten it.
-var drainGrace = time.Second
+// The package's tests shorten it (Config.hooks).
+const drainGrace = time.Second
+
+// drainGrace is the relay's drainGrace.
+func (r *Relay) drainGrace() time.Duration {
+	if g := r.cfg.hooks.drainGrace; g > 0 {
+		return g
+	}
+	return drainGrace
+}
 
 // Shutdown drains the relay: it stops accepting, sends GOAWAY on every
 // connection, and after drainGrace asks every stream to end (clients
@@ -540,7 +548,7 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 		r.grpc.GracefulStop() // closes the listener and sends GOAWAY at once
 		close(stopped)
 	}()
-	grace := time.NewTimer(drainGrace)
+	grace := time.NewTimer(r.drainGrace())
 	select {
 	case <-grace.C:
 	case <-ctx.Done():
