@@ -161,8 +161,8 @@ func TestWatchTakeBelow(t *testing.T) {
 	}
 }
 
-// A watch's OnReady runs with no lock of the cache held (docs/
-// architecture.md, "Locks": no lock is held across a callback): not
+// A watch's OnReady runs with no lock of the cache held
+// (docs/architecture.md, "Locks": no lock is held across a callback): not
 // Cache.mu, and not Cache.wakeMu, under which the marks are made. Each op
 // that marks is tried: an upstream change (Apply), a canary's ACK that
 // releases a change to the others (Verdict), a bake that passes (Sweep).

@@ -157,8 +157,8 @@ func TestPackageTableIsTheImports(t *testing.T) {
 	}
 }
 
-// No test changes a package-level variable of the code it tests (docs/
-// architecture.md, "Locks": no mutable globals): what a test needs to set
+// No test changes a package-level variable of the code it tests
+// (docs/architecture.md, "Locks": no mutable globals): what a test needs to set
 // is a field or option of the thing it starts (downstream's
 // Options.betweenTypes, the relay's Config.hooks), so that tests that run
 // at once never see each other's settings. An assignment to such a
