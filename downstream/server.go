@@ -146,7 +146,7 @@ func New(opts Options) (*Server, error) {
 			Zero(metrics.Cross(deniedVariants, []string{authz.ReasonIdentity, authz.ReasonNode})...),
 		pending:  m.Gauge("xdsrelay_downstream_pending_streams", "Open downstream xDS streams that have not sent their first request (ended after limits.first_request_timeout).").With(),
 		refusals: m.Counter("xdsrelay_limit_refusals_total", "Streams, requests and polls refused at a limit, by the limits.* key.", "limit").ZeroEach(LimitLabels...),
-		resourceErrors: m.Counter("xdsrelay_resource_errors_total", "Per-resource errors sent to clients (gRFC A88 resource_errors), the control plane's and the relay's own (NOT_FOUND: an authority no upstream serves, or a name the control plane did not send in time on a stream shown alive; PERMISSION_DENIED: an authority the client's certificate may not ask for; UNAVAILABLE: every server that could serve it unreachable, or a connected server silent past the timer), by type and code.", "type", "code").
+		resourceErrors: m.Counter("xdsrelay_resource_errors_total", "Per-resource errors sent to clients (gRFC A88 resource_errors), the control plane's and the relay's own (NOT_FOUND: an authority no upstream serves, a name the control plane did not send in time on a stream shown alive, or one no resource file defines; PERMISSION_DENIED: an authority the client's certificate may not ask for; UNAVAILABLE: every server that could serve it unreachable, or a connected server silent past the timer), by type and code.", "type", "code").
 			Zero(metrics.Cross(xds.TypeLabels(), ownErrorCodes)...),
 	}, nil
 }
