@@ -9,8 +9,6 @@ import (
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
@@ -76,6 +74,9 @@ func (r *Relay) debugRoutes(mux *http.ServeMux, loopback bool) {
 	mux.HandleFunc("GET /debug/cache", only(r.debugCache))
 	mux.HandleFunc("GET /debug/convergence", only(r.debugConvergence))
 	mux.HandleFunc("GET /debug/references", only(r.debugReferences))
+	mux.HandleFunc("GET /debug/config_dump", only(r.debugConfigDump))
+	mux.HandleFunc("GET /debug/guard/holds", only(r.debugGuardHolds))
+	mux.HandleFunc("GET /debug/rollout/changes", only(r.debugRolloutChanges))
 	mux.HandleFunc("POST /debug/guard/release", only(r.guardRelease))
 	mux.HandleFunc("POST /debug/rollout/release", only(r.rolloutRelease))
 }
@@ -218,25 +219,34 @@ type debugResource struct {
 }
 
 // debugCache lists the resources of one type in one group's cache, with
-// their bodies as protojson if bodies=true.
+// their bodies as protojson if bodies=true; without a type, the groups
+// and their types (debugCacheList).
 func (r *Relay) debugCache(w http.ResponseWriter, req *http.Request) {
 	q := req.URL.Query()
 	key, bodies := q.Get("group"), q.Get("bodies") == "true"
+	if q.Get("type") == "" {
+		r.debugCacheList(w, key)
+		return
+	}
 	typeURL, err := xds.ParseType(q.Get("type"))
 	if err != nil {
 		http.Error(w, "xdsrelay: type: "+err.Error(), http.StatusBadRequest)
 		return
 	}
+	if key == "" {
+		http.Error(w, "xdsrelay: group: required with type (GET /debug/cache lists the groups and their types)", http.StatusBadRequest)
+		return
+	}
 	g := r.groupShown(key)
 	if g == nil {
-		http.Error(w, fmt.Sprintf("xdsrelay: no group %q", xds.Clip(key)), http.StatusNotFound)
+		http.Error(w, fmt.Sprintf("xdsrelay: no group %q (see /debug/cache)", xds.Clip(key)), http.StatusNotFound)
 		return
 	}
 	out := []debugResource{}
 	for _, res := range g.cache.State(typeURL).Resources {
 		dr := debugResource{Name: res.Name, Version: res.Version}
 		if bodies {
-			b, err := resourceJSON(res.Any)
+			b, err := resourceJSON(res)
 			if err != nil {
 				http.Error(w, fmt.Sprintf("xdsrelay: resource %q: %v", res.Name, err), http.StatusInternalServerError)
 				return
@@ -248,17 +258,13 @@ func (r *Relay) debugCache(w http.ResponseWriter, req *http.Request) {
 	writeJSON(w, out)
 }
 
-// resourceJSON is a resource as protojson. Its SotW encoding is the
-// resources field of a DiscoveryResponse (cache.Resource.Any).
-func resourceJSON(field []byte) (json.RawMessage, error) {
-	var m discoverypb.DiscoveryResponse
-	if err := proto.Unmarshal(field, &m); err != nil {
-		return nil, fmt.Errorf("decode: %w", err)
+// resourceJSON is a resource as protojson, as clients get it.
+func resourceJSON(r *cache.Resource) (json.RawMessage, error) {
+	a, err := xds.DecodeAny(r)
+	if err != nil {
+		return nil, err
 	}
-	if len(m.GetResources()) != 1 {
-		return nil, fmt.Errorf("decode: %d resources, want 1", len(m.GetResources()))
-	}
-	b, err := xds.MarshalJSON(m.GetResources()[0])
+	b, err := xds.MarshalJSON(a)
 	if err != nil {
 		return nil, fmt.Errorf("protojson: %w", err)
 	}
