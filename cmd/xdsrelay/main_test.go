@@ -118,7 +118,7 @@ func TestUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{args: []string{"config.yaml"}, want: `unknown command "config.yaml" for "xdsrelay"; the commands are admin, docs, guard, persist, rollout, serve, status, validate, version, wait, watch (a configuration file is named with --config FILE)`},
+		{args: []string{"config.yaml"}, want: `unknown command "config.yaml" for "xdsrelay"; the commands are admin, config-dump, docs, guard, persist, rollout, serve, status, validate, version, wait, watch (a configuration file is named with --config FILE)`},
 		{args: []string{"--config", "a.yaml", "b.yaml"}, want: `unknown command "b.yaml"`},
 		{args: []string{"serve", "b.yaml"}, want: `unexpected argument "b.yaml": name the configuration file with --config FILE`},
 		{args: []string{"validat"}, want: `unknown command "validat" for "xdsrelay"; did you mean "validate"?`},
@@ -129,7 +129,7 @@ func TestUsageErrors(t *testing.T) {
 		{args: []string{"persist", "inspekt", "--bogus"}, want: `unknown command "inspekt" for "xdsrelay persist"; did you mean "inspect"?`},
 		{args: []string{"persist", "inspekt", "x"}, want: `unknown command "inspekt" for "xdsrelay persist"; did you mean "inspect"?`},
 		{args: []string{"guard", "relase"}, want: `unknown command "relase" for "xdsrelay guard"; did you mean "release"?`},
-		{args: []string{"rollout", "hold"}, want: `unknown command "hold" for "xdsrelay rollout"; the commands are release`},
+		{args: []string{"rollout", "hold"}, want: `unknown command "hold" for "xdsrelay rollout"; the commands are list, release`},
 		{args: []string{"rollout", "release", "--server", "x:1", "--type", "bogus"}, want: `--type: "bogus" is not a resource type: Cluster|CDS|clusters, `},
 		{args: []string{"admin", "--server", "x:1"}, want: "accepts 1 arg(s)"},
 		{args: []string{"admin", "--server", "x:1", "-X", "DELETE", "/readyz"}, want: `-X: "DELETE" is not GET, POST or PUT`},
