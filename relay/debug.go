@@ -18,7 +18,9 @@ import (
 
 // The /debug/ paths of the admin endpoint: per-client status, groups and
 // cache contents, as JSON. They reveal the tenants, so they are served only
-// to a private caller (see private); others get 403.
+// to the callers the access rule lets see the views, and the releases only
+// to those it lets change the process (see adminListener.access); others
+// get 403.
 //
 // Every admin body is bounded whatever clients put in their nodes: a group
 // key is shown as the metrics' group label shows it (shownKey: over
@@ -59,26 +61,17 @@ func (r *Relay) groupShown(shown string) *group {
 	return nil
 }
 
-func (r *Relay) debugRoutes(mux *http.ServeMux, loopback bool) {
-	only := func(h func(http.ResponseWriter, *http.Request)) func(http.ResponseWriter, *http.Request) {
-		return func(w http.ResponseWriter, req *http.Request) {
-			if !private(loopback, req) {
-				http.Error(w, "xdsrelay: /debug/ is served only on a loopback admin.address or over admin.tls with a verified client certificate", http.StatusForbidden)
-				return
-			}
-			h(w, req)
-		}
-	}
-	mux.HandleFunc("GET /debug/clients", only(r.debugClients))
-	mux.HandleFunc("GET /debug/groups", only(r.debugGroups))
-	mux.HandleFunc("GET /debug/cache", only(r.debugCache))
-	mux.HandleFunc("GET /debug/convergence", only(r.debugConvergence))
-	mux.HandleFunc("GET /debug/references", only(r.debugReferences))
-	mux.HandleFunc("GET /debug/config_dump", only(r.debugConfigDump))
-	mux.HandleFunc("GET /debug/guard/holds", only(r.debugGuardHolds))
-	mux.HandleFunc("GET /debug/rollout/changes", only(r.debugRolloutChanges))
-	mux.HandleFunc("POST /debug/guard/release", only(r.guardRelease))
-	mux.HandleFunc("POST /debug/rollout/release", only(r.rolloutRelease))
+func (r *Relay) debugRoutes(mux *http.ServeMux, l adminListener) {
+	mux.HandleFunc("GET /debug/clients", gate(l, accessViews, r.debugClients))
+	mux.HandleFunc("GET /debug/groups", gate(l, accessViews, r.debugGroups))
+	mux.HandleFunc("GET /debug/cache", gate(l, accessViews, r.debugCache))
+	mux.HandleFunc("GET /debug/convergence", gate(l, accessViews, r.debugConvergence))
+	mux.HandleFunc("GET /debug/references", gate(l, accessViews, r.debugReferences))
+	mux.HandleFunc("GET /debug/config_dump", gate(l, accessViews, r.debugConfigDump))
+	mux.HandleFunc("GET /debug/guard/holds", gate(l, accessViews, r.debugGuardHolds))
+	mux.HandleFunc("GET /debug/rollout/changes", gate(l, accessViews, r.debugRolloutChanges))
+	mux.HandleFunc("POST /debug/guard/release", gate(l, accessAll, r.guardRelease))
+	mux.HandleFunc("POST /debug/rollout/release", gate(l, accessAll, r.rolloutRelease))
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
