@@ -1,10 +1,11 @@
 # syntax=docker/dockerfile:1
 
 FROM golang:1.26-bookworm AS build
-# The version and revision that `xdsrelay version` and xdsrelay_build_info
-# report (.git is not in the build context, so the build has no VCS data):
-# --build-arg VERSION=$(git describe --tags --always --dirty)
-# --build-arg REVISION=$(git rev-parse HEAD)
+# The revision that `xdsrelay version` and xdsrelay_build_info report (.git
+# is not in the build context, so the build has no VCS data):
+# --build-arg REVISION=$(git rev-parse HEAD). The version is the release the
+# source is (cmd/xdsrelay/version.go); VERSION reports another instead
+# (--build-arg VERSION=v1.2.3-rc.1).
 ARG VERSION
 ARG REVISION
 WORKDIR /src

@@ -9,6 +9,7 @@ import (
 	"path"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -157,7 +158,7 @@ func TestKustomizeSetImage(t *testing.T) {
 			t.Fatal(err)
 		}
 		if f == "kustomization.yaml" {
-			b = []byte(replaceOnce(t, string(b), "newName: xdsrelay\n    newTag: latest", "newName: registry.example/xdsrelay\n    newTag: v1.2.3"))
+			b = regexp.MustCompile(`newName: xdsrelay\n    newTag: \S+`).ReplaceAll(b, []byte("newName: registry.example/xdsrelay\n    newTag: v1.2.3"))
 		}
 		if err := os.WriteFile(filepath.Join(dir, f), b, 0o600); err != nil {
 			t.Fatal(err)

@@ -56,18 +56,18 @@ func TestVersionString(t *testing.T) {
 		ldVersion, ldRevision string
 		want                  string
 	}{
-		{name: "no build information", want: "(devel)"},
-		{name: "source without VCS", bi: info("(devel)"), want: "(devel)"},
-		{name: "empty module version", bi: info(""), want: "(devel)"},
+		{name: "no build information", want: release},
+		{name: "source without VCS", bi: info("(devel)"), want: release},
+		{name: "empty module version", bi: info(""), want: release},
 		{
-			name: "module version and revision",
+			name: "a pseudo-version is not the version: the release is, with the revision",
 			bi:   info("v0.0.0-20261102100000-1a2b3c4d5e6f", "vcs", "git", "vcs.revision", rev, "vcs.time", "2026-11-02T10:00:00Z", "vcs.modified", "false"),
-			want: "v0.0.0-20261102100000-1a2b3c4d5e6f (rev 1a2b3c4d5e6f, 2026-11-02T10:00:00Z)",
+			want: release + " (rev 1a2b3c4d5e6f, 2026-11-02T10:00:00Z)",
 		},
 		{
 			name: "modified tree",
 			bi:   info("v0.0.0-20261102100000-1a2b3c4d5e6f+dirty", "vcs.revision", rev, "vcs.modified", "true"),
-			want: "v0.0.0-20261102100000-1a2b3c4d5e6f+dirty (rev 1a2b3c4d5e6f, modified)",
+			want: release + " (rev 1a2b3c4d5e6f, modified)",
 		},
 		{
 			name:      "linker version wins, revision from VCS",
