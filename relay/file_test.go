@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -132,4 +133,34 @@ func TestFileAbsentNameDoesNotExistAtOnce(t *testing.T) {
 	if !slices.Equal(dresp.GetRemovedResources(), []string{"nosuch-cluster"}) || !notFound(dresp.GetResourceErrors(), "nosuch-cluster") {
 		t.Errorf("delta: removed %v, errors %v, want nosuch-cluster removed with NOT_FOUND", dresp.GetRemovedResources(), dresp.GetResourceErrors())
 	}
+}
+
+// Files removed in a mass are held by the guard, as a control plane's
+// removals are: clients subscribed to them by name are sent neither the
+// removals nor a NOT_FOUND for them while the hold lasts.
+func TestFileRemovalsHeldWithoutErrors(t *testing.T) {
+	dir := t.TempDir()
+	var names []string
+	for i := range 12 {
+		name := fmt.Sprintf("c%02d", i)
+		names = append(names, name)
+		if err := os.WriteFile(filepath.Join(dir, name+".yaml"), []byte(fileCluster(name, "1s")), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := startRelay(t, FilePrefix+dir)
+	d := openDelta(t, r.Addr())
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: names})
+	for got := 0; got < len(names); {
+		resp := d.recv()
+		got += len(resp.GetResources())
+		d.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: resp.GetNonce()})
+	}
+	for _, n := range names {
+		if err := os.Remove(filepath.Join(dir, n+".yaml")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitMetric(t, r, `xdsrelay_guard_holds_total{type="Cluster"} 1`)
+	d.quiet(500 * time.Millisecond)
 }

@@ -311,8 +311,12 @@ func applyType(g Group, byName map[string]*cache.Resource, typeURL string, in ca
 const absentMessage = "no resource file of the relay defines it"
 
 // absentErrors are NOT_FOUND errors (gRFC A88: the same as a removal) for
-// the names subscribed by name that no file defines, but for those that
-// already carry one: a reload does not send them again. Delta clients
+// the names subscribed by name that no file defines and the cache does not
+// hold, but for those that already carry one: a reload does not send them
+// again. A name the cache holds is removed as a control plane removes it,
+// through the release step: a mass removal waits for the guard, which an
+// error sent beside it would defeat; once removed, the next reload gives
+// it its error. Delta clients
 // learn it from removed_resources; a SotW client has no other word for a
 // name it never had ("Knowing When a Requested Resource Does Not Exist"):
 // the error goes in the response, or, when it is all a one-type stream's
@@ -322,7 +326,7 @@ const absentMessage = "no resource file of the relay defines it"
 func absentErrors(c *cache.Cache, typeURL string, names []string) []*cache.ResourceError {
 	var errs []*cache.ResourceError
 	for _, l := range c.Get(typeURL, names) {
-		if l.Absent && l.Error != nil && l.Error.Code == int32(codes.NotFound) && l.Error.Message == absentMessage {
+		if l.Resource != nil || l.Absent && l.Error != nil && l.Error.Code == int32(codes.NotFound) && l.Error.Message == absentMessage {
 			continue
 		}
 		errs = append(errs, xds.NewError(l.Name, codes.NotFound, absentMessage))
