@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -12,7 +14,9 @@ import (
 
 	adminpb "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
 	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	statuspb "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -240,4 +244,29 @@ func TestConfigDumpJSONIsEnvoys(t *testing.T) {
 		return
 	}
 	t.Fatalf("no ClustersConfigDump in %v", raw.Streams[0].ConfigDump.Configs)
+}
+
+// The admin endpoint never shows a private key: a Secret's body is left
+// out of /debug/cache?bodies=true, as of the config dump.
+func TestSecretsShownWithoutBodies(t *testing.T) {
+	dir := t.TempDir()
+	secret := "\"@type\": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.Secret\nname: server-cert\ntls_certificate:\n  private_key: {inline_string: PRIVATE-KEY-BYTES}\n  certificate_chain: {inline_string: CERT-BYTES}\n"
+	if err := os.WriteFile(filepath.Join(dir, "secret.yaml"), []byte(secret), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := startRelay(t, FilePrefix+dir)
+	d := openDelta(t, r.Addr())
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("envoy-1", "c1"), TypeUrl: resourcev3.SecretType, ResourceNamesSubscribe: []string{"server-cert"}})
+	resp := d.recv()
+	d.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.SecretType, ResponseNonce: resp.GetNonce()})
+	q := "/debug/cache?group=" + url.QueryEscape(keyOf("c1")) + "&type=secrets&bodies=true"
+	var res []debugResource
+	getJSON(t, r, q, &res)
+	if len(res) != 1 || res[0].Name != "server-cert" || res[0].Resource != nil {
+		t.Errorf("%s: %+v, want the Secret without its body", q, res)
+	}
+	eventually(t, "the Secret in envoy-1's config dump, without its body", func() bool {
+		_, body := get(t, http.DefaultClient, "http://"+r.AdminAddr()+"/debug/config_dump?node=envoy-1")
+		return strings.Contains(body, "SecretsConfigDump") && strings.Contains(body, "server-cert") && !strings.Contains(body, "PRIVATE-KEY")
+	})
 }

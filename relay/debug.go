@@ -9,6 +9,7 @@ import (
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
@@ -215,7 +216,8 @@ type debugResource struct {
 }
 
 // debugCache lists the resources of one type in one group's cache, with
-// their bodies as protojson if bodies=true; without a type, the groups
+// their bodies as protojson if bodies=true (but a Secret's: the admin
+// endpoint never shows a private key); without a type, the groups
 // and their types (debugCacheList).
 func (r *Relay) debugCache(w http.ResponseWriter, req *http.Request) {
 	q := req.URL.Query()
@@ -241,7 +243,7 @@ func (r *Relay) debugCache(w http.ResponseWriter, req *http.Request) {
 	out := []debugResource{}
 	for _, res := range g.cache.State(typeURL).Resources {
 		dr := debugResource{Name: res.Name, Version: res.Version}
-		if bodies {
+		if bodies && typeURL != resourcev3.SecretType { // a private key is never shown
 			b, err := resourceJSON(res)
 			if err != nil {
 				http.Error(w, fmt.Sprintf("xdsrelay: resource %q: %v", res.Name, err), http.StatusInternalServerError)
