@@ -20,7 +20,7 @@ import (
 // has none, and the container build has no .git): between releases a
 // build carries the last release's number, and its revision tells the
 // commit.
-const release = "v0.1.0"
+const release = "v0.2.0"
 
 // version and revision may be set at build time, and then win over the
 // release and the build information: -ldflags "-X main.version=v1.2.3-rc.1
