@@ -98,6 +98,9 @@ type Relay struct {
 	adminLn  net.Listener
 	rest     *http.Server
 	restLn   net.Listener
+	// adminLocal serves admin.local_address; nil unless it is opened.
+	adminLocal   *http.Server
+	adminLocalLn net.Listener
 }
 
 func (r *Relay) closeReloaders() {
@@ -444,7 +447,7 @@ func (r *Relay) Start() error {
 		r.goRun(r.watchSync)
 	}
 	r.log.Info("relay serving", "downstream", ln.Addr().String(), "upstream", r.cfg.Upstream.Address,
-		"admin", r.AdminAddr())
+		"admin", r.AdminAddr(), "admin_local", r.AdminLocalAddr())
 	return nil
 }
 
@@ -503,7 +506,7 @@ func (g *goroutines) wait(ctx context.Context) error {
 }
 
 func (r *Relay) closeListeners() {
-	for _, ln := range []net.Listener{r.listener, r.adminLn, r.restLn} {
+	for _, ln := range []net.Listener{r.listener, r.adminLn, r.adminLocalLn, r.restLn} {
 		if ln != nil {
 			ln.Close()
 		}
@@ -527,6 +530,15 @@ func (r *Relay) AdminAddr() string {
 		return ""
 	}
 	return r.adminLn.Addr().String()
+}
+
+// AdminLocalAddr is the address of admin.local_address's listener, empty
+// if it is not opened (admin.address is loopback, or either is empty).
+func (r *Relay) AdminLocalAddr() string {
+	if r.adminLocalLn == nil {
+		return ""
+	}
+	return r.adminLocalLn.Addr().String()
 }
 
 // drainGrace is how long Shutdown lets clients learn that the relay goes
@@ -563,7 +575,7 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 		<-stopped
 	}
 	var err error
-	for _, h := range []*http.Server{r.rest, r.admin} {
+	for _, h := range []*http.Server{r.rest, r.admin, r.adminLocal} {
 		if h != nil {
 			err = errors.Join(err, h.Shutdown(ctx))
 		}
