@@ -17,14 +17,19 @@ import (
 
 // publicAdmin binds the admin endpoint to an address that is not loopback:
 // the machine's own if it has one; else 127.0.0.1, with the relay's
-// loopback rule answering no.
+// loopback rule answering no. admin.local_address opens on a port of its
+// own.
 func publicAdmin(t *testing.T) func(*Config) {
-	if ip := nonLoopbackIP(); ip != "" {
-		return func(c *Config) { c.Admin.Address = net.JoinHostPort(ip, "0") }
+	ip, loopback := nonLoopbackIP(), func(net.Addr) bool { return false }
+	if ip != "" {
+		loopback = nil // the rule's own answer
+	} else {
+		ip = "127.0.0.1"
 	}
 	return func(c *Config) {
-		c.Admin.Address = "127.0.0.1:0"
-		c.hooks.loopback = func(net.Addr) bool { return false }
+		c.Admin.Address = net.JoinHostPort(ip, "0")
+		c.Admin.LocalAddress = "127.0.0.1:0" // tests run side by side
+		c.hooks.loopback = loopback
 	}
 }
 

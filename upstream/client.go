@@ -45,6 +45,10 @@ type Metrics struct {
 	// rejected, told the control plane (sent) or not (dropped: past the
 	// bounds of forward.go).
 	ForwardedNACKs *metrics.Vec
+	// StaleRemoved is a counter, by type: names a new SotW stream's
+	// wildcard did not send within cache.retention, removed
+	// (sotw_sweep.go).
+	StaleRemoved *metrics.Vec
 	// UnservedTypes is a gauge, by upstream, server and type: 1 for each
 	// type a server was found not to serve (refusal.go).
 	UnservedTypes *metrics.Vec
@@ -76,6 +80,9 @@ func NewMetrics(r *metrics.Registry) *Metrics {
 		ForwardedNACKs: r.Counter("xdsrelay_upstream_forwarded_nacks_total",
 			"Versions of resources that clients rejected, by outcome: sent (told the control plane in a NACK of its response, once per version, coalesced per type) or dropped (past the bounds on what waits to be told). Off with upstream.forward_nacks: false.", "type", "outcome").
 			Zero(metrics.Cross(xds.TypeLabels(), []string{"sent", "dropped"})...),
+		StaleRemoved: r.Counter("xdsrelay_upstream_sotw_stale_removed_total",
+			"Names of a type other than Listener and Cluster, held under the wildcard, that a new state-of-the-world stream to the control plane did not send within cache.retention of asking: the server no longer has them, and they are removed.", "type").
+			ZeroEach(xds.TypeLabels()...),
 		UnservedTypes: r.Gauge("xdsrelay_upstream_unserved_types",
 			"1 for each type a control-plane server was found not to serve (it ended a stream that asked for it, in its own words: a one-type cache's \"does not match cache type\", a per-type service it lacks), 0 for the others: the type is not asked of that server again until a stream to it fails without an answer.",
 			"upstream", "server", "type"),
@@ -680,8 +687,8 @@ func (c *Client) open(ctx context.Context, i int) (*session, error) {
 // the cache keeps what s gave until the takeover's answers replace it.
 // It is one piece: one select over everything a session waits on (its
 // responses, the group's interest, forwarded rejections and their pace,
-// the does-not-exist timer, the fallback recheck), each case a line or
-// two that hands off to a method.
+// the does-not-exist timer, the wildcard's sweep, the fallback recheck),
+// each case a line or two that hands off to a method.
 func (c *Client) loop(ctx context.Context, s *session) (healthy bool, takeover *session, err error) {
 	var recheck <-chan time.Time
 	if s.server > 0 {
@@ -737,6 +744,8 @@ func (c *Client) loop(ctx context.Context, s *session) (healthy bool, takeover *
 			}
 		case now := <-s.notFound.C():
 			s.timedOut(now)
+		case now := <-s.sweeps.C():
+			s.swept(now)
 		case alive := <-s.probe.done():
 			s.probed(alive)
 		case now := <-tick(stall):
