@@ -548,7 +548,8 @@ func (r *Relay) AdminLocalAddr() string {
 // The package's tests shorten it (Config.hooks).
 const drainGrace = time.Second
 
-// drainGrace is the relay's drainGrace.
+// drainGrace is the package's drainGrace, or the shorter one a test set
+// (Config.hooks).
 func (r *Relay) drainGrace() time.Duration {
 	if g := r.cfg.hooks.drainGrace; g > 0 {
 		return g
