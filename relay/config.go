@@ -258,6 +258,15 @@ type Config struct {
 	// binary sets it from its build information; empty, the relay reads
 	// the module's own.
 	Build BuildInfo
+
+	// hooks are set by the package's tests only: zero in every other use.
+	hooks struct {
+		// drainGrace replaces drainGrace (Shutdown) when positive.
+		drainGrace time.Duration
+		// loopback replaces the admin endpoint's answer to whether its
+		// listener's address is a loopback one (adminLoopback).
+		loopback func(net.Addr) bool
+	}
 }
 
 // AuthorizationRule is one of downstream.authorization.rules: a client whose
