@@ -18,6 +18,7 @@ import (
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/authz"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
@@ -67,6 +68,11 @@ type Options struct {
 	// Loads configure the load reporting service (LRS); not served if
 	// Loads.Groups is nil.
 	Loads LoadOptions
+
+	// betweenTypes, set by the package's tests only, is called by a flush
+	// before each type it sends, with that type: a test changes the cache
+	// at that instant. Nil in use.
+	betweenTypes func(next string)
 }
 
 // Server implements the xDS services on top of the groups' caches.
@@ -87,6 +93,7 @@ type Server struct {
 	admission   *admission
 	deadlines   *deadlines // limits.first_request_timeout; nil for none
 	loads       LoadOptions
+	between     func(next string) // Options.betweenTypes; nil in use
 
 	drainOnce sync.Once
 	conns     connSet   // connections accepted by Listen
@@ -141,6 +148,7 @@ func New(opts Options) (*Server, error) {
 		answerWait:  opts.AnswerWait,
 		wildWait:    opts.WildcardWait,
 		heldWait:    opts.HeldWait,
+		between:     opts.betweenTypes,
 		limits:      opts.Limits,
 		loads:       opts.Loads.defaults(),
 		admission:   newAdmission(opts.Limits),
@@ -158,7 +166,7 @@ func New(opts Options) (*Server, error) {
 			Zero(metrics.Cross(deniedVariants, []string{authz.ReasonIdentity, authz.ReasonNode})...),
 		pending:  m.Gauge("xdsrelay_downstream_pending_streams", "Open downstream xDS streams that have not sent their first request (ended after limits.first_request_timeout).").With(),
 		refusals: m.Counter("xdsrelay_limit_refusals_total", "Streams, requests and polls refused at a limit, by the limits.* key.", "limit").ZeroEach(LimitLabels...),
-		resourceErrors: m.Counter("xdsrelay_resource_errors_total", "Per-resource errors sent to clients (gRFC A88 resource_errors), the control plane's and the relay's own (NOT_FOUND: an authority no upstream serves, or a name the control plane did not send in time on a stream shown alive; PERMISSION_DENIED: an authority the client's certificate may not ask for; UNAVAILABLE: every server that could serve it unreachable, a connected server silent past the timer, or not received yet beside a SotW Listener or Cluster state sent without it), by type and code.", "type", "code").
+		resourceErrors: m.Counter("xdsrelay_resource_errors_total", "Per-resource errors sent to clients (gRFC A88 resource_errors), the control plane's and the relay's own (NOT_FOUND: an authority no upstream serves, a name the control plane did not send in time on a stream shown alive, or one no resource file defines; PERMISSION_DENIED: an authority the client's certificate may not ask for; UNAVAILABLE: every server that could serve it unreachable, a connected server silent past the timer, or not received yet beside a SotW Listener or Cluster state sent without it), by type and code.", "type", "code").
 			Zero(metrics.Cross(xds.TypeLabels(), ownErrorCodes)...),
 		heldEnds: m.Counter("xdsrelay_downstream_held_ends_total", "SotW streams ended with UNAVAILABLE because the relay could not send a Listener or Cluster state without leaving out a name the client may hold and the relay does not have (an error is never absence), within upstream.connect_timeout of the client's first request of the type, by type.", "type").
 			ZeroEach(xds.TypeLabels()...),
@@ -251,7 +259,7 @@ type sendGuard struct {
 	opened   time.Time        // when the stream opened
 	answered bool             // a send succeeded: first was observed
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex[sendGuardMu]
 	sending bool
 	worker  bool // the send runs on a send worker, not on the handler's goroutine
 	slow    bool // the watchdog found this send slow (and told the pool, if worker)

@@ -13,15 +13,24 @@ import (
 )
 
 func newGuardCmd() *cobra.Command {
-	return groupCmd(&cobra.Command{Use: "guard", Short: "Act on the mass-removal guard's holds"}, newGuardReleaseCmd())
+	return groupCmd(&cobra.Command{Use: "guard", Short: "List or release the mass-removal guard's holds"}, newGuardListCmd(), newGuardReleaseCmd())
+}
+
+func newGuardListCmd() *cobra.Command {
+	return newListCmd("List the removals the guard holds",
+		`Asks the relay's admin endpoint (GET /debug/guard/holds) for the guard's
+holds, what guard release would end: per group and type, the removals
+held, since when, and whether it is a wipe's short hold. --group (the
+group's id, as xdsrelay groups shows it, or its whole key) and --type
+narrow it.`, "/debug/guard/holds", printHoldTable)
 }
 
 func newGuardReleaseCmd() *cobra.Command {
 	return newReleaseCmd("Release held removals: the clients get them now",
 		`Asks the relay's admin endpoint (POST /debug/guard/release) to end the
 guard's holds and apply their removals: of one group (its id, as
-xdsrelay groups and /debug/groups show it, or its whole key) or all, of one type (endpoints, EDS,
-ClusterLoadAssignment or a type URL) or all.`, "/debug/guard/release", printHolds)
+xdsrelay groups and /debug/groups show it, or its whole key) or all, of
+one type (endpoints, EDS, ClusterLoadAssignment or a type URL) or all.`, "/debug/guard/release", printHolds)
 }
 
 // newReleaseCmd is a "release" subcommand: it POSTs path on the admin
@@ -67,6 +76,12 @@ func addReleaseFlags(cmd *cobra.Command, group, typ *string) {
 
 // releaseQuery checks a release's flags and makes its query.
 func releaseQuery(cmd *cobra.Command, group, typ string) (url.Values, error) {
+	return scopeQuery(cmd, group, typ)
+}
+
+// scopeQuery is the query of --group and --type, which narrow a release
+// or a list.
+func scopeQuery(cmd *cobra.Command, group, typ string) (url.Values, error) {
 	q := url.Values{}
 	if typ != "" {
 		typeURL, err := xds.ParseType(typ)

@@ -336,3 +336,18 @@ func appendDecimal(b []byte, v uint64) []byte {
 	var d [20]byte
 	return protowire.AppendBytes(b, strconv.AppendUint(d[:0], v, 10))
 }
+
+// DecodeAny decodes r's resource, as clients get it: the Any its SotW
+// encoding carries (the resources field of a DiscoveryResponse), for
+// people (the admin endpoint's bodies). The resource's bytes are not
+// changed.
+func DecodeAny(r *Resource) (*anypb.Any, error) {
+	var m discoverypb.DiscoveryResponse
+	if err := proto.Unmarshal(r.Any, &m); err != nil {
+		return nil, fmt.Errorf("decode %q: %w", r.Name, err)
+	}
+	if len(m.GetResources()) != 1 {
+		return nil, fmt.Errorf("decode %q: %d resources, want 1", r.Name, len(m.GetResources()))
+	}
+	return m.GetResources()[0], nil
+}
