@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"google.golang.org/grpc/status"
@@ -45,18 +46,17 @@ const (
 
 // sniffed keeps the first bytes a connection read, for each connection a
 // client dials: what the server said first tells which kind of port it is.
+// Its fields are atomic: gRPC dials and reads on goroutines of its own.
 type sniffed struct {
 	// http1 is set for an HTTP/1 client's connections: a first read in
 	// HTTP/2 frames fails instead of reaching the client, which would
-	// print it.
+	// print it. Read-only once dialing starts.
 	http1 bool
 
-	mu    sync.Mutex
-	first []byte // of the latest connection that read anything
-	// Of the latest TLS handshake: done, and the protocol the server
-	// chose of those offered (ALPN).
-	handshook bool
-	alpn      string
+	first atomic.Pointer[[]byte] // of the latest connection that read anything
+	// Of the latest TLS handshake: the protocol the server chose of those
+	// offered (ALPN); nil before one is done.
+	alpn atomic.Pointer[string]
 }
 
 // tls is cfg offering HTTP/1.1 in the handshake (ALPN) and recording, once
@@ -70,9 +70,8 @@ func (s *sniffed) tls(cfg *tls.Config) *tls.Config {
 				return err
 			}
 		}
-		s.mu.Lock()
-		s.handshook, s.alpn = true, cs.NegotiatedProtocol
-		s.mu.Unlock()
+		proto := cs.NegotiatedProtocol
+		s.alpn.Store(&proto)
 		return nil
 	}
 	return cfg
@@ -83,9 +82,8 @@ func (s *sniffed) tls(cfg *tls.Config) *tls.Config {
 // alone: a gRPC server does so, as it speaks h2 only (and it hangs up on a
 // connection without h2).
 func (s *sniffed) hungUp(err error) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.handshook && s.alpn == "" && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET))
+	alpn := s.alpn.Load()
+	return alpn != nil && *alpn == "" && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET))
 }
 
 // sniffLen is how much of a connection's first read is kept: an HTTP/2
@@ -93,15 +91,15 @@ func (s *sniffed) hungUp(err error) bool {
 const sniffLen = 9
 
 func (s *sniffed) record(b []byte) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.first = append(s.first[:0], b[:min(len(b), sniffLen)]...)
+	first := bytes.Clone(b[:min(len(b), sniffLen)])
+	s.first.Store(&first)
 }
 
 func (s *sniffed) bytes() []byte {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return bytes.Clone(s.first)
+	if b := s.first.Load(); b != nil {
+		return *b
+	}
+	return nil
 }
 
 // dial dials addr over TCP and keeps what the connection reads first.
