@@ -30,7 +30,7 @@ type setting struct {
 func settings(o *Options) []setting {
 	d, c, l := &o.Relay.Downstream, &o.Relay.Cache, &o.Relay.Limits
 	return append(upstreamSettings("upstream.", &o.Relay.Upstream.UpstreamConfig), []setting{
-		{"upstream.group_by", kindList, &o.Relay.Upstream.GroupBy, "Node fields forming the group key: id, cluster, locality.region, locality.zone, locality.sub_zone, user_agent (name/MAJOR.MINOR), user_agent_patch (name/whole version), client_features, metadata.<key>; [] for one group. Without a user agent field and client_features, client kinds share a group."},
+		{"upstream.group_by", kindList, &o.Relay.Upstream.GroupBy, "Node fields forming the group key: id, cluster, locality.region, locality.zone, locality.sub_zone, user_agent (name/MAJOR.MINOR of a dotted numeric version, presented upstream as MAJOR.MINOR.0; another version whole, presented cut to MAJOR.MINOR), user_agent_patch (name/whole version), client_features, metadata.<key>; [] for one group. Without a user agent field and client_features, client kinds share a group."},
 		{"upstreams", kindUpstreams, &o.Relay.Upstreams, "More control planes, each serving the types and xdstp authorities it lists: a list of {name, types, authorities, address, ...}, each taking every upstream.* key except group_by; from the environment as JSON."},
 		{"downstream.address", kindString, &d.Address, "Where xDS clients connect (gRPC): ADS and the per-type services."},
 		{"downstream.rest_address", kindString, &d.RESTAddress, "REST-JSON polling (POST /v3/discovery:<type>); empty disables it."},
