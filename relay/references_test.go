@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net/url"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -317,5 +318,14 @@ func TestReferencedNamesAreBoundedPerGroup(t *testing.T) {
 	const msg = "consistency: names resources point at were not fetched, the group's names are at limits.max_names_per_group; what waits for them is released after consistency.max_wait (logged once per group, counted in xdsrelay_references_refused_total)"
 	if lines := logs.Lines(t, msg); len(lines) != 1 || lines[0]["refused"] != float64(3) {
 		t.Errorf("refusal warnings = %v, want one of 3 names", lines)
+	}
+	// The names fetched as references count where a client's names are
+	// checked: a name more would take the group past the bound.
+	more := openDelta(t, r.Addr())
+	more.send(&discoverypb.DeltaDiscoveryRequest{Node: node("m", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"z"}})
+	err := ended(t, more)
+	wantRefused(t, err, "limits.max_names_per_group")
+	if !strings.Contains(err.Error(), "fetches 3 names (wanted or referenced)") {
+		t.Errorf("the refusal does not say the group's referenced names count: %v", err)
 	}
 }

@@ -62,7 +62,7 @@ func settings(o *Options) []setting {
 		{"cache.persist_max_bytes", kindInt, &c.PersistMaxBytes, "Largest cache file restored (a larger one is refused unread) or saved."},
 		{"limits.max_groups", kindInt, &l.MaxGroups, "Groups (upstream streams) at most; a client whose node would start one more is refused (RESOURCE_EXHAUSTED); 0 for no bound."},
 		{"limits.max_names_per_stream", kindInt, &l.MaxNamesPerStream, "Names one stream or poll subscribes to, across types; a request past it ends the stream (RESOURCE_EXHAUSTED); 0 for no bound."},
-		{"limits.max_names_per_group", kindInt, &l.MaxNamesPerGroup, "Names one group wants upstream, watched or retained; a request past it ends its stream (RESOURCE_EXHAUSTED). Names resources point at (consistency) count too: past it they are not fetched (xdsrelay_references_refused_total). 0 for no bound."},
+		{"limits.max_names_per_group", kindInt, &l.MaxNamesPerGroup, "Names one group wants upstream, watched or retained; a request past it ends its stream (RESOURCE_EXHAUSTED). Names resources point at (consistency) count too, for requests as for references: past it they are not fetched (xdsrelay_references_refused_total). 0 for no bound."},
 		{"limits.max_streams_per_connection", kindInt, &l.MaxStreamsPerConnection, "Concurrent streams on one client connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); more wait; 0 for no bound."},
 		{"limits.max_streams", kindInt, &l.MaxStreams, "Open xDS streams in total; more are refused (RESOURCE_EXHAUSTED); 0 for no bound."},
 		{"limits.stream_rate", kindRate, &l.StreamRate, "New xDS streams admitted a second; more are refused (RESOURCE_EXHAUSTED); 0 for no bound."},
