@@ -215,7 +215,8 @@ type Config struct {
 		Interval time.Duration
 		// MinInterval is lrs.min_interval: the floor of the control
 		// plane's load_reporting_interval; below it, it is raised to it,
-		// logged once per group, and counted.
+		// logged once per group, and counted. 0 (the default) is 1s, or
+		// Interval if that is shorter (LRSMinInterval).
 		MinInterval time.Duration
 		// MaxPending is lrs.max_pending: per group, the relay's own
 		// reports (one per interval) held while the control plane cannot
@@ -423,7 +424,7 @@ func Default() Config {
 	c.Limits.RESTReadTimeout = 10 * time.Second
 	c.Limits.MaxPolls = 10000
 	c.LRS.Interval = 10 * time.Second
-	c.LRS.MinInterval = time.Second
+	c.LRS.MinInterval = 0 // lrsMinIntervalDefault, or lrs.interval if shorter
 	c.LRS.MaxPending = 1000
 	c.LRS.MaxNames = 50_000
 	c.LRS.MaxPendingBytes = 16 << 20
