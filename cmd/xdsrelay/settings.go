@@ -57,7 +57,7 @@ func settings(o *Options) []setting {
 		{"cache.retention", kindDuration, &c.Retention, "How long a resource nobody watches stays subscribed upstream and cached."},
 		{"cache.max_resources", kindInt, &c.MaxResources, "Per group, resources past this many that nobody watches are dropped, least recently used first; 0 for no bound."},
 		{"cache.not_found_timeout", kindDuration, &c.NotFoundTimeout, "A requested name that has not arrived from upstream this long after it was first asked for is reported to incremental clients as not existing; 0 disables."},
-		{"cache.persist_dir", kindString, &c.PersistDir, "Directory where each group's cache is saved and restored from on start; empty disables it."},
+		{"cache.persist_dir", kindString, &c.PersistDir, "Directory where each group's cache is saved and restored from on start; empty disables it. The relay's own: temporary files of saves cut short (.tmp-*) are removed at start."},
 		{"cache.persist_interval", kindDuration, &c.PersistInterval, "How often changed caches are saved (and once more on shutdown)."},
 		{"cache.persist_max_bytes", kindInt, &c.PersistMaxBytes, "Largest cache file restored (a larger one is refused unread) or saved."},
 		{"limits.max_groups", kindInt, &l.MaxGroups, "Groups (upstream streams) at most; a client whose node would start one more is refused (RESOURCE_EXHAUSTED); 0 for no bound."},
