@@ -292,6 +292,9 @@ func (c *Cache) setLocked(t *typeState, e *entry, r *Resource) {
 	}
 	old := e.res
 	e.res = r
+	if r != nil {
+		e.dangling = false // it exists: what points at it anew waits as ever
+	}
 	if c.consistency.on() {
 		name := ""
 		if r != nil {

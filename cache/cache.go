@@ -259,6 +259,10 @@ type entry struct {
 	// interest (admitLocked): fetched. Counted in Cache.refOnly unless
 	// wanted.
 	refIn bool
+	// dangling: a wait for the name ran out (Consistency.MaxWait) while
+	// it had not come; nothing waits for it again until it exists
+	// (lacked).
+	dangling bool
 }
 
 // New returns an empty cache.

@@ -247,7 +247,7 @@ func TestDebugReferencesAreBounded(t *testing.T) {
 
 // unsafeOrderMsg is the warning logged once per group and type when the
 // control plane sends a resource before what it points at.
-const unsafeOrderMsg = "consistency: the control plane sent a resource before what it points at, an unsafe order; the relay holds it until that arrives, for consistency.max_wait at most (logged once per group and type)"
+const unsafeOrderMsg = "consistency: the control plane sent a resource before what it points at, an unsafe order; the relay holds it until that arrives, for consistency.max_wait at most, and a name that has not come by then is not waited for again until it exists (logged once per group and type)"
 
 // The control plane sends a Route before its Cluster, twice: the relay
 // warns once for the group and type, naming the Route and the Cluster.
@@ -327,5 +327,72 @@ func TestReferencedNamesAreBoundedPerGroup(t *testing.T) {
 	wantRefused(t, err, "limits.max_names_per_group")
 	if !strings.Contains(err.Error(), "fetches 3 names (wanted or referenced)") {
 		t.Errorf("the refusal does not say the group's referenced names count: %v", err)
+	}
+}
+
+// routeWithPrefix is Route name to cluster, its one route matching prefix:
+// another prefix is another version of the same Route.
+func routeWithPrefix(name, cluster, prefix string) *routepb.RouteConfiguration {
+	rc := testcp.Route(name, cluster)
+	rc.VirtualHosts[0].Routes[0].GetMatch().PathSpecifier = &routepb.RouteMatch_Prefix{Prefix: prefix}
+	return rc
+}
+
+// The xds-test-harness's shape: Routes to a Cluster the control plane never
+// creates, changed one after the other. The first version waits
+// consistency.max_wait for the Cluster, and its wait runs out; every later
+// version of a Route that points at it goes out without a wait, as Envoy,
+// which does not wait on a route's Clusters, would have it, until the
+// Cluster exists. Then a Route that points at a new missing name waits for
+// it again (make before break).
+func TestDanglingReferenceHoldsOnlyTheFirstVersion(t *testing.T) {
+	forEachDialect(t, testDanglingReferenceHoldsOnlyTheFirstVersion)
+}
+
+func testDanglingReferenceHoldsOnlyTheFirstVersion(t *testing.T, d testcp.Dialect) {
+	cp := testcp.StartDialect(t, d)
+	cp.Set(t, "c1", "1", routeWithPrefix("a", "a", "/1"), routeWithPrefix("b", "b", "/1"))
+	const maxWait = 300 * time.Millisecond
+	r := startRelay(t, cp.Addr, func(c *Config) { c.Consistency.MaxWait = maxWait })
+	c := openDelta(t, r.Addr())
+	c.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.RouteType, ResourceNamesSubscribe: []string{"b", "a"}})
+	got := map[string]bool{}
+	for len(got) < 2 {
+		for _, res := range recvAck(t, c, maxWait+wait).GetResources() {
+			got[res.GetName()] = true
+		}
+	}
+	timeouts := referenceWaits(t, r, resourcev3.RouteType, "timeout")
+	if timeouts != 2 {
+		t.Fatalf("xdsrelay_reference_waits_total{type=RouteConfiguration,outcome=timeout} = %v, want 2: a and b waited for their Clusters", timeouts)
+	}
+
+	g := r.groupCache(keyOf("c1"))
+	for v := 2; v <= 4; v++ {
+		prefix := fmt.Sprint("/", v)
+		cp.Set(t, "c1", fmt.Sprint(v), routeWithPrefix("a", "a", "/1"), routeWithPrefix("b", "b", prefix))
+		resp := recvAck(t, c, wait)
+		if len(resp.GetResources()) != 1 || resp.GetResources()[0].GetName() != "b" {
+			t.Fatalf("version %d: got %v, want Route b alone", v, deltaNames(resp))
+		}
+		if w := g.References().Waiting; len(w) != 0 {
+			t.Fatalf("version %d waited: %+v", v, w)
+		}
+	}
+	if n := referenceWaits(t, r, resourcev3.RouteType, "timeout") + referenceWaits(t, r, resourcev3.RouteType, "resolved"); n != timeouts {
+		t.Errorf("%v reference waits after the later versions, want %v: they point at a dangling Cluster", n, timeouts)
+	}
+
+	// b's Cluster comes; then b points at a Cluster that is missing and
+	// not known to dangle: it waits for it as ever.
+	cp.Set(t, "c1", "5", routeWithPrefix("a", "a", "/1"), routeWithPrefix("b", "b", "/4"), testcp.Cluster("b"), testcp.Endpoints("b"))
+	eventually(t, "Cluster b cached", func() bool { return g.Get(resourcev3.ClusterType, []string{"b"})[0].Resource != nil })
+	cp.Set(t, "c1", "6", routeWithPrefix("a", "a", "/1"), routeWithPrefix("b", "c", "/6"), testcp.Cluster("b"), testcp.Endpoints("b"))
+	eventually(t, "b to wait for its new Cluster c", func() bool {
+		w := g.References().Waiting
+		return len(w) == 1 && w[0].Name == "b" && len(w[0].Missing) == 1 && w[0].Missing[0].Name == "c"
+	})
+	if got := routeClusters(t, recvAck(t, c, maxWait+wait), "b"); !slices.Equal(got, []string{"c"}) {
+		t.Fatalf("b after its wait for c: route to %v, want [c]", got)
 	}
 }
