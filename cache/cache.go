@@ -580,6 +580,11 @@ type View struct {
 	Version uint64
 	// Synced is set once upstream has answered the wildcard subscription.
 	Synced bool
+	// Held is set while resources of the type wait for what they point at
+	// (Consistency): until they are released, what is present is not yet
+	// the whole of what upstream sent, and a wildcard's first answer
+	// waits for them (Cache.Held).
+	Held bool
 	// Received is when the latest upstream response that changed the type
 	// arrived (Change.Received); zero before the first.
 	Received time.Time
@@ -629,7 +634,8 @@ func (c *Cache) ReadInto(w *Watch, typeURL string, names []string, all bool, buf
 	if rel {
 		version = t.relVersion
 	}
-	return View{Version: version, Synced: t.synced, Received: t.received, Trace: t.trace, Lookups: t.lookupAllLocked(names, rel, buf)}
+	return View{Version: version, Synced: t.synced, Held: len(t.waiting) > 0, Received: t.received, Trace: t.trace,
+		Lookups: t.lookupAllLocked(names, rel, buf)}
 }
 
 func (t *typeState) lookupAllLocked(names []string, rel bool, buf []Lookup) []Lookup {
@@ -724,6 +730,16 @@ func (t *typeState) buildState(rel bool) *State {
 		st.SotW = append(st.SotW, r.Any...)
 	}
 	return st
+}
+
+// Held reports whether resources of typeURL wait for what they point at
+// (View.Held). A State is built once per version, and a wait can begin
+// without one: it is asked apart, by a wildcard's first answer only.
+func (c *Cache) Held(typeURL string) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	t := c.types[typeURL]
+	return t != nil && len(t.waiting) > 0
 }
 
 // Synced reports whether upstream has answered the wildcard subscription of

@@ -914,3 +914,25 @@ func TestWaitOnANameThatDanglesEnds(t *testing.T) {
 		t.Errorf("marked %v, want r and s", got)
 	}
 }
+
+// A type is held while a resource of it waits (View.Held, Cache.Held), for
+// a wildcard's first answer. A wait that ends with nothing applied (the
+// resource removed upstream) marks the type's wildcard watchers, whose
+// first answer waited for it.
+func TestHeldWhileAResourceWaits(t *testing.T) {
+	c, _, _ := consistent()
+	w := NewWatch()
+	c.WatchWildcard(w, rds)
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}, Synced: true})
+	if v := c.Read(rds, nil, true); !v.Synced || !v.Held || !c.Held(rds) {
+		t.Fatalf("synced %v, held %v (%v), want both while r waits", v.Synced, v.Held, c.Held(rds))
+	}
+	taken(w)
+	c.Apply(rds, Change{Removed: []string{"r"}})
+	if v := c.Read(rds, nil, true); v.Held || c.Held(rds) {
+		t.Error("held once r's wait ended")
+	}
+	if got := taken(w); len(got) != 1 {
+		t.Errorf("the wildcard watcher was not marked when the last wait ended: %v", got)
+	}
+}

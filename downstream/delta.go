@@ -336,7 +336,11 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 			t.sent.remove(l.Name)
 		}
 	}
-	first := !t.responded && t.wildcard && synced
+	// A wildcard's first answer is the complete state: not while a
+	// resource of it waits for what it points at (docs/architecture.md,
+	// invariant 18), which would send it empty and the resource right
+	// after; its release marks the stream.
+	first := !t.responded && t.wildcard && synced && !v.Held
 	// Until the wildcard is synced, what the client has cannot be compared
 	// with the complete set: look at everything again next time.
 	t.all = t.wildcard && !synced

@@ -120,7 +120,7 @@ func (s *Server) fetch(ctx context.Context, who client, req *discoverypb.Discove
 func pollState(c *cache.Cache, typeURL string, wildcard bool, names []string) ([]*cache.Resource, bool) {
 	v := c.Read(typeURL, slices.Clone(names), wildcard) // sorted by name
 	var rs []*cache.Resource
-	ready := !wildcard || v.Synced
+	ready := !wildcard || v.Synced && !v.Held
 	for _, l := range v.Lookups {
 		if l.Resource != nil {
 			rs = append(rs, l.Resource)

@@ -9,9 +9,15 @@ import (
 	"testing"
 	"time"
 
+	listenerpb "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routepb "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	routerpb "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmpb "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
@@ -395,4 +401,73 @@ func testDanglingReferenceHoldsOnlyTheFirstVersion(t *testing.T, d testcp.Dialec
 	if got := routeClusters(t, recvAck(t, c, maxWait+wait), "b"); !slices.Equal(got, []string{"c"}) {
 		t.Fatalf("b after its wait for c: route to %v, want [c]", got)
 	}
+}
+
+// A wildcard client's first answer is the type's complete state: while a
+// Route (or a Listener with its routes inline) waits for its Cluster, a
+// wildcard client of the type is sent nothing, not an empty answer with
+// the resource right after; once the Cluster comes, the first answer
+// carries it. Delta and SotW ADS alike.
+func TestWildcardFirstAnswerWaitsForAHeldResource(t *testing.T) {
+	for _, tc := range []struct {
+		variant, typeURL string
+		held             types.Resource // points at the Cluster x
+	}{
+		{"delta", resourcev3.RouteType, testcp.Route("r", "x")},
+		{"sotw", resourcev3.RouteType, testcp.Route("r", "x")},
+		{"delta", resourcev3.ListenerType, inlineListener("l", "x")},
+		{"sotw", resourcev3.ListenerType, inlineListener("l", "x")},
+	} {
+		t.Run(tc.variant+"/"+xds.ShortName(tc.typeURL), func(t *testing.T) {
+			name := cachev3.GetResourceName(tc.held)
+			cp := testcp.Start(t)
+			cp.Set(t, "c1", "1", tc.held)
+			r := startRelay(t, cp.Addr, func(c *Config) { c.Consistency.MaxWait = time.Minute })
+			var first func() []string
+			var quiet func(time.Duration)
+			if tc.variant == "delta" {
+				c := openDelta(t, r.Addr())
+				c.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: tc.typeURL})
+				first, quiet = func() []string { return deltaNames(recvAck(t, c, wait)) }, c.quiet
+			} else {
+				c := openSotW(t, r.Addr())
+				c.send(&discoverypb.DiscoveryRequest{Node: node("n", "c1"), TypeUrl: tc.typeURL})
+				first, quiet = func() []string { return anyNames(t, c.recv().GetResources()) }, c.quiet
+			}
+			eventually(t, name+" to wait for its Cluster", func() bool {
+				g := r.groupCache(keyOf("c1"))
+				return g != nil && len(g.References().Waiting) == 1
+			})
+			quiet(200 * time.Millisecond)
+			cp.Set(t, "c1", "2", tc.held, testcp.Cluster("x"), testcp.Endpoints("x"))
+			if got := first(); !slices.Equal(got, []string{name}) {
+				t.Fatalf("first answer %v, want %s", got, name)
+			}
+		})
+	}
+}
+
+// inlineListener is an API listener whose one route, inline, goes to
+// cluster: it points at the Cluster itself.
+func inlineListener(name, cluster string) *listenerpb.Listener {
+	router, _ := anypb.New(&routerpb.Router{})
+	hcm, _ := anypb.New(&hcmpb.HttpConnectionManager{
+		RouteSpecifier: &hcmpb.HttpConnectionManager_RouteConfig{RouteConfig: testcp.Route(name, cluster)},
+		HttpFilters:    []*hcmpb.HttpFilter{{Name: "router", ConfigType: &hcmpb.HttpFilter_TypedConfig{TypedConfig: router}}},
+	})
+	return &listenerpb.Listener{Name: name, ApiListener: &listenerpb.ApiListener{ApiListener: hcm}}
+}
+
+// anyNames are the names of the resources of a SotW response.
+func anyNames(t *testing.T, rs []*anypb.Any) []string {
+	t.Helper()
+	var out []string
+	for _, a := range rs {
+		m, err := a.UnmarshalNew()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, cachev3.GetResourceName(m.(types.Resource)))
+	}
+	return out
 }
