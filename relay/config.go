@@ -411,7 +411,12 @@ func Default() Config {
 	c.Guard.Window = 10 * time.Second
 	c.Guard.Hold = 10 * time.Minute
 	c.Guard.WipeHold = 2 * time.Second
-	c.Consistency.MaxWait = 5 * time.Second
+	// The race make before break closes (a Route before its Cluster,
+	// resolved by one upstream round trip) takes milliseconds; a name not
+	// come within a second is far likelier never to come, and holds a
+	// whole RouteConfiguration meanwhile (docs/architecture.md, invariant
+	// 18).
+	c.Consistency.MaxWait = time.Second
 	c.Rollout.Bake = 30 * time.Second
 	c.Limits.MaxGroups = 1000
 	c.Limits.MaxNamesPerStream = 100000

@@ -222,7 +222,7 @@ func TestLoadConfig(t *testing.T) {
 		{
 			name: "consistency.max_wait, guard.wipe_hold, lrs.send_timeout and upstream.protocol defaults",
 			check: func(t *testing.T, o Options) {
-				if o.Relay.Consistency.MaxWait != 5*time.Second || o.Relay.Guard.WipeHold != 2*time.Second || o.Relay.LRS.SendTimeout != 30*time.Second {
+				if o.Relay.Consistency.MaxWait != time.Second || o.Relay.Guard.WipeHold != 2*time.Second || o.Relay.LRS.SendTimeout != 30*time.Second {
 					t.Errorf("consistency %+v guard %+v lrs %+v", o.Relay.Consistency, o.Relay.Guard, o.Relay.LRS)
 				}
 				if o.Relay.Upstream.Protocol != "auto" {
