@@ -582,8 +582,8 @@ type View struct {
 	Synced bool
 	// Held is set while resources of the type wait for what they point at
 	// (Consistency): until they are released, what is present is not yet
-	// the whole of what upstream sent, and a wildcard's first answer
-	// waits for them (Cache.Held).
+	// the whole of what upstream sent, and a wildcard's first answer is
+	// not sent empty (Cache.Held).
 	Held bool
 	// Received is when the latest upstream response that changed the type
 	// arrived (Change.Received); zero before the first.

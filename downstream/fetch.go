@@ -120,7 +120,7 @@ func (s *Server) fetch(ctx context.Context, who client, req *discoverypb.Discove
 func pollState(c *cache.Cache, typeURL string, wildcard bool, names []string) ([]*cache.Resource, bool) {
 	v := c.Read(typeURL, slices.Clone(names), wildcard) // sorted by name
 	var rs []*cache.Resource
-	ready := !wildcard || v.Synced && !v.Held
+	ready := !wildcard || v.Synced
 	for _, l := range v.Lookups {
 		if l.Resource != nil {
 			rs = append(rs, l.Resource)
@@ -129,7 +129,10 @@ func pollState(c *cache.Cache, typeURL string, wildcard bool, names []string) ([
 			ready = ready && (l.Resource != nil || l.Absent || l.Name == noName)
 		}
 	}
-	return rs, ready
+	// Nothing yet, while a resource of the type waits for what it points
+	// at, is not an answer (docs/architecture.md, invariant 18): its
+	// release answers.
+	return rs, ready && !(wildcard && v.Held && len(rs) == 0)
 }
 
 // digest identifies a set of resource versions.

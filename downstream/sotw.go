@@ -331,10 +331,10 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet,
 	// error is an answer.
 	ready := v.Synced || len(want) > 0 || t.nothing() || len(errs) > 0
 	if t.wildcard {
-		// Nor while a resource of the type waits for what it points at
-		// (docs/architecture.md, invariant 18): its release marks the
+		// Nor empty while a resource of the type waits for what it points
+		// at (docs/architecture.md, invariant 18): its release marks the
 		// stream.
-		ready = v.Synced && !v.Held
+		ready = v.Synced && (len(want) > 0 || !v.Held)
 	}
 	if !t.responded && !ready {
 		return nil, nil
@@ -424,8 +424,8 @@ func (ss *sotwStream) flushWildcard(typeURL string, t *sotwType, hold bool) (lat
 	if err := ss.readOrdered(typeURL, func() { st = ss.cache.StateFor(ss.watch, typeURL) }); err != nil {
 		return nil, err
 	}
-	if !t.responded && (!st.Synced || ss.cache.Held(typeURL)) {
-		return nil, nil // the first is the complete state, nothing held (flushFull)
+	if !t.responded && (!st.Synced || len(st.Resources) == 0 && ss.cache.Held(typeURL)) {
+		return nil, nil // no empty first answer while a resource waits (flushFull)
 	}
 	if t.sentState != nil && t.sentState.Version == st.Version && t.responded {
 		return nil, nil

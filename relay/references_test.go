@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -14,6 +15,7 @@ import (
 	routerpb "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmpb "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	routesvc "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -408,7 +410,7 @@ func testDanglingReferenceHoldsOnlyTheFirstVersion(t *testing.T, d testcp.Dialec
 // Route (or a Listener with its routes inline) waits for its Cluster, a
 // wildcard client of the type is sent nothing, not an empty answer with
 // the resource right after; once the Cluster comes, the first answer
-// carries it. Delta and SotW ADS alike.
+// carries it. Delta and SotW ADS alike, and a poll (gRPC Fetch).
 func TestWildcardFirstAnswerWaitsForAHeldResource(t *testing.T) {
 	for _, tc := range []struct {
 		variant, typeURL string
@@ -418,6 +420,7 @@ func TestWildcardFirstAnswerWaitsForAHeldResource(t *testing.T) {
 		{"sotw", resourcev3.RouteType, testcp.Route("r", "x")},
 		{"delta", resourcev3.ListenerType, inlineListener("l", "x")},
 		{"sotw", resourcev3.ListenerType, inlineListener("l", "x")},
+		{"fetch", resourcev3.RouteType, testcp.Route("r", "x")},
 	} {
 		t.Run(tc.variant+"/"+xds.ShortName(tc.typeURL), func(t *testing.T) {
 			name := cachev3.GetResourceName(tc.held)
@@ -426,11 +429,31 @@ func TestWildcardFirstAnswerWaitsForAHeldResource(t *testing.T) {
 			r := startRelay(t, cp.Addr, func(c *Config) { c.Consistency.MaxWait = time.Minute })
 			var first func() []string
 			var quiet func(time.Duration)
-			if tc.variant == "delta" {
+			switch tc.variant {
+			case "delta":
 				c := openDelta(t, r.Addr())
 				c.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: tc.typeURL})
 				first, quiet = func() []string { return deltaNames(recvAck(t, c, wait)) }, c.quiet
-			} else {
+			case "fetch":
+				answered := make(chan *discoverypb.DiscoveryResponse, 1)
+				ctx, cancel := context.WithTimeout(context.Background(), wait)
+				t.Cleanup(cancel)
+				go func() {
+					resp, err := routesvc.NewRouteDiscoveryServiceClient(dial(t, r.Addr())).FetchRoutes(ctx, &discoverypb.DiscoveryRequest{Node: node("n", "c1"), TypeUrl: tc.typeURL})
+					if err != nil {
+						t.Errorf("fetch: %v", err)
+					}
+					answered <- resp
+				}()
+				first = func() []string { return anyNames(t, (<-answered).GetResources()) }
+				quiet = func(d time.Duration) {
+					select {
+					case resp := <-answered:
+						t.Fatalf("the poll was answered %v", resp)
+					case <-time.After(d):
+					}
+				}
+			default:
 				c := openSotW(t, r.Addr())
 				c.send(&discoverypb.DiscoveryRequest{Node: node("n", "c1"), TypeUrl: tc.typeURL})
 				first, quiet = func() []string { return anyNames(t, c.recv().GetResources()) }, c.quiet
