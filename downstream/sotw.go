@@ -327,16 +327,7 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet,
 		}
 	}
 	want := slices.DeleteFunc(v.Lookups, func(l cache.Lookup) bool { return l.Resource == nil })
-	// A wildcard's full state waits for upstream's complete state; an
-	// error is an answer.
-	ready := v.Synced || len(want) > 0 || t.nothing() || len(errs) > 0
-	if t.wildcard {
-		// Nor empty while a resource of the type waits for what it points
-		// at (docs/architecture.md, invariant 18): its release marks the
-		// stream.
-		ready = v.Synced && (len(want) > 0 || !v.Held)
-	}
-	if !t.responded && !ready {
+	if !t.responded && !t.firstReady(&v, len(want), len(errs)) {
 		return nil, nil
 	}
 	if len(want) == 0 && ss.awaitsAnswer() {
@@ -373,6 +364,19 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet,
 		}
 	}
 	return nil, full.send()
+}
+
+// firstReady reports whether the first complete state of a Listener or
+// Cluster subscription may go, with want resources present and errs
+// errors: a wildcard's waits for upstream's complete state, and is not
+// sent empty while a resource of the type waits for what it points at
+// (docs/architecture.md, invariant 18; its release marks the stream); one
+// by name goes once anything of it is known, an error being an answer.
+func (t *sotwType) firstReady(v *cache.View, want, errs int) bool {
+	if t.wildcard {
+		return v.Synced && (want > 0 || !v.Held)
+	}
+	return v.Synced || want > 0 || t.nothing() || errs > 0
 }
 
 // fullState is a complete state flushFull decided to send.
