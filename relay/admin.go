@@ -172,6 +172,9 @@ func (r *Relay) groupsDetail(w io.Writer, above string) {
 			if !u.Connected {
 				state = "DOWN"
 				switch {
+				case u.Refused != "":
+					// It answered: it refused (docs/architecture.md, invariant 20).
+					state = "refused: " + xds.Clip(u.Refused)
 				case u.LastError == "":
 				case strings.Contains(above, xds.Clip(u.LastError)):
 					state += " (the error above)"
@@ -181,6 +184,9 @@ func (r *Relay) groupsDetail(w io.Writer, above string) {
 			}
 			if u.Protocol != "" {
 				state += ", speaks " + u.Protocol
+			}
+			if len(u.Unserved) > 0 {
+				state += ", does not serve " + strings.Join(u.Unserved, ", ") + " (not asked of it)"
 			}
 			fmt.Fprintf(w, "  upstream %q: %s, %s\n", u.Upstream, r.serverOf(u), state)
 		}

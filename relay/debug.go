@@ -141,6 +141,8 @@ type debugUpstream struct {
 	Protocol     string     `json:"protocol,omitempty"` // what the server answered in (upstream.protocol)
 	Connected    bool       `json:"connected"`
 	LastError    string     `json:"last_error,omitempty"`
+	Refused      string     `json:"refused,omitempty"`  // what the server refused on the last stream, and what is tried next
+	Unserved     []string   `json:"unserved,omitempty"` // the types the server does not serve, not asked of it
 	LastResponse *time.Time `json:"last_response,omitempty"`
 }
 
@@ -193,7 +195,8 @@ func (r *Relay) debugGroups(w http.ResponseWriter, _ *http.Request) {
 		dg.Loads = r.loadsOf(g)
 		dg.Upstreams = []debugUpstream{}
 		for _, u := range upstreamsOf(s) {
-			du := debugUpstream{Name: u.Upstream, Server: u.Server, Protocol: u.Protocol, Connected: u.Connected, LastError: xds.Clip(u.LastError)}
+			du := debugUpstream{Name: u.Upstream, Server: u.Server, Protocol: u.Protocol, Connected: u.Connected, LastError: xds.Clip(u.LastError),
+				Refused: xds.Clip(u.Refused), Unserved: u.Unserved}
 			if !u.LastResponse.IsZero() {
 				du.LastResponse = &u.LastResponse
 			}

@@ -74,6 +74,12 @@ type session struct {
 	// probing: the session proves a server reachable (see try), so each
 	// type's resume leaves one cached name out for the server to answer.
 	probing bool
+	// What the stream asked and was answered, by type: a server's refusal
+	// names one asked and not answered (refusal.go); spoke is set once
+	// the server refused a type in its own words, which it says in the
+	// stream's protocol.
+	asked, answered map[string]bool
+	spoke           bool
 
 	// Liveness, owned like the above, for the does-not-exist timer
 	// (notfound.go): when the last response arrived, since when a probe of
@@ -283,6 +289,11 @@ func (s *session) unsubscribed(typeURL string, sub *subscription, name string) {
 // control plane's limit asks for, and starts the does-not-exist timer of
 // the names it subscribes.
 func (s *session) sendChange(ch change, sub *subscription) error {
+	if words, ok := s.c.opts.found.isUnserved(s.c.servers[s.server].name, ch.typeURL); ok {
+		s.leaveOut(ch.typeURL, ch.subscribe, words)
+		return nil
+	}
+	s.markAsked(ch.typeURL, ch.subscribe)
 	if s.sotw != nil {
 		return s.requestSotW(ch, sub)
 	}
@@ -341,6 +352,10 @@ func (s *session) handle(r *xds.Received) error {
 	if r.StateOfTheWorld {
 		held = s.c.opts.Cache.Versions(typeURL)
 	}
+	if s.answered == nil {
+		s.answered = map[string]bool{}
+	}
+	s.answered[typeURL] = true
 	present := s.fullState(r, typeURL)
 	enc := s.encode(r, typeURL, short, held)
 	if present != nil {

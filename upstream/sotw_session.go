@@ -56,20 +56,31 @@ func (s *session) unavailableType(typeURL string, sub *subscription) {
 	}
 }
 
-// unservedType takes a per-type service the server refused
-// (UNIMPLEMENTED): the type is asked of the server no more until it is
-// found again (found.forget), and its names are UNAVAILABLE. Once every
-// type asked has been refused and nothing has answered, the server serves
+// unservedType takes a per-type service the server refused with why
+// (UNIMPLEMENTED, or the type refused in its own words): the type is
+// asked of the server no more until it is found again (found.unserve),
+// and its names are UNAVAILABLE (leaveOut). Once every type asked has been
+// refused with UNIMPLEMENTED and nothing has answered, the server serves
 // no per-type service: the stream fails with the refusal, as a stream
-// refused whole does.
-func (s *session) unservedType(typeURL string) error {
-	s.c.opts.found.unserve(s.c.servers[s.server].name, typeURL)
+// refused whole does. A type refused in words shows that the server
+// speaks the per-type services.
+func (s *session) unservedType(typeURL string, why error) error {
+	server := s.c.servers[s.server].name
+	s.c.opts.found.unserve(server, typeURL, words(why))
+	if status.Code(why) != codes.Unimplemented {
+		s.spoke = true
+		s.c.opts.found.answered(server, s.protocol)
+	}
 	delete(s.sotw.streams, typeURL) // ended: a later request would find it closed
-	if s.lastResponse.IsZero() && s.sotw.refusedAll() {
+	if s.lastResponse.IsZero() && !s.spoke && s.sotw.refusedAll() {
 		return fmt.Errorf("upstream: %w", status.Error(codes.Unimplemented, "every per-type service asked was refused"))
 	}
 	if sub := s.subs[typeURL]; sub != nil {
-		s.unavailableType(typeURL, sub)
+		names := sub.sorted()
+		if sub.wildcard {
+			names = append([]string{"*"}, names...)
+		}
+		s.leaveOut(typeURL, names, words(why))
 	}
 	return nil
 }

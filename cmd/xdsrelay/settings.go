@@ -101,7 +101,7 @@ func upstreamSettings(prefix string, u *relay.UpstreamConfig) []setting {
 	out := []setting{
 		{"address", kindString, &u.Address, "The control plane as host:port (spoken to as upstream.protocol says), or file://DIR: a directory of resource files."},
 		{"addresses", kindList, &u.Addresses, "Fallback servers (host:port) in priority order after upstream.address: used only while the higher ones are unreachable and something wanted is not cached (gRFC A71)."},
-		{"protocol", kindString, &u.Protocol, "What the control plane is spoken to in: auto (delta ADS, then state-of-the-world ADS, then the per-type SotW services, the first each server does not refuse with UNIMPLEMENTED), delta, sotw or sotw-per-type."},
+		{"protocol", kindString, &u.Protocol, "What the control plane is spoken to in: auto (delta ADS, then state-of-the-world ADS, then the per-type SotW services, the first each server does not refuse: UNIMPLEMENTED, or UNKNOWN \"not implemented\" as go-control-plane <= v0.9.8 and Gloo say it), delta, sotw or sotw-per-type."},
 		{"fallback_recheck", kindDuration, &u.FallbackRecheck, "While on a fallback server, how often the higher-priority servers are checked; the relay moves back to the first that is reachable (gRFC A71)."},
 		{"authorities", kindList, &u.Authorities, "xdstp authorities (xdstp://AUTHORITY/...) the default control plane serves (gRFC A47); once any upstream lists one, an xdstp name under an authority none lists does not exist."},
 		{"reconnect.base_delay", kindDuration, &u.ReconnectBaseDelay, "First delay before reconnecting to the control plane; grows exponentially with jitter."},
