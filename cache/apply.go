@@ -150,21 +150,21 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 func (c *Cache) publish(o *op, now time.Time) {
 	due := c.settleDueLocked(now)
 	c.mu.Unlock()
-	o.wake()
+	o.markAll()
 	var rel, after *op
 	if due {
 		c.mu.Lock()
 		rel = c.followLocked(now)
 		due = c.removalsDueLocked(now)
 		c.mu.Unlock()
-		rel.wake()
+		rel.markAll()
 	}
 	if due {
 		c.mu.Lock()
 		after = c.settleRemovalsLocked(now)
 		c.mu.Unlock()
 		if after != nil {
-			after.wake()
+			after.markAll()
 		}
 	}
 	c.wakeMu.Unlock()
@@ -273,16 +273,34 @@ func (c *Cache) finishLocked(o *op) {
 	c.takeTellsLocked(o)
 }
 
-// wake marks the collected watchers; called without the lock.
-func (o *op) wake() {
+// markAll marks the collected watchers with what changed; called without the
+// cache's lock and under wakeMu, so that the marks are on every watch
+// before the next op is made (publish). It wakes none: notify does, once
+// wakeMu is released too.
+func (o *op) markAll() {
 	for typeURL, byW := range o.names {
 		for w, names := range byW {
-			w.Mark(typeURL, o.seq, names...)
+			w.record(typeURL, o.seq, false, names)
 		}
 	}
 	for typeURL, byW := range o.beats {
 		for w, names := range byW {
-			w.MarkHeartbeat(typeURL, o.seq, names...)
+			w.record(typeURL, o.seq, true, names)
+		}
+	}
+}
+
+// notify wakes the watchers markAll marked, with no lock of the cache held: a
+// watch's OnReady function is a callback (docs/architecture.md, "Locks").
+func (o *op) notify() {
+	for _, byW := range o.names {
+		for w := range byW {
+			w.Wake()
+		}
+	}
+	for _, byW := range o.beats {
+		for w := range byW {
+			w.Wake()
 		}
 	}
 }

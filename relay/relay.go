@@ -27,6 +27,7 @@ import (
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/downstream"
 	"github.com/xdsrelay/xdsrelay/internal/creds"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/upstream"
@@ -83,7 +84,7 @@ type Relay struct {
 	restored atomic.Bool // a saved cache loaded (cache.persist_dir)
 
 	// The groups, guarded by mu.
-	mu     sync.Mutex
+	mu     lockorder.Mutex[relayMu]
 	groups map[string]*group
 
 	// live counts every goroutine the relay starts (goRun), the groups'
@@ -98,6 +99,9 @@ type Relay struct {
 	adminLn  net.Listener
 	rest     *http.Server
 	restLn   net.Listener
+	// adminLocal serves admin.local_address; nil unless it is opened.
+	adminLocal   *http.Server
+	adminLocalLn net.Listener
 }
 
 func (r *Relay) closeReloaders() {
@@ -207,7 +211,7 @@ func (r *Relay) newDownstream() error {
 	r.down, err = downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: r.log,
 		PollTimeout: cfg.Downstream.PollTimeout, SendTimeout: cfg.Downstream.SendTimeout, Authorizer: az,
 		Limits: downstreamLimits(cfg), AnswerWait: min(cfg.Cache.NotFoundTimeout, firstAnswerWait),
-		WildcardWait: cfg.wildcardWait(), Loads: r.loads.downstream(r)})
+		WildcardWait: cfg.wildcardWait(), HeldWait: cfg.longestConnectTimeout(), Loads: r.loads.downstream(r)})
 	return err
 }
 
@@ -280,11 +284,20 @@ const firstAnswerWait = 2 * time.Second
 // the longest upstream.connect_timeout, by which the relay knows whether
 // its control plane can be reached, and firstAnswerWait for the rest.
 func (c *Config) wildcardWait() time.Duration {
+	return c.longestConnectTimeout() + firstAnswerWait
+}
+
+// longestConnectTimeout is the longest upstream.connect_timeout: by then
+// the relay knows whether each control plane can be reached. It bounds
+// how long a SotW stream holds a Listener or Cluster state that would
+// leave out a name its client may hold (downstream's HeldWait,
+// docs/architecture.md, invariant 21).
+func (c *Config) longestConnectTimeout() time.Duration {
 	longest := c.Upstream.ConnectTimeout
 	for _, u := range c.Upstreams {
 		longest = max(longest, u.ConnectTimeout)
 	}
-	return longest + firstAnswerWait
+	return longest
 }
 
 // newSource opens what the configuration names upstream: a directory of
@@ -435,7 +448,7 @@ func (r *Relay) Start() error {
 		r.goRun(r.watchSync)
 	}
 	r.log.Info("relay serving", "downstream", ln.Addr().String(), "upstream", r.cfg.Upstream.Address,
-		"admin", r.AdminAddr())
+		"admin", r.AdminAddr(), "admin_local", r.AdminLocalAddr())
 	return nil
 }
 
@@ -453,7 +466,7 @@ func (r *Relay) goRun(f func()) {
 // for as long as what it waits for runs, which an abandoned goroutine may
 // do for ever.
 type goroutines struct {
-	mu   sync.Mutex
+	mu   lockorder.Mutex[goroutinesMu]
 	n    int           // guarded by mu
 	zero chan struct{} // guarded by mu: closed when n falls to 0; nil while no one waits
 }
@@ -494,7 +507,7 @@ func (g *goroutines) wait(ctx context.Context) error {
 }
 
 func (r *Relay) closeListeners() {
-	for _, ln := range []net.Listener{r.listener, r.adminLn, r.restLn} {
+	for _, ln := range []net.Listener{r.listener, r.adminLn, r.adminLocalLn, r.restLn} {
 		if ln != nil {
 			ln.Close()
 		}
@@ -520,11 +533,29 @@ func (r *Relay) AdminAddr() string {
 	return r.adminLn.Addr().String()
 }
 
+// AdminLocalAddr is the address of admin.local_address's listener, empty
+// if it is not opened (admin.address is loopback, or either is empty).
+func (r *Relay) AdminLocalAddr() string {
+	if r.adminLocalLn == nil {
+		return ""
+	}
+	return r.adminLocalLn.Addr().String()
+}
+
 // drainGrace is how long Shutdown lets clients learn that the relay goes
 // (GOAWAY on every connection, gRPC health NOT_SERVING) before it ends
 // their streams: a client that opens a stream meanwhile opens it elsewhere.
-// A variable for the package's tests only, which shorten it.
-var drainGrace = time.Second
+// The package's tests shorten it (Config.hooks).
+const drainGrace = time.Second
+
+// drainGrace is the package's drainGrace, or the shorter one a test set
+// (Config.hooks).
+func (r *Relay) drainGrace() time.Duration {
+	if g := r.cfg.hooks.drainGrace; g > 0 {
+		return g
+	}
+	return drainGrace
+}
 
 // Shutdown drains the relay: it stops accepting, sends GOAWAY on every
 // connection, and after drainGrace asks every stream to end (clients
@@ -539,7 +570,7 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 		r.grpc.GracefulStop() // closes the listener and sends GOAWAY at once
 		close(stopped)
 	}()
-	grace := time.NewTimer(drainGrace)
+	grace := time.NewTimer(r.drainGrace())
 	select {
 	case <-grace.C:
 	case <-ctx.Done():
@@ -554,7 +585,7 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 		<-stopped
 	}
 	var err error
-	for _, h := range []*http.Server{r.rest, r.admin} {
+	for _, h := range []*http.Server{r.rest, r.admin, r.adminLocal} {
 		if h != nil {
 			err = errors.Join(err, h.Shutdown(ctx))
 		}
@@ -730,7 +761,7 @@ func (r *Relay) registerGroupMetrics() {
 	typeSize := r.metrics.Gauge("xdsrelay_cache_type_resources", "Resources of the type cached for the group.", "group", "type")
 	typeBytes := r.metrics.Gauge("xdsrelay_cache_type_bytes", "Encoded bytes of the type's resources cached for the group (held once, whatever the number of clients).", "group", "type")
 	typeAge := r.metrics.Gauge("xdsrelay_cache_type_age_seconds", "Seconds since the latest upstream response that changed the type in the group's cache (-1 before the first); without the group label, the oldest.", "group", "type").Max()
-	var mu sync.Mutex
+	var mu lockorder.Mutex[groupScrapeMu]
 	var last [][2]string // (group, type) pairs; guarded by mu: scrapes may overlap
 	r.metrics.OnScrape(func() {
 		mu.Lock()
@@ -796,7 +827,7 @@ func (r *Relay) registerConvergenceMetrics() {
 	}
 	behind.ZeroEach(shorts...)
 	rejecting.ZeroEach(shorts...)
-	var mu sync.Mutex
+	var mu lockorder.Mutex[convergenceScrapeMu]
 	shown := map[string]bool{} // every type given a series; guarded by mu: scrapes may overlap
 	for _, short := range shorts {
 		shown[short] = true

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"sync"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -16,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
@@ -45,6 +45,10 @@ type Metrics struct {
 	// rejected, told the control plane (sent) or not (dropped: past the
 	// bounds of forward.go).
 	ForwardedNACKs *metrics.Vec
+	// StaleRemoved is a counter, by type: names a new SotW stream's
+	// wildcard did not send within cache.retention, removed
+	// (sotw_sweep.go).
+	StaleRemoved *metrics.Vec
 	// UnservedTypes is a gauge, by upstream, server and type: 1 for each
 	// type a server was found not to serve (refusal.go).
 	UnservedTypes *metrics.Vec
@@ -76,6 +80,9 @@ func NewMetrics(r *metrics.Registry) *Metrics {
 		ForwardedNACKs: r.Counter("xdsrelay_upstream_forwarded_nacks_total",
 			"Versions of resources that clients rejected, by outcome: sent (told the control plane in a NACK of its response, once per version, coalesced per type) or dropped (past the bounds on what waits to be told). Off with upstream.forward_nacks: false.", "type", "outcome").
 			Zero(metrics.Cross(xds.TypeLabels(), []string{"sent", "dropped"})...),
+		StaleRemoved: r.Counter("xdsrelay_upstream_sotw_stale_removed_total",
+			"Names of a type other than Listener and Cluster, held under the wildcard, that a new state-of-the-world stream to the control plane did not send within cache.retention of asking: the server no longer has them, and they are removed.", "type").
+			ZeroEach(xds.TypeLabels()...),
 		UnservedTypes: r.Gauge("xdsrelay_upstream_unserved_types",
 			"1 for each type a control-plane server was found not to serve (it ended a stream that asked for it, in its own words: a one-type cache's \"does not match cache type\", a per-type service it lacks), 0 for the others: the type is not asked of that server again until a stream to it fails without an answer.",
 			"upstream", "server", "type"),
@@ -189,7 +196,7 @@ type Client struct {
 	servers []server
 	log     *slog.Logger
 
-	mu     sync.Mutex
+	mu     lockorder.Mutex[clientMu]
 	status Status // guarded by mu
 
 	// Owned by Run.
@@ -197,6 +204,15 @@ type Client struct {
 	reach    reach
 	reported []reportedAttempt // by server: the connection attempt a failure on it was last reported for
 	lastEnd  string            // the error the last stream ended with (repeats)
+	missed   missedMemo        // missing's last answer
+}
+
+// missedMemo is missing's answer, for as long as neither the cache nor
+// the interest changes.
+type missedMemo struct {
+	gen     [2]uint64 // the cache's and the interest's generations
+	set     bool
+	missing bool
 }
 
 type server struct {
@@ -587,7 +603,24 @@ func (c *Client) nextServer(cur int, healthy bool) int {
 // to exist, or a wildcard not yet answered. A name fetched only because
 // resources point at it (cache.Lookup.Referenced) is not wanted yet: a
 // Cluster's endpoints that the control plane does not have move no stream.
+// The interest is read again only once the cache or the interest changed
+// (their generations): a stream that fails over and over while nothing
+// changes costs no walk of the group per failure.
 func (c *Client) missing() bool {
+	gen := [2]uint64{c.opts.Cache.Generation()}
+	if g, ok := c.opts.Interest.(interface{ Generation() uint64 }); ok {
+		gen[1] = g.Generation()
+	}
+	if c.missed.set && c.missed.gen == gen {
+		return c.missed.missing
+	}
+	m := c.findMissing()
+	c.missed = missedMemo{gen: gen, set: true, missing: m}
+	return m
+}
+
+// findMissing is missing, read from the whole interest.
+func (c *Client) findMissing() bool {
 	for typeURL, in := range c.opts.Interest.Interest() {
 		if in.Wildcard && !c.opts.Cache.Synced(typeURL) {
 			return true
@@ -654,8 +687,8 @@ func (c *Client) open(ctx context.Context, i int) (*session, error) {
 // the cache keeps what s gave until the takeover's answers replace it.
 // It is one piece: one select over everything a session waits on (its
 // responses, the group's interest, forwarded rejections and their pace,
-// the does-not-exist timer, the fallback recheck), each case a line or
-// two that hands off to a method.
+// the does-not-exist timer, the wildcard's sweep, the fallback recheck),
+// each case a line or two that hands off to a method.
 func (c *Client) loop(ctx context.Context, s *session) (healthy bool, takeover *session, err error) {
 	var recheck <-chan time.Time
 	if s.server > 0 {
@@ -711,6 +744,8 @@ func (c *Client) loop(ctx context.Context, s *session) (healthy bool, takeover *
 			}
 		case now := <-s.notFound.C():
 			s.timedOut(now)
+		case now := <-s.sweeps.C():
+			s.swept(now)
 		case alive := <-s.probe.done():
 			s.probed(alive)
 		case now := <-tick(stall):

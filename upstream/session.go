@@ -91,6 +91,9 @@ type session struct {
 	undecided    []asked
 	probe        *liveness
 	judged       map[string]map[string]struct{}
+	// SotW: what the wildcard's first request of a type on the stream has
+	// not heard of yet (sotw_sweep.go), owned like the above.
+	sweeps sweeps
 }
 
 // close ends the stream and waits for its receiver and its liveness
@@ -100,6 +103,7 @@ func (s *session) close() {
 		return
 	}
 	s.notFound.stop()
+	s.sweeps.stop()
 	s.cancel()
 	<-s.errc
 	if s.sotw != nil {
@@ -203,6 +207,7 @@ func (s *session) syncChanges(changes map[string]map[string]bool) error {
 				sub.wildcard, sub.awaitingWildcard, wildcard = true, true, true
 			case n == "*" && !wanted && sub.wildcard:
 				sub.wildcard = false
+				s.sweeps.cancel(typeURL)
 				ch.unsubscribe = append(ch.unsubscribe, n)
 			case n == "*":
 			case wanted && !has:
@@ -245,6 +250,7 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 	}
 	if !in.Wildcard && sub.wildcard {
 		ch.unsubscribe = append(ch.unsubscribe, "*")
+		s.sweeps.cancel(typeURL)
 	}
 	sub.wildcard = in.Wildcard
 	want := make(map[string]struct{}, len(in.Names))
@@ -357,9 +363,10 @@ func (s *session) handle(r *xds.Received) error {
 	}
 	s.answered[typeURL] = true
 	present := s.fullState(r, typeURL)
+	s.sweeps.carried(typeURL, r) // before encode lets the resources go
 	enc := s.encode(r, typeURL, short, held)
 	if present != nil {
-		r.RemovedResources = s.absent(typeURL, present, held)
+		r.RemovedResources = s.absent(r, typeURL, present, held)
 	}
 	if xds.Known(typeURL) {
 		s.apply(ctx, r, typeURL, short, enc, cache.Change{Received: received, Trace: cacheTrace(span.SpanContext())})
@@ -473,6 +480,10 @@ func (s *session) apply(ctx context.Context, r *xds.Received, typeURL, short str
 			ch.Errors = append(ch.Errors, enc)
 		}
 	}
+	for _, u := range ch.Upserts {
+		s.notFound.arrived(typeURL, []string{u.Name})
+	}
+	s.notFound.arrived(typeURL, ch.Resent)
 	s.notFound.errored(typeURL, ch.Errors)
 	if sub := s.subs[typeURL]; sub != nil && sub.awaitingWildcard {
 		// The first response to a wildcard subscribe is the complete state.

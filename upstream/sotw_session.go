@@ -35,6 +35,9 @@ func (s *session) requestSotW(ch change, sub *subscription) error {
 		s.refuseTooMany(ch.typeURL, sub, subscribed, size, max)
 	}
 	s.notFound.asked(ch.typeURL, timed(ch.subscribe))
+	if sub.wildcard && slices.Contains(ch.subscribe, "*") {
+		s.startSweep(ch.typeURL) // the wildcard's first request on the stream
+	}
 	err := s.sotw.request(ch.typeURL, sub.wildcard, sub.sorted())
 	if errors.Is(err, errNoSotWService) {
 		// VHDS and LEDS, or a service the server refused: asked of nothing.
@@ -129,22 +132,44 @@ func (s *session) fullState(r *xds.Received, typeURL string) map[string]struct{}
 	return present
 }
 
-// absent is what a full-state response of typeURL removes: the names the
-// cache holds from this upstream that the stream is subscribed to (every
-// one, under the wildcard) and the response left out. A name never
+// absent is what a full-state response r of typeURL removes: the names
+// the cache holds from this upstream that the stream is subscribed to
+// (every one, under the wildcard) and the response left out. A name never
 // received is not removed by absence: a response may have been built
 // before the request that named it; the does-not-exist timer decides it.
-// A removal passes the guard like any other (cache release step).
-func (s *session) absent(typeURL string, present map[string]struct{}, held map[string]string) []string {
+// Nor is a name the response, or an earlier one on the stream, answered
+// with an error other than NOT_FOUND: a relay of the tier above that
+// cannot fetch it says UNAVAILABLE beside the state it can send, and an
+// error is never absence (docs/architecture.md, invariant 21; gRFC A88:
+// the client keeps what it has). A removal passes the guard like any
+// other (cache release step).
+func (s *session) absent(r *xds.Received, typeURL string, present map[string]struct{}, held map[string]string) []string {
 	sub := s.subs[typeURL]
+	erred := responseErrors(r)
 	var out []string
 	for name := range held {
 		if _, ok := present[name]; ok || !s.c.owns(typeURL, name) {
 			continue
 		}
+		if code, ok := erred[name]; ok && code != int32(codes.NotFound) || !ok && s.notFound.unavailable(typeURL, name) {
+			continue
+		}
 		if _, named := sub.names[name]; named || sub.wildcard {
 			out = append(out, name)
 		}
+	}
+	return out
+}
+
+// responseErrors is the codes of r's resource errors, by name; nil if it
+// has none.
+func responseErrors(r *xds.Received) map[string]int32 {
+	if len(r.ResourceErrors) == 0 {
+		return nil
+	}
+	out := make(map[string]int32, len(r.ResourceErrors))
+	for _, e := range r.ResourceErrors {
+		out[e.GetResourceName().GetName()] = e.GetErrorDetail().GetCode()
 	}
 	return out
 }

@@ -39,6 +39,7 @@ type controlPlane struct {
 	nodeGroup string     // the node.cluster that snapshots are keyed by
 	protocol  string     // what it speaks (Config.CPProtocol)
 	lrs       *lrsServer // the load reporting server, on the same port
+	counts    cpCounts   // its streams, connections and responses
 	snapshots cachev3.SnapshotCache
 	linear    *cachev3.LinearCache
 	cache     cachev3.Cache // snapshots or linear
@@ -97,11 +98,12 @@ func (cp *controlPlane) setSnapshot(seq int) error {
 func (cp *controlPlane) serve(ln net.Listener) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cp.cancel, cp.done = cancel, make(chan struct{})
-	srv := serverv3.NewServer(ctx, cp.cache, nil)
+	srv := serverv3.NewServer(ctx, cp.cache, cp.counts.callbacks())
 	// The relay pings its upstream every 30s (upstream.keepalive.time),
 	// every 10s in a soak with faults: allowed, or the server would send
 	// it away as too_many_pings.
-	cp.grpc = grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}))
+	cp.grpc = grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.StatsHandler(connCounter{&cp.counts}))
 	if d := testcp.Dialect(cp.protocol); d != testcp.DialectDelta {
 		testcp.Register(cp.grpc, d, srv) // state of the world only (--cp-protocol)
 	} else {
