@@ -124,12 +124,13 @@ func (r *Relay) newLoadStore(id string) (*loadstats.Store, error) {
 	var clamped sync.Once // the group's log line
 	return loadstats.New(loadstats.Options{
 		Interval:    r.cfg.LRS.Interval,
-		MinInterval: r.cfg.LRS.MinInterval,
+		MinInterval: r.cfg.LRSMinInterval(),
 		OnClamped: func(asked time.Duration) {
 			r.loads.clamped.Inc()
 			clamped.Do(func() {
 				r.log.Warn("the control plane asked for a load reporting interval below lrs.min_interval: clients are told lrs.min_interval, and the relay reports at it (later ones for the group are counted in xdsrelay_lrs_clamped_intervals_total, not logged)",
-					"group", id, "asked", asked, "min_interval", r.cfg.LRS.MinInterval)
+					"group", id, "asked", asked, "min_interval", r.cfg.LRSMinInterval())
+
 			})
 		},
 		MaxPending:      r.cfg.LRS.MaxPending,
@@ -325,14 +326,29 @@ func (r *Relay) loadsOf(g *group) *debugLoads {
 	return d
 }
 
+// lrsMinIntervalDefault is lrs.min_interval when it is not set (0), unless
+// lrs.interval is shorter: a floor of 1s keeps a control plane from asking
+// for reports at a rate no one needs, and a relay configured to tell its
+// clients a shorter interval takes that one as the floor.
+const lrsMinIntervalDefault = time.Second
+
+// LRSMinInterval is lrs.min_interval as the relay uses it: as set, or, when
+// 0, lrsMinIntervalDefault or lrs.interval, the shorter.
+func (c *Config) LRSMinInterval() time.Duration {
+	if c.LRS.MinInterval > 0 {
+		return c.LRS.MinInterval
+	}
+	return min(lrsMinIntervalDefault, c.LRS.Interval)
+}
+
 // validateLRS checks the lrs.* keys.
 func (c *Config) validateLRS(p *problems) {
 	l := &c.LRS
 	if l.Interval <= 0 {
 		p.addf("lrs.interval: must be positive, got %s", l.Interval)
 	}
-	if l.MinInterval <= 0 || l.Interval > 0 && l.MinInterval > l.Interval {
-		p.addf("lrs.min_interval: must be positive and at most lrs.interval (%s), got %s", l.Interval, l.MinInterval)
+	if l.MinInterval < 0 || l.Interval > 0 && l.MinInterval > l.Interval {
+		p.addf("lrs.min_interval: must be at most lrs.interval (%s), or 0 for %s or lrs.interval if shorter; got %s", l.Interval, lrsMinIntervalDefault, l.MinInterval)
 	}
 	if l.MaxPending < 1 {
 		p.addf("lrs.max_pending: must be at least 1, got %d", l.MaxPending)
