@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -125,7 +126,7 @@ func (f *adminFlags) do(ctx context.Context, method, path string, q url.Values, 
 		if wrong := adminWrongPort(flag, f.server, err, &sniff, nil); wrong != nil {
 			return nil, wrong
 		}
-		return nil, err
+		return nil, unanswered(method, path, err)
 	}
 	defer resp.Body.Close()
 	if wrong := adminWrongPort(flag, f.server, nil, nil, resp.Header); wrong != nil {
@@ -140,6 +141,22 @@ func (f *adminFlags) do(ctx context.Context, method, path string, q url.Values, 
 		return nil, refusal{code: resp.StatusCode, err: fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, xds.Clip(line))}
 	}
 	return b, nil
+}
+
+// unanswered is the error of a request that got no answer, in words: a
+// refused connection is nothing listening, a deadline no answer in time.
+func unanswered(method, path string, err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err // not the whole URL again
+	}
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Errorf("%s %s: connection refused: nothing listens at that address (the admin endpoint is admin.address, 127.0.0.1:9901 by default)", method, path)
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%s %s: no answer in time (--timeout)", method, path)
+	}
+	return fmt.Errorf("%s %s: %w", method, path, err)
 }
 
 // refusal is the admin endpoint's answer other than 2xx.
