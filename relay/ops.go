@@ -151,37 +151,38 @@ func (r *Relay) hasSynced() bool {
 			return true
 		}
 	}
-	return len(gs) == 0 && r.upConn != nil && r.reachable()
+	return len(gs) == 0 && r.upConn != nil && r.speaks()
 }
 
-// reachable reports, before any group has a stream, whether a group's
-// stream could get an answer: the control plane's connection is up or,
-// while it cannot connect, one of its fallback servers' is (gRFC A71: a
-// fallback server is tried only while the ones above it are unreachable,
-// so it is connected to only then). Without it, a relay whose primary is
-// down at start would never be ready, and so never be sent the clients
-// whose streams would fall back.
-func (r *Relay) reachable() bool {
+// reachable returns, before any group has a stream, the server a group's
+// stream could get an answer from: the control plane's (0) if its
+// connection is up or, while it cannot connect, the first of its fallback
+// servers whose connection is (gRFC A71: a fallback server is tried only
+// while the ones above it are unreachable, so it is connected to only
+// then); -1 if none. Without the fallbacks, a relay whose primary is down
+// at start would never be ready, and so never be sent the clients whose
+// streams would fall back.
+func (r *Relay) reachable() int {
 	if r.upConn.GetState() == connectivity.Ready {
-		return true
+		return 0
 	}
 	if r.upConn.GetState() != connectivity.TransientFailure {
-		return false
+		return -1
 	}
-	for _, fb := range r.upFallbacks {
+	for i, fb := range r.upFallbacks {
 		switch fb.GetState() {
 		case connectivity.Ready:
-			return true
+			return i + 1
 		case connectivity.Idle:
 			fb.Connect()
-			return false
+			return -1
 		case connectivity.TransientFailure:
 			continue // try the next one down
 		default:
-			return false // connecting: wait for it
+			return -1 // connecting: wait for it
 		}
 	}
-	return false
+	return -1
 }
 
 // drainingHealth is the gRPC health service, whose Watch streams end once

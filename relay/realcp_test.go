@@ -119,3 +119,53 @@ func TestV098RefusesTheConfiguredProtocol(t *testing.T) {
 		t.Errorf("%d SotW streams with upstream.protocol: delta", n)
 	}
 }
+
+// With admin.ready_after_sync, a relay whose control plane refuses the
+// configured protocol is never ready, before any client came: a refusal
+// of the dialect is a configuration error, and a rolling update stops at
+// its first new pod. Readiness asks the server, in that dialect, before
+// any group exists; /readyz (503) and the log say the refusal. With auto
+// the same server is found to speak SotW first, and the relay is ready.
+func TestV098ReadinessRefusedProtocol(t *testing.T) {
+	cp := realcp.StartV098(t, realcp.ShapeADS)
+	for _, tc := range []struct {
+		protocol string
+		ready    bool
+	}{{"delta", false}, {"auto", true}} {
+		t.Run(tc.protocol, func(t *testing.T) {
+			logs := &logBuffer{}
+			r := startRelayLogged(t, cp.Addr, slog.New(slog.NewJSONHandler(logs, nil)), func(c *Config) {
+				c.Upstream.Protocol = tc.protocol
+				c.Admin.ReadyAfterSync = true
+			})
+			noProxy := &http.Client{Transport: &http.Transport{Proxy: nil}}
+			var code int
+			var body string
+			eventually(t, "/readyz to decide", func() bool {
+				code, body = get(t, noProxy, "http://"+r.AdminAddr()+"/readyz")
+				return code == http.StatusOK || strings.Contains(body, "refuse")
+			})
+			if !tc.ready {
+				if code != http.StatusServiceUnavailable || !strings.Contains(body, `refused delta with Unknown "not implemented"`) ||
+					!strings.Contains(body, "upstream.protocol") {
+					t.Fatalf("/readyz: %d %q; want 503 with the refusal", code, body)
+				}
+				// It stays so: a second look, after the relay looked again.
+				eventually(t, "the refusal logged", func() bool {
+					return strings.Contains(logs.String(), "not ready: waiting for the first upstream sync") &&
+						strings.Contains(logs.String(), `refused delta with Unknown`)
+				})
+				if code, body = get(t, noProxy, "http://"+r.AdminAddr()+"/readyz"); code != http.StatusServiceUnavailable {
+					t.Errorf("/readyz later: %d %q", code, body)
+				}
+				return
+			}
+			if code != http.StatusOK {
+				t.Fatalf("/readyz: %d %q; want ready", code, body)
+			}
+			if n := len(logs.Lines(t, "control plane server refused the protocol; trying the next (upstream.protocol: auto)")); n != 1 {
+				t.Errorf("%d refusals logged before ready, want delta's:\n%s", n, logs)
+			}
+		})
+	}
+}

@@ -56,6 +56,7 @@ type Relay struct {
 	// (upstream.addresses), in priority order: readiness before any
 	// group looks at them while upConn cannot connect.
 	upFallbacks []*grpc.ClientConn
+	upADS       *upstream.ADS // upConn's source: readiness asks its dialect (dialect.go)
 	down        *downstream.Server
 	grpc        *grpc.Server
 	health      *health.Server // gRPC health on the downstream port
@@ -82,6 +83,9 @@ type Relay struct {
 	stopped  atomic.Bool // set when Shutdown begins
 	synced   atomic.Bool // something to serve (admin.ready_after_sync; see hasSynced)
 	restored atomic.Bool // a saved cache loaded (cache.persist_dir)
+	// refusal is what the control plane refused when readiness last
+	// asked its dialect before any group (readiness.go); nil if nothing.
+	refusal atomic.Pointer[dialectRefusal]
 
 	// The groups, guarded by mu.
 	mu     lockorder.Mutex[relayMu]
@@ -368,7 +372,8 @@ func (r *Relay) upstreamSource(u UpstreamConfig, key string) (upstream.Source, e
 		}
 		servers = append(servers, s)
 	}
-	if r.upConn == nil {
+	first := r.upConn == nil
+	if first {
 		r.upConn = servers[0].Conn.(*grpc.ClientConn)
 		for _, s := range servers[1:] {
 			r.upFallbacks = append(r.upFallbacks, s.Conn.(*grpc.ClientConn))
@@ -382,6 +387,9 @@ func (r *Relay) upstreamSource(u UpstreamConfig, key string) (upstream.Source, e
 	if err != nil {
 		closeAll()
 		return nil, err
+	}
+	if first {
+		r.upADS = src
 	}
 	return src, nil
 }
