@@ -317,6 +317,9 @@ func (r *Relay) groupsDetail(w io.Writer, above string) {
 			if len(u.Unserved) > 0 {
 				state += ", does not serve " + strings.Join(u.Unserved, ", ") + " (not asked of it)"
 			}
+			if u.Unheard != "" {
+				state += ", " + u.Unheard
+			}
 			fmt.Fprintf(w, "  upstream %q: %s, %s\n", u.Upstream, r.serverOf(u), state)
 		}
 		guardDetail(w, g.cache)

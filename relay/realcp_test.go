@@ -13,6 +13,7 @@ import (
 
 	"github.com/xdsrelay/xdsrelay/internal/realcp"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
+	"github.com/xdsrelay/xdsrelay/upstream"
 )
 
 // The relay in front of go-control-plane v0.9.8's own, unmodified server
@@ -167,5 +168,39 @@ func TestV098ReadinessRefusedProtocol(t *testing.T) {
 				t.Errorf("%d refusals logged before ready, want delta's:\n%s", n, logs)
 			}
 		})
+	}
+}
+
+// A control plane that keys its config by node answers nothing to a node
+// it does not know: go-control-plane v0.9.8's snapshot cache (here keyed
+// by node.cluster) given a group whose node it has no snapshot for. A
+// whole cache.not_found_timeout after the group's stream asked, the log
+// warns once, naming the node id presented and upstream.node.id, and the
+// private /readyz says it; a group the control plane answers is not
+// warned of.
+func TestV098UnknownNodeIsSaid(t *testing.T) {
+	cp := realcp.StartV098(t, realcp.ShapeADS)
+	cp.Set(t, "known", "1", testcp.Cluster("a"))
+	logs := &logBuffer{}
+	r := startRelayLogged(t, cp.Addr, slog.New(slog.NewJSONHandler(logs, nil)), func(c *Config) {
+		c.Cache.NotFoundTimeout = 300 * time.Millisecond
+	})
+	const warning = upstream.UnheardWarning
+	known := openDelta(t, r.Addr())
+	known.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "known"), TypeUrl: resourcev3.ClusterType})
+	if resp := known.recvWithin(10 * time.Second); len(resp.GetResources()) != 1 {
+		t.Fatalf("the known group got %v", resp)
+	}
+	unknown := openDelta(t, r.Addr())
+	unknown.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n2", "nobody"), TypeUrl: resourcev3.ClusterType})
+	eventually(t, "the warning", func() bool { return len(logs.Lines(t, warning)) > 0 })
+	lines := logs.Lines(t, warning)
+	if len(lines) != 1 || !strings.Contains(lines[0]["node_id"].(string), "cluster=nobody") || lines[0]["key"] != "upstream.node.id" ||
+		lines[0]["group"] == nil || !strings.Contains(lines[0]["group"].(string), "nobody") {
+		t.Fatalf("warned %v, want once, for the unknown group, with its node id and upstream.node.id", lines)
+	}
+	code, body := get(t, &http.Client{Transport: &http.Transport{Proxy: nil}}, "http://"+r.AdminAddr()+"/readyz")
+	if code != http.StatusOK || !strings.Contains(body, "no answer 300ms after it was asked for Cluster; node id presented") {
+		t.Errorf("/readyz: %d %q; want the unknown group's silence said", code, body)
 	}
 }
