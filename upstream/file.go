@@ -11,10 +11,12 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/fsnotify/fsnotify"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc/codes"
@@ -247,11 +249,14 @@ func (f *File) files() map[string]map[string]*cache.Resource {
 	return f.resources
 }
 
-// apply gives the group what it wants.
+// apply gives the group what it wants, type by type in the spec's order
+// (Clusters and endpoints before the Listeners and Routes that use them).
 func (f *File) apply(g Group) {
 	rs := f.files()
-	for typeURL, in := range g.Interest.Interest() {
-		applyType(g, rs[typeURL], typeURL, in)
+	interest := g.Interest.Interest()
+	types := slices.SortedFunc(maps.Keys(interest), func(a, b string) int { return xds.Rank(a) - xds.Rank(b) })
+	for _, typeURL := range types {
+		applyType(g, rs, typeURL, interest[typeURL])
 	}
 }
 
@@ -259,9 +264,11 @@ func (f *File) apply(g Group) {
 // type's whole state when its wildcard entered.
 func (f *File) applyChanges(g Group, changes map[string]map[string]bool) {
 	rs := f.files()
-	for typeURL, names := range changes {
+	types := slices.SortedFunc(maps.Keys(changes), func(a, b string) int { return xds.Rank(a) - xds.Rank(b) })
+	for _, typeURL := range types {
+		names := changes[typeURL]
 		if names["*"] {
-			applyType(g, rs[typeURL], typeURL, g.Interest.TypeInterest(typeURL))
+			applyType(g, rs, typeURL, g.Interest.TypeInterest(typeURL))
 			continue
 		}
 		var in cache.Interest
@@ -271,17 +278,18 @@ func (f *File) applyChanges(g Group, changes map[string]map[string]bool) {
 			}
 		}
 		if len(in.Names) > 0 {
-			applyType(g, rs[typeURL], typeURL, in)
+			applyType(g, rs, typeURL, in)
 		}
 	}
 }
 
-// applyType gives the group what in wants of one type, from byName (the
-// files' resources of the type); a wanted name that no file holds is
-// reported as not existing, at once: the files are the whole of what
-// there is, so no timer needs to pass (see absentError).
-func applyType(g Group, byName map[string]*cache.Resource, typeURL string, in cache.Interest) {
-	c := g.Cache
+// applyType gives the group what in wants of one type, from rs (the
+// files' resources, by type), after what those point at (applyReferents);
+// a wanted name that no file holds is reported as not existing, at once:
+// the files are the whole of what there is, so no timer needs to pass
+// (see absentError).
+func applyType(g Group, rs map[string]map[string]*cache.Resource, typeURL string, in cache.Interest) {
+	c, byName := g.Cache, rs[typeURL]
 	var ups []*cache.Resource
 	var removed, missing []string
 	if in.Wildcard {
@@ -304,7 +312,55 @@ func applyType(g Group, byName map[string]*cache.Resource, typeURL string, in ca
 			missing = append(missing, n)
 		}
 	}
+	applyReferents(g, rs, ups)
 	c.Apply(typeURL, cache.Change{Upserts: ups, Removed: removed, Errors: absentErrors(c, typeURL, missing), Synced: in.Wildcard})
+}
+
+// applyReferents applies, before ups, what they point at and would wait
+// for that the files hold and the cache does not hold at that version: the
+// Clusters a Listener or a Route names, then, before those, their
+// endpoints (docs/architecture.md, invariant 18 "Make before break,
+// whatever the order upstream"; spec "Eventual consistency
+// considerations"), as a change that goes ahead of what points at it
+// (cache.Change.Ahead): the files hold every resource there is at once,
+// so in that order nothing waits for what is coming, and the relay's word
+// for a control plane's unsafe order says nothing of the files. What is
+// applied so is then fetched as the group's interest (a reference), as it
+// would be without this, and found held.
+func applyReferents(g Group, rs map[string]map[string]*cache.Resource, ups []*cache.Resource) {
+	clusters := referents(g, rs, resourcev3.ClusterType, ups)
+	endpoints := referents(g, rs, resourcev3.EndpointType, clusters)
+	for _, step := range []struct {
+		typeURL string
+		res     []*cache.Resource
+	}{{resourcev3.EndpointType, endpoints}, {resourcev3.ClusterType, clusters}} {
+		if len(step.res) > 0 {
+			g.Cache.Apply(step.typeURL, cache.Change{Upserts: step.res, Ahead: true})
+		}
+	}
+}
+
+// referents are the resources of typeURL that rs hold, g owns, and from
+// point at, but for those the cache holds at that version already.
+func referents(g Group, rs map[string]map[string]*cache.Resource, typeURL string, from []*cache.Resource) []*cache.Resource {
+	var names []string
+	for _, r := range from {
+		for _, ref := range r.Refs {
+			if ref.TypeURL == typeURL && rs[typeURL][ref.Name] != nil && g.Owns(typeURL, ref.Name) && !slices.Contains(names, ref.Name) {
+				names = append(names, ref.Name)
+			}
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	var out []*cache.Resource
+	for i, l := range g.Cache.Get(typeURL, names) {
+		if r := rs[typeURL][names[i]]; l.Resource == nil || l.Resource.Version != r.Version {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // absentMessage is the NOT_FOUND error's message for a name no resource
