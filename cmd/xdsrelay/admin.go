@@ -36,17 +36,19 @@ type adminFlags struct {
 }
 
 func (f *adminFlags) add(cmd *cobra.Command) {
-	f.addAdmin(cmd)
+	cmd.Flags().StringVar(&f.server, "admin", "", "the relay's admin endpoint `ADDR` (admin.address: host:port, or an http:// or https:// URL; https with the TLS flags) (required)")
 	f.addTLS(cmd)
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 10*time.Second, "give up after this long")
 }
 
-// addAdmin adds --admin and, bound to the same value, --server: what the
-// admin commands took before --admin, kept as a deprecated alias (check
-// warns), hidden from the help.
-func (f *adminFlags) addAdmin(cmd *cobra.Command) {
+// addWithServer is add and, bound to the same value, --server: what the
+// admin commands that came before --admin took (admin, guard release,
+// rollout release), kept there as a deprecated alias (check warns),
+// hidden from the help. The commands that came with --admin never took
+// it.
+func (f *adminFlags) addWithServer(cmd *cobra.Command) {
+	f.add(cmd)
 	fs := cmd.Flags()
-	fs.StringVar(&f.server, "admin", "", "the relay's admin endpoint `ADDR` (admin.address: host:port, or an http:// or https:// URL; https with the TLS flags) (required)")
 	fs.StringVar(&f.server, "server", "", "deprecated: --admin")
 	_ = fs.MarkHidden("server")
 }
@@ -69,7 +71,7 @@ func (f *adminFlags) check(cmd *cobra.Command) error {
 
 // deprecatedServer warns that --server named the admin endpoint.
 func deprecatedServer(cmd *cobra.Command) {
-	fmt.Fprintf(cmd.ErrOrStderr(), "xdsrelay: %s: --server is deprecated here: name the admin endpoint with --admin (--server is the xDS port, for status and watch)\n", cmd.CommandPath())
+	fmt.Fprintf(cmd.ErrOrStderr(), "%s: --server is deprecated here: name the admin endpoint with --admin (--server is the xDS port, for status and watch)\n", cmd.CommandPath())
 }
 
 // addTLS adds the admin endpoint's TLS flags.
@@ -212,7 +214,7 @@ an xDS port does. --server is a deprecated name of --admin.`,
 			return err
 		},
 	}
-	af.add(cmd)
+	af.addWithServer(cmd)
 	cmd.Flags().StringVarP(&method, "request", "X", http.MethodGet, "the `METHOD`: GET, POST or PUT")
 	cmd.Flags().StringVarP(&data, "data", "d", "", "the request's `BODY` (PUT /debug/loglevel: debug, info, warn or error)")
 	return cmd
