@@ -39,17 +39,26 @@ func (r *Relay) opsRoutes(mux *http.ServeMux, l adminListener) {
 			r.setLogLevel(lv, w, req)
 		}))
 	}
+	// Without admin.pprof, /debug/pprof/ and what is under it answer 404
+	// saying how to turn the profiler on.
+	index := http.HandlerFunc(pprofOff)
 	if r.cfg.Admin.Pprof {
 		// The mutex profile (/debug/pprof/mutex) is empty unless sampling
 		// is on: 1 in mutexProfileFraction contention events, which costs
 		// nothing while locks are not contended.
 		runtime.SetMutexProfileFraction(mutexProfileFraction)
-		mux.HandleFunc("/debug/pprof/", gate(l, accessAll, pprof.Index))
+		index = gate(l, accessAll, pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", gate(l, accessAll, pprof.Cmdline))
 		mux.HandleFunc("/debug/pprof/profile", gate(l, accessAll, pprof.Profile))
 		mux.HandleFunc("/debug/pprof/symbol", gate(l, accessAll, pprof.Symbol))
 		mux.HandleFunc("/debug/pprof/trace", gate(l, accessAll, pprof.Trace))
 	}
+	mux.HandleFunc("/debug/pprof/", index)
+}
+
+// pprofOff answers the profiler's paths while admin.pprof is off.
+func pprofOff(w http.ResponseWriter, _ *http.Request) {
+	http.Error(w, "xdsrelay: Go's profiler is off: it is served here with admin.pprof: true (XDSRELAY_ADMIN_PPROF=true), to private callers", http.StatusNotFound)
 }
 
 // setLogLevel sets lv from the request's body: debug, info, warn or error.

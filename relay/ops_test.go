@@ -96,8 +96,8 @@ func TestDebugLogsFollowLogLevel(t *testing.T) {
 // served only with admin.pprof.
 func TestPprofAndLogLevelArePrivate(t *testing.T) {
 	off, _ := startJSONRelay(t, FilePrefix+t.TempDir())
-	if code, _ := do(t, http.MethodGet, "http://"+off.AdminAddr()+"/debug/pprof/", ""); code != http.StatusNotFound {
-		t.Errorf("pprof without admin.pprof: %d, want 404", code)
+	if code, body := do(t, http.MethodGet, "http://"+off.AdminAddr()+"/debug/pprof/heap", ""); code != http.StatusNotFound || !strings.Contains(body, "admin.pprof: true") {
+		t.Errorf("pprof without admin.pprof: %d %q, want 404 naming admin.pprof", code, body)
 	}
 	on, _ := startJSONRelay(t, FilePrefix+t.TempDir(), func(c *Config) { c.Admin.Pprof = true })
 	for _, path := range []string{"/debug/pprof/", "/debug/pprof/goroutine?debug=1", "/debug/pprof/cmdline"} {

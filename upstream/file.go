@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
@@ -422,6 +423,9 @@ func loadDir(dir string) (*loaded, error) {
 func loadAll(dir string) (*loaded, []error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
+		if wd, wdErr := os.Getwd(); errors.Is(err, fs.ErrNotExist) && !filepath.IsAbs(dir) && wdErr == nil {
+			err = fmt.Errorf("%w (a relative file:// directory is read from the working directory, %s)", err, wd)
+		}
 		return nil, []error{fmt.Errorf("upstream: resource directory: %w", err)}
 	}
 	l := &loaded{resources: make(map[string]map[string]*cache.Resource)}

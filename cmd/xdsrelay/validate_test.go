@@ -159,3 +159,36 @@ admin:
 		t.Errorf("validate with a file:// address and a missing CA: exit %d, %q %q; want 0 and a warning naming upstream.tls.ca_file", code, out, errText)
 	}
 }
+
+// Errors say what to do: a directory given as upstream.address without
+// file://, an address with a scheme, a relative resource directory that
+// is not there (read from the working directory), a misspelt key in the
+// file (the nearest key, as the environment's form says it).
+func TestErrorsSayWhatToDo(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	for _, tc := range []struct {
+		name, file string
+		env        map[string]string
+		want       string
+	}{
+		{"a directory", "", map[string]string{"XDSRELAY_UPSTREAM_ADDRESS": "examples/resources"},
+			`upstream.address: "examples/resources" is not host:port: a directory of resource files is file://examples/resources`},
+		{"a scheme", "", map[string]string{"XDSRELAY_UPSTREAM_ADDRESS": "http://cp:18000"},
+			`upstream.address: "http://cp:18000" is not host:port: write the host and port alone (cp:18000), without http://`},
+		{"a relative directory", "", map[string]string{"XDSRELAY_UPSTREAM_ADDRESS": "file://no/such/dir"},
+			"open no/such/dir: no such file or directory (a relative file:// directory is read from the working directory, "},
+		{"a misspelt key", "upstream:\n  protocl: sotw\n", nil, `unknown key "upstream.protocl" (did you mean upstream.protocol?)`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := []string{"validate"}
+			if tc.file != "" {
+				writeFile(t, cfg, tc.file)
+				args = append(args, "--config", cfg)
+			}
+			code, out, errText := runCLIEnv(tc.env, args...)
+			if code == 0 || !strings.Contains(errText, tc.want) {
+				t.Errorf("exit %d, %q %q; want an error saying %q", code, out, errText, tc.want)
+			}
+		})
+	}
+}
