@@ -316,3 +316,23 @@ func TestReadyAfterSyncOnAFallbackServer(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// The "relay serving" line names every listener that is open, the
+// REST-JSON port's included, and none that is not.
+func TestServingLineNamesTheListeners(t *testing.T) {
+	cp := testcp.Start(t)
+	logs := &logBuffer{}
+	r := startRelayLogged(t, cp.Addr, slog.New(slog.NewJSONHandler(logs, nil)), func(c *Config) {
+		c.Downstream.RESTAddress = "127.0.0.1:0"
+		c.Admin.LocalAddress = "" // closed
+	})
+	lines := logs.Lines(t, "relay serving")
+	if len(lines) != 1 {
+		t.Fatalf("%d lines, want one:\n%s", len(lines), logs)
+	}
+	if l := lines[0]; l["rest"] != r.RESTAddr() || l["admin"] != r.AdminAddr() || l["downstream"] != r.Addr() {
+		t.Errorf("relay serving: %v; want the REST-JSON, admin and xDS listeners", l)
+	} else if _, ok := l["admin_local"]; ok {
+		t.Errorf("relay serving names admin_local, which is closed: %v", l)
+	}
+}

@@ -455,9 +455,21 @@ func (r *Relay) Start() error {
 	if r.cfg.Admin.ReadyAfterSync {
 		r.goRun(r.watchSync)
 	}
-	r.log.Info("relay serving", "downstream", ln.Addr().String(), "upstream", r.cfg.Upstream.Address,
-		"admin", r.AdminAddr(), "admin_local", r.AdminLocalAddr())
+	r.log.Info("relay serving", r.listening(ln)...)
 	return nil
+}
+
+// listening is what the "relay serving" line says: the xDS listener, the
+// upstream, and each other listener that is open (admin, admin_local,
+// rest), none that is not.
+func (r *Relay) listening(ln net.Listener) []any {
+	attrs := []any{"downstream", ln.Addr().String(), "upstream", r.cfg.Upstream.Address}
+	for _, l := range []struct{ key, addr string }{{"admin", r.AdminAddr()}, {"admin_local", r.AdminLocalAddr()}, {"rest", r.RESTAddr()}} {
+		if l.addr != "" {
+			attrs = append(attrs, l.key, l.addr)
+		}
+	}
+	return attrs
 }
 
 func (r *Relay) goRun(f func()) {
