@@ -63,6 +63,10 @@ func TestV098AutoFindsWhatItSpeaks(t *testing.T) {
 			if _, body := get(t, http.DefaultClient, "http://"+r.AdminAddr()+"/readyz"); !strings.Contains(body, "connected, speaks "+tc.speaks) {
 				t.Errorf("/readyz says:\n%s\nwant the upstream connected, speaking %s", body, tc.speaks)
 			}
+			// A refusal auto moved on from is no error once the next answers.
+			if _, body := get(t, http.DefaultClient, "http://"+r.AdminAddr()+"/debug/groups"); strings.Contains(body, "last_error") {
+				t.Errorf("/debug/groups keeps the refusal as the last error once the stream answers:\n%s", body)
+			}
 			if strings.Contains(logs.String(), "unreachable") || strings.Contains(logs.String(), "stream ended; reconnecting") {
 				t.Errorf("the log calls a server that refused unreachable, or a reconnect:\n%s", logs)
 			}

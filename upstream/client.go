@@ -798,6 +798,12 @@ func (c *Client) received(s *session, r *xds.Received, healthy *bool) error {
 	}
 	c.setStatus(func(st *Status) {
 		st.Connected, st.LastResponse, st.Server, st.Protocol = true, time.Now(), c.servers[s.server].name, string(s.protocol)
+		if st.Refused != "" {
+			// The last stream ended refused, and this one, in what was
+			// tried next, answers: that refusal was an answer, not an
+			// error (docs/architecture.md, invariant 20).
+			st.LastError = ""
+		}
 		st.Refused, st.Unheard = "", ""
 	})
 	if err := s.handle(r); err != nil {
