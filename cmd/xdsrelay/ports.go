@@ -88,7 +88,11 @@ func (s *sniffed) tls(cfg *tls.Config) *tls.Config {
 // connection without h2).
 func (s *sniffed) hungUp(err error) bool {
 	alpn := s.alpn.Load()
-	return alpn != nil && *alpn == "" && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET))
+	// net/http says a connection closed before any byte of the answer in
+	// one of these, by when it notices: its "server closed idle
+	// connection" (unexported) when the close comes before it reads.
+	return alpn != nil && *alpn == "" && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) ||
+		strings.Contains(err.Error(), "server closed idle connection"))
 }
 
 // sniffLen is how much of a connection's first read is kept: an HTTP/2
