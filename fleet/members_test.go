@@ -195,7 +195,9 @@ func TestExcess(t *testing.T) {
 	f.clients[three[1]], f.clients[three[2]] = 1500, 1500
 	f.mu.Unlock()
 	m := f.members[three[0]]
-	waitFor(t, func() bool { return m.Excess(0) == 0 && m.View().Peers[0].Clients == 1500 && m.View().Peers[1].Clients == 1500 })
+	waitFor(t, func() bool {
+		return m.Excess(0) == 0 && m.View().Peers[0].Clients == 1500 && m.View().Peers[1].Clients == 1500
+	})
 	for _, tc := range []struct{ clients, want int }{
 		// The mean counts this member too: (c + 3000) / 3, times 1.2.
 		{0, 0}, {1000, 0}, {2000, 0}, {2500, 2500 - 2200}, {3000, 3000 - 2400},
