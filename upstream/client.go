@@ -134,6 +134,11 @@ type Options struct {
 	// ForwardInterval is the least time between two forwarded NACKs of
 	// one type (forward.go); ForwardInterval if 0.
 	ForwardInterval time.Duration
+	// Prove makes every stream's resume leave one cached name of each
+	// type out of its initial versions, as a fallback probe's does: a
+	// server with nothing new would answer nothing, and this one name it
+	// must send (for a Switch, whose new path takes over once it answers).
+	Prove bool
 }
 
 // Server is one server of a control plane.
@@ -537,12 +542,16 @@ func (c *Client) nextServer(cur int, healthy bool) int {
 // to exist, or a wildcard not yet answered. A name fetched only because
 // resources point at it (cache.Lookup.Referenced) is not wanted yet: a
 // Cluster's endpoints that the control plane does not have move no stream.
-func (c *Client) missing() bool {
-	for typeURL, in := range c.opts.Interest.Interest() {
-		if in.Wildcard && !c.opts.Cache.Synced(typeURL) {
+func (c *Client) missing() bool { return missing(c.opts.Interest, c.opts.Cache) }
+
+// missing reports whether interest wants something c does not hold (see
+// Client.missing).
+func missing(interest Interest, c *cache.Cache) bool {
+	for typeURL, in := range interest.Interest() {
+		if in.Wildcard && !c.Synced(typeURL) {
 			return true
 		}
-		for _, l := range c.opts.Cache.Get(typeURL, in.Names) {
+		for _, l := range c.Get(typeURL, in.Names) {
 			if l.Resource == nil && !l.Absent && !l.Referenced && !l.Waiting {
 				return true
 			}
@@ -575,7 +584,7 @@ func (c *Client) open(ctx context.Context, i int) (*session, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	p := c.opts.found.of(c.servers[i].name)
 	s := &session{c: c, server: i, protocol: p, ctx: ctx, cancel: cancel, subs: make(map[string]*subscription),
-		notFound: notFound{timeout: c.opts.NotFoundTimeout}, opened: time.Now()}
+		notFound: notFound{timeout: c.opts.NotFoundTimeout}, opened: time.Now(), probing: c.opts.Prove}
 	var err error
 	var st interface{ RecvMsg(any) error }
 	if p.sotw() {

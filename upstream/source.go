@@ -42,6 +42,10 @@ type Group struct {
 	// Rejections, set by a Router, is the inbox of the versions clients
 	// rejected that are this upstream's to forward (forward.go).
 	Rejections *Rejections
+	// Prove, set by a Switch, makes each stream's resume leave one cached
+	// name of each type out (Options.Prove), so that the server answers
+	// and its first answer proves the path.
+	Prove bool
 }
 
 // Feed keeps one group's cache filled.
@@ -104,6 +108,7 @@ func NewADS(opts Options) (*ADS, error) {
 func (a *ADS) Feed(g Group) (Feed, error) {
 	o := a.opts
 	o.Node, o.Cache, o.Group, o.Interest, o.Owns, o.Rejections = g.Node, g.Cache, g.Key, g.Interest, g.Owns, g.Rejections
+	o.Prove = g.Prove
 	if g.Upstream != "" {
 		o.Upstream = g.Upstream
 	}
