@@ -27,8 +27,19 @@ import (
 type Groups interface {
 	// Join returns the cache of the group the node belongs to and a
 	// function to call when the stream ends. A *LimitError refuses the
-	// client at a limit (limits.max_groups).
-	Join(node *corepb.Node) (c *cache.Cache, release func(), err error)
+	// client at a limit (limits.max_groups). from is who joins.
+	Join(node *corepb.Node, from Caller) (c *cache.Cache, release func(), err error)
+}
+
+// Caller is who opens a stream or a poll, as the edge knows it, for the
+// groups to judge what of its node to believe: the variant (the stream
+// variants, "lrs", "fetch", "rest"), the identities of its verified client
+// certificate (none without one) and its address, as CloseConnection takes
+// it.
+type Caller struct {
+	Variant    string
+	Identities []string
+	Addr       string
 }
 
 // Options configure a Server.
@@ -164,6 +175,12 @@ func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.ForceServerCodecV2(xds.Codec{})}
 }
 
+// CloseConnection closes the client connection from addr (a Caller's
+// Addr), reporting whether there was one: its streams end with
+// UNAVAILABLE and its client reconnects, as Drain does for every
+// connection. gRPC gives a server no GOAWAY of one connection alone.
+func (s *Server) CloseConnection(addr string) bool { return s.conns.close(addr) }
+
 // Drain asks every stream and poll to end with UNAVAILABLE, so that clients
 // reconnect (to another replica) while the process shuts down.
 func (s *Server) Drain() {
@@ -199,11 +216,11 @@ func resolveType(typeURL, fixed string) (string, error) {
 
 // join places the stream's node in its group ("Basic Protocol Overview": the
 // node is read from the first request only).
-func (s *Server) join(node *corepb.Node) (*cache.Cache, func(), error) {
+func (s *Server) join(node *corepb.Node, who client) (*cache.Cache, func(), error) {
 	if node == nil {
 		return nil, nil, status.Error(codes.InvalidArgument, "xdsrelay: the first request on a stream must carry the node")
 	}
-	c, release, err := s.groups.Join(node)
+	c, release, err := s.groups.Join(node, who.caller())
 	if err != nil {
 		return nil, nil, joinError(err)
 	}

@@ -405,11 +405,12 @@ func run[Req any, Resp any, PReq interface {
 	defer s.live.remove(ls)
 	end.node = PReq(first).GetNode()
 	end.see(PReq(first).GetTypeUrl())
-	grant, err := s.authorize(grpcClient(ctx, end.variant), end.node)
+	who := grpcClient(ctx, end.variant)
+	grant, err := s.authorize(who, end.node)
 	if err != nil {
 		return err
 	}
-	c, release, err := s.join(end.node)
+	c, release, err := s.join(end.node, who)
 	if err != nil {
 		return err
 	}

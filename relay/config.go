@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/fleet"
 	"github.com/xdsrelay/xdsrelay/internal/creds"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/upstream"
@@ -237,6 +239,10 @@ type Config struct {
 		// left out, and counted.
 		MaxNames int
 	}
+	// Fleet is fleet.*: replicas that know each other and fetch each group
+	// from the control plane once between them (docs/architecture.md,
+	// "Fleet"); off without fleet.peers.
+	Fleet fleet.Config
 	// Tracing installs OpenTelemetry instrumentation (gRPC stats handlers on
 	// both edges) on the global tracer provider; the binary sets it when
 	// tracing.otlp_endpoint is configured.
@@ -252,6 +258,10 @@ type Config struct {
 	// binary sets it from its build information; empty, the relay reads
 	// the module's own.
 	Build BuildInfo
+
+	// resolve resolves fleet.peers' names; the system's resolver if nil.
+	// The package's tests give each relay its own view of a name.
+	resolve func(ctx context.Context, host string) ([]string, error)
 }
 
 // AuthorizationRule is one of downstream.authorization.rules: a client whose
@@ -428,6 +438,7 @@ func Default() Config {
 	c.LRS.MaxNames = 50_000
 	c.LRS.MaxPendingBytes = 16 << 20
 	c.LRS.SendTimeout = 30 * time.Second
+	c.Fleet = fleet.Default()
 	return c
 }
 
@@ -438,7 +449,7 @@ const FilePrefix = "file://"
 func (c *Config) Validate() error {
 	for _, check := range []func() error{c.validateUpstreams, c.validateGroupBy, c.validateDownstream,
 		c.validateAuthorization, c.validateConnections, c.validateAdmin, c.validateCache, c.validateGuard,
-		c.validateLRS, c.validateShutdown, c.validateLimits} {
+		c.validateLRS, c.validateShutdown, c.validateLimits, c.validateFleet} {
 		if err := check(); err != nil {
 			return err
 		}
@@ -520,6 +531,30 @@ func (c *Config) validateCache() error {
 	}
 	if cc.PersistMaxBytes < 64<<10 {
 		return fmt.Errorf("cache.persist_max_bytes: %d is below 64 KiB", cc.PersistMaxBytes)
+	}
+	return nil
+}
+
+// validateFleet checks fleet.*, and what they need of the other keys: a
+// control plane to share (resource files are every replica's own), and,
+// with client certificates, the identities that may speak as a peer.
+func (c *Config) validateFleet() error {
+	f := &c.Fleet
+	if err := f.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case !f.On():
+		return nil
+	case strings.HasPrefix(c.Upstream.Address, FilePrefix):
+		return errors.New("fleet.peers: a fleet shares a control plane's work; with a file:// upstream.address every replica reads the files itself")
+	case c.Downstream.TLS.CAFile != "" && len(f.PeerIdentities) == 0:
+		return errors.New("fleet.peer_identities: required with downstream.tls.client_ca_file: the identities of the replicas' certificates, the only callers trusted with the peer mark")
+	}
+	for _, id := range f.PeerIdentities {
+		if strings.ContainsAny(id, "{}*") {
+			return fmt.Errorf("fleet.peer_identities: %q is an identity, not a pattern ({, } and * are not allowed)", id)
+		}
 	}
 	return nil
 }

@@ -1,0 +1,282 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+)
+
+// fleetTimeout is upstream.connect_timeout in the fleet tests: a member
+// that stops answering is out of the others' views within it.
+const fleetTimeout = time.Second
+
+// fleetPort is a port free on 127.0.0.1 now, for members each on its own
+// loopback address (127.0.0.N) and this one port.
+func fleetPort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	return port
+}
+
+// fleetAddrs are n members' addresses: 127.0.0.1 to 127.0.0.n on one port.
+func fleetAddrs(port string, n int) []string {
+	var out []string
+	for i := range n {
+		out = append(out, net.JoinHostPort("127.0.0."+strconv.Itoa(i+1), port))
+	}
+	return out
+}
+
+// hosts are the hosts of addrs, as a name resolves to them.
+func hosts(addrs []string) []string {
+	var out []string
+	for _, a := range addrs {
+		h, _, _ := net.SplitHostPort(a)
+		out = append(out, h)
+	}
+	return out
+}
+
+// inFleet makes a relay member i of the members at addrs, which it knows
+// by the name "peers.fleet.test", resolved by resolve (to every member's
+// host if nil).
+func inFleet(addrs []string, i int, resolve func() []string) func(*Config) {
+	return func(c *Config) {
+		fastReconnect(c)
+		c.Downstream.Address = addrs[i]
+		_, port, _ := net.SplitHostPort(addrs[i])
+		c.Fleet.Peers = []string{net.JoinHostPort("peers.fleet.test", port)}
+		c.Fleet.Self = addrs[i]
+		c.Fleet.Refresh = 50 * time.Millisecond
+		c.Fleet.Balance = false
+		c.Upstream.ConnectTimeout = fleetTimeout
+		c.Upstream.FallbackRecheck = 300 * time.Millisecond
+		if resolve == nil {
+			resolve = func() []string { return hosts(addrs) }
+		}
+		c.resolve = func(context.Context, string) ([]string, error) { return resolve(), nil }
+	}
+}
+
+// startFleetOf starts a relay for each of addrs in front of cp, and waits
+// until each sees them all.
+func startFleetOf(t *testing.T, cp *testcp.ControlPlane, addrs []string, mutate ...func(*Config)) []*Relay {
+	t.Helper()
+	var rs []*Relay
+	for i := range addrs {
+		rs = append(rs, startRelay(t, cp.Addr, append([]func(*Config){inFleet(addrs, i, nil)}, mutate...)...))
+	}
+	for _, r := range rs {
+		eventually(t, "every member in the view of "+r.Addr(), func() bool { return len(viewOf(r)) == len(addrs) })
+	}
+	return rs
+}
+
+func viewOf(r *Relay) []string { return r.fleet.members.View().Members }
+
+// fleetGroups are n groups' clusters, g0 to g(n-1), each serving one
+// Cluster c-gN, version version, its connect timeout version seconds.
+func fleetGroups(t *testing.T, cp *testcp.ControlPlane, n int, version int) []string {
+	t.Helper()
+	var out []string
+	for i := range n {
+		g := "g" + strconv.Itoa(i)
+		cp.Set(t, g, strconv.Itoa(version), tierCluster("c-"+g, int64(version)))
+		out = append(out, g)
+	}
+	return out
+}
+
+// fleetClient is a delta client of a group on a relay.
+type fleetClient struct {
+	relay, group string
+	s            *deltaStream
+}
+
+// openFleetClients opens, on every relay, a client of every group, and
+// waits for each to have its Cluster at version.
+func openFleetClients(t *testing.T, rs []*Relay, groups []string, version int64) []*fleetClient {
+	t.Helper()
+	var out []*fleetClient
+	for _, r := range rs {
+		for _, g := range groups {
+			s := openDelta(t, r.Addr())
+			s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("envoy-"+g+"@"+r.Addr(), g), TypeUrl: resourcev3.ClusterType,
+				ResourceNamesSubscribe: []string{"c-" + g}})
+			out = append(out, &fleetClient{relay: r.Addr(), group: g, s: s})
+		}
+	}
+	for _, c := range out {
+		fleetRecv(t, c, version)
+	}
+	return out
+}
+
+// fleetRecv waits for c's Cluster at version, ACKing what comes; nothing
+// on the way may be a removal, or the same version again.
+func fleetRecv(t *testing.T, c *fleetClient, version int64) {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for {
+		resp := c.s.recvWithin(time.Until(deadline))
+		c.s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: resp.GetNonce()})
+		if rm := resp.GetRemovedResources(); len(rm) > 0 {
+			t.Fatalf("%s on %s was told %v were removed", c.group, c.relay, rm)
+		}
+		for _, r := range resp.GetResources() {
+			got := &clusterpb.Cluster{}
+			if err := r.GetResource().UnmarshalTo(got); err != nil {
+				t.Fatal(err)
+			}
+			if got.GetConnectTimeout().GetSeconds() == version {
+				return
+			}
+		}
+	}
+}
+
+// cpStreams is the control plane's open streams of the groups, by group.
+func cpStreams(cp *testcp.ControlPlane, groups []string) map[string]int {
+	open := cp.Open()
+	out := map[string]int{}
+	for _, g := range groups {
+		out[g] = open[g]
+	}
+	return out
+}
+
+// oneStreamEach reports whether the control plane holds exactly one
+// stream for each group.
+func oneStreamEach(cp *testcp.ControlPlane, groups []string) bool {
+	for _, n := range cpStreams(cp, groups) {
+		if n != 1 {
+			return false
+		}
+	}
+	return true
+}
+
+// holdsFor fails the test unless cond holds throughout d.
+func holdsFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if !cond() {
+			t.Fatalf("%s stopped holding", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// The proof of one fetch: three relays that know each other, and a client
+// of each of six groups on every one. The control plane holds exactly one
+// stream per group; a change reaches every client on every replica; when
+// one replica stops, the other replicas' clients see no removal and
+// nothing sent again unchanged, and the control plane again holds one
+// stream per group.
+func TestFleetFetchesEachGroupOnce(t *testing.T) {
+	cp := testcp.Start(t)
+	groups := fleetGroups(t, cp, 6, 1)
+	rs := startFleetOf(t, cp, fleetAddrs(fleetPort(t), 3))
+	clients := openFleetClients(t, rs, groups, 1)
+	eventually(t, "one stream per group at the control plane", func() bool { return oneStreamEach(cp, groups) })
+	holdsFor(t, 500*time.Millisecond, "one stream per group", func() bool { return oneStreamEach(cp, groups) })
+	checkSources(t, rs, groups)
+
+	fleetGroups(t, cp, 6, 2)
+	for _, c := range clients {
+		fleetRecv(t, c, 2)
+	}
+
+	// Stop the member that owns the most groups.
+	stopped := rs[0]
+	for _, r := range rs[1:] {
+		if ownedBy(r, groups) > ownedBy(stopped, groups) {
+			stopped = r
+		}
+	}
+	moved := ownedBy(stopped, groups)
+	shutdown(t, stopped)
+	var left []*Relay
+	for _, r := range rs {
+		if r != stopped {
+			left = append(left, r)
+		}
+	}
+	var rest []*fleetClient
+	for _, c := range clients {
+		if c.relay != stopped.Addr() {
+			rest = append(rest, c)
+		}
+	}
+	eventuallyWithin(t, 4*fleetTimeout+wait, "one stream per group again", func() bool {
+		return len(viewOf(left[0])) == 2 && len(viewOf(left[1])) == 2 && oneStreamEach(cp, groups)
+	})
+	checkSources(t, left, groups)
+	// The moves sent the clients nothing: no removal, and nothing again.
+	for _, c := range rest {
+		c.s.quiet(10 * time.Millisecond)
+	}
+	if moved == 0 {
+		t.Fatal("the stopped member owned no group: nothing moved")
+	}
+	fleetGroups(t, cp, 6, 3)
+	for _, c := range rest {
+		fleetRecv(t, c, 3)
+	}
+}
+
+// ownedBy counts the groups r owns in its view.
+func ownedBy(r *Relay, groups []string) int {
+	n := 0
+	for _, g := range groups {
+		if _, self := r.fleet.members.Owner(keyOf(g)); self {
+			n++
+		}
+	}
+	return n
+}
+
+// checkSources checks where each relay draws each group from: its owner
+// from the control plane, every other member from the owner.
+func checkSources(t *testing.T, rs []*Relay, groups []string) {
+	t.Helper()
+	for _, g := range groups {
+		owner, _ := rs[0].fleet.members.Owner(keyOf(g))
+		for _, r := range rs {
+			want := sourcePeer
+			if r.Addr() == owner {
+				want = sourceControlPlane
+			}
+			eventually(t, fmt.Sprintf("%s on %s from %s", g, r.Addr(), want), func() bool {
+				return sourceOf(r.groupOf(keyOf(g))) == want
+			})
+		}
+	}
+}
+
+// groupOf is the group with key; nil if there is none.
+func (r *Relay) groupOf(key string) *group {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.groups[key]
+}
+
+var _ = sync.Mutex{}
+var _ = slices.Contains[[]string]
