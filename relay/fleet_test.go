@@ -2,9 +2,12 @@ package relay
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"fmt"
 	"net"
-	"slices"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
@@ -13,6 +16,10 @@ import (
 	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
@@ -113,10 +120,16 @@ type fleetClient struct {
 // waits for each to have its Cluster at version.
 func openFleetClients(t *testing.T, rs []*Relay, groups []string, version int64) []*fleetClient {
 	t.Helper()
+	return openFleetClientsOn(t, rs, groups, version, func(addr string) *grpc.ClientConn { return dial(t, addr) })
+}
+
+// openFleetClientsOn is openFleetClients over the connections dial makes.
+func openFleetClientsOn(t *testing.T, rs []*Relay, groups []string, version int64, dial func(string) *grpc.ClientConn) []*fleetClient {
+	t.Helper()
 	var out []*fleetClient
 	for _, r := range rs {
 		for _, g := range groups {
-			s := openDelta(t, r.Addr())
+			s := newStream(t, discoverypb.NewAggregatedDiscoveryServiceClient(dial(r.Addr())).DeltaAggregatedResources)
 			s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("envoy-"+g+"@"+r.Addr(), g), TypeUrl: resourcev3.ClusterType,
 				ResourceNamesSubscribe: []string{"c-" + g}})
 			out = append(out, &fleetClient{relay: r.Addr(), group: g, s: s})
@@ -278,5 +291,164 @@ func (r *Relay) groupOf(key string) *group {
 	return r.groups[key]
 }
 
-var _ = sync.Mutex{}
-var _ = slices.Contains[[]string]
+// Views that disagree (one member does not know another yet) make no
+// loop and no fetch past the hop rule: a member that draws a group from a
+// peer draws it from one that fetches it from the control plane, so every
+// change reaches every client; and once the views agree, the control plane
+// holds one stream per group again, with no removal on the way.
+func TestFleetViewsThatDisagreeMakeNoLoop(t *testing.T) {
+	cp := testcp.Start(t)
+	groups := fleetGroups(t, cp, 6, 1)
+	addrs := fleetAddrs(fleetPort(t), 3)
+	var mu sync.Mutex
+	partial := true // the third member's name resolves without the second
+	resolveThird := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		if partial {
+			return hosts([]string{addrs[0], addrs[2]})
+		}
+		return hosts(addrs)
+	}
+	rs := []*Relay{startRelay(t, cp.Addr, inFleet(addrs, 0, nil)), startRelay(t, cp.Addr, inFleet(addrs, 1, nil)),
+		startRelay(t, cp.Addr, inFleet(addrs, 2, resolveThird))}
+	eventually(t, "the views to settle, disagreeing", func() bool {
+		return len(viewOf(rs[0])) == 3 && len(viewOf(rs[1])) == 3 && len(viewOf(rs[2])) == 2
+	})
+	clients := openFleetClients(t, rs, groups, 1)
+	disagree := 0
+	for _, g := range groups {
+		a, _ := rs[0].fleet.members.Owner(keyOf(g))
+		c, _ := rs[2].fleet.members.Owner(keyOf(g))
+		if a != c {
+			disagree++
+		}
+	}
+	if disagree == 0 {
+		t.Fatal("the views agree on every owner: nothing tested") // the ring is a pure function: fix the groups
+	}
+	eventually(t, "every group drawn at most one hop from the control plane", func() bool { return oneHop(rs, groups) })
+	for g, n := range cpStreams(cp, groups) {
+		if n < 1 || n > 2 {
+			t.Fatalf("group %s has %d streams at the control plane with two views", g, n)
+		}
+	}
+	fleetGroups(t, cp, 6, 2)
+	for _, c := range clients {
+		fleetRecv(t, c, 2)
+	}
+	eventually(t, "the disagreement counted", func() bool { return rs[0].fleet.members.Disagreeing() == 1 })
+
+	mu.Lock()
+	partial = false
+	mu.Unlock()
+	eventually(t, "one stream per group once the views agree", func() bool {
+		return len(viewOf(rs[2])) == 3 && oneStreamEach(cp, groups) && oneHop(rs, groups)
+	})
+	fleetGroups(t, cp, 6, 3)
+	for _, c := range clients {
+		fleetRecv(t, c, 3)
+	}
+}
+
+// oneHop reports whether every relay draws every group from the control
+// plane or from a member that draws it from the control plane.
+func oneHop(rs []*Relay, groups []string) bool {
+	byAddr := map[string]*Relay{}
+	for _, r := range rs {
+		byAddr[r.Addr()] = r
+	}
+	for _, g := range groups {
+		for _, r := range rs {
+			grp := r.groupOf(keyOf(g))
+			if grp == nil || grp.sw == nil {
+				return false
+			}
+			p, _, ok := grp.sw.Serving()
+			if !ok {
+				return false
+			}
+			if p.Name == directPath {
+				continue
+			}
+			up := byAddr[p.Name]
+			if up == nil || sourceOf(up.groupOf(keyOf(g))) != sourceControlPlane {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// fleetTLS is a fleet with client certificates: each member serves and
+// dials with one certificate (CN xdsrelay-peer), whose identity is
+// fleet.peer_identities; clients spiffe://example.org/client may claim the
+// nodes of clusters g*.
+func fleetTLS(ca *testCA) func(*Config) {
+	peer := ca.issue(&x509.Certificate{Subject: pkix.Name{CommonName: "xdsrelay-peer"}, DNSNames: []string{"peers.fleet.test"},
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("127.0.0.2"), net.ParseIP("127.0.0.3")},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}})
+	dir := ca.t.TempDir()
+	kder, _ := x509.MarshalECPrivateKey(peer.PrivateKey.(*ecdsa.PrivateKey))
+	cert := writePEM(ca.t, filepath.Join(dir, "peer.crt"), "CERTIFICATE", peer.Certificate[0])
+	key := writePEM(ca.t, filepath.Join(dir, "peer.key"), "EC PRIVATE KEY", kder)
+	return func(c *Config) {
+		c.Downstream.TLS.CertFile, c.Downstream.TLS.KeyFile, c.Downstream.TLS.CAFile = cert, key, ca.file
+		c.Downstream.Authorization.Rules = []AuthorizationRule{{Identity: "spiffe://example.org/client", Node: map[string]string{"cluster": "g*"}}}
+		c.Fleet.PeerIdentities = []string{"xdsrelay-peer"}
+	}
+}
+
+// With client certificates, members reach each other over the downstream
+// TLS and a group is fetched once; a client's forged peer mark gains
+// nothing: it is ignored and counted, the client joins the group its node
+// names (not the one its mark names) as any client, the member it asks
+// keeps drawing the group from the owner, and a node its certificate may
+// not claim is refused whatever its mark.
+func TestFleetForgedPeerMarkGainsNothing(t *testing.T) {
+	cp := testcp.Start(t)
+	groups := fleetGroups(t, cp, 6, 1)
+	cp.Set(t, "secret", "1", testcp.Cluster("c-secret"))
+	ca := newTestCA(t)
+	rs := startFleetOf(t, cp, fleetAddrs(fleetPort(t), 3), fleetTLS(ca))
+	client := ca.client("spiffe://example.org/client")
+	openFleetClientsOn(t, rs, groups, 1, func(addr string) *grpc.ClientConn { return ca.dialAs(addr, client) })
+	eventually(t, "one stream per group over TLS", func() bool { return oneStreamEach(cp, groups) })
+	checkSources(t, rs, groups)
+
+	// A member that does not own g0.
+	owner, _ := rs[0].fleet.members.Owner(keyOf("g0"))
+	var other *Relay
+	for _, r := range rs {
+		if r.Addr() != owner {
+			other = r
+		}
+	}
+	forged := node("forger", "g0")
+	setMetadata(forged, PeerMarkKey, structpb.NewStringValue(other.Addr()))
+	setMetadata(forged, PeerGroupKey, structpb.NewStringValue(keyOf("secret")))
+	s := newStream(t, discoverypb.NewAggregatedDiscoveryServiceClient(ca.dialAs(other.Addr(), client)).DeltaAggregatedResources)
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: forged, TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"c-g0"}})
+	fleetRecv(t, &fleetClient{relay: other.Addr(), group: "g0", s: s}, 1)
+	if v := value(scrape(t, other), "xdsrelay_fleet_peer_marks_ignored_total", nil); v != 1 {
+		t.Fatalf("xdsrelay_fleet_peer_marks_ignored_total %v, want 1", v)
+	}
+	if other.groupOf(keyOf("secret")) != nil {
+		t.Fatal("the forged mark joined the group it names")
+	}
+	holdsFor(t, 500*time.Millisecond, "g0 drawn from its owner, once", func() bool {
+		return sourceOf(other.groupOf(keyOf("g0"))) == sourcePeer && oneStreamEach(cp, groups)
+	})
+
+	secret := node("forger", "secret")
+	setMetadata(secret, PeerMarkKey, structpb.NewStringValue(other.Addr()))
+	setMetadata(secret, PeerGroupKey, structpb.NewStringValue(keyOf("secret")))
+	err := firstReply(t, discoverypb.NewAggregatedDiscoveryServiceClient(ca.dialAs(other.Addr(), client)).DeltaAggregatedResources,
+		&discoverypb.DeltaDiscoveryRequest{Node: secret, TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"c-secret"}})
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a node the certificate may not claim, with a peer mark: %v, want PERMISSION_DENIED", err)
+	}
+	if n := cp.Open()["secret"]; n != 0 {
+		t.Fatalf("the control plane has %d streams of the group the forger named", n)
+	}
+}
