@@ -76,6 +76,7 @@ func (r *Relay) debugRoutes(mux *http.ServeMux, loopback bool) {
 	mux.HandleFunc("GET /debug/cache", only(r.debugCache))
 	mux.HandleFunc("GET /debug/convergence", only(r.debugConvergence))
 	mux.HandleFunc("GET /debug/references", only(r.debugReferences))
+	mux.HandleFunc("GET /debug/fleet", only(r.debugFleet))
 	mux.HandleFunc("POST /debug/guard/release", only(r.guardRelease))
 	mux.HandleFunc("POST /debug/rollout/release", only(r.rolloutRelease))
 }

@@ -273,10 +273,14 @@ func (r *Relay) peerKey(node *corepb.Node, from downstream.Caller) (string, bool
 }
 
 // peerNode is the node a group presents to an owner: the node it presents
-// to the control plane, with the peer mark.
+// to the control plane, with the peer mark, its id ending in this
+// member's address (the members' ids may not differ otherwise, and the
+// owner tells its lower relays apart by node id: tiers.go).
 func (r *Relay) peerNode(g *group) *corepb.Node {
 	n := proto.Clone(g.nodes[0]).(*corepb.Node)
-	setMetadata(n, PeerMarkKey, structpb.NewStringValue(r.fleet.members.Self()))
+	self := r.fleet.members.Self()
+	n.Id += "~" + self
+	setMetadata(n, PeerMarkKey, structpb.NewStringValue(self))
 	setMetadata(n, PeerGroupKey, structpb.NewStringValue(g.key))
 	return n
 }

@@ -211,6 +211,7 @@ func TestFleetFetchesEachGroupOnce(t *testing.T) {
 	eventually(t, "one stream per group at the control plane", func() bool { return oneStreamEach(cp, groups) })
 	holdsFor(t, 500*time.Millisecond, "one stream per group", func() bool { return oneStreamEach(cp, groups) })
 	checkSources(t, rs, groups)
+	checkSeen(t, rs, len(groups))
 
 	fleetGroups(t, cp, 6, 2)
 	for _, c := range clients {
@@ -242,6 +243,10 @@ func TestFleetFetchesEachGroupOnce(t *testing.T) {
 		return len(viewOf(left[0])) == 2 && len(viewOf(left[1])) == 2 && oneStreamEach(cp, groups)
 	})
 	checkSources(t, left, groups)
+	checkSeen(t, left, len(groups))
+	if moves := value(scrape(t, left[0]), "xdsrelay_fleet_moves_total", nil) + value(scrape(t, left[1]), "xdsrelay_fleet_moves_total", nil); moves < float64(moved) {
+		t.Fatalf("%v moves counted, want at least the %d groups moved", moves, moved)
+	}
 	// The moves sent the clients nothing: no removal, and nothing again.
 	for _, c := range rest {
 		c.s.quiet(10 * time.Millisecond)
@@ -252,6 +257,37 @@ func TestFleetFetchesEachGroupOnce(t *testing.T) {
 	fleetGroups(t, cp, 6, 3)
 	for _, c := range rest {
 		fleetRecv(t, c, 3)
+	}
+}
+
+// checkSeen checks what the members show: /debug/fleet's members, groups
+// owned and where each group comes from, and the metrics: each group
+// fetched from the control plane by one member, and from a peer by the
+// others.
+func checkSeen(t *testing.T, rs []*Relay, groups int) {
+	t.Helper()
+	owned, direct, peer := 0, 0.0, 0.0
+	for _, r := range rs {
+		var df DebugFleet
+		getJSON(t, r, "/debug/fleet", &df)
+		if !df.Enabled || len(df.Members) != len(rs) || df.Self != r.Addr() || len(df.Groups) != groups || df.ViewSince == nil {
+			t.Fatalf("/debug/fleet of %s: %+v", r.Addr(), df)
+		}
+		for _, g := range df.Groups {
+			if (g.Owner == df.Self) != (g.Source == sourceControlPlane) || (g.Source == sourcePeer && g.Peer != g.Owner) {
+				t.Fatalf("/debug/fleet of %s: group %+v", r.Addr(), g)
+			}
+		}
+		owned += df.GroupsOwned
+		mfs := scrape(t, r)
+		if v := value(mfs, "xdsrelay_fleet_members", nil); v != float64(len(rs)) {
+			t.Fatalf("xdsrelay_fleet_members %v on %s", v, r.Addr())
+		}
+		direct += value(mfs, "xdsrelay_fleet_groups", map[string]string{"source": sourceControlPlane})
+		peer += value(mfs, "xdsrelay_fleet_groups", map[string]string{"source": sourcePeer})
+	}
+	if owned != groups || direct != float64(groups) || peer != float64(groups*(len(rs)-1)) {
+		t.Fatalf("groups owned %d, from the control plane %v, from a peer %v; want %d, %d, %d", owned, direct, peer, groups, groups, groups*(len(rs)-1))
 	}
 }
 
