@@ -6,10 +6,13 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,9 +21,11 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/xdsrelay/xdsrelay/fleet"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
 
@@ -103,11 +108,36 @@ func fleetGroups(t *testing.T, cp *testcp.ControlPlane, n int, version int) []st
 	t.Helper()
 	var out []string
 	for i := range n {
-		g := "g" + strconv.Itoa(i)
-		cp.Set(t, g, strconv.Itoa(version), tierCluster("c-"+g, int64(version)))
-		out = append(out, g)
+		out = append(out, "g"+strconv.Itoa(i))
 	}
+	setGroups(t, cp, out, version)
 	return out
+}
+
+// setGroups sets each group's Cluster c-GROUP at version.
+func setGroups(t *testing.T, cp *testcp.ControlPlane, groups []string, version int) {
+	t.Helper()
+	for _, g := range groups {
+		cp.Set(t, g, strconv.Itoa(version), tierCluster("c-"+g, int64(version)))
+	}
+}
+
+// splitGroups are n groups, half of them owned by member i of addrs in
+// the view of them all, half by the others.
+func splitGroups(addrs []string, i, n int) []string {
+	ring := fleet.NewRing(slices.Sorted(slices.Values(addrs)))
+	var mine, others []string
+	for j := 0; len(mine) < n/2 || len(others) < n-n/2; j++ {
+		g := "g" + strconv.Itoa(j)
+		if ring.Owner(keyOf(g)) == addrs[i] {
+			if len(mine) < n/2 {
+				mine = append(mine, g)
+			}
+		} else if len(others) < n-n/2 {
+			others = append(others, g)
+		}
+	}
+	return append(mine, others...)
 }
 
 // fleetClient is a delta client of a group on a relay.
@@ -309,12 +339,17 @@ func checkSources(t *testing.T, rs []*Relay, groups []string) {
 	for _, g := range groups {
 		owner, _ := rs[0].fleet.members.Owner(keyOf(g))
 		for _, r := range rs {
-			want := sourcePeer
-			if r.Addr() == owner {
-				want = sourceControlPlane
+			want := directPath
+			if r.Addr() != owner {
+				want = owner
 			}
 			eventually(t, fmt.Sprintf("%s on %s from %s", g, r.Addr(), want), func() bool {
-				return sourceOf(r.groupOf(keyOf(g))) == want
+				grp := r.groupOf(keyOf(g))
+				if grp == nil {
+					return false
+				}
+				p, fallback, ok := grp.sw.Serving()
+				return ok && !fallback && p.Name == want
 			})
 		}
 	}
@@ -334,8 +369,9 @@ func (r *Relay) groupOf(key string) *group {
 // holds one stream per group again, with no removal on the way.
 func TestFleetViewsThatDisagreeMakeNoLoop(t *testing.T) {
 	cp := testcp.Start(t)
-	groups := fleetGroups(t, cp, 6, 1)
 	addrs := fleetAddrs(fleetPort(t), 3)
+	groups := splitGroups(addrs, 1, 6) // half owned by the member the third does not know
+	setGroups(t, cp, groups, 1)
 	var mu sync.Mutex
 	partial := true // the third member's name resolves without the second
 	resolveThird := func() []string {
@@ -360,8 +396,8 @@ func TestFleetViewsThatDisagreeMakeNoLoop(t *testing.T) {
 			disagree++
 		}
 	}
-	if disagree == 0 {
-		t.Fatal("the views agree on every owner: nothing tested") // the ring is a pure function: fix the groups
+	if disagree != 3 {
+		t.Fatalf("the views disagree on %d owners, want 3", disagree)
 	}
 	eventually(t, "every group drawn at most one hop from the control plane", func() bool { return oneHop(rs, groups) })
 	for g, n := range cpStreams(cp, groups) {
@@ -369,7 +405,7 @@ func TestFleetViewsThatDisagreeMakeNoLoop(t *testing.T) {
 			t.Fatalf("group %s has %d streams at the control plane with two views", g, n)
 		}
 	}
-	fleetGroups(t, cp, 6, 2)
+	setGroups(t, cp, groups, 2)
 	for _, c := range clients {
 		fleetRecv(t, c, 2)
 	}
@@ -381,7 +417,7 @@ func TestFleetViewsThatDisagreeMakeNoLoop(t *testing.T) {
 	eventually(t, "one stream per group once the views agree", func() bool {
 		return len(viewOf(rs[2])) == 3 && oneStreamEach(cp, groups) && oneHop(rs, groups)
 	})
-	fleetGroups(t, cp, 6, 3)
+	setGroups(t, cp, groups, 3)
 	for _, c := range clients {
 		fleetRecv(t, c, 3)
 	}
@@ -486,5 +522,117 @@ func TestFleetForgedPeerMarkGainsNothing(t *testing.T) {
 	}
 	if n := cp.Open()["secret"]; n != 0 {
 		t.Fatalf("the control plane has %d streams of the group the forger named", n)
+	}
+}
+
+// roamer is a client that, whenever its stream ends, opens another on a
+// member picked at random, as a client behind a Service does; it counts
+// its streams' ends.
+type roamer struct {
+	ends atomic.Int32
+}
+
+func (c *roamer) run(ctx context.Context, addrs []string, first int, group string) {
+	addr := addrs[first]
+	for ctx.Err() == nil {
+		c.once(ctx, addr, group)
+		c.ends.Add(1)
+		addr = addrs[rand.IntN(len(addrs))]
+		select {
+		case <-ctx.Done():
+		case <-time.After(20 * time.Millisecond): // a client's reconnect backoff
+		}
+	}
+}
+
+// once holds one stream to addr until it ends.
+func (c *roamer) once(ctx context.Context, addr, group string) {
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return
+	}
+	defer cc.Close()
+	st, err := discoverypb.NewAggregatedDiscoveryServiceClient(cc).DeltaAggregatedResources(ctx)
+	if err != nil {
+		return
+	}
+	if st.Send(&discoverypb.DeltaDiscoveryRequest{Node: node("roamer", group), TypeUrl: resourcev3.ClusterType,
+		ResourceNamesSubscribe: []string{"c-" + group}}) != nil {
+		return
+	}
+	for {
+		if _, err := st.Recv(); err != nil {
+			return
+		}
+	}
+}
+
+// Balance after a restart: a member that comes back empty gets clients
+// from the others, which shed theirs (closing their connections) while
+// over (1 + slack) times the mean, until every member is within the slack;
+// no client moves more than twice for it. With fleet.balance off, nothing
+// is shed.
+func TestFleetBalanceAfterARestartStaysWithinTheSlack(t *testing.T) {
+	for _, balance := range []bool{true, false} {
+		t.Run(fmt.Sprintf("balance=%v", balance), func(t *testing.T) { testBalance(t, balance) })
+	}
+}
+
+func testBalance(t *testing.T, balance bool) {
+	const clients, slack = 60, 0.2
+	cp := testcp.Start(t)
+	groups := fleetGroups(t, cp, 6, 1)
+	addrs := fleetAddrs(fleetPort(t), 3)
+	balanced := func(c *Config) {
+		c.Fleet.Balance, c.Fleet.BalanceSlack, c.Fleet.ShedPerSecond = balance, slack, 20
+	}
+	rs := startFleetOf(t, cp, addrs, balanced)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
+	roamers := make([]*roamer, clients)
+	for i := range roamers {
+		roamers[i] = &roamer{}
+		wg.Go(func() { roamers[i].run(ctx, addrs, i%len(addrs), groups[i%len(groups)]) })
+	}
+	held := func(r *Relay) int { return r.fleetClients() }
+	eventually(t, "every client connected", func() bool { return held(rs[0])+held(rs[1])+held(rs[2]) == clients })
+
+	shutdown(t, rs[2])
+	eventually(t, "the stopped member's clients on the others", func() bool { return held(rs[0])+held(rs[1]) == clients })
+	for _, c := range roamers {
+		c.ends.Store(0)
+	}
+	rs[2] = tierRestart(t, addrs[2], cp.Addr, inFleet(addrs, 2, nil), balanced)
+	bound := int((1 + slack) * clients / 3)
+	within := func() bool {
+		return held(rs[0]) <= bound && held(rs[1]) <= bound && held(rs[2]) <= bound &&
+			held(rs[0])+held(rs[1])+held(rs[2]) == clients
+	}
+	if !balance {
+		holdsFor(t, time.Second, "no client shed with balance off", func() bool { return held(rs[2]) == 0 })
+		if v := value(scrape(t, rs[0]), "xdsrelay_fleet_shed_total", nil); v != 0 {
+			t.Fatalf("%v connections shed with balance off", v)
+		}
+		return
+	}
+	eventuallyWithin(t, 2*wait, "every member within the slack", within)
+	holdsFor(t, time.Second, "every member within the slack", func() bool {
+		if held(rs[0]) <= bound && held(rs[1]) <= bound && held(rs[2]) <= bound {
+			return true
+		}
+		t.Logf("clients held: %d %d %d, bound %d", held(rs[0]), held(rs[1]), held(rs[2]), bound)
+		return false
+	})
+	for i, c := range roamers {
+		if n := c.ends.Load(); n > 2 {
+			t.Errorf("client %d reconnected %d times for the balance", i, n)
+		}
+	}
+	if shed := value(scrape(t, rs[0]), "xdsrelay_fleet_shed_total", nil) + value(scrape(t, rs[1]), "xdsrelay_fleet_shed_total", nil); shed < float64(clients/2-bound) {
+		t.Fatalf("%v connections shed", shed)
 	}
 }
