@@ -131,6 +131,10 @@ func peerUpstream(cfg Config) UpstreamConfig {
 	return u
 }
 
+// firstRound bounds the round Start makes: a name server or a member that
+// does not answer delays no start past it.
+const firstRound = 2 * time.Second
+
 // startFleet makes the first round (so that the first groups find the
 // members that answer), then runs the members, follows their view and
 // balances.
@@ -138,7 +142,7 @@ func (r *Relay) startFleet() {
 	if r.fleet == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.ctx, r.cfg.Upstream.ConnectTimeout)
+	ctx, cancel := context.WithTimeout(r.ctx, min(r.cfg.Upstream.ConnectTimeout, firstRound))
 	r.fleet.members.Round(ctx)
 	cancel()
 	r.goRun(func() { r.fleet.members.Run(r.ctx) })
