@@ -160,6 +160,9 @@ var lockOrder = [][2]string{
 	{"Cache.mu", "convergence.mu"},
 	{"streamStatus.mu", "convergence.mu"},
 	{"streamStatus.mu", "Rejections.mu"},
+	{"Relay.mu", "Switch.mu"},
+	{"Relay.mu", "Members.mu"},
+	{"Relay.mu", "fleetWiring.mu"},
 }
 
 // mdTable returns the rows of the markdown table of doc whose header line
@@ -194,7 +197,7 @@ var backticked = regexp.MustCompile("`([^`]+)`")
 func codeNames(t *testing.T) map[string]bool {
 	t.Helper()
 	names := map[string]bool{}
-	for _, pkg := range []string{"relay", "cache", "upstream", "downstream", "loadstats"} {
+	for _, pkg := range []string{"relay", "cache", "upstream", "downstream", "loadstats", "fleet"} {
 		fset := token.NewFileSet()
 		pkgs, err := parser.ParseDir(fset, filepath.Join("..", pkg), func(fi fs.FileInfo) bool {
 			return !strings.HasSuffix(fi.Name(), "_test.go")
