@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -36,9 +37,11 @@ type controlPlane struct {
 	// Read-only after startControlPlane.
 	addr      string
 	catalog   *catalog
-	nodeGroup string     // the node.cluster that snapshots are keyed by
-	protocol  string     // what it speaks (Config.CPProtocol)
-	lrs       *lrsServer // the load reporting server, on the same port
+	nodeGroup string       // the node.cluster that snapshots are keyed by
+	groups    []string     // with a fleet run's groups (Config.Fleet.Groups), every node.cluster served; nodeGroup alone otherwise
+	streams   *openStreams // the streams open now, by node.cluster
+	protocol  string       // what it speaks (Config.CPProtocol)
+	lrs       *lrsServer   // the load reporting server, on the same port
 	snapshots cachev3.SnapshotCache
 	linear    *cachev3.LinearCache
 	cache     cachev3.Cache // snapshots or linear
@@ -55,7 +58,8 @@ type controlPlane struct {
 // cfg.ServeCP from the cache cfg.CPCache names, on the aggregated and the
 // per-type services.
 func startControlPlane(cfg *Config, coding seqCoding) (*controlPlane, error) {
-	cp := &controlPlane{catalog: newCatalog(cfg, coding), nodeGroup: cfg.NodeCluster, protocol: cfg.CPProtocol, lrs: newLRSServer(cmp.Or(cfg.LRSInterval, time.Second))}
+	cp := &controlPlane{catalog: newCatalog(cfg, coding), nodeGroup: cfg.NodeCluster, protocol: cfg.CPProtocol, lrs: newLRSServer(cmp.Or(cfg.LRSInterval, time.Second)),
+		groups: fleetGroups(cfg), streams: newOpenStreams()}
 	for i := range cp.catalog.names {
 		cp.resources = append(cp.resources, cp.catalog.resource(i, 0))
 	}
@@ -86,18 +90,99 @@ func (cp *controlPlane) newCache(kind string) (cachev3.Cache, error) {
 	return cp.snapshots, cp.setSnapshot(0)
 }
 
+// setSnapshot publishes the resources as of seq to every group served: each
+// a snapshot of its own, as a control plane computes each group's.
 func (cp *controlPlane) setSnapshot(seq int) error {
-	snap, err := cachev3.NewSnapshot(strconv.Itoa(seq), map[string][]types.Resource{cp.catalog.typeURL(): cp.resources})
-	if err != nil {
-		return fmt.Errorf("control plane: %w", err)
+	for _, g := range cp.groups {
+		snap, err := cachev3.NewSnapshot(strconv.Itoa(seq), map[string][]types.Resource{cp.catalog.typeURL(): cp.resources})
+		if err != nil {
+			return fmt.Errorf("control plane: %w", err)
+		}
+		if err := cp.snapshots.SetSnapshot(context.Background(), g, snap); err != nil {
+			return err
+		}
 	}
-	return cp.snapshots.SetSnapshot(context.Background(), cp.nodeGroup, snap)
+	return nil
+}
+
+// fleetGroups are the node.cluster values a control plane serves: a fleet
+// run's groups g0 to gN-1, or the one of every client.
+func fleetGroups(cfg *Config) []string {
+	if cfg.Fleet.Groups == 0 {
+		return []string{cfg.NodeCluster}
+	}
+	out := make([]string, cfg.Fleet.Groups)
+	for i := range out {
+		out[i] = groupName(i)
+	}
+	return out
+}
+
+// groupName is a fleet run's group i, its clients' node.cluster.
+func groupName(i int) string { return "g" + strconv.Itoa(i) }
+
+// openStreams counts a control plane's streams open now, by the
+// node.cluster of their first request, and the streams ever opened: what
+// a fleet run reads of the control plane.
+type openStreams struct {
+	mu     sync.Mutex
+	live   map[[2]int64]string // {delta 1/SotW 0, id} → node.cluster ("" before the node)
+	opened int
+}
+
+func newOpenStreams() *openStreams { return &openStreams{live: map[[2]int64]string{}} }
+
+func (o *openStreams) open(kind, id int64) {
+	o.mu.Lock()
+	o.live[[2]int64{kind, id}] = ""
+	o.opened++
+	o.mu.Unlock()
+}
+
+func (o *openStreams) node(kind, id int64, n *corepb.Node) {
+	if n == nil {
+		return
+	}
+	o.mu.Lock()
+	if _, ok := o.live[[2]int64{kind, id}]; ok {
+		o.live[[2]int64{kind, id}] = n.GetCluster()
+	}
+	o.mu.Unlock()
+}
+
+func (o *openStreams) close(kind, id int64) {
+	o.mu.Lock()
+	delete(o.live, [2]int64{kind, id})
+	o.mu.Unlock()
+}
+
+// count is the streams open by node.cluster, and the streams ever opened.
+func (o *openStreams) count() (map[string]int, int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	by := map[string]int{}
+	for _, c := range o.live {
+		by[c]++
+	}
+	return by, o.opened
+}
+
+// callbacks feed the counts from the server's stream callbacks.
+func (o *openStreams) callbacks() serverv3.Callbacks {
+	return serverv3.CallbackFuncs{
+		StreamOpenFunc:         func(_ context.Context, id int64, _ string) error { o.open(0, id); return nil },
+		DeltaStreamOpenFunc:    func(_ context.Context, id int64, _ string) error { o.open(1, id); return nil },
+		StreamClosedFunc:       func(id int64, _ *corepb.Node) { o.close(0, id) },
+		DeltaStreamClosedFunc:  func(id int64, _ *corepb.Node) { o.close(1, id) },
+		StreamRequestFunc:      func(id int64, r *discoverypb.DiscoveryRequest) error { o.node(0, id, r.GetNode()); return nil },
+		StreamDeltaRequestFunc: func(id int64, r *discoverypb.DeltaDiscoveryRequest) error { o.node(1, id, r.GetNode()); return nil },
+	}
 }
 
 func (cp *controlPlane) serve(ln net.Listener) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cp.cancel, cp.done = cancel, make(chan struct{})
-	srv := serverv3.NewServer(ctx, cp.cache, nil)
+	srv := serverv3.NewServer(ctx, cp.cache, cp.streams.callbacks())
 	// The relay pings its upstream every 30s (upstream.keepalive.time),
 	// every 10s in a soak with faults: allowed, or the server would send
 	// it away as too_many_pings.
