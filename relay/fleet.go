@@ -350,11 +350,25 @@ func (r *Relay) followFleet() {
 }
 
 // clientConn is a client connection as balance counts it: its streams
-// (xDS and load reports), how many of them are a peer's, and when its
-// first stream joined.
+// (xDS and load reports), how many of them are a peer's, when its first
+// stream joined, and whether it is counted in Relay.clientConns (a
+// connection with streams, none a peer's, not shed).
 type clientConn struct {
 	streams, peers int
 	since          time.Time
+	counted        bool
+}
+
+// recountLocked counts c in Relay.clientConns, or not, as it stands now.
+// Call with Relay.mu held.
+func (r *Relay) recountLocked(c *clientConn, held bool) {
+	switch want := held && c.streams > 0 && c.peers == 0; {
+	case want && !c.counted:
+		r.clientConns++
+	case !want && c.counted:
+		r.clientConns--
+	}
+	c.counted = held && c.streams > 0 && c.peers == 0
 }
 
 // joinConnLocked counts a stream's connection for balance; the returned
@@ -373,29 +387,27 @@ func (r *Relay) joinConnLocked(from downstream.Caller, isPeer bool) func() {
 	if isPeer {
 		c.peers++
 	}
+	r.recountLocked(c, true)
 	return func() {
 		c.streams--
 		if isPeer {
 			c.peers--
 		}
-		if c.streams == 0 && r.conns[from.Addr] == c {
+		held := r.conns[from.Addr] == c
+		r.recountLocked(c, held)
+		if c.streams == 0 && held {
 			delete(r.conns, from.Addr)
 		}
 	}
 }
 
 // fleetClients is the client connections this member holds, peers' left
-// out.
+// out: a count kept as streams join and leave (docs/architecture.md,
+// invariant 19 "Count as it happens"), not found by walking them.
 func (r *Relay) fleetClients() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	n := 0
-	for _, c := range r.conns {
-		if c.peers == 0 {
-			n++
-		}
-	}
-	return n
+	return r.clientConns
 }
 
 // oldestClientLocked is the address of the client connection held
@@ -439,7 +451,8 @@ func (r *Relay) balance() {
 func (r *Relay) shedOne() {
 	r.mu.Lock()
 	addr := r.oldestClientLocked()
-	if addr != "" {
+	if c := r.conns[addr]; c != nil {
+		r.recountLocked(c, false)
 		delete(r.conns, addr) // its streams' releases find it gone
 	}
 	r.mu.Unlock()

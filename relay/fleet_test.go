@@ -313,6 +313,11 @@ func checkSeen(t *testing.T, rs []*Relay, groups int) {
 		if v := value(mfs, "xdsrelay_fleet_members", nil); v != float64(len(rs)) {
 			t.Fatalf("xdsrelay_fleet_members %v on %s", v, r.Addr())
 		}
+		for _, g := range df.Groups {
+			if v := value(mfs, "xdsrelay_upstream_connected", map[string]string{"group": g.Group}); v != 1 {
+				t.Fatalf("xdsrelay_upstream_connected of %s on %s: %v, want 1 (its path is up)", g.Group, r.Addr(), v)
+			}
+		}
 		direct += value(mfs, "xdsrelay_fleet_groups", map[string]string{"source": sourceControlPlane})
 		peer += value(mfs, "xdsrelay_fleet_groups", map[string]string{"source": sourcePeer})
 	}

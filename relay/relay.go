@@ -88,9 +88,10 @@ type Relay struct {
 
 	// The groups and, with a fleet, the client connections balance counts
 	// (fleet.go), guarded by mu.
-	mu     sync.Mutex
-	groups map[string]*group
-	conns  map[string]*clientConn
+	mu          sync.Mutex
+	groups      map[string]*group
+	conns       map[string]*clientConn
+	clientConns int // the connections of conns that balance counts
 
 	// live counts every goroutine the relay starts (goRun), the groups'
 	// included. Goroutines are added by Start or under mu while ctx is
@@ -800,9 +801,10 @@ func (r *Relay) registerGroupMetrics() {
 		files := r.files()
 		for _, g := range r.snapshotGroups() {
 			s := g.feed.Status()
-			if r.routes != nil || files {
+			if r.routes != nil || files || r.fleet != nil {
 				// With several upstreams: 1 while every stream the group
 				// has is up. With resource files: 1, and no reconnects.
+				// With a fleet: 1 while the path it is drawn from is up.
 				r.upm.Streams.With(g.key).Set(boolGauge(s.Connected))
 			}
 			if files {
@@ -825,7 +827,7 @@ func (r *Relay) registerGroupMetrics() {
 				continue
 			}
 			if k[1] == "" {
-				if r.routes != nil || files {
+				if r.routes != nil || files || r.fleet != nil {
 					r.upm.Streams.Delete(k[0])
 				}
 				if files {
