@@ -328,7 +328,10 @@ func (r *Relay) pathFor(g *group, asked bool) upstream.Path {
 		r.log.Warn("fleet member cannot be dialled; the group is fetched from the control plane", "member", owner, "error", err)
 		return r.fleet.direct
 	}
-	return upstream.Path{Name: owner, Source: l.src, Node: g.peerNode, Upstream: "fleet"}
+	// Fresh: the owner counts this member, one of its clients, as holding
+	// what it sent it alone, not what a resume says it holds; what the
+	// owner sends again unchanged, the cache drops.
+	return upstream.Path{Name: owner, Source: l.src, Node: g.peerNode, Upstream: "fleet", Fresh: true}
 }
 
 // followFleet tells every group its path whenever the view changes, and

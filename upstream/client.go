@@ -139,6 +139,12 @@ type Options struct {
 	// server with nothing new would answer nothing, and this one name it
 	// must send (for a Switch, whose new path takes over once it answers).
 	Prove bool
+	// Fresh makes every stream subscribe without initial_resource_versions:
+	// the server sends all it has of what is asked. For a server that
+	// counts a client as holding only what it sent it (a relay's
+	// convergence counts), at the cost of sending again what the cache
+	// holds, which the cache drops unchanged.
+	Fresh bool
 }
 
 // Server is one server of a control plane.

@@ -46,6 +46,10 @@ type Group struct {
 	// name of each type out (Options.Prove), so that the server answers
 	// and its first answer proves the path.
 	Prove bool
+	// Fresh, set by a Switch for a path that asks it (Path.Fresh), makes
+	// each stream subscribe without initial_resource_versions
+	// (Options.Fresh).
+	Fresh bool
 }
 
 // Feed keeps one group's cache filled.
@@ -108,7 +112,7 @@ func NewADS(opts Options) (*ADS, error) {
 func (a *ADS) Feed(g Group) (Feed, error) {
 	o := a.opts
 	o.Node, o.Cache, o.Group, o.Interest, o.Owns, o.Rejections = g.Node, g.Cache, g.Key, g.Interest, g.Owns, g.Rejections
-	o.Prove = g.Prove
+	o.Prove, o.Fresh = g.Prove, g.Fresh
 	if g.Upstream != "" {
 		o.Upstream = g.Upstream
 	}

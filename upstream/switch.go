@@ -25,6 +25,10 @@ type Path struct {
 	// Upstream names the path's upstream in status and metrics (a
 	// Group's Upstream); the source's own if empty.
 	Upstream string
+	// Fresh makes the path's streams subscribe without
+	// initial_resource_versions (Group.Fresh): for a server that counts a
+	// client as holding only what it sent it.
+	Fresh bool
 }
 
 // SwitchOptions configure a Switch.
@@ -309,7 +313,7 @@ func (s *Switch) start(ctx context.Context, p Path) *run {
 // interest, the path's node, and every name its own (so that its client
 // leaves the group's series to the switch).
 func (s *Switch) group(p Path, v *view) Group {
-	g := Group{Key: s.g.Key, Node: s.g.Node, Nodes: s.g.Nodes, Cache: s.g.Cache, Interest: v, Prove: true,
+	g := Group{Key: s.g.Key, Node: s.g.Node, Nodes: s.g.Nodes, Cache: s.g.Cache, Interest: v, Prove: true, Fresh: p.Fresh,
 		Upstream: p.Upstream, Owns: func(string, string) bool { return true }}
 	if p.Node != nil {
 		g.Node, g.Nodes = p.Node, nil

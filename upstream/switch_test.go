@@ -169,3 +169,52 @@ func TestSwitchStaysWhileNothingIsMissing(t *testing.T) {
 		t.Fatal("what was cached was lost")
 	}
 }
+
+// A wildcard moves as a named interest does: the new path takes over at
+// its first answer (its resume leaves a cached name out, for a server
+// that would otherwise send nothing), not after the wait for a server
+// with nothing to send, and the clients' watch is not marked.
+func TestSwitchMovesAWildcardAtItsFirstAnswer(t *testing.T) {
+	cp1, cp2 := twoPlanes(t)
+	m := NewMetrics(&metrics.Registry{})
+	p1, p2 := switchPath(t, "one", cp1, m), switchPath(t, "two", cp2, m)
+	c := cache.New(cache.Options{Retention: time.Minute})
+	w := cache.NewWatch()
+	c.WatchWildcard(w, resourcev3.ClusterType)
+	sw := runSwitch(t, c, SwitchOptions{Fallback: p1, Metrics: m, Recheck: 20 * time.Second}, nil) // past the wait
+	eventually(t, "both clusters cached", func() bool { return c.Synced(resourcev3.ClusterType) && c.Len() == 2 })
+	w.Take()
+	sw.Want(p2)
+	eventually(t, "the second path to serve", func() bool { return servingName(sw) == "two" })
+	if d := w.Take(); d.Of(resourcev3.ClusterType) != nil {
+		t.Fatalf("the move marked the wildcard's watch: %v", d)
+	}
+}
+
+// A path that asks it subscribes without initial_resource_versions: its
+// server sends all it has, which the cache drops unchanged.
+func TestSwitchFreshPathSubscribesWithoutVersions(t *testing.T) {
+	cp1, cp2 := twoPlanes(t)
+	m := NewMetrics(&metrics.Registry{})
+	p1, p2 := switchPath(t, "one", cp1, m), switchPath(t, "two", cp2, m)
+	p2.Fresh = true
+	c := cache.New(cache.Options{Retention: time.Minute})
+	w := cache.NewWatch()
+	c.Watch(w, resourcev3.ClusterType, "a", "b")
+	sw := runSwitch(t, c, SwitchOptions{Fallback: p1, Metrics: m, Recheck: 20 * time.Second}, nil)
+	eventually(t, "both clusters cached", func() bool {
+		got := c.Get(resourcev3.ClusterType, []string{"a", "b"})
+		return got[0].Resource != nil && got[1].Resource != nil
+	})
+	w.Take()
+	sw.Want(p2)
+	eventually(t, "the fresh path to serve", func() bool { return servingName(sw) == "two" })
+	for _, r := range cp2.Requests() {
+		if len(r.GetInitialResourceVersions()) > 0 {
+			t.Fatalf("the fresh path resumed with %v", r.GetInitialResourceVersions())
+		}
+	}
+	if d := w.Take(); d.Of(resourcev3.ClusterType) != nil {
+		t.Fatalf("what the fresh path sent again marked the watch: %v", d)
+	}
+}

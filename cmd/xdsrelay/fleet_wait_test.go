@@ -71,24 +71,34 @@ func TestWaitTiersFollowsTheFleet(t *testing.T) {
 		t.Fatalf("wait --tiers over the members: exit %d, %q %q", code, out, errOut)
 	}
 
-	var owner, other *relay.Relay
-	for _, r := range rs {
-		code, out, errOut := runCLI("status", "--summary", "--server", r.AdminAddr())
-		if code != 0 {
-			t.Fatalf("status --summary: exit %d, %s", code, errOut)
+	// Each member's FROM: the owner's control-plane, the others' the
+	// owner, once every path has settled.
+	deadline = time.Now().Add(cliWait)
+	for {
+		from := map[*relay.Relay]string{}
+		var owner *relay.Relay
+		for _, r := range rs {
+			code, out, errOut := runCLI("status", "--summary", "--server", r.AdminAddr())
+			if code != 0 || !strings.Contains(out, "FROM") {
+				t.Fatalf("status --summary: exit %d, %s%s", code, out, errOut)
+			}
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			fields := strings.Fields(lines[len(lines)-1])
+			from[r] = strings.Join(fields[9:], " ")
+			if from[r] == "control-plane" {
+				owner = r
+			}
 		}
-		switch {
-		case strings.Contains(out, "FROM") && strings.Contains(out, "control-plane"):
-			owner = r
-		case strings.Contains(out, "FROM") && strings.Contains(out, "peer "):
-			other = r
+		settled := owner != nil
+		for _, r := range rs {
+			settled = settled && (r == owner || from[r] == "peer "+owner.Addr())
 		}
-	}
-	if owner == nil || other == nil {
-		t.Fatal("status --summary does not say where the group comes from on every member")
-	}
-	_, out, _ := runCLI("status", "--summary", "--server", other.AdminAddr())
-	if !strings.Contains(out, "peer "+owner.Addr()) {
-		t.Fatalf("status --summary on a member that draws from the owner:\n%s\nwant FROM peer %s", out, owner.Addr())
+		if settled {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status --summary's FROM on each member: %v; want the owner's control-plane, the others' peer and the owner", from)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
