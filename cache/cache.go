@@ -813,3 +813,6 @@ func (c *Cache) Versions(typeURL string) map[string]string {
 	}
 	return out
 }
+
+// Retention is Options.Retention: how long what nobody watches is kept.
+func (c *Cache) Retention() time.Duration { return c.retention }

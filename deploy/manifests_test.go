@@ -9,6 +9,7 @@ import (
 	"path"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -158,7 +159,7 @@ func TestKustomizeSetImage(t *testing.T) {
 			t.Fatal(err)
 		}
 		if f == "kustomization.yaml" {
-			b = []byte(replaceOnce(t, string(b), "newName: xdsrelay\n    newTag: latest", "newName: registry.example/xdsrelay\n    newTag: v1.2.3"))
+			b = regexp.MustCompile(`newName: xdsrelay\n    newTag: \S+`).ReplaceAll(b, []byte("newName: registry.example/xdsrelay\n    newTag: v1.2.3"))
 		}
 		if err := os.WriteFile(filepath.Join(dir, f), b, 0o600); err != nil {
 			t.Fatal(err)
@@ -605,6 +606,7 @@ func checkConfigMatchesContainer(t *testing.T, m manifests) {
 	if host, _, _ := net.SplitHostPort(str(cfg, "admin.address")); host != "0.0.0.0" {
 		t.Errorf("admin.address %q: the kubelet's probes need all interfaces", str(cfg, "admin.address"))
 	}
+	checkLocalAdmin(t, m, cfg)
 	if got := mountedConfig(t, m); got != c.Args[len(c.Args)-1] {
 		t.Errorf("the ConfigMap's config.yaml is mounted at %q, the relay reads %q", got, c.Args[len(c.Args)-1])
 	}
@@ -625,6 +627,48 @@ func checkConfigMatchesContainer(t *testing.T, m manifests) {
 	}
 	if flatten("", cfg)["admin.ready_after_sync"] != true {
 		t.Error("admin.ready_after_sync is not true")
+	}
+}
+
+// checkLocalAdmin holds admin.local_address, the read-only views for
+// kubectl port-forward and exec, to what keeps it from other pods: bound
+// to 127.0.0.1, on a port no container port, Service or NetworkPolicy
+// names, which a sidecar does not intercept.
+func checkLocalAdmin(t *testing.T, m manifests, cfg map[string]any) {
+	t.Helper()
+	host, port, err := net.SplitHostPort(str(cfg, "admin.local_address"))
+	if err != nil || host != "127.0.0.1" {
+		t.Fatalf("admin.local_address %q: want 127.0.0.1:PORT, which kubectl port-forward dials", str(cfg, "admin.local_address"))
+	}
+	for _, p := range relayContainer(t, m.deployment).Ports {
+		if fmt.Sprint(p.ContainerPort) == port {
+			t.Errorf("container port %s (%s) is admin.local_address's: it must stay undeclared", p.Name, port)
+		}
+	}
+	for _, svc := range []*corev1.Service{m.service, m.headless} {
+		if svc == nil {
+			continue
+		}
+		for _, p := range svc.Spec.Ports {
+			if p.TargetPort.String() == port || fmt.Sprint(p.Port) == port {
+				t.Errorf("Service %s exposes admin.local_address's port %s", svc.Name, port)
+			}
+		}
+	}
+	if m.netpol != nil {
+		for _, rule := range m.netpol.Spec.Ingress {
+			for _, p := range rule.Ports {
+				if p.Port != nil && p.Port.String() == port {
+					t.Errorf("the NetworkPolicy opens admin.local_address's port %s", port)
+				}
+			}
+		}
+	}
+	annotations := m.deployment.Spec.Template.Annotations
+	for _, key := range []string{"traffic.sidecar.istio.io/excludeInboundPorts", "config.linkerd.io/skip-inbound-ports"} {
+		if annotations[key] != port {
+			t.Errorf("pod annotation %s %q, want %s: a sidecar must not forward other pods' connections to admin.local_address", key, annotations[key], port)
+		}
 	}
 }
 

@@ -46,6 +46,7 @@ const clusterType = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 // relayProc is a running xdsrelay process.
 type relayProc struct {
 	downstream, admin string       // listen addresses, from its "relay serving" log line
+	adminLocal        string       // admin.local_address's, from the same line; empty if not opened
 	scheme            string       // of the admin endpoint: http or https
 	client            *http.Client // for the admin endpoint
 
@@ -127,12 +128,13 @@ func (p *relayProc) readLog(r io.Reader, serving chan<- struct{}) {
 			Msg        string `json:"msg"`
 			Downstream string `json:"downstream"`
 			Admin      string `json:"admin"`
+			AdminLocal string `json:"admin_local"`
 		}
 		p.mu.Lock()
 		p.log = append(p.log, sc.Text())
 		p.mu.Unlock()
 		if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "relay serving" && p.downstream == "" {
-			p.downstream, p.admin = line.Downstream, loopbackFor(line.Admin)
+			p.downstream, p.admin, p.adminLocal = line.Downstream, loopbackFor(line.Admin), line.AdminLocal
 			close(serving)
 		}
 	}

@@ -131,6 +131,10 @@ func (p *pump) flushOnce(slot *sendSlot) error {
 		close(b.first) // the handler's awaitFirst returns
 		b.first = nil
 	}
+	if b := p.stream; b != nil && b.holdWake != nil {
+		close(b.holdWake) // the handler's awaitHeld looks again
+		b.holdWake = nil
+	}
 	return err
 }
 

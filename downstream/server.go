@@ -69,6 +69,12 @@ type Options struct {
 	// with UNAVAILABLE (see streamBase.wildcardUnreachable); 0 holds none.
 	// The relay sets upstream.connect_timeout and 2 s.
 	WildcardWait time.Duration
+	// HeldWait bounds how long a SotW stream holds a Listener or Cluster
+	// type's first state for a name its client may hold and the relay
+	// cannot send: then the stream ends with UNAVAILABLE (held.go,
+	// invariant 21). The relay sets upstream.connect_timeout (the
+	// longest); 10s if zero.
+	HeldWait time.Duration
 	// Loads configure the load reporting service (LRS); not served if
 	// Loads.Groups is nil.
 	Loads LoadOptions
@@ -87,6 +93,7 @@ type Server struct {
 	sendTimeout time.Duration
 	answerWait  time.Duration
 	wildWait    time.Duration // Options.WildcardWait
+	heldWait    time.Duration // Options.HeldWait
 	limits      Limits
 	admission   *admission
 	deadlines   *deadlines // limits.first_request_timeout; nil for none
@@ -111,6 +118,7 @@ type Server struct {
 	refusals *metrics.Vec
 	// resourceErrors counts per-resource errors sent, by type and code.
 	resourceErrors *metrics.Vec
+	heldEnds       *metrics.Vec // streams ended by a held first state (held.go), by type
 }
 
 // New returns a server; register it on a grpc.Server with Register.
@@ -130,6 +138,9 @@ func New(opts Options) (*Server, error) {
 	if opts.SendTimeout <= 0 {
 		opts.SendTimeout = 30 * time.Second
 	}
+	if opts.HeldWait <= 0 {
+		opts.HeldWait = heldWaitDefault
+	}
 	m := opts.Metrics
 	return &Server{
 		groups:      opts.Groups,
@@ -140,6 +151,7 @@ func New(opts Options) (*Server, error) {
 		sendTimeout: opts.SendTimeout,
 		answerWait:  opts.AnswerWait,
 		wildWait:    opts.WildcardWait,
+		heldWait:    opts.HeldWait,
 		limits:      opts.Limits,
 		loads:       opts.Loads.defaults(),
 		admission:   newAdmission(opts.Limits),
@@ -157,8 +169,10 @@ func New(opts Options) (*Server, error) {
 			Zero(metrics.Cross(deniedVariants, []string{authz.ReasonIdentity, authz.ReasonNode})...),
 		pending:  m.Gauge("xdsrelay_downstream_pending_streams", "Open downstream xDS streams that have not sent their first request (ended after limits.first_request_timeout).").With(),
 		refusals: m.Counter("xdsrelay_limit_refusals_total", "Streams, requests and polls refused at a limit, by the limits.* key.", "limit").ZeroEach(LimitLabels...),
-		resourceErrors: m.Counter("xdsrelay_resource_errors_total", "Per-resource errors sent to clients (gRFC A88 resource_errors), the control plane's and the relay's own (NOT_FOUND: an authority no upstream serves, or a name the control plane did not send in time on a stream shown alive; PERMISSION_DENIED: an authority the client's certificate may not ask for; UNAVAILABLE: every server that could serve it unreachable, or a connected server silent past the timer), by type and code.", "type", "code").
+		resourceErrors: m.Counter("xdsrelay_resource_errors_total", "Per-resource errors sent to clients (gRFC A88 resource_errors), the control plane's and the relay's own (NOT_FOUND: an authority no upstream serves, a name the control plane did not send in time on a stream shown alive, or one no resource file defines; PERMISSION_DENIED: an authority the client's certificate may not ask for; UNAVAILABLE: every server that could serve it unreachable, a connected server silent past the timer, or not received yet beside a SotW Listener or Cluster state sent without it), by type and code.", "type", "code").
 			Zero(metrics.Cross(xds.TypeLabels(), ownErrorCodes)...),
+		heldEnds: m.Counter("xdsrelay_downstream_held_ends_total", "SotW streams ended with UNAVAILABLE because the relay could not send a Listener or Cluster state without leaving out a name the client may hold and the relay does not have (an error is never absence), within upstream.connect_timeout of the client's first request of the type, by type.", "type").
+			ZeroEach(xds.TypeLabels()...),
 	}, nil
 }
 

@@ -34,6 +34,9 @@ type sotwType struct {
 	responded bool
 	all       bool       // the next flush considers every subscribed name
 	errSent   errorsSent // the per-resource errors the client was sent
+	// Invariant 21 (held.go): until a state of the type is sent, the names
+	// of its first request, which the client may hold; nil otherwise.
+	first *firstNames
 }
 
 // subscription applies the SotW rules of "How the client specifies what
@@ -85,7 +88,8 @@ func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 	}
 	ss.debugRequest(typeURL, len(req.GetResourceNames()), req.GetVersionInfo(), req.GetResponseNonce())
 	t := ss.types.get(typeURL)
-	if t == nil {
+	first := t == nil
+	if first {
 		t = &sotwType{}
 		ss.types.put(typeURL, t)
 	}
@@ -104,6 +108,9 @@ func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 		t.asked = nonce
 	}
 	same, err := ss.resubscribe(typeURL, t, req.GetResourceNames())
+	if first && err == nil {
+		ss.expect(typeURL, t, req.GetVersionInfo())
+	}
 	if err != nil || !repeat || !same {
 		return err
 	}
@@ -145,6 +152,7 @@ func (ss *sotwStream) resubscribe(typeURL string, t *sotwType, names []string) (
 		for _, n := range removed {
 			t.sent.remove(n)
 			t.errSent.forget(n)
+			ss.unexpect(t, n)
 		}
 	}
 	if len(added) > 0 {
@@ -316,15 +324,12 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet,
 	}); err != nil {
 		return nil, err
 	}
-	var errs []*cache.ResourceError
-	for _, l := range v.Lookups {
-		ss.refusedError(&l)
-		if l.Resource != nil && t.sent.value(l.Name) != l.Resource.Version {
-			t.errSent.forget(l.Name) // a new version: the client drops the error it remembers
-		}
-		if t.errSent.fresh(l) {
-			errs = append(errs, l.Error) // recorded once sent (withErrors)
-		}
+	errs := ss.freshErrors(t, v.Lookups)
+	// Invariant 21 (held.go): no state leaves out a name the client may
+	// hold that the relay merely lacks ("Deleting Resources").
+	held, made := ss.unsettled(t, v.Lookups)
+	if held {
+		return nil, nil
 	}
 	want := slices.DeleteFunc(v.Lookups, func(l cache.Lookup) bool { return l.Resource == nil })
 	// A wildcard's full state waits for upstream's complete state; an
@@ -344,6 +349,7 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet,
 			return nil, err
 		}
 	}
+	errs = append(errs, made...) // with a state that goes out anyway: never one of its own
 	changed := !t.responded || len(want) != t.sent.len() || len(errs) > 0
 	beat := false
 	var fresh []*cache.Resource // new or changed for the client
@@ -372,6 +378,22 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet,
 	return nil, full.send()
 }
 
+// freshErrors is the errors of lookups, a full state's, that the client
+// was not sent; it forgets those of names whose new version goes out.
+func (ss *sotwStream) freshErrors(t *sotwType, lookups []cache.Lookup) []*cache.ResourceError {
+	var errs []*cache.ResourceError
+	for _, l := range lookups {
+		ss.refusedError(&l)
+		if l.Resource != nil && t.sent.value(l.Name) != l.Resource.Version {
+			t.errSent.forget(l.Name) // a new version: the client drops the error it remembers
+		}
+		if t.errSent.fresh(l) {
+			errs = append(errs, l.Error) // recorded once sent (withErrors)
+		}
+	}
+	return errs
+}
+
 // fullState is a complete state flushFull decided to send.
 type fullState struct {
 	ss      *sotwStream
@@ -395,6 +417,7 @@ func (f fullState) send() error {
 		fields = append(fields, ss.field(l, f.hbs.Has(l.Name) && !f.changed))
 	}
 	ss.status.done()
+	ss.settled(t)
 	// The errors go with the complete state: no client deletes what the
 	// response still holds.
 	return ss.respond(f.typeURL, f.v, t, ss.withErrors(f.typeURL, t, fields, f.errs))
@@ -454,6 +477,7 @@ func (ss *sotwStream) sendShared(typeURL string, t *sotwType, st *cache.State) e
 	t.sentState = st
 	t.nonce = ss.nonces.next()
 	t.responded = true
+	ss.settled(t)
 	ss.status.sentShared(typeURL, st, ss.nonces.peek()-1, time.Now())
 	msg := xds.SotWFullState(st.Version, typeURL, t.nonce, st.SotW)
 	if err := ss.send(msg); err != nil {

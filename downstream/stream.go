@@ -278,6 +278,12 @@ type streamBase struct {
 	spoke   bool
 	endable bool
 	first   chan struct{}
+	// Held first states (held.go): holds counts the types whose first
+	// state the stream holds (atomic: the handler reads it without mu);
+	// holdWake, while the handler waits on them, is closed by the next
+	// flush.
+	holds    int32
+	holdWake chan struct{}
 }
 
 func (s *Server) newStreamBase(send func(any) error, fixed, variant string, c *cache.Cache, node *corepb.Node) streamBase {
@@ -440,6 +446,20 @@ func run[Req any, Resp any, PReq interface {
 	if err := s.firstAnswer(ctx, pm, p.awaitsAnswer(), p.awaitsWildcard()); err != nil {
 		return err
 	}
+	return serveRequests[Req, Resp, PReq](ctx, st, end, pm, p)
+}
+
+// serveRequests reads and handles the stream's requests after the first,
+// until it ends; after each, while the stream holds a type's first state,
+// the handler waits for it (held.go).
+func serveRequests[Req any, Resp any, PReq interface {
+	*Req
+	request
+}](ctx context.Context, st grpc.BidiStreamingServer[Req, Resp], end *streamEnd, pm *pump, p protocol[Req]) error {
+	h, _ := any(p).(holder)
+	if err := pm.awaitHeld(ctx, h); err != nil {
+		return err
+	}
 	// The later requests are decoded into one message: proto.Unmarshal
 	// resets it first, and handle keeps nothing of it but what it copies or
 	// the fields' own values, so a request costs no allocation of its own.
@@ -453,6 +473,9 @@ func run[Req any, Resp any, PReq interface {
 		}
 		end.see(PReq(req).GetTypeUrl())
 		if err := handle(pm, p, req); err != nil {
+			return err
+		}
+		if err := pm.awaitHeld(ctx, h); err != nil {
 			return err
 		}
 	}

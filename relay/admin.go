@@ -18,20 +18,120 @@ import (
 	"github.com/xdsrelay/xdsrelay/upstream"
 )
 
-// The admin endpoint's exposure rule: probes (/healthz, /readyz) and
-// /metrics are served on any address, but what reveals the configuration or
-// the tenants (group keys, resources, the control plane's address, file
-// names) only to a private caller: the listener is bound to a loopback
-// address, or the request came over admin.tls with a client certificate that
-// admin.tls.client_ca_file verifies. The request's source address is not
-// trusted: a proxy in front of the relay (a sidecar) makes every request
-// look local.
+// The admin endpoint's access rule, decided in one place (access): what a
+// request may reach depends on the listener it came on and on the request.
+//
+//   - Anyone who reaches a listener gets the probes (/healthz, /readyz in
+//     general terms), /metrics and the index.
+//   - The read-only views (the detailed /readyz, the /debug/ reads: groups,
+//     clients, cache, convergence, references, config dump, the guard's
+//     holds and the rollout's changes) also answer a caller on
+//     admin.local_address: a second listener bound to loopback, which
+//     kubectl port-forward and kubectl exec reach inside the pod and other
+//     pods cannot reach at all.
+//   - Everything, what changes or inspects the process included (releases,
+//     PUT /debug/loglevel, pprof), answers a caller on an admin.address
+//     bound to loopback, or a request over admin.tls with a client
+//     certificate that admin.tls.client_ca_file verifies.
+//
+// A request that shows it came through a proxy is never local, on either
+// loopback listener: a sidecar in the pod (Istio's, say) forwards what
+// other pods send, and reaches loopback. It shows it by its source (a
+// loopback address other than 127.0.0.1 and ::1: Istio's inbound
+// passthrough connects from 127.0.0.6) or by a proxy's headers (proxied).
+// What a proxy forwards over plain TCP from 127.0.0.1 to 127.0.0.1 cannot
+// be told from kubectl port-forward; docs/operations.md ("Admin exposure")
+// says why that is kept out by other means. A verified client certificate
+// is the caller's own word and stands through any proxy.
 
 // isLoopback reports whether the admin listener's address is a loopback
 // one. A variable so that tests can give the other answer on 127.0.0.1.
-var isLoopback = func(a net.Addr) bool {
+var isLoopback = loopbackAddr
+
+// loopbackAddr reports whether a is a TCP address on a loopback IP.
+func loopbackAddr(a net.Addr) bool {
 	tcp, ok := a.(*net.TCPAddr)
 	return ok && tcp.IP.IsLoopback()
+}
+
+// access is what a request may reach on the admin endpoint.
+type access uint8
+
+const (
+	accessAnyone access = iota // the probes, /metrics, the index
+	accessViews                // and the read-only views
+	accessAll                  // and what changes or inspects the process
+)
+
+// adminListener is what the access rule knows of the listener a request
+// came on.
+type adminListener struct {
+	loopback bool // admin.address, bound to a loopback address
+	local    bool // admin.local_address
+}
+
+// access decides what req, which came on l, may reach (see above).
+func (l adminListener) access(req *http.Request) access {
+	switch {
+	case req.TLS != nil && len(req.TLS.VerifiedChains) > 0:
+		return accessAll
+	case proxied(req) != "":
+		return accessAnyone
+	case l.loopback:
+		return accessAll
+	case l.local:
+		return accessViews
+	}
+	return accessAnyone
+}
+
+// proxyHeaders are the headers a proxy adds to what it forwards: the
+// standard ones, and Envoy's and Linkerd's own (x-envoy-*, l5d-*). Envoy
+// always sets X-Forwarded-Proto on what its HTTP connection manager
+// forwards.
+var proxyHeaders = []string{"Forwarded", "Via", "X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host",
+	"X-Forwarded-Port", "X-Forwarded-Client-Cert", "X-Real-Ip"}
+
+// proxied says how req shows it came through a proxy; "" if it does not.
+func proxied(req *http.Request) string {
+	for _, h := range proxyHeaders {
+		if _, ok := req.Header[h]; ok {
+			return "it carries " + h + ", a proxy's header"
+		}
+	}
+	for h := range req.Header {
+		if lh := strings.ToLower(h); strings.HasPrefix(lh, "x-envoy-") || strings.HasPrefix(lh, "l5d-") {
+			return "it carries " + h + ", a proxy's header"
+		}
+	}
+	host, _, err := net.SplitHostPort(req.RemoteAddr)
+	ip := net.ParseIP(host)
+	if err != nil || ip == nil {
+		return ""
+	}
+	if ip.IsLoopback() && !ip.Equal(net.IPv4(127, 0, 0, 1)) && !ip.Equal(net.IPv6loopback) {
+		return "it came from " + ip.String() + ", a proxy's address (Istio's sidecar forwards from 127.0.0.6)"
+	}
+	return ""
+}
+
+// gate serves h to the requests on l that may reach want, and refuses
+// the others with 403, saying what it takes.
+func gate(l adminListener, want access, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, req *http.Request) {
+		if l.access(req) >= want {
+			h(w, req)
+			return
+		}
+		msg := "xdsrelay: " + req.URL.Path + " is served only on a loopback admin.address or admin.local_address (kubectl port-forward or exec), or over admin.tls with a verified client certificate"
+		if want == accessAll {
+			msg = "xdsrelay: " + req.URL.Path + " changes or inspects the process: served only on a loopback admin.address or over admin.tls with a verified client certificate, not on admin.local_address"
+		}
+		if why := proxied(req); why != "" && (l.loopback || l.local) {
+			msg += "; this request came through a proxy: " + why
+		}
+		http.Error(w, msg, http.StatusForbidden)
+	}
 }
 
 // loadAdminTLS loads admin.tls, if set. Client certificates are verified
@@ -60,7 +160,9 @@ func (r *Relay) loadAdminTLS() error {
 	return nil
 }
 
-// startAdmin serves the admin endpoint on admin.address, if set.
+// startAdmin serves the admin endpoint on admin.address, if set, and,
+// when that is not a loopback address, its read-only views on
+// admin.local_address too (see adminListener.access).
 func (r *Relay) startAdmin() error {
 	if r.cfg.Admin.Address == "" {
 		return nil
@@ -71,12 +173,25 @@ func (r *Relay) startAdmin() error {
 	}
 	r.adminLn = aln
 	loopback := isLoopback(aln.Addr())
-	if !loopback && r.adminTLS == nil {
-		r.warnings.warn(r.log, "admin.address", "docs/operations.md#admin-exposure",
-			"admin.address is not a loopback address and admin.tls is not set: /metrics (group keys in its labels) is served in plaintext to whoever reaches it, and the details to no one")
+	if !loopback && r.cfg.Admin.LocalAddress != "" {
+		lln, err := net.Listen("tcp", r.cfg.Admin.LocalAddress)
+		if err != nil {
+			return fmt.Errorf("admin.local_address: %w", err)
+		}
+		r.adminLocalLn = lln
+		if !loopbackAddr(lln.Addr()) { // validateAdmin refuses other hosts: a name that resolved elsewhere
+			return fmt.Errorf("admin.local_address: %s is not a loopback address", lln.Addr())
+		}
 	}
-	r.admin = &http.Server{Handler: r.adminHandler(loopback), ReadHeaderTimeout: 5 * time.Second,
-		ErrorLog: slog.NewLogLogger(r.log.Handler(), slog.LevelDebug)}
+	if !loopback && r.adminTLS == nil {
+		views := "and the details to no one"
+		if r.adminLocalLn != nil {
+			views = "and the details only on admin.local_address, inside the pod"
+		}
+		r.warnings.warn(r.log, "admin.address", "docs/operations.md#admin-exposure",
+			"admin.address is not a loopback address and admin.tls is not set: /metrics (group keys in its labels) is served in plaintext to whoever reaches it, "+views)
+	}
+	r.admin = r.adminServer(adminListener{loopback: loopback})
 	ln := aln
 	if r.adminTLS != nil {
 		ln = tls.NewListener(aln, r.adminTLS)
@@ -86,23 +201,31 @@ func (r *Relay) startAdmin() error {
 			r.log.Error("admin server", "error", err)
 		}
 	})
+	if lln := r.adminLocalLn; lln != nil {
+		r.adminLocal = r.adminServer(adminListener{local: true})
+		r.goRun(func() {
+			if err := r.adminLocal.Serve(lln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				r.log.Error("admin server (admin.local_address)", "error", err)
+			}
+		})
+	}
 	return nil
 }
 
-// private reports whether req may see details: it came on a loopback
-// listener, or with a client certificate admin.tls verified.
-func private(loopback bool, req *http.Request) bool {
-	return loopback || (req.TLS != nil && len(req.TLS.VerifiedChains) > 0)
+// adminServer is the admin endpoint's HTTP server for listener l.
+func (r *Relay) adminServer(l adminListener) *http.Server {
+	return &http.Server{Handler: r.adminHandler(l), ReadHeaderTimeout: 5 * time.Second,
+		ErrorLog: slog.NewLogLogger(r.log.Handler(), slog.LevelDebug)}
 }
 
-func (r *Relay) adminHandler(loopback bool) http.Handler {
+func (r *Relay) adminHandler(l adminListener) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", r.adminIndex)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, req *http.Request) {
-		priv := private(loopback, req)
+		priv := l.access(req) >= accessViews
 		if why := r.notReady(); why != "" {
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 			w.Header().Set("X-Content-Type-Options", "nosniff")
@@ -124,8 +247,8 @@ func (r *Relay) adminHandler(loopback bool) http.Handler {
 		}
 	})
 	mux.Handle("GET /metrics", r.metrics.Handler())
-	r.opsRoutes(mux, loopback)
-	r.debugRoutes(mux, loopback)
+	r.opsRoutes(mux, l)
+	r.debugRoutes(mux, l)
 	return mux
 }
 
@@ -172,6 +295,9 @@ func (r *Relay) groupsDetail(w io.Writer, above string) {
 			if !u.Connected {
 				state = "DOWN"
 				switch {
+				case u.Refused != "":
+					// It answered: it refused (docs/architecture.md, invariant 20).
+					state = "refused: " + xds.Clip(u.Refused)
 				case u.LastError == "":
 				case strings.Contains(above, xds.Clip(u.LastError)):
 					state += " (the error above)"
@@ -181,6 +307,9 @@ func (r *Relay) groupsDetail(w io.Writer, above string) {
 			}
 			if u.Protocol != "" {
 				state += ", speaks " + u.Protocol
+			}
+			if len(u.Unserved) > 0 {
+				state += ", does not serve " + strings.Join(u.Unserved, ", ") + " (not asked of it)"
 			}
 			fmt.Fprintf(w, "  upstream %q: %s, %s\n", u.Upstream, r.serverOf(u), state)
 		}

@@ -17,7 +17,7 @@ import (
 
 // publicAdmin binds the admin endpoint to an address that is not loopback:
 // the machine's own if it has one; else 127.0.0.1, with the loopback test
-// answering no.
+// answering no. admin.local_address opens on a port of its own.
 func publicAdmin(t *testing.T) func(*Config) {
 	ip := nonLoopbackIP()
 	if ip == "" {
@@ -26,7 +26,10 @@ func publicAdmin(t *testing.T) func(*Config) {
 		t.Cleanup(func() { isLoopback = old })
 		ip = "127.0.0.1"
 	}
-	return func(c *Config) { c.Admin.Address = net.JoinHostPort(ip, "0") }
+	return func(c *Config) {
+		c.Admin.Address = net.JoinHostPort(ip, "0")
+		c.Admin.LocalAddress = "127.0.0.1:0" // tests run side by side
+	}
 }
 
 // nonLoopbackIP is an IPv4 address of this machine, not loopback, that can

@@ -87,6 +87,12 @@ type Config struct {
 		// when it is a loopback address, or to clients with a certificate
 		// that TLS.CAFile verifies.
 		Address string
+		// LocalAddress is admin.local_address: a second listener, bound
+		// to a loopback address, opened when Address is not loopback,
+		// that serves the read-only views to callers inside the pod
+		// (kubectl port-forward and exec) and to no proxy (see
+		// adminListener.access); empty to open none.
+		LocalAddress string
 		// TLS is admin.tls.{cert_file,key_file,client_ca_file}: HTTPS for
 		// the admin endpoint; with client_ca_file, a client presenting a
 		// certificate it verifies gets the details on any address.
@@ -408,6 +414,7 @@ func Default() Config {
 	c.Downstream.MaxConnectionIdle = 5 * time.Minute
 	c.Downstream.Authorization.Mode = AuthorizationRules
 	c.Admin.Address = "127.0.0.1:9901"
+	c.Admin.LocalAddress = "127.0.0.1:9902"
 	c.Metrics.GroupLabel = true
 	c.Cache.Retention = 5 * time.Minute
 	c.Cache.PersistInterval = 10 * time.Second
@@ -497,6 +504,11 @@ func (c *Config) validateAdmin() error {
 	if c.Admin.Address != "" {
 		if err := checkHostPort(c.Admin.Address); err != nil {
 			return fmt.Errorf("admin.address: %w", err)
+		}
+	}
+	if a := c.Admin.LocalAddress; a != "" {
+		if err := checkLoopback(a); err != nil {
+			return fmt.Errorf("admin.local_address: %w", err)
 		}
 	}
 	if a := c.Admin.AdvertiseAddress; a != "" {
@@ -632,6 +644,20 @@ func checkHostPort(addr string) error {
 	}
 	if strings.ContainsAny(host, " /") {
 		return fmt.Errorf("%q has an invalid host", addr)
+	}
+	return nil
+}
+
+// checkLoopback checks a host:port whose host must be a loopback address
+// (127.0.0.1, ::1, or localhost), so that nothing outside the machine (the
+// pod) can connect to it.
+func checkLoopback(addr string) error {
+	if err := checkHostPort(addr); err != nil {
+		return err
+	}
+	host, _, _ := net.SplitHostPort(addr)
+	if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && !strings.EqualFold(host, "localhost") {
+		return fmt.Errorf("%q is not a loopback address (127.0.0.1:PORT, [::1]:PORT or localhost:PORT): it is what keeps it from other pods", addr)
 	}
 	return nil
 }

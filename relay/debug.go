@@ -9,8 +9,7 @@ import (
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"google.golang.org/protobuf/proto"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
@@ -20,7 +19,9 @@ import (
 
 // The /debug/ paths of the admin endpoint: per-client status, groups and
 // cache contents, as JSON. They reveal the tenants, so they are served only
-// to a private caller (see private); others get 403.
+// to the callers the access rule lets see the views, and the releases only
+// to those it lets change the process (see adminListener.access); others
+// get 403.
 //
 // Every admin body is bounded whatever clients put in their nodes: a group
 // key is shown as the metrics' group label shows it (shownKey: over
@@ -61,24 +62,18 @@ func (r *Relay) groupShown(shown string) *group {
 	return nil
 }
 
-func (r *Relay) debugRoutes(mux *http.ServeMux, loopback bool) {
-	only := func(h func(http.ResponseWriter, *http.Request)) func(http.ResponseWriter, *http.Request) {
-		return func(w http.ResponseWriter, req *http.Request) {
-			if !private(loopback, req) {
-				http.Error(w, "xdsrelay: /debug/ is served only on a loopback admin.address or over admin.tls with a verified client certificate", http.StatusForbidden)
-				return
-			}
-			h(w, req)
-		}
-	}
-	mux.HandleFunc("GET /debug/clients", only(r.debugClients))
-	mux.HandleFunc("GET /debug/groups", only(r.debugGroups))
-	mux.HandleFunc("GET /debug/cache", only(r.debugCache))
-	mux.HandleFunc("GET /debug/convergence", only(r.debugConvergence))
-	mux.HandleFunc("GET /debug/references", only(r.debugReferences))
-	mux.HandleFunc("GET /debug/fleet", only(r.debugFleet))
-	mux.HandleFunc("POST /debug/guard/release", only(r.guardRelease))
-	mux.HandleFunc("POST /debug/rollout/release", only(r.rolloutRelease))
+func (r *Relay) debugRoutes(mux *http.ServeMux, l adminListener) {
+	mux.HandleFunc("GET /debug/clients", gate(l, accessViews, r.debugClients))
+	mux.HandleFunc("GET /debug/groups", gate(l, accessViews, r.debugGroups))
+	mux.HandleFunc("GET /debug/cache", gate(l, accessViews, r.debugCache))
+	mux.HandleFunc("GET /debug/convergence", gate(l, accessViews, r.debugConvergence))
+	mux.HandleFunc("GET /debug/references", gate(l, accessViews, r.debugReferences))
+	mux.HandleFunc("GET /debug/fleet", gate(l, accessViews, r.debugFleet))
+	mux.HandleFunc("GET /debug/config_dump", gate(l, accessViews, r.debugConfigDump))
+	mux.HandleFunc("GET /debug/guard/holds", gate(l, accessViews, r.debugGuardHolds))
+	mux.HandleFunc("GET /debug/rollout/changes", gate(l, accessViews, r.debugRolloutChanges))
+	mux.HandleFunc("POST /debug/guard/release", gate(l, accessAll, r.guardRelease))
+	mux.HandleFunc("POST /debug/rollout/release", gate(l, accessAll, r.rolloutRelease))
 }
 
 func writeJSON(w http.ResponseWriter, v any) {
@@ -143,6 +138,8 @@ type debugUpstream struct {
 	Protocol     string     `json:"protocol,omitempty"` // what the server answered in (upstream.protocol)
 	Connected    bool       `json:"connected"`
 	LastError    string     `json:"last_error,omitempty"`
+	Refused      string     `json:"refused,omitempty"`  // what the server refused on the last stream, and what is tried next
+	Unserved     []string   `json:"unserved,omitempty"` // the types the server does not serve, not asked of it
 	LastResponse *time.Time `json:"last_response,omitempty"`
 }
 
@@ -191,7 +188,8 @@ func (r *Relay) debugGroups(w http.ResponseWriter, _ *http.Request) {
 		dg.Loads = r.loadsOf(g)
 		dg.Upstreams = []debugUpstream{}
 		for _, u := range upstreamsOf(s) {
-			du := debugUpstream{Name: u.Upstream, Server: u.Server, Protocol: u.Protocol, Connected: u.Connected, LastError: xds.Clip(u.LastError)}
+			du := debugUpstream{Name: u.Upstream, Server: u.Server, Protocol: u.Protocol, Connected: u.Connected, LastError: xds.Clip(u.LastError),
+				Refused: xds.Clip(u.Refused), Unserved: u.Unserved}
 			if !u.LastResponse.IsZero() {
 				du.LastResponse = &u.LastResponse
 			}
@@ -219,25 +217,35 @@ type debugResource struct {
 }
 
 // debugCache lists the resources of one type in one group's cache, with
-// their bodies as protojson if bodies=true.
+// their bodies as protojson if bodies=true (but a Secret's: the admin
+// endpoint never shows a private key); without a type, the groups
+// and their types (debugCacheList).
 func (r *Relay) debugCache(w http.ResponseWriter, req *http.Request) {
 	q := req.URL.Query()
 	key, bodies := q.Get("group"), q.Get("bodies") == "true"
+	if q.Get("type") == "" {
+		r.debugCacheList(w, key)
+		return
+	}
 	typeURL, err := xds.ParseType(q.Get("type"))
 	if err != nil {
 		http.Error(w, "xdsrelay: type: "+err.Error(), http.StatusBadRequest)
 		return
 	}
+	if key == "" {
+		http.Error(w, "xdsrelay: group: required with type (GET /debug/cache lists the groups and their types)", http.StatusBadRequest)
+		return
+	}
 	g := r.groupShown(key)
 	if g == nil {
-		http.Error(w, fmt.Sprintf("xdsrelay: no group %q", xds.Clip(key)), http.StatusNotFound)
+		http.Error(w, fmt.Sprintf("xdsrelay: no group %q (see /debug/cache)", xds.Clip(key)), http.StatusNotFound)
 		return
 	}
 	out := []debugResource{}
 	for _, res := range g.cache.State(typeURL).Resources {
 		dr := debugResource{Name: res.Name, Version: res.Version}
-		if bodies {
-			b, err := resourceJSON(res.Any)
+		if bodies && typeURL != resourcev3.SecretType { // a private key is never shown
+			b, err := resourceJSON(res)
 			if err != nil {
 				http.Error(w, fmt.Sprintf("xdsrelay: resource %q: %v", res.Name, err), http.StatusInternalServerError)
 				return
@@ -249,17 +257,13 @@ func (r *Relay) debugCache(w http.ResponseWriter, req *http.Request) {
 	writeJSON(w, out)
 }
 
-// resourceJSON is a resource as protojson. Its SotW encoding is the
-// resources field of a DiscoveryResponse (cache.Resource.Any).
-func resourceJSON(field []byte) (json.RawMessage, error) {
-	var m discoverypb.DiscoveryResponse
-	if err := proto.Unmarshal(field, &m); err != nil {
-		return nil, fmt.Errorf("decode: %w", err)
+// resourceJSON is a resource as protojson, as clients get it.
+func resourceJSON(r *cache.Resource) (json.RawMessage, error) {
+	a, err := xds.DecodeAny(r)
+	if err != nil {
+		return nil, err
 	}
-	if len(m.GetResources()) != 1 {
-		return nil, fmt.Errorf("decode: %d resources, want 1", len(m.GetResources()))
-	}
-	b, err := xds.MarshalJSON(m.GetResources()[0])
+	b, err := xds.MarshalJSON(a)
 	if err != nil {
 		return nil, fmt.Errorf("protojson: %w", err)
 	}

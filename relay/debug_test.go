@@ -65,9 +65,20 @@ func TestDebugEndpoints(t *testing.T) {
 		t.Fatalf("cache with bodies: %+v", res)
 	}
 
+	// Without a type, the groups and their types.
+	var list []DebugCacheGroup
+	for _, path := range []string{"/debug/cache", "/debug/cache?group=" + url.QueryEscape(acker.Group)} {
+		getJSON(t, r, path, &list)
+		if len(list) != 1 || list[0].Group != acker.Group || list[0].Resources != 1 || len(list[0].Types) != 1 ||
+			list[0].Types[0].Type != resourcev3.EndpointType || list[0].Types[0].Resources != 1 || list[0].Types[0].Version == 0 {
+			t.Fatalf("%s: %+v", path, list)
+		}
+	}
+
 	for path, want := range map[string]int{
-		"/debug/cache?group=" + url.QueryEscape(acker.Group):                       http.StatusBadRequest,
+		"/debug/cache?type=" + url.QueryEscape(resourcev3.EndpointType):            http.StatusBadRequest,
 		"/debug/cache?group=nope&type=" + url.QueryEscape(resourcev3.EndpointType): http.StatusNotFound,
+		"/debug/cache?group=nope": http.StatusNotFound,
 	} {
 		if code, body := get(t, http.DefaultClient, "http://"+r.AdminAddr()+path); code != want {
 			t.Errorf("%s: %d %s, want %d", path, code, body, want)

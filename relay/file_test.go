@@ -1,8 +1,10 @@
 package relay
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +12,8 @@ import (
 	clusterpb "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 func fileCluster(name, timeout string) string {
@@ -92,4 +96,71 @@ func TestFileInvalidResourceAtStartup(t *testing.T) {
 			t.Fatalf("error %v, want one naming %s", err, want)
 		}
 	}
+}
+
+// The resource files are the whole of what there is: a name no file
+// defines does not exist at once, not after a does-not-exist timer. A real
+// gRPC client (SotW, reading no resource_errors) of a listener the files
+// lack fails its RPC at once; a SotW client asking for a name that exists
+// and one that does not gets the first with NOT_FOUND for the second; a
+// delta client gets removed_resources with NOT_FOUND.
+func TestFileAbsentNameDoesNotExistAtOnce(t *testing.T) {
+	r := startRelay(t, exampleFiles())
+
+	cc := grpcXDSClient(t, r.Addr(), "grpc-files-1", "example", "xds:///nosuchservice")
+	err, took := rpcFails(t, cc, 10*time.Second)
+	t.Logf("the RPC failed after %v: %v", took, err)
+	if err == nil || status.Code(err) == codes.DeadlineExceeded || took > 2*time.Second {
+		t.Errorf("RPC to a listener no file defines: %v after %v, want a failure within 2s", err, took)
+	}
+	waitMetric(t, r, `xdsrelay_resource_errors_total{code="NOT_FOUND",type="Listener"} 1`)
+
+	notFound := func(errs []*discoverypb.ResourceError, name string) bool {
+		return len(errs) == 1 && errs[0].GetResourceName().GetName() == name && errs[0].GetErrorDetail().GetCode() == int32(codes.NotFound)
+	}
+	s := openSotW(t, r.Addr())
+	s.send(&discoverypb.DiscoveryRequest{Node: node("sotw", "example"), TypeUrl: resourcev3.EndpointType,
+		ResourceNames: []string{"greeter-cluster", "nosuch-cluster"}})
+	resp := s.recvWithin(2 * time.Second)
+	if names := resourceNames(t, resp); !slices.Equal(names, []string{"greeter-cluster"}) || !notFound(resp.GetResourceErrors(), "nosuch-cluster") {
+		t.Errorf("SotW: %v with errors %v, want [greeter-cluster] with NOT_FOUND for nosuch-cluster", names, resp.GetResourceErrors())
+	}
+
+	d := openDelta(t, r.Addr())
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("delta", "example"), TypeUrl: resourcev3.ClusterType,
+		ResourceNamesSubscribe: []string{"nosuch-cluster"}})
+	dresp := d.recvWithin(2 * time.Second)
+	if !slices.Equal(dresp.GetRemovedResources(), []string{"nosuch-cluster"}) || !notFound(dresp.GetResourceErrors(), "nosuch-cluster") {
+		t.Errorf("delta: removed %v, errors %v, want nosuch-cluster removed with NOT_FOUND", dresp.GetRemovedResources(), dresp.GetResourceErrors())
+	}
+}
+
+// Files removed in a mass are held by the guard, as a control plane's
+// removals are: clients subscribed to them by name are sent neither the
+// removals nor a NOT_FOUND for them while the hold lasts.
+func TestFileRemovalsHeldWithoutErrors(t *testing.T) {
+	dir := t.TempDir()
+	var names []string
+	for i := range 12 {
+		name := fmt.Sprintf("c%02d", i)
+		names = append(names, name)
+		if err := os.WriteFile(filepath.Join(dir, name+".yaml"), []byte(fileCluster(name, "1s")), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := startRelay(t, FilePrefix+dir)
+	d := openDelta(t, r.Addr())
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: names})
+	for got := 0; got < len(names); {
+		resp := d.recv()
+		got += len(resp.GetResources())
+		d.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: resp.GetNonce()})
+	}
+	for _, n := range names {
+		if err := os.Remove(filepath.Join(dir, n+".yaml")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitMetric(t, r, `xdsrelay_guard_holds_total{type="Cluster"} 1`)
+	d.quiet(500 * time.Millisecond)
 }

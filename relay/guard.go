@@ -84,17 +84,29 @@ func (r *Relay) guardRelease(w http.ResponseWriter, req *http.Request) {
 // (each), and the answer lists what was released; logged at warn, with
 // how many under count.
 func release[T any](r *Relay, w http.ResponseWriter, req *http.Request, msg, count string, each func(g *group, typeURL string) []T) {
-	groups, typeURL, ok := r.releaseScope(w, req)
+	out, ok := collect(r, w, req, each)
 	if !ok {
 		return
+	}
+	q := req.URL.Query()
+	r.log.Warn(msg, "group", xds.Clip(q.Get("group")), "type", q.Get("type"), count, len(out))
+	writeJSON(w, out)
+}
+
+// collect gathers what each group in the request's scope (releaseScope)
+// gives of the scope's type: what an operator's release ends, or what the
+// guard's and the rollout's lists show. Not ok: the scope was refused, and
+// answered.
+func collect[T any](r *Relay, w http.ResponseWriter, req *http.Request, each func(g *group, typeURL string) []T) ([]T, bool) {
+	groups, typeURL, ok := r.releaseScope(w, req)
+	if !ok {
+		return nil, false
 	}
 	out := []T{}
 	for _, g := range groups {
 		out = append(out, each(g, typeURL)...)
 	}
-	q := req.URL.Query()
-	r.log.Warn(msg, "group", xds.Clip(q.Get("group")), "type", q.Get("type"), count, len(out))
-	writeJSON(w, out)
+	return out, true
 }
 
 // releaseScope reads a release's ?group= (the key as /debug/groups shows

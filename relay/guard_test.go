@@ -85,11 +85,25 @@ func TestGuardHoldsAClearedType(t *testing.T) {
 	if len(groups) != 1 || len(groups[0].Holds) != 1 || groups[0].Holds[0].Names != 100 {
 		t.Fatalf("/debug/groups: %+v", groups)
 	}
+	// GET /debug/guard/holds lists what a release would end.
+	var holds []debugHold
+	getJSON(t, r, "/debug/guard/holds?type=endpoints", &holds)
+	if len(holds) != 1 || holds[0].Group != keyOf("c1") || holds[0].Type != resourcev3.EndpointType || holds[0].Names != 100 {
+		t.Fatalf("/debug/guard/holds: %+v", holds)
+	}
+	getJSON(t, r, "/debug/guard/holds?type=clusters", &holds)
+	if len(holds) != 0 {
+		t.Fatalf("/debug/guard/holds?type=clusters: %+v", holds)
+	}
 	// A new client is still served the held resources.
 	subscribeAll(t, r, "late", names)
 
 	if got := postRelease(t, r, "?group="+url.QueryEscape(keyOf("c1"))+"&type=endpoints"); len(got) != 1 || got[0].Names != 100 {
 		t.Fatalf("released %+v", got)
+	}
+	getJSON(t, r, "/debug/guard/holds", &holds)
+	if len(holds) != 0 {
+		t.Fatalf("/debug/guard/holds after the release: %+v", holds)
 	}
 	removed := 0
 	for removed < 100 {

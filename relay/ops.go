@@ -28,22 +28,14 @@ import (
 const mutexProfileFraction = 100 // keep in step with settings.go (AdminPaths reads it)
 
 // opsRoutes adds /debug/loglevel and, with admin.pprof, /debug/pprof/ to
-// mux. Both are for private callers only (see private).
-func (r *Relay) opsRoutes(mux *http.ServeMux, loopback bool) {
-	only := func(h http.HandlerFunc) http.HandlerFunc {
-		return func(w http.ResponseWriter, req *http.Request) {
-			if !private(loopback, req) {
-				http.Error(w, "forbidden: only on a loopback admin.address or with an admin.tls client certificate", http.StatusForbidden)
-				return
-			}
-			h(w, req)
-		}
-	}
+// mux: reading the level is a view, setting it and profiling are for the
+// callers who may change or inspect the process (adminListener.access).
+func (r *Relay) opsRoutes(mux *http.ServeMux, l adminListener) {
 	if lv := r.cfg.LogLevel; lv != nil {
-		mux.HandleFunc("GET /debug/loglevel", only(func(w http.ResponseWriter, _ *http.Request) {
+		mux.HandleFunc("GET /debug/loglevel", gate(l, accessViews, func(w http.ResponseWriter, _ *http.Request) {
 			fmt.Fprintln(w, strings.ToLower(lv.Level().String()))
 		}))
-		mux.HandleFunc("PUT /debug/loglevel", only(func(w http.ResponseWriter, req *http.Request) {
+		mux.HandleFunc("PUT /debug/loglevel", gate(l, accessAll, func(w http.ResponseWriter, req *http.Request) {
 			r.setLogLevel(lv, w, req)
 		}))
 	}
@@ -52,11 +44,11 @@ func (r *Relay) opsRoutes(mux *http.ServeMux, loopback bool) {
 		// is on: 1 in mutexProfileFraction contention events, which costs
 		// nothing while locks are not contended.
 		runtime.SetMutexProfileFraction(mutexProfileFraction)
-		mux.HandleFunc("/debug/pprof/", only(pprof.Index))
-		mux.HandleFunc("/debug/pprof/cmdline", only(pprof.Cmdline))
-		mux.HandleFunc("/debug/pprof/profile", only(pprof.Profile))
-		mux.HandleFunc("/debug/pprof/symbol", only(pprof.Symbol))
-		mux.HandleFunc("/debug/pprof/trace", only(pprof.Trace))
+		mux.HandleFunc("/debug/pprof/", gate(l, accessAll, pprof.Index))
+		mux.HandleFunc("/debug/pprof/cmdline", gate(l, accessAll, pprof.Cmdline))
+		mux.HandleFunc("/debug/pprof/profile", gate(l, accessAll, pprof.Profile))
+		mux.HandleFunc("/debug/pprof/symbol", gate(l, accessAll, pprof.Symbol))
+		mux.HandleFunc("/debug/pprof/trace", gate(l, accessAll, pprof.Trace))
 	}
 }
 

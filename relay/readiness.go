@@ -63,12 +63,21 @@ func (r *Relay) syncProblem() syncProblem {
 }
 
 // groupsProblem is the first group's upstream that is down, or else what
-// the groups wait for.
+// the groups wait for. A server that refused what the relay asked has
+// answered: it is said to refuse, never to be unreachable
+// (docs/architecture.md, invariant 20).
 func groupsProblem(gs []*group) syncProblem {
 	for _, g := range gs {
 		for _, u := range upstreamsOf(g.feed.Status()) {
 			if u.Connected || u.LastError == "" {
 				continue
+			}
+			if u.Refused != "" {
+				return syncProblem{
+					public: "the control plane refuses the protocol the relay speaks to it (upstream.protocol)",
+					private: fmt.Sprintf("group %q: upstream %q (server %s) %s",
+						g.shown, u.Upstream, u.Server, xds.Clip(u.Refused)),
+				}
 			}
 			return syncProblem{
 				public: "the control plane cannot be reached (" + failureKind(u.LastError) + ")",

@@ -64,7 +64,7 @@ func TestAdminPathsAreRegistered(t *testing.T) {
 	var listed []string
 	for _, p := range AdminPaths() {
 		listed = append(listed, p.Pattern)
-		if p.Returns == "" || (p.Access != AdminAnyone && p.Access != AdminDetails && p.Access != AdminPrivate) {
+		if p.Returns == "" || !slices.Contains([]string{AdminAnyone, AdminDetails, AdminViews, AdminPrivate}, p.Access) {
 			t.Errorf("%s: access %q, returns %q", p.Pattern, p.Access, p.Returns)
 		}
 	}
@@ -96,9 +96,10 @@ func adminRequest(p AdminPath) (method, path, body string) {
 	return method, path, body
 }
 
-// Each admin path answers as AdminPaths says: a caller who is not private
-// gets 403 exactly on the private paths, and a private caller gets none.
-// Paths served only with a setting are 404 without it.
+// Each admin path answers as AdminPaths says: a caller on a public
+// admin.address gets 403 exactly on the views and the private paths, a
+// caller on admin.local_address exactly on the private paths, and a private
+// caller gets none. Paths served only with a setting are 404 without it.
 func TestAdminPathsAccess(t *testing.T) {
 	with := func(c *Config) { c.Admin.Pprof = true }
 	public, _ := startJSONRelay(t, FilePrefix+t.TempDir(), publicAdmin(t), with)
@@ -107,8 +108,12 @@ func TestAdminPathsAccess(t *testing.T) {
 	for _, p := range AdminPaths() {
 		method, path, body := adminRequest(p)
 		code, _ := do(t, method, "http://"+public.AdminAddr()+path, body)
-		if forbidden := code == http.StatusForbidden; forbidden != (p.Access == AdminPrivate) {
+		if forbidden := code == http.StatusForbidden; forbidden != (p.Access == AdminPrivate || p.Access == AdminViews) {
 			t.Errorf("%s %s to a caller who is not private: %d; AdminPaths says %q", method, path, code, p.Access)
+		}
+		code, _ = do(t, method, "http://"+public.AdminLocalAddr()+path, body)
+		if forbidden := code == http.StatusForbidden; forbidden != (p.Access == AdminPrivate) {
+			t.Errorf("%s %s to a caller on admin.local_address: %d; AdminPaths says %q", method, path, code, p.Access)
 		}
 		code, _ = do(t, method, "http://"+private.AdminAddr()+path, body)
 		if code == http.StatusForbidden || code == http.StatusNotFound || code == http.StatusMethodNotAllowed {

@@ -105,6 +105,9 @@ type Relay struct {
 	adminLn  net.Listener
 	rest     *http.Server
 	restLn   net.Listener
+	// adminLocal serves admin.local_address; nil unless it is opened.
+	adminLocal   *http.Server
+	adminLocalLn net.Listener
 }
 
 func (r *Relay) closeReloaders() {
@@ -224,7 +227,7 @@ func (r *Relay) newDownstream() error {
 	r.down, err = downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: r.log,
 		PollTimeout: cfg.Downstream.PollTimeout, SendTimeout: cfg.Downstream.SendTimeout, Authorizer: az,
 		Limits: downstreamLimits(cfg), AnswerWait: min(cfg.Cache.NotFoundTimeout, firstAnswerWait),
-		WildcardWait: cfg.wildcardWait(), Loads: r.loads.downstream(r)})
+		WildcardWait: cfg.wildcardWait(), HeldWait: cfg.longestConnectTimeout(), Loads: r.loads.downstream(r)})
 	return err
 }
 
@@ -297,11 +300,20 @@ const firstAnswerWait = 2 * time.Second
 // the longest upstream.connect_timeout, by which the relay knows whether
 // its control plane can be reached, and firstAnswerWait for the rest.
 func (c *Config) wildcardWait() time.Duration {
+	return c.longestConnectTimeout() + firstAnswerWait
+}
+
+// longestConnectTimeout is the longest upstream.connect_timeout: by then
+// the relay knows whether each control plane can be reached. It bounds
+// how long a SotW stream holds a Listener or Cluster state that would
+// leave out a name its client may hold (downstream's HeldWait,
+// docs/architecture.md, invariant 21).
+func (c *Config) longestConnectTimeout() time.Duration {
 	longest := c.Upstream.ConnectTimeout
 	for _, u := range c.Upstreams {
 		longest = max(longest, u.ConnectTimeout)
 	}
-	return longest + firstAnswerWait
+	return longest
 }
 
 // newSource opens what the configuration names upstream: a directory of
@@ -453,7 +465,7 @@ func (r *Relay) Start() error {
 		r.goRun(r.watchSync)
 	}
 	r.log.Info("relay serving", "downstream", ln.Addr().String(), "upstream", r.cfg.Upstream.Address,
-		"admin", r.AdminAddr())
+		"admin", r.AdminAddr(), "admin_local", r.AdminLocalAddr())
 	return nil
 }
 
@@ -512,7 +524,7 @@ func (g *goroutines) wait(ctx context.Context) error {
 }
 
 func (r *Relay) closeListeners() {
-	for _, ln := range []net.Listener{r.listener, r.adminLn, r.restLn} {
+	for _, ln := range []net.Listener{r.listener, r.adminLn, r.adminLocalLn, r.restLn} {
 		if ln != nil {
 			ln.Close()
 		}
@@ -536,6 +548,15 @@ func (r *Relay) AdminAddr() string {
 		return ""
 	}
 	return r.adminLn.Addr().String()
+}
+
+// AdminLocalAddr is the address of admin.local_address's listener, empty
+// if it is not opened (admin.address is loopback, or either is empty).
+func (r *Relay) AdminLocalAddr() string {
+	if r.adminLocalLn == nil {
+		return ""
+	}
+	return r.adminLocalLn.Addr().String()
 }
 
 // drainGrace is how long Shutdown lets clients learn that the relay goes
@@ -572,7 +593,7 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 		<-stopped
 	}
 	var err error
-	for _, h := range []*http.Server{r.rest, r.admin} {
+	for _, h := range []*http.Server{r.rest, r.admin, r.adminLocal} {
 		if h != nil {
 			err = errors.Join(err, h.Shutdown(ctx))
 		}

@@ -321,6 +321,18 @@ func TestRolloutHeldShowsOnReadyzAndReleases(t *testing.T) {
 		if code, body := do(t, http.MethodPost, "http://"+r.AdminAddr()+"/debug/rollout/release"+query, ""); code != want {
 			t.Errorf("release%s: %d %s, want %d", query, code, body, want)
 		}
+		if code, body := do(t, http.MethodGet, "http://"+r.AdminAddr()+"/debug/rollout/changes"+query, ""); code != want {
+			t.Errorf("changes%s: %d %s, want %d", query, code, body, want)
+		}
+	}
+	// GET /debug/rollout/changes lists what a release would release.
+	var changes []debugRollout
+	getJSON(t, r, "/debug/rollout/changes?type=clusters", &changes)
+	if len(changes) != 1 || changes[0].Group != key || !changes[0].Held || changes[0].Error != "cannot use it" {
+		t.Fatalf("/debug/rollout/changes: %+v", changes)
+	}
+	if getJSON(t, r, "/debug/rollout/changes?type=endpoints", &changes); len(changes) != 0 {
+		t.Fatalf("/debug/rollout/changes?type=endpoints: %+v", changes)
 	}
 	code, body := do(t, http.MethodPost, "http://"+r.AdminAddr()+"/debug/rollout/release?group="+url.QueryEscape(key)+"&type=clusters", "")
 	var released []debugRollout
@@ -332,6 +344,9 @@ func TestRolloutHeldShowsOnReadyzAndReleases(t *testing.T) {
 		t.Fatalf("release answered %+v", released)
 	}
 	waitAll(t, clients, "cds:13s")
+	if getJSON(t, r, "/debug/rollout/changes", &changes); len(changes) != 0 {
+		t.Fatalf("/debug/rollout/changes after the release: %+v", changes)
+	}
 	eventually(t, "the operator's release to be counted", func() bool {
 		return strings.Contains(getMetrics(t, r), `xdsrelay_rollout_releases_total{how="operator",type="Cluster"} 1`)
 	})

@@ -35,10 +35,14 @@ func (r *Relay) zeroUpstreamSeries() {
 		r.upm.Fallbacks.ZeroEach(u.Name)
 		r.upm.Stalls.ZeroEach(u.Name)
 		if strings.HasPrefix(u.Address, FilePrefix) {
-			// A directory speaks no protocol: 0 for each (a control
-			// plane's servers are set by its source, upstream.NewADS).
+			// A directory speaks no protocol and refuses no type: 0 for
+			// each (a control plane's servers are set by its source,
+			// upstream.NewADS).
 			for _, p := range upstream.Protocols[1:] {
 				r.upm.Protocol.With(u.Name, u.Address, string(p)).Set(0)
+			}
+			for _, t := range types {
+				r.upm.UnservedTypes.With(u.Name, u.Address, t).Set(0)
 			}
 		}
 	}

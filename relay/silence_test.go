@@ -39,12 +39,12 @@ func startProxy(t *testing.T, addr string) *faultproxy.Proxy {
 	return proxy
 }
 
-// silentSetup is a relay whose primary control plane is behind a proxy
-// that can go silent, with a secondary in upstream.addresses: short
-// timers, gRPC's shortest keepalive.
-func silentSetup(t *testing.T) (r *Relay, proxy *faultproxy.Proxy, primary, secondary *testcp.ControlPlane) {
+// silentSetup is a relay whose primary control plane, speaking d, is
+// behind a proxy that can go silent, with a secondary speaking d in
+// upstream.addresses: short timers, gRPC's shortest keepalive.
+func silentSetup(t *testing.T, d testcp.Dialect) (r *Relay, proxy *faultproxy.Proxy, primary, secondary *testcp.ControlPlane) {
 	t.Helper()
-	primary, secondary = testcp.Start(t), testcp.Start(t)
+	primary, secondary = testcp.StartDialect(t, d), testcp.StartDialect(t, d)
 	proxy = startProxy(t, primary.Addr)
 	r = startRelay(t, proxy.Addr, fastReconnect, func(c *Config) {
 		c.Upstream.Addresses = []string{secondary.Addr}
@@ -76,16 +76,32 @@ func deltaUntil(t *testing.T, d *deltaStream, never string, bound time.Duration,
 	}
 }
 
+// parallelDialects runs f once per dialect of the control plane, the
+// runs in parallel (docs/architecture.md, invariant 16: every dialect
+// keeps the invariants the others do).
+func parallelDialects(t *testing.T, f func(t *testing.T, d testcp.Dialect)) {
+	t.Parallel()
+	for _, d := range testcp.Dialects {
+		t.Run(string(d), func(t *testing.T) {
+			t.Parallel()
+			f(t, d)
+		})
+	}
+}
+
 // A control plane that goes silent (the connection stays open and carries
 // nothing) is not taken to say that a name does not exist: a client that
 // asks for a name not cached gets UNAVAILABLE, never a removal; the
 // relay finds the connection dead within keepalive.time + timeout, gives
 // up on the silent address after connect_timeout, falls back to the
 // secondary (gRFC A71) and the client gets the resource; once the primary
-// answers again the relay returns to it.
+// answers again the relay returns to it. In every dialect.
 func TestSilentControlPlaneIsNotAnAnswer(t *testing.T) {
-	t.Parallel()
-	r, proxy, primary, secondary := silentSetup(t)
+	parallelDialects(t, testSilentControlPlaneIsNotAnAnswer)
+}
+
+func testSilentControlPlaneIsNotAnAnswer(t *testing.T, dialect testcp.Dialect) {
+	r, proxy, primary, secondary := silentSetup(t, dialect)
 	for _, cp := range []*testcp.ControlPlane{primary, secondary} {
 		cp.Set(t, "c1", "1", testcp.Cluster("known"), testcp.Cluster("later"))
 	}
@@ -124,10 +140,13 @@ func TestSilentControlPlaneIsNotAnAnswer(t *testing.T) {
 // A name reported not to exist by a live stream (its connection answered
 // the relay's probe) is taken back once that stream dies: it is missing
 // again, gRFC A71 falls back for it, and the client gets it from the
-// secondary.
+// secondary. In every dialect.
 func TestJudgedOnAStreamThatDiesIsMissingAgain(t *testing.T) {
-	t.Parallel()
-	r, proxy, primary, secondary := silentSetup(t)
+	parallelDialects(t, testJudgedOnAStreamThatDiesIsMissingAgain)
+}
+
+func testJudgedOnAStreamThatDiesIsMissingAgain(t *testing.T, dialect testcp.Dialect) {
+	r, proxy, primary, secondary := silentSetup(t, dialect)
 	primary.Set(t, "c1", "1", testcp.Cluster("known"))
 	secondary.Set(t, "c1", "1", testcp.Cluster("known"), testcp.Cluster("elsewhere"))
 	d := openDelta(t, r.Addr())
@@ -166,7 +185,7 @@ func grepLines(s, sub string) string {
 // did not reach the connection.
 func TestSilentAddressGivenUpAfterConnectTimeout(t *testing.T) {
 	t.Parallel()
-	r, proxy, primary, secondary := silentSetup(t)
+	r, proxy, primary, secondary := silentSetup(t, testcp.DialectDelta)
 	primary.Set(t, "c1", "1", testcp.Cluster("a"))
 	secondary.Set(t, "c1", "1", testcp.Cluster("a"))
 	proxy.Set(faultproxy.Silent, 0)

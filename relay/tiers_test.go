@@ -290,15 +290,22 @@ func tierErrors(t *testing.T, s *deltaStream, name string, d time.Duration) []co
 // Silence is not an answer, across tiers (docs/architecture.md, invariant
 // 15): with the top control plane down, the regional relay answers a name
 // it has not cached with UNAVAILABLE. For the zone relay that error is
-// the answer: its does-not-exist timer passes, many times over, without
-// turning it into NOT_FOUND or a removal, and its client keeps being told
-// the name is unavailable, nothing else.
+// the answer, whether it speaks delta or SotW to the regional relay: its
+// does-not-exist timer passes, many times over, without turning it into
+// NOT_FOUND or a removal, and its client keeps being told the name is
+// unavailable, nothing else.
 func TestTiersKeepUnavailableThroughTheTimer(t *testing.T) {
+	for _, protocol := range []string{"delta", "sotw"} {
+		t.Run(protocol, func(t *testing.T) { testTiersKeepUnavailableThroughTheTimer(t, protocol) })
+	}
+}
+
+func testTiersKeepUnavailableThroughTheTimer(t *testing.T, protocol string) {
 	cp := testcp.Start(t)
 	cp.Stop()
 	region := startRelay(t, cp.Addr, fastReconnect)
 	const timeout = 200 * time.Millisecond
-	zone := startRelay(t, region.Addr(), func(c *Config) { c.Cache.NotFoundTimeout = timeout })
+	zone := startRelay(t, region.Addr(), func(c *Config) { c.Cache.NotFoundTimeout, c.Upstream.Protocol = timeout, protocol })
 	c := openDelta(t, zone.Addr())
 	c.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"x"}})
 	got := tierErrors(t, c, "x", 10*timeout)

@@ -45,6 +45,16 @@ type Metrics struct {
 	// rejected, told the control plane (sent) or not (dropped: past the
 	// bounds of forward.go).
 	ForwardedNACKs *metrics.Vec
+	// StaleRemoved is a counter, by type: names a new SotW stream's
+	// wildcard did not send within cache.retention, removed
+	// (sotw_sweep.go).
+	StaleRemoved *metrics.Vec
+	// UnservedTypes is a gauge, by upstream, server and type: 1 for each
+	// type a server was found not to serve (refusal.go).
+	UnservedTypes *metrics.Vec
+	// UnservedNames is a counter, by type: names a stream did not ask of
+	// its server because the server does not serve their type.
+	UnservedNames *metrics.Vec
 }
 
 // NewMetrics registers the upstream families on r.
@@ -70,6 +80,15 @@ func NewMetrics(r *metrics.Registry) *Metrics {
 		ForwardedNACKs: r.Counter("xdsrelay_upstream_forwarded_nacks_total",
 			"Versions of resources that clients rejected, by outcome: sent (told the control plane in a NACK of its response, once per version, coalesced per type) or dropped (past the bounds on what waits to be told). Off with upstream.forward_nacks: false.", "type", "outcome").
 			Zero(metrics.Cross(xds.TypeLabels(), []string{"sent", "dropped"})...),
+		StaleRemoved: r.Counter("xdsrelay_upstream_sotw_stale_removed_total",
+			"Names of a type other than Listener and Cluster, held under the wildcard, that a new state-of-the-world stream to the control plane did not send within cache.retention of asking: the server no longer has them, and they are removed.", "type").
+			ZeroEach(xds.TypeLabels()...),
+		UnservedTypes: r.Gauge("xdsrelay_upstream_unserved_types",
+			"1 for each type a control-plane server was found not to serve (it ended a stream that asked for it, in its own words: a one-type cache's \"does not match cache type\", a per-type service it lacks), 0 for the others: the type is not asked of that server again until a stream to it fails without an answer.",
+			"upstream", "server", "type"),
+		UnservedNames: r.Counter("xdsrelay_upstream_unserved_names_total",
+			"Names not asked of a control-plane server, on each stream that left them out, because the server does not serve their type (xdsrelay_upstream_unserved_types): names clients asked for, which get UNAVAILABLE, and names resources point at, which are not fetched.", "type").
+			ZeroEach(xds.TypeLabels()...),
 	}
 }
 
@@ -195,6 +214,7 @@ type Client struct {
 	fwd      forwarding // the rejections to forward (forward.go); its inbox is safe for concurrent use
 	reach    reach
 	reported []reportedAttempt // by server: the connection attempt a failure on it was last reported for
+	lastEnd  string            // the error the last stream ended with (repeats)
 }
 
 type server struct {
@@ -223,6 +243,13 @@ type Status struct {
 	// Protocol is what the server in use answered in (delta, sotw,
 	// sotw-per-type); empty until it answers.
 	Protocol string
+	// Refused is what the server refused on the last stream, in its
+	// words, and what is tried next (refusal.go); empty once a stream
+	// answers.
+	Refused string
+	// Unserved is the types the server in use was found not to serve
+	// (refusal.go), by short name.
+	Unserved []string
 	// Upstreams is, for a group served by several upstreams, each one's
 	// status (those with a stream open, in configuration order); the
 	// fields above then sum them up.
@@ -232,8 +259,10 @@ type Status struct {
 // Status returns the upstream's current status.
 func (c *Client) Status() Status {
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.status
+	s := c.status
+	c.mu.Unlock()
+	s.Unserved = c.opts.found.unservedOf(s.Server)
+	return s
 }
 
 func (c *Client) setStatus(f func(*Status)) {
@@ -327,7 +356,9 @@ func (c *Client) owns(typeURL, name string) bool {
 // answers by gRFC A71's rules: a server is left for the next only when it
 // is unreachable and something wanted is not cached; while on a lower
 // server, the higher ones are tried every FallbackRecheck, and one that
-// answers takes over (see loop).
+// answers takes over (see loop). A server's refusal is an answer
+// (refusal.go): what it refused is learned, and the next stream is opened
+// at once without it.
 func (c *Client) Run(ctx context.Context) {
 	if !c.routed() {
 		defer c.opts.Metrics.Streams.Delete(c.opts.Group)
@@ -336,59 +367,77 @@ func (c *Client) Run(ctx context.Context) {
 	cur := 0
 	var next *session // a higher server's session that answered, taking over
 	for attempt := 0; ; attempt++ {
-		s := next
+		s, healthy, takeover, err := c.stream(ctx, cur, next)
 		next = nil
-		if s == nil {
-			c.setStatus(func(st *Status) { st.Server = c.servers[cur].name })
-			var err error
-			if s, err = c.open(ctx, cur); err == nil {
-				err = s.why(s.syncAll())
-			}
-			if err != nil {
-				s.close()
-				if s != nil && ctx.Err() == nil && c.refusedProtocol(s, err) {
-					continue
-				}
-				if !c.ended(ctx, cur, false, err) {
-					return
-				}
-				c.unreached(cur)
-				cur = c.wait(ctx, cur, false, attempt)
-				c.awaitAttempt(ctx, cur)
-				continue
-			}
-			c.up(s)
-		}
-		healthy, takeover, err := c.loop(ctx, s)
-		err = s.why(err)
-		s.close()
-		if c.reopened(s, err) {
-			attempt = -1
-			continue
-		}
-		if !healthy && takeover == nil && ctx.Err() == nil && c.refusedProtocol(s, err) {
-			continue
-		}
-		if takeover == nil && ctx.Err() == nil {
-			s.withdraw() // the stream failed: its silence may have been the network's
-		}
-		if takeover != nil {
+		switch {
+		case takeover != nil:
 			c.log.Info("higher-priority server reachable again; moved back to it (gRFC A71)",
 				"from", c.servers[cur].name, "to", c.servers[takeover.server].name)
 			cur, next, attempt = takeover.server, takeover, -1
 			continue
-		}
-		if !c.ended(ctx, cur, healthy, err) {
+		case ctx.Err() != nil:
+			c.ended(ctx, cur, healthy, err, "")
 			return
+		case c.reopened(s, err):
+			attempt = -1
+			continue
 		}
-		if healthy {
+		again, refusedAll := c.refusal(s, healthy, err)
+		if again {
+			continue
+		}
+		if s != nil {
+			s.withdraw() // the stream failed: its silence may have been the network's
+		}
+		repeat := c.repeats(s, err)
+		c.ended(ctx, cur, healthy, err, refusedAll)
+		switch {
+		case refusedAll != "":
+			c.refusedEvery(cur, refusedAll)
+		case healthy && !repeat:
 			attempt = 0 // the stream had worked: start the backoff again
-		} else {
+		case !healthy:
 			c.unreached(cur)
 		}
 		cur = c.wait(ctx, cur, healthy, attempt)
 		c.awaitAttempt(ctx, cur)
 	}
+}
+
+// stream runs one stream on server cur, or next (a higher server's
+// session taking over, already open and subscribed), until it ends;
+// healthy reports whether the control plane answered on it. s is nil if
+// the stream could not be opened.
+func (c *Client) stream(ctx context.Context, cur int, next *session) (s *session, healthy bool, takeover *session, err error) {
+	s = next
+	if s == nil {
+		c.setStatus(func(st *Status) { st.Server = c.servers[cur].name })
+		if s, err = c.open(ctx, cur); err == nil {
+			err = s.why(s.syncAll())
+		}
+		if err != nil {
+			s.close()
+			return s, false, nil, err
+		}
+		c.up(s)
+	}
+	healthy, takeover, err = c.loop(ctx, s)
+	err = s.why(err)
+	s.close()
+	return s, healthy, takeover, err
+}
+
+// repeats reports whether a stream of s ended as the one before it did,
+// with the same error, and soon: the backoff then keeps growing even if
+// the stream answered (a server that answers, then ends every stream the
+// same way, is not hammered every upstream.reconnect.base_delay). A stream
+// that lived longer than the backoff's cap starts it again whatever its
+// error: ended by a max connection age, say.
+func (c *Client) repeats(s *session, err error) bool {
+	why := fmt.Sprint(err)
+	same := why == c.lastEnd
+	c.lastEnd = why
+	return same && s != nil && time.Since(s.opened) < c.opts.Backoff.MaxDelay
 }
 
 // reopened reports whether s, a SotW stream, ended to be opened again at
@@ -407,29 +456,34 @@ func (c *Client) reopened(s *session, err error) bool {
 	return true
 }
 
-// ended records why a stream ended; false if the client is to stop. A
-// failure that only repeats the connection's attempt already reported is
-// not counted or logged again (see repeated).
-func (c *Client) ended(ctx context.Context, cur int, healthy bool, err error) bool {
+// ended records why a stream ended. A failure that only repeats the
+// connection's attempt already reported is not counted or logged again
+// (see repeated). refusedAll, if set, is what the server refused: every
+// protocol the relay may speak to it (refusal).
+func (c *Client) ended(ctx context.Context, cur int, healthy bool, err error, refusedAll string) {
 	if !c.routed() {
 		c.opts.Metrics.Streams.With(c.opts.Group).Set(0)
 	}
 	why := Explain(fmt.Sprint(err))
-	c.setStatus(func(s *Status) { s.Connected, s.LastError = false, why })
+	c.setStatus(func(s *Status) { s.Connected, s.LastError, s.Refused = false, why, refusedAll })
 	if ctx.Err() != nil {
-		return false
+		return
 	}
 	if c.repeated(cur, healthy) {
 		c.log.Debug("upstream stream failed again on the connection attempt already reported", "server", c.servers[cur].name, "error", err)
-		return true
+		return
 	}
 	c.opts.Metrics.Reconnects.With(c.opts.Group).Inc()
+	if refusedAll != "" {
+		c.log.Error("control plane server refused the protocol; asking again after the backoff", "server", c.servers[cur].name,
+			"refused", refusedAll, "upstream.protocol", c.opts.found.configured)
+		return
+	}
 	attrs := []any{"server", c.servers[cur].name, "error", err, "answered", healthy}
 	if kind := Silent(why); kind != "" {
 		attrs = append(attrs, "why", kind)
 	}
 	c.log.Warn("upstream stream ended; reconnecting", attrs...)
-	return true
 }
 
 // repeated reports whether a stream on server i that ended unanswered
@@ -518,10 +572,13 @@ func (c *Client) wait(ctx context.Context, cur int, healthy bool, attempt int) i
 	}
 }
 
-// unreached records that server cur failed without answering; once every
-// server has, what is wanted and not cached is UNAVAILABLE (see reach).
+// unreached records that server cur failed without answering: what was
+// found of it is forgotten (it may be another server when it is reached
+// again), and once every server has failed, what is wanted and not cached
+// is UNAVAILABLE (see reach).
 func (c *Client) unreached(cur int) {
-	if c.reach.fail(cur, len(c.servers)) {
+	c.opts.found.forget(c.servers[cur].name)
+	if c.reach.fail(cur, len(c.servers), "") {
 		c.markUnavailable()
 	}
 }
@@ -596,7 +653,7 @@ func (c *Client) open(ctx context.Context, i int) (*session, error) {
 	if p.sotw() {
 		name := c.servers[i].name
 		s.sotw, err = openSotW(ctx, c.servers[i].conn, p == ProtocolSotWPerType, c.opts.Node, c.debugSotWRequest,
-			func(typeURL string) bool { return c.opts.found.isUnserved(name, typeURL) })
+			func(typeURL string) bool { _, ok := c.opts.found.isUnserved(name, typeURL); return ok })
 		st = s.sotw
 	} else {
 		// The codec decodes responses by hand (xds.Received), out of
@@ -612,22 +669,6 @@ func (c *Client) open(ctx context.Context, i int) (*session, error) {
 	return s, nil
 }
 
-// refusedProtocol reports whether a stream to server i that ended with err
-// before any answer was refused in its protocol, and auto has another to
-// try at once: the server is reachable, and no backoff is due.
-func (c *Client) refusedProtocol(s *session, err error) bool {
-	if !refused(err) {
-		return false
-	}
-	next := c.opts.found.refusedBy(c.servers[s.server].name, s.protocol)
-	if next == "" {
-		c.log.Error("the control plane refused the protocol (UNIMPLEMENTED)", "server", c.servers[s.server].name,
-			"protocol", s.protocol, "upstream.protocol", c.opts.found.configured, "error", err)
-		return false
-	}
-	return true
-}
-
 // loop runs s until its stream ends or ctx is done. healthy reports
 // whether the control plane answered on it. On a fallback server, it tries
 // the higher ones every FallbackRecheck; one whose stream answers is
@@ -635,8 +676,8 @@ func (c *Client) refusedProtocol(s *session, err error) bool {
 // the cache keeps what s gave until the takeover's answers replace it.
 // It is one piece: one select over everything a session waits on (its
 // responses, the group's interest, forwarded rejections and their pace,
-// the does-not-exist timer, the fallback recheck), each case a line or
-// two that hands off to a method.
+// the does-not-exist timer, the wildcard's sweep, the fallback recheck),
+// each case a line or two that hands off to a method.
 func (c *Client) loop(ctx context.Context, s *session) (healthy bool, takeover *session, err error) {
 	var recheck <-chan time.Time
 	if s.server > 0 {
@@ -669,8 +710,8 @@ func (c *Client) loop(ctx context.Context, s *session) (healthy bool, takeover *
 			if r == nil {
 				return healthy, nil, fmt.Errorf("upstream: %w", <-s.errc)
 			}
-			if r.Unserved {
-				if err := s.unservedType(r.TypeURL); err != nil {
+			if r.Unserved != nil {
+				if err := s.unservedType(r.TypeURL, r.Unserved); err != nil {
 					return healthy, nil, err
 				}
 				continue
@@ -692,6 +733,8 @@ func (c *Client) loop(ctx context.Context, s *session) (healthy bool, takeover *
 			}
 		case now := <-s.notFound.C():
 			s.timedOut(now)
+		case now := <-s.sweeps.C():
+			s.swept(now)
 		case alive := <-s.probe.done():
 			s.probed(alive)
 		case now := <-tick(stall):
@@ -720,7 +763,12 @@ func (c *Client) up(s *session) {
 	if !c.routed() {
 		c.opts.Metrics.Streams.With(c.opts.Group).Set(1)
 	}
-	c.setStatus(func(st *Status) { st.Connected, st.Server = true, c.servers[s.server].name })
+	c.setStatus(func(st *Status) {
+		st.Connected, st.Server = true, c.servers[s.server].name
+		if st.Protocol != string(s.protocol) {
+			st.Protocol = "" // what it answers in is not known yet
+		}
+	})
 }
 
 // received handles one response of s; healthy is set at the first.
@@ -735,6 +783,7 @@ func (c *Client) received(s *session, r *xds.Received, healthy *bool) error {
 	}
 	c.setStatus(func(st *Status) {
 		st.Connected, st.LastResponse, st.Server, st.Protocol = true, time.Now(), c.servers[s.server].name, string(s.protocol)
+		st.Refused = ""
 	})
 	if err := s.handle(r); err != nil {
 		return err

@@ -71,7 +71,7 @@ func (c *Client) tryIn(ctx context.Context, i int) (s *session, refused bool) {
 	s.probing = true
 	if err := s.why(s.syncAll()); err != nil {
 		s.close()
-		return nil, c.refusedProtocol(s, err)
+		return nil, c.tryRefused(s, err)
 	}
 	if len(s.subs) == 0 {
 		return s, false // nothing to ask: an open stream is a reachable server
@@ -84,8 +84,8 @@ func (c *Client) tryIn(ctx context.Context, i int) (s *session, refused bool) {
 			switch {
 			case r == nil:
 				err = fmt.Errorf("upstream: %w", <-s.errc)
-			case r.Unserved: // one per-type service refused: not an answer
-				err = s.unservedType(r.TypeURL)
+			case r.Unserved != nil: // one per-type service refused: not an answer
+				err = s.unservedType(r.TypeURL, r.Unserved)
 			default:
 				s.pending = r
 			}
@@ -99,7 +99,7 @@ func (c *Client) tryIn(ctx context.Context, i int) (s *session, refused bool) {
 		return s, false
 	}
 	s.close()
-	return nil, ctx.Err() == nil && c.refusedProtocol(s, err)
+	return nil, ctx.Err() == nil && c.tryRefused(s, err)
 }
 
 // errNoAnswer is a probe's stream that did not answer within

@@ -17,6 +17,7 @@ import (
 
 	"github.com/fsnotify/fsnotify"
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -276,11 +277,12 @@ func (f *File) applyChanges(g Group, changes map[string]map[string]bool) {
 
 // applyType gives the group what in wants of one type, from byName (the
 // files' resources of the type); a wanted name that no file holds is
-// reported as not existing.
+// reported as not existing, at once: the files are the whole of what
+// there is, so no timer needs to pass (see absentError).
 func applyType(g Group, byName map[string]*cache.Resource, typeURL string, in cache.Interest) {
 	c := g.Cache
 	var ups []*cache.Resource
-	var removed []string
+	var removed, missing []string
 	if in.Wildcard {
 		for n, r := range byName {
 			if g.Owns(typeURL, n) {
@@ -298,9 +300,38 @@ func applyType(g Group, byName map[string]*cache.Resource, typeURL string, in ca
 			ups = append(ups, r)
 		} else {
 			removed = append(removed, n)
+			missing = append(missing, n)
 		}
 	}
-	c.Apply(typeURL, cache.Change{Upserts: ups, Removed: removed, Synced: in.Wildcard})
+	c.Apply(typeURL, cache.Change{Upserts: ups, Removed: removed, Errors: absentErrors(c, typeURL, missing), Synced: in.Wildcard})
+}
+
+// absentMessage is the NOT_FOUND error's message for a name no resource
+// file defines. It names no path: clients read it.
+const absentMessage = "no resource file of the relay defines it"
+
+// absentErrors are NOT_FOUND errors (gRFC A88: the same as a removal) for
+// the names subscribed by name that no file defines and the cache does not
+// hold, but for those that already carry one: a reload does not send them
+// again. A name the cache holds is removed as a control plane removes it,
+// through the release step: a mass removal waits for the guard, which an
+// error sent beside it would defeat; once removed, the next reload gives
+// it its error. Delta clients
+// learn it from removed_resources; a SotW client has no other word for a
+// name it never had ("Knowing When a Requested Resource Does Not Exist"):
+// the error goes in the response, or, when it is all a one-type stream's
+// first answer would carry, ends the stream with NOT_FOUND, which a client
+// that does not read resource_errors takes at once (gRFC A57), instead of
+// waiting for its 15 s does-not-exist timer.
+func absentErrors(c *cache.Cache, typeURL string, names []string) []*cache.ResourceError {
+	var errs []*cache.ResourceError
+	for _, l := range c.Get(typeURL, names) {
+		if l.Resource != nil || l.Absent && l.Error != nil && l.Error.Code == int32(codes.NotFound) && l.Error.Message == absentMessage {
+			continue
+		}
+		errs = append(errs, xds.NewError(l.Name, codes.NotFound, absentMessage))
+	}
+	return errs
 }
 
 // loaded is what one load of the directory gives.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc/codes"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 )
@@ -57,11 +58,16 @@ func TestFileSource(t *testing.T) {
 	}
 	c := serveFiles(t, f, "a", "missing")
 	v1 := waitVersion(t, c, "a", "")
-	if l := c.Get(resourcev3.ClusterType, []string{"missing"})[0]; !l.Absent {
-		t.Errorf("missing: %+v, want absent", l)
+	missing := c.Get(resourcev3.ClusterType, []string{"missing"})[0]
+	if !missing.Absent || missing.Error == nil || missing.Error.Code != int32(codes.NotFound) {
+		t.Errorf("missing: %+v, want absent with NOT_FOUND", missing)
 	}
 	writeFile(t, filepath.Join(dir, "a.yaml"), cluster("a", "2s"))
 	v2 := waitVersion(t, c, "a", v1)
+	// A reload does not make the error anew: clients are not sent it again.
+	if l := c.Get(resourcev3.ClusterType, []string{"missing"})[0]; l.Error != missing.Error {
+		t.Errorf("after a reload, missing's error is %+v, want the first one kept", l.Error)
+	}
 
 	// A broken change is ignored; a later good one is served.
 	writeFile(t, filepath.Join(dir, "a.yaml"), "\"@type\": type.googleapis.com/envoy.config.cluster.v3.Cluster\nname: a\nconnect_timeout: [\n")

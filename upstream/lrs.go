@@ -280,15 +280,28 @@ func (s *loadSession) receive(ctx context.Context) {
 var errSendBlocked = errors.New("the control plane read nothing for lrs.send_timeout")
 
 // sendWithin sends req on the stream, bounded: if the send has not
-// returned within bound, or ctx ends first, it ends the stream (a
-// control plane that stops reading would otherwise hold the send, and the
-// reporter with it, forever: the stream's context outlives ctx). Past
-// bound it returns errSendBlocked.
+// returned within bound, or within finalWait of ctx's end, it ends the
+// stream (a control plane that stops reading would otherwise hold the
+// send, and the reporter with it, forever: the stream's context outlives
+// ctx). Past either bound it returns errSendBlocked. ctx's end alone does
+// not end the stream: a report sent as Run stops must reach the control
+// plane, and finish sends the last one on the same stream.
 func (s *loadSession) sendWithin(ctx context.Context, req *lrspb.LoadStatsRequest, bound time.Duration) error {
 	var blocked atomic.Bool
-	t := time.AfterFunc(bound, func() { blocked.Store(true); s.cancel() })
-	stop := context.AfterFunc(ctx, s.cancel)
+	end := func() { blocked.Store(true); s.cancel() }
+	t := time.AfterFunc(bound, end)
+	done := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		late := time.NewTimer(min(bound, finalWait))
+		defer late.Stop()
+		select {
+		case <-done:
+		case <-late.C:
+			end()
+		}
+	})
 	err := s.st.Send(req)
+	close(done)
 	t.Stop()
 	stop()
 	if blocked.Load() {

@@ -36,9 +36,10 @@ type notFound struct {
 	queue   []asked       // by deadline: every batch gets the same timeout
 	timer   *time.Timer   // armed for queue[0]; nil when the queue is empty
 	// erred is, by type, the names still subscribed that upstream answered
-	// with a resource error (gRFC A88): an answer, which the timer leaves
-	// alone (see errored).
-	erred map[string]map[string]struct{}
+	// with a resource error (gRFC A88), with its code, until the resource
+	// arrives: an answer, which the timer leaves alone (see errored), and
+	// which absence from a full state does not overrule (absent).
+	erred map[string]map[string]int32
 }
 
 // asked starts the timer of names just subscribed.
@@ -93,16 +94,36 @@ func (n *notFound) errored(typeURL string, errs []*cache.ResourceError) {
 		return
 	}
 	if n.erred == nil {
-		n.erred = map[string]map[string]struct{}{}
+		n.erred = map[string]map[string]int32{}
 	}
 	names := n.erred[typeURL]
 	if names == nil {
-		names = map[string]struct{}{}
+		names = map[string]int32{}
 		n.erred[typeURL] = names
 	}
 	for _, e := range errs {
-		names[e.Name] = struct{}{}
+		names[e.Name] = e.Code
 	}
+}
+
+// arrived drops the errors noted of names whose resource upstream has
+// sent since: the error is over (gRFC A88).
+func (n *notFound) arrived(typeURL string, names []string) {
+	erred := n.erred[typeURL]
+	if len(erred) == 0 {
+		return
+	}
+	for _, name := range names {
+		delete(erred, name)
+	}
+}
+
+// unavailable reports whether upstream's last word on name, on this
+// stream, is an error other than NOT_FOUND: the name is not known not to
+// exist (docs/architecture.md, invariant 21).
+func (n *notFound) unavailable(typeURL, name string) bool {
+	code, ok := n.erred[typeURL][name]
+	return ok && code != int32(codes.NotFound)
 }
 
 // forget drops what was noted of a name the stream no longer subscribes:

@@ -3,10 +3,11 @@ package upstream
 import (
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"sync"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
 // Protocol is the dialect a control plane's server is spoken to in
@@ -42,8 +43,8 @@ func ParseProtocol(s string) (Protocol, error) {
 // sotw reports whether p is a state-of-the-world dialect.
 func (p Protocol) sotw() bool { return p == ProtocolSotW || p == ProtocolSotWPerType }
 
-// next is what auto tries after a server refused p with UNIMPLEMENTED;
-// "" after the last.
+// next is what auto tries after a server refused p (refused); "" after
+// the last.
 func (p Protocol) next() Protocol {
 	switch p {
 	case ProtocolDelta:
@@ -52,12 +53,6 @@ func (p Protocol) next() Protocol {
 		return ProtocolSotWPerType
 	}
 	return ""
-}
-
-// refused reports whether a stream's error is its server's UNIMPLEMENTED:
-// the server does not serve that service or method.
-func refused(err error) bool {
-	return status.Code(err) == codes.Unimplemented
 }
 
 // found is what each server of a control plane was found to speak, shared
@@ -73,13 +68,14 @@ type found struct {
 	mu    sync.Mutex
 	found map[string]Protocol // by server name: to speak; guarded by mu
 	shown map[string]Protocol // by server name: answered in, metric set; guarded by mu
-	// unserved: by server, the types whose per-type service it refused
-	// while its others answered; guarded by mu.
-	unserved map[string]map[string]bool
+	// unserved: by server, the types it refused (a per-type service, or a
+	// stream ended in the server's words: refusal.go), with its words;
+	// guarded by mu.
+	unserved map[string]map[string]string
 }
 
-// newFound starts with nothing found of servers: the metric shows 0 for
-// each of their protocols.
+// newFound starts with nothing found of servers: the metrics show 0 for
+// each of their protocols and types.
 func newFound(p Protocol, upstream string, servers []string, m *Metrics, log *slog.Logger) *found {
 	if p == "" {
 		p = ProtocolAuto
@@ -89,6 +85,9 @@ func newFound(p Protocol, upstream string, servers []string, m *Metrics, log *sl
 	for _, s := range servers {
 		for _, q := range Protocols[1:] {
 			m.Protocol.With(upstream, s, string(q)).Set(0)
+		}
+		for _, t := range xds.TypeLabels() {
+			m.UnservedTypes.With(upstream, s, t).Set(0)
 		}
 	}
 	return f
@@ -108,10 +107,11 @@ func (f *found) of(server string) Protocol {
 	return ProtocolDelta
 }
 
-// refusedBy records that server refused p; it returns the protocol to try
-// next, or "" if there is none (the configured protocol was refused, or
-// auto has tried them all: it starts again from delta after the backoff).
-func (f *found) refusedBy(server string, p Protocol) Protocol {
+// refusedBy records that server refused p, in words; it returns the
+// protocol to try next, or "" if there is none (the configured protocol
+// was refused, or auto has tried them all: it starts again from delta
+// after the backoff).
+func (f *found) refusedBy(server string, p Protocol, words string) Protocol {
 	next := p.next()
 	if f.configured != ProtocolAuto || next == "" {
 		f.forget(server)
@@ -123,8 +123,8 @@ func (f *found) refusedBy(server string, p Protocol) Protocol {
 		return cur // another group's client moved on first
 	}
 	f.found[server] = next
-	f.log.Info("server refused the protocol (UNIMPLEMENTED); trying the next (upstream.protocol: auto)",
-		"server", server, "refused", p, "next", next)
+	f.log.Info("control plane server refused the protocol; trying the next (upstream.protocol: auto)",
+		"upstream", f.upstream, "server", server, "refused", p, "error", words, "next", next)
 	return next
 }
 
@@ -150,37 +150,63 @@ func (f *found) answered(server string, p Protocol) {
 
 // forget drops what was found of server: it failed without answering, and
 // may be another server when it is reached again (a new address, a new
-// version), so auto starts from delta, and every per-type service is
-// asked again.
+// version), so auto starts from delta, and every type is asked of it
+// again.
 func (f *found) forget(server string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	for typeURL := range f.unserved[server] {
+		f.metrics.UnservedTypes.With(f.upstream, server, xds.ShortName(typeURL)).Set(0)
+	}
 	delete(f.unserved, server)
 	if f.configured == ProtocolAuto {
 		delete(f.found, server)
 	}
 }
 
-// unserve records that server refused typeURL's per-type service while
-// it served others: the type is asked of it no more (its names get
-// UNAVAILABLE), until the server is found again.
-func (f *found) unserve(server, typeURL string) {
+// unserve records that server refused typeURL, in words, while it serves
+// others: the type is asked of it no more (its names get UNAVAILABLE),
+// until the server is found again. The first time, it is logged and shown
+// in the metric; it reports whether it was.
+func (f *found) unserve(server, typeURL, words string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.unserved == nil {
-		f.unserved = map[string]map[string]bool{}
+		f.unserved = map[string]map[string]string{}
 	}
 	if f.unserved[server] == nil {
-		f.unserved[server] = map[string]bool{}
+		f.unserved[server] = map[string]string{}
 	}
-	f.unserved[server][typeURL] = true
+	if _, ok := f.unserved[server][typeURL]; ok {
+		return false
+	}
+	f.unserved[server][typeURL] = words
+	f.metrics.UnservedTypes.With(f.upstream, server, xds.ShortName(typeURL)).Set(1)
+	f.log.Warn("control plane server does not serve a type; not asked of it again",
+		"upstream", f.upstream, "server", server, "type", xds.ShortName(typeURL), "error", words,
+		"until", "a stream to the server fails without an answer (it restarted, or moved)",
+		"clients", "names of the type that clients ask for get UNAVAILABLE; names resources point at are not fetched")
+	return true
 }
 
-// isUnserved reports whether server refused typeURL's per-type service.
-func (f *found) isUnserved(server, typeURL string) bool {
+// isUnserved reports whether server refused typeURL, and in what words.
+func (f *found) isUnserved(server, typeURL string) (string, bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.unserved[server][typeURL]
+	w, ok := f.unserved[server][typeURL]
+	return w, ok
+}
+
+// unservedOf is the types server refused, by short name, sorted; nil if
+// none.
+func (f *found) unservedOf(server string) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for _, t := range slices.Sorted(maps.Keys(f.unserved[server])) {
+		out = append(out, xds.ShortName(t))
+	}
+	return out
 }
 
 // retire deletes the metric's series (the source closes).
@@ -188,6 +214,9 @@ func (f *found) retire() {
 	for _, s := range f.servers {
 		for _, q := range Protocols[1:] {
 			f.metrics.Protocol.Delete(f.upstream, s, string(q))
+		}
+		for _, t := range xds.TypeLabels() {
+			f.metrics.UnservedTypes.Delete(f.upstream, s, t)
 		}
 	}
 }

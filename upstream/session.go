@@ -74,6 +74,12 @@ type session struct {
 	// probing: the session proves a server reachable (see try), so each
 	// type's resume leaves one cached name out for the server to answer.
 	probing bool
+	// What the stream asked and was answered, by type: a server's refusal
+	// names one asked and not answered (refusal.go); spoke is set once
+	// the server refused a type in its own words, which it says in the
+	// stream's protocol.
+	asked, answered map[string]bool
+	spoke           bool
 
 	// Liveness, owned like the above, for the does-not-exist timer
 	// (notfound.go): when the last response arrived, since when a probe of
@@ -85,6 +91,9 @@ type session struct {
 	undecided    []asked
 	probe        *liveness
 	judged       map[string]map[string]struct{}
+	// SotW: what the wildcard's first request of a type on the stream has
+	// not heard of yet (sotw_sweep.go), owned like the above.
+	sweeps sweeps
 }
 
 // close ends the stream and waits for its receiver and its liveness
@@ -94,6 +103,7 @@ func (s *session) close() {
 		return
 	}
 	s.notFound.stop()
+	s.sweeps.stop()
 	s.cancel()
 	<-s.errc
 	if s.sotw != nil {
@@ -197,6 +207,7 @@ func (s *session) syncChanges(changes map[string]map[string]bool) error {
 				sub.wildcard, sub.awaitingWildcard, wildcard = true, true, true
 			case n == "*" && !wanted && sub.wildcard:
 				sub.wildcard = false
+				s.sweeps.cancel(typeURL)
 				ch.unsubscribe = append(ch.unsubscribe, n)
 			case n == "*":
 			case wanted && !has:
@@ -239,6 +250,7 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 	}
 	if !in.Wildcard && sub.wildcard {
 		ch.unsubscribe = append(ch.unsubscribe, "*")
+		s.sweeps.cancel(typeURL)
 	}
 	sub.wildcard = in.Wildcard
 	want := make(map[string]struct{}, len(in.Names))
@@ -283,6 +295,11 @@ func (s *session) unsubscribed(typeURL string, sub *subscription, name string) {
 // control plane's limit asks for, and starts the does-not-exist timer of
 // the names it subscribes.
 func (s *session) sendChange(ch change, sub *subscription) error {
+	if words, ok := s.c.opts.found.isUnserved(s.c.servers[s.server].name, ch.typeURL); ok {
+		s.leaveOut(ch.typeURL, ch.subscribe, words)
+		return nil
+	}
+	s.markAsked(ch.typeURL, ch.subscribe)
 	if s.sotw != nil {
 		return s.requestSotW(ch, sub)
 	}
@@ -341,10 +358,15 @@ func (s *session) handle(r *xds.Received) error {
 	if r.StateOfTheWorld {
 		held = s.c.opts.Cache.Versions(typeURL)
 	}
+	if s.answered == nil {
+		s.answered = map[string]bool{}
+	}
+	s.answered[typeURL] = true
 	present := s.fullState(r, typeURL)
+	s.sweeps.carried(typeURL, r) // before encode lets the resources go
 	enc := s.encode(r, typeURL, short, held)
 	if present != nil {
-		r.RemovedResources = s.absent(typeURL, present, held)
+		r.RemovedResources = s.absent(r, typeURL, present, held)
 	}
 	if xds.Known(typeURL) {
 		s.apply(ctx, r, typeURL, short, enc, cache.Change{Received: received, Trace: cacheTrace(span.SpanContext())})
@@ -458,6 +480,10 @@ func (s *session) apply(ctx context.Context, r *xds.Received, typeURL, short str
 			ch.Errors = append(ch.Errors, enc)
 		}
 	}
+	for _, u := range ch.Upserts {
+		s.notFound.arrived(typeURL, []string{u.Name})
+	}
+	s.notFound.arrived(typeURL, ch.Resent)
 	s.notFound.errored(typeURL, ch.Errors)
 	if sub := s.subs[typeURL]; sub != nil && sub.awaitingWildcard {
 		// The first response to a wildcard subscribe is the complete state.

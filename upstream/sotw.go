@@ -19,6 +19,8 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/xdsrelay/xdsrelay/internal/xds"
@@ -286,16 +288,17 @@ func (s *sotwStream) streamOf(typeURL string) (grpc.ClientStream, bool, error) {
 
 // read passes one per-type stream's responses on, until it fails or the
 // stream's context ends; its error, the first, ends the session. A
-// service the server refuses (UNIMPLEMENTED) is passed on as Unserved,
-// not as an error: the server's other services may answer.
+// service the server refuses (UNIMPLEMENTED, or the type refused in the
+// server's words: refusal.go) is passed on as Unserved, not as an error:
+// the server's other services may answer.
 func (s *sotwStream) read(typeURL string, st grpc.ClientStream) {
 	defer s.readers.Done()
 	for {
 		var r xds.SotWReceived
 		err := st.RecvMsg(&r)
 		switch {
-		case refused(err):
-			r.Received, err = xds.Received{TypeURL: typeURL, Unserved: true}, nil
+		case status.Code(err) == codes.Unimplemented || typeRefused(err, func(t string) bool { return t == typeURL }) != "":
+			r.Received, err = xds.Received{TypeURL: typeURL, Unserved: err}, nil
 			select {
 			case s.merged <- sotwRecv{r: r.Received}:
 			case <-s.ctx.Done():

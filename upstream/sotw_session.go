@@ -35,6 +35,9 @@ func (s *session) requestSotW(ch change, sub *subscription) error {
 		s.refuseTooMany(ch.typeURL, sub, subscribed, size, max)
 	}
 	s.notFound.asked(ch.typeURL, timed(ch.subscribe))
+	if sub.wildcard && slices.Contains(ch.subscribe, "*") {
+		s.startSweep(ch.typeURL) // the wildcard's first request on the stream
+	}
 	err := s.sotw.request(ch.typeURL, sub.wildcard, sub.sorted())
 	if errors.Is(err, errNoSotWService) {
 		// VHDS and LEDS, or a service the server refused: asked of nothing.
@@ -56,20 +59,31 @@ func (s *session) unavailableType(typeURL string, sub *subscription) {
 	}
 }
 
-// unservedType takes a per-type service the server refused
-// (UNIMPLEMENTED): the type is asked of the server no more until it is
-// found again (found.forget), and its names are UNAVAILABLE. Once every
-// type asked has been refused and nothing has answered, the server serves
+// unservedType takes a per-type service the server refused with why
+// (UNIMPLEMENTED, or the type refused in its own words): the type is
+// asked of the server no more until it is found again (found.unserve),
+// and its names are UNAVAILABLE (leaveOut). Once every type asked has been
+// refused with UNIMPLEMENTED and nothing has answered, the server serves
 // no per-type service: the stream fails with the refusal, as a stream
-// refused whole does.
-func (s *session) unservedType(typeURL string) error {
-	s.c.opts.found.unserve(s.c.servers[s.server].name, typeURL)
+// refused whole does. A type refused in words shows that the server
+// speaks the per-type services.
+func (s *session) unservedType(typeURL string, why error) error {
+	server := s.c.servers[s.server].name
+	s.c.opts.found.unserve(server, typeURL, words(why))
+	if status.Code(why) != codes.Unimplemented {
+		s.spoke = true
+		s.c.opts.found.answered(server, s.protocol)
+	}
 	delete(s.sotw.streams, typeURL) // ended: a later request would find it closed
-	if s.lastResponse.IsZero() && s.sotw.refusedAll() {
+	if s.lastResponse.IsZero() && !s.spoke && s.sotw.refusedAll() {
 		return fmt.Errorf("upstream: %w", status.Error(codes.Unimplemented, "every per-type service asked was refused"))
 	}
 	if sub := s.subs[typeURL]; sub != nil {
-		s.unavailableType(typeURL, sub)
+		names := sub.sorted()
+		if sub.wildcard {
+			names = append([]string{"*"}, names...)
+		}
+		s.leaveOut(typeURL, names, words(why))
 	}
 	return nil
 }
@@ -118,22 +132,44 @@ func (s *session) fullState(r *xds.Received, typeURL string) map[string]struct{}
 	return present
 }
 
-// absent is what a full-state response of typeURL removes: the names the
-// cache holds from this upstream that the stream is subscribed to (every
-// one, under the wildcard) and the response left out. A name never
+// absent is what a full-state response r of typeURL removes: the names
+// the cache holds from this upstream that the stream is subscribed to
+// (every one, under the wildcard) and the response left out. A name never
 // received is not removed by absence: a response may have been built
 // before the request that named it; the does-not-exist timer decides it.
-// A removal passes the guard like any other (cache release step).
-func (s *session) absent(typeURL string, present map[string]struct{}, held map[string]string) []string {
+// Nor is a name the response, or an earlier one on the stream, answered
+// with an error other than NOT_FOUND: a relay of the tier above that
+// cannot fetch it says UNAVAILABLE beside the state it can send, and an
+// error is never absence (docs/architecture.md, invariant 21; gRFC A88:
+// the client keeps what it has). A removal passes the guard like any
+// other (cache release step).
+func (s *session) absent(r *xds.Received, typeURL string, present map[string]struct{}, held map[string]string) []string {
 	sub := s.subs[typeURL]
+	erred := responseErrors(r)
 	var out []string
 	for name := range held {
 		if _, ok := present[name]; ok || !s.c.owns(typeURL, name) {
 			continue
 		}
+		if code, ok := erred[name]; ok && code != int32(codes.NotFound) || !ok && s.notFound.unavailable(typeURL, name) {
+			continue
+		}
 		if _, named := sub.names[name]; named || sub.wildcard {
 			out = append(out, name)
 		}
+	}
+	return out
+}
+
+// responseErrors is the codes of r's resource errors, by name; nil if it
+// has none.
+func responseErrors(r *xds.Received) map[string]int32 {
+	if len(r.ResourceErrors) == 0 {
+		return nil
+	}
+	out := make(map[string]int32, len(r.ResourceErrors))
+	for _, e := range r.ResourceErrors {
+		out[e.GetResourceName().GetName()] = e.GetErrorDetail().GetCode()
 	}
 	return out
 }

@@ -3,25 +3,32 @@ package upstream
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	clustersvc "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
 // runSotW runs a client of conn with opts until the test ends.
@@ -291,4 +298,153 @@ func TestSotWWildcardLeavesNamesTooMany(t *testing.T) {
 		t.Fatalf("%d names refused, want some and not all", n)
 	}
 	requestsWithin(t, cp, bound)
+}
+
+// sotwClusters is a SotW Cluster response of version, nonce and the
+// Clusters named (each with a connect timeout of its seconds), with errs
+// as its resource errors, by name.
+func sotwClusters(t *testing.T, version string, seconds map[string]int64, errs map[string]codes.Code) *discoverypb.DiscoveryResponse {
+	t.Helper()
+	resp := &discoverypb.DiscoveryResponse{TypeUrl: resourcev3.ClusterType, VersionInfo: version, Nonce: version}
+	for _, n := range slices.Sorted(maps.Keys(seconds)) {
+		c := testcp.Cluster(n)
+		c.ConnectTimeout.Seconds = seconds[n]
+		a, err := anypb.New(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Resources = append(resp.Resources, a)
+	}
+	for _, n := range slices.Sorted(maps.Keys(errs)) {
+		resp.ResourceErrors = append(resp.ResourceErrors, &discoverypb.ResourceError{ResourceName: &discoverypb.ResourceName{Name: n},
+			ErrorDetail: &rpcstatus.Status{Code: int32(errs[n]), Message: "from the tier above"}})
+	}
+	return resp
+}
+
+// An error is never absence (docs/architecture.md, invariant 21): a
+// Cluster that a full-state response leaves out while it, or an earlier
+// response on the stream, says UNAVAILABLE for it (as a relay of the
+// tier above does when it cannot fetch it) is kept; one left out with
+// NOT_FOUND, or once it has arrived again and its error is over, is
+// removed.
+func TestSotWErrorIsNotAbsence(t *testing.T) {
+	cp := testcp.StartScriptedSotW(t)
+	const cds = resourcev3.ClusterType
+	c := cache.New(cache.Options{Retention: time.Minute})
+	if err := c.Watch(cache.NewWatch(), cds, "x", "y", "z"); err != nil {
+		t.Fatal(err)
+	}
+	runSotW(t, dialTest(t, cp.Addr), Options{Cache: c, Protocol: ProtocolSotW})
+	st := cp.Stream(t)
+	if req := st.Recv(); !slices.Equal(req.GetResourceNames(), []string{"x", "y", "z"}) {
+		t.Fatalf("first request %v", req)
+	}
+	held := func(names ...string) bool {
+		for _, l := range c.Get(cds, names) {
+			if l.Resource == nil {
+				return false
+			}
+		}
+		return true
+	}
+	respond := func(resp *discoverypb.DiscoveryResponse) {
+		t.Helper()
+		st.Send(resp)
+		if ack := st.Recv(); ack.GetResponseNonce() != resp.GetNonce() || ack.GetErrorDetail() != nil {
+			t.Fatalf("answer to %s: %v", resp.GetNonce(), ack)
+		}
+	}
+	respond(sotwClusters(t, "1", map[string]int64{"x": 1, "y": 1, "z": 1}, nil))
+	eventually(t, "x, y and z held", func() bool { return held("x", "y", "z") })
+
+	// x is left out with UNAVAILABLE, then with nothing (its error was
+	// sent once): kept both times. z is left out with NOT_FOUND: removed.
+	respond(sotwClusters(t, "2", map[string]int64{"y": 2}, map[string]codes.Code{"x": codes.Unavailable, "z": codes.NotFound}))
+	respond(sotwClusters(t, "3", map[string]int64{"y": 3}, nil))
+	// Each response is applied before it is ACKed.
+	if l := c.Get(cds, []string{"x", "z"}); l[0].Resource == nil || l[0].Absent || !l[1].Absent {
+		t.Fatalf("after x was left out with UNAVAILABLE and z with NOT_FOUND: x %+v, z %+v", l[0], l[1])
+	}
+
+	// x arrives again, so its error is over: left out now, it is removed.
+	respond(sotwClusters(t, "4", map[string]int64{"x": 4, "y": 3}, nil))
+	respond(sotwClusters(t, "5", map[string]int64{"y": 3}, nil))
+	if l := c.Get(cds, []string{"x"})[0]; !l.Absent {
+		t.Fatalf("x, left out once its error was over, is %+v", l)
+	}
+}
+
+// sotwEndpoints is a SotW ClusterLoadAssignment response of version (its
+// nonce too) carrying the named endpoints, each at port.
+func sotwEndpoints(t *testing.T, version string, port map[string]int) *discoverypb.DiscoveryResponse {
+	t.Helper()
+	resp := &discoverypb.DiscoveryResponse{TypeUrl: resourcev3.EndpointType, VersionInfo: version, Nonce: version}
+	for _, n := range slices.Sorted(maps.Keys(port)) {
+		a, err := anypb.New(testcp.Endpoints(n, fmt.Sprintf("10.0.0.1:%d", port[n])))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Resources = append(resp.Resources, a)
+	}
+	return resp
+}
+
+// A SotW endpoints response is not a complete state: what one leaves out
+// is kept, whatever the server sends later on the stream (a server may
+// send only what changed). But a new stream, asked the wildcard with no
+// version, must be sent everything the server has, in one response or
+// several: what the relay holds that none of them carries within
+// cache.retention is removed, and counted.
+func TestSotWWildcardDropsWhatANewStreamDoesNotSend(t *testing.T) {
+	cp := testcp.StartScriptedSotW(t)
+	const eds = resourcev3.EndpointType
+	const retention = 500 * time.Millisecond
+	c := cache.New(cache.Options{Retention: retention})
+	w := cache.NewWatch()
+	c.WatchWildcard(w, eds)
+	var imported []*cache.Resource
+	for _, n := range []string{"a", "b", "gone"} { // as a warm restart restores them
+		a, err := anypb.New(testcp.Endpoints(n, "10.0.0.1:1"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := xds.Encode(n, "", a, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		imported = append(imported, r)
+	}
+	c.Import([]cache.TypeState{{TypeURL: eds, Resources: imported}})
+	m := NewMetrics(&metrics.Registry{})
+	runSotW(t, dialTest(t, cp.Addr), Options{Cache: c, Metrics: m, Protocol: ProtocolSotW})
+	st := cp.Stream(t)
+	if req := st.Recv(); req.GetTypeUrl() != eds || len(req.GetResourceNames()) != 0 || req.GetVersionInfo() != "" {
+		t.Fatalf("first request %v, want the legacy wildcard with no version", req)
+	}
+	respond := func(resp *discoverypb.DiscoveryResponse) {
+		t.Helper()
+		st.Send(resp)
+		if ack := st.Recv(); ack.GetResponseNonce() != resp.GetNonce() || ack.GetErrorDetail() != nil {
+			t.Fatalf("answer to %s: %v", resp.GetNonce(), ack)
+		}
+	}
+	// The server sends its state in two responses, then only what changes.
+	start := time.Now()
+	respond(sotwEndpoints(t, "1", map[string]int{"a": 1}))
+	respond(sotwEndpoints(t, "2", map[string]int{"b": 1}))
+	eventually(t, "gone to be removed", func() bool { return c.Get(eds, []string{"gone"})[0].Absent })
+	if took := time.Since(start); took < retention-50*time.Millisecond {
+		t.Errorf("gone removed %v after the request, before cache.retention (%v)", took, retention)
+	}
+	if got := m.StaleRemoved.With("ClusterLoadAssignment").Get(); got != 1 {
+		t.Errorf("xdsrelay_upstream_sotw_stale_removed_total{ClusterLoadAssignment} %d, want 1", got)
+	}
+	for i := range 4 {
+		respond(sotwEndpoints(t, strconv.Itoa(3+i), map[string]int{"a": 2 + i})) // b never again
+		time.Sleep(retention / 2)
+	}
+	if l := c.Get(eds, []string{"a", "b"}); l[0].Resource == nil || l[1].Resource == nil {
+		t.Fatalf("after %v of responses without b: a %+v, b %+v", 2*retention, l[0], l[1])
+	}
 }

@@ -90,7 +90,14 @@
 // with a warm cache, and counts the first configs that carried resources the
 // run's control plane never published, which the relay served from the
 // restored cache before its control plane answered. Both reach the relay's
-// child with --split, and the relay's setup of --compare.
+// child with --split, and the relay's setup of --compare. --relay-group-by
+// FIELDS sets the relay's upstream.group_by (default cluster: every client
+// in one group); id makes each client a group, as istiod and Consul need
+// (with --cp-cache linear: a snapshot cache keyed by node.cluster answers
+// no group without one). Without --split, a run against the tool's own
+// control plane ends with what that control plane saw: its xDS streams
+// and connections once every client was configured, and the responses it
+// sent for the updates.
 //
 // With --envoy the clients behave as Envoy does for clusters and their
 // endpoints (internal/envoysim): wildcard CDS, EDS for every EDS cluster,
@@ -325,6 +332,7 @@
 //	--relay              start xdsrelay in this process in front of --serve-cp and load it
 //	--relay-limits       keep the relay's admission limits; clients retry as Envoy does
 //	--relay-persist DIR  the relay's cache.persist_dir: a second run restarts warm
+//	--relay-group-by F   the relay's upstream.group_by (default cluster; id: a group per client)
 //	--split              server side in a child process
 //	--compare            relay, linear, snapshot, gRPC floor and floor side by side
 //	--lrs                load reports instead of xDS (see above)

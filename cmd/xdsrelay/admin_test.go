@@ -48,6 +48,7 @@ func TestAdminCommandOverMTLS(t *testing.T) {
 	certs := testcp.MakeCerts(t)
 	r := startFileRelay(t, t.TempDir(), func(c *relay.Config) {
 		c.Admin.Address = "0.0.0.0:0" // not loopback: only a certificate makes a caller private
+		c.Admin.LocalAddress = ""
 		c.Admin.TLS.CertFile, c.Admin.TLS.KeyFile, c.Admin.TLS.CAFile = certs.ServerCert, certs.ServerKey, certs.CA
 		c.LogLevel = new(slog.LevelVar) // PUT /debug/loglevel
 	})
@@ -316,6 +317,7 @@ func TestDocOperationsAdminCommands(t *testing.T) {
 	certs := testcp.MakeCerts(t)
 	r = startFileRelay(t, t.TempDir(), func(c *relay.Config) {
 		c.Admin.Address = "0.0.0.0:0" // not loopback: only the certificate makes the caller private
+		c.Admin.LocalAddress = ""
 		c.Admin.TLS.CertFile, c.Admin.TLS.KeyFile, c.Admin.TLS.CAFile = certs.ServerCert, certs.ServerKey, certs.CA
 	})
 	adsClient(t, r.Addr(), "ingress-1") // a group, which only a private caller is shown

@@ -82,7 +82,7 @@ func TestBuiltBinaryPapercuts(t *testing.T) {
 
 	// The admin endpoint's index.
 	out, err = exec.Command(bin, "admin", "--server", admin, "/").CombinedOutput()
-	if exit(err) != 0 || !regexp.MustCompile(`(?m)^GET /debug/groups +private callers only$`).Match(out) {
+	if exit(err) != 0 || !regexp.MustCompile(`(?m)^GET /debug/groups +private and local callers$`).Match(out) {
 		t.Errorf("admin /: %s", out)
 	}
 

@@ -164,7 +164,7 @@ func newRootCmd(environ []string) *cobra.Command {
 	root.Flags().BoolVar(&showVersion, "version", false, "print the version and exit")
 	root.SetFlagErrorFunc(flagError)
 	root.AddCommand(newServeCmd(environ), newValidateCmd(environ), newStatusCmd(), newWatchCmd(), newPersistCmd(), newGuardCmd(),
-		newRolloutCmd(), newWaitCmd(), newAdminCmd(), newVersionCmd(), newDocsCmd())
+		newRolloutCmd(), newWaitCmd(), newConfigDumpCmd(), newAdminCmd(), newVersionCmd(), newDocsCmd())
 	defaultHelp := root.HelpFunc()
 	root.SetHelpFunc(func(cmd *cobra.Command, args []string) {
 		if cmd == root || cmd.Name() == "serve" {
@@ -209,7 +209,7 @@ Commands:
 `)
 	for _, c := range root.Commands() {
 		if c.IsAvailableCommand() {
-			fmt.Fprintf(w, "  %-10s %s\n", c.Name(), c.Short)
+			fmt.Fprintf(w, "  %-12s %s\n", c.Name(), c.Short)
 		}
 	}
 	fmt.Fprint(w, "\nRun xdsrelay COMMAND --help for a command's flags.\n\nFlags:\n")

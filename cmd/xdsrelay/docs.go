@@ -262,24 +262,34 @@ func adminDoc(paths []relay.AdminPath) []byte {
 	var b bytes.Buffer
 	b.WriteString("# Admin endpoint reference\n\n" + generatedBy)
 	b.WriteString(`The admin endpoint is HTTP on ` + "`admin.address`" + ` (` + "`127.0.0.1:9901`" + ` by default;
-empty turns it off), HTTPS with ` + "`admin.tls`" + `. ` + "`xdsrelay admin PATH`" + ` calls it, with a
+empty turns it off), HTTPS with ` + "`admin.tls`" + `, and the same paths over HTTP on
+` + "`admin.local_address`" + ` when it is open. ` + "`xdsrelay admin PATH`" + ` calls it, with a
 client certificate if need be.
 
-**Who may call what.** Probes and ` + "`/metrics`" + ` answer anyone who reaches the
-port. What reveals the configuration or the tenants (group keys, the
-control plane's address, file and resource names) and what controls or
-inspects the process answers only a *private* caller:
+**Who may call what.** Probes and ` + "`/metrics`" + ` answer anyone who reaches a
+listener. The read-only views, which reveal the configuration or the
+tenants (group keys, the control plane's address, file and resource names),
+answer a *local* or a *private* caller; what changes or inspects the
+process answers only a *private* caller:
 
-- the admin listener is bound to a loopback address (decided by the
-  address it is bound to: ` + "`0.0.0.0`" + ` is not loopback), or
-- the request came over ` + "`admin.tls`" + ` with a client certificate that
-  ` + "`admin.tls.client_ca_file`" + ` verifies (a certificate is verified when
-  presented, not required, so probes without one still work).
+- a *private* caller came on an ` + "`admin.address`" + ` bound to a loopback address
+  (decided by the address it is bound to: ` + "`0.0.0.0`" + ` is not loopback), or over
+  ` + "`admin.tls`" + ` with a client certificate that ` + "`admin.tls.client_ca_file`" + `
+  verifies (a certificate is verified when presented, not required, so
+  probes without one still work);
+- a *local* caller came on ` + "`admin.local_address`" + ` (` + "`127.0.0.1:9902`" + ` by default, a
+  loopback address only, opened when ` + "`admin.address`" + ` is not loopback): inside
+  the pod, as ` + "`kubectl port-forward`" + ` and ` + "`kubectl exec`" + ` reach it, where other
+  pods cannot.
 
-The request's source address is not trusted: a proxy in front of the relay
-makes every request look local. Others get 403 on private paths. An
-` + "`admin.address`" + ` that is not loopback without ` + "`admin.tls`" + ` is allowed and warned
-about (` + "`xdsrelay_config_warnings{key=\"admin.address\"}`" + `).
+A request that came through a proxy is neither, on either loopback
+listener: one from a loopback address other than ` + "`127.0.0.1`" + ` and ` + "`::1`" + ` (Istio's
+sidecar forwards from ` + "`127.0.0.6`" + `), or carrying a proxy's headers
+(` + "`Forwarded`" + `, ` + "`Via`" + `, ` + "`X-Forwarded-*`" + `, ` + "`X-Real-IP`" + `, ` + "`X-Envoy-*`" + `, ` + "`l5d-*`" + `); a verified
+client certificate stands through any proxy (see [Admin
+exposure](operations.md#admin-exposure)). Others get 403, which says what
+it takes. An ` + "`admin.address`" + ` that is not loopback without ` + "`admin.tls`" + ` is allowed
+and warned about (` + "`xdsrelay_config_warnings{key=\"admin.address\"}`" + `).
 
 Every body is bounded whatever clients put in their nodes: a group key is
 shown as the ` + "`group`" + ` label of the metrics shows it, and the paths that take

@@ -139,7 +139,7 @@ func TestCLIDocNamesEveryCommand(t *testing.T) {
 	for _, line := range strings.Split(strings.TrimSpace(synopsis), "\n") {
 		var path []string
 		for _, w := range strings.Fields(line)[1:] {
-			if strings.ContainsAny(w, "[-") || strings.ToUpper(w) == w {
+			if strings.HasPrefix(w, "-") || strings.Contains(w, "[") || strings.ToUpper(w) == w {
 				break
 			}
 			path = append(path, w)

@@ -13,7 +13,15 @@ import (
 )
 
 func newGuardCmd() *cobra.Command {
-	return groupCmd(&cobra.Command{Use: "guard", Short: "Act on the mass-removal guard's holds"}, newGuardReleaseCmd())
+	return groupCmd(&cobra.Command{Use: "guard", Short: "List or release the mass-removal guard's holds"}, newGuardListCmd(), newGuardReleaseCmd())
+}
+
+func newGuardListCmd() *cobra.Command {
+	return newListCmd("List the removals the guard holds",
+		`Asks the relay's admin endpoint (GET /debug/guard/holds) for the guard's
+holds, what guard release would end: per group and type, the removals
+held, since when, and whether it is a wipe's short hold. --group (the key
+as /debug/groups shows it) and --type narrow it.`, "/debug/guard/holds", printHoldTable)
 }
 
 func newGuardReleaseCmd() *cobra.Command {
@@ -67,6 +75,12 @@ func releaseQuery(cmd *cobra.Command, group, typ string) (url.Values, error) {
 	if err := required(cmd, "server"); err != nil {
 		return nil, err
 	}
+	return scopeQuery(cmd, group, typ)
+}
+
+// scopeQuery is the query of --group and --type, which narrow a release
+// or a list.
+func scopeQuery(cmd *cobra.Command, group, typ string) (url.Values, error) {
 	q := url.Values{}
 	if typ != "" {
 		typeURL, err := xds.ParseType(typ)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -77,6 +78,16 @@ func TestGuardReleaseCommand(t *testing.T) {
 	}
 
 	var out, errOut bytes.Buffer
+	if c := run(context.Background(), []string{"guard", "list", "--admin", r.AdminAddr(), "--type", "clusters"}, nil, &out, &errOut); c != 0 ||
+		!regexp.MustCompile(`(?m)^GROUP +TYPE +REMOVALS HELD +SINCE +WIPE\ncluster=c1,user_agent=,client_features= +Cluster +12 +\S+Z +no\n$`).MatchString(out.String()) {
+		t.Fatalf("guard list: exit %d: %q %s", c, out.String(), errOut.String())
+	}
+	out.Reset()
+	if c := run(context.Background(), []string{"guard", "list", "--admin", r.AdminAddr(), "-o", "json"}, nil, &out, &errOut); c != 0 ||
+		!strings.Contains(out.String(), `"names": 12`) {
+		t.Fatalf("guard list -o json: exit %d: %q %s", c, out.String(), errOut.String())
+	}
+	out.Reset()
 	if c := run(context.Background(), []string{"guard", "release", "--server", r.AdminAddr(), "--type", "clusters"}, nil, &out, &errOut); c != 0 {
 		t.Fatalf("exit %d: %s", c, errOut.String())
 	}
@@ -93,6 +104,10 @@ func TestGuardReleaseCommand(t *testing.T) {
 	}
 	cancel()
 	for range resps {
+	}
+	out.Reset()
+	if c := run(context.Background(), []string{"guard", "list", "--admin", r.AdminAddr()}, nil, &out, &errOut); c != 0 || out.String() != "nothing is held\n" {
+		t.Fatalf("guard list after the release: exit %d: %q %s", c, out.String(), errOut.String())
 	}
 
 	if c := run(context.Background(), []string{"guard", "release", "--server", r.AdminAddr(), "--group", "nope"}, nil, &out, &errOut); c != 1 ||

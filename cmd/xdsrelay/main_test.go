@@ -56,18 +56,18 @@ func TestVersionString(t *testing.T) {
 		ldVersion, ldRevision string
 		want                  string
 	}{
-		{name: "no build information", want: "(devel)"},
-		{name: "source without VCS", bi: info("(devel)"), want: "(devel)"},
-		{name: "empty module version", bi: info(""), want: "(devel)"},
+		{name: "no build information", want: release},
+		{name: "source without VCS", bi: info("(devel)"), want: release},
+		{name: "empty module version", bi: info(""), want: release},
 		{
-			name: "module version and revision",
+			name: "a pseudo-version is not the version: the release is, with the revision",
 			bi:   info("v0.0.0-20261102100000-1a2b3c4d5e6f", "vcs", "git", "vcs.revision", rev, "vcs.time", "2026-11-02T10:00:00Z", "vcs.modified", "false"),
-			want: "v0.0.0-20261102100000-1a2b3c4d5e6f (rev 1a2b3c4d5e6f, 2026-11-02T10:00:00Z)",
+			want: release + " (rev 1a2b3c4d5e6f, 2026-11-02T10:00:00Z)",
 		},
 		{
 			name: "modified tree",
 			bi:   info("v0.0.0-20261102100000-1a2b3c4d5e6f+dirty", "vcs.revision", rev, "vcs.modified", "true"),
-			want: "v0.0.0-20261102100000-1a2b3c4d5e6f+dirty (rev 1a2b3c4d5e6f, modified)",
+			want: release + " (rev 1a2b3c4d5e6f, modified)",
 		},
 		{
 			name:      "linker version wins, revision from VCS",
@@ -118,7 +118,7 @@ func TestUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{args: []string{"config.yaml"}, want: `unknown command "config.yaml" for "xdsrelay"; the commands are admin, docs, guard, persist, rollout, serve, status, validate, version, wait, watch (a configuration file is named with --config FILE)`},
+		{args: []string{"config.yaml"}, want: `unknown command "config.yaml" for "xdsrelay"; the commands are admin, config-dump, docs, guard, persist, rollout, serve, status, validate, version, wait, watch (a configuration file is named with --config FILE)`},
 		{args: []string{"--config", "a.yaml", "b.yaml"}, want: `unknown command "b.yaml"`},
 		{args: []string{"serve", "b.yaml"}, want: `unexpected argument "b.yaml": name the configuration file with --config FILE`},
 		{args: []string{"validat"}, want: `unknown command "validat" for "xdsrelay"; did you mean "validate"?`},
@@ -129,7 +129,7 @@ func TestUsageErrors(t *testing.T) {
 		{args: []string{"persist", "inspekt", "--bogus"}, want: `unknown command "inspekt" for "xdsrelay persist"; did you mean "inspect"?`},
 		{args: []string{"persist", "inspekt", "x"}, want: `unknown command "inspekt" for "xdsrelay persist"; did you mean "inspect"?`},
 		{args: []string{"guard", "relase"}, want: `unknown command "relase" for "xdsrelay guard"; did you mean "release"?`},
-		{args: []string{"rollout", "hold"}, want: `unknown command "hold" for "xdsrelay rollout"; the commands are release`},
+		{args: []string{"rollout", "hold"}, want: `unknown command "hold" for "xdsrelay rollout"; the commands are list, release`},
 		{args: []string{"rollout", "release", "--server", "x:1", "--type", "bogus"}, want: `--type: "bogus" is not a resource type: Cluster|CDS|clusters, `},
 		{args: []string{"admin", "--server", "x:1"}, want: "accepts 1 arg(s)"},
 		{args: []string{"admin", "--server", "x:1", "-X", "DELETE", "/readyz"}, want: `-X: "DELETE" is not GET, POST or PUT`},

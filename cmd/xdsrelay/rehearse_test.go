@@ -63,13 +63,23 @@ func TestDocCanaryRehearsal(t *testing.T) {
 		t.Fatal("the fleet was sent the change the canary NACKed")
 	}
 
+	list := shellCommands(t, docBlock(t, "docs/protection.md", "sh", "rollout list"))
+	listed := docBlock(t, "docs/protection.md", "text", "NACKED BY")
+	code, out, errOut := runCLI(moved(list[0])...)
+	if rfc3339.ReplaceAllString(out, "TIME") != rfc3339.ReplaceAllString(listed, "TIME") {
+		t.Errorf("rollout list: exit %d, %q %q; the doc shows %q", code, out, errOut, listed)
+	}
+
 	release := shellCommands(t, docBlock(t, "docs/protection.md", "sh", "rollout release"))
-	code, out, errOut := runCLI(moved(release[0])...)
+	code, out, errOut = runCLI(moved(release[0])...)
 	if shown := strings.TrimSpace(docBlock(t, "docs/protection.md", "text", "released a change")); code != 0 || !strings.HasPrefix(out, shown) {
 		t.Fatalf("rollout release: exit %d, %q %q; the doc shows %q", code, out, errOut, shown)
 	}
 	waitForOutput(t, fleetOut, `connectTimeout: 5s`)
 }
+
+// rfc3339 is a time as the commands' tables print it.
+var rfc3339 = regexp.MustCompile(`\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ`)
 
 // `xdsrelay watch --user-agent --client-feature` lands in the group of the
 // Envoy it stands in for: one group, two clients.

@@ -12,7 +12,17 @@ import (
 )
 
 func newRolloutCmd() *cobra.Command {
-	return groupCmd(&cobra.Command{Use: "rollout", Short: "Act on the canary rollout's held changes"}, newRolloutReleaseCmd())
+	return groupCmd(&cobra.Command{Use: "rollout", Short: "List or release the canary rollout's changes"}, newRolloutListCmd(), newRolloutReleaseCmd())
+}
+
+func newRolloutListCmd() *cobra.Command {
+	return newListCmd("List the changes waiting for the canaries, and those a canary NACKed",
+		`Asks the relay's admin endpoint (GET /debug/rollout/changes) for the
+changes sent to the canaries and not yet to the rest of their groups: per
+group, the types and resources changed, the canaries sent it and how many
+ACKed, and, for a change a canary NACKed (HELD), which canary and its
+error, what rollout release would release. --group and --type (changes of
+that type) narrow it.`, "/debug/rollout/changes", printChangeTable)
 }
 
 func newRolloutReleaseCmd() *cobra.Command {

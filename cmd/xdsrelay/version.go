@@ -12,25 +12,37 @@ import (
 	"github.com/xdsrelay/xdsrelay/relay"
 )
 
-// version and revision may be set at build time, and then win over the build
-// information: -ldflags "-X main.version=v1.2.3 -X main.revision=<commit>".
+// release is the release this source is: vX.Y.Z of the newest version in
+// CHANGELOG.md. The release commit sets it, with the chart's appVersion,
+// deploy/'s image tag and the README's lines (CONTRIBUTING.md,
+// "Releases"; release_test.go holds them together). Every build reports
+// it as its version, whatever the clone knows of tags (a CI clone often
+// has none, and the container build has no .git): between releases a
+// build carries the last release's number, and its revision tells the
+// commit.
+const release = "v0.2.0"
+
+// version and revision may be set at build time, and then win over the
+// release and the build information: -ldflags "-X main.version=v1.2.3-rc.1
+// -X main.revision=<commit>".
 var version, revision = "", ""
 
 // buildVersion is what --version and the version command report.
 type buildVersion struct {
-	Version   string // the module version, "(devel)" when unknown
+	Version   string // release, unless the build set another
 	Revision  string // the VCS commit, "" when unknown
 	Time      string // the commit time (RFC 3339), "" when unknown
 	Modified  bool   // the tree had uncommitted changes
 	GoVersion string // the Go toolchain that built the binary
 }
 
-// readVersion combines the linker-set values with the build information (bi
-// may be nil).
+// readVersion combines the release and the linker-set values with the
+// build information (bi may be nil). The module version in bi is not
+// read: outside a tagged checkout the go command makes it a
+// pseudo-version (v0.0.0-20261127...-abcdef), which names no release.
 func readVersion(bi *debug.BuildInfo, ldVersion, ldRevision string) buildVersion {
-	v := buildVersion{GoVersion: runtime.Version()}
+	v := buildVersion{Version: release, GoVersion: runtime.Version()}
 	if bi != nil {
-		v.Version = bi.Main.Version
 		if bi.GoVersion != "" {
 			v.GoVersion = bi.GoVersion
 		}
@@ -50,9 +62,6 @@ func readVersion(bi *debug.BuildInfo, ldVersion, ldRevision string) buildVersion
 	}
 	if ldRevision != "" {
 		v.Revision = ldRevision
-	}
-	if v.Version == "" {
-		v.Version = "(devel)"
 	}
 	return v
 }

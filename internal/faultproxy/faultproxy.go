@@ -46,6 +46,7 @@ type Proxy struct {
 
 	// Read-only after Start.
 	backends []string
+	source   *net.TCPAddr // the address dialled from; nil: the system's choice
 	ln       net.Listener
 	ctx      context.Context
 	cancel   context.CancelFunc
@@ -66,6 +67,14 @@ type Proxy struct {
 // backend that refuses is skipped, and a connection that no backend
 // accepts is closed.
 func Start(backends ...string) (*Proxy, error) {
+	return StartFrom(nil, backends...)
+}
+
+// StartFrom is Start with every backend dialled from the address source
+// (port 0), as a proxy that binds its own address does: Istio's sidecar
+// forwards inbound connections from 127.0.0.6. nil is the system's
+// choice, as Start.
+func StartFrom(source net.IP, backends ...string) (*Proxy, error) {
 	if len(backends) == 0 {
 		return nil, errors.New("faultproxy: no backend to forward to")
 	}
@@ -76,6 +85,9 @@ func Start(backends ...string) (*Proxy, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Proxy{Addr: ln.Addr().String(), backends: backends, ln: ln, ctx: ctx, cancel: cancel,
 		changed: make(chan struct{}), conns: map[net.Conn]struct{}{}, open: map[string]int{}}
+	if source != nil {
+		p.source = &net.TCPAddr{IP: source}
+	}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -175,7 +187,10 @@ func (p *Proxy) dial() (net.Conn, string, error) {
 	var err error
 	for k := range n {
 		backend := p.backends[(first+k)%n]
-		var d net.Dialer
+		d := net.Dialer{}
+		if p.source != nil {
+			d.LocalAddr = p.source
+		}
 		c, derr := d.DialContext(p.ctx, "tcp", backend)
 		if derr == nil {
 			return c, backend, nil

@@ -255,3 +255,32 @@ func TestResetWhileSilent(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// StartFrom dials its backend from the address it is given, as a sidecar
+// that binds its own address does.
+func TestStartFromDialsFromTheSource(t *testing.T) {
+	from := make(chan string, 1)
+	addr, stop := backend(t, func(c net.Conn) {
+		from <- c.RemoteAddr().(*net.TCPAddr).IP.String()
+		c.Close()
+	})
+	defer stop()
+	p, err := StartFrom(net.IPv4(127, 0, 0, 6), addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c, err := net.Dial("tcp", p.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	select {
+	case ip := <-from:
+		if ip != "127.0.0.6" {
+			t.Fatalf("the backend was dialled from %s, want 127.0.0.6", ip)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the backend was not dialled")
+	}
+}

@@ -285,6 +285,14 @@ func (cp *ControlPlane) Open() map[string]int {
 	return out
 }
 
+// RestartAs brings a stopped control plane back on the same address,
+// speaking d: another version of the server at the same place.
+func (cp *ControlPlane) RestartAs(d Dialect) {
+	cp.t.Helper()
+	cp.dialect = d // read by serve, on this goroutine
+	cp.Restart()
+}
+
 // Nodes returns the node of every stream's first request (SotW or delta).
 func (cp *ControlPlane) Nodes() []*corepb.Node {
 	cp.mu.Lock()
@@ -463,3 +471,64 @@ func ServeLinear(addr string, opts ...grpc.ServerOption) (*Linear, error) {
 
 // Stop ends the server: its streams and connections, and its goroutines.
 func (l *Linear) Stop() { l.stop() }
+
+// OneType is a go-control-plane server whose one cache is a LinearCache of
+// one type, served over ADS (SotW and delta) and the per-type services of
+// CDS, EDS, LDS and RDS: a control plane of one type, as many are built
+// (docs/control-planes.md, "How control planes refuse"). A stream that asks
+// it for another type is ended with Unknown "request type X does not match
+// cache type Y", the library's own words. Streams counts every stream
+// opened, at the server.
+type OneType struct {
+	Addr    string
+	Cache   *cachev3.LinearCache
+	Streams atomic.Int64 // streams opened, delta and SotW, ADS and per-type
+
+	stop func()
+}
+
+// StartOneType runs a one-type control plane of typeURL until the test
+// ends.
+func StartOneType(t testing.TB, typeURL string) *OneType {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &OneType{Addr: ln.Addr().String(), Cache: cachev3.NewLinearCache(typeURL)}
+	count := func(context.Context, int64, string) error {
+		o.Streams.Add(1)
+		return nil
+	}
+	cb := serverv3.CallbackFuncs{StreamOpenFunc: count, DeltaStreamOpenFunc: count}
+	ctx, cancel := context.WithCancel(context.Background())
+	srv := serverv3.NewServer(ctx, o.Cache, cb)
+	g := grpc.NewServer(grpc.WaitForHandlers(true))
+	discoverypb.RegisterAggregatedDiscoveryServiceServer(g, srv)
+	clustersvc.RegisterClusterDiscoveryServiceServer(g, srv)
+	endpointsvc.RegisterEndpointDiscoveryServiceServer(g, srv)
+	listenersvc.RegisterListenerDiscoveryServiceServer(g, srv)
+	routesvc.RegisterRouteDiscoveryServiceServer(g, srv)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = g.Serve(ln)
+	}()
+	o.stop = func() {
+		g.Stop()
+		<-done
+		cancel()
+	}
+	t.Cleanup(o.stop)
+	return o
+}
+
+// Set puts resources in the cache, each under its own name.
+func (o *OneType) Set(t testing.TB, rs ...types.Resource) {
+	t.Helper()
+	for _, r := range rs {
+		if err := o.Cache.UpdateResource(cachev3.GetResourceName(r), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

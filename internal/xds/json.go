@@ -18,11 +18,23 @@ import (
 // ({"@type": URL, "value": BASE64}), rather than failing the whole message.
 // m is not changed.
 func MarshalJSON(m proto.Message) ([]byte, error) {
+	return marshalJSON(m, protojson.MarshalOptions{})
+}
+
+// MarshalEnvoyJSON is MarshalJSON with the protos' own field names
+// (version_info, dynamic_active_clusters), as Envoy's admin endpoint
+// writes its /config_dump, so that what reads Envoy's reads it.
+func MarshalEnvoyJSON(m proto.Message) ([]byte, error) {
+	return marshalJSON(m, protojson.MarshalOptions{UseProtoNames: true})
+}
+
+func marshalJSON(m proto.Message, opts protojson.MarshalOptions) ([]byte, error) {
 	m = proto.Clone(m)
 	if err := rawUnknownAnys(m.ProtoReflect()); err != nil {
 		return nil, err
 	}
-	return protojson.MarshalOptions{Resolver: rawResolver{}}.Marshal(m)
+	opts.Resolver = rawResolver{}
+	return opts.Marshal(m)
 }
 
 // rawResolver resolves the linked types, and any other type URL as a

@@ -30,10 +30,11 @@ type Received struct {
 	// every resource of its type the stream is subscribed to ("Grouping
 	// Resources into Responses"), and removes nothing by itself.
 	StateOfTheWorld bool
-	// Unserved is set, with TypeURL alone, when the server refused the
-	// per-type state-of-the-world service of that type (UNIMPLEMENTED):
-	// not a response, but what the stream learned of the server.
-	Unserved bool
+	// Unserved is set, with TypeURL alone, to the error with which the
+	// server refused the per-type state-of-the-world service of that type
+	// (UNIMPLEMENTED, or its own words): not a response, but what the
+	// stream learned of the server.
+	Unserved error
 }
 
 var deltaFields = (&discoverypb.DeltaDiscoveryResponse{}).ProtoReflect().Descriptor().Fields()

@@ -69,6 +69,21 @@ func NewError(name string, code codes.Code, message string) *ResourceError {
 	return e
 }
 
+// DataError reports whether a per-resource error with code says that the
+// name is not to be had, rather than not to be had now (gRFC A88's data
+// errors): NOT_FOUND (it does not exist), PERMISSION_DENIED (refused to
+// the client), INVALID_ARGUMENT (it is not valid) and RESOURCE_EXHAUSTED
+// (refused at a bound). Any other code (UNAVAILABLE, INTERNAL,
+// UNKNOWN...) says only that it cannot be fetched now: the name is not
+// known not to exist (docs/architecture.md, invariant 21).
+func DataError(c int32) bool {
+	switch codes.Code(c) {
+	case codes.NotFound, codes.PermissionDenied, codes.InvalidArgument, codes.ResourceExhausted:
+		return true
+	}
+	return false
+}
+
 // CodeName is a google.rpc.Code as the protos name it (NOT_FOUND,
 // UNAVAILABLE...), for metric labels; UNKNOWN for a code out of range.
 func CodeName(c int32) string {
@@ -320,4 +335,19 @@ func DeltaFields(version uint64, typeURL, nonce string, fields [][]byte, removed
 func appendDecimal(b []byte, v uint64) []byte {
 	var d [20]byte
 	return protowire.AppendBytes(b, strconv.AppendUint(d[:0], v, 10))
+}
+
+// DecodeAny decodes r's resource, as clients get it: the Any its SotW
+// encoding carries (the resources field of a DiscoveryResponse), for
+// people (the admin endpoint's bodies). The resource's bytes are not
+// changed.
+func DecodeAny(r *Resource) (*anypb.Any, error) {
+	var m discoverypb.DiscoveryResponse
+	if err := proto.Unmarshal(r.Any, &m); err != nil {
+		return nil, fmt.Errorf("decode %q: %w", r.Name, err)
+	}
+	if len(m.GetResources()) != 1 {
+		return nil, fmt.Errorf("decode %q: %d resources, want 1", r.Name, len(m.GetResources()))
+	}
+	return m.GetResources()[0], nil
 }

@@ -6,6 +6,7 @@ import (
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -90,5 +91,15 @@ func TestCodeName(t *testing.T) {
 	e := NewError("x", 5, "gone")
 	if e.Name != "x" || e.Code != 5 || e.Message != "gone" || len(e.Delta) == 0 || len(e.SotW) == 0 {
 		t.Errorf("NewError: %+v", e)
+	}
+}
+
+func TestDataError(t *testing.T) {
+	for code, want := range map[codes.Code]bool{codes.NotFound: true, codes.PermissionDenied: true, codes.InvalidArgument: true,
+		codes.ResourceExhausted: true, codes.Unavailable: false, codes.Internal: false, codes.Unknown: false,
+		codes.DeadlineExceeded: false, codes.Unimplemented: false, codes.OK: false} {
+		if got := DataError(int32(code)); got != want {
+			t.Errorf("DataError(%v) = %v, want %v", code, got, want)
+		}
 	}
 }

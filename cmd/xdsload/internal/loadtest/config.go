@@ -76,6 +76,11 @@ type Config struct {
 	// (consistency.max_wait: 0): references are then neither read into
 	// waits nor fetched, to measure what they cost.
 	RelayConsistencyOff bool `json:"relay_consistency_off,omitempty"`
+	// RelayGroupBy is the relay's upstream.group_by; empty: [cluster],
+	// every client in one group. [id] makes each client a group of its
+	// own, as a control plane that tailors config per proxy (istiod,
+	// Consul) needs.
+	RelayGroupBy []string `json:"relay_group_by,omitempty"`
 	// relayTune, if set, edits the in-process relay's configuration last
 	// (tests: limits low enough to refuse a few clients). It does not
 	// reach a split run's child.
@@ -269,8 +274,8 @@ func (cfg *Config) validateDialect() error {
 // validateRelay checks the relay's options.
 func (cfg *Config) validateRelay() error {
 	switch {
-	case (cfg.RelayLimits || cfg.RelayPersist != "" || cfg.RelayConsistencyOff) && !cfg.Relay:
-		return errors.New("relay-limits, relay-persist and relay-consistency-off set up the relay: give relay (or compare)")
+	case (cfg.RelayLimits || cfg.RelayPersist != "" || cfg.RelayConsistencyOff || len(cfg.RelayGroupBy) > 0) && !cfg.Relay:
+		return errors.New("relay-limits, relay-persist, relay-consistency-off and relay-group-by set up the relay: give relay (or compare)")
 	case cfg.RelayLimits && cfg.StreamsPerConn > relayStreamsPerConn:
 		// Streams past SETTINGS_MAX_CONCURRENT_STREAMS wait for a slot
 		// that a long-lived xDS stream never frees.

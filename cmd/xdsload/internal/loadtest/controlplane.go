@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"strconv"
-	"sync"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -37,11 +36,11 @@ type controlPlane struct {
 	// Read-only after startControlPlane.
 	addr      string
 	catalog   *catalog
-	nodeGroup string       // the node.cluster that snapshots are keyed by
-	groups    []string     // with a fleet run's groups (Config.Fleet.Groups), every node.cluster served; nodeGroup alone otherwise
-	streams   *openStreams // the streams open now, by node.cluster
-	protocol  string       // what it speaks (Config.CPProtocol)
-	lrs       *lrsServer   // the load reporting server, on the same port
+	nodeGroup string     // the node.cluster that snapshots are keyed by
+	groups    []string   // with a fleet run's groups (Config.Fleet.Groups), every node.cluster served; nodeGroup alone otherwise
+	protocol  string     // what it speaks (Config.CPProtocol)
+	lrs       *lrsServer // the load reporting server, on the same port
+	counts    cpCounts   // its streams, connections and responses
 	snapshots cachev3.SnapshotCache
 	linear    *cachev3.LinearCache
 	cache     cachev3.Cache // snapshots or linear
@@ -59,7 +58,7 @@ type controlPlane struct {
 // per-type services.
 func startControlPlane(cfg *Config, coding seqCoding) (*controlPlane, error) {
 	cp := &controlPlane{catalog: newCatalog(cfg, coding), nodeGroup: cfg.NodeCluster, protocol: cfg.CPProtocol, lrs: newLRSServer(cmp.Or(cfg.LRSInterval, time.Second)),
-		groups: fleetGroups(cfg), streams: newOpenStreams()}
+		groups: fleetGroups(cfg)}
 	for i := range cp.catalog.names {
 		cp.resources = append(cp.resources, cp.catalog.resource(i, 0))
 	}
@@ -121,72 +120,15 @@ func fleetGroups(cfg *Config) []string {
 // groupName is a fleet run's group i, its clients' node.cluster.
 func groupName(i int) string { return "g" + strconv.Itoa(i) }
 
-// openStreams counts a control plane's streams open now, by the
-// node.cluster of their first request, and the streams ever opened: what
-// a fleet run reads of the control plane.
-type openStreams struct {
-	mu     sync.Mutex
-	live   map[[2]int64]string // {delta 1/SotW 0, id} → node.cluster ("" before the node)
-	opened int
-}
-
-func newOpenStreams() *openStreams { return &openStreams{live: map[[2]int64]string{}} }
-
-func (o *openStreams) open(kind, id int64) {
-	o.mu.Lock()
-	o.live[[2]int64{kind, id}] = ""
-	o.opened++
-	o.mu.Unlock()
-}
-
-func (o *openStreams) node(kind, id int64, n *corepb.Node) {
-	if n == nil {
-		return
-	}
-	o.mu.Lock()
-	if _, ok := o.live[[2]int64{kind, id}]; ok {
-		o.live[[2]int64{kind, id}] = n.GetCluster()
-	}
-	o.mu.Unlock()
-}
-
-func (o *openStreams) close(kind, id int64) {
-	o.mu.Lock()
-	delete(o.live, [2]int64{kind, id})
-	o.mu.Unlock()
-}
-
-// count is the streams open by node.cluster, and the streams ever opened.
-func (o *openStreams) count() (map[string]int, int) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	by := map[string]int{}
-	for _, c := range o.live {
-		by[c]++
-	}
-	return by, o.opened
-}
-
-// callbacks feed the counts from the server's stream callbacks.
-func (o *openStreams) callbacks() serverv3.Callbacks {
-	return serverv3.CallbackFuncs{
-		StreamOpenFunc:         func(_ context.Context, id int64, _ string) error { o.open(0, id); return nil },
-		DeltaStreamOpenFunc:    func(_ context.Context, id int64, _ string) error { o.open(1, id); return nil },
-		StreamClosedFunc:       func(id int64, _ *corepb.Node) { o.close(0, id) },
-		DeltaStreamClosedFunc:  func(id int64, _ *corepb.Node) { o.close(1, id) },
-		StreamRequestFunc:      func(id int64, r *discoverypb.DiscoveryRequest) error { o.node(0, id, r.GetNode()); return nil },
-		StreamDeltaRequestFunc: func(id int64, r *discoverypb.DeltaDiscoveryRequest) error { o.node(1, id, r.GetNode()); return nil },
-	}
-}
-
 func (cp *controlPlane) serve(ln net.Listener) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cp.cancel, cp.done = cancel, make(chan struct{})
-	srv := serverv3.NewServer(ctx, cp.cache, cp.streams.callbacks())
+	srv := serverv3.NewServer(ctx, cp.cache, cp.counts.callbacks())
 	// The relay pings its upstream every 30s (upstream.keepalive.time),
 	// every 10s in a soak with faults: allowed, or the server would send
 	// it away as too_many_pings.
-	cp.grpc = grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}))
+	cp.grpc = grpc.NewServer(grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.StatsHandler(connCounter{&cp.counts}))
 	if d := testcp.Dialect(cp.protocol); d != testcp.DialectDelta {
 		testcp.Register(cp.grpc, d, srv) // state of the world only (--cp-protocol)
 	} else {

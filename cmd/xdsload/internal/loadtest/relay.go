@@ -57,6 +57,9 @@ func relayConfig(upstream string, cfg *Config) (relay.Config, error) {
 	rc := relay.Default()
 	rc.Upstream.Address = upstream
 	rc.Upstream.GroupBy = []string{"cluster"}
+	if len(cfg.RelayGroupBy) > 0 {
+		rc.Upstream.GroupBy = cfg.RelayGroupBy
+	}
 	rc.Downstream.Address = "127.0.0.1:0"
 	rc.Admin.Address = ""
 	if cfg.Soak.Duration > 0 {

@@ -196,3 +196,40 @@ func TestRelayPersistSplit(t *testing.T) {
 		t.Errorf("the child saved %v, want one group's cache", entries)
 	}
 }
+
+// What the control plane sees, counted by the control plane: every client
+// directly (a stream and a connection each), one stream through a relay
+// that groups them by cluster, and one stream per client on one
+// connection through a relay that groups them by id (--relay-group-by
+// id), as istiod and Consul need.
+func TestControlPlaneSeesGroups(t *testing.T) {
+	const clients = 5
+	for _, tc := range []struct {
+		name           string
+		mod            func(*Config)
+		streams, conns int64
+	}{
+		{"directly", func(c *Config) {}, clients, clients},
+		{"relay by cluster", func(c *Config) { c.Relay = true }, 1, 1},
+		{"relay by id", func(c *Config) { c.Relay, c.RelayGroupBy = true, []string{"id"} }, clients, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res, err := Run(t.Context(), smallLoad(func(c *Config) { c.Clients, c.CPCache = clients, CacheLinear; tc.mod(c) }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkDelivered(t, res)
+			cp := res.ControlPlane
+			if cp == nil || cp.Streams != tc.streams || cp.Connections != tc.conns || cp.Responses < int64(res.Config.Updates) {
+				t.Fatalf("the control plane saw %+v, want %d streams on %d connections and a response per update at least", cp, tc.streams, tc.conns)
+			}
+			var out strings.Builder
+			if err := res.WriteTable(&out); err != nil || !strings.Contains(out.String(), "control plane: ") {
+				t.Errorf("the table does not say what the control plane saw: %v\n%s", err, out.String())
+			}
+		})
+	}
+	if err := (&Config{RelayGroupBy: []string{"id"}}).validateRelay(); err == nil {
+		t.Error("relay-group-by without relay was accepted")
+	}
+}

@@ -53,6 +53,9 @@ type Result struct {
 	IdlePerStream PerStream `json:"idle_per_stream"`
 	// CPU is what the server spent on the updates.
 	CPU CPU `json:"cpu"`
+	// ControlPlane is what the tool's control plane saw, when it serves
+	// it in this process (not a split run's); nil otherwise.
+	ControlPlane *ControlPlaneSeen `json:"control_plane,omitempty"`
 	// Churn is what a churn run measured; nil otherwise.
 	Churn *Churn `json:"churn,omitempty"`
 	// Soak is what a soak measured; nil otherwise.
@@ -272,6 +275,9 @@ func (r *Result) describe() string {
 	case c.Relay:
 		s += ", through xdsrelay in this process"
 	}
+	if c.Relay && len(c.RelayGroupBy) > 0 {
+		s += ", group_by [" + strings.Join(c.RelayGroupBy, ", ") + "]"
+	}
 	if c.Split && c.Relay {
 		s += "; relay and control plane each in a child process"
 	} else if c.Split {
@@ -292,6 +298,10 @@ func (r *Result) describe() string {
 func (r *Result) writeFooter(w io.Writer) error {
 	n := int64(max(r.Config.Clients, 1))
 	fmt.Fprintf(w, "bytes received: %s (%s per client)\n", size(r.BytesReceived), size(r.BytesReceived/n))
+	if cp := r.ControlPlane; cp != nil {
+		fmt.Fprintf(w, "control plane: %d xDS streams on %d connections once every client was configured; %d responses for %d updates (%.1f per update)\n",
+			cp.Streams, cp.Connections, cp.Responses, r.Config.Updates, cp.PerUpdate)
+	}
 	if r.Config.PID > 0 {
 		fmt.Fprintf(w, "server RSS (pid %d): start %s, configured %s (%s per client), end %s (%s per client since configured)\n",
 			r.Config.PID, size(r.RSS.Start), size(r.RSS.Configured), size((r.RSS.Configured-r.RSS.Start)/n),

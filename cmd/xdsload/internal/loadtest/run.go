@@ -257,9 +257,21 @@ func drive(ctx context.Context, cfg *Config, tr *tracker, b backend, res *Result
 		}
 	}
 	res.fillIdle()
+	counts := cpCountsOf(b)
+	var responses int64
+	if counts != nil {
+		res.ControlPlane = &ControlPlaneSeen{Streams: counts.streams.Load(), Connections: counts.conns.Load()}
+		responses = counts.responses.Load()
+	}
 	cpu, upstreamCPU := sampleCPU(cfg.PID), sampleCPU(upstreamPID(b))
 	if err := fanOut(ctx, cfg, tr, b); err != nil {
 		return err
+	}
+	if counts != nil {
+		res.ControlPlane.Responses = counts.responses.Load() - responses
+		if cfg.Updates > 0 {
+			res.ControlPlane.PerUpdate = float64(res.ControlPlane.Responses) / float64(cfg.Updates)
+		}
 	}
 	if cfg.PID > 0 && cfg.Updates > 0 {
 		res.CPU = CPU{Server: sampleCPU(cfg.PID) - cpu, Changes: cfg.Updates}

@@ -166,7 +166,7 @@ func serveServerSide(in io.Reader, out io.Writer) error {
 			}
 		case "streams":
 			if s, ok := srv.(*cpStack); ok {
-				reply.Streams, reply.Opened = s.cp.streams.count()
+				reply.Streams, reply.Opened = s.cp.counts.live.count()
 			} else {
 				reply.Error = "streams: not a control plane"
 			}

@@ -51,10 +51,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/*
 The relay's configuration: .Values.config with the listen addresses on the
-container ports.
+container ports, and admin.local_address on 127.0.0.1 at ports.adminLocal.
 */}}
 {{- define "xdsrelay.config" -}}
-{{- $listen := dict "downstream" (dict "address" (printf "0.0.0.0:%d" (int .Values.ports.xds))) "admin" (dict "address" (printf "0.0.0.0:%d" (int .Values.ports.admin))) }}
+{{- $admin := dict "address" (printf "0.0.0.0:%d" (int .Values.ports.admin)) "local_address" (printf "127.0.0.1:%d" (int .Values.ports.adminLocal)) }}
+{{- $listen := dict "downstream" (dict "address" (printf "0.0.0.0:%d" (int .Values.ports.xds))) "admin" $admin }}
 {{- toYaml (mergeOverwrite (deepCopy .Values.config) $listen) }}
 {{- end }}
 

@@ -1,0 +1,121 @@
+package relay
+
+import (
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc/codes"
+
+	"github.com/xdsrelay/xdsrelay/internal/realcp"
+	"github.com/xdsrelay/xdsrelay/internal/testcp"
+)
+
+// The relay in front of go-control-plane v0.9.8's own, unmodified server
+// (its serverv3.NewServer over cachev3.NewSnapshotCache(true, ...), run as
+// a process: internal/realcp), in each of the shapes servers built on it
+// take (docs/control-planes.md, "How control planes refuse"): with
+// upstream.protocol: auto the relay finds what each speaks, a real gRPC
+// client is served through it, and nothing it says calls a server that
+// refused "unreachable" (docs/architecture.md, invariant 20 "A refusal is
+// an answer").
+func TestV098AutoFindsWhatItSpeaks(t *testing.T) {
+	for _, tc := range []struct {
+		shape   realcp.Shape
+		speaks  string
+		refused []string // the protocols refused, in order, and in what words
+	}{
+		// v0.9.8's own: delta is Unknown "not implemented" (as Gloo's).
+		{realcp.ShapeADS, "sotw", []string{`delta Unknown "not implemented"`}},
+		// Per-type services only (Contour, Cilium): no ADS at all.
+		{realcp.ShapePerType, "sotw-per-type", []string{`delta Unimplemented "unknown service`, `sotw Unimplemented "unknown service`}},
+		// A server that says Unimplemented, as the spec would.
+		{realcp.ShapePolite, "sotw", []string{`delta Unimplemented "delta xDS is not served"`}},
+	} {
+		t.Run(string(tc.shape), func(t *testing.T) {
+			cp := realcp.StartV098(t, tc.shape)
+			backend := startBackend(t, "backend-1")
+			cp.Set(t, "greeters", "1", testcp.Listener("greeter", "greeter-route"), testcp.Route("greeter-route", "greeter-cluster"),
+				testcp.Cluster("greeter-cluster"), testcp.Endpoints("greeter-cluster", backend))
+			logs := &logBuffer{}
+			r := startRelayLogged(t, cp.Addr, slog.New(slog.NewJSONHandler(logs, nil)))
+
+			cc := grpcXDSClient(t, r.Addr(), "grpc-client-1", "greeters", "xds:///greeter")
+			rpcReaches(t, cc, "backend-1", func() { t.Logf("relay log:\n%s", logs) })
+
+			lines := logs.Lines(t, "control plane server refused the protocol; trying the next (upstream.protocol: auto)")
+			if len(lines) != len(tc.refused) {
+				t.Fatalf("%d refusals logged, want %d:\n%s", len(lines), len(tc.refused), logs)
+			}
+			for i, want := range tc.refused {
+				if got := lines[i]["refused"].(string) + " " + lines[i]["error"].(string); !strings.HasPrefix(got, want) {
+					t.Errorf("refusal %d logged as %q, want %q...", i, got, want)
+				}
+			}
+			if n := len(logs.Lines(t, "control plane server speaks "+tc.speaks)); n != 1 {
+				t.Errorf("\"control plane server speaks %s\" logged %d times, want once", tc.speaks, n)
+			}
+			if _, body := get(t, http.DefaultClient, "http://"+r.AdminAddr()+"/readyz"); !strings.Contains(body, "connected, speaks "+tc.speaks) {
+				t.Errorf("/readyz says:\n%s\nwant the upstream connected, speaking %s", body, tc.speaks)
+			}
+			if strings.Contains(logs.String(), "unreachable") || strings.Contains(logs.String(), "stream ended; reconnecting") {
+				t.Errorf("the log calls a server that refused unreachable, or a reconnect:\n%s", logs)
+			}
+			if n := cp.Count("open /envoy.service.discovery.v3.AggregatedDiscoveryService/DeltaAggregatedResources"); tc.shape == realcp.ShapeADS && n != 1 {
+				t.Errorf("v0.9.8 saw %d delta streams, want the one it refused", n)
+			}
+		})
+	}
+}
+
+// upstream.protocol: delta, which v0.9.8 refuses (Unknown "not
+// implemented"): the relay keeps to it, and every word it says names the
+// refusal and what it does next, never "unreachable": the log (at error,
+// once per attempt), /readyz to anyone and to a private caller, and a
+// client's per-resource error (gRFC A88).
+func TestV098RefusesTheConfiguredProtocol(t *testing.T) {
+	cp := realcp.StartV098(t, realcp.ShapeADS)
+	cp.Set(t, "c1", "1", testcp.Cluster("a"))
+	logs := &logBuffer{}
+	r := startRelayLogged(t, cp.Addr, slog.New(slog.NewJSONHandler(logs, nil)), func(c *Config) {
+		c.Upstream.Protocol = "delta"
+		c.Admin.ReadyAfterSync = true
+	})
+
+	d := openDelta(t, r.Addr())
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"a"}})
+	resp := d.recvWithin(10 * time.Second)
+	errs := resp.GetResourceErrors()
+	if len(errs) != 1 || errs[0].GetErrorDetail().GetCode() != int32(codes.Unavailable) || len(resp.GetRemovedResources()) > 0 {
+		t.Fatalf("the client got %v, want UNAVAILABLE for a", resp)
+	}
+	msg := errs[0].GetErrorDetail().GetMessage()
+	for _, want := range []string{`refused delta with Unknown "not implemented"`, "upstream.protocol: delta", "asks again after the backoff"} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the client's error %q does not say %q", msg, want)
+		}
+	}
+	if strings.Contains(msg, "unreachable") {
+		t.Errorf("the client's error calls the server unreachable: %q", msg)
+	}
+
+	code, public := get(t, &http.Client{Transport: &http.Transport{Proxy: nil}}, "http://"+r.AdminAddr()+"/readyz")
+	t.Logf("/readyz: %d %s", code, public)
+	if !strings.Contains(public, "refused") || strings.Contains(public, "unreachable") || strings.Contains(public, "cannot be reached") {
+		t.Errorf("/readyz says %q, want the refusal", public)
+	}
+	lines := logs.Lines(t, "control plane server refused the protocol; asking again after the backoff")
+	if len(lines) == 0 || !strings.Contains(lines[0]["refused"].(string), `refused delta with Unknown "not implemented"`) {
+		t.Errorf("the log does not say the refusal:\n%s", logs)
+	}
+	if strings.Contains(logs.String(), "unreachable") {
+		t.Errorf("the log calls the server unreachable:\n%s", logs)
+	}
+	if n := cp.Count("open /envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"); n != 0 {
+		t.Errorf("%d SotW streams with upstream.protocol: delta", n)
+	}
+}
