@@ -184,6 +184,7 @@ type op struct {
 	refs    []ReferenceEvent               // reference waits that ended, told after the lock
 	unsafe  []UnsafeOrder                  // first waits of a type, told after the lock
 	refused RefusedReferences              // references refused at MaxNames, told after the lock
+	first   bool                           // a watch marked is woken first (Watch.SetFirst)
 }
 
 func (c *Cache) beginLocked() *op { return &op{} }
@@ -201,6 +202,9 @@ func (o *op) change(t *typeState, typeURL string, names ...string) {
 func (o *op) mark(set *map[string]map[*Watch][]string, typeURL string, w *Watch, names ...string) {
 	byW := o.byWatch(set, typeURL, 0)
 	byW[w] = append(byW[w], names...)
+	if w.first {
+		o.first = true
+	}
 }
 
 // markShared marks every watcher in ws with names, a slice they all share:
@@ -216,6 +220,9 @@ func (o *op) markShared(set *map[string]map[*Watch][]string, typeURL string, ws 
 			byW[w] = append(prev, names...)
 		} else {
 			byW[w] = names
+		}
+		if w.first {
+			o.first = true
 		}
 	}
 }
@@ -246,6 +253,9 @@ func (o *op) markWatchers(e *entry, typeURL, name string) {
 		} else {
 			byW[w] = one
 		}
+		if w.first {
+			o.first = true
+		}
 	}
 }
 
@@ -268,14 +278,31 @@ func (c *Cache) finishLocked(o *op) {
 
 // wake marks the collected watchers; called without the lock.
 func (o *op) wake() {
+	if o.first {
+		// The watches woken first (Watch.SetFirst) queue their streams'
+		// flushes before the others'.
+		o.wakeWhere(func(w *Watch) bool { return w.first })
+		o.wakeWhere(func(w *Watch) bool { return !w.first })
+		return
+	}
+	o.wakeWhere(nil)
+}
+
+// wakeWhere marks the watchers of the op that keep selects, every one if
+// keep is nil.
+func (o *op) wakeWhere(keep func(*Watch) bool) {
 	for typeURL, byW := range o.names {
 		for w, names := range byW {
-			w.Mark(typeURL, o.seq, names...)
+			if keep == nil || keep(w) {
+				w.Mark(typeURL, o.seq, names...)
+			}
 		}
 	}
 	for typeURL, byW := range o.beats {
 		for w, names := range byW {
-			w.MarkHeartbeat(typeURL, o.seq, names...)
+			if keep == nil || keep(w) {
+				w.MarkHeartbeat(typeURL, o.seq, names...)
+			}
 		}
 	}
 }

@@ -75,6 +75,11 @@ type Options struct {
 	// invariant 21). The relay sets upstream.connect_timeout (the
 	// longest); 10s if zero.
 	HeldWait time.Duration
+	// FlushFirst, if set, says of a stream as it joins (its node, who
+	// opened it) whether its watch is woken before the others at each
+	// change (cache.Watch.SetFirst): a relay below fans out to many
+	// clients of its own, and is flushed first.
+	FlushFirst func(node *corepb.Node, from Caller) bool
 	// Loads configure the load reporting service (LRS); not served if
 	// Loads.Groups is nil.
 	Loads LoadOptions
@@ -94,6 +99,7 @@ type Server struct {
 	answerWait  time.Duration
 	wildWait    time.Duration // Options.WildcardWait
 	heldWait    time.Duration // Options.HeldWait
+	flushFirst  func(*corepb.Node, Caller) bool
 	limits      Limits
 	admission   *admission
 	deadlines   *deadlines // limits.first_request_timeout; nil for none
@@ -152,6 +158,7 @@ func New(opts Options) (*Server, error) {
 		answerWait:  opts.AnswerWait,
 		wildWait:    opts.WildcardWait,
 		heldWait:    opts.HeldWait,
+		flushFirst:  opts.FlushFirst,
 		limits:      opts.Limits,
 		loads:       opts.Loads.defaults(),
 		admission:   newAdmission(opts.Limits),

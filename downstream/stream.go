@@ -427,6 +427,9 @@ func run[Req any, Resp any, PReq interface {
 	p := open(c, PReq(first), g.send)
 	b := p.base()
 	b.grant = grant
+	if s.flushFirst != nil && s.flushFirst(end.node, who.caller()) {
+		b.watch.SetFirst(true) // before the first request registers it
+	}
 	pm := &pump{pool: s.sends, conn: s.sends.conn(ls.addr), flush: p.flush, guard: g, stream: b}
 	g.conn = pm.conn
 	defer s.sends.release(pm.conn)

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -264,16 +263,34 @@ func (r *Relay) trustsPeer(from downstream.Caller) bool {
 // its peer mark names, believed from a peer's delta ADS stream alone
 // (trustsPeer); a mark from anyone else is ignored, and counted.
 func (r *Relay) peerKey(node *corepb.Node, from downstream.Caller) (string, bool) {
+	key, marked, trusted := r.peerMark(node, from)
+	switch {
+	case trusted:
+		return key, true
+	case marked:
+		r.fleetM.ignored.Inc()
+	}
+	return GroupKey(node, r.cfg.Upstream.GroupBy), false
+}
+
+// peerMark is the group key a node's peer mark names, whether it carries
+// one, and whether it is to be believed.
+func (r *Relay) peerMark(node *corepb.Node, from downstream.Caller) (key string, marked, trusted bool) {
 	f := node.GetMetadata().GetFields()
 	if f[PeerMarkKey].GetStringValue() == "" {
-		return GroupKey(node, r.cfg.Upstream.GroupBy), false
+		return "", false, false
 	}
-	key := f[PeerGroupKey].GetStringValue()
-	if from.Variant != "delta-ads" || key == "" || !r.trustsPeer(from) {
-		r.fleetM.ignored.Inc()
-		return GroupKey(node, r.cfg.Upstream.GroupBy), false
-	}
-	return key, true
+	key = f[PeerGroupKey].GetStringValue()
+	return key, true, from.Variant == "delta-ads" && key != "" && r.trustsPeer(from)
+}
+
+// flushFirst says which streams are flushed first at each change
+// (downstream.Options.FlushFirst): a peer's, and a lower relay's (one that
+// advertises its admin address), each fanning out to clients of its own,
+// so that a relay below adds as little as can be to its clients' wait.
+func (r *Relay) flushFirst(node *corepb.Node, from downstream.Caller) bool {
+	_, _, trusted := r.peerMark(node, from)
+	return trusted || advertised(node) != ""
 }
 
 // peerNode is the node a group presents to an owner: the node it presents
@@ -427,13 +444,12 @@ func (r *Relay) oldestClientLocked() string {
 }
 
 // balance sheds client connections while this member holds more than
-// (1 + fleet.balance_slack) times the fleet's mean, at most
-// fleet.shed_per_second: each is closed, and its client reconnects
-// through the Service to any member.
+// (1 + fleet.balance_slack) times the fleet's mean, one a tick, a tick
+// every 1/fleet.shed_per_second (a ticker drops the ticks a slow loop
+// misses: never more): each is closed, and its client reconnects through
+// the Service to any member.
 func (r *Relay) balance() {
-	lim := rate.NewLimiter(rate.Limit(r.cfg.Fleet.ShedPerSecond), 1)
-	every := max(time.Duration(float64(time.Second)/r.cfg.Fleet.ShedPerSecond), 10*time.Millisecond)
-	t := time.NewTicker(every)
+	t := time.NewTicker(max(time.Duration(float64(time.Second)/r.cfg.Fleet.ShedPerSecond), time.Millisecond))
 	defer t.Stop()
 	for {
 		select {
@@ -443,7 +459,7 @@ func (r *Relay) balance() {
 		}
 		clients := r.fleetClients()
 		r.fleetM.clients.Set(int64(clients))
-		if r.stopped.Load() || r.fleet.members.Excess(clients) == 0 || !lim.Allow() {
+		if r.stopped.Load() || r.fleet.members.Excess(clients) == 0 {
 			continue
 		}
 		r.shedOne()

@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/xdsrelay/xdsrelay/downstream"
 	"github.com/xdsrelay/xdsrelay/fleet"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
@@ -512,6 +513,12 @@ func TestFleetForgedPeerMarkGainsNothing(t *testing.T) {
 	}
 	if other.groupOf(keyOf("secret")) != nil {
 		t.Fatal("the forged mark joined the group it names")
+	}
+	if other.flushFirst(forged, downstream.Caller{Variant: "delta-ads", Identities: []string{"spiffe://example.org/client"}}) {
+		t.Fatal("a forged mark's stream is flushed first")
+	}
+	if !other.flushFirst(forged, downstream.Caller{Variant: "delta-ads", Identities: []string{"xdsrelay-peer"}}) {
+		t.Fatal("a peer's stream is not flushed first")
 	}
 	holdsFor(t, 500*time.Millisecond, "g0 drawn from its owner, once", func() bool {
 		return sourceOf(other.groupOf(keyOf("g0"))) == sourcePeer && oneStreamEach(cp, groups)

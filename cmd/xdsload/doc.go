@@ -206,7 +206,9 @@
 // xdsrelay processes (--relay-bin) on loopback in front of the tool's
 // control plane, which runs in a process of its own (its CPU is then its
 // own) and serves --groups groups (node.cluster g0 to gG-1, 30 unless
-// given) from its snapshot cache. The --clients, delta ADS each on a
+// given) from its snapshot cache, a snapshot per group that each change
+// sets again (or, with --cp-cache linear, from one LinearCache for every
+// group, which builds a change once and sends it to each stream). The --clients, delta ADS each on a
 // connection of its own, are spread over the groups and the relays; a
 // client whose stream ends opens another on a relay picked at random, as
 // a client behind a Service does. The same load runs twice: the relays

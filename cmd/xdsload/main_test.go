@@ -147,6 +147,7 @@ func TestFlagErrors(t *testing.T) {
 		{"fleet with too few clients", []string{"--fleet", "3", "--relay-bin", "xdsrelay", "--clients", "10"}, 2, "at least a client of each group"},
 		{"fleet and a soak", []string{"--fleet", "3", "--relay-bin", "xdsrelay", "--clients", "90", "--soak", "1m"}, 2, "soak"},
 		{"fleet over SotW", []string{"--fleet", "3", "--relay-bin", "xdsrelay", "--clients", "90", "--variant", "sotw"}, 2, "delta ADS"},
+		{"fleet split", []string{"--fleet", "3", "--relay-bin", "xdsrelay", "--clients", "90", "--split"}, 2, "split"},
 		{"rolling past the relays' stream limit", []string{"--rolling", "--relay-bin", "xdsrelay", "--streams-per-conn", "200"}, 2, "max_streams_per_connection"},
 		{"envoy without the control plane", []string{"--envoy"}, 2, "serve-cp"},
 		{"envoy and a soak", []string{"--envoy", "--serve-cp", "127.0.0.1:0", "--soak", "1m"}, 2, "soak"},

@@ -42,8 +42,8 @@ func (cfg *Config) ValidateFleet() error {
 		return fmt.Errorf("fleet: %d clients over %d groups and %d relays: give at least a client of each group on each relay", cfg.Clients, f.Groups, f.Relays)
 	case cfg.Updates < 1:
 		return errors.New("fleet: give 1 or more --updates")
-	case cfg.Variant != VariantDelta || !cfg.ADS || cfg.CPCache != CacheSnapshot || cfg.Split || cfg.Relay || cfg.Target != "":
-		return errors.New("fleet: the clients speak delta ADS to the relays it starts, in front of its snapshot cache (give no --variant sotw, --ads=false, --cp-cache linear, --split, --relay or --target)")
+	case cfg.Variant != VariantDelta || !cfg.ADS || cfg.Split || cfg.Relay || cfg.Target != "":
+		return errors.New("fleet: the clients speak delta ADS to the relays it starts, in front of its own control plane (give no --variant sotw, --ads=false, --split, --relay or --target)")
 	}
 	return nil
 }
@@ -356,8 +356,8 @@ func met(ok bool) string {
 // WriteTable writes the run as tables.
 func (fl *Fleet) WriteTable(w io.Writer) error {
 	c := &fl.Config
-	fmt.Fprintf(w, "fleet: %d relays (%s), %d groups, %d clients (delta ADS, %s, %d resources), %d updates every %s\n\n",
-		c.Fleet.Relays, c.Fleet.RelayBin, c.Fleet.Groups, c.Clients, c.Type, c.Resources, c.Updates, c.UpdateEvery)
+	fmt.Fprintf(w, "fleet: %d relays (%s), %d groups, %d clients (delta ADS, %s, %d resources), %d updates every %s, the control plane's %s cache\n\n",
+		c.Fleet.Relays, c.Fleet.RelayBin, c.Fleet.Groups, c.Clients, c.Type, c.Resources, c.Updates, c.UpdateEvery, c.CPCache)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "\tapart\tfleet")
 	row := func(name string, f func(*FleetRun) string) {
