@@ -143,21 +143,21 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 func (c *Cache) publish(o *op, now time.Time) {
 	due := c.settleDueLocked(now)
 	c.mu.Unlock()
-	o.wake()
+	o.markAll()
 	var rel, after *op
 	if due {
 		c.mu.Lock()
 		rel = c.followLocked(now)
 		due = c.removalsDueLocked(now)
 		c.mu.Unlock()
-		rel.wake()
+		rel.markAll()
 	}
 	if due {
 		c.mu.Lock()
 		after = c.settleRemovalsLocked(now)
 		c.mu.Unlock()
 		if after != nil {
-			after.wake()
+			after.markAll()
 		}
 	}
 	c.wakeMu.Unlock()
@@ -276,32 +276,50 @@ func (c *Cache) finishLocked(o *op) {
 	c.takeTellsLocked(o)
 }
 
-// wake marks the collected watchers; called without the lock.
-func (o *op) wake() {
-	if o.first {
-		// The watches woken first (Watch.SetFirst) queue their streams'
-		// flushes before the others'.
-		o.wakeWhere(func(w *Watch) bool { return w.first })
-		o.wakeWhere(func(w *Watch) bool { return !w.first })
-		return
-	}
-	o.wakeWhere(nil)
-}
-
-// wakeWhere marks the watchers of the op that keep selects, every one if
-// keep is nil.
-func (o *op) wakeWhere(keep func(*Watch) bool) {
+// markAll marks the collected watchers with what changed; called without the
+// cache's lock and under wakeMu, so that the marks are on every watch
+// before the next op is made (publish). It wakes none: notify does, once
+// wakeMu is released too.
+func (o *op) markAll() {
 	for typeURL, byW := range o.names {
 		for w, names := range byW {
-			if keep == nil || keep(w) {
-				w.Mark(typeURL, o.seq, names...)
-			}
+			w.record(typeURL, o.seq, false, names)
 		}
 	}
 	for typeURL, byW := range o.beats {
 		for w, names := range byW {
+			w.record(typeURL, o.seq, true, names)
+		}
+	}
+}
+
+// notify wakes the watchers markAll marked, with no lock of the cache held: a
+// watch's OnReady function is a callback (docs/architecture.md, "Locks").
+// The watches woken first (Watch.SetFirst) queue their streams' flushes
+// before the others'.
+func (o *op) notify() {
+	if o.first {
+		o.notifyWhere(func(w *Watch) bool { return w.first })
+		o.notifyWhere(func(w *Watch) bool { return !w.first })
+		return
+	}
+	o.notifyWhere(nil)
+}
+
+// notifyWhere wakes the watchers of the op that keep selects, every one if
+// keep is nil.
+func (o *op) notifyWhere(keep func(*Watch) bool) {
+	for _, byW := range o.names {
+		for w := range byW {
 			if keep == nil || keep(w) {
-				w.MarkHeartbeat(typeURL, o.seq, names...)
+				w.Wake()
+			}
+		}
+	}
+	for _, byW := range o.beats {
+		for w := range byW {
+			if keep == nil || keep(w) {
+				w.Wake()
 			}
 		}
 	}

@@ -3,7 +3,9 @@ package cache
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -236,5 +238,83 @@ func TestApplyUnknown(t *testing.T) {
 	}
 	if l := c.Get("t", []string{"here"})[0]; l.Resource == nil {
 		t.Errorf("a present resource was touched: %+v", l)
+	}
+}
+
+// While the generation stays, what Get, Interest and Synced answer stays:
+// a reader that derives something from the whole interest may keep it
+// until the generation moves (upstream's Client.missing). Random watches,
+// responses, judgments taken back and sweeps, each followed by a look.
+func TestGenerationMovesWithWhatReadersSee(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	c := New(Options{Retention: time.Minute, Now: clk.now})
+	rng := rand.New(rand.NewPCG(1, 2))
+	names := []string{"a", "b", "c", "d", "e", "f"}
+	some := func() []string {
+		var out []string
+		for _, n := range names {
+			if rng.IntN(3) == 0 {
+				out = append(out, n)
+			}
+		}
+		return out
+	}
+	ws := []*Watch{NewWatch(), NewWatch(), NewWatch()}
+	look := func() string {
+		var b strings.Builder
+		fmt.Fprintf(&b, "%v synced=%v\n", c.Interest(), c.Synced(eds))
+		for _, l := range c.Get(eds, names) {
+			v := ""
+			if l.Resource != nil {
+				v = l.Resource.Version
+			}
+			fmt.Fprintf(&b, "%s %q absent=%v referenced=%v waiting=%v err=%v\n", l.Name, v, l.Absent, l.Referenced, l.Waiting, l.Error != nil)
+		}
+		return b.String()
+	}
+	ops := []func() string{
+		func() string {
+			w := ws[rng.IntN(3)]
+			n := some()
+			c.Watch(w, eds, n...)
+			return fmt.Sprint("watch ", n)
+		},
+		func() string {
+			w := ws[rng.IntN(3)]
+			n := some()
+			c.Unwatch(w, eds, n...)
+			return fmt.Sprint("unwatch ", n)
+		},
+		func() string { c.WatchWildcard(ws[rng.IntN(3)], eds); return "wildcard" },
+		func() string { c.UnwatchWildcard(ws[rng.IntN(3)], eds); return "no wildcard" },
+		func() string {
+			var ups []*Resource
+			for _, n := range some() {
+				ups = append(ups, res(n, strconv.Itoa(rng.IntN(3))))
+			}
+			ch := Change{Upserts: ups, Removed: some(), Synced: rng.IntN(2) == 0}
+			c.Apply(eds, ch)
+			return fmt.Sprintf("apply %d upserts, removed %v, synced %v", len(ups), ch.Removed, ch.Synced)
+		},
+		func() string { n := some(); c.Apply(eds, Change{Unknown: n}); return fmt.Sprint("unknown ", n) },
+		func() string {
+			n := some()
+			var errs []*ResourceError
+			for _, x := range n {
+				errs = append(errs, &ResourceError{Name: x})
+			}
+			c.Apply(eds, Change{Errors: errs})
+			return fmt.Sprint("errors ", n)
+		},
+		func() string { clk.t = clk.t.Add(time.Duration(rng.IntN(90)) * time.Second); c.Sweep(); return "sweep" },
+	}
+	before, gen := look(), c.Generation()
+	for i := range 5000 {
+		what := ops[rng.IntN(len(ops))]()
+		after, g := look(), c.Generation()
+		if g == gen && after != before {
+			t.Fatalf("step %d, %s: the generation stayed at %d, and what readers see changed:\n%s→\n%s", i, what, g, before, after)
+		}
+		before, gen = after, g
 	}
 }

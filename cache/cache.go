@@ -6,11 +6,11 @@ import (
 	"math"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
 
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
@@ -139,25 +139,24 @@ type Cache struct {
 	onRejected    func(Rejection)
 
 	// wakeMu orders publication with waking: an op that changes what
-	// readers see (c.mu) is made and marked on its watchers (op.wake)
+	// readers see (c.mu) is made and marked on its watchers (op.markAll)
 	// under it, so that nothing a later op publishes is readable before an
 	// earlier op's marks are on every watch (docs/architecture.md,
 	// invariant 7 "Order is kept"). Taken before mu, and held across
-	// op.wake only: never across a callback (tell).
-	wakeMu sync.Mutex
+	// op.markAll only: never across a callback (tell, which wakes the
+	// watches marked, once it is released).
+	wakeMu lockorder.Mutex[cacheWakeMu]
 
-	mu        sync.RWMutex
+	mu        lockorder.RWMutex[cacheMu]
 	seq       uint64                            // guarded by mu
+	igen      uint64                            // moves with each change of the interest (Generation); guarded by mu
 	types     map[string]*typeState             // guarded by mu
 	size      int                               // present resources; guarded by mu
 	idle      *simplelru.LRU[idleKey, struct{}] // what nobody watches, least recently used first; guarded by mu
 	evictions uint64                            // guarded by mu
-	// The interest log (InterestChanges); guarded by mu.
-	ilog     map[string]map[string]bool
-	ilogLen  int
-	ilogFull bool
-	wanted   int       // names with entry.wanted set; guarded by mu
-	changes  []*change // changes waiting for release (Rollout), oldest first; guarded by mu
+	ilog      InterestLog                       // what entered and left the interest (InterestChanges); guarded by mu
+	wanted    int                               // names with entry.wanted set; guarded by mu
+	changes   []*change                         // changes waiting for release (Rollout), oldest first; guarded by mu
 	// Make before break (Consistency, refs.go); guarded by mu.
 	waits       int                             // resources and removals waiting for references
 	waitOn      map[string]map[xds.Ref]struct{} // Cluster name → the waiting resources that point at it
@@ -383,6 +382,9 @@ func (t *typeState) entryLocked(name string) *entry {
 // wantLocked sets whether e is explicitly part of the interest, keeping the
 // count of wanted names.
 func (c *Cache) wantLocked(e *entry, wanted bool) {
+	if wanted != e.wanted {
+		c.igen++
+	}
 	switch {
 	case wanted && !e.wanted:
 		c.wanted++
@@ -513,7 +515,7 @@ func (c *Cache) Release(w *Watch) {
 	c.advanceLocked(c.now(), o)
 	c.finishLocked(o)
 	c.mu.Unlock()
-	o.wake()
+	o.markAll()
 	c.wakeMu.Unlock()
 	c.tell(o)
 }

@@ -5,8 +5,9 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync"
 	"time"
+
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 )
 
 // Convergence: who has which version of each resource, counted as it
@@ -61,7 +62,7 @@ const (
 // convergence is every type's counters; guarded by its mu, which is taken
 // after the Cache's mu when both are held.
 type convergence struct {
-	mu    sync.Mutex
+	mu    lockorder.Mutex[convergenceMu]
 	types map[string]map[string]*convName // type → name → its versions
 	// shared counts the clients that stand with a whole complete state
 	// (MoveShared), pending or accepted, once per state rather than once

@@ -50,11 +50,15 @@ func (c *Cache) Export() ([]TypeState, uint64) {
 	return out, c.seq
 }
 
-// Generation changes whenever the cache's contents do.
+// Generation changes whenever the cache's contents do (each op that
+// changes something), or its union of interests: while it stays, what
+// Get, Interest and Synced answer stays. A reader that derives something
+// from the whole interest (upstream's Client.missing) reads it again only
+// once the generation moved.
 func (c *Cache) Generation() uint64 {
 	c.mu.RLock()
 	defer c.mu.RUnlock()
-	return c.seq
+	return c.seq + c.igen
 }
 
 // Import fills an empty cache with saved contents. What it restores is held
@@ -92,10 +96,10 @@ func (c *Cache) Import(states []TypeState) {
 	}
 	c.evictLocked(o)
 	c.finishLocked(o)
-	c.ilog, c.ilogLen, c.ilogFull = nil, 0, true // taken whole from Interest
+	c.ilog.Drop() // taken whole from Interest
 	c.mu.Unlock()
 	c.signalInterest()
-	o.wake()
+	o.markAll()
 	c.wakeMu.Unlock()
 	c.tell(o)
 }

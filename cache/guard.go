@@ -194,7 +194,7 @@ func (c *Cache) ReleaseHolds(typeURL string) []Hold {
 	}
 	c.finishLocked(o)
 	c.mu.Unlock()
-	o.wake()
+	o.markAll()
 	c.wakeMu.Unlock()
 	c.tell(o)
 	slices.SortFunc(out, func(a, b Hold) int { return strings.Compare(a.TypeURL, b.TypeURL) })

@@ -17,12 +17,13 @@ import (
 // the group and reaches clients before it, and a removal reaches them only
 // once nothing they hold points at the name. The zero Consistency is off.
 //
-// The waits live in the release step, before the guard's holds and the
-// rollout's gate see a change: a resource (new or changed) that points at
-// a Cluster the cache lacks, or at its endpoints (waitsFor), is not
-// applied, and its watchers not marked, until they are present or MaxWait
-// has passed; a removal of a present name that a present resource points
-// at is not applied until nothing does, or MaxWait has passed. After
+// The waits live in the release step, before the rollout's gate sees a
+// change: a resource (new or changed) that points at a Cluster the cache
+// lacks, or at its endpoints (waitsFor), is not applied, and its watchers
+// not marked, until they are present or MaxWait has passed. A removal
+// meets the guard's holds first; what they let through, of a present name
+// that a present resource points at, is not applied until nothing does,
+// or MaxWait has passed. After
 // MaxWait the control plane's word wins. A change that needs no wait is
 // applied as before.
 type Consistency struct {

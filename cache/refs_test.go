@@ -2,7 +2,6 @@ package cache
 
 import (
 	"reflect"
-	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -700,49 +699,63 @@ func TestReleasedRouteReadableOnlyOnceItsClusterIsMarked(t *testing.T) {
 	}
 }
 
-// An op applied while another's watchers are being marked becomes readable
-// only once they all are: a Route moved to y by one upstream stream does
-// not overtake y's marks, applied by another (invariant 7 "Order is
-// kept"). The Route's Apply starts from inside the marking of y's, which
-// looks for the Route's change for a while before it returns.
+// An op's marks are all on before any of its watches is woken, and the
+// next op is made only once they are (invariant 7 "Order is kept"): the
+// first watch that y's arrival wakes finds y marked on every watch, and a
+// Route moved to y by another upstream stream, applied from that wake-up,
+// is made then, with no lock of the cache held (docs/architecture.md,
+// "Locks": OnReady is a callback).
 func TestApplyWaitsForTheMarksOfTheOneBefore(t *testing.T) {
 	c, _, _ := consistent()
-	client := NewWatch()
-	c.Watch(client, rds, "r")
-	c.Watch(client, cds, "x", "y")
+	var ws []*Watch
+	for range 64 {
+		w := NewWatch()
+		c.Watch(w, rds, "r")
+		c.Watch(w, cds, "x", "y")
+		ws = append(ws, w)
+	}
 	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1")}})
 	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
-	client.Take()
+	for _, w := range ws {
+		w.Take()
+	}
+	woken, unmarked := 0, -1
 	done := make(chan struct{})
-	started := false
-	overtook := false
-	client.OnReady(func() {
-		if started {
-			return
-		}
-		started = true
-		go func() {
-			defer close(done)
-			c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y")}})
-		}()
-		for end := time.Now().Add(100 * time.Millisecond); time.Now().Before(end); runtime.Gosched() {
-			if present(c, rds, "r") == "2" {
-				overtook = true
+	for _, w := range ws {
+		w.OnReady(func() {
+			if woken++; woken > 1 {
 				return
 			}
-		}
-	})
+			unmarked = 0
+			for _, o := range ws {
+				o.mu.Lock()
+				if d := o.dirty.Of(cds); d == nil || !d.Names.Has("y") {
+					unmarked++
+				}
+				o.mu.Unlock()
+			}
+			go func() {
+				defer close(done)
+				c.Apply(rds, Change{Upserts: []*Resource{route("r", "2", "y")}})
+			}()
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Error("the Route's Apply, from a wake-up, did not return: a lock of the cache is held across OnReady")
+			}
+		})
+	}
 	c.Apply(cds, Change{Upserts: []*Resource{res("y", "1")}})
-	if !started {
-		t.Fatal("y's change marked no watch")
+	if woken == 0 {
+		t.Fatal("y's change woke no watch")
+	}
+	if unmarked != 0 {
+		t.Errorf("the first watch woken found %d of %d watches without y's mark", unmarked, len(ws))
 	}
 	select {
 	case <-done:
-	case <-time.After(time.Minute):
-		t.Fatal("the route's Apply did not return once y's watchers were marked")
-	}
-	if overtook {
-		t.Error("the route's change was readable while y's watchers were being marked")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Route's Apply did not return")
 	}
 	if got := present(c, rds, "r"); got != "2" {
 		t.Errorf("route = %q, want 2", got)

@@ -402,7 +402,7 @@ func (c *Cache) Verdict(w *Watch, typeURL string, version uint64, nack bool, who
 	c.advanceLocked(c.now(), o)
 	c.finishLocked(o)
 	c.mu.Unlock()
-	o.wake()
+	o.markAll()
 	c.wakeMu.Unlock()
 	c.tell(o)
 }
@@ -453,7 +453,7 @@ func (c *Cache) ReleaseHeld(typeURL string) []RolloutState {
 	c.advanceLocked(c.now(), o)
 	c.finishLocked(o)
 	c.mu.Unlock()
-	o.wake()
+	o.markAll()
 	c.wakeMu.Unlock()
 	c.tell(o)
 	return out
@@ -529,8 +529,10 @@ func (t *typeState) releasedView(w *Watch) bool {
 	return t != nil && t.held > 0 && !t.canaryLocked(w)
 }
 
-// tell passes the op's guard and rollout events on, without the lock.
+// tell wakes the watchers the op marked and passes its guard and rollout
+// events on, with no lock of the cache held.
 func (c *Cache) tell(o *op) {
+	o.notify()
 	c.tellGuard(o)
 	c.tellReferences(o)
 	if c.onRollout == nil {

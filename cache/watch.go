@@ -2,8 +2,8 @@ package cache
 
 import (
 	"iter"
-	"sync"
 
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
@@ -163,7 +163,7 @@ type Watch struct {
 	wake   chan struct{}
 	notify func() // set by OnReady; replaces wake
 
-	mu    sync.Mutex
+	mu    lockorder.Mutex[watchMu]
 	dirty DirtySet // guarded by mu
 	// Given back by Recycle, for the next Take and marks: a watch that is
 	// marked and flushed over and over allocates nothing. Guarded by mu.
@@ -221,8 +221,9 @@ func NewWatch() *Watch {
 func (w *Watch) Ready() <-chan struct{} { return w.wake }
 
 // OnReady makes every mark call f, after the mark, instead of signalling
-// Ready. f runs on the goroutine that marks (the cache's writer, often) and
-// must not block. Call it before the watch is registered with a cache.
+// Ready. f runs on the goroutine that marks (the cache's writer, often),
+// with no lock of the cache held, and must not block. Call it before the
+// watch is registered with a cache.
 func (w *Watch) OnReady(f func()) { w.notify = f }
 
 // Take returns and clears the dirty sets, one per type; nil if none.
@@ -303,16 +304,20 @@ func (w *Watch) recycleLocked(d DirtySet) {
 // what the cache calls on a change; a stream may also call it to schedule
 // work for itself (a new subscription, for instance).
 func (w *Watch) Mark(typeURL string, seq uint64, names ...string) {
-	w.mark(typeURL, seq, false, names)
+	w.record(typeURL, seq, false, names)
+	w.Wake()
 }
 
 // MarkHeartbeat records heartbeats of names of typeURL at seq and wakes the
 // watch.
 func (w *Watch) MarkHeartbeat(typeURL string, seq uint64, names ...string) {
-	w.mark(typeURL, seq, true, names)
+	w.record(typeURL, seq, true, names)
+	w.Wake()
 }
 
-func (w *Watch) mark(typeURL string, seq uint64, heartbeat bool, names []string) {
+// record records names (or heartbeats) of typeURL as dirty at seq, and
+// wakes no one.
+func (w *Watch) record(typeURL string, seq uint64, heartbeat bool, names []string) {
 	w.mu.Lock()
 	d := w.dirty.Of(typeURL)
 	if d == nil {
@@ -334,7 +339,6 @@ func (w *Watch) mark(typeURL string, seq uint64, heartbeat bool, names []string)
 		set.Add(n)
 	}
 	w.mu.Unlock()
-	w.Wake()
 }
 
 // Wake wakes the watch as a mark does, marking nothing: a stream that

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
@@ -204,4 +205,51 @@ func TestFirstWatchIsWokenFirst(t *testing.T) {
 			t.Fatalf("round %d: the watches set first were woken at %d and %d", round, slices.Index(got, first), slices.Index(got, wild))
 		}
 	}
+}
+
+// A watch's OnReady runs with no lock of the cache held
+// (docs/architecture.md, "Locks": no lock is held across a callback): not
+// Cache.mu, and not Cache.wakeMu, under which the marks are made. Each op
+// that marks is tried: an upstream change (Apply), a canary's ACK that
+// releases a change to the others (Verdict), a bake that passes (Sweep).
+func TestOnReadyRunsWithNoLockHeld(t *testing.T) {
+	clk := &clock{t: time.Unix(1000, 0)}
+	var events []RolloutEvent
+	c, ws := rolling(t, 3, clk, &events)
+	woken, held := 0, 0
+	for _, w := range ws {
+		w.OnReady(func() {
+			woken++
+			for _, mu := range []interface {
+				TryLock() bool
+				Unlock()
+			}{&c.wakeMu, &c.mu} {
+				if !mu.TryLock() {
+					held++
+					continue
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	step := func(what string, f func()) {
+		t.Helper()
+		before := woken
+		f()
+		if woken == before {
+			t.Fatalf("%s woke no watch", what)
+		}
+		if held > 0 {
+			t.Fatalf("%s: %d wake-ups ran under a lock of the cache", what, held)
+		}
+	}
+	step("Apply", func() { c.Apply(eds, Change{Upserts: []*Resource{res("x", "2")}}) })
+	version := c.ReadFor(ws[0], eds, []string{"x"}, false).Version
+	step("Verdict", func() {
+		c.Verdict(ws[0], eds, version, false, "a", "")
+		c.Verdict(ws[1], eds, version, false, "b", "")
+	})
+	step("Apply again", func() { c.Apply(eds, Change{Upserts: []*Resource{res("x", "3")}}) })
+	clk.t = clk.t.Add(2 * time.Minute)
+	step("Sweep", func() { c.Sweep() })
 }

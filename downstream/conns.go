@@ -2,8 +2,9 @@ package downstream
 
 import (
 	"net"
-	"sync"
 	"syscall"
+
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 )
 
 // Listen returns lis with every connection it accepts known to the server,
@@ -18,7 +19,7 @@ func (s *Server) Listen(lis net.Listener) net.Listener {
 // connSet is the accepted connections by remote address. Closed ones are
 // pruned as new ones arrive, once they could be half of the set.
 type connSet struct {
-	mu        sync.Mutex
+	mu        lockorder.Mutex[connSetMu]
 	m         map[string]net.Conn // guarded by mu
 	pruneSize int                 // guarded by mu; prune when m grows past it
 }

@@ -1,8 +1,9 @@
 package downstream
 
 import (
-	"sync"
 	"time"
+
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 )
 
 // deadlines is limits.first_request_timeout for every pending stream at
@@ -15,7 +16,7 @@ type deadlines struct {
 	timeout time.Duration
 	now     func() time.Time
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex[deadlinesMu]
 	queue   []*firstWait // oldest first; guarded by mu
 	head    int          // queue[head:] may be pending; guarded by mu
 	running bool         // the goroutine is running; guarded by mu

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -12,6 +11,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
@@ -30,7 +30,7 @@ type bucket struct {
 	rate, burst float64
 	now         func() time.Time
 
-	mu         sync.Mutex
+	mu         lockorder.Mutex[bucketMu]
 	tokens     float64   // guarded by mu
 	last       time.Time // guarded by mu; when tokens was last refilled
 	suppressed int       // guarded by mu; refusals since the last line allowed

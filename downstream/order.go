@@ -2,7 +2,6 @@ package downstream
 
 import (
 	"slices"
-	"sync/atomic"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
@@ -211,8 +210,3 @@ func (b *streamBase) lowerFirst(typeURL string) (bool, error) {
 	defer b.watch.RecycleRecords(lower)
 	return true, b.flushTypes(ordered(lower), true)
 }
-
-// betweenTypes, when set, is called by a flush before each type it sends,
-// with that type: tests set it to change the cache at that instant. Nil in
-// production; atomic, for a test sets it while other tests' streams end.
-var betweenTypes atomic.Pointer[func(next string)]

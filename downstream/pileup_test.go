@@ -174,9 +174,17 @@ func pileUp(t *testing.T, open func(*testing.T, *grpc.ClientConn, context.Contex
 func pileUpWith(t *testing.T, opts cache.Options, open func(*testing.T, *grpc.ClientConn, context.Context) pileClient,
 	initial func(*cache.Cache), ready func(got []string) bool, changes func(*cache.Cache), done func(got []string) bool) (told []string, resps [][]string) {
 	t.Helper()
+	return pileUpHooked(t, opts, nil, open, initial, ready, changes, done)
+}
+
+// pileUpHooked is pileUpWith with a server whose flushes call between
+// before each type they send (Options.betweenTypes).
+func pileUpHooked(t *testing.T, opts cache.Options, between func(next string), open func(*testing.T, *grpc.ClientConn, context.Context) pileClient,
+	initial func(*cache.Cache), ready func(got []string) bool, changes func(*cache.Cache), done func(got []string) bool) (told []string, resps [][]string) {
+	t.Helper()
 	const cds, lds, rds = resourcev3.ClusterType, resourcev3.ListenerType, resourcev3.RouteType
 	c := cache.New(opts)
-	s, any := serveOn(t, Options{Groups: oneGroup{c}, SendTimeout: time.Minute})
+	s, any := serveOn(t, Options{Groups: oneGroup{c}, SendTimeout: time.Minute, betweenTypes: between})
 	cc := smallWindows(t, any.Target())
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -387,7 +395,7 @@ func TestPiledUpSotWStateThatAddsAndRemovesGoesInTypeOrder(t *testing.T) {
 // flush has read the Clusters already; before it sends the Route it sends
 // y ("Eventual consistency considerations": CDS before RDS), not after it
 // in the next flush, and an incremental stream holds w's removal back
-// until after the Route, as the flush's own. betweenTypes places the
+// until after the Route, as the flush's own. Options.betweenTypes places the
 // release at that instant.
 func TestClusterReleasedMidFlushGoesBeforeTheRouteToIt(t *testing.T) {
 	for name, open := range map[string]func(*testing.T, *grpc.ClientConn, context.Context) pileClient{
@@ -407,9 +415,7 @@ func TestClusterReleasedMidFlushGoesBeforeTheRouteToIt(t *testing.T) {
 				c.Apply(resourcev3.RouteType, cache.Change{Upserts: []*cache.Resource{toY}})                         // waits for y
 				c.Apply(resourcev3.ClusterType, cache.Change{Upserts: []*cache.Resource{y}, Removed: []string{"w"}}) // releases y and the Route
 			}
-			betweenTypes.Store(&hook)
-			t.Cleanup(func() { betweenTypes.Store(nil) })
-			got, _ := pileUpWith(t, cache.Options{Retention: time.Hour, Consistency: cache.Consistency{MaxWait: time.Hour}}, open,
+			got, _ := pileUpHooked(t, cache.Options{Retention: time.Hour, Consistency: cache.Consistency{MaxWait: time.Hour}}, hook, open,
 				func(c *cache.Cache) {
 					upsertClusters(t, c, "1", "w", "x")
 					setRoute(t, c, "1", "x")
@@ -478,7 +484,7 @@ func recvWithin[Req, Resp any](st grpc.BidiStreamingClient[Req, Resp], bound tim
 // marks the Clusters. A flush that took only a change of Cluster w before
 // that, and reads the Clusters after it, reads only w, the name it was
 // marked for: x's removal goes in the next flush, which carries the Route
-// too, and removals last. betweenTypes places the change after the flush's
+// too, and removals last. Options.betweenTypes places the change after the flush's
 // marks and before its read of the Clusters.
 func TestRemovalReadAfterTheRouteMovedGoesAfterIt(t *testing.T) {
 	moved, gone := "RouteConfiguration +r→w", "Cluster -x"
@@ -492,9 +498,7 @@ func TestRemovalReadAfterTheRouteMovedGoesAfterIt(t *testing.T) {
 		c.Apply(resourcev3.ClusterType, cache.Change{Removed: []string{"x"}})                       // waits: r points at x
 		c.Apply(resourcev3.RouteType, cache.Change{Upserts: []*cache.Resource{route(t, "3", "w")}}) // marks r, then releases x's removal
 	}
-	betweenTypes.Store(&hook)
-	t.Cleanup(func() { betweenTypes.Store(nil) })
-	got, _ := pileUpWith(t, cache.Options{Retention: time.Hour, Consistency: cache.Consistency{MaxWait: time.Hour}}, deltaPileClient,
+	got, _ := pileUpHooked(t, cache.Options{Retention: time.Hour, Consistency: cache.Consistency{MaxWait: time.Hour}}, hook, deltaPileClient,
 		func(c *cache.Cache) {
 			upsertClusters(t, c, "1", "w", "x")
 			setRoute(t, c, "1", "x")
@@ -529,9 +533,7 @@ func TestRouteBehindClustersThatKeepChangingIsBounded(t *testing.T) {
 		}
 		upsertClusters(t, c, fmt.Sprint("h", n.Add(1)), "w") // marks the Clusters again
 	}
-	betweenTypes.Store(&hook)
-	t.Cleanup(func() { betweenTypes.Store(nil) })
-	got, _ := pileUp(t, deltaPileClient,
+	got, _ := pileUpHooked(t, cache.Options{Retention: time.Hour}, hook, deltaPileClient,
 		func(c *cache.Cache) {
 			upsertClusters(t, c, "1", "w", "x", "y")
 			setRoute(t, c, "1", "x")

@@ -4,11 +4,12 @@ import (
 	"context"
 	"net"
 	"reflect"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/peer"
+
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 )
 
 // How a stream runs on few goroutines.
@@ -49,12 +50,12 @@ type pump struct {
 	conn  *sendConn // the client connection's queue in the pool
 	state atomic.Int32
 
-	mu     sync.Mutex   // serializes handle and flush
-	flush  func() error // the protocol's flush; called with mu held
-	guard  *sendGuard   // the stream's sends; told which worker flushes (nil in tests)
-	stream *streamBase  // the protocol's state, for the first answer (nil in tests); set before the first request
-	ended  bool         // guarded by mu: no flush runs once set
-	err    error        // guarded by mu: the flush error that ended the stream
+	mu     lockorder.Mutex[pumpMu] // serializes handle and flush
+	flush  func() error            // the protocol's flush; called with mu held
+	guard  *sendGuard              // the stream's sends; told which worker flushes (nil in tests)
+	stream *streamBase             // the protocol's state, for the first answer (nil in tests); set before the first request
+	ended  bool                    // guarded by mu: no flush runs once set
+	err    error                   // guarded by mu: the flush error that ended the stream
 }
 
 // ready is the stream's watch notification: the cache, or a request, marked
@@ -244,12 +245,12 @@ type sendPool struct {
 	// The sends in progress, watched for slow and stuck clients (see
 	// watchdog): a slot per worker, and one per send on a handler's
 	// goroutine while it lasts. Guarded by watchMu.
-	watchMu  sync.Mutex
+	watchMu  lockorder.Mutex[sendPoolWatchMu]
 	slots    map[*sendSlot]struct{}
 	watching bool // the watchdog runs
 
 	// The queue and the workers. Guarded by mu.
-	mu      sync.Mutex
+	mu      lockorder.Mutex[sendPoolMu]
 	queue   []*sendConn // connections with pumps queued, FIFO from head
 	head    int
 	running int // workers running
@@ -263,7 +264,7 @@ type sendConn struct {
 	streams int      // streams registered on the connection; guarded by the pool's mu
 
 	// The connection's queue. Guarded by mu.
-	mu      sync.Mutex
+	mu      lockorder.Mutex[sendConnMu]
 	pumps   []*pump // queued
 	queued  bool    // in the pool's queue
 	serving int     // workers taking its pumps
@@ -271,7 +272,7 @@ type sendConn struct {
 
 	// The connection's per-type EDS streams, which its CDS streams (cds
 	// of them) warm (warming.go). Guarded by warmMu.
-	warmMu sync.Mutex
+	warmMu lockorder.Mutex[sendConnWarmMu]
 	eds    []*streamBase
 	cds    int
 }
@@ -487,7 +488,7 @@ func (sp *sendPool) unblocked(c *sendConn) {
 
 // liveSet is the streams Drain ends.
 type liveSet struct {
-	mu       sync.Mutex
+	mu       lockorder.Mutex[liveSetMu]
 	draining bool
 	live     map[*liveStream]struct{}
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/authz"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
@@ -83,6 +84,11 @@ type Options struct {
 	// Loads configure the load reporting service (LRS); not served if
 	// Loads.Groups is nil.
 	Loads LoadOptions
+
+	// betweenTypes, set by the package's tests only, is called by a flush
+	// before each type it sends, with that type: a test changes the cache
+	// at that instant. Nil in use.
+	betweenTypes func(next string)
 }
 
 // Server implements the xDS services on top of the groups' caches.
@@ -104,6 +110,7 @@ type Server struct {
 	admission   *admission
 	deadlines   *deadlines // limits.first_request_timeout; nil for none
 	loads       LoadOptions
+	between     func(next string) // Options.betweenTypes; nil in use
 
 	drainOnce sync.Once
 	conns     connSet   // connections accepted by Listen
@@ -159,6 +166,7 @@ func New(opts Options) (*Server, error) {
 		wildWait:    opts.WildcardWait,
 		heldWait:    opts.HeldWait,
 		flushFirst:  opts.FlushFirst,
+		between:     opts.betweenTypes,
 		limits:      opts.Limits,
 		loads:       opts.Loads.defaults(),
 		admission:   newAdmission(opts.Limits),
@@ -275,7 +283,7 @@ type sendGuard struct {
 	opened   time.Time        // when the stream opened
 	answered bool             // a send succeeded: first was observed
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex[sendGuardMu]
 	sending bool
 	worker  bool // the send runs on a send worker, not on the handler's goroutine
 	slow    bool // the watchdog found this send slow (and told the pool, if worker)

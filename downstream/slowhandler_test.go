@@ -16,14 +16,18 @@ import (
 
 // sendSlow reports whether a send has been blocked for slowSend (the
 // watchdog saw it), on a stream's handler goroutine or on a pool worker.
+// As the watchdog, it collects the sends under the pool's watchMu and
+// looks at each after releasing it (docs/architecture.md, "Locks").
 func sendSlow(s *Server) bool {
+	var guards []*sendGuard
 	s.sends.watchMu.Lock()
-	defer s.sends.watchMu.Unlock()
 	for sl := range s.sends.slots {
-		g := sl.g.Load()
-		if g == nil {
-			continue
+		if g := sl.g.Load(); g != nil {
+			guards = append(guards, g)
 		}
+	}
+	s.sends.watchMu.Unlock()
+	for _, g := range guards {
 		g.mu.Lock()
 		slow := g.sending && g.slow
 		g.mu.Unlock()

@@ -5,12 +5,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
@@ -129,7 +129,7 @@ type streamStatus struct {
 	push    *pushMetrics // read-only: times to accept are observed there; nil: not observed
 	opened  int64        // read-only: when the stream opened, in Unix nanoseconds
 
-	mu    sync.Mutex
+	mu    lockorder.Mutex[streamStatusMu]
 	types byType[typeStatus]
 }
 
@@ -449,7 +449,7 @@ func (t *typeStatus) snapshot(typeURL string) TypeStatus {
 
 // registry is the server's set of live streams.
 type registry struct {
-	mu      sync.Mutex
+	mu      lockorder.Mutex[registryMu]
 	streams map[*streamStatus]struct{}
 }
 

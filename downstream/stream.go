@@ -184,8 +184,8 @@ func (b *streamBase) flushTypes(dirty cache.DirtySet, followed bool) error {
 		if b.heldBack(d) { // behind a Cluster that warms (warmorder.go)
 			continue
 		}
-		if hook := betweenTypes.Load(); hook != nil {
-			(*hook)(d.TypeURL)
+		if between := b.srv.between; between != nil {
+			between(d.TypeURL)
 		}
 		later, err := f.flushDirty(d, followed || i < len(dirty)-1)
 		if err != nil {

@@ -4,13 +4,12 @@ import (
 	"slices"
 	"testing"
 
-	"go.uber.org/goleak"
-
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder/lockcheck"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	lockcheck.Main(m)
 }
 
 // The four-step SotW example of "How the client specifies what resources to

@@ -3,11 +3,11 @@ package downstream
 import (
 	"slices"
 	"strconv"
-	"sync"
 
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 )
 
 // Warming ("Resource warming"; docs/architecture.md, invariant 13): Envoy
@@ -94,7 +94,7 @@ func (b *streamBase) ackedClusters(nonce string, nack bool) {
 // asks an EDS stream to send again. Written by that stream's flush, taken
 // by this one's.
 type warmInbox struct {
-	mu    sync.Mutex
+	mu    lockorder.Mutex[warmInboxMu]
 	names []string // guarded by mu
 }
 

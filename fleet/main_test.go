@@ -3,7 +3,7 @@ package fleet
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder/lockcheck"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { lockcheck.Main(m) }

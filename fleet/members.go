@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 )
 
 // Peer is another member as a member dials it.
@@ -47,7 +49,7 @@ type Members struct {
 	every   time.Duration // the probe period
 	changed chan struct{} // capacity 1: the view changed
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex[membersMu]
 	self    string             // guarded by mu: this member as the view names it
 	selves  map[string]bool    // guarded by mu: every address fleet.self resolves to
 	known   map[string]*member // guarded by mu: the other members resolved, by address

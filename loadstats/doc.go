@@ -22,7 +22,8 @@
 // invariant 9): a period sums Options.MaxNames names at most, load
 // metrics that are NaN, infinite or negative are refused, sums saturate
 // instead of wrapping, each counted through the store's callbacks. Held
-// periods are encoded, bounded in count and bytes, and merged before any
-// is dropped (pending.go); the control plane's interval is raised to
-// Options.MinInterval.
+// periods are encoded and bounded in count (past it the oldest are
+// dropped) and in bytes (past it they are merged into one, and the oldest
+// dropped only if that does not fit: pending.go); the control plane's
+// interval is raised to Options.MinInterval.
 package loadstats

@@ -3,12 +3,13 @@ package loadstats
 import (
 	"errors"
 	"slices"
-	"sync"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointpb "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	lrspb "github.com/envoyproxy/go-control-plane/envoy/service/load_stats/v3"
+
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 )
 
 // Options configure a Store.
@@ -82,7 +83,7 @@ type Store struct {
 	// Read-only after New.
 	opts Options
 
-	mu        sync.Mutex
+	mu        lockorder.Mutex[storeMu]
 	cur       *told                   // guarded by mu: what clients are told now
 	answered  bool                    // guarded by mu: the control plane has instructed
 	reporters map[*Reporter]struct{}  // guarded by mu

@@ -44,9 +44,15 @@ import (
 // says why that is kept out by other means. A verified client certificate
 // is the caller's own word and stands through any proxy.
 
-// isLoopback reports whether the admin listener's address is a loopback
-// one. A variable so that tests can give the other answer on 127.0.0.1.
-var isLoopback = loopbackAddr
+// adminLoopback reports whether the admin listener's address is a
+// loopback one (loopbackAddr). The package's tests may give the other
+// answer on 127.0.0.1 (Config.hooks).
+func (r *Relay) adminLoopback(a net.Addr) bool {
+	if loopback := r.cfg.hooks.loopback; loopback != nil {
+		return loopback(a)
+	}
+	return loopbackAddr(a)
+}
 
 // loopbackAddr reports whether a is a TCP address on a loopback IP.
 func loopbackAddr(a net.Addr) bool {
@@ -172,7 +178,7 @@ func (r *Relay) startAdmin() error {
 		return fmt.Errorf("admin.address: %w", err)
 	}
 	r.adminLn = aln
-	loopback := isLoopback(aln.Addr())
+	loopback := r.adminLoopback(aln.Addr())
 	if !loopback && r.cfg.Admin.LocalAddress != "" {
 		lln, err := net.Listen("tcp", r.cfg.Admin.LocalAddress)
 		if err != nil {

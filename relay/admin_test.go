@@ -16,19 +16,20 @@ import (
 )
 
 // publicAdmin binds the admin endpoint to an address that is not loopback:
-// the machine's own if it has one; else 127.0.0.1, with the loopback test
-// answering no. admin.local_address opens on a port of its own.
+// the machine's own if it has one; else 127.0.0.1, with the relay's
+// loopback rule answering no. admin.local_address opens on a port of its
+// own.
 func publicAdmin(t *testing.T) func(*Config) {
-	ip := nonLoopbackIP()
-	if ip == "" {
-		old := isLoopback
-		isLoopback = func(net.Addr) bool { return false }
-		t.Cleanup(func() { isLoopback = old })
+	ip, loopback := nonLoopbackIP(), func(net.Addr) bool { return false }
+	if ip != "" {
+		loopback = nil // the rule's own answer
+	} else {
 		ip = "127.0.0.1"
 	}
 	return func(c *Config) {
 		c.Admin.Address = net.JoinHostPort(ip, "0")
 		c.Admin.LocalAddress = "127.0.0.1:0" // tests run side by side
+		c.hooks.loopback = loopback
 	}
 }
 

@@ -265,9 +265,17 @@ type Config struct {
 	// the module's own.
 	Build BuildInfo
 
-	// resolve resolves fleet.peers' names; the system's resolver if nil.
-	// The package's tests give each relay its own view of a name.
-	resolve func(ctx context.Context, host string) ([]string, error)
+	// hooks are set by the package's tests only: zero in every other use.
+	hooks struct {
+		// drainGrace replaces drainGrace (Shutdown) when positive.
+		drainGrace time.Duration
+		// loopback replaces the admin endpoint's answer to whether its
+		// listener's address is a loopback one (adminLoopback).
+		loopback func(net.Addr) bool
+		// resolve resolves fleet.peers' names; the system's resolver if
+		// nil. The tests give each relay its own view of a name.
+		resolve func(ctx context.Context, host string) ([]string, error)
+	}
 }
 
 // AuthorizationRule is one of downstream.authorization.rules: a client whose

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -20,6 +19,7 @@ import (
 	"github.com/xdsrelay/xdsrelay/downstream"
 	"github.com/xdsrelay/xdsrelay/fleet"
 	"github.com/xdsrelay/xdsrelay/internal/authz"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/upstream"
 )
@@ -64,7 +64,7 @@ type fleetWiring struct {
 	peerCfg UpstreamConfig                   // how a member is dialled
 	m       fleetMetrics
 
-	mu    sync.Mutex
+	mu    lockorder.Mutex[fleetWiringMu]
 	links map[string]*peerLink // guarded by mu: by address
 }
 
@@ -108,7 +108,7 @@ func (r *Relay) newFleet() error {
 		fw.tc = rl.ClientCredentials("downstream.tls.cert_file and key_file")
 	}
 	members, err := fleet.New(fleet.Options{Config: r.cfg.Fleet, Timeout: r.cfg.Upstream.ConnectTimeout,
-		Ask: r.askPeer, Clients: r.fleetClients, Resolve: r.cfg.resolve, Logger: r.log})
+		Ask: r.askPeer, Clients: r.fleetClients, Resolve: r.cfg.hooks.resolve, Logger: r.log})
 	if err != nil {
 		return fmt.Errorf("fleet: %w", err)
 	}
@@ -352,7 +352,9 @@ func (r *Relay) pathFor(g *group, asked bool) upstream.Path {
 }
 
 // followFleet tells every group its path whenever the view changes, and
-// closes the links to members no longer resolved.
+// closes the links to members no longer resolved. Each group is told under
+// Relay.mu of its own (its peers' streams are read there), never the
+// whole fleet's groups under one hold of it.
 func (r *Relay) followFleet() {
 	for {
 		select {
@@ -360,11 +362,11 @@ func (r *Relay) followFleet() {
 			return
 		case <-r.fleet.members.Changed():
 		}
-		r.mu.Lock()
-		for _, g := range r.groups {
+		for _, g := range r.snapshotGroups() {
+			r.mu.Lock()
 			r.wantLocked(g)
+			r.mu.Unlock()
 		}
-		r.mu.Unlock()
 		r.fleet.prune()
 	}
 }

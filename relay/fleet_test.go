@@ -83,7 +83,7 @@ func inFleet(addrs []string, i int, resolve func() []string) func(*Config) {
 		if resolve == nil {
 			resolve = func() []string { return hosts(addrs) }
 		}
-		c.resolve = func(context.Context, string) ([]string, error) { return resolve(), nil }
+		c.hooks.resolve = func(context.Context, string) ([]string, error) { return resolve(), nil }
 	}
 }
 

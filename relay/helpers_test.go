@@ -10,20 +10,15 @@ import (
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder/lockcheck"
 	"github.com/xdsrelay/xdsrelay/internal/testlog"
 )
 
-func TestMain(m *testing.M) {
-	// Most tests shut a relay down with clients connected: a second of
-	// grace each is the package's time, not what they test.
-	drainGrace = 200 * time.Millisecond
-	goleak.VerifyTestMain(m)
-}
+func TestMain(m *testing.M) { lockcheck.Main(m) }
 
 // wait bounds every wait in these tests.
 const wait = 10 * time.Second
@@ -50,6 +45,9 @@ func startRelayLogged(t testing.TB, upstream string, logger *slog.Logger, mutate
 	cfg.Admin.Address = "127.0.0.1:0"
 	cfg.Cache.Retention = time.Minute
 	cfg.LRS.MinInterval = time.Millisecond // tests' control planes ask for periods of tens of ms
+	// Most tests shut a relay down with clients connected: a second of
+	// grace each is the package's time, not what they test.
+	cfg.hooks.drainGrace = 200 * time.Millisecond
 	for _, m := range mutate {
 		m(&cfg)
 	}

@@ -102,9 +102,18 @@ func (r *Relay) JoinLoads(node *corepb.Node, from downstream.Caller) (*loadstats
 		}
 		g.loads = &groupLoads{store: store}
 	}
-	r.startReporterLocked(g)
-	store := g.loads.store
+	store, start := g.loads.store, r.reporterDueLocked(g)
 	r.mu.Unlock()
+	if start {
+		// Where the reports go is read from every Cluster name the group
+		// wants: off the relay's lock, which every group's Join takes
+		// (docs/architecture.md, invariant 9 "Every bound is explicit").
+		// The group stays while its client is in it.
+		route, name := r.loadRoute(g)
+		r.mu.Lock()
+		r.startReporterLocked(g, route, name)
+		r.mu.Unlock()
+	}
 	return store, leave, nil
 }
 
@@ -135,15 +144,23 @@ func (r *Relay) newLoadStore(key string) (*loadstats.Store, error) {
 	})
 }
 
-// startReporterLocked starts the group's reporter unless one runs. Without
-// a control plane for the group's Clusters (resource files), clients are
-// told that nothing is asked for, and nothing is sent.
-func (r *Relay) startReporterLocked(g *group) {
+// reporterDueLocked says whether g's reporter is to be started: none runs,
+// and the group's Clusters have a control plane.
+func (r *Relay) reporterDueLocked(g *group) bool {
 	l := g.loads
-	if l.reporter != nil || l.noUpstream || r.ctx.Err() != nil {
+	return l.reporter == nil && !l.noUpstream && r.ctx.Err() == nil
+}
+
+// startReporterLocked starts the group's reporter, to upstream route (and
+// the server of name there: see loadRoute), unless one runs: one may have
+// started since the route was read. Without a control plane for the
+// group's Clusters (resource files), clients are told that nothing is
+// asked for, and nothing is sent.
+func (r *Relay) startReporterLocked(g *group, route int, name string) {
+	l := g.loads
+	if !r.reporterDueLocked(g) {
 		return
 	}
-	route, name := r.loadRoute(g)
 	server := func() (upstream.Server, bool) { return upstream.ServerOfName(g.feed, resourcev3.ClusterType, name) }
 	if _, ok := server(); !ok {
 		l.noUpstream = true
@@ -177,6 +194,7 @@ func (r *Relay) startReporterLocked(g *group) {
 // When the group wants Clusters of several upstreams, or none yet, it is
 // the one that serves the type: a group has one load reporter, which sends
 // the load of every cluster to one control plane (docs/load-reports.md).
+// It reads every Cluster name the group wants: call it without Relay.mu.
 func (r *Relay) loadRoute(g *group) (int, string) {
 	if r.routes == nil {
 		return 0, ""

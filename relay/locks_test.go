@@ -2,20 +2,15 @@ package relay
 
 import (
 	"context"
-	"go/ast"
-	"go/parser"
-	"go/token"
-	"io/fs"
 	"log/slog"
-	"os"
-	"path/filepath"
-	"regexp"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/downstream"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
@@ -130,168 +125,35 @@ func TestSweepCallsBackWithoutTheRelaysLock(t *testing.T) {
 	})
 }
 
-// lockOrder is the order in which locks are taken, as the code takes them:
-// held → taken. docs/architecture.md ("Locks") shows it as a table, which
-// TestLockOrderIsDocumented holds to this one. A change that takes a lock
-// under another adds its pair here and its row there.
-var lockOrder = [][2]string{
-	{"Relay.mu", "Cache.mu"},
-	{"Relay.mu", "loadstats.Store.mu"},
-	{"Relay.mu", "routedFeed.mu"},
-	{"Relay.mu", "Client.mu"},
-	{"Relay.mu", "Cache.wakeMu"},
-	{"pump.mu", "Cache.mu"},
-	{"pump.mu", "Cache.wakeMu"},
-	{"pump.mu", "Watch.mu"},
-	{"pump.mu", "streamStatus.mu"},
-	{"pump.mu", "sendGuard.mu"},
-	{"pump.mu", "sendPool.watchMu"},
-	{"pump.mu", "sendConn.warmMu"},
-	{"pump.mu", "warmInbox.mu"},
-	{"pump.mu", "loadstats.Store.mu"},
-	{"pump.mu", "sendConn.mu"},
-	{"pump.mu", "sendPool.mu"},
-	{"sendGuard.mu", "sendConn.mu"},
-	{"sendGuard.mu", "sendPool.mu"},
-	{"Cache.wakeMu", "Cache.mu"},
-	{"Cache.wakeMu", "Watch.mu"},
-	{"Cache.wakeMu", "sendConn.mu"},
-	{"Cache.wakeMu", "sendPool.mu"},
-	{"Cache.mu", "convergence.mu"},
-	{"streamStatus.mu", "convergence.mu"},
-	{"streamStatus.mu", "Rejections.mu"},
-	{"Relay.mu", "Switch.mu"},
-	{"Relay.mu", "Members.mu"},
-	{"Relay.mu", "fleetWiring.mu"},
-}
-
-// mdTable returns the rows of the markdown table of doc whose header line
-// is header, each a list of cells.
-func mdTable(t *testing.T, doc, header string) [][]string {
-	t.Helper()
-	_, after, ok := strings.Cut(doc, header+"\n")
-	if !ok {
-		t.Fatalf("no table %q", header)
-	}
-	var rows [][]string
-	for i, line := range strings.Split(after, "\n") {
-		if !strings.HasPrefix(line, "|") {
-			break
-		}
-		if i == 0 {
-			continue // the |---| line
-		}
-		var cells []string
-		for _, c := range strings.Split(strings.Trim(line, "|"), "|") {
-			cells = append(cells, strings.TrimSpace(c))
-		}
-		rows = append(rows, cells)
-	}
-	return rows
-}
-
-var backticked = regexp.MustCompile("`([^`]+)`")
-
-// codeNames are the functions and methods of the relay's packages, as
-// "Func", "Type.Method" and "pkg.Func".
-func codeNames(t *testing.T) map[string]bool {
-	t.Helper()
-	names := map[string]bool{}
-	for _, pkg := range []string{"relay", "cache", "upstream", "downstream", "loadstats", "fleet"} {
-		fset := token.NewFileSet()
-		pkgs, err := parser.ParseDir(fset, filepath.Join("..", pkg), func(fi fs.FileInfo) bool {
-			return !strings.HasSuffix(fi.Name(), "_test.go")
-		}, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, p := range pkgs {
-			for _, f := range p.Files {
-				for _, d := range f.Decls {
-					fd, ok := d.(*ast.FuncDecl)
-					if !ok {
-						continue
-					}
-					names[fd.Name.Name] = true
-					if fd.Recv == nil {
-						names[pkg+"."+fd.Name.Name] = true
-						continue
-					}
-					typ := fd.Recv.List[0].Type
-					if st, ok := typ.(*ast.StarExpr); ok {
-						typ = st.X
-					}
-					if ix, ok := typ.(*ast.IndexExpr); ok {
-						typ = ix.X
-					}
-					if id, ok := typ.(*ast.Ident); ok {
-						names[id.Name+"."+fd.Name.Name] = true
-					}
-				}
-			}
-		}
-	}
-	return names
-}
-
-// The lock order of docs/architecture.md is the code's (lockOrder): the
-// same pairs, each lock one that the "Who guards what" table lists, every
-// function a row names one that exists, and no cycle.
-func TestLockOrderIsDocumented(t *testing.T) {
-	b, err := os.ReadFile("../docs/architecture.md")
+// Where a group's load reports go is found without the relay's lock
+// (docs/architecture.md, "Locks"): Relay.loadRoute reads every Cluster
+// name the group wants, and warns when they come from several upstreams.
+// A log handler that reads the groups takes Relay.mu at that warning; were
+// the walk made under it, the handler would wait for it.
+func TestLoadRouteReadsTheNamesWithoutTheRelaysLock(t *testing.T) {
+	def, meshB := testcp.Start(t), testcp.Start(t)
+	r, got, not := probedRelay(t, def, "the group's Clusters come from several upstreams",
+		withUpstream("mesh-b", meshB.Addr, nil, []string{"mesh-b"}))
+	n := lrsNode("envoy-1", "c1", "z1")
+	c, leave, err := r.Join(n, downstream.Caller{Variant: "delta-ads"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	doc := string(b)
-	guarded := map[string]bool{}
-	for _, row := range mdTable(t, doc, "| Lock | Guards |") {
-		for _, m := range backticked.FindAllStringSubmatch(row[0], -1) {
-			guarded[m[1]] = true
-		}
+	defer leave()
+	w := cache.NewWatch()
+	if err := c.Watch(w, resourcev3.ClusterType, "c-default", "xdstp://mesh-b/envoy.config.cluster.v3.Cluster/c-b"); err != nil {
+		t.Fatal(err)
 	}
-	names := codeNames(t)
-	var documented [][2]string
-	for _, row := range mdTable(t, doc, "| Held | Taken | Where |") {
-		held, taken := strings.Trim(row[0], "`"), strings.Trim(row[1], "`")
-		documented = append(documented, [2]string{held, taken})
-		for _, l := range []string{held, taken} {
-			if !guarded[l] {
-				t.Errorf("lock order: %s is not in the table of who guards what", l)
-			}
-		}
-		for _, m := range backticked.FindAllStringSubmatch(row[2], -1) {
-			if !names[m[1]] {
-				t.Errorf("lock order %s → %s: %s names no function of the code", held, taken, m[1])
-			}
-		}
+	defer c.Release(w)
+	_, leaveLoads, err := r.JoinLoads(n, downstream.Caller{Variant: "lrs"})
+	if err != nil {
+		t.Fatal(err)
 	}
-	slices.SortFunc(documented, func(a, b [2]string) int { return strings.Compare(a[0]+" "+a[1], b[0]+" "+b[1]) })
-	want := slices.Clone(lockOrder)
-	slices.SortFunc(want, func(a, b [2]string) int { return strings.Compare(a[0]+" "+a[1], b[0]+" "+b[1]) })
-	if !slices.Equal(documented, want) {
-		t.Errorf("docs/architecture.md's lock order:\n%v\nthe code's (lockOrder):\n%v", documented, want)
+	defer leaveLoads()
+	if got.Load()+not.Load() == 0 {
+		t.Fatal("no warning that the group's Clusters come from several upstreams")
 	}
-	// No cycle: taking locks in this order can never deadlock.
-	after := map[string][]string{}
-	for _, e := range lockOrder {
-		after[e[0]] = append(after[e[0]], e[1])
-	}
-	state := map[string]int{} // 1: on the path, 2: done
-	var visit func(l string, path []string)
-	visit = func(l string, path []string) {
-		switch state[l] {
-		case 1:
-			t.Fatalf("the lock order has a cycle: %v", append(path, l))
-		case 2:
-			return
-		}
-		state[l] = 1
-		for _, n := range after[l] {
-			visit(n, append(path, l))
-		}
-		state[l] = 2
-	}
-	for l := range after {
-		visit(l, nil)
+	if not.Load() > 0 {
+		t.Fatal("Relay.loadRoute read the group's Cluster names under Relay.mu")
 	}
 }

@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -22,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/upstream"
@@ -427,7 +427,7 @@ type persistHealth struct {
 	// Read-only after newPersistHealth.
 	loadErrors, saveErrors *metrics.Value
 
-	mu         sync.Mutex
+	mu         lockorder.Mutex[persistHealthMu]
 	loadFailed []string // guarded by mu: "file: why", the first maxLoadFailures of the restore
 	loadFails  int      // guarded by mu: files that did not load
 	saveFailed string   // guarded by mu: the last failure of the current run of them

@@ -27,6 +27,7 @@ import (
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/downstream"
 	"github.com/xdsrelay/xdsrelay/internal/creds"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/upstream"
@@ -88,7 +89,7 @@ type Relay struct {
 
 	// The groups and, with a fleet, the client connections balance counts
 	// (fleet.go), guarded by mu.
-	mu          sync.Mutex
+	mu          lockorder.Mutex[relayMu]
 	groups      map[string]*group
 	conns       map[string]*clientConn
 	clientConns int // the connections of conns that balance counts
@@ -483,7 +484,7 @@ func (r *Relay) goRun(f func()) {
 // for as long as what it waits for runs, which an abandoned goroutine may
 // do for ever.
 type goroutines struct {
-	mu   sync.Mutex
+	mu   lockorder.Mutex[goroutinesMu]
 	n    int           // guarded by mu
 	zero chan struct{} // guarded by mu: closed when n falls to 0; nil while no one waits
 }
@@ -562,8 +563,17 @@ func (r *Relay) AdminLocalAddr() string {
 // drainGrace is how long Shutdown lets clients learn that the relay goes
 // (GOAWAY on every connection, gRPC health NOT_SERVING) before it ends
 // their streams: a client that opens a stream meanwhile opens it elsewhere.
-// A variable for the package's tests only, which shorten it.
-var drainGrace = time.Second
+// The package's tests shorten it (Config.hooks).
+const drainGrace = time.Second
+
+// drainGrace is the package's drainGrace, or the shorter one a test set
+// (Config.hooks).
+func (r *Relay) drainGrace() time.Duration {
+	if g := r.cfg.hooks.drainGrace; g > 0 {
+		return g
+	}
+	return drainGrace
+}
 
 // Shutdown drains the relay: it stops accepting, sends GOAWAY on every
 // connection, and after drainGrace asks every stream to end (clients
@@ -578,7 +588,7 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 		r.grpc.GracefulStop() // closes the listener and sends GOAWAY at once
 		close(stopped)
 	}()
-	grace := time.NewTimer(drainGrace)
+	grace := time.NewTimer(r.drainGrace())
 	select {
 	case <-grace.C:
 	case <-ctx.Done():
@@ -813,7 +823,7 @@ func (r *Relay) registerGroupMetrics() {
 	typeSize := r.metrics.Gauge("xdsrelay_cache_type_resources", "Resources of the type cached for the group.", "group", "type")
 	typeBytes := r.metrics.Gauge("xdsrelay_cache_type_bytes", "Encoded bytes of the type's resources cached for the group (held once, whatever the number of clients).", "group", "type")
 	typeAge := r.metrics.Gauge("xdsrelay_cache_type_age_seconds", "Seconds since the latest upstream response that changed the type in the group's cache (-1 before the first); without the group label, the oldest.", "group", "type").Max()
-	var mu sync.Mutex
+	var mu lockorder.Mutex[groupScrapeMu]
 	var last [][2]string // (group, type) pairs; guarded by mu: scrapes may overlap
 	r.metrics.OnScrape(func() {
 		mu.Lock()
@@ -880,7 +890,7 @@ func (r *Relay) registerConvergenceMetrics() {
 	}
 	behind.ZeroEach(shorts...)
 	rejecting.ZeroEach(shorts...)
-	var mu sync.Mutex
+	var mu lockorder.Mutex[convergenceScrapeMu]
 	shown := map[string]bool{} // every type given a series; guarded by mu: scrapes may overlap
 	for _, short := range shorts {
 		shown[short] = true

@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/xdsrelay/xdsrelay/internal/lockorder/lockcheck"
 )
 
 // Imports point one way (docs/architecture.md, "Packages"): cmd → relay →
@@ -22,7 +24,7 @@ func TestImportsPointOneWay(t *testing.T) {
 	const module = "github.com/xdsrelay/xdsrelay/"
 	internalOnly := func(p string) bool { return strings.HasPrefix(p, "internal/") }
 	allowed := map[string]func(string) bool{
-		"cache":     func(p string) bool { return p == "internal/xds" },
+		"cache":     func(p string) bool { return p == "internal/xds" || p == "internal/lockorder" },
 		"loadstats": internalOnly,
 		"upstream": func(p string) bool {
 			return p == "cache" || p == "loadstats" || internalOnly(p)
@@ -109,13 +111,16 @@ func TestPackageTableIsTheImports(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows := mdTable(t, string(b), "| Package | What it is | Imports of the relay's own |")
+	rows, err := lockcheck.Table(string(b), "| Package | What it is | Imports of the relay's own |")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(rows) == 0 {
 		t.Fatal("no package table")
 	}
 	for _, row := range rows {
 		var pkgs []string
-		for i, m := range backticked.FindAllStringSubmatch(row[0], -1) {
+		for i, m := range lockcheck.Backticked.FindAllStringSubmatch(row[0], -1) {
 			p := m[1]
 			if i > 0 && !strings.Contains(p, "/") {
 				p = "internal/" + p // `internal/testcp`, `envoysim`, ...
@@ -123,7 +128,7 @@ func TestPackageTableIsTheImports(t *testing.T) {
 			pkgs = append(pkgs, p)
 		}
 		var listed []string // what the row says outside parentheses
-		for _, m := range backticked.FindAllStringSubmatch(parenthesized.ReplaceAllString(row[2], ""), -1) {
+		for _, m := range lockcheck.Backticked.FindAllStringSubmatch(parenthesized.ReplaceAllString(row[2], ""), -1) {
 			listed = append(listed, m[1])
 		}
 		slices.Sort(listed)
@@ -150,5 +155,83 @@ func TestPackageTableIsTheImports(t *testing.T) {
 				t.Errorf("%s imports %v; docs/architecture.md lists %v", p, imports, listed)
 			}
 		}
+	}
+}
+
+// No test changes a package-level variable of the code it tests
+// (docs/architecture.md, "Locks": no mutable globals): what a test needs to set
+// is a field or option of the thing it starts (downstream's
+// Options.betweenTypes, the relay's Config.hooks), so that tests that run
+// at once never see each other's settings. An assignment to such a
+// variable, or a call that changes it (Store, Swap, CompareAndSwap, Add,
+// Set), in a _test.go file is refused.
+func TestTestsSetNoPackageVariable(t *testing.T) {
+	changes := map[string]bool{"Store": true, "Swap": true, "CompareAndSwap": true, "Add": true, "Set": true}
+	err := filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		switch {
+		case err != nil:
+			return err
+		case !d.IsDir():
+			return nil
+		case path != ".." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "deploy"):
+			return filepath.SkipDir
+		}
+		fset := token.NewFileSet()
+		pkgs, err := parser.ParseDir(fset, path, nil, 0)
+		if err != nil {
+			return err
+		}
+		for _, p := range pkgs {
+			vars := map[string]bool{} // declared by the code, not its tests
+			for name, f := range p.Files {
+				if strings.HasSuffix(name, "_test.go") {
+					continue
+				}
+				for _, decl := range f.Decls {
+					if g, ok := decl.(*ast.GenDecl); ok && g.Tok == token.VAR {
+						for _, s := range g.Specs {
+							for _, n := range s.(*ast.ValueSpec).Names {
+								vars[n.Name] = n.Name != "_"
+							}
+						}
+					}
+				}
+			}
+			// An identifier a file does not resolve is the package's (or
+			// the universe's): a package-level variable if vars has it.
+			global := func(e ast.Expr) (string, bool) {
+				id, ok := e.(*ast.Ident)
+				if !ok {
+					return "", false
+				}
+				return id.Name, id.Obj == nil && vars[id.Name]
+			}
+			for name, f := range p.Files {
+				if !strings.HasSuffix(name, "_test.go") {
+					continue
+				}
+				ast.Inspect(f, func(n ast.Node) bool {
+					switch x := n.(type) {
+					case *ast.AssignStmt:
+						for _, l := range x.Lhs {
+							if v, ok := global(l); ok {
+								t.Errorf("%s: a test sets %s, a variable of the package: make it a field or option of what the test starts", fset.Position(l.Pos()), v)
+							}
+						}
+					case *ast.CallExpr:
+						if sel, ok := x.Fun.(*ast.SelectorExpr); ok && changes[sel.Sel.Name] {
+							if v, ok := global(sel.X); ok {
+								t.Errorf("%s: a test changes %s (%s), a variable of the package: make it a field or option of what the test starts", fset.Position(sel.Pos()), v, sel.Sel.Name)
+							}
+						}
+					}
+					return true
+				})
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
+	"github.com/xdsrelay/xdsrelay/internal/faultproxy"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
 
@@ -63,4 +64,26 @@ func TestUpstreamStreamOpensAndClosesWithInterest(t *testing.T) {
 	if n := def.DeltaStreams.Load(); n != 1 {
 		t.Errorf("default control plane saw %d streams, want 1 (untouched)", n)
 	}
+}
+
+// A member feed is stopped by cancelling its context and waiting for it,
+// with no bound of its own (docs/architecture.md, "Every wait has a
+// bound"): cancellation is enough, also when its upstream has gone silent
+// with the stream open, a half-open connection that answers nothing.
+func TestStreamToASilentUpstreamClosesWithInterest(t *testing.T) {
+	def, secrets := testcp.Start(t), testcp.Start(t)
+	secrets.Set(t, "c1", "1", &tlspb.Secret{Name: "cert"})
+	proxy := startProxy(t, secrets.Addr)
+	r := startRelay(t, def.Addr, withUpstream("secrets", proxy.Addr, []string{resourcev3.SecretType}, nil),
+		func(c *Config) { c.Cache.Retention = 200 * time.Millisecond })
+	s := openDelta(t, r.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.SecretType, ResourceNamesSubscribe: []string{"cert"}})
+	if resp := s.recv(); deltaNames(resp)[0] != "cert" {
+		t.Fatalf("secret: %v", deltaNames(resp))
+	}
+	proxy.Set(faultproxy.Silent, 0)
+	s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.SecretType, ResourceNamesUnsubscribe: []string{"cert"}})
+	eventually(t, "the stream to the silent secrets control plane to close", func() bool {
+		return !slices.Contains(groupUpstreams(t, r, keyOf("c1")), "secrets")
+	})
 }

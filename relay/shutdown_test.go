@@ -23,10 +23,8 @@ import (
 // streams still run, then asks them to end with UNAVAILABLE (so clients
 // reconnect elsewhere), and closes the upstream stream.
 func TestShutdownDrains(t *testing.T) {
-	// The production grace, for room to see the GOAWAY before the streams
-	// end (the test is not parallel: no other relay reads it meanwhile).
-	defer func(g time.Duration) { drainGrace = g }(drainGrace)
-	drainGrace = time.Second
+	// The production grace (Config.hooks left zero), for room to see the
+	// GOAWAY before the streams end.
 	cp := testcp.Start(t)
 	cp.Set(t, "c1", "1", testcp.Cluster("x"))
 	cfg := Default()

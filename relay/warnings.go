@@ -3,8 +3,8 @@ package relay
 import (
 	"fmt"
 	"log/slog"
-	"sync"
 
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 )
 
@@ -17,7 +17,7 @@ type configWarnings struct {
 	// Read-only after newConfigWarnings.
 	gauge *metrics.Vec
 
-	mu    sync.Mutex
+	mu    lockorder.Mutex[configWarningsMu]
 	lines []string // guarded by mu: for /readyz, in the order warned
 }
 

@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc/balancer/pickfirst"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/serviceconfig"
+
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 )
 
 // A connection that cannot reach its server stays in TRANSIENT_FAILURE
@@ -27,7 +29,7 @@ import (
 type Attempts struct {
 	id uint64 // its key in the attempts registry; read-only
 
-	mu       sync.Mutex
+	mu       lockorder.Mutex[attemptsMu]
 	tracked  bool               // the connection's balancer has reported here; guarded by mu
 	failed   uint64             // attempts failed (TRANSIENT_FAILURE reported); guarded by mu
 	state    connectivity.State // as last reported; guarded by mu

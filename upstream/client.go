@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"sync"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -16,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
@@ -207,7 +207,7 @@ type Client struct {
 	servers []server
 	log     *slog.Logger
 
-	mu     sync.Mutex
+	mu     lockorder.Mutex[clientMu]
 	status Status // guarded by mu
 
 	// Owned by Run.
@@ -215,6 +215,15 @@ type Client struct {
 	reach    reach
 	reported []reportedAttempt // by server: the connection attempt a failure on it was last reported for
 	lastEnd  string            // the error the last stream ended with (repeats)
+	missed   missedMemo        // missing's last answer
+}
+
+// missedMemo is missing's answer, for as long as neither the cache nor
+// the interest changes.
+type missedMemo struct {
+	gen     [2]uint64 // the cache's and the interest's generations
+	set     bool
+	missing bool
 }
 
 type server struct {
@@ -605,10 +614,24 @@ func (c *Client) nextServer(cur int, healthy bool) int {
 // to exist, or a wildcard not yet answered. A name fetched only because
 // resources point at it (cache.Lookup.Referenced) is not wanted yet: a
 // Cluster's endpoints that the control plane does not have move no stream.
-func (c *Client) missing() bool { return missing(c.opts.Interest, c.opts.Cache) }
+// The interest is read again only once the cache or the interest changed
+// (their generations): a stream that fails over and over while nothing
+// changes costs no walk of the group per failure.
+func (c *Client) missing() bool {
+	gen := [2]uint64{c.opts.Cache.Generation()}
+	if g, ok := c.opts.Interest.(interface{ Generation() uint64 }); ok {
+		gen[1] = g.Generation()
+	}
+	if c.missed.set && c.missed.gen == gen {
+		return c.missed.missing
+	}
+	m := missing(c.opts.Interest, c.opts.Cache)
+	c.missed = missedMemo{gen: gen, set: true, missing: m}
+	return m
+}
 
 // missing reports whether interest wants something c does not hold (see
-// Client.missing).
+// Client.missing), read from the whole interest.
 func missing(interest Interest, c *cache.Cache) bool {
 	for typeURL, in := range interest.Interest() {
 		if in.Wildcard && !c.Synced(typeURL) {

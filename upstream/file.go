@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -24,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
@@ -43,7 +43,7 @@ type File struct {
 	invalidG *metrics.Value // resources currently rejected as invalid
 
 	// Guarded by mu.
-	mu        sync.Mutex
+	mu        lockorder.Mutex[fileMu]
 	resources map[string]map[string]*cache.Resource // type → name → resource; replaced whole, never mutated
 	wakes     map[chan struct{}]struct{}
 	loaded    time.Time         // when the files last loaded

@@ -5,7 +5,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -14,6 +13,7 @@ import (
 	grpccodes "google.golang.org/grpc/codes"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
@@ -52,7 +52,7 @@ const (
 type Rejections struct {
 	ready chan struct{} // read-only after NewRejections; capacity 1
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex[rejectionsMu]
 	list    []cache.Rejection // guarded by mu; at most maxInbox
 	dropped map[string]int    // by type, past maxInbox; guarded by mu
 }

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc/credentials"
+
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 )
 
 // Liveness is the stream's (docs/architecture.md, invariant 17). A ping or
@@ -25,7 +27,7 @@ import (
 // gRPC messages partly received on them. WatchFrames makes one; nil
 // watches nothing. Safe for concurrent use.
 type Frames struct {
-	mu      sync.Mutex
+	mu      lockorder.Mutex[framesMu]
 	partial map[*h2stream]struct{} // guarded by mu: messages begun, not complete
 }
 
@@ -112,7 +114,7 @@ type frameConn struct {
 	net.Conn
 	f *Frames
 
-	wmu sync.Mutex
+	wmu lockorder.Mutex[frameConnWmu]
 	out scanner // guarded by wmu
 	in  scanner // owned by the reader (gRPC's reader goroutine)
 

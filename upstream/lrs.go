@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/loadstats"
@@ -71,7 +71,7 @@ type LoadReporter struct {
 	node *corepb.Node
 	log  *slog.Logger
 
-	mu     sync.Mutex
+	mu     lockorder.Mutex[loadReporterMu]
 	status LoadStatus // guarded by mu
 }
 

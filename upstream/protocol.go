@@ -5,8 +5,8 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"sync"
 
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
@@ -65,7 +65,7 @@ type found struct {
 	metrics    *Metrics     // read-only
 	log        *slog.Logger // read-only
 
-	mu    sync.Mutex
+	mu    lockorder.Mutex[foundMu]
 	found map[string]Protocol // by server name: to speak; guarded by mu
 	shown map[string]Protocol // by server name: answered in, metric set; guarded by mu
 	// unserved: by server, the types it refused (a per-type service, or a

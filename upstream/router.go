@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
@@ -104,7 +105,7 @@ type routedFeed struct {
 	g       Group
 	members []*member // by route index
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex[routedFeedMu]
 	running []*member // guarded by mu; in route order
 
 	// Owned by Run.
@@ -333,13 +334,12 @@ func joinNonEmpty(a, b string) string {
 type view struct {
 	wake chan struct{} // capacity 1
 
-	mu       sync.Mutex
+	mu       lockorder.Mutex[viewMu]
 	wanted   map[string]map[string]struct{} // type → names; guarded by mu
 	wildcard map[string]bool                // types whose wildcard is wanted; guarded by mu
-	log      map[string]map[string]bool     // changes since InterestChanges; guarded by mu
-	logLen   int                            // entries in log; guarded by mu
-	all      bool                           // the log was dropped: read Interest; guarded by mu
+	log      cache.InterestLog              // changes since InterestChanges; guarded by mu
 	changed  bool                           // something to signal; guarded by mu
+	gen      uint64                         // moves with every change of wanted and wildcard; guarded by mu
 }
 
 func newView() *view {
@@ -350,8 +350,10 @@ func newView() *view {
 func (v *view) reset() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	v.wanted, v.wildcard, v.log, v.logLen = map[string]map[string]struct{}{}, map[string]bool{}, nil, 0
-	v.all, v.changed = true, true
+	v.wanted, v.wildcard = map[string]map[string]struct{}{}, map[string]bool{}
+	v.log.Drop()
+	v.changed = true
+	v.gen++
 }
 
 // note records that name ("*": the wildcard) of typeURL entered or left
@@ -381,26 +383,9 @@ func (v *view) note(typeURL, name string, wanted bool) {
 		}
 	}
 	v.changed = true
-	if v.all {
-		return
-	}
-	if v.log == nil {
-		v.log = map[string]map[string]bool{}
-	}
-	if v.log[typeURL] == nil {
-		v.log[typeURL] = map[string]bool{}
-	}
-	if _, ok := v.log[typeURL][name]; !ok {
-		v.logLen++
-	}
-	v.log[typeURL][name] = wanted
-	if v.logLen > maxInterestLog {
-		v.log, v.logLen, v.all = nil, 0, true // the client reads Interest instead
-	}
+	v.gen++
+	v.log.Note(typeURL, name, wanted)
 }
-
-// maxInterestLog bounds a view's log of changes, as the cache bounds its own.
-const maxInterestLog = 1 << 16
 
 // signal wakes the client if something changed since the last signal.
 func (v *view) signal() {
@@ -424,12 +409,17 @@ func (v *view) empty() bool {
 
 func (v *view) InterestChanged() <-chan struct{} { return v.wake }
 
+// Generation moves whenever what Interest returns may have changed.
+func (v *view) Generation() uint64 {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.gen
+}
+
 func (v *view) InterestChanges() (map[string]map[string]bool, bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	log, all := v.log, v.all
-	v.log, v.logLen, v.all = nil, 0, false
-	return log, all
+	return v.log.Take()
 }
 
 func (v *view) Interest() map[string]cache.Interest {

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
@@ -72,7 +72,7 @@ type Switch struct {
 	log  *slog.Logger
 	want chan struct{} // capacity 1: Want was called
 
-	mu      sync.Mutex
+	mu      lockorder.Mutex[switchMu]
 	wanted  Path // guarded by mu
 	serving *run // guarded by mu; set by Run
 	lrs     Feed // guarded by mu: the fallback path's feed for ServerOf while it does not serve; made once

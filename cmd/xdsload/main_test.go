@@ -11,14 +11,13 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/xdsrelay/xdsrelay/cmd/xdsload/internal/loadtest"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder/lockcheck"
 )
 
 func TestMain(m *testing.M) {
 	loadtest.ServerSideMain() // split runs start this test binary as their server side
-	goleak.VerifyTestMain(m)
+	lockcheck.Main(m)
 }
 
 func TestRunAgainstOwnControlPlane(t *testing.T) {

@@ -19,16 +19,16 @@ import (
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/xdsrelay/xdsrelay/internal/lockorder/lockcheck"
 	"github.com/xdsrelay/xdsrelay/internal/testlog"
 	"github.com/xdsrelay/xdsrelay/relay"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	lockcheck.Main(m)
 }
 
 func TestVersionFlag(t *testing.T) {

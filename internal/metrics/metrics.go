@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
+
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 )
 
 // MaxLabelLen is the longest label value exposed as is.
@@ -42,7 +44,7 @@ type Registry struct {
 	once sync.Once
 	reg  *prometheus.Registry
 
-	mu       sync.Mutex
+	mu       lockorder.Mutex[registryMu]
 	families map[string]*Vec          // by name; guarded by mu
 	hists    map[string]*HistogramVec // by name; guarded by mu
 	collect  []func()                 // guarded by mu; run before every scrape
@@ -160,7 +162,7 @@ type Vec struct {
 	// Atomic.
 	max atomic.Bool // with a dropped label, keep the largest rather than the sum
 
-	mu     sync.RWMutex
+	mu     lockorder.RWMutex[vecMu]
 	values map[string]*Value // by joined label values; guarded by mu
 }
 

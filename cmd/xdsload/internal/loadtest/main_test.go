@@ -3,10 +3,10 @@ package loadtest
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/xdsrelay/xdsrelay/internal/lockorder/lockcheck"
 )
 
 func TestMain(m *testing.M) {
 	ServerSideMain() // split runs start this test binary as their server side
-	goleak.VerifyTestMain(m)
+	lockcheck.Main(m)
 }
