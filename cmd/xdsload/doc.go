@@ -206,9 +206,11 @@
 // xdsrelay processes (--relay-bin) on loopback in front of the tool's
 // control plane, which runs in a process of its own (its CPU is then its
 // own) and serves --groups groups (node.cluster g0 to gG-1, 30 unless
-// given) from its snapshot cache, a snapshot per group that each change
-// sets again (or, with --cp-cache linear, from one LinearCache for every
-// group, which builds a change once and sends it to each stream). The --clients, delta ADS each on a
+// given) from its snapshot cache, a snapshot per group: each update is
+// one group's change, the groups in turn, as a control plane changes one
+// service's configuration (or, with --cp-cache linear, from one
+// LinearCache for every group: each update changes a resource every group
+// holds, built once and sent to each stream). The --clients, delta ADS each on a
 // connection of its own, are spread over the groups and the relays; a
 // client whose stream ends opens another on a relay picked at random, as
 // a client behind a Service does. The same load runs twice: the relays
@@ -216,9 +218,10 @@
 // the N). Each time, once every client is configured and the control
 // plane holds the streams it should (one per group and relay apart, one
 // per group as a fleet), it publishes --updates changes every
-// --update-every (1s unless given), each once every client has the one
-// before, and reports the control plane's streams, its CPU per change
-// (from /proc, over the updates), and the change-to-client latency. The
+// --update-every (1s unless given), each once every client it changes has
+// the one before, and reports the control plane's streams, its CPU per
+// change (from /proc, over the updates), and the change-to-client latency
+// of the clients each change reaches. The
 // fleet's run then splits that latency between the owner's clients and the
 // others (their relay draws their group from its owner: the extra hop, by
 // each relay's /debug/fleet), kills relay r0 with SIGKILL and follows the

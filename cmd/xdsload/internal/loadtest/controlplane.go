@@ -93,15 +93,20 @@ func (cp *controlPlane) newCache(kind string) (cachev3.Cache, error) {
 // a snapshot of its own, as a control plane computes each group's.
 func (cp *controlPlane) setSnapshot(seq int) error {
 	for _, g := range cp.groups {
-		snap, err := cachev3.NewSnapshot(strconv.Itoa(seq), map[string][]types.Resource{cp.catalog.typeURL(): cp.resources})
-		if err != nil {
-			return fmt.Errorf("control plane: %w", err)
-		}
-		if err := cp.snapshots.SetSnapshot(context.Background(), g, snap); err != nil {
+		if err := cp.setGroupSnapshot(g, seq); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// setGroupSnapshot publishes the resources as of seq to group g.
+func (cp *controlPlane) setGroupSnapshot(g string, seq int) error {
+	snap, err := cachev3.NewSnapshot(strconv.Itoa(seq), map[string][]types.Resource{cp.catalog.typeURL(): cp.resources})
+	if err != nil {
+		return fmt.Errorf("control plane: %w", err)
+	}
+	return cp.snapshots.SetSnapshot(context.Background(), g, snap)
 }
 
 // fleetGroups are the node.cluster values a control plane serves: a fleet
@@ -156,8 +161,18 @@ func (cp *controlPlane) publish(seq int) (time.Time, error) {
 	}
 	cp.resources[i] = res
 	t := time.Now()
+	if len(cp.groups) > 1 {
+		// A fleet run's groups: update seq is one group's change, in turn
+		// (updateGroup), as a control plane changes one service's config.
+		g := cp.groups[updateGroup(seq, len(cp.groups))]
+		return t, cp.setGroupSnapshot(g, seq)
+	}
 	return t, cp.setSnapshot(seq)
 }
+
+// updateGroup is the group (its index) a fleet run's update seq changes
+// when each group has a snapshot of its own.
+func updateGroup(seq, groups int) int { return (seq - 1) % groups }
 
 // stop closes every stream and waits for the server to end; a paused
 // control plane has nothing to stop.

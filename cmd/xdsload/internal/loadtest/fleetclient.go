@@ -44,10 +44,15 @@ type fleetClients struct {
 	relays  []string // the relays' xDS addresses
 	clients []*fleetClient
 	wg      sync.WaitGroup
+	// perGroup: each update changes one group (the control plane's
+	// snapshot cache, a snapshot per group: updateGroup); else every group
+	// (its LinearCache, one for all).
+	perGroup bool
+	groups   int
 }
 
 func newFleetClients(cfg *Config, coding seqCoding, relays []string) *fleetClients {
-	fc := &fleetClients{coding: coding, names: cfg.Names, relays: relays}
+	fc := &fleetClients{coding: coding, names: cfg.Names, relays: relays, perGroup: cfg.CPCache != CacheLinear, groups: cfg.Fleet.Groups}
 	for i := range cfg.Clients {
 		fc.clients = append(fc.clients, &fleetClient{i: i, group: groupName(i / len(relays) % cfg.Fleet.Groups), first: i % len(relays),
 			relay: -1, held: map[string]int{}, got: make([]time.Time, cfg.Updates+2)}) // the updates, and one after the kill
@@ -131,24 +136,36 @@ func (fc *fleetClients) observe(c *fleetClient, resp *discoverypb.DeltaDiscovery
 	}
 }
 
-// have counts the clients that hold update seq (0: their first config).
-func (fc *fleetClients) have(seq int) int {
-	n := 0
+// changes reports whether update seq changes c's group (0, the first
+// config, changes every group).
+func (fc *fleetClients) changes(c *fleetClient, seq int) bool {
+	return seq == 0 || !fc.perGroup || c.group == groupName(updateGroup(seq, fc.groups))
+}
+
+// have counts the clients update seq changes that hold it, and those it
+// changes.
+func (fc *fleetClients) have(seq int) (n, of int) {
 	for _, c := range fc.clients {
+		if !fc.changes(c, seq) {
+			continue
+		}
+		of++
 		c.mu.Lock()
 		if !c.got[seq].IsZero() {
 			n++
 		}
 		c.mu.Unlock()
 	}
-	return n
+	return n, of
 }
 
-// waitHave waits until every client holds update seq, bound at most.
+// waitHave waits until every client update seq changes holds it, bound at
+// most.
 func (fc *fleetClients) waitHave(ctx context.Context, seq int, bound time.Duration) error {
-	return waitFor(ctx, bound, func() bool { return fc.have(seq) == len(fc.clients) },
+	return waitFor(ctx, bound, func() bool { n, of := fc.have(seq); return n == of },
 		func() string {
-			return strconv.Itoa(fc.have(seq)) + " of " + strconv.Itoa(len(fc.clients)) + " clients hold update " + strconv.Itoa(seq)
+			n, of := fc.have(seq)
+			return strconv.Itoa(n) + " of " + strconv.Itoa(of) + " clients hold update " + strconv.Itoa(seq)
 		})
 }
 

@@ -111,19 +111,20 @@ func (run *FleetRun) measure(ctx context.Context, cfg *Config, s *fleetSetup, fc
 	run.CPUPerChange = (sampleCPU(s.cp.pid) - cpu) / time.Duration(cfg.Updates)
 	var lat []time.Duration
 	for _, c := range fc.clients {
-		lat = append(lat, c.latencies(run.pub, cfg.Updates)...)
+		lat = append(lat, fc.latencies(c, run.pub, cfg.Updates)...)
 	}
 	run.Latency = Summarize(lat)
 	return nil
 }
 
-// latencies are c's times from publish to receipt of updates 1 to n.
-func (c *fleetClient) latencies(pub []time.Time, n int) []time.Duration {
+// latencies are c's times from publish to receipt of those of updates 1
+// to n that change its group.
+func (fc *fleetClients) latencies(c *fleetClient, pub []time.Time, n int) []time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []time.Duration
 	for seq := 1; seq <= n; seq++ {
-		if !c.got[seq].IsZero() && !pub[seq].IsZero() {
+		if fc.changes(c, seq) && !c.got[seq].IsZero() && !pub[seq].IsZero() {
 			out = append(out, c.got[seq].Sub(pub[seq]))
 		}
 	}
@@ -159,7 +160,7 @@ func (h *FleetHop) measure(s *fleetSetup, fc *fleetClients, pub []time.Time) err
 		if k < 0 {
 			continue
 		}
-		lat := c.latencies(pub, len(pub)-2)
+		lat := fc.latencies(c, pub, len(pub)-2)
 		if sources[k]["cluster="+c.group] == "control_plane" {
 			owner = append(owner, lat...)
 		} else {
