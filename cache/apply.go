@@ -78,6 +78,7 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 		stg = map[string]*staging{typeURL: {prev: c.stageLocked(t, ch), state: t.state, synced: t.synced}}
 	}
 	now := c.now()
+	held := len(t.waiting) > 0
 	var replaced []*Resource
 	ch.Upserts, replaced = c.waitUpsertsLocked(t, ch.Upserts, now)
 	for _, r := range ch.Upserts {
@@ -104,6 +105,12 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 	c.errorsLocked(t, typeURL, ch.Errors, o)
 	if ch.Synced && t.wantWildcard && !t.synced {
 		t.synced = true
+		o.change(t, typeURL)
+	}
+	if held && len(t.waiting) == 0 && t.synced {
+		// The last wait ended with nothing applied (the resource removed,
+		// or sent again as it is held): a wildcard's first answer, which
+		// waited for it (View.Held), goes now.
 		o.change(t, typeURL)
 	}
 	c.unavailableLocked(t, typeURL, ch, o)
@@ -337,6 +344,9 @@ func (c *Cache) setLocked(t *typeState, e *entry, r *Resource) {
 	}
 	old := e.res
 	e.res = r
+	if r != nil {
+		e.dangling = false // it exists: what points at it anew waits as ever
+	}
 	if c.consistency.on() {
 		name := ""
 		if r != nil {

@@ -67,9 +67,11 @@ type Options struct {
 	// bound. Past it, the least recently used resources nobody watches are
 	// dropped (and unsubscribed upstream); a watched resource never is.
 	MaxResources int
-	// MaxNames bounds how many names the group wants explicitly (watched,
-	// or retained after their last watcher left); 0 for no bound. Past it,
-	// Watch refuses with a *MaxNamesError.
+	// MaxNames bounds how many names the group fetches: wanted explicitly
+	// (watched, or retained after their last watcher left), and only
+	// referenced (with Consistency); 0 for no bound. Past it, Watch
+	// refuses with a *MaxNamesError, and a name a resource points at is
+	// not fetched (OnRefused).
 	MaxNames int
 	// Guard holds mass removals from upstream; the zero Guard is off.
 	Guard Guard
@@ -109,12 +111,12 @@ type Options struct {
 // more than Options.MaxNames names. Nothing was registered.
 type MaxNamesError struct {
 	Max    int // Options.MaxNames
-	Wanted int // names wanted before the watch
+	Wanted int // names the group fetched before the watch: wanted, and only referenced
 	Adding int // names the watch would have added
 }
 
 func (e *MaxNamesError) Error() string {
-	return fmt.Sprintf("cache: the group wants %d names and the watch adds %d, past MaxNames %d", e.Wanted, e.Adding, e.Max)
+	return fmt.Sprintf("cache: the group fetches %d names (wanted or referenced) and the watch adds %d, past MaxNames %d", e.Wanted, e.Adding, e.Max)
 }
 
 // Cache is one group's namespace: resources by type and name, and who watches
@@ -256,6 +258,10 @@ type entry struct {
 	// interest (admitLocked): fetched. Counted in Cache.refOnly unless
 	// wanted.
 	refIn bool
+	// dangling: a wait for the name ran out (Consistency.MaxWait) while
+	// it had not come; nothing waits for it again until it exists
+	// (lacked).
+	dangling bool
 }
 
 // New returns an empty cache.
@@ -353,22 +359,25 @@ func (c *Cache) Watch(w *Watch, typeURL string, names ...string) error {
 }
 
 // checkNamesLocked refuses names of typeURL if wanting them would pass
-// MaxNames.
+// MaxNames: the names the group fetches, wanted and only referenced alike
+// (admitLocked), so that references cannot take the group past the bound.
+// A name only referenced is fetched already: wanting it adds nothing.
 func (c *Cache) checkNamesLocked(typeURL string, names []string) error {
-	if c.maxNames <= 0 || c.wanted+len(names) <= c.maxNames {
+	held := c.wanted + c.refOnly
+	if c.maxNames <= 0 || held+len(names) <= c.maxNames {
 		return nil
 	}
 	t := c.types[typeURL]
 	adding := map[string]struct{}{}
 	for _, n := range names {
-		if e := t.entryLocked(n); e == nil || !e.wanted {
+		if e := t.entryLocked(n); e == nil || !e.wanted && !e.refIn {
 			adding[n] = struct{}{}
 		}
 	}
-	if c.wanted+len(adding) <= c.maxNames {
+	if held+len(adding) <= c.maxNames {
 		return nil
 	}
-	return &MaxNamesError{Max: c.maxNames, Wanted: c.wanted, Adding: len(adding)}
+	return &MaxNamesError{Max: c.maxNames, Wanted: held, Adding: len(adding)}
 }
 
 // entryLocked is the entry of name; t may be nil.
@@ -573,6 +582,11 @@ type View struct {
 	Version uint64
 	// Synced is set once upstream has answered the wildcard subscription.
 	Synced bool
+	// Held is set while resources of the type wait for what they point at
+	// (Consistency): until they are released, what is present is not yet
+	// the whole of what upstream sent, and a wildcard's first answer is
+	// not sent empty (Cache.Held).
+	Held bool
 	// Received is when the latest upstream response that changed the type
 	// arrived (Change.Received); zero before the first.
 	Received time.Time
@@ -622,7 +636,8 @@ func (c *Cache) ReadInto(w *Watch, typeURL string, names []string, all bool, buf
 	if rel {
 		version = t.relVersion
 	}
-	return View{Version: version, Synced: t.synced, Received: t.received, Trace: t.trace, Lookups: t.lookupAllLocked(names, rel, buf)}
+	return View{Version: version, Synced: t.synced, Held: len(t.waiting) > 0, Received: t.received, Trace: t.trace,
+		Lookups: t.lookupAllLocked(names, rel, buf)}
 }
 
 func (t *typeState) lookupAllLocked(names []string, rel bool, buf []Lookup) []Lookup {
@@ -717,6 +732,16 @@ func (t *typeState) buildState(rel bool) *State {
 		st.SotW = append(st.SotW, r.Any...)
 	}
 	return st
+}
+
+// Held reports whether resources of typeURL wait for what they point at
+// (View.Held). A State is built once per version, and a wait can begin
+// without one: it is asked apart, by a wildcard's first answer only.
+func (c *Cache) Held(typeURL string) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	t := c.types[typeURL]
+	return t != nil && len(t.waiting) > 0
 }
 
 // Synced reports whether upstream has answered the wildcard subscription of

@@ -39,3 +39,42 @@ func TestWatchRefusesPastMaxNames(t *testing.T) {
 		t.Fatalf("after retention: %v", err)
 	}
 }
+
+// Names only referenced count against MaxNames where a watch is checked,
+// as a watch's names count where references are admitted: a group never
+// fetches more than MaxNames names, whichever came first. Wanting a name
+// already fetched as a reference adds nothing.
+func TestWatchCountsReferencedNames(t *testing.T) {
+	clk := &clock{t: time.Unix(0, 0)}
+	c := New(Options{Retention: time.Minute, MaxNames: 4, Now: clk.now, Consistency: Consistency{MaxWait: 5 * time.Second}})
+	w := NewWatch()
+	if err := c.Watch(w, rds, "r"); err != nil {
+		t.Fatal(err)
+	}
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "a", "b", "c")}}) // r, and a b c referenced: 4
+	var me *MaxNamesError
+	if err := c.Watch(w, eds, "x"); !errors.As(err, &me) || me.Wanted != 4 || me.Adding != 1 {
+		t.Fatalf("a watch past the bound, counting referenced names: %v", err)
+	}
+	if err := c.Watch(w, cds, "a", "b"); err != nil {
+		t.Fatalf("a watch of names already referenced: %v", err)
+	}
+	fetched := 0
+	for _, in := range c.Interest() {
+		fetched += len(in.Names)
+	}
+	if fetched != 4 {
+		t.Errorf("the group fetches %d names, want 4 (MaxNames)", fetched)
+	}
+	// Once r points elsewhere, its old references are retained names: they
+	// still count until their retention ends.
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "2")}})
+	if err := c.Watch(w, eds, "x"); err == nil {
+		t.Fatal("a retained reference did not count")
+	}
+	clk.t = clk.t.Add(2 * time.Minute)
+	c.Sweep()
+	if err := c.Watch(w, eds, "x"); err != nil {
+		t.Fatalf("after retention: %v", err)
+	}
+}

@@ -308,26 +308,38 @@ func (c *Cache) lacksLocked(r *Resource) bool { return len(c.lackingLocked(r, fa
 // lackingLocked is what r waits for that the cache lacks: a Cluster it
 // points at, or that Cluster's endpoints; only the first unless all. A name
 // upstream said does not exist is not waited for: the control plane's word
-// wins.
+// wins. Nor is a dangling one, whose wait ran out before.
 func (c *Cache) lackingLocked(r *Resource, all bool) []xds.Ref {
+	return c.refsWhereLocked(r, all, lacked)
+}
+
+// missingRefsLocked is what r points at and would wait for that the cache
+// lacks, dangling names included: what it goes to clients without.
+func (c *Cache) missingRefsLocked(r *Resource) []xds.Ref {
+	return c.refsWhereLocked(r, true, missing)
+}
+
+// refsWhereLocked is what r waits for (waitsFor, and those Clusters'
+// endpoints) whose entries match; only the first unless all.
+func (c *Cache) refsWhereLocked(r *Resource, all bool, match func(*entry) bool) []xds.Ref {
 	var out []xds.Ref
 	for _, ref := range r.Refs {
 		if !waitsFor(ref.TypeURL) {
 			continue
 		}
 		e := c.types[ref.TypeURL].entryLocked(ref.Name)
-		if lacked(e) {
+		if match(e) {
 			out = append(out, ref)
 			if !all {
 				return out
 			}
 			continue
 		}
-		if e.res == nil {
-			continue // absent
+		if e == nil || e.res == nil {
+			continue // absent, or dangling
 		}
 		for _, sub := range e.res.Refs {
-			if sub.TypeURL == resourcev3.EndpointType && lacked(c.types[sub.TypeURL].entryLocked(sub.Name)) {
+			if sub.TypeURL == resourcev3.EndpointType && match(c.types[sub.TypeURL].entryLocked(sub.Name)) {
 				out = append(out, sub)
 				if !all {
 					return out
@@ -338,9 +350,17 @@ func (c *Cache) lackingLocked(r *Resource, all bool) []xds.Ref {
 	return out
 }
 
-// lacked reports whether an entry waited for is neither present nor known
+// missing reports whether an entry pointed at is neither present nor known
 // not to exist.
-func lacked(e *entry) bool { return e == nil || (e.res == nil && !e.absent) }
+func missing(e *entry) bool { return e == nil || (e.res == nil && !e.absent) }
+
+// lacked reports whether an entry is waited for: missing, and not
+// dangling. A name whose wait ran out is not waited for again until it
+// exists: it would hold every later version of what points at it (a whole
+// RouteConfiguration, its other virtual hosts with it) for nothing, where
+// Envoy does not wait on a route's Clusters at all (docs/architecture.md,
+// invariant 18 "Make before break, whatever the order upstream").
+func lacked(e *entry) bool { return missing(e) && (e == nil || !e.dangling) }
 
 // waitUpsertsLocked takes out of upserts those that point at a name the
 // cache lacks and that they wait for (waitsFor): they wait (t.waiting)
@@ -646,13 +666,15 @@ func (c *Cache) settleLocked(now time.Time, stg map[string]*staging, o *op) {
 				continue
 			}
 			ev := ReferenceEvent{TypeURL: ref.TypeURL, Name: ref.Name, Outcome: WaitResolved, Waited: now.Sub(w.since)}
-			if late {
-				ev.Missing = c.lackingLocked(w.res, true)
-				if len(ev.Missing) > 0 {
-					ev.Outcome = WaitTimeout
-				}
+			if ev.Missing = c.missingRefsLocked(w.res); len(ev.Missing) > 0 {
+				// Late, or what it lacks dangles since another's wait ran
+				// out: the control plane's word wins.
+				ev.Outcome = WaitTimeout
 			}
 			c.dropWaiterLocked(t, ref.Name)
+			if late {
+				c.dangleLocked(ev.Missing)
+			}
 			stageNameLocked(stg, t, ref.Name)
 			c.putLocked(t, ref.TypeURL, w.res, o)
 			c.pendLocked(w.res, false) // after: what it points at stays in the interest
@@ -711,6 +733,20 @@ func (c *Cache) followLocked(now time.Time) (rel *op) {
 		c.advanceLocked(now, rel)
 	}
 	return rel
+}
+
+// dangleLocked marks the names a wait ran out on as dangling, and notes the
+// waits on them (wakeLocked): none waits for them any more.
+func (c *Cache) dangleLocked(refs []xds.Ref) {
+	for _, ref := range refs {
+		t := c.types[ref.TypeURL]
+		e := t.entryLocked(ref.Name)
+		if e == nil || e.dangling {
+			continue
+		}
+		e.dangling = true
+		c.wakeLocked(t, ref.Name, e)
+	}
 }
 
 // waitingLocked is the waiter of name; t may be nil.

@@ -847,3 +847,105 @@ func TestEndedWaitsLeaveNothingIndexed(t *testing.T) {
 		}
 	}
 }
+
+// A name a wait ran out on dangles: later versions that point at it are
+// applied at once, until it exists; then what points at a new missing name
+// waits again. Only the wait that ran out is told.
+func TestDanglingNameIsNotWaitedForAgain(t *testing.T) {
+	c, clk, events := consistent()
+	w := NewWatch()
+	c.Watch(w, rds, "r")
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	clk.t = clk.t.Add(5 * time.Second)
+	c.Sweep()
+	if got := present(c, rds, "r"); got != "1" || len(*events) != 1 || (*events)[0].Outcome != WaitTimeout {
+		t.Fatalf("after max_wait: route %q, events %+v", got, *events)
+	}
+
+	// Later versions that point at x go at once, as do new names beside
+	// it that are present.
+	c.Apply(cds, Change{Upserts: []*Resource{res("y", "1")}})
+	c.Watch(w, cds, "y")
+	c.Apply(cds, Change{Upserts: []*Resource{res("y", "1")}})
+	for _, r := range []*Resource{route("r", "2", "x"), route("r", "3", "x", "y")} {
+		c.Apply(rds, Change{Upserts: []*Resource{r}})
+		if got := present(c, rds, "r"); got != r.Version {
+			t.Fatalf("version %s of the route, pointing at dangling x, waits: present is %q", r.Version, got)
+		}
+	}
+	if len(*events) != 1 || len(c.References().Waiting) != 0 {
+		t.Errorf("a version that did not wait was told: events %+v, references %+v", *events, c.References())
+	}
+
+	// x comes: it exists, and a version pointing at a new missing name
+	// waits for it as ever.
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1")}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "4", "x", "z")}})
+	if got := present(c, rds, "r"); got != "3" {
+		t.Fatalf("the route to z was applied before z came: %q", got)
+	}
+	c.Apply(cds, Change{Upserts: []*Resource{res("z", "1")}})
+	if got := present(c, rds, "r"); got != "4" {
+		t.Fatalf("the route to z is not released once z came: %q", got)
+	}
+
+	// x goes, and its removal is then taken back (judged on a stream that
+	// proved dead): missing, not known not to exist, and no longer
+	// dangling, since it existed. What points at it waits again.
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "5", "z")}})
+	c.Apply(cds, Change{Removed: []string{"x"}})
+	c.Apply(cds, Change{Unknown: []string{"x"}})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "6", "z", "x")}})
+	if got := present(c, rds, "r"); got != "5" {
+		t.Fatalf("a route to x, missing again after it existed, does not wait: present is %q", got)
+	}
+}
+
+// A resource that waits for a name when another wait on that name runs out
+// goes at once: nothing waits for a dangling name. Its wait ends as a
+// timeout, what it lacks named.
+func TestWaitOnANameThatDanglesEnds(t *testing.T) {
+	c, clk, events := consistent()
+	w := NewWatch()
+	c.Watch(w, rds, "r", "s")
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	clk.t = clk.t.Add(3 * time.Second)
+	c.Apply(rds, Change{Upserts: []*Resource{route("s", "1", "x")}})
+	clk.t = clk.t.Add(2 * time.Second)
+	c.Sweep()
+	if got := present(c, rds, "s"); got != "1" {
+		t.Fatalf("s still waits for x, on which r's wait ran out: %q", got)
+	}
+	want := []ReferenceEvent{
+		{TypeURL: rds, Name: "r", Outcome: WaitTimeout, Waited: 5 * time.Second, Missing: []xds.Ref{{TypeURL: cds, Name: "x"}}},
+		{TypeURL: rds, Name: "s", Outcome: WaitTimeout, Waited: 2 * time.Second, Missing: []xds.Ref{{TypeURL: cds, Name: "x"}}},
+	}
+	if !reflect.DeepEqual(*events, want) {
+		t.Errorf("events %+v, want %+v", *events, want)
+	}
+	if got := taken(w); !slices.Equal(got[rds], []string{"r", "s"}) {
+		t.Errorf("marked %v, want r and s", got)
+	}
+}
+
+// A type is held while a resource of it waits (View.Held, Cache.Held), for
+// a wildcard's first answer. A wait that ends with nothing applied (the
+// resource removed upstream) marks the type's wildcard watchers, whose
+// first answer waited for it.
+func TestHeldWhileAResourceWaits(t *testing.T) {
+	c, _, _ := consistent()
+	w := NewWatch()
+	c.WatchWildcard(w, rds)
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}, Synced: true})
+	if v := c.Read(rds, nil, true); !v.Synced || !v.Held || !c.Held(rds) {
+		t.Fatalf("synced %v, held %v (%v), want both while r waits", v.Synced, v.Held, c.Held(rds))
+	}
+	taken(w)
+	c.Apply(rds, Change{Removed: []string{"r"}})
+	if v := c.Read(rds, nil, true); v.Held || c.Held(rds) {
+		t.Error("held once r's wait ended")
+	}
+	if got := taken(w); len(got) != 1 {
+		t.Errorf("the wildcard watcher was not marked when the last wait ended: %v", got)
+	}
+}

@@ -336,7 +336,12 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 			t.sent.remove(l.Name)
 		}
 	}
-	first := !t.responded && t.wildcard && synced
+	// A wildcard's first answer, even empty, once upstream answered; not
+	// empty while a resource of the type waits for what it points at
+	// (docs/architecture.md, invariant 18), which would say there is
+	// nothing and send the resource right after: its release marks the
+	// stream.
+	first := !t.responded && t.wildcard && synced && !v.Held
 	// Until the wildcard is synced, what the client has cannot be compared
 	// with the complete set: look at everything again next time.
 	t.all = t.wildcard && !synced

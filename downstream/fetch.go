@@ -129,7 +129,10 @@ func pollState(c *cache.Cache, typeURL string, wildcard bool, names []string) ([
 			ready = ready && (l.Resource != nil || l.Absent || l.Name == noName)
 		}
 	}
-	return rs, ready
+	// Nothing yet, while a resource of the type waits for what it points
+	// at, is not an answer (docs/architecture.md, invariant 18): its
+	// release answers.
+	return rs, ready && !(wildcard && v.Held && len(rs) == 0)
 }
 
 // digest identifies a set of resource versions.

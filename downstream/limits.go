@@ -217,7 +217,7 @@ func watchGroup(c *cache.Cache, w *cache.Watch, typeURL string, names []string) 
 	var me *cache.MaxNamesError
 	if errors.As(err, &me) {
 		return &LimitError{Key: "limits.max_names_per_group", Limit: strconv.Itoa(me.Max),
-			What: fmt.Sprintf("the group wants %d names and the request adds %d", me.Wanted, me.Adding)}
+			What: fmt.Sprintf("the group fetches %d names (wanted or referenced) and the request adds %d", me.Wanted, me.Adding)}
 	}
 	return err
 }

@@ -332,13 +332,7 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet,
 		return nil, nil
 	}
 	want := slices.DeleteFunc(v.Lookups, func(l cache.Lookup) bool { return l.Resource == nil })
-	// A wildcard's full state waits for upstream's complete state; an
-	// error is an answer.
-	ready := v.Synced || len(want) > 0 || t.nothing() || len(errs) > 0
-	if t.wildcard {
-		ready = v.Synced
-	}
-	if !t.responded && !ready {
+	if !t.responded && !t.firstReady(&v, len(want), len(errs)) {
 		return nil, nil
 	}
 	if len(want) == 0 && ss.awaitsAnswer() {
@@ -376,6 +370,19 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet,
 		}
 	}
 	return nil, full.send()
+}
+
+// firstReady reports whether the first complete state of a Listener or
+// Cluster subscription may go, with want resources present and errs
+// errors: a wildcard's waits for upstream's complete state, and is not
+// sent empty while a resource of the type waits for what it points at
+// (docs/architecture.md, invariant 18; its release marks the stream); one
+// by name goes once anything of it is known, an error being an answer.
+func (t *sotwType) firstReady(v *cache.View, want, errs int) bool {
+	if t.wildcard {
+		return v.Synced && (want > 0 || !v.Held)
+	}
+	return v.Synced || want > 0 || t.nothing() || errs > 0
 }
 
 // freshErrors is the errors of lookups, a full state's, that the client
@@ -444,8 +451,8 @@ func (ss *sotwStream) flushWildcard(typeURL string, t *sotwType, hold bool) (lat
 	if err := ss.readOrdered(typeURL, func() { st = ss.cache.StateFor(ss.watch, typeURL) }); err != nil {
 		return nil, err
 	}
-	if !t.responded && !st.Synced {
-		return nil, nil
+	if !t.responded && (!st.Synced || len(st.Resources) == 0 && ss.cache.Held(typeURL)) {
+		return nil, nil // no empty first answer while a resource waits (flushFull)
 	}
 	if t.sentState != nil && t.sentState.Version == st.Version && t.responded {
 		return nil, nil

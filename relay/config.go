@@ -223,7 +223,8 @@ type Config struct {
 		Interval time.Duration
 		// MinInterval is lrs.min_interval: the floor of the control
 		// plane's load_reporting_interval; below it, it is raised to it,
-		// logged once per group, and counted.
+		// logged once per group, and counted. 0 (the default) is 1s, or
+		// Interval if that is shorter (LRSMinInterval).
 		MinInterval time.Duration
 		// MaxPending is lrs.max_pending: per group, the relay's own
 		// reports (one per interval) held while the control plane cannot
@@ -435,7 +436,12 @@ func Default() Config {
 	c.Guard.Window = 10 * time.Second
 	c.Guard.Hold = 10 * time.Minute
 	c.Guard.WipeHold = 2 * time.Second
-	c.Consistency.MaxWait = 5 * time.Second
+	// The race make before break closes (a Route before its Cluster,
+	// resolved by one upstream round trip) takes milliseconds; a name not
+	// come within a second is far likelier never to come, and holds a
+	// whole RouteConfiguration meanwhile (docs/architecture.md, invariant
+	// 18).
+	c.Consistency.MaxWait = time.Second
 	c.Rollout.Bake = 30 * time.Second
 	c.Limits.MaxGroups = 1000
 	c.Limits.MaxNamesPerStream = 100000
@@ -448,7 +454,7 @@ func Default() Config {
 	c.Limits.RESTReadTimeout = 10 * time.Second
 	c.Limits.MaxPolls = 10000
 	c.LRS.Interval = 10 * time.Second
-	c.LRS.MinInterval = time.Second
+	c.LRS.MinInterval = 0 // lrsMinIntervalDefault, or lrs.interval if shorter
 	c.LRS.MaxPending = 1000
 	c.LRS.MaxNames = 50_000
 	c.LRS.MaxPendingBytes = 16 << 20

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/xdsrelay/xdsrelay/cache"
@@ -162,14 +161,18 @@ type debugGroup struct {
 	Loads          *debugLoads      `json:"load_reports"` // null: no client has reported load (loads.go)
 }
 
-// shownUserAgent is the user agent a group's clients share, from its
-// upstream node: with its whole version under user_agent_patch, else its
-// MAJOR.MINOR.
-func (r *Relay) shownUserAgent(n *corepb.Node) string {
-	if slices.Contains(r.cfg.Upstream.GroupBy, xds.FieldUserAgentPatch) {
-		return xds.UserAgentPatch(n)
+// shownUserAgent is the user agent a group's clients share: as its key
+// has it under user_agent (a pre-release whole, where its upstream node
+// presents it cut), with its whole version under user_agent_patch, else
+// the one its upstream node presents.
+func (r *Relay) shownUserAgent(g *group) string {
+	switch gb := r.cfg.Upstream.GroupBy; {
+	case slices.Contains(gb, xds.FieldUserAgentPatch):
+		return xds.UserAgentPatch(g.nodes[0])
+	case slices.Contains(gb, xds.FieldUserAgent):
+		return xds.UserAgent(g.fields)
 	}
-	return xds.UserAgent(n)
+	return xds.UserAgent(g.nodes[0])
 }
 
 // debugGroups lists the groups: upstream state and what each subscribes.
@@ -177,7 +180,7 @@ func (r *Relay) debugGroups(w http.ResponseWriter, _ *http.Request) {
 	out := []debugGroup{}
 	for _, g := range r.snapshotGroups() {
 		s := g.feed.Status()
-		dg := debugGroup{Key: g.shown, UserAgent: xds.Clip(r.shownUserAgent(g.nodes[0])), ClientFeatures: clipList(g.nodes[0].GetClientFeatures()),
+		dg := debugGroup{Key: g.shown, UserAgent: xds.Clip(r.shownUserAgent(g)), ClientFeatures: clipList(g.nodes[0].GetClientFeatures()),
 			Connected: s.Connected, LastError: xds.Clip(s.LastError), Invalid: xds.Clip(s.Invalid),
 			Resources: g.cache.Len(), Clients: r.groupClients(g), Types: []debugGroupType{}}
 		if !s.LastResponse.IsZero() {

@@ -99,7 +99,7 @@ func dial(t testing.TB, addr string) *grpc.ClientConn {
 // stream is a client stream whose responses arrive on a channel, so that a
 // test can wait for one with a bound, or prove that none comes.
 type stream[Req, Resp any] struct {
-	t      *testing.T
+	t      testing.TB
 	st     grpc.BidiStreamingClient[Req, Resp]
 	resps  chan *Resp
 	cancel context.CancelFunc
@@ -107,7 +107,7 @@ type stream[Req, Resp any] struct {
 	end    error // why Recv failed; set before done is closed
 }
 
-func newStream[Req, Resp any](t *testing.T, open func(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[Req, Resp], error)) *stream[Req, Resp] {
+func newStream[Req, Resp any](t testing.TB, open func(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[Req, Resp], error)) *stream[Req, Resp] {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	st, err := open(ctx)

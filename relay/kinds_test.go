@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	statuspb "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/xdsrelay/xdsrelay/internal/envoysim"
@@ -244,5 +246,93 @@ func TestGeneratorsApartOnlyWhenNamed(t *testing.T) {
 				t.Fatalf("the control plane was sent GENERATOR %q, one per group; want %q", got, tc.generators)
 			}
 		})
+	}
+}
+
+// patchHash keys a control plane's snapshots as one that reads versions as
+// X.Y.Z does: the user agent with a version of exactly three numbers. Any
+// other version keys "unparsed", for which nothing is set.
+type patchHash struct{}
+
+var xyz = regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+$`)
+
+func (patchHash) ID(n *corepb.Node) string {
+	if v := xds.UserAgentVersion(n); xyz.MatchString(v) {
+		return n.GetUserAgentName() + "/" + v
+	}
+	return "unparsed"
+}
+
+// A control plane that keys its config on exact X.Y.Z versions serves a
+// group of gRPC clients of one minor release: the group presents the
+// version its clients sent as MAJOR.MINOR.0, as Envoy's build version is
+// presented with patch 0. A real grpc-go xDS client reaches its backend,
+// and a client of another patch release of that minor joins its group and
+// is served the same; a pre-release presents MAJOR.MINOR alone, so it is
+// never taken for the release.
+func TestVersionKeyedControlPlaneServesAMinorGroup(t *testing.T) {
+	m := regexp.MustCompile(`^([0-9]+)\.([0-9]+)\.`).FindStringSubmatch(grpc.Version)
+	if m == nil {
+		t.Fatalf("grpc.Version %q is not MAJOR.MINOR.PATCH", grpc.Version)
+	}
+	release := m[1] + "." + m[2] + ".0"
+	cp := testcp.StartKeyed(t, patchHash{})
+	backend := startBackend(t, "served-by-version")
+	cp.Set(t, "gRPC Go/"+release, "1", testcp.Listener("svc", "svc-route"), testcp.Route("svc-route", "svc"),
+		testcp.Cluster("svc"), testcp.Endpoints("svc", backend))
+	cp.Set(t, "gRPC Go/1.86.0", "1", testcp.Cluster("svc"))
+	r := startRelay(t, cp.Addr)
+
+	cc := grpcXDSClient(t, r.Addr(), "grpc-1", "mesh", "xds:///svc")
+	rpcReaches(t, cc, "served-by-version", func() {
+		for _, n := range cp.Nodes() {
+			t.Logf("the control plane was presented %s", xds.UserAgentPatch(n))
+		}
+	})
+
+	// Another patch release of the same minor, with grpc-go's features: the
+	// same group and stream.
+	var features []string
+	for _, f := range cp.Nodes()[0].GetClientFeatures() {
+		if !slices.Contains(relayFeatures, f) {
+			features = append(features, f)
+		}
+	}
+	patched := &corepb.Node{Id: "grpc-2", Cluster: "mesh", UserAgentName: "gRPC Go", ClientFeatures: features,
+		UserAgentVersionType: &corepb.Node_UserAgentVersion{UserAgentVersion: m[1] + "." + m[2] + ".7"}}
+	s := openDelta(t, r.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: patched, TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"svc"}})
+	if resp := recvAck(t, s, wait); len(resp.GetResources()) != 1 || resp.GetResources()[0].GetName() != "svc" {
+		t.Fatalf("a %s client got %v, want Cluster svc", patched.GetUserAgentVersion(), resp)
+	}
+
+	// A pre-release is a kind of its own, presented cut to MAJOR.MINOR:
+	// the control plane, which parses X.Y.Z, gives it nothing by version.
+	dev := &corepb.Node{Id: "grpc-3", Cluster: "mesh", UserAgentName: "gRPC Go", ClientFeatures: features,
+		UserAgentVersionType: &corepb.Node_UserAgentVersion{UserAgentVersion: "1.86.0-dev"}}
+	d := openDelta(t, r.Addr())
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: dev, TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"svc"}})
+	presented := func() []string {
+		var seen []string
+		for _, n := range cp.Nodes() {
+			seen = append(seen, xds.UserAgentPatch(n))
+		}
+		slices.Sort(seen)
+		return slices.Compact(seen)
+	}
+	eventually(t, "a stream for the pre-release", func() bool { return len(presented()) == 2 })
+	if got, want := presented(), []string{"gRPC Go/" + release, "gRPC Go/1.86"}; !slices.Equal(got, want) {
+		t.Errorf("the control plane was presented %q, want %q", got, want)
+	}
+	// /debug/groups shows each group's kind as its key has it.
+	var groups []debugGroup
+	getJSON(t, r, "/debug/groups", &groups)
+	var shown []string
+	for _, g := range groups {
+		shown = append(shown, g.UserAgent)
+	}
+	slices.Sort(shown)
+	if want := []string{"gRPC Go/" + m[1] + "." + m[2], "gRPC Go/1.86.0-dev"}; !slices.Equal(shown, want) {
+		t.Errorf("/debug/groups shows user agents %q, want %q", shown, want)
 	}
 }

@@ -124,12 +124,12 @@ func (r *Relay) newLoadStore(key string) (*loadstats.Store, error) {
 	var clamped sync.Once // the group's log line
 	return loadstats.New(loadstats.Options{
 		Interval:    r.cfg.LRS.Interval,
-		MinInterval: r.cfg.LRS.MinInterval,
+		MinInterval: r.cfg.LRSMinInterval(),
 		OnClamped: func(asked time.Duration) {
 			r.loads.clamped.Inc()
 			clamped.Do(func() {
 				r.log.Warn("the control plane asked for a load reporting interval below lrs.min_interval: clients are told lrs.min_interval, and the relay reports at it (later ones for the group are counted in xdsrelay_lrs_clamped_intervals_total, not logged)",
-					"group", xds.Clip(key), "asked", asked, "min_interval", r.cfg.LRS.MinInterval)
+					"group", xds.Clip(key), "asked", asked, "min_interval", r.cfg.LRSMinInterval())
 			})
 		},
 		MaxPending:      r.cfg.LRS.MaxPending,
@@ -325,13 +325,28 @@ func (r *Relay) loadsOf(g *group) *debugLoads {
 	return d
 }
 
+// lrsMinIntervalDefault is lrs.min_interval when it is not set (0), unless
+// lrs.interval is shorter: a floor of 1s keeps a control plane from asking
+// for reports at a rate no one needs, and a relay configured to tell its
+// clients a shorter interval takes that one as the floor.
+const lrsMinIntervalDefault = time.Second
+
+// LRSMinInterval is lrs.min_interval as the relay uses it: as set, or, when
+// 0, lrsMinIntervalDefault or lrs.interval, the shorter.
+func (c *Config) LRSMinInterval() time.Duration {
+	if c.LRS.MinInterval > 0 {
+		return c.LRS.MinInterval
+	}
+	return min(lrsMinIntervalDefault, c.LRS.Interval)
+}
+
 // validateLRS checks the lrs.* keys.
 func (c *Config) validateLRS() error {
 	switch {
 	case c.LRS.Interval <= 0:
 		return fmt.Errorf("lrs.interval: must be positive, got %s", c.LRS.Interval)
-	case c.LRS.MinInterval <= 0 || c.LRS.MinInterval > c.LRS.Interval:
-		return fmt.Errorf("lrs.min_interval: must be positive and at most lrs.interval (%s), got %s", c.LRS.Interval, c.LRS.MinInterval)
+	case c.LRS.MinInterval < 0 || c.LRS.MinInterval > c.LRS.Interval:
+		return fmt.Errorf("lrs.min_interval: must be at most lrs.interval (%s), or 0 for %s or lrs.interval if shorter; got %s", c.LRS.Interval, lrsMinIntervalDefault, c.LRS.MinInterval)
 	case c.LRS.MaxPending < 1:
 		return fmt.Errorf("lrs.max_pending: must be at least 1, got %d", c.LRS.MaxPending)
 	case c.LRS.SendTimeout <= 0:

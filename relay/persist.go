@@ -36,7 +36,8 @@ import (
 //	version), then the SHA-256 of all that.
 //
 // Files are written whole to a temporary name and renamed, so a crash leaves
-// the previous file. A file that does not check out is reported and ignored.
+// the previous file (and the temporary one, which the next start removes:
+// removeLeftovers). A file that does not check out is reported and ignored.
 const persistMagic = "xdsrelay-cache v1\n"
 
 const (
@@ -400,9 +401,13 @@ func readPersistFile(path string, max int) ([]byte, error) {
 	return data, nil
 }
 
+// tmpPattern matches the temporary files writeAtomic writes and renames:
+// one is left behind only by a relay killed while it saved.
+const tmpPattern = ".tmp-*"
+
 // writeAtomic writes data to path through a temporary file and a rename.
 func writeAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
+	tmp, err := os.CreateTemp(filepath.Dir(path), tmpPattern)
 	if err != nil {
 		return err
 	}
@@ -505,9 +510,11 @@ func plural(n int, one, many string) string {
 }
 
 // restore loads every saved group; files that do not load are reported and
-// left alone.
+// left alone. First it removes what saves the relay did not finish left
+// behind.
 func (r *Relay) restore() {
 	dir := r.cfg.Cache.PersistDir
+	r.removeLeftovers(dir)
 	paths, err := filepath.Glob(filepath.Join(dir, PersistFilePattern))
 	if err != nil {
 		r.log.Error("cache.persist_dir", "error", err)
@@ -519,6 +526,38 @@ func (r *Relay) restore() {
 			r.persistHealth.loadFailure(p, err)
 		}
 	}
+}
+
+// maxLeftoversNamed bounds the files the log names when leftovers are
+// removed; it counts them all.
+const maxLeftoversNamed = 10
+
+// removeLeftovers removes the temporary files that a relay killed while
+// saving left in dir (writeAtomic renames each once it is whole, so one
+// found at start is of a save that never finished: the cache it was to
+// replace is still there), and logs which. It runs before the persister
+// starts: none is this relay's own. Only regular files are removed.
+func (r *Relay) removeLeftovers(dir string) {
+	paths, err := filepath.Glob(filepath.Join(dir, tmpPattern))
+	if err != nil {
+		return
+	}
+	var removed []string
+	for _, p := range paths {
+		if st, err := os.Lstat(p); err != nil || !st.Mode().IsRegular() {
+			continue
+		}
+		if err := os.Remove(p); err != nil {
+			r.log.Warn("cache.persist_dir: could not remove a temporary file of a save that did not finish", "file", p, "error", err)
+			continue
+		}
+		removed = append(removed, filepath.Base(p))
+	}
+	if len(removed) == 0 {
+		return
+	}
+	r.log.Info("cache.persist_dir: removed the temporary files of saves that did not finish (the relay was stopped while saving)",
+		"dir", dir, "removed", len(removed), "files", removed[:min(len(removed), maxLeftoversNamed)])
 }
 
 // restoreFile starts the group saved in path.

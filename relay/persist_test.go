@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -310,5 +311,62 @@ func TestPersistUpstreamVersions(t *testing.T) {
 		if r.Upstream != "" || r.Version == "" {
 			t.Errorf("%s: version %q, upstream version %q", r.Name, r.Version, r.Upstream)
 		}
+	}
+}
+
+// A relay killed while it saved leaves the temporary file it was writing
+// (writeAtomic renames it only once it is whole). The next start removes
+// such files, and only those, logs which, and restores the caches they
+// were to replace.
+func TestLeftoverTemporaryFilesRemovedAtStart(t *testing.T) {
+	dir := t.TempDir()
+	persist := func(c *Config) {
+		c.Cache.PersistDir = dir
+		c.Cache.PersistInterval = 20 * time.Millisecond
+	}
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("x"))
+	first := startRelay(t, cp.Addr, persist)
+	s := openDelta(t, first.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.ClusterType})
+	s.recv()
+	s.close()
+	shutdown(t, first)
+
+	// What a save cut short leaves: part of a file, under the temporary
+	// name; and what is not the relay's to remove.
+	saved, _ := filepath.Glob(filepath.Join(dir, "group-*.cache"))
+	if len(saved) != 1 {
+		t.Fatalf("%d caches saved, want 1", len(saved))
+	}
+	good, _ := os.ReadFile(saved[0])
+	leftovers := []string{".tmp-1849203311", ".tmp-977102"}
+	for _, name := range leftovers {
+		if err := os.WriteFile(filepath.Join(dir, name), good[:len(good)/2], 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kept := []string{"notes.txt", ".tmp-dir"}
+	os.WriteFile(filepath.Join(dir, kept[0]), []byte("the operator's"), 0o600)
+	os.Mkdir(filepath.Join(dir, kept[1]), 0o700)
+
+	logs := &logBuffer{}
+	second := startRelayLogged(t, cp.Addr, slog.New(slog.NewJSONHandler(logs, nil)), persist)
+	for _, name := range leftovers {
+		if _, err := os.Stat(filepath.Join(dir, name)); !os.IsNotExist(err) {
+			t.Errorf("%s is still there: %v", name, err)
+		}
+	}
+	for _, name := range kept {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			t.Errorf("%s was removed: %v", name, err)
+		}
+	}
+	lines := logs.Lines(t, "cache.persist_dir: removed the temporary files of saves that did not finish (the relay was stopped while saving)")
+	if len(lines) != 1 || lines[0]["removed"] != float64(2) || fmt.Sprint(lines[0]["files"]) != fmt.Sprint(leftovers) {
+		t.Errorf("log lines %v, want one naming %v", lines, leftovers)
+	}
+	if n := len(second.snapshotGroups()); n != 1 {
+		t.Errorf("%d groups restored beside the leftovers, want 1", n)
 	}
 }

@@ -25,7 +25,7 @@ type referenceMetrics struct {
 
 func newReferenceMetrics(reg *metrics.Registry) referenceMetrics {
 	return referenceMetrics{
-		waits: reg.Counter("xdsrelay_reference_waits_total", "Resources from the control plane that waited for a name they point at (a Route for its Cluster, a Cluster for its endpoints), and removals that waited for nothing to point at the name, by the type of what waited and how the wait ended: resolved (what it waited for came, or went) or timeout (consistency.max_wait passed; clients got the control plane's word as it was).", "type", "outcome").
+		waits: reg.Counter("xdsrelay_reference_waits_total", "Resources from the control plane that waited for a name they point at (a Route for its Cluster, a Cluster for its endpoints), and removals that waited for nothing to point at the name, by the type of what waited and how the wait ended: resolved (what it waited for came, or went) or timeout (consistency.max_wait passed, for it or for another wait on the same name; clients got the control plane's word as it was, and nothing waits for that name again until it exists).", "type", "outcome").
 			Zero(metrics.Cross(xds.TypeLabels(), []string{cache.WaitResolved, cache.WaitTimeout})...),
 		dangling: reg.Gauge("xdsrelay_dangling_references", "References from resources the groups' caches hold to names they lack (being fetched, not existing upstream, or let through after consistency.max_wait), by the type of the name pointed at; summed over groups.", "type").
 			ZeroEach(xds.TypeLabels()...),
@@ -73,9 +73,9 @@ func (r *Relay) referenceEvent(key string, ev cache.ReferenceEvent) {
 			"first", xds.Clip(first), "consistency.max_wait", r.cfg.Consistency.MaxWait)
 		return
 	}
-	r.log.Warn("consistency: a resource waited consistency.max_wait for a name it points at; sent as the control plane said",
+	r.log.Warn("consistency: a resource waited for a name it points at until consistency.max_wait ran out; sent as the control plane said, and what points at the name is sent at once until the name exists",
 		"group", xds.Clip(key), "type", short, "name", xds.Clip(ev.Name), "missing", len(ev.Missing),
-		"first", xds.Clip(first), "consistency.max_wait", r.cfg.Consistency.MaxWait)
+		"first", xds.Clip(first), "waited", ev.Waited, "consistency.max_wait", r.cfg.Consistency.MaxWait)
 }
 
 // unsafeOrder logs, once per group and type (the cache tells only the
@@ -94,7 +94,7 @@ func (r *Relay) unsafeOrder(key string, u cache.UnsafeOrder) {
 			"consistency.max_wait", r.cfg.Consistency.MaxWait)
 		return
 	}
-	r.log.Warn("consistency: the control plane sent a resource before what it points at, an unsafe order; the relay holds it until that arrives, for consistency.max_wait at most (logged once per group and type)",
+	r.log.Warn("consistency: the control plane sent a resource before what it points at, an unsafe order; the relay holds it until that arrives, for consistency.max_wait at most, and a name that has not come by then is not waited for again until it exists (logged once per group and type)",
 		"group", xds.Clip(key), "type", short, "name", xds.Clip(u.Name), "points_at", xds.Clip(first),
 		"consistency.max_wait", r.cfg.Consistency.MaxWait)
 }

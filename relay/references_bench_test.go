@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	routepb "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 
@@ -76,4 +79,38 @@ func firstRPC(b *testing.B, client testgrpc.TestServiceClient, want string) {
 	if _, lastErr, ok := reachWithin(client, want, 100*time.Microsecond); !ok {
 		b.Fatalf("no RPC reached %s within %v (last error %v)", want, wait, lastErr)
 	}
+}
+
+// BenchmarkDanglingRouteChange is what a reference that never comes costs
+// each change of the RouteConfiguration that holds it: each operation
+// publishes, at the control plane, the Route changed (another prefix,
+// still pointing at a Cluster the control plane never sends), and ends
+// when a delta client of the Route has it. The relay runs with its default
+// consistency.max_wait; the first version, which waits it out, is not
+// timed.
+//
+//	go test -run '^$' -bench DanglingRouteChange -benchtime 10x -count 3 ./relay
+func BenchmarkDanglingRouteChange(b *testing.B) {
+	cp := testcp.Start(b)
+	publish := func(i int) {
+		rc := testcp.Route("r", "never-sent")
+		rc.VirtualHosts[0].Routes[0].GetMatch().PathSpecifier = &routepb.RouteMatch_Prefix{Prefix: fmt.Sprint("/v", i)}
+		cp.Set(b, "c1", fmt.Sprint(i), rc)
+	}
+	publish(0)
+	r := startRelay(b, cp.Addr, func(c *Config) { c.Consistency = Default().Consistency })
+	c := newStream(b, discoverypb.NewAggregatedDiscoveryServiceClient(dial(b, r.Addr())).DeltaAggregatedResources)
+	c.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.RouteType, ResourceNamesSubscribe: []string{"r"}})
+	recvAckB(c, Default().Consistency.MaxWait+wait)
+	b.ResetTimer()
+	for i := range b.N {
+		publish(i + 1)
+		recvAckB(c, Default().Consistency.MaxWait+wait)
+	}
+}
+
+// recvAckB receives a delta response within bound and ACKs it.
+func recvAckB(s *deltaStream, bound time.Duration) {
+	resp := s.recvWithin(bound)
+	s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()})
 }

@@ -1,16 +1,25 @@
 package relay
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"net/url"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	listenerpb "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routepb "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	routerpb "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmpb "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	routesvc "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
@@ -250,7 +259,7 @@ func TestDebugReferencesAreBounded(t *testing.T) {
 
 // unsafeOrderMsg is the warning logged once per group and type when the
 // control plane sends a resource before what it points at.
-const unsafeOrderMsg = "consistency: the control plane sent a resource before what it points at, an unsafe order; the relay holds it until that arrives, for consistency.max_wait at most (logged once per group and type)"
+const unsafeOrderMsg = "consistency: the control plane sent a resource before what it points at, an unsafe order; the relay holds it until that arrives, for consistency.max_wait at most, and a name that has not come by then is not waited for again until it exists (logged once per group and type)"
 
 // The control plane sends a Route before its Cluster, twice: the relay
 // warns once for the group and type, naming the Route and the Cluster.
@@ -322,4 +331,171 @@ func TestReferencedNamesAreBoundedPerGroup(t *testing.T) {
 	if lines := logs.Lines(t, msg); len(lines) != 1 || lines[0]["refused"] != float64(3) {
 		t.Errorf("refusal warnings = %v, want one of 3 names", lines)
 	}
+	// The names fetched as references count where a client's names are
+	// checked: a name more would take the group past the bound.
+	more := openDelta(t, r.Addr())
+	more.send(&discoverypb.DeltaDiscoveryRequest{Node: node("m", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"z"}})
+	err := ended(t, more)
+	wantRefused(t, err, "limits.max_names_per_group")
+	if !strings.Contains(err.Error(), "fetches 3 names (wanted or referenced)") {
+		t.Errorf("the refusal does not say the group's referenced names count: %v", err)
+	}
+}
+
+// routeWithPrefix is Route name to cluster, its one route matching prefix:
+// another prefix is another version of the same Route.
+func routeWithPrefix(name, cluster, prefix string) *routepb.RouteConfiguration {
+	rc := testcp.Route(name, cluster)
+	rc.VirtualHosts[0].Routes[0].GetMatch().PathSpecifier = &routepb.RouteMatch_Prefix{Prefix: prefix}
+	return rc
+}
+
+// The xds-test-harness's shape: Routes to a Cluster the control plane never
+// creates, changed one after the other. The first version waits
+// consistency.max_wait for the Cluster, and its wait runs out; every later
+// version of a Route that points at it goes out without a wait, as Envoy,
+// which does not wait on a route's Clusters, would have it, until the
+// Cluster exists. Then a Route that points at a new missing name waits for
+// it again (make before break).
+func TestDanglingReferenceHoldsOnlyTheFirstVersion(t *testing.T) {
+	forEachDialect(t, testDanglingReferenceHoldsOnlyTheFirstVersion)
+}
+
+func testDanglingReferenceHoldsOnlyTheFirstVersion(t *testing.T, d testcp.Dialect) {
+	cp := testcp.StartDialect(t, d)
+	cp.Set(t, "c1", "1", routeWithPrefix("a", "a", "/1"), routeWithPrefix("b", "b", "/1"))
+	const maxWait = 300 * time.Millisecond
+	r := startRelay(t, cp.Addr, func(c *Config) { c.Consistency.MaxWait = maxWait })
+	c := openDelta(t, r.Addr())
+	c.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.RouteType, ResourceNamesSubscribe: []string{"b", "a"}})
+	got := map[string]bool{}
+	for len(got) < 2 {
+		for _, res := range recvAck(t, c, maxWait+wait).GetResources() {
+			got[res.GetName()] = true
+		}
+	}
+	// The waits are counted once told, after the clients' marks.
+	const timeouts = 2 // a and b waited for their Clusters
+	eventually(t, "both Routes' waits counted as timeouts", func() bool {
+		return referenceWaits(t, r, resourcev3.RouteType, "timeout") == timeouts
+	})
+
+	g := r.groupCache(keyOf("c1"))
+	for v := 2; v <= 4; v++ {
+		prefix := fmt.Sprint("/", v)
+		cp.Set(t, "c1", fmt.Sprint(v), routeWithPrefix("a", "a", "/1"), routeWithPrefix("b", "b", prefix))
+		resp := recvAck(t, c, wait)
+		if len(resp.GetResources()) != 1 || resp.GetResources()[0].GetName() != "b" {
+			t.Fatalf("version %d: got %v, want Route b alone", v, deltaNames(resp))
+		}
+		if w := g.References().Waiting; len(w) != 0 {
+			t.Fatalf("version %d waited: %+v", v, w)
+		}
+	}
+	if n := referenceWaits(t, r, resourcev3.RouteType, "timeout") + referenceWaits(t, r, resourcev3.RouteType, "resolved"); n != timeouts {
+		t.Errorf("%v reference waits after the later versions, want %v: they point at a dangling Cluster", n, timeouts)
+	}
+
+	// b's Cluster comes; then b points at a Cluster that is missing and
+	// not known to dangle: it waits for it as ever.
+	cp.Set(t, "c1", "5", routeWithPrefix("a", "a", "/1"), routeWithPrefix("b", "b", "/4"), testcp.Cluster("b"), testcp.Endpoints("b"))
+	eventually(t, "Cluster b cached", func() bool { return g.Get(resourcev3.ClusterType, []string{"b"})[0].Resource != nil })
+	cp.Set(t, "c1", "6", routeWithPrefix("a", "a", "/1"), routeWithPrefix("b", "c", "/6"), testcp.Cluster("b"), testcp.Endpoints("b"))
+	eventually(t, "b to wait for its new Cluster c", func() bool {
+		w := g.References().Waiting
+		return len(w) == 1 && w[0].Name == "b" && len(w[0].Missing) == 1 && w[0].Missing[0].Name == "c"
+	})
+	if got := routeClusters(t, recvAck(t, c, maxWait+wait), "b"); !slices.Equal(got, []string{"c"}) {
+		t.Fatalf("b after its wait for c: route to %v, want [c]", got)
+	}
+}
+
+// A wildcard client's first answer is the type's complete state: while a
+// Route (or a Listener with its routes inline) waits for its Cluster, a
+// wildcard client of the type is sent nothing, not an empty answer with
+// the resource right after; once the Cluster comes, the first answer
+// carries it. Delta and SotW ADS alike, and a poll (gRPC Fetch).
+func TestWildcardFirstAnswerWaitsForAHeldResource(t *testing.T) {
+	for _, tc := range []struct {
+		variant, typeURL string
+		held             types.Resource // points at the Cluster x
+	}{
+		{"delta", resourcev3.RouteType, testcp.Route("r", "x")},
+		{"sotw", resourcev3.RouteType, testcp.Route("r", "x")},
+		{"delta", resourcev3.ListenerType, inlineListener("l", "x")},
+		{"sotw", resourcev3.ListenerType, inlineListener("l", "x")},
+		{"fetch", resourcev3.RouteType, testcp.Route("r", "x")},
+	} {
+		t.Run(tc.variant+"/"+xds.ShortName(tc.typeURL), func(t *testing.T) {
+			name := cachev3.GetResourceName(tc.held)
+			cp := testcp.Start(t)
+			cp.Set(t, "c1", "1", tc.held)
+			r := startRelay(t, cp.Addr, func(c *Config) { c.Consistency.MaxWait = time.Minute })
+			var first func() []string
+			var quiet func(time.Duration)
+			switch tc.variant {
+			case "delta":
+				c := openDelta(t, r.Addr())
+				c.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: tc.typeURL})
+				first, quiet = func() []string { return deltaNames(recvAck(t, c, wait)) }, c.quiet
+			case "fetch":
+				answered := make(chan *discoverypb.DiscoveryResponse, 1)
+				ctx, cancel := context.WithTimeout(context.Background(), wait)
+				t.Cleanup(cancel)
+				go func() {
+					resp, err := routesvc.NewRouteDiscoveryServiceClient(dial(t, r.Addr())).FetchRoutes(ctx, &discoverypb.DiscoveryRequest{Node: node("n", "c1"), TypeUrl: tc.typeURL})
+					if err != nil {
+						t.Errorf("fetch: %v", err)
+					}
+					answered <- resp
+				}()
+				first = func() []string { return anyNames(t, (<-answered).GetResources()) }
+				quiet = func(d time.Duration) {
+					select {
+					case resp := <-answered:
+						t.Fatalf("the poll was answered %v", resp)
+					case <-time.After(d):
+					}
+				}
+			default:
+				c := openSotW(t, r.Addr())
+				c.send(&discoverypb.DiscoveryRequest{Node: node("n", "c1"), TypeUrl: tc.typeURL})
+				first, quiet = func() []string { return anyNames(t, c.recv().GetResources()) }, c.quiet
+			}
+			eventually(t, name+" to wait for its Cluster", func() bool {
+				g := r.groupCache(keyOf("c1"))
+				return g != nil && len(g.References().Waiting) == 1
+			})
+			quiet(200 * time.Millisecond)
+			cp.Set(t, "c1", "2", tc.held, testcp.Cluster("x"), testcp.Endpoints("x"))
+			if got := first(); !slices.Equal(got, []string{name}) {
+				t.Fatalf("first answer %v, want %s", got, name)
+			}
+		})
+	}
+}
+
+// inlineListener is an API listener whose one route, inline, goes to
+// cluster: it points at the Cluster itself.
+func inlineListener(name, cluster string) *listenerpb.Listener {
+	router, _ := anypb.New(&routerpb.Router{})
+	hcm, _ := anypb.New(&hcmpb.HttpConnectionManager{
+		RouteSpecifier: &hcmpb.HttpConnectionManager_RouteConfig{RouteConfig: testcp.Route(name, cluster)},
+		HttpFilters:    []*hcmpb.HttpFilter{{Name: "router", ConfigType: &hcmpb.HttpFilter_TypedConfig{TypedConfig: router}}},
+	})
+	return &listenerpb.Listener{Name: name, ApiListener: &listenerpb.ApiListener{ApiListener: hcm}}
+}
+
+// anyNames are the names of the resources of a SotW response.
+func anyNames(t *testing.T, rs []*anypb.Any) []string {
+	t.Helper()
+	var out []string
+	for _, a := range rs {
+		m, err := a.UnmarshalNew()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, cachev3.GetResourceName(m.(types.Resource)))
+	}
+	return out
 }

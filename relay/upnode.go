@@ -155,25 +155,27 @@ func copyField(dst, src *corepb.Node, f string) {
 	}
 }
 
-// copyUserAgent copies the user agent as the group key reads it
-// (xds.UserAgent, or xds.UserAgentPatch with patch): the name, and the
-// version string or Envoy's semantic build version without its build
-// metadata, which clients of one kind need not share. Without patch, the
-// version is what the group's clients share: a string cut to MAJOR.MINOR,
-// and Envoy's with patch 0, which control planes that read Envoy's version
-// (Consul) still read.
-func copyUserAgent(dst, src *corepb.Node, patch bool) {
+// copyUserAgent copies the user agent: the name, and the version string or
+// Envoy's semantic build version without its build metadata, which clients
+// of one kind need not share. With whole, the version is the client's own
+// (user_agent_patch, and the key node that a warm-restart file saves, from
+// which the group's key is made again). Without it, the version is the one
+// presented for the kind (xds.PresentedVersion): a dotted numeric string as
+// MAJOR.MINOR.0 and Envoy's with patch 0, which control planes that read
+// versions as X.Y.Z (Consul) read; any other string cut to MAJOR.MINOR.
+// Every client of a group presents the same (xds.KindVersion).
+func copyUserAgent(dst, src *corepb.Node, whole bool) {
 	dst.UserAgentName = src.GetUserAgentName()
 	switch {
 	case src.GetUserAgentVersion() != "":
 		v := src.GetUserAgentVersion()
-		if !patch {
-			v = xds.MinorVersion(v)
+		if !whole {
+			v = xds.PresentedVersion(v)
 		}
 		dst.UserAgentVersionType = &corepb.Node_UserAgentVersion{UserAgentVersion: v}
 	case src.GetUserAgentBuildVersion().GetVersion() != nil:
 		v := proto.Clone(src.GetUserAgentBuildVersion().GetVersion()).(*typev3.SemanticVersion)
-		if !patch {
+		if !whole {
 			v.Patch = 0
 		}
 		dst.UserAgentVersionType = &corepb.Node_UserAgentBuildVersion{UserAgentBuildVersion: &corepb.BuildVersion{Version: v}}
@@ -190,16 +192,20 @@ func setMetadata(n *corepb.Node, key string, v *structpb.Value) {
 }
 
 // keyNode is what of a client's node makes its group: the group_by fields
-// as the client sent them, id included. A warm-restart file saves it, so
-// that the group is restored under the same key and presents the same node.
+// as the client sent them, id included, the user agent with its whole
+// version. A warm-restart file saves it, so that the group is restored
+// under the same key and presents the same node.
 func keyNode(groupBy []string, client *corepb.Node) *corepb.Node {
 	n := &corepb.Node{}
 	for _, f := range groupBy {
-		if f == "id" {
+		switch f {
+		case "id":
 			n.Id = client.GetId()
-			continue
+		case xds.FieldUserAgent:
+			copyUserAgent(n, client, true)
+		default:
+			copyField(n, client, f)
 		}
-		copyField(n, client, f)
 	}
 	return n
 }

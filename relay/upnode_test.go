@@ -103,9 +103,44 @@ func TestUpstreamNodeCarriesTheKind(t *testing.T) {
 	if got := GroupKey(keyNode(cfg.Upstream.GroupBy, client), cfg.Upstream.GroupBy); got != key {
 		t.Errorf("restored key %q, want %q", got, key)
 	}
-	grpc := &corepb.Node{Cluster: "c", UserAgentName: "gRPC Go", UserAgentVersionType: &corepb.Node_UserAgentVersion{UserAgentVersion: "1.85.0"}}
-	if n := groupNode(&cfg, "host", "k", grpc); n.GetUserAgentVersion() != "1.85" || n.GetUserAgentName() != "gRPC Go" {
-		t.Errorf("gRPC's user agent: %q %q", n.GetUserAgentName(), n.GetUserAgentVersion())
+}
+
+// A gRPC client's version string is presented as the kind's: a dotted
+// numeric one as MAJOR.MINOR.0, another cut to MAJOR.MINOR. The saved key
+// node restores the same key and presents the same, whichever client of
+// the group it was saved from, and a key node saved with the version cut
+// (by an earlier release) restores the key of that minor's clients.
+func TestUpstreamNodePresentsTheKindsVersion(t *testing.T) {
+	cfg := Default()
+	grpc := func(v string) *corepb.Node {
+		return &corepb.Node{Cluster: "c", UserAgentName: "gRPC Go", UserAgentVersionType: &corepb.Node_UserAgentVersion{UserAgentVersion: v}}
+	}
+	for _, tc := range []struct{ version, presented string }{
+		{"1.85.0", "1.85.0"},
+		{"1.85.3", "1.85.0"},
+		{"1.85", "1.85.0"},
+		{"1.86.0-dev", "1.86"},
+		{"v2", "v2"},
+	} {
+		client := grpc(tc.version)
+		key := GroupKey(client, cfg.Upstream.GroupBy)
+		n := groupNode(&cfg, "host", key, client)
+		if n.GetUserAgentVersion() != tc.presented || n.GetUserAgentName() != "gRPC Go" {
+			t.Errorf("%s: presented %q %q, want %q", tc.version, n.GetUserAgentName(), n.GetUserAgentVersion(), tc.presented)
+		}
+		saved := keyNode(cfg.Upstream.GroupBy, client)
+		if got := GroupKey(saved, cfg.Upstream.GroupBy); got != key {
+			t.Errorf("%s: restored key %q, want %q", tc.version, got, key)
+		}
+		if got := groupNode(&cfg, "host", key, saved).GetUserAgentVersion(); got != tc.presented {
+			t.Errorf("%s: restored group presents %q, want %q", tc.version, got, tc.presented)
+		}
+	}
+	if GroupKey(grpc("1.86.0-dev"), cfg.Upstream.GroupBy) == GroupKey(grpc("1.86.1"), cfg.Upstream.GroupBy) {
+		t.Error("a pre-release and a release of one minor share a group, which presents one version for both")
+	}
+	if got, want := GroupKey(grpc("1.85"), cfg.Upstream.GroupBy), GroupKey(grpc("1.85.3"), cfg.Upstream.GroupBy); got != want {
+		t.Errorf("a key node saved with the version cut restores %q, want the minor's key %q", got, want)
 	}
 }
 

@@ -136,10 +136,33 @@ func TestLoadConfig(t *testing.T) {
 		{name: "zero lrs interval", yaml: "lrs:\n  interval: 0s\n", wantErr: "lrs.interval: must be positive, got 0s"},
 		{name: "zero lrs max_pending", yaml: "lrs:\n  max_pending: 0\n", wantErr: "lrs.max_pending: must be at least 1, got 0"},
 		{name: "lrs max_pending not a number", env: map[string]string{"XDSRELAY_LRS_MAX_PENDING": "many"}, wantErr: "lrs.max_pending"},
-		{name: "lrs min_interval above lrs.interval", yaml: "lrs:\n  interval: 1s\n  min_interval: 2s\n", wantErr: "lrs.min_interval: must be positive and at most lrs.interval (1s), got 2s"},
-		{name: "lrs.interval below the default min_interval", yaml: "lrs:\n  interval: 500ms\n",
-			wantErr: "lrs.min_interval: must be positive and at most lrs.interval (500ms), got 1s"},
-		{name: "zero lrs min_interval", env: map[string]string{"XDSRELAY_LRS_MIN_INTERVAL": "0s"}, wantErr: "lrs.min_interval: must be positive"},
+		{name: "lrs min_interval above lrs.interval", yaml: "lrs:\n  interval: 1s\n  min_interval: 2s\n",
+			wantErr: "lrs.min_interval: must be at most lrs.interval (1s), or 0 for 1s or lrs.interval if shorter; got 2s"},
+		{name: "negative lrs min_interval", env: map[string]string{"XDSRELAY_LRS_MIN_INTERVAL": "-1s"}, wantErr: "lrs.min_interval: must be at most lrs.interval"},
+		{
+			// Valid before lrs.min_interval existed: the floor follows
+			// lrs.interval below 1s.
+			name: "lrs.interval below 1s alone",
+			yaml: "lrs:\n  interval: 300ms\n",
+			check: func(t *testing.T, o Options) {
+				if got := o.Relay.LRSMinInterval(); o.Relay.LRS.Interval != 300*time.Millisecond || got != 300*time.Millisecond {
+					t.Errorf("lrs: %+v, min interval %v, want 300ms", o.Relay.LRS, got)
+				}
+			},
+		},
+		{
+			name: "lrs.min_interval by default, and set",
+			env:  map[string]string{"XDSRELAY_LRS_MIN_INTERVAL": "250ms"},
+			check: func(t *testing.T, o Options) {
+				if got := o.Relay.LRSMinInterval(); got != 250*time.Millisecond {
+					t.Errorf("lrs.min_interval set to 250ms is %v", got)
+				}
+				def := defaultOptions()
+				if got := def.Relay.LRSMinInterval(); got != time.Second {
+					t.Errorf("lrs.min_interval by default is %v, want 1s beside lrs.interval 10s", got)
+				}
+			},
+		},
 		{name: "zero lrs max_names", yaml: "lrs:\n  max_names: 0\n", wantErr: "lrs.max_names: must be at least 1, got 0"},
 		{name: "zero lrs max_pending_bytes", env: map[string]string{"XDSRELAY_LRS_MAX_PENDING_BYTES": "0"}, wantErr: "lrs.max_pending_bytes: must be at least 1, got 0"},
 		{
@@ -199,7 +222,7 @@ func TestLoadConfig(t *testing.T) {
 		{
 			name: "consistency.max_wait, guard.wipe_hold, lrs.send_timeout and upstream.protocol defaults",
 			check: func(t *testing.T, o Options) {
-				if o.Relay.Consistency.MaxWait != 5*time.Second || o.Relay.Guard.WipeHold != 2*time.Second || o.Relay.LRS.SendTimeout != 30*time.Second {
+				if o.Relay.Consistency.MaxWait != time.Second || o.Relay.Guard.WipeHold != 2*time.Second || o.Relay.LRS.SendTimeout != 30*time.Second {
 					t.Errorf("consistency %+v guard %+v lrs %+v", o.Relay.Consistency, o.Relay.Guard, o.Relay.LRS)
 				}
 				if o.Relay.Upstream.Protocol != "auto" {

@@ -14,8 +14,8 @@ import (
 // The node fields that name the client's kind: what control planes tailor
 // their config by (docs/architecture.md, invariant 14 "Kinds apart").
 const (
-	// FieldUserAgent is user_agent_name with its MAJOR.MINOR version (see
-	// UserAgent).
+	// FieldUserAgent is user_agent_name with the version its kind is known
+	// by: MAJOR.MINOR for a dotted numeric one (see UserAgent).
 	FieldUserAgent = "user_agent"
 	// FieldUserAgentPatch is user_agent_name with its whole version (see
 	// UserAgentPatch).
@@ -78,14 +78,13 @@ func NodeField(node *corepb.Node, f string) string {
 	return string(js)
 }
 
-// UserAgent is the node's user_agent_name with its version's MAJOR.MINOR,
-// as "NAME/MAJOR.MINOR": patch releases of one minor version are one kind
-// (control planes gate features on minor versions), so that a patch
-// rollout through a fleet does not split its groups. See MinorVersion for
-// a version string that is not MAJOR.MINOR.something; "NAME" alone
-// without a version; "" without either.
+// UserAgent is the node's user_agent_name with the version its kind is
+// known by, as "NAME/VERSION" (see KindVersion): patch releases of one
+// minor version are one kind (control planes gate features on minor
+// versions), so that a patch rollout through a fleet does not split its
+// groups. "NAME" alone without a version; "" without either.
 func UserAgent(node *corepb.Node) string {
-	return nameVersion(node.GetUserAgentName(), MinorVersion(UserAgentVersion(node)))
+	return nameVersion(node.GetUserAgentName(), KindVersion(UserAgentVersion(node)))
 }
 
 // UserAgentPatch is UserAgent with the whole version: user_agent_version
@@ -114,6 +113,54 @@ func UserAgentVersion(node *corepb.Node) string {
 	}
 	return strconv.FormatUint(uint64(sv.GetMajorNumber()), 10) + "." + strconv.FormatUint(uint64(sv.GetMinorNumber()), 10) +
 		"." + strconv.FormatUint(uint64(sv.GetPatch()), 10)
+}
+
+// KindVersion is the version a client's kind is known by: a dotted
+// numeric version ("1.85.1", "1.85", Envoy's build version) by its
+// MAJOR.MINOR ("1.85"), and any other string whole ("1.86.0-dev", "v2"): a
+// pre-release or a build is not the release it leads to, and is presented
+// otherwise (PresentedVersion). So that clients of one kind present one
+// version, PresentedVersion of any version of a kind is one string.
+func KindVersion(v string) string {
+	if major, minor, ok := dottedNumeric(v); ok {
+		return major + "." + minor
+	}
+	return v
+}
+
+// PresentedVersion is the version presented upstream for a kind of clients
+// whose version is v (docs/architecture.md, invariant 14 "Kinds apart"): a
+// dotted numeric version as MAJOR.MINOR.0 ("1.78.3" and "1.78" are
+// "1.78.0"), as Envoy's build version is presented with patch 0, so that a
+// control plane that reads versions as X.Y.Z (Consul, a NodeHash keyed by
+// them) reads what its clients would have sent; any other string cut as
+// MinorVersion cuts it ("1.86.0-dev" is "1.86"), or whole.
+func PresentedVersion(v string) string {
+	if major, minor, ok := dottedNumeric(v); ok {
+		return major + "." + minor + ".0"
+	}
+	return MinorVersion(v)
+}
+
+// dottedNumeric reports whether v is two numbers or more joined by dots,
+// and its first two.
+func dottedNumeric(v string) (major, minor string, ok bool) {
+	major, rest, ok := strings.Cut(v, ".")
+	if !ok || !digits(major) {
+		return "", "", false
+	}
+	minor, rest, more := strings.Cut(rest, ".")
+	if !digits(minor) {
+		return "", "", false
+	}
+	for more {
+		var part string
+		part, rest, more = strings.Cut(rest, ".")
+		if !digits(part) {
+			return "", "", false
+		}
+	}
+	return major, minor, true
 }
 
 // MinorVersion is v cut to MAJOR.MINOR when it starts with two numbers and

@@ -85,8 +85,7 @@ func relayConfig(upstream string, cfg *Config) (relay.Config, error) {
 		rc.Consistency.MaxWait = 0
 	}
 	if cfg.LRS {
-		rc.LRS.Interval = cfg.LRSInterval
-		rc.LRS.MinInterval = min(rc.LRS.MinInterval, cfg.LRSInterval) // --lrs-interval may be shorter
+		rc.LRS.Interval = cfg.LRSInterval // lrs.min_interval follows it below 1s
 	}
 	if cfg.Soak.Faults {
 		// A silent link is found dead, a connection attempt through it

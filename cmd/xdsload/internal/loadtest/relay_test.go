@@ -42,7 +42,7 @@ func TestRelayConfigLimits(t *testing.T) {
 
 // --relay-consistency-off reaches the relay as consistency.max_wait 0,
 // and the relay keeps its default without it; --lrs-interval shorter than
-// the relay's lrs.min_interval lowers the floor with it.
+// 1s lowers the floor with it, as the relay's default lrs.min_interval does.
 func TestRelayConfigOptions(t *testing.T) {
 	def := relay.Default()
 	tests := []struct {
@@ -55,10 +55,10 @@ func TestRelayConfigOptions(t *testing.T) {
 		}},
 		{"relay-consistency-off", Config{RelayConsistencyOff: true}, func(c relay.Config) bool { return c.Consistency.MaxWait == 0 }},
 		{"lrs-interval under min_interval", Config{LRS: true, LRSInterval: 100 * time.Millisecond}, func(c relay.Config) bool {
-			return c.LRS.Interval == 100*time.Millisecond && c.LRS.MinInterval == 100*time.Millisecond
+			return c.LRS.Interval == 100*time.Millisecond && c.LRSMinInterval() == 100*time.Millisecond
 		}},
 		{"lrs-interval over min_interval", Config{LRS: true, LRSInterval: time.Minute}, func(c relay.Config) bool {
-			return c.LRS.Interval == time.Minute && c.LRS.MinInterval == def.LRS.MinInterval
+			return c.LRS.Interval == time.Minute && c.LRSMinInterval() == def.LRSMinInterval()
 		}},
 	}
 	for _, tt := range tests {
