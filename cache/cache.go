@@ -352,6 +352,7 @@ func (c *Cache) Watch(w *Watch, typeURL string, names ...string) error {
 		r.names[n] = struct{}{}
 	}
 	c.trackLocked(t, typeURL, w)
+	c.registeredLocked(w, typeURL)
 	if changed {
 		c.signalInterest()
 	}
@@ -442,6 +443,7 @@ func (c *Cache) unwatchLocked(w *Watch, typeURL string, names []string) {
 		}
 	}
 	c.trackLocked(t, typeURL, w)
+	c.registeredLocked(w, typeURL)
 }
 
 // WatchWildcard registers w for every resource of typeURL.
@@ -456,6 +458,7 @@ func (c *Cache) WatchWildcard(w *Watch, typeURL string) {
 	t.wildcard[w] = struct{}{}
 	r.wildcard = true
 	c.trackLocked(t, typeURL, w)
+	c.registeredLocked(w, typeURL)
 	c.idle.Remove(idleKey{typeURL: typeURL, wildcard: true})
 	if !t.wantWildcard {
 		t.wantWildcard = true
@@ -483,6 +486,7 @@ func (c *Cache) unwatchWildcardLocked(w *Watch, typeURL string) {
 		r.wildcard = false
 	}
 	c.trackLocked(t, typeURL, w)
+	c.registeredLocked(w, typeURL)
 	if _, ok := t.wildcard[w]; !ok {
 		return
 	}
@@ -514,6 +518,7 @@ func (c *Cache) Release(w *Watch) {
 		c.unwatchLocked(w, typeURL, slices.Collect(maps.Keys(r.names)))
 	}
 	clear(w.regs)
+	c.releasedLocked(w)
 	if len(c.changes) == 0 {
 		c.mu.Unlock()
 		c.wakeMu.Unlock()

@@ -40,8 +40,11 @@ type Standing struct {
 
 // Mover is who moves, told to Move.
 type Mover struct {
-	Node  string // the client's node id, clipped; kept for a NACK
-	Error string // the NACK's message, clipped
+	// Client is the client's watch, whose own standing with the type
+	// (ClientSummary) the move changes; nil: counted per resource only.
+	Client *Watch
+	Node   string // the client's node id, clipped; kept for a NACK
+	Error  string // the NACK's message, clipped
 	// Since is when the client last accepted anything of the type (or its
 	// stream opened): an ACK counts towards a version's time to accept
 	// only if the version arrived after it, so that a version sent again
@@ -76,6 +79,8 @@ type convergence struct {
 	// firsts holds those a move made, until its caller lets the lock go.
 	tell   bool
 	firsts []Rejection
+	// clients counts, per type, the clients in each class (clients.go).
+	clients map[string]*[numClasses]int
 }
 
 // convName is what clients hold of one name: the versions any of them
@@ -151,6 +156,7 @@ func (c *Cache) Move(typeURL, name string, from, to Standing, received, now time
 	cv := &c.conv
 	cv.mu.Lock()
 	took := cv.moveLocked(typeURL, cv.byName(typeURL), name, from, to, received, now, m)
+	cv.tallyLocked(m.Client, typeURL, from, 1, to, 1)
 	firsts := cv.takeFirstsLocked()
 	cv.mu.Unlock()
 	c.tellRejected(firsts)
@@ -190,6 +196,7 @@ func (c *Cache) moveAllLocked(typeURL string, from []*Resource, fa Answer, to []
 		if d := cv.moveLocked(typeURL, byName, name, f, t, received, now, m); d > 0 {
 			*took = append(*took, d)
 		}
+		cv.tallyLocked(m.Client, typeURL, f, 1, t, 1)
 	}
 	at := func(r *Resource, a Answer) Standing { return Standing{Version: r.Version, Answer: a} }
 	i, j := 0, 0
@@ -254,6 +261,7 @@ func (c *Cache) MoveShared(typeURL string, from *State, fa Answer, to *State, ta
 	cv.mu.Lock()
 	took := cv.enterState(typeURL, to, ta, received, now, m, buf[:0]) // first: a state moved to itself stays counted
 	cv.leaveState(typeURL, from, fa, now, m)
+	cv.tallyLocked(m.Client, typeURL, sharedStanding(from, fa), stateLen(from), sharedStanding(to, ta), stateLen(to))
 	firsts := cv.takeFirstsLocked()
 	cv.recountLocked(firsts)
 	cv.mu.Unlock()
@@ -263,6 +271,24 @@ func (c *Cache) MoveShared(typeURL string, from *State, fa Answer, to *State, ta
 		}
 	}
 	c.tellRejected(firsts)
+}
+
+// sharedStanding is a client's standing with each resource of a complete
+// state it stands with at a, for its record (clients.go): the answer is
+// what counts there.
+func sharedStanding(st *State, a Answer) Standing {
+	if st == nil {
+		return Standing{}
+	}
+	return Standing{Version: "state", Answer: a}
+}
+
+// stateLen is how many resources st holds; 0 for nil.
+func stateLen(st *State) int {
+	if st == nil {
+		return 0
+	}
+	return len(st.Resources)
 }
 
 // Unshare turns one client counted with the whole of st at a (see

@@ -103,6 +103,7 @@ type changeType struct {
 	vals     map[string]released // what the change made of each name
 	canaries map[*Watch]bool     // canaries sent it → whether they ACKed it
 	watched  bool                // someone watches what it changed
+	withheld []*Watch            // the other watches it would have marked: behind until it is released (clients.go)
 }
 
 func (ch *change) names() int {
@@ -195,8 +196,10 @@ func (c *Cache) canaryMarksLocked(t *typeState, typeURL string, ch *change, o *o
 			ct.canaries[w] = false
 		} else {
 			delete(byW, w)
+			ct.withheld = append(ct.withheld, w)
 		}
 	}
+	c.heldLocked(typeURL, ct.withheld, 1)
 }
 
 // queueLocked queues an applied change behind the others, superseding, in
@@ -216,6 +219,7 @@ func (c *Cache) queueLocked(ch *change, o *op) {
 					}
 					if len(ht.vals) == 0 {
 						delete(h.types, typeURL)
+						c.heldLocked(typeURL, ht.withheld, -1)
 					}
 				}
 			}
@@ -319,6 +323,7 @@ func (c *Cache) releaseLocked(ch *change, o *op) {
 	for typeURL, ct := range ch.types {
 		t := c.types[typeURL]
 		if t == nil {
+			c.heldLocked(typeURL, ct.withheld, -1)
 			continue
 		}
 		names := make([]string, 0, len(ct.vals))
@@ -341,6 +346,7 @@ func (c *Cache) releaseLocked(ch *change, o *op) {
 			t.relVersion = t.version
 		}
 		o.markShared(&o.names, typeURL, t.wildcard, names)
+		c.unheldLocked(typeURL, ct.withheld, o.names[typeURL])
 		for _, n := range names {
 			// A removal of what only the wildcard held was kept while it
 			// baked: it is forgotten now.

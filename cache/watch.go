@@ -184,6 +184,14 @@ type Watch struct {
 	// owning Cache's mu, not by w.mu.
 	regs map[string]*reg
 
+	// owner is the counters of the cache it is registered with (nil
+	// before, and once released), told of its marks and takes
+	// (clients.go): guarded by mu. conv is its standing with each type
+	// there, the first type's in convOne: guarded by owner's mu.
+	owner   *convergence
+	conv    []clientRec
+	convOne [1]clientRec
+
 	rank  uint64 // orders the canaries (Rollout); set before registering
 	first bool   // woken before the others (SetFirst); set before registering
 }
@@ -235,6 +243,7 @@ func (w *Watch) Take() DirtySet {
 	}
 	d := w.dirty
 	w.dirty, w.spare = w.spare, nil
+	w.takenLocked(d)
 	return d
 }
 
@@ -248,6 +257,7 @@ func (w *Watch) TakeBelow(rank int, dst DirtySet) DirtySet {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	keep := w.dirty[:0]
+	taken := len(dst)
 	for _, d := range w.dirty {
 		if xds.Rank(d.TypeURL) < rank {
 			dst = append(dst, d)
@@ -257,6 +267,7 @@ func (w *Watch) TakeBelow(rank int, dst DirtySet) DirtySet {
 	}
 	clear(w.dirty[len(keep):])
 	w.dirty = keep
+	w.takenLocked(dst[taken:])
 	return dst
 }
 
@@ -328,6 +339,7 @@ func (w *Watch) record(typeURL string, seq uint64, heartbeat bool, names []strin
 			d = &Dirty{TypeURL: typeURL, Seq: seq}
 		}
 		w.dirty = append(w.dirty, d)
+		w.markedLocked(typeURL)
 	} else if seq < d.Seq {
 		d.Seq = seq
 	}

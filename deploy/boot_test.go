@@ -286,7 +286,7 @@ func TestAdminMTLSEndToEnd(t *testing.T) {
 
 			// kubectl port-forward deploy/xdsrelay 9901: the operator
 			// reaches the pod's port on localhost.
-			server := []string{"--server", p.admin, "--ca-file", pki.ca, "--server-name", pki.serverName}
+			server := []string{"--admin", p.admin, "--ca-file", pki.ca, "--server-name", pki.serverName}
 			operator := append(append([]string{}, server...), "--cert-file", pki.operatorCert, "--key-file", pki.operatorKey)
 			for _, tc := range []struct {
 				args []string

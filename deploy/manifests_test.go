@@ -537,7 +537,7 @@ func checkProbesAndPorts(t *testing.T, m manifests) {
 }
 
 // checkHeadlessAdmin holds the headless Service that xdsrelay wait
-// --server and status --summary resolve to every replica (docs/cli.md,
+// --admin and status --summary resolve to every replica (docs/cli.md,
 // wait): no cluster IP, the relay's pods (ready or not: a replica still
 // syncing has clients to count), only the admin port, as the Service has it.
 func checkHeadlessAdmin(t *testing.T, m manifests) {
@@ -723,15 +723,16 @@ func checkNetworkPolicy(t *testing.T, m manifests) {
 	}
 }
 
-// validateConfig runs `xdsrelay validate` on the ConfigMap's config.yaml
-// with the Deployment's environment.
+// validateConfig runs `xdsrelay validate --keys-only` on the ConfigMap's
+// config.yaml with the Deployment's environment: the certificates it names
+// are mounted in the pod, not here.
 func validateConfig(t *testing.T, bin string, m manifests) {
 	t.Helper()
 	file := filepath.Join(t.TempDir(), "config.yaml")
 	if err := os.WriteFile(file, []byte(m.config.Data["config.yaml"]), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, "validate", "--config", file)
+	cmd := exec.Command(bin, "validate", "--keys-only", "--config", file)
 	cmd.Env = containerEnv(relayContainer(t, m.deployment))
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.HasPrefix(string(out), "configuration OK") {

@@ -11,7 +11,8 @@ import (
 // version, ACKed, NACKed, forgotten, the stream gone) moves the client in
 // its group's counters, which the cache keeps beside its versions
 // (cache/convergence.go; docs/architecture.md, invariant 19 "Count as it
-// happens"). The moves are made where the status record is written, under
+// happens"), per resource and, through its watch, as one client
+// (cache/clients.go). The moves are made where the status record is written, under
 // its mutex, so that the counters say what CSDS says: pending is REQUESTED
 // with a version, accepted ACKED, rejected NACKED. A stream keeps nothing
 // for this but the time of its last ACK per type.
@@ -63,7 +64,7 @@ func (mv mover) moveTo(name string, from, to cache.Standing, msg string, receive
 	if from == to || mv.s == nil || mv.s.cache == nil {
 		return
 	}
-	m := cache.Mover{Error: msg, Since: time.Unix(0, max(mv.s.opened, mv.t.accepted))}
+	m := cache.Mover{Client: mv.s.watch, Error: msg, Since: time.Unix(0, max(mv.s.opened, mv.t.accepted))}
 	if from.Answer == cache.Rejected || to.Answer == cache.Rejected {
 		m.Node = xds.Clip(mv.s.node.GetId())
 	}
@@ -112,7 +113,7 @@ func (mv mover) moveShared(from *cache.State, fs ResourceState, to *cache.State,
 	if mv.s == nil || mv.s.cache == nil || from == nil && to == nil {
 		return
 	}
-	m := cache.Mover{Error: msg, Since: time.Unix(0, max(mv.s.opened, mv.t.accepted))}
+	m := cache.Mover{Client: mv.s.watch, Error: msg, Since: time.Unix(0, max(mv.s.opened, mv.t.accepted))}
 	if fs == Nacked || ts == Nacked {
 		m.Node = xds.Clip(mv.s.node.GetId())
 	}

@@ -69,14 +69,15 @@ func TestConvergenceFollowsStatus(t *testing.T) {
 	}
 }
 
-// What counting adds to a stream stays within the bound of 64
-// bytes: the stream's record holds two words more (its opening and where
-// to observe), a type's the time of its last ACK, and the answers that
-// were kept for later are applied as they come, so a type's record is
-// smaller than before (it was 304 bytes).
+// What counting adds to a stream stays small: the stream's record holds
+// three words more (its opening, where to observe, and its watch, whose
+// standing as one client the moves change), a type's the time of its last
+// ACK, and the answers that were kept for later are applied as they come,
+// so a type's record is smaller than before (it was 304 bytes). The watch
+// holds 72 bytes more for counting the client once (cache/clients.go).
 func TestConvergenceCostsAStreamLittle(t *testing.T) {
-	if size := unsafe.Sizeof(streamStatus{}); size > 120 {
-		t.Errorf("a stream's status record is %d bytes, want at most 120 (104 before counting, and 16 more)", size)
+	if size := unsafe.Sizeof(streamStatus{}); size > 128 {
+		t.Errorf("a stream's status record is %d bytes, want at most 128 (104 before counting, and 24 more)", size)
 	}
 	if size := unsafe.Sizeof(typeStatus{}); size > 304 {
 		t.Errorf("a type's status record is %d bytes, want at most the 304 it was before counting", size)

@@ -2,8 +2,6 @@ package downstream
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -135,13 +133,14 @@ func pollState(c *cache.Cache, typeURL string, wildcard bool, names []string) ([
 	return rs, ready && !(wildcard && v.Held && len(rs) == 0)
 }
 
-// digest identifies a set of resource versions.
+// digest identifies a set of resource versions (xds.StateVersion); rs is
+// in name order.
 func digest(rs []*cache.Resource) string {
-	h := sha256.New()
+	v := xds.NewStateVersion()
 	for _, r := range rs {
-		fmt.Fprintf(h, "%s\x00%s\x00", r.Name, r.Version)
+		v.Add(r.Name, r.Version)
 	}
-	return hex.EncodeToString(h.Sum(nil)[:12])
+	return v.String()
 }
 
 // pollResponse decodes the assembled bytes into a message, which REST needs

@@ -126,6 +126,7 @@ type streamStatus struct {
 	node    *corepb.Node // read-only
 	variant string       // read-only
 	cache   *cache.Cache // read-only: the group's cache
+	watch   *cache.Watch // read-only: the stream's watch, whose standing the moves change (cache.Mover.Client)
 	push    *pushMetrics // read-only: times to accept are observed there; nil: not observed
 	opened  int64        // read-only: when the stream opened, in Unix nanoseconds
 

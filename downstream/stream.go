@@ -291,7 +291,7 @@ func (s *Server) newStreamBase(send func(any) error, fixed, variant string, c *c
 	w.SetRank(Rank(node.GetId()))
 	opened := time.Now()
 	return streamBase{srv: s, send: send, fixed: fixed, variant: variant, cache: c, watch: w, node: node,
-		status: &streamStatus{node: node, variant: variant, cache: c, push: &s.pushMetrics, opened: opened.UnixNano()}, opened: opened}
+		status: &streamStatus{node: node, variant: variant, cache: c, watch: w, push: &s.pushMetrics, opened: opened.UnixNano()}, opened: opened}
 }
 
 func (b *streamBase) base() *streamBase { return b }

@@ -148,7 +148,7 @@ func (r *Relay) loadAdminTLS() error {
 	}
 	rl, err := creds.NewReloader(r.ctx, r.cfg.Admin.TLS, r.log)
 	if err != nil {
-		return fmt.Errorf("admin.tls: %w", err)
+		return tlsError("admin", "client_ca_file", err)
 	}
 	r.certs["admin"] = rl
 	cfg := rl.ServerConfig()
@@ -285,7 +285,7 @@ func (r *Relay) readyDetail(w io.Writer) {
 }
 
 // groupsDetail writes the private /readyz's lines after the first, above:
-// the warnings, each group (its key as the metrics show it) with its
+// the warnings, each group (its id, GroupID) with its
 // upstreams, its guard holds and its held rollouts, and cache.persist_dir's
 // health. An upstream's error is written once, on its own line, and not
 // again if the first line said it.
@@ -295,7 +295,7 @@ func (r *Relay) groupsDetail(w io.Writer, above string) {
 	}
 	for _, g := range r.snapshotGroups() {
 		s := g.feed.Status()
-		fmt.Fprintf(w, "group %q: %s\n", g.shown, describe(s, g.cache.Len()))
+		fmt.Fprintf(w, "group %q: %s\n", g.id, describe(s, g.cache.Len()))
 		for _, u := range upstreamsOf(s) {
 			state := "connected"
 			if !u.Connected {

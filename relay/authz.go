@@ -23,23 +23,23 @@ const (
 // with client certificates (mTLS) and the default mode, rules are required,
 // since otherwise any certificate the CA signed could claim any node and
 // read any group's resources (docs/protection.md, "Tenant isolation").
-func (c *Config) validateAuthorization() error {
+func (c *Config) validateAuthorization(p *problems) {
 	a := &c.Downstream.Authorization
 	switch a.Mode {
 	case AuthorizationRules:
 		if len(a.Rules) == 0 && c.Downstream.TLS.CAFile != "" {
-			return errors.New("downstream.authorization.rules: none, with downstream.tls.client_ca_file set: any client certificate could claim any node; " +
-				"add downstream.authorization.rules, or set downstream.authorization.mode: allow-all (see docs/protection.md#tenant-isolation)")
+			p.add(errors.New("downstream.authorization.rules: none, with downstream.tls.client_ca_file set: any client certificate could claim any node; " +
+				"add downstream.authorization.rules, or set downstream.authorization.mode: allow-all (see docs/protection.md#tenant-isolation)"))
 		}
 	case AuthorizationAllowAll:
 		if len(a.Rules) > 0 {
-			return fmt.Errorf("downstream.authorization.mode: allow-all admits every node, yet downstream.authorization.rules lists %d; remove the rules or set the mode to rules", len(a.Rules))
+			p.addf("downstream.authorization.mode: allow-all admits every node, yet downstream.authorization.rules lists %d; remove the rules or set the mode to rules", len(a.Rules))
 		}
 	default:
-		return fmt.Errorf("downstream.authorization.mode: %q is neither %s nor %s", a.Mode, AuthorizationRules, AuthorizationAllowAll)
+		p.addf("downstream.authorization.mode: %q is neither %s nor %s", a.Mode, AuthorizationRules, AuthorizationAllowAll)
 	}
 	_, err := c.authorizer()
-	return err
+	p.add(err)
 }
 
 // authorizer compiles downstream.authorization.rules; nil without rules.

@@ -9,16 +9,14 @@ import (
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-
-	"github.com/xdsrelay/xdsrelay/internal/metrics"
 )
 
 // Admin bodies are bounded whatever clients put in their nodes: with 40
 // groups whose node.cluster is 1 MiB each (40 MiB of group keys; and a
 // quarter MiB each of node id, user agent and client features), every
-// admin body is small, each group is shown by its key's hash as the
-// metrics' group label shows it, and that form names the group in the
-// paths that take one.
+// admin body is small, each group is shown by its id (GroupID) as the
+// metrics' group label shows it, and the id names the group in the paths
+// that take one.
 func TestAdminBodiesBounded(t *testing.T) {
 	// A few KiB a group at most, whatever its clients' nodes hold.
 	const groups, keyBytes = 40, 1 << 20
@@ -35,7 +33,7 @@ func TestAdminBodiesBounded(t *testing.T) {
 		s := openDelta(t, r.Addr())
 		s.send(&discoverypb.DeltaDiscoveryRequest{Node: n, TypeUrl: resourcev3.ClusterType})
 		if i == 0 {
-			first = metrics.Bound(GroupKey(n, r.cfg.Upstream.GroupBy))
+			first = GroupID(GroupKey(n, r.cfg.Upstream.GroupBy))
 		}
 	}
 	eventually(t, "40 groups", func() bool { return len(r.snapshotGroups()) == groups })
@@ -80,8 +78,8 @@ func TestAdminBodiesBounded(t *testing.T) {
 	}
 	var gs []debugGroup
 	getJSON(t, r, "/debug/groups", &gs)
-	if len(gs) != groups || !strings.HasPrefix(gs[0].Key, "sha256:") {
-		t.Fatalf("/debug/groups: %d groups, first key %.80q", len(gs), gs[0].Key)
+	if len(gs) != groups || len(gs[0].ID) > IDMax || !strings.HasSuffix(gs[0].Key, "bytes)") {
+		t.Fatalf("/debug/groups: %d groups, first %.80q, key %.80q", len(gs), gs[0].ID, gs[0].Key)
 	}
 	if !strings.Contains(readyz(t, r), fmt.Sprintf("group %q:", first)) {
 		t.Errorf("/readyz does not show the group as %q", first)

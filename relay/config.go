@@ -467,134 +467,166 @@ func Default() Config {
 const FilePrefix = "file://"
 
 // Validate checks the configuration; an error names the key at fault.
+// It is the first of Problems.
 func (c *Config) Validate() error {
-	for _, check := range []func() error{c.validateUpstreams, c.validateGroupBy, c.validateDownstream,
-		c.validateAuthorization, c.validateConnections, c.validateAdmin, c.validateCache, c.validateGuard,
-		c.validateLRS, c.validateShutdown, c.validateLimits, c.validateFleet} {
-		if err := check(); err != nil {
-			return err
-		}
+	if ps := c.Problems(); len(ps) > 0 {
+		return ps[0]
 	}
 	return nil
 }
 
+// Problems checks the configuration and returns every error, each naming
+// its key, in the order of the areas checked.
+func (c *Config) Problems() []error {
+	var p problems
+	for _, check := range []func(*problems){c.validateUpstreams, c.validateGroupBy, c.validateDownstream,
+		c.validateAuthorization, c.validateConnections, c.validateAdmin, c.validateCache, c.validateGuard,
+		c.validateLRS, c.validateShutdown, c.validateLimits, c.validateFleet} {
+		check(&p)
+	}
+	return p
+}
+
+// problems collects a configuration's errors.
+type problems []error
+
+func (p *problems) add(err error) {
+	if err != nil {
+		*p = append(*p, err)
+	}
+}
+
+func (p *problems) addf(format string, a ...any) { p.add(fmt.Errorf(format, a...)) }
+
 // validateGroupBy checks upstream.group_by.
-func (c *Config) validateGroupBy() error {
+func (c *Config) validateGroupBy(p *problems) {
 	for _, f := range c.Upstream.GroupBy {
 		if err := xds.CheckNodeField(f); err != nil {
-			return fmt.Errorf("upstream.group_by: %w", err)
+			p.addf("upstream.group_by: %w", err)
 		}
 	}
-	return nil
 }
 
 // validateDownstream checks the downstream.* keys but authorization and
 // the connections' bounds.
-func (c *Config) validateDownstream() error {
+func (c *Config) validateDownstream(p *problems) {
 	d := &c.Downstream
 	if err := checkHostPort(d.Address); err != nil {
-		return fmt.Errorf("downstream.address: %w", err)
+		p.addf("downstream.address: %w", err)
 	}
 	if d.RESTAddress != "" {
 		if err := checkHostPort(d.RESTAddress); err != nil {
-			return fmt.Errorf("downstream.rest_address: %w", err)
+			p.addf("downstream.rest_address: %w", err)
 		}
 	}
-	switch t := d.TLS; {
-	case t.Enabled() && (t.CertFile == "" || t.KeyFile == ""):
-		return errors.New("downstream.tls: cert_file and key_file are both required")
-	case d.SendTimeout <= 0:
-		return fmt.Errorf("downstream.send_timeout: must be positive, got %s", d.SendTimeout)
-	case d.MaxRequestBytes < 64<<10:
-		return fmt.Errorf("downstream.max_request_bytes: %d is below 64 KiB", d.MaxRequestBytes)
-	case d.PollTimeout <= 0:
-		return fmt.Errorf("downstream.poll_timeout: must be positive, got %s", d.PollTimeout)
+	p.add(certAndKey("downstream.tls", d.TLS))
+	if d.SendTimeout <= 0 {
+		p.addf("downstream.send_timeout: must be positive, got %s", d.SendTimeout)
 	}
-	return nil
+	if d.MaxRequestBytes < 64<<10 {
+		p.addf("downstream.max_request_bytes: %d is below 64 KiB", d.MaxRequestBytes)
+	}
+	if d.PollTimeout <= 0 {
+		p.addf("downstream.poll_timeout: must be positive, got %s", d.PollTimeout)
+	}
 }
 
 // validateAdmin checks the admin.* keys.
-func (c *Config) validateAdmin() error {
+func (c *Config) validateAdmin(p *problems) {
 	if c.Admin.Address != "" {
 		if err := checkHostPort(c.Admin.Address); err != nil {
-			return fmt.Errorf("admin.address: %w", err)
+			p.addf("admin.address: %w", err)
 		}
 	}
 	if a := c.Admin.LocalAddress; a != "" {
 		if err := checkLoopback(a); err != nil {
-			return fmt.Errorf("admin.local_address: %w", err)
+			p.addf("admin.local_address: %w", err)
 		}
 	}
 	if a := c.Admin.AdvertiseAddress; a != "" {
 		if err := checkAdvertised(a); err != nil {
-			return fmt.Errorf("admin.advertise_address: %w", err)
+			p.addf("admin.advertise_address: %w", err)
 		}
 	}
-	if t := c.Admin.TLS; t.Enabled() && (t.CertFile == "" || t.KeyFile == "") {
-		return errors.New("admin.tls: cert_file and key_file are both required")
+	p.add(certAndKey("admin.tls", c.Admin.TLS))
+}
+
+// certAndKey checks that a server's TLS settings, if any, name both its
+// certificate and its key; an error names the key that is missing.
+func certAndKey(prefix string, t creds.TLS) error {
+	switch {
+	case !t.Enabled():
+		return nil
+	case t.CertFile == "" && t.KeyFile == "":
+		return fmt.Errorf("%s.cert_file and %s.key_file: both are required with %s", prefix, prefix, prefix)
+	case t.CertFile == "":
+		return fmt.Errorf("%s.cert_file: required with %s.key_file: cert_file and key_file are both required", prefix, prefix)
+	case t.KeyFile == "":
+		return fmt.Errorf("%s.key_file: required with %s.cert_file: cert_file and key_file are both required", prefix, prefix)
 	}
 	return nil
 }
 
 // validateCache checks the cache.* keys.
-func (c *Config) validateCache() error {
+func (c *Config) validateCache(p *problems) {
 	cc := &c.Cache
-	switch {
-	case cc.Retention < 0:
-		return fmt.Errorf("cache.retention: must not be negative, got %s", cc.Retention)
-	case cc.NotFoundTimeout < 0:
-		return fmt.Errorf("cache.not_found_timeout: must not be negative, got %s", cc.NotFoundTimeout)
-	case cc.MaxResources < 0:
-		return fmt.Errorf("cache.max_resources: must not be negative, got %d", cc.MaxResources)
-	case cc.PersistDir == "":
-		return nil
+	if cc.Retention < 0 {
+		p.addf("cache.retention: must not be negative, got %s", cc.Retention)
+	}
+	if cc.NotFoundTimeout < 0 {
+		p.addf("cache.not_found_timeout: must not be negative, got %s", cc.NotFoundTimeout)
+	}
+	if cc.MaxResources < 0 {
+		p.addf("cache.max_resources: must not be negative, got %d", cc.MaxResources)
+	}
+	if cc.PersistDir == "" {
+		return
 	}
 	if st, err := os.Stat(cc.PersistDir); err != nil || !st.IsDir() {
-		return fmt.Errorf("cache.persist_dir: %q is not a directory", cc.PersistDir)
+		p.addf("cache.persist_dir: %q is not a directory", cc.PersistDir)
 	}
 	if cc.PersistInterval <= 0 {
-		return fmt.Errorf("cache.persist_interval: must be positive, got %s", cc.PersistInterval)
+		p.addf("cache.persist_interval: must be positive, got %s", cc.PersistInterval)
 	}
 	if cc.PersistMaxBytes < 64<<10 {
-		return fmt.Errorf("cache.persist_max_bytes: %d is below 64 KiB", cc.PersistMaxBytes)
+		p.addf("cache.persist_max_bytes: %d is below 64 KiB", cc.PersistMaxBytes)
 	}
-	return nil
 }
 
 // validateFleet checks fleet.*, and what they need of the other keys: a
 // control plane to share (resource files are every replica's own), and,
 // with client certificates, the identities that may speak as a peer.
-func (c *Config) validateFleet() error {
+func (c *Config) validateFleet(p *problems) {
 	f := &c.Fleet
 	if err := f.Validate(); err != nil {
-		return err
+		p.add(err)
+		return
 	}
-	switch {
-	case !f.On():
-		return nil
-	case strings.HasPrefix(c.Upstream.Address, FilePrefix):
-		return errors.New("fleet.peers: a fleet shares a control plane's work; with a file:// upstream.address every replica reads the files itself")
-	case c.Downstream.TLS.CAFile != "" && len(f.PeerIdentities) == 0:
-		return errors.New("fleet.peer_identities: required with downstream.tls.client_ca_file: the identities of the replicas' certificates, the only callers trusted with the peer mark")
+	if !f.On() {
+		return
+	}
+	if strings.HasPrefix(c.Upstream.Address, FilePrefix) {
+		p.addf("fleet.peers: a fleet shares a control plane's work; with a file:// upstream.address every replica reads the files itself")
+	}
+	if c.Downstream.TLS.CAFile != "" && len(f.PeerIdentities) == 0 {
+		p.addf("fleet.peer_identities: required with downstream.tls.client_ca_file: the identities of the replicas' certificates, the only callers trusted with the peer mark")
 	}
 	for _, id := range f.PeerIdentities {
 		if strings.ContainsAny(id, "{}*") {
-			return fmt.Errorf("fleet.peer_identities: %q is an identity, not a pattern ({, } and * are not allowed)", id)
+			p.addf("fleet.peer_identities: %q is an identity, not a pattern ({, } and * are not allowed)", id)
 		}
 	}
-	return nil
 }
 
 // validateShutdown checks shutdown_timeout.
-func (c *Config) validateShutdown() error {
+func (c *Config) validateShutdown(p *problems) {
 	if c.ShutdownTimeout <= 0 {
-		return fmt.Errorf("shutdown_timeout: must be positive, got %s", c.ShutdownTimeout)
+		p.addf("shutdown_timeout: must be positive, got %s", c.ShutdownTimeout)
 	}
-	return nil
 }
 
 // validateLimits checks the limits.* keys.
-func (c *Config) validateLimits() error {
+func (c *Config) validateLimits(p *problems) {
 	l := &c.Limits
 	for _, n := range []struct {
 		key string
@@ -609,29 +641,28 @@ func (c *Config) validateLimits() error {
 		{"limits.max_polls", l.MaxPolls},
 	} {
 		if n.v < 0 {
-			return fmt.Errorf("%s: must not be negative (0 for no bound), got %d", n.key, n.v)
+			p.addf("%s: must not be negative (0 for no bound), got %d", n.key, n.v)
 		}
 	}
 	if l.MaxStreamsPerConnection > math.MaxUint32 {
-		return fmt.Errorf("limits.max_streams_per_connection: %d is past HTTP/2's largest, %d", l.MaxStreamsPerConnection, uint32(math.MaxUint32))
+		p.addf("limits.max_streams_per_connection: %d is past HTTP/2's largest, %d", l.MaxStreamsPerConnection, uint32(math.MaxUint32))
 	}
 	if l.StreamRate < 0 || math.IsNaN(l.StreamRate) {
-		return fmt.Errorf("limits.stream_rate: must not be negative (0 for no bound), got %v", l.StreamRate)
+		p.addf("limits.stream_rate: must not be negative (0 for no bound), got %v", l.StreamRate)
 	}
 	if l.StreamRate > 0 && l.StreamBurst < 1 {
-		return fmt.Errorf("limits.stream_burst: must be at least 1 with limits.stream_rate %v", l.StreamRate)
+		p.addf("limits.stream_burst: must be at least 1 with limits.stream_rate %v", l.StreamRate)
 	}
 	if l.FirstRequestTimeout < 0 {
-		return fmt.Errorf("limits.first_request_timeout: must not be negative (0 for no bound), got %s", l.FirstRequestTimeout)
+		p.addf("limits.first_request_timeout: must not be negative (0 for no bound), got %s", l.FirstRequestTimeout)
 	}
 	if l.RESTReadTimeout < 0 {
-		return fmt.Errorf("limits.rest_read_timeout: must not be negative (0 for no bound), got %s", l.RESTReadTimeout)
+		p.addf("limits.rest_read_timeout: must not be negative (0 for no bound), got %s", l.RESTReadTimeout)
 	}
-	return nil
 }
 
 // validateConnections checks the downstream.max_connection_* keys.
-func (c *Config) validateConnections() error {
+func (c *Config) validateConnections(p *problems) {
 	d := &c.Downstream
 	for _, n := range []struct {
 		key string
@@ -642,10 +673,9 @@ func (c *Config) validateConnections() error {
 		{"downstream.max_connection_idle", d.MaxConnectionIdle},
 	} {
 		if n.v < 0 {
-			return fmt.Errorf("%s: must not be negative (0 disables), got %s", n.key, n.v)
+			p.addf("%s: must not be negative (0 disables), got %s", n.key, n.v)
 		}
 	}
-	return nil
 }
 
 func checkHostPort(addr string) error {
@@ -679,37 +709,38 @@ func checkLoopback(addr string) error {
 // validateUpstreams checks upstream.* and every upstreams[] entry, resolves
 // their types to type URLs and checks that no type or authority is claimed
 // twice; an error names the key.
-func (c *Config) validateUpstreams() error {
-	if err := c.Upstream.validate("upstream.", c.Upstream.GroupBy); err != nil {
-		return err
-	}
+func (c *Config) validateUpstreams(p *problems) {
+	c.Upstream.validate(p, "upstream.", c.Upstream.GroupBy)
 	if len(c.Upstream.Types) > 0 {
-		return errors.New("upstream.types: the default upstream serves every type no upstreams[] entry lists; list types under upstreams")
+		p.add(errors.New("upstream.types: the default upstream serves every type no upstreams[] entry lists; list types under upstreams"))
 	}
 	if len(c.Upstreams) > 0 && strings.HasPrefix(c.Upstream.Address, FilePrefix) {
-		return errors.New("upstreams: cannot be combined with a file:// upstream.address")
+		p.add(errors.New("upstreams: cannot be combined with a file:// upstream.address"))
 	}
+	typesOK := true
 	for i := range c.Upstreams {
 		u := &c.Upstreams[i]
 		prefix := fmt.Sprintf("upstreams[%d].", i)
-		if err := u.validate(prefix, c.Upstream.GroupBy); err != nil {
-			return err
-		}
+		u.validate(p, prefix, c.Upstream.GroupBy)
 		if len(u.Types) == 0 && len(u.Authorities) == 0 {
-			return fmt.Errorf("%stypes: upstream %q lists neither types nor authorities: it would serve nothing", prefix, u.Name)
+			p.addf("%stypes: upstream %q lists neither types nor authorities: it would serve nothing", prefix, u.Name)
 		}
 		for j, t := range u.Types {
 			url, err := xds.ParseType(t)
 			if err != nil {
-				return fmt.Errorf("%stypes: %w", prefix, err)
+				p.addf("%stypes: %w", prefix, err)
+				typesOK = false
+				continue
 			}
 			u.Types[j] = url
 		}
 	}
-	if _, err := c.Routes(); err != nil {
-		return fmt.Errorf("upstreams: %w", err)
+	if !typesOK {
+		return // the routes need the types resolved
 	}
-	return nil
+	if _, err := c.Routes(); err != nil {
+		p.addf("upstreams: %w", err)
+	}
 }
 
 // Routes returns which upstream serves which names: upstream 0 is the
@@ -723,80 +754,90 @@ func (c *Config) Routes() (*upstream.Routes, error) {
 }
 
 // validate checks one upstream's keys, each named with prefix.
-func (u *UpstreamConfig) validate(prefix string, groupBy []string) error {
+func (u *UpstreamConfig) validate(p *problems, prefix string, groupBy []string) {
 	if dir, ok := strings.CutPrefix(u.Address, FilePrefix); ok {
 		if dir == "" {
-			return fmt.Errorf("%saddress: %q names no directory", prefix, u.Address)
+			p.addf("%saddress: %q names no directory", prefix, u.Address)
 		}
 	} else if err := checkHostPort(u.Address); err != nil {
-		return fmt.Errorf("%saddress: %w", prefix, err)
+		p.addf("%saddress: %w", prefix, err)
 	}
 	for _, a := range u.Addresses {
 		if err := checkHostPort(a); err != nil {
-			return fmt.Errorf("%saddresses: %w", prefix, err)
+			p.addf("%saddresses: %w", prefix, err)
 		}
 	}
 	if len(u.Addresses) > 0 && strings.HasPrefix(u.Address, FilePrefix) {
-		return fmt.Errorf("%saddresses: cannot be combined with a file:// %saddress", prefix, prefix)
+		p.addf("%saddresses: cannot be combined with a file:// %saddress", prefix, prefix)
 	}
 	if _, err := upstream.ParseProtocol(u.Protocol); err != nil {
-		return fmt.Errorf("%sprotocol: %w", prefix, err)
+		p.addf("%sprotocol: %w", prefix, err)
 	}
-	switch {
-	case u.FallbackRecheck <= 0:
-		return fmt.Errorf("%sfallback_recheck: must be positive, got %s", prefix, u.FallbackRecheck)
-	case u.ReconnectBaseDelay <= 0:
-		return fmt.Errorf("%sreconnect.base_delay: must be positive, got %s", prefix, u.ReconnectBaseDelay)
-	case u.ReconnectMaxDelay < u.ReconnectBaseDelay:
-		return fmt.Errorf("%sreconnect.max_delay: %s is below base_delay %s", prefix, u.ReconnectMaxDelay, u.ReconnectBaseDelay)
-	case u.MaxMessageBytes < 1<<20:
-		return fmt.Errorf("%smax_message_bytes: %d is below 1 MiB", prefix, u.MaxMessageBytes)
-	case u.MaxRequestBytes < 64<<10:
-		return fmt.Errorf("%smax_request_bytes: %d is below 64 KiB", prefix, u.MaxRequestBytes)
-	case u.KeepaliveTime < 10*time.Second:
-		return fmt.Errorf("%skeepalive.time: %s is below gRPC's minimum of 10s", prefix, u.KeepaliveTime)
-	case u.KeepaliveTimeout <= 0:
-		return fmt.Errorf("%skeepalive.timeout: must be positive, got %s", prefix, u.KeepaliveTimeout)
-	case u.ConnectTimeout <= 0:
-		return fmt.Errorf("%sconnect_timeout: must be positive, got %s", prefix, u.ConnectTimeout)
-	case u.StallTimeout < 0:
-		return fmt.Errorf("%sstall_timeout: must not be negative, got %s", prefix, u.StallTimeout)
-	case u.StallTimeout > 0 && u.StallTimeout < time.Second:
-		return fmt.Errorf("%sstall_timeout: %s is below 1s: a slow link's pauses would be taken for stalls (0 never ends a stream)", prefix, u.StallTimeout)
+	for _, b := range []struct {
+		bad  bool
+		what string
+		args []any
+	}{
+		{u.FallbackRecheck <= 0, "%sfallback_recheck: must be positive, got %s", []any{prefix, u.FallbackRecheck}},
+		{u.ReconnectBaseDelay <= 0, "%sreconnect.base_delay: must be positive, got %s", []any{prefix, u.ReconnectBaseDelay}},
+		{u.ReconnectBaseDelay > 0 && u.ReconnectMaxDelay < u.ReconnectBaseDelay, "%sreconnect.max_delay: %s is below base_delay %s", []any{prefix, u.ReconnectMaxDelay, u.ReconnectBaseDelay}},
+		{u.MaxMessageBytes < 1<<20, "%smax_message_bytes: %d is below 1 MiB", []any{prefix, u.MaxMessageBytes}},
+		{u.MaxRequestBytes < 64<<10, "%smax_request_bytes: %d is below 64 KiB", []any{prefix, u.MaxRequestBytes}},
+		{u.KeepaliveTime < 10*time.Second, "%skeepalive.time: %s is below gRPC's minimum of 10s", []any{prefix, u.KeepaliveTime}},
+		{u.KeepaliveTimeout <= 0, "%skeepalive.timeout: must be positive, got %s", []any{prefix, u.KeepaliveTimeout}},
+		{u.ConnectTimeout <= 0, "%sconnect_timeout: must be positive, got %s", []any{prefix, u.ConnectTimeout}},
+		{u.StallTimeout < 0, "%sstall_timeout: must not be negative, got %s", []any{prefix, u.StallTimeout}},
+		{u.StallTimeout > 0 && u.StallTimeout < time.Second, "%sstall_timeout: %s is below 1s: a slow link's pauses would be taken for stalls (0 never ends a stream)", []any{prefix, u.StallTimeout}},
+	} {
+		if b.bad {
+			p.addf(b.what, b.args...)
+		}
 	}
 	if err := checkNodeID(u.Node.ID, groupBy); err != nil {
-		return fmt.Errorf("%snode.id: %w", prefix, err)
+		p.addf("%snode.id: %w", prefix, err)
 	}
-	return nil
+	switch t := u.TLS; {
+	case t.CertFile != "" && t.KeyFile == "":
+		p.addf("%stls.key_file: required with %stls.cert_file (the relay's client certificate and its key go together)", prefix, prefix)
+	case t.CertFile == "" && t.KeyFile != "":
+		p.addf("%stls.cert_file: required with %stls.key_file (the relay's client certificate and its key go together)", prefix, prefix)
+	}
+	if u.TLS.Insecure && u.TLS.CAFile != "" {
+		p.addf("%stls.insecure_skip_verify: skips verifying the control plane, so %stls.ca_file would be ignored; set one", prefix, prefix)
+	}
 }
 
 // validateGuard checks the guard.* and rollout.* keys.
-func (c *Config) validateGuard() error {
+func (c *Config) validateGuard(p *problems) {
 	g := &c.Guard
-	switch {
-	case g.MaxRemovedFraction < 0 || g.MaxRemovedFraction > 1 || math.IsNaN(g.MaxRemovedFraction):
-		return fmt.Errorf("guard.max_removed_fraction: %v is not between 0 and 1 (0 turns the guard off)", g.MaxRemovedFraction)
-	case g.MinResources < 0:
-		return fmt.Errorf("guard.min_resources: must not be negative, got %d", g.MinResources)
-	case g.MaxRemovedFraction > 0 && g.Window <= 0:
-		return fmt.Errorf("guard.window: must be positive with the guard on, got %s", g.Window)
-	case g.Hold < 0:
-		return fmt.Errorf("guard.hold: must not be negative (0 holds until released), got %s", g.Hold)
-	case g.WipeHold < 0:
-		return fmt.Errorf("guard.wipe_hold: must not be negative (0 holds no wipe), got %s", g.WipeHold)
-	case c.Consistency.MaxWait < 0:
-		return fmt.Errorf("consistency.max_wait: must not be negative (0 turns make before break off), got %s", c.Consistency.MaxWait)
+	if g.MaxRemovedFraction < 0 || g.MaxRemovedFraction > 1 || math.IsNaN(g.MaxRemovedFraction) {
+		p.addf("guard.max_removed_fraction: %v is not between 0 and 1 (0 turns the guard off)", g.MaxRemovedFraction)
+	}
+	if g.MinResources < 0 {
+		p.addf("guard.min_resources: must not be negative, got %d", g.MinResources)
+	}
+	if g.MaxRemovedFraction > 0 && g.Window <= 0 {
+		p.addf("guard.window: must be positive with the guard on, got %s", g.Window)
+	}
+	if g.Hold < 0 {
+		p.addf("guard.hold: must not be negative (0 holds until released), got %s", g.Hold)
+	}
+	if g.WipeHold < 0 {
+		p.addf("guard.wipe_hold: must not be negative (0 holds no wipe), got %s", g.WipeHold)
+	}
+	if c.Consistency.MaxWait < 0 {
+		p.addf("consistency.max_wait: must not be negative (0 turns make before break off), got %s", c.Consistency.MaxWait)
 	}
 	ro := &c.Rollout
 	switch {
 	case ro.Canary < 0 || math.IsNaN(ro.Canary) || math.IsInf(ro.Canary, 0):
-		return fmt.Errorf("rollout.canary: %v is neither a fraction (below 1) nor a count (0 turns the rollout off)", ro.Canary)
+		p.addf("rollout.canary: %v is neither a fraction (below 1) nor a count (0 turns the rollout off)", ro.Canary)
 	case ro.Canary >= 1 && ro.Canary != math.Trunc(ro.Canary):
-		return fmt.Errorf("rollout.canary: %v is a count of clients and must be whole (or a fraction below 1)", ro.Canary)
-	case ro.Canary > 0 && ro.Bake <= 0:
-		return fmt.Errorf("rollout.bake: must be positive with rollout.canary set, got %s", ro.Bake)
+		p.addf("rollout.canary: %v is a count of clients and must be whole (or a fraction below 1)", ro.Canary)
 	}
-	return nil
+	if ro.Canary > 0 && ro.Bake <= 0 {
+		p.addf("rollout.bake: must be positive with rollout.canary set, got %s", ro.Bake)
+	}
 }
 
 // cacheRollout is the rollout the groups' caches apply.

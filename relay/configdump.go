@@ -91,7 +91,7 @@ func (r *Relay) debugConfigDump(w http.ResponseWriter, req *http.Request) {
 func (r *Relay) groupNames() map[*cache.Cache]string {
 	keys := map[*cache.Cache]string{}
 	for _, g := range r.snapshotGroups() {
-		keys[g.cache] = g.shown
+		keys[g.cache] = g.id
 	}
 	return keys
 }
@@ -118,7 +118,7 @@ type DebugCacheType struct {
 func (r *Relay) debugCacheList(w http.ResponseWriter, shown string) {
 	groups := r.snapshotGroups()
 	if shown != "" {
-		g := r.groupShown(shown)
+		g := r.groupNamed(shown)
 		if g == nil {
 			http.Error(w, fmt.Sprintf("xdsrelay: no group %q (see /debug/cache)", xds.Clip(shown)), http.StatusNotFound)
 			return
@@ -127,7 +127,7 @@ func (r *Relay) debugCacheList(w http.ResponseWriter, shown string) {
 	}
 	out := []DebugCacheGroup{}
 	for _, g := range groups {
-		dg := DebugCacheGroup{Group: g.shown, Types: []DebugCacheType{}}
+		dg := DebugCacheGroup{Group: g.id, Types: []DebugCacheType{}}
 		for _, s := range g.cache.Sizes() {
 			dg.Types = append(dg.Types, DebugCacheType{Type: s.TypeURL, Resources: s.Resources, Version: s.Version})
 			dg.Resources += s.Resources
@@ -144,7 +144,7 @@ func (r *Relay) debugGuardHolds(w http.ResponseWriter, req *http.Request) {
 	list(r, w, req, func(g *group, typeURL string) (out []debugHold) {
 		for _, h := range holdsOf(g.cache) {
 			if typeURL == "" || h.Type == typeURL {
-				h.Group = g.shown
+				h.Group = g.id
 				out = append(out, h)
 			}
 		}
@@ -159,7 +159,7 @@ func (r *Relay) debugRolloutChanges(w http.ResponseWriter, req *http.Request) {
 	list(r, w, req, func(g *group, typeURL string) (out []debugRollout) {
 		for _, d := range rolloutsOf(g.cache) {
 			if typeURL == "" || slices.Contains(d.Types, typeURL) {
-				d.Group = g.shown
+				d.Group = g.id
 				out = append(out, d)
 			}
 		}

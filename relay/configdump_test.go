@@ -115,7 +115,7 @@ func TestConfigDumpOfAnEnvoy(t *testing.T) {
 			len(rds.GetDynamicRouteConfigs()) == 1 && rds.GetDynamicRouteConfigs()[0].GetClientStatus() == adminpb.ClientResourceStatus_ACKED
 	})
 	d := dumps[0]
-	if want := GroupKey(envoyNode("envoy-1"), r.cfg.Upstream.GroupBy); d.group != want || d.variant != "delta-ads" {
+	if want := GroupID(GroupKey(envoyNode("envoy-1"), r.cfg.Upstream.GroupBy)); d.group != want || d.variant != "delta-ads" {
 		t.Errorf("stream: group %q variant %q, want %q delta-ads", d.group, d.variant, want)
 	}
 	cds := d.typed["ClustersConfigDump"].(*adminpb.ClustersConfigDump)

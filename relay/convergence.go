@@ -36,17 +36,21 @@ type DebugConvergence struct {
 	FleetPaths []FleetGroup `json:"fleet_paths,omitempty"`
 }
 
-// ConvergenceSummary sums one group's type.
+// ConvergenceSummary is where one group's clients stand with a type: each
+// client counted once, however many of the type's resources it holds
+// (cache.ClientCounts), in the first of rejected, behind, pending,
+// accepted and waiting that applies.
 type ConvergenceSummary struct {
-	Group      string `json:"group"`
-	Type       string `json:"type"`
-	Resources  int    `json:"resources"`
-	Subscribed int    `json:"subscribed"`
-	Accepted   int    `json:"accepted"`
-	Rejected   int    `json:"rejected"`
-	Pending    int    `json:"pending"`
-	Behind     int    `json:"behind"`
-	Older      int    `json:"older"` // clients holding another version than the current
+	Group     string `json:"group"`
+	Type      string `json:"type"`
+	Resources int    `json:"resources"` // the type's resources reported (see Resources)
+	// Subscribed is the clients counted: the sum of the five below.
+	Subscribed int `json:"subscribed"`
+	Accepted   int `json:"accepted"` // acknowledged every resource they were sent, owed nothing
+	Rejected   int `json:"rejected"` // rejected a resource they hold
+	Pending    int `json:"pending"`  // sent something not answered yet
+	Behind     int `json:"behind"`   // owed a change not sent yet: a held rollout, a slow client
+	Waiting    int `json:"waiting"`  // hold nothing of the type yet, owed nothing
 }
 
 // ConvergenceResource is one resource of one group.
@@ -117,7 +121,7 @@ func (r *Relay) debugConvergence(w http.ResponseWriter, req *http.Request) {
 	}
 	groups := r.snapshotGroups()
 	if key := q.Get("group"); key != "" {
-		g := r.groupShown(key)
+		g := r.groupNamed(key)
 		if g == nil {
 			http.Error(w, fmt.Sprintf("xdsrelay: no group %q", xds.Clip(key)), http.StatusNotFound)
 			return
@@ -134,7 +138,9 @@ func (r *Relay) debugConvergence(w http.ResponseWriter, req *http.Request) {
 }
 
 // convergenceOf reads the groups' counters: types and names narrow it,
-// limit bounds the resources listed.
+// limit bounds the resources listed. The summary counts clients, so it is
+// given for whole types only: with names, each resource's own counts are
+// its clients'.
 func convergenceOf(groups []*group, types, names []string, limit int, now time.Time) DebugConvergence {
 	out := DebugConvergence{Summary: []ConvergenceSummary{}, Resources: []ConvergenceResource{}}
 	for _, g := range groups {
@@ -143,51 +149,39 @@ func convergenceOf(groups []*group, types, names []string, limit int, now time.T
 			rs = g.cache.Convergence(types, names)
 		}
 		if len(names) == 0 {
-			for _, s := range g.cache.ConvergenceSummary() {
-				if len(types) > 0 && s.Type != types[0] {
-					continue
-				}
-				out.Summary = append(out.Summary, ConvergenceSummary{Group: g.shown, Type: s.Type, Resources: s.Resources,
-					Subscribed: s.Subscribed, Accepted: s.Accepted, Rejected: s.Rejected, Pending: s.Pending, Behind: s.Behind, Older: s.Older})
-				if rs == nil {
-					out.More += s.Resources // past the limit, not read
-				}
+			listed := out.summarize(g, types)
+			if rs == nil {
+				out.More += listed // past the limit, not read
 			}
-		} else {
-			out.Summary = append(out.Summary, summed(g.shown, rs)...)
 		}
 		for _, rc := range rs {
 			if len(out.Resources) >= limit {
 				out.More++
 				continue
 			}
-			out.Resources = append(out.Resources, resourceShown(g.shown, rc, now))
+			out.Resources = append(out.Resources, resourceShown(g.id, rc, now))
 		}
 	}
 	return out
 }
 
-// summed sums the resources a query named, per type.
-func summed(group string, rs []cache.ResourceConvergence) []ConvergenceSummary {
-	var out []ConvergenceSummary
-	for _, rc := range rs {
-		if len(out) == 0 || out[len(out)-1].Type != rc.Type {
-			out = append(out, ConvergenceSummary{Group: group, Type: rc.Type})
-		}
-		s, at := &out[len(out)-1], rc.At()
-		s.Resources++
-		s.Subscribed += rc.Subscribed
-		s.Accepted += at.Accepted
-		s.Rejected += at.Rejected
-		s.Pending += at.Pending
-		s.Behind += rc.Behind
-		for _, v := range rc.Versions {
-			if v.Version != rc.Current {
-				s.Older += v.Pending + v.Accepted + v.Rejected
-			}
-		}
+// summarize appends g's clients by type (types, if any, narrow it), with
+// each type's resources; it returns how many resources that is.
+func (out *DebugConvergence) summarize(g *group, types []string) int {
+	resources := map[string]int{}
+	for _, s := range g.cache.ConvergenceSummary() {
+		resources[s.Type] = s.Resources
 	}
-	return out
+	total := 0
+	for _, cc := range g.cache.ClientSummary() {
+		if len(types) > 0 && cc.Type != types[0] {
+			continue
+		}
+		out.Summary = append(out.Summary, ConvergenceSummary{Group: g.id, Type: cc.Type, Resources: resources[cc.Type],
+			Subscribed: cc.Subscribed, Accepted: cc.Accepted, Rejected: cc.Rejected, Pending: cc.Pending, Behind: cc.Behind, Waiting: cc.Waiting})
+		total += resources[cc.Type]
+	}
+	return total
 }
 
 // resourceShown is one resource as the body shows it: names and errors
@@ -223,7 +217,7 @@ func resourceShown(group string, rc cache.ResourceConvergence, now time.Time) Co
 func withBytesVersions(groups []*group, rs []ConvergenceResource) {
 	byShown := make(map[string]*group, len(groups))
 	for _, g := range groups {
-		byShown[g.shown] = g
+		byShown[g.id] = g
 	}
 	for i := range rs {
 		r := &rs[i]

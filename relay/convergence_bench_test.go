@@ -91,7 +91,7 @@ func convergenceGroup(b *testing.B) *group {
 			c.MoveShared(typeURL, st2, cache.Pending, st2, cache.Accepted, time.Time{}, t1.Add(time.Duration(i%1000)*time.Millisecond), m, nil)
 		}
 	}
-	return &group{key: "bench", shown: "bench", cache: c}
+	return &group{key: "bench", id: "bench", cache: c}
 }
 
 // BenchmarkDebugConvergence is GET /debug/convergence of a group of

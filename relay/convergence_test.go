@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	adminpb "github.com/envoyproxy/go-control-plane/envoy/admin/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	statuspb "github.com/envoyproxy/go-control-plane/envoy/service/status/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc/codes"
@@ -152,7 +154,7 @@ func TestConvergenceFollowsAChange(t *testing.T) {
 		var out DebugConvergence
 		getJSON(t, r, "/debug/convergence", &out)
 		for _, s := range out.Summary {
-			if s.Accepted+s.Rejected+s.Pending+s.Older > 0 {
+			if s.Subscribed > 0 {
 				return false
 			}
 		}
@@ -162,7 +164,8 @@ func TestConvergenceFollowsAChange(t *testing.T) {
 
 // A wildcard SotW client shares the complete state it is sent with every
 // such client and keeps no per-name record: its counts still move, name by
-// name, as the response is sent and answered, and the summary sums them.
+// name, as the response is sent and answered, and the summary counts it
+// once, as one client, whatever the number of resources it holds.
 func TestConvergenceWildcardAndSummary(t *testing.T) {
 	cp := testcp.Start(t)
 	cp.Set(t, "c1", "1", testcp.Cluster("a"), testcp.Cluster("b"))
@@ -174,9 +177,10 @@ func TestConvergenceWildcardAndSummary(t *testing.T) {
 	var out DebugConvergence
 	eventually(t, "both clusters accepted", func() bool {
 		getJSON(t, r, "/debug/convergence?type=clusters", &out)
-		return len(out.Summary) == 1 && out.Summary[0].Accepted == 2
+		return len(out.Summary) == 1 && out.Summary[0].Accepted == 1 && len(out.Resources) == 2 &&
+			out.Resources[0].Accepted == 1 && out.Resources[1].Accepted == 1
 	})
-	if s := out.Summary[0]; s.Resources != 2 || s.Subscribed != 2 || s.Behind != 0 || !strings.HasSuffix(s.Type, "Cluster") {
+	if s := out.Summary[0]; s.Resources != 2 || s.Subscribed != 1 || s.Behind != 0 || !strings.HasSuffix(s.Type, "Cluster") {
 		t.Fatalf("summary: %+v", s)
 	}
 	// ?limit= bounds the resources listed, not the summary; more says how
@@ -201,17 +205,63 @@ func TestConvergenceWildcardAndSummary(t *testing.T) {
 		t.Errorf("CSDS: %q", got)
 	}
 
-	// A delta client that names a with the wildcard is one client of a.
+	// A delta client that names a with the wildcard is one client of a,
+	// and one more client of the type.
 	d := openDelta(t, r.Addr())
 	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("d", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"*", "a"}})
 	dresp := d.recv()
 	d.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: dresp.GetNonce()})
 	eventually(t, "the delta client accepts both clusters", func() bool {
 		getJSON(t, r, "/debug/convergence?type=clusters", &out)
-		return len(out.Summary) == 1 && out.Summary[0].Accepted == 4
+		return len(out.Summary) == 1 && out.Summary[0].Accepted == 2
 	})
-	if s := out.Summary[0]; s.Subscribed != 4 || s.Behind != 0 {
-		t.Errorf("summary with a client of the wildcard and of a by name: %+v, want 4 subscribed, none behind", s)
+	if s := out.Summary[0]; s.Subscribed != 2 || s.Behind != 0 || out.Resources[0].Subscribed != 2 || out.Resources[0].Accepted != 2 {
+		t.Errorf("with a client of the wildcard and of a by name: summary %+v, a %+v; want 2 clients of each", s, out.Resources[0])
+	}
+	// With names, each resource's counts are its clients': no summary sums them.
+	getJSON(t, r, "/debug/convergence?type=clusters&name=a&name=b", &out)
+	if len(out.Summary) != 0 || len(out.Resources) != 2 {
+		t.Errorf("with names: %+v", out)
+	}
+}
+
+// Clients are counted as clients: of two clients of five Clusters, one
+// rejecting them all is one client rejecting in the summary and on
+// /metrics, not five, and one of two; each Cluster counts it once.
+func TestConvergenceCountsClientsOnce(t *testing.T) {
+	cp := testcp.Start(t)
+	var cs []types.Resource
+	for i := range 5 {
+		cs = append(cs, testcp.Cluster(fmt.Sprintf("c%d", i)))
+	}
+	cp.Set(t, "c1", "1", cs...)
+	r := startRelay(t, cp.Addr)
+	for _, id := range []string{"acker", "nacker"} {
+		s := openSotW(t, r.Addr())
+		s.send(&discoverypb.DiscoveryRequest{Node: node(id, "c1"), TypeUrl: resourcev3.ClusterType})
+		resp := s.recv()
+		ans := &discoverypb.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, VersionInfo: resp.GetVersionInfo(), ResponseNonce: resp.GetNonce()}
+		if id == "nacker" {
+			ans.VersionInfo, ans.ErrorDetail = "", &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: "no"}
+		}
+		s.send(ans)
+	}
+	var out DebugConvergence
+	eventually(t, "one client accepts, one rejects", func() bool {
+		getJSON(t, r, "/debug/convergence?type=clusters", &out)
+		return len(out.Summary) == 1 && out.Summary[0].Accepted == 1 && out.Summary[0].Rejected == 1
+	})
+	if s := out.Summary[0]; s.Subscribed != 2 || s.Resources != 5 || s.Pending+s.Behind+s.Waiting != 0 {
+		t.Errorf("summary: %+v, want 2 clients of 5 resources", s)
+	}
+	for _, rc := range out.Resources {
+		if rc.Subscribed != 2 || rc.Accepted != 1 || rc.Rejected != 1 {
+			t.Errorf("%s: %+v, want its 2 clients, 1 accepting and 1 rejecting", rc.Name, rc)
+		}
+	}
+	short := xds.ShortName(resourcev3.ClusterType)
+	if got := value(scrape(t, r), "xdsrelay_clients_rejecting", map[string]string{"type": short}); got != 1 {
+		t.Errorf("xdsrelay_clients_rejecting{type=%q} = %v, want 1", short, got)
 	}
 }
 
@@ -238,8 +288,9 @@ func TestConvergenceHeldRolloutIsBehind(t *testing.T) {
 		rc.Versions[1].Accepted != 3 || rc.Versions[0].Error != "cannot use it" {
 		t.Fatalf("app during the hold: %+v", rc)
 	}
-	if s := out.Summary; len(s) != 1 || s[0].Behind != 3 || s[0].Rejected != 1 || s[0].Older != 3 {
-		t.Errorf("summary during the hold: %+v", s)
+	getJSON(t, r, "/debug/convergence?type=clusters", &out)
+	if s := out.Summary; len(s) != 1 || s[0].Behind != 3 || s[0].Rejected != 1 || s[0].Subscribed != 4 {
+		t.Errorf("summary during the hold: %+v, want 4 clients: 3 behind, 1 rejecting", s)
 	}
 	mfs := scrape(t, r)
 	short := xds.ShortName(resourcev3.ClusterType)

@@ -11,7 +11,6 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/xdsrelay/xdsrelay/cache"
-	"github.com/xdsrelay/xdsrelay/internal/metrics"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/upstream"
 )
@@ -23,12 +22,9 @@ import (
 // get 403.
 //
 // Every admin body is bounded whatever clients put in their nodes: a group
-// key is shown as the metrics' group label shows it (shownKey: over
-// metrics.MaxLabelLen bytes, its hash), and the paths that take a group
-// accept that form; node ids and peers' texts are clipped (xds.Clip).
-
-// shownKey is a group key as the admin endpoint and the metrics show it.
-func shownKey(key string) string { return metrics.Bound(key) }
+// is shown by its id (GroupID, at most IDMax bytes), and its whole key only
+// in /debug/groups, clipped; the paths that take a group accept its id or
+// its key; node ids and peers' texts are clipped (xds.Clip).
 
 // clipList is a client-chosen list as an admin body shows it: as many
 // entries as fit in xds.MaxText bytes, then how many more there are.
@@ -45,16 +41,16 @@ func clipList(list []string) []string {
 	return out
 }
 
-// groupShown is the group whose key, or whose shown key, is shown; nil if
-// there is none.
-func (r *Relay) groupShown(shown string) *group {
+// groupNamed is the group that name names (matchesGroup: its id or its
+// key); nil if there is none.
+func (r *Relay) groupNamed(name string) *group {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if g := r.groups[shown]; g != nil {
+	if g := r.groups[name]; g != nil {
 		return g
 	}
 	for _, g := range r.groups {
-		if g.shown == shown {
+		if matchesGroup(name, g.key, g.id) {
 			return g
 		}
 	}
@@ -106,7 +102,7 @@ type debugClient struct {
 func (r *Relay) debugClients(w http.ResponseWriter, _ *http.Request) {
 	keys := map[*cache.Cache]string{}
 	for _, g := range r.snapshotGroups() {
-		keys[g.cache] = g.shown
+		keys[g.cache] = g.id
 	}
 	out := []debugClient{}
 	for _, c := range r.down.Clients(nil) {
@@ -133,7 +129,7 @@ type debugGroupType struct {
 // debugUpstream is one upstream a group has a stream to.
 type debugUpstream struct {
 	Name         string     `json:"name"`
-	Server       string     `json:"server,omitempty"`   // the server in use (gRFC A71)
+	Server       string     `json:"server,omitempty"`   // the server in use (gRFC A71), or the file:// address of resource files
 	Protocol     string     `json:"protocol,omitempty"` // what the server answered in (upstream.protocol)
 	Connected    bool       `json:"connected"`
 	LastError    string     `json:"last_error,omitempty"`
@@ -143,7 +139,8 @@ type debugUpstream struct {
 }
 
 type debugGroup struct {
-	Key string `json:"key"`
+	ID  string `json:"id"`  // GroupID: the group's name everywhere else
+	Key string `json:"key"` // the whole group key, clipped (xds.Clip)
 	// The kind the group's clients share, as its upstream node presents
 	// it: the user agent (name/version) and the client features.
 	UserAgent      string           `json:"user_agent"`
@@ -180,7 +177,8 @@ func (r *Relay) debugGroups(w http.ResponseWriter, _ *http.Request) {
 	out := []debugGroup{}
 	for _, g := range r.snapshotGroups() {
 		s := g.feed.Status()
-		dg := debugGroup{Key: g.shown, UserAgent: xds.Clip(r.shownUserAgent(g)), ClientFeatures: clipList(g.nodes[0].GetClientFeatures()),
+		dg := debugGroup{ID: g.id, Key: xds.Clip(g.key), UserAgent: xds.Clip(r.shownUserAgent(g)), ClientFeatures: clipList(g.nodes[0].GetClientFeatures()),
+
 			Connected: s.Connected, LastError: xds.Clip(s.LastError), Invalid: xds.Clip(s.Invalid),
 			Resources: g.cache.Len(), Clients: r.groupClients(g), Types: []debugGroupType{}}
 		if !s.LastResponse.IsZero() {
@@ -191,7 +189,7 @@ func (r *Relay) debugGroups(w http.ResponseWriter, _ *http.Request) {
 		dg.Loads = r.loadsOf(g)
 		dg.Upstreams = []debugUpstream{}
 		for _, u := range upstreamsOf(s) {
-			du := debugUpstream{Name: u.Upstream, Server: u.Server, Protocol: u.Protocol, Connected: u.Connected, LastError: xds.Clip(u.LastError),
+			du := debugUpstream{Name: u.Upstream, Server: r.filesOr(u), Protocol: u.Protocol, Connected: u.Connected, LastError: xds.Clip(u.LastError),
 				Refused: xds.Clip(u.Refused), Unserved: u.Unserved}
 			if !u.LastResponse.IsZero() {
 				du.LastResponse = &u.LastResponse
@@ -205,6 +203,15 @@ func (r *Relay) debugGroups(w http.ResponseWriter, _ *http.Request) {
 		out = append(out, dg)
 	}
 	writeJSON(w, out)
+}
+
+// filesOr is the server an upstream's stream uses, or for resource files,
+// which have none, their file:// address.
+func (r *Relay) filesOr(u upstream.Status) string {
+	if s := r.serverOf(u); u.Server == "" && strings.HasPrefix(s, "files ") {
+		return strings.TrimPrefix(s, "files ")
+	}
+	return u.Server
 }
 
 func (r *Relay) groupClients(g *group) int {
@@ -239,7 +246,7 @@ func (r *Relay) debugCache(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, "xdsrelay: group: required with type (GET /debug/cache lists the groups and their types)", http.StatusBadRequest)
 		return
 	}
-	g := r.groupShown(key)
+	g := r.groupNamed(key)
 	if g == nil {
 		http.Error(w, fmt.Sprintf("xdsrelay: no group %q (see /debug/cache)", xds.Clip(key)), http.StatusNotFound)
 		return

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 
@@ -69,9 +70,21 @@ func upstreamTLS(ctx context.Context, u UpstreamConfig, key string, logger *slog
 	}
 	rl, err := creds.NewReloader(ctx, u.TLS, logger)
 	if err != nil {
-		return nil, fmt.Errorf("%s.tls: %w", key, err)
+		return nil, tlsError(key, "ca_file", err)
 	}
 	return rl, nil
+}
+
+// tlsError names the key of a TLS setting that does not load: prefix.tls
+// and, for a file, the file's key (caKey names the CA bundle's: ca_file
+// upstream, client_ca_file for a server).
+func tlsError(prefix, caKey string, err error) error {
+	var fe *creds.FileError
+	if !errors.As(err, &fe) {
+		return fmt.Errorf("%s.tls: %w", prefix, err)
+	}
+	key := [...]string{creds.CertFile: "cert_file", creds.KeyFile: "key_file", creds.CAFile: caKey}[fe.File]
+	return fmt.Errorf("%s.tls.%s: %w", prefix, key, err)
 }
 
 // downstreamTLS loads the downstream TLS material, nil when TLS is off.
@@ -81,7 +94,7 @@ func downstreamTLS(ctx context.Context, cfg Config, logger *slog.Logger) (*creds
 	}
 	rl, err := creds.NewReloader(ctx, cfg.Downstream.TLS, logger)
 	if err != nil {
-		return nil, fmt.Errorf("downstream.tls: %w", err)
+		return nil, tlsError("downstream", "client_ca_file", err)
 	}
 	return rl, nil
 }

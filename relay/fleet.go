@@ -309,7 +309,7 @@ func (r *Relay) peerNode(g *group) *corepb.Node {
 // newSwitch is a group's feed with the fleet on: the control plane, or the
 // owner.
 func (r *Relay) newSwitch(g *group) (*upstream.Switch, error) {
-	return upstream.NewSwitch(upstream.Group{Key: g.key, Node: g.nodes[0], Nodes: g.nodes, Cache: g.cache},
+	return upstream.NewSwitch(upstream.Group{ID: g.id, Node: g.nodes[0], Nodes: g.nodes, Cache: g.cache},
 		upstream.SwitchOptions{Fallback: r.fleet.direct, Metrics: r.upm, Logger: r.log,
 			Recheck: r.cfg.Upstream.FallbackRecheck, Settle: r.cfg.Upstream.ConnectTimeout,
 			OnMove: func(from, to upstream.Path) { r.fleetM.moves.Inc() }})

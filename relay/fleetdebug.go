@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/xdsrelay/xdsrelay/fleet"
+	"github.com/xdsrelay/xdsrelay/internal/xds"
 )
 
 // DebugFleet is /debug/fleet: this member's view of its fleet and where
@@ -35,7 +36,10 @@ type DebugFleet struct {
 // FleetGroup is where a group comes from, as /debug/fleet,
 // /debug/convergence (fleet_paths) and xdsrelay status --summary show it.
 type FleetGroup struct {
+	// Group is the group's id (GroupID), Key its whole key, clipped
+	// (xds.Clip), as /debug/groups shows them.
 	Group string `json:"group"`
+	Key   string `json:"key"`
 	// Owner is the member that owns the group in this one's view.
 	Owner string `json:"owner"`
 	// Source is control_plane, peer or fallback (xdsrelay_fleet_groups);
@@ -81,7 +85,7 @@ func (r *Relay) fleetGroups(groups []*group) []FleetGroup {
 	ring, _ := r.fleet.members.Ring()
 	out := make([]FleetGroup, 0, len(groups))
 	for _, g := range groups {
-		fg := FleetGroup{Group: g.shown, Owner: ring.Owner(g.key), Source: sourceOf(g)}
+		fg := FleetGroup{Group: g.id, Key: xds.Clip(g.key), Owner: ring.Owner(g.key), Source: sourceOf(g)}
 		if fg.Source == sourcePeer {
 			p, _, _ := g.sw.Serving()
 			fg.Peer = p.Name

@@ -35,35 +35,35 @@ func newGuardMetrics(reg *metrics.Registry) guardMetrics {
 }
 
 // guardEvent logs and counts a hold starting or ending in group key.
-func (r *Relay) guardEvent(key string, ev cache.GuardEvent) {
+func (r *Relay) guardEvent(id string, ev cache.GuardEvent) {
 	short := xds.ShortName(ev.TypeURL)
 	if ev.Wipe {
-		r.wipeEvent(key, short, ev)
+		r.wipeEvent(id, short, ev)
 		return
 	}
 	if ev.End == "" {
 		r.guardM.holds.With(short).Inc()
 		r.log.Error("guard: the control plane removed most of a type; the removals are HELD and clients keep the resources",
-			"group", xds.Clip(key), "type", short, "held", ev.Held, "removed_in_window", ev.Removed, "of", ev.Base,
+			"group", id, "type", short, "held", ev.Held, "removed_in_window", ev.Removed, "of", ev.Base,
 			"first", xds.Clip(ev.First), "guard.max_removed_fraction", r.cfg.Guard.MaxRemovedFraction,
 			"release", "POST /debug/guard/release on the admin endpoint, or xdsrelay guard release")
 		return
 	}
 	r.guardM.ends.With(short, ev.End).Inc()
-	r.log.Warn("guard: hold ended", "group", xds.Clip(key), "type", short, "reason", ev.End,
+	r.log.Warn("guard: hold ended", "group", id, "type", short, "reason", ev.End,
 		"removals_applied", len(ev.Applied))
 }
 
 // wipeEvent logs a wipe hold starting, and logs and counts its end: a
 // short hold, over on its own, that asks nothing of an operator.
-func (r *Relay) wipeEvent(key, short string, ev cache.GuardEvent) {
+func (r *Relay) wipeEvent(id, short string, ev cache.GuardEvent) {
 	if ev.End == "" {
 		r.log.Warn("guard: the control plane removed every resource of a type; clients keep them while it may send them again",
-			"group", xds.Clip(key), "type", short, "removed", ev.Held, "first", xds.Clip(ev.First), "guard.wipe_hold", r.cfg.Guard.WipeHold)
+			"group", id, "type", short, "removed", ev.Held, "first", xds.Clip(ev.First), "guard.wipe_hold", r.cfg.Guard.WipeHold)
 		return
 	}
 	r.guardM.wipes.With(short, ev.End).Inc()
-	r.log.Warn("guard: wipe hold ended", "group", xds.Clip(key), "type", short, "reason", ev.End,
+	r.log.Warn("guard: wipe hold ended", "group", id, "type", short, "reason", ev.End,
 		"removals_applied", len(ev.Applied))
 }
 
@@ -73,7 +73,7 @@ func (r *Relay) wipeEvent(key, short string, ev cache.GuardEvent) {
 func (r *Relay) guardRelease(w http.ResponseWriter, req *http.Request) {
 	release(r, w, req, "guard: holds released by an operator", "holds", func(g *group, typeURL string) (out []debugHold) {
 		for _, h := range g.cache.ReleaseHolds(typeURL) {
-			out = append(out, debugHold{Group: g.shown, Type: h.TypeURL, Since: h.Since, Names: len(h.Names), Wipe: h.Wipe})
+			out = append(out, debugHold{Group: g.id, Type: h.TypeURL, Since: h.Since, Names: len(h.Names), Wipe: h.Wipe})
 		}
 		return out
 	})
@@ -109,7 +109,7 @@ func collect[T any](r *Relay, w http.ResponseWriter, req *http.Request, each fun
 	return out, true
 }
 
-// releaseScope reads a release's ?group= (the key as /debug/groups shows
+// releaseScope reads a release's ?group= (the id as /debug/groups shows
 // it) and ?type= (any name of a type, xds.ParseType): the groups it names,
 // every group without it, and the type URL, "" for every type. It answers
 // 400 for an unknown type and 404 for an unknown group itself.
@@ -126,7 +126,7 @@ func (r *Relay) releaseScope(w http.ResponseWriter, req *http.Request) (groups [
 	if shown == "" {
 		return r.snapshotGroups(), typeURL, true
 	}
-	g := r.groupShown(shown)
+	g := r.groupNamed(shown)
 	if g == nil {
 		http.Error(w, fmt.Sprintf("xdsrelay: no group %q (see /debug/groups)", xds.Clip(shown)), http.StatusNotFound)
 		return nil, "", false

@@ -13,7 +13,6 @@ import (
 
 	"github.com/xdsrelay/xdsrelay/downstream"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
-	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/loadstats"
 	"github.com/xdsrelay/xdsrelay/upstream"
 )
@@ -94,7 +93,7 @@ func (r *Relay) JoinLoads(node *corepb.Node, from downstream.Caller) (*loadstats
 	}
 	r.mu.Lock()
 	if g.loads == nil {
-		store, err := r.newLoadStore(g.key)
+		store, err := r.newLoadStore(g.id)
 		if err != nil {
 			r.mu.Unlock()
 			leave()
@@ -119,7 +118,7 @@ func (r *Relay) JoinLoads(node *corepb.Node, from downstream.Caller) (*loadstats
 
 // newLoadStore makes a group's store, its counts going to the relay's
 // metrics.
-func (r *Relay) newLoadStore(key string) (*loadstats.Store, error) {
+func (r *Relay) newLoadStore(id string) (*loadstats.Store, error) {
 	byLocality := slices.ContainsFunc(r.cfg.Upstream.GroupBy, func(f string) bool { return strings.HasPrefix(f, "locality.") })
 	var clamped sync.Once // the group's log line
 	return loadstats.New(loadstats.Options{
@@ -129,14 +128,15 @@ func (r *Relay) newLoadStore(key string) (*loadstats.Store, error) {
 			r.loads.clamped.Inc()
 			clamped.Do(func() {
 				r.log.Warn("the control plane asked for a load reporting interval below lrs.min_interval: clients are told lrs.min_interval, and the relay reports at it (later ones for the group are counted in xdsrelay_lrs_clamped_intervals_total, not logged)",
-					"group", xds.Clip(key), "asked", asked, "min_interval", r.cfg.LRSMinInterval())
+					"group", id, "asked", asked, "min_interval", r.cfg.LRSMinInterval())
+
 			})
 		},
 		MaxPending:      r.cfg.LRS.MaxPending,
 		MaxNames:        r.cfg.LRS.MaxNames,
 		MaxPendingBytes: r.cfg.LRS.MaxPendingBytes,
 		ByLocality:      byLocality,
-		OnMixedZones:    func(a, b *corepb.Locality) { r.warnMixedZones(key, a, b) },
+		OnMixedZones:    func(a, b *corepb.Locality) { r.warnMixedZones(id, a, b) },
 		OnIgnored:       func(n int) { r.loads.ignored.Add(int64(n)) },
 		OnDropped:       func(n int) { r.loads.dropped.Add(int64(n)) },
 		OnDroppedStats:  func(reason string, n int) { r.loads.droppedStats.With(reason).Add(int64(n)) },
@@ -169,11 +169,11 @@ func (r *Relay) startReporterLocked(g *group, route int, name string) {
 	}
 	u := r.upstreamAt(route)
 	lr, err := upstream.NewLoadReporter(upstream.LoadReporterOptions{Store: l.store, Node: g.nodes[route], Server: server,
-		Group: g.key, Metrics: upstream.LoadMetrics{Streams: r.loads.upStreams, Reports: r.loads.upReports,
+		Group: g.id, Metrics: upstream.LoadMetrics{Streams: r.loads.upStreams, Reports: r.loads.upReports,
 			Blocked: r.loads.droppedStats.With(loadstats.ReasonSendBlocked)},
 		Logger: r.log, Backoff: reconnectBackoff(u), MaxRequestBytes: u.MaxRequestBytes, SendTimeout: r.cfg.LRS.SendTimeout, After: l.done})
 	if err != nil {
-		r.log.Error("load reports", "group", xds.Clip(g.key), "error", err)
+		r.log.Error("load reports", "group", g.id, "error", err)
 		return
 	}
 	ctx, cancel := context.WithCancel(r.ctx)
@@ -183,7 +183,7 @@ func (r *Relay) startReporterLocked(g *group, route int, name string) {
 		defer close(done)
 		lr.Run(ctx)
 	})
-	r.log.Info("load reports to the control plane started", "group", xds.Clip(g.key), "upstream", u.Name)
+	r.log.Info("load reports to the control plane started", "group", g.id, "upstream", u.Name)
 }
 
 // loadRoute is the upstream the group's load reports go to (its index in
@@ -208,7 +208,7 @@ func (r *Relay) loadRoute(g *group) (int, string) {
 			route, name = i, n
 		case i != route:
 			r.log.Warn("the group's Clusters come from several upstreams: its load reports go to the one that serves the type",
-				"group", xds.Clip(g.key), "upstream", r.routes.Name(byType))
+				"group", g.id, "upstream", r.routes.Name(byType))
 			return byType, ""
 		}
 	}
@@ -242,7 +242,7 @@ func (r *Relay) sweepLoadsLocked(g *group) (over bool) {
 	if l.reporter != nil && time.Since(since) >= r.cfg.Cache.Retention {
 		l.cancel()
 		l.reporter, l.cancel = nil, nil
-		r.log.Info("load reports to the control plane stopped: no client reported for cache.retention", "group", xds.Clip(g.key))
+		r.log.Info("load reports to the control plane stopped: no client reported for cache.retention", "group", g.id)
 	}
 	if l.reporter != nil {
 		return false
@@ -267,11 +267,11 @@ func endLoads(g *group) {
 // warnMixedZones warns, once for the relay, that clients of one group
 // report load from different zones while upstream.group_by holds no
 // locality field: the control plane sees their load as the group node's.
-func (r *Relay) warnMixedZones(key string, a, b *corepb.Locality) {
+func (r *Relay) warnMixedZones(id string, a, b *corepb.Locality) {
 	r.loads.zones.Do(func() {
 		r.warnings.warn(r.log, "upstream.group_by", "docs/load-reports.md", fmt.Sprintf(
 			"clients of group %q report load from different zones (%s and %s) and upstream.group_by has no locality.* field: the control plane sees their load summed under one node, from one place",
-			xds.Clip(key), zoneName(a), zoneName(b)))
+			id, zoneName(a), zoneName(b)))
 	})
 }
 
@@ -341,20 +341,24 @@ func (c *Config) LRSMinInterval() time.Duration {
 }
 
 // validateLRS checks the lrs.* keys.
-func (c *Config) validateLRS() error {
-	switch {
-	case c.LRS.Interval <= 0:
-		return fmt.Errorf("lrs.interval: must be positive, got %s", c.LRS.Interval)
-	case c.LRS.MinInterval < 0 || c.LRS.MinInterval > c.LRS.Interval:
-		return fmt.Errorf("lrs.min_interval: must be at most lrs.interval (%s), or 0 for %s or lrs.interval if shorter; got %s", c.LRS.Interval, lrsMinIntervalDefault, c.LRS.MinInterval)
-	case c.LRS.MaxPending < 1:
-		return fmt.Errorf("lrs.max_pending: must be at least 1, got %d", c.LRS.MaxPending)
-	case c.LRS.SendTimeout <= 0:
-		return fmt.Errorf("lrs.send_timeout: must be positive, got %s", c.LRS.SendTimeout)
-	case c.LRS.MaxPendingBytes < 1:
-		return fmt.Errorf("lrs.max_pending_bytes: must be at least 1, got %d", c.LRS.MaxPendingBytes)
-	case c.LRS.MaxNames < 1:
-		return fmt.Errorf("lrs.max_names: must be at least 1, got %d", c.LRS.MaxNames)
+func (c *Config) validateLRS(p *problems) {
+	l := &c.LRS
+	if l.Interval <= 0 {
+		p.addf("lrs.interval: must be positive, got %s", l.Interval)
 	}
-	return nil
+	if l.MinInterval < 0 || l.Interval > 0 && l.MinInterval > l.Interval {
+		p.addf("lrs.min_interval: must be at most lrs.interval (%s), or 0 for %s or lrs.interval if shorter; got %s", l.Interval, lrsMinIntervalDefault, l.MinInterval)
+	}
+	if l.MaxPending < 1 {
+		p.addf("lrs.max_pending: must be at least 1, got %d", l.MaxPending)
+	}
+	if l.SendTimeout <= 0 {
+		p.addf("lrs.send_timeout: must be positive, got %s", l.SendTimeout)
+	}
+	if l.MaxPendingBytes < 1 {
+		p.addf("lrs.max_pending_bytes: must be at least 1, got %d", l.MaxPendingBytes)
+	}
+	if l.MaxNames < 1 {
+		p.addf("lrs.max_names: must be at least 1, got %d", l.MaxNames)
+	}
 }

@@ -55,6 +55,47 @@ func persistFile(dir, key string) string {
 	return filepath.Join(dir, "group-"+hex.EncodeToString(sum[:8])+".cache")
 }
 
+// savedKeyField is the field of a saved cache's node record that holds the
+// group's key, so that persist inspect names the group as the relay did
+// (GroupID) whatever upstream.group_by is. Node has no such field: a file
+// written before it loads without the key, and a binary from before it
+// ignores it.
+const savedKeyField = 1000
+
+// withKey is node with the group's key in savedKeyField, for encodeGroup.
+func withKey(node *corepb.Node, key string) *corepb.Node {
+	n := proto.Clone(node).(*corepb.Node)
+	u := protowire.AppendTag(nil, savedKeyField, protowire.BytesType)
+	n.ProtoReflect().SetUnknown(protowire.AppendString(u, key))
+	return n
+}
+
+// SavedKey is the group key a saved cache's node holds (see withKey); ""
+// for a file written before it did.
+func SavedKey(node *corepb.Node) string {
+	b := node.ProtoReflect().GetUnknown()
+	for len(b) > 0 {
+		num, typ, l := protowire.ConsumeTag(b)
+		if l < 0 {
+			return ""
+		}
+		b = b[l:]
+		if num == savedKeyField && typ == protowire.BytesType {
+			v, m := protowire.ConsumeString(b)
+			if m < 0 {
+				return ""
+			}
+			return v
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			return ""
+		}
+		b = b[m:]
+	}
+	return ""
+}
+
 // encodeGroup writes a group's node and cache contents. owner names the
 // upstream of each name (nil: the default's, for all): a type served by
 // several upstreams is written as one record per upstream, each but the
@@ -571,15 +612,16 @@ func (r *Relay) restoreFile(path string) error {
 		return err
 	}
 	states := mergeTypes(r.keepRouted(saved, path))
+	node.ProtoReflect().SetUnknown(nil) // the saved key (withKey): the node's fields give it
 	key := GroupKey(node, r.cfg.Upstream.GroupBy)
 	if persistFile(r.cfg.Cache.PersistDir, key) != path {
-		return fmt.Errorf("written for another group_by (its group is %q here)", key)
+		return fmt.Errorf("written for another group_by (its group is %s here)", GroupID(key))
 	}
 	if err := r.restoreGroup(key, node, states); err != nil {
 		return err
 	}
 	r.restored.Store(true)
-	r.log.Info("restored a saved cache", "group", xds.Clip(key), "file", path, "types", len(states))
+	r.log.Info("restored a saved cache", "group", GroupID(key), "file", path, "types", len(states))
 	return nil
 }
 
@@ -638,8 +680,8 @@ func (r *Relay) writeCaches(written map[string]uint64) saveCount {
 			continue
 		}
 		if err := r.writeCache(g, states); err != nil {
-			r.log.Error("writing the cache to cache.persist_dir", "group", xds.Clip(g.key), "error", err)
-			fails, last = fails+1, fmt.Sprintf("group %q: %v", g.key, err)
+			r.log.Error("writing the cache to cache.persist_dir", "group", g.id, "error", err)
+			fails, last = fails+1, fmt.Sprintf("group %s: %v", g.id, err)
 			continue
 		}
 		written[g.key] = gen
@@ -663,7 +705,7 @@ func (r *Relay) writeCaches(written map[string]uint64) saveCount {
 // writeCache saves one group's cache, unless it is larger than what a
 // restore would read.
 func (r *Relay) writeCache(g *group, states []cache.TypeState) error {
-	data, err := encodeGroup(g.fields, states, r.owner())
+	data, err := encodeGroup(withKey(g.fields, g.key), states, r.owner())
 	if err != nil {
 		return err
 	}

@@ -76,13 +76,13 @@ func groupsProblem(gs []*group) syncProblem {
 				return syncProblem{
 					public: "the control plane refuses the protocol the relay speaks to it (upstream.protocol)",
 					private: fmt.Sprintf("group %q: upstream %q (server %s) %s",
-						g.shown, u.Upstream, u.Server, xds.Clip(u.Refused)),
+						g.id, u.Upstream, u.Server, xds.Clip(u.Refused)),
 				}
 			}
 			return syncProblem{
 				public: "the control plane cannot be reached (" + failureKind(u.LastError) + ")",
 				private: fmt.Sprintf("group %q: upstream %q (server %s) cannot be reached: %s",
-					g.shown, u.Upstream, u.Server, xds.Clip(u.LastError)),
+					g.id, u.Upstream, u.Server, xds.Clip(u.LastError)),
 			}
 		}
 	}

@@ -57,7 +57,7 @@ func (r *Relay) registerReferenceMetrics() {
 // referenceEvent counts a reference wait that ended in group key, and
 // logs one that timed out: clients got what the control plane said, a
 // reference that dangles or a removal of a name still pointed at.
-func (r *Relay) referenceEvent(key string, ev cache.ReferenceEvent) {
+func (r *Relay) referenceEvent(id string, ev cache.ReferenceEvent) {
 	short := xds.ShortName(ev.TypeURL)
 	r.refM.waits.With(short, ev.Outcome).Inc()
 	if ev.Outcome != cache.WaitTimeout {
@@ -69,20 +69,21 @@ func (r *Relay) referenceEvent(key string, ev cache.ReferenceEvent) {
 	}
 	if ev.Removal {
 		r.log.Warn("consistency: a removal waited consistency.max_wait for what points at the name to move; removed as the control plane said",
-			"group", xds.Clip(key), "type", short, "name", xds.Clip(ev.Name), "still_pointed_at_by", len(ev.Missing),
+			"group", id, "type", short, "name", xds.Clip(ev.Name), "still_pointed_at_by", len(ev.Missing),
 			"first", xds.Clip(first), "consistency.max_wait", r.cfg.Consistency.MaxWait)
 		return
 	}
 	r.log.Warn("consistency: a resource waited for a name it points at until consistency.max_wait ran out; sent as the control plane said, and what points at the name is sent at once until the name exists",
-		"group", xds.Clip(key), "type", short, "name", xds.Clip(ev.Name), "missing", len(ev.Missing),
+		"group", id, "type", short, "name", xds.Clip(ev.Name), "missing", len(ev.Missing),
 		"first", xds.Clip(first), "waited", ev.Waited, "consistency.max_wait", r.cfg.Consistency.MaxWait)
+
 }
 
 // unsafeOrder logs, once per group and type (the cache tells only the
 // first wait of each type), that the control plane sends resources of the
 // type in an order that is not make before break ("Eventual consistency
 // considerations"): the relay holds them, for consistency.max_wait at most.
-func (r *Relay) unsafeOrder(key string, u cache.UnsafeOrder) {
+func (r *Relay) unsafeOrder(id string, u cache.UnsafeOrder) {
 	short := xds.ShortName(u.TypeURL)
 	first := ""
 	if len(u.Refs) > 0 {
@@ -90,12 +91,13 @@ func (r *Relay) unsafeOrder(key string, u cache.UnsafeOrder) {
 	}
 	if u.Removal {
 		r.log.Warn("consistency: the control plane removed a name that a resource still points at, an unsafe order; the relay holds the removal until nothing points at the name, for consistency.max_wait at most (logged once per group and type)",
-			"group", xds.Clip(key), "type", short, "name", xds.Clip(u.Name), "pointed_at_by", xds.Clip(first),
+			"group", id, "type", short, "name", xds.Clip(u.Name), "pointed_at_by", xds.Clip(first),
 			"consistency.max_wait", r.cfg.Consistency.MaxWait)
 		return
 	}
 	r.log.Warn("consistency: the control plane sent a resource before what it points at, an unsafe order; the relay holds it until that arrives, for consistency.max_wait at most, and a name that has not come by then is not waited for again until it exists (logged once per group and type)",
-		"group", xds.Clip(key), "type", short, "name", xds.Clip(u.Name), "points_at", xds.Clip(first),
+		"group", id, "type", short, "name", xds.Clip(u.Name), "points_at", xds.Clip(first),
+
 		"consistency.max_wait", r.cfg.Consistency.MaxWait)
 }
 
@@ -103,7 +105,7 @@ func (r *Relay) unsafeOrder(key string, u cache.UnsafeOrder) {
 // not fetched at limits.max_names_per_group (docs/architecture.md,
 // invariant 9 "Every bound is explicit"), and logs the first refusal of
 // the group.
-func (r *Relay) referencesRefused(key string, rr cache.RefusedReferences) {
+func (r *Relay) referencesRefused(id string, rr cache.RefusedReferences) {
 	for typeURL, n := range rr.ByType {
 		r.refM.refused.With(xds.ShortName(typeURL)).Add(int64(n))
 	}
@@ -115,7 +117,7 @@ func (r *Relay) referencesRefused(key string, rr cache.RefusedReferences) {
 		from = xds.ShortName(rr.From.TypeURL) + " " + rr.From.Name
 	}
 	r.log.Warn("consistency: names resources point at were not fetched, the group's names are at limits.max_names_per_group; what waits for them is released after consistency.max_wait (logged once per group, counted in xdsrelay_references_refused_total)",
-		"group", xds.Clip(key), "refused", rr.Count, "first", xds.Clip(xds.ShortName(rr.Example.TypeURL)+" "+rr.Example.Name),
+		"group", id, "refused", rr.Count, "first", xds.Clip(xds.ShortName(rr.Example.TypeURL)+" "+rr.Example.Name),
 		"from", xds.Clip(from), "limits.max_names_per_group", rr.Max)
 }
 
@@ -177,16 +179,16 @@ func shownRef(ref xds.Ref) debugRef {
 func (r *Relay) debugReferences(w http.ResponseWriter, req *http.Request) {
 	key := req.URL.Query().Get("group")
 	if key == "" {
-		http.Error(w, "xdsrelay: group: give the group's key, ?group=KEY (GET /debug/groups lists them)", http.StatusBadRequest)
+		http.Error(w, "xdsrelay: group: give the group's id, ?group=ID (GET /debug/groups lists them)", http.StatusBadRequest)
 		return
 	}
-	g := r.groupShown(key)
+	g := r.groupNamed(key)
 	if g == nil {
 		http.Error(w, fmt.Sprintf("xdsrelay: no group %q", xds.Clip(key)), http.StatusNotFound)
 		return
 	}
 	refs := g.cache.References()
-	out := debugReferences{Group: g.shown, MaxWait: r.cfg.Consistency.MaxWait.String()}
+	out := debugReferences{Group: g.id, MaxWait: r.cfg.Consistency.MaxWait.String()}
 	out.Dangling, out.MoreDangling = bounded(refs.Dangling, func(d cache.Dangling) debugDangling {
 		from, more := debugRefs(d.From)
 		return debugDangling{debugRef: shownRef(d.Ref), From: from, MoreFrom: more}

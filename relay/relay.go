@@ -122,7 +122,7 @@ func (r *Relay) closeReloaders() {
 // guarded by Relay.mu.
 type group struct {
 	key    string
-	shown  string         // key as the admin endpoint and the metrics show it (shownKey)
+	id     string         // GroupID(key): the group's name in logs, metrics and the admin endpoint
 	nodes  []*corepb.Node // presented to each upstream, by route index (groupNodes); the default upstream's first
 	fields *corepb.Node   // the group_by fields of its clients' nodes (keyNode)
 	cache  *cache.Cache
@@ -702,20 +702,20 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 	ctx, cancel := context.WithCancel(r.ctx)
 	g := &group{
 		key:    key,
-		shown:  shownKey(key),
+		id:     GroupID(key),
 		nodes:  groupNodes(&r.cfg, r.host, key, client),
 		fields: keyNode(r.cfg.Upstream.GroupBy, client),
 		cancel: cancel,
 	}
 	opts := cache.Options{Retention: r.cfg.Cache.Retention, MaxResources: r.cfg.Cache.MaxResources,
 		MaxNames: r.cfg.Limits.MaxNamesPerGroup, Guard: r.cfg.cacheGuard(),
-		OnGuard:       func(ev cache.GuardEvent) { r.guardEvent(key, ev) },
+		OnGuard:       func(ev cache.GuardEvent) { r.guardEvent(g.id, ev) },
 		Rollout:       r.cfg.cacheRollout(),
-		OnRollout:     func(ev cache.RolloutEvent) { r.rolloutEvent(key, ev) },
+		OnRollout:     func(ev cache.RolloutEvent) { r.rolloutEvent(g.id, ev) },
 		Consistency:   r.cfg.cacheConsistency(),
-		OnReference:   func(ev cache.ReferenceEvent) { r.referenceEvent(key, ev) },
-		OnUnsafeOrder: func(u cache.UnsafeOrder) { r.unsafeOrder(key, u) },
-		OnRefused:     func(rr cache.RefusedReferences) { r.referencesRefused(key, rr) }}
+		OnReference:   func(ev cache.ReferenceEvent) { r.referenceEvent(g.id, ev) },
+		OnUnsafeOrder: func(u cache.UnsafeOrder) { r.unsafeOrder(g.id, u) },
+		OnRefused:     func(rr cache.RefusedReferences) { r.referencesRefused(g.id, rr) }}
 	if r.cfg.forwardsNACKs() {
 		// Clients' rejections go to the control plane (docs/architecture.md,
 		// "Forwarded NACKs"). g.feed is set below, before any client can
@@ -732,11 +732,11 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 		return nil, err
 	}
 	g.feed = feed
-	r.zeroGroupSeries(key)
+	r.zeroGroupSeries(g.id)
 	r.goRun(func() { feed.Run(ctx) })
 	r.groups[key] = g
 	r.groupsG.Set(int64(len(r.groups)))
-	r.log.Info("group started", "group", xds.Clip(key), "upstream_node", xds.Clip(g.nodes[0].GetId()))
+	r.log.Info("group started", "group", g.id, "key", xds.Clip(key), "upstream_node", xds.Clip(g.nodes[0].GetId()))
 	return g, nil
 }
 
@@ -745,7 +745,7 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 // which a peer asks for if asked.
 func (r *Relay) groupFeed(g *group, asked bool) (upstream.Feed, error) {
 	if r.fleet == nil {
-		return r.source.Feed(upstream.Group{Key: g.key, Node: g.nodes[0], Nodes: g.nodes, Cache: g.cache})
+		return r.source.Feed(upstream.Group{ID: g.id, Node: g.nodes[0], Nodes: g.nodes, Cache: g.cache})
 	}
 	sw, err := r.newSwitch(g)
 	if err != nil {
@@ -809,7 +809,7 @@ func (r *Relay) sweepOnce() {
 		// Not waited for: the group's goroutine ends on its own, and
 		// Shutdown waits for it with a bound.
 		g.cancel()
-		r.log.Info("group ended", "group", xds.Clip(g.key))
+		r.log.Info("group ended", "group", g.id)
 	}
 }
 
@@ -836,21 +836,21 @@ func (r *Relay) registerGroupMetrics() {
 				// With several upstreams: 1 while every stream the group
 				// has is up. With resource files: 1, and no reconnects.
 				// With a fleet: 1 while the path it is drawn from is up.
-				r.upm.Streams.With(g.key).Set(boolGauge(s.Connected))
+				r.upm.Streams.With(g.id).Set(boolGauge(s.Connected))
 			}
 			if files {
-				r.upm.Reconnects.ZeroEach(g.key)
+				r.upm.Reconnects.ZeroEach(g.id)
 			}
-			age.With(g.key).Set(secondsSince(s.LastResponse))
-			size.With(g.key).Set(int64(g.cache.Len()))
-			evicted.With(g.key).Set(int64(g.cache.Evictions()))
-			seen[[2]string{g.key, ""}] = true
+			age.With(g.id).Set(secondsSince(s.LastResponse))
+			size.With(g.id).Set(int64(g.cache.Len()))
+			evicted.With(g.id).Set(int64(g.cache.Evictions()))
+			seen[[2]string{g.id, ""}] = true
 			for typeURL, st := range g.cache.Stats() {
 				short := xds.ShortName(typeURL)
-				typeSize.With(g.key, short).Set(int64(st.Resources))
-				typeBytes.With(g.key, short).Set(int64(st.Bytes))
-				typeAge.With(g.key, short).Set(secondsSince(st.Received))
-				seen[[2]string{g.key, short}] = true
+				typeSize.With(g.id, short).Set(int64(st.Resources))
+				typeBytes.With(g.id, short).Set(int64(st.Bytes))
+				typeAge.With(g.id, short).Set(secondsSince(st.Received))
+				seen[[2]string{g.id, short}] = true
 			}
 		}
 		for _, k := range last {
@@ -878,12 +878,13 @@ func (r *Relay) registerGroupMetrics() {
 }
 
 // registerConvergenceMetrics sets, at each scrape, how many clients are
-// behind or rejecting, summed over the groups' resources from the counters
-// the streams keep as they send and are answered (cache/convergence.go):
-// the scrape visits resources, never streams.
+// behind or rejecting, each client counted once per type, from the counts
+// the streams keep as they send, are answered and are marked
+// (cache/clients.go): the scrape visits the groups' types, never streams
+// nor resources.
 func (r *Relay) registerConvergenceMetrics() {
-	behind := r.metrics.Gauge("xdsrelay_clients_behind", "Clients subscribed to a resource that have not been sent its current version (a held rollout or guard, a slow client), summed over the resources of the type in every group.", "type")
-	rejecting := r.metrics.Gauge("xdsrelay_clients_rejecting", "Clients whose answer to a resource's current version is a NACK, summed over the resources of the type in every group.", "type")
+	behind := r.metrics.Gauge("xdsrelay_clients_behind", "Clients (streams) of the type owed a change not sent yet (a held rollout, a slow client), each counted once however many resources it holds, in every group; a client rejecting a resource is counted in xdsrelay_clients_rejecting instead.", "type")
+	rejecting := r.metrics.Gauge("xdsrelay_clients_rejecting", "Clients (streams) of the type that rejected (NACKed) a resource they hold, each counted once however many resources it rejected, in every group.", "type")
 	shorts := make([]string, 0, len(xds.Types))
 	for _, t := range xds.Types {
 		shorts = append(shorts, xds.ShortName(t))
@@ -900,7 +901,7 @@ func (r *Relay) registerConvergenceMetrics() {
 		defer mu.Unlock()
 		sums := map[string][2]int64{}
 		for _, g := range r.snapshotGroups() {
-			for _, s := range g.cache.ConvergenceSummary() {
+			for _, s := range g.cache.ClientSummary() {
 				short := xds.ShortName(s.Type)
 				v := sums[short]
 				sums[short] = [2]int64{v[0] + int64(s.Behind), v[1] + int64(s.Rejected)}

@@ -40,12 +40,12 @@ func newRolloutMetrics(reg *metrics.Registry) rolloutMetrics {
 }
 
 // rolloutEvent logs and counts a rollout step in group key.
-func (r *Relay) rolloutEvent(key string, ev cache.RolloutEvent) {
+func (r *Relay) rolloutEvent(id string, ev cache.RolloutEvent) {
 	types := make([]string, len(ev.Types))
 	for i, t := range ev.Types {
 		types[i] = xds.ShortName(t)
 	}
-	attrs := []any{"group", xds.Clip(key), "types", strings.Join(types, ","), "resources", ev.Names, "canaries", ev.Canaries}
+	attrs := []any{"group", id, "types", strings.Join(types, ","), "resources", ev.Names, "canaries", ev.Canaries}
 	switch ev.Kind {
 	case cache.RolloutHalted:
 		for _, t := range types {
@@ -109,7 +109,7 @@ func (r *Relay) rolloutRelease(w http.ResponseWriter, req *http.Request) {
 	release(r, w, req, "rollout: held changes released by an operator", "changes", func(g *group, typeURL string) (out []debugRollout) {
 		for _, s := range g.cache.ReleaseHeld(typeURL) {
 			d := rolloutOf(s)
-			d.Group = g.shown
+			d.Group = g.id
 			out = append(out, d)
 		}
 		return out

@@ -54,9 +54,9 @@ func (r *Relay) zeroUpstreamSeries() {
 // reconnects of its control-plane streams, which delete them as they end.
 // Resource files have no stream: their groups' series (0 reconnects, always
 // connected) are set, and deleted with the group, by registerGroupMetrics.
-func (r *Relay) zeroGroupSeries(key string) {
+func (r *Relay) zeroGroupSeries(id string) {
 	if !r.files() {
-		r.upm.Reconnects.ZeroEach(key)
+		r.upm.Reconnects.ZeroEach(id)
 	}
 }
 

@@ -131,7 +131,7 @@ func (r *Relay) tiersOf(groups []*group) ([]ConvergenceTier, int) {
 	over := 0
 	for _, g := range groups {
 		for id, l := range g.tiers {
-			out = append(out, ConvergenceTier{Group: g.shown, Node: id, Admin: l.admin})
+			out = append(out, ConvergenceTier{Group: g.id, Node: id, Admin: l.admin})
 		}
 		over += g.tiersOver
 	}

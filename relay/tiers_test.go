@@ -334,7 +334,7 @@ func TestTiersBounded(t *testing.T) {
 	}
 
 	r := &Relay{}
-	g := &group{shown: "g"}
+	g := &group{id: "g"}
 	tier := func(i int) *corepb.Node {
 		n := node(fmt.Sprintf("relay-%d", i), "c1")
 		setMetadata(n, TierMetadataKey, structpb.NewStringValue(fmt.Sprintf("10.0.%d.%d:9901", i/250, i%250+1)))

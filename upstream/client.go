@@ -132,7 +132,7 @@ type Options struct {
 
 	Node  *corepb.Node // presented upstream; required
 	Cache *cache.Cache // the group's cache; required
-	Group string       // the group key, for logs and metrics
+	Group string       // the group id (relay.GroupID), for logs and metrics
 	// Upstream names the control plane in logs and metrics;
 	// DefaultUpstream if empty.
 	Upstream string
@@ -328,7 +328,7 @@ func New(opts Options) (*Client, error) {
 	}
 	c := &Client{
 		opts: opts,
-		log:  opts.Logger.With("component", "upstream", "group", xds.Clip(opts.Group), "upstream", opts.Upstream),
+		log:  opts.Logger.With("component", "upstream", "group", opts.Group, "upstream", opts.Upstream),
 	}
 	for _, s := range opts.Servers {
 		if s.Conn == nil {

@@ -3,7 +3,6 @@ package upstream
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -352,22 +351,51 @@ func (r invalidResource) String() string {
 }
 
 func loadDir(dir string) (*loaded, error) {
+	l, errs := loadAll(dir)
+	if len(errs) > 0 {
+		return nil, errs[0]
+	}
+	return l, nil
+}
+
+// loadAll loads every file of dir, and returns every file's error beside
+// what the others hold.
+func loadAll(dir string) (*loaded, []error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, fmt.Errorf("upstream: resource directory: %w", err)
+		return nil, []error{fmt.Errorf("upstream: resource directory: %w", err)}
 	}
 	l := &loaded{resources: make(map[string]map[string]*cache.Resource)}
 	where := make(map[string]string) // type/name → file, to report duplicates
+	var errs []error
 	for _, e := range entries {
 		ext := strings.ToLower(filepath.Ext(e.Name()))
 		if e.IsDir() || (ext != ".yaml" && ext != ".yml" && ext != ".json") {
 			continue
 		}
 		if err := l.addFile(filepath.Join(dir, e.Name()), where); err != nil {
-			return nil, err
+			errs = append(errs, err)
 		}
 	}
-	return l, nil
+	return l, errs
+}
+
+// CheckDir loads the resource files of dir as NewFile does, and returns how
+// many resources they hold and every error: each file that does not load
+// (with the line and column, in the file, of what is wrong, when the
+// decoder says where) and each invalid resource.
+func CheckDir(dir string) (resources int, errs []error) {
+	l, errs := loadAll(dir)
+	if l == nil {
+		return 0, errs
+	}
+	for _, r := range l.invalid {
+		errs = append(errs, fmt.Errorf("upstream: invalid resource: %s", r))
+	}
+	for _, byName := range l.resources {
+		resources += len(byName)
+	}
+	return resources, errs
 }
 
 // addFile adds the resources of one file; an invalid one is set aside.
@@ -432,36 +460,43 @@ func (l *loaded) invalidError() error {
 	return err
 }
 
-// loadFile reads the Any resources of one file.
+// loadFile reads the Any resources of one file. An error that the JSON
+// decoder places is placed in the file as written: line and column.
 func loadFile(path string) ([]*anypb.Any, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	var docs []any
+	var docs []*yaml.Node
 	dec := yaml.NewDecoder(bytes.NewReader(data)) // JSON is YAML too
 	for {
-		var doc any
+		var doc yaml.Node
 		if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
 			break
 		} else if err != nil {
 			return nil, err
 		}
-		if list, ok := doc.([]any); ok {
-			docs = append(docs, list...)
-		} else if doc != nil {
-			docs = append(docs, doc)
+		top := &doc
+		if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
+			top = doc.Content[0]
+		}
+		switch {
+		case top.Kind == yaml.SequenceNode:
+			docs = append(docs, top.Content...)
+		case top.Kind == yaml.ScalarNode && top.Tag == "!!null", top.Kind == yaml.DocumentNode:
+		default:
+			docs = append(docs, top)
 		}
 	}
 	out := make([]*anypb.Any, 0, len(docs))
 	for i, doc := range docs {
-		js, err := json.Marshal(doc)
-		if err != nil {
-			return nil, fmt.Errorf("resource %d: %w", i+1, err)
+		j := yamlJSON{max: max(64*len(data), 1<<20)}
+		if err := j.node(doc); err != nil {
+			return nil, fmt.Errorf("resource %d (line %d): %w", i+1, doc.Line, err)
 		}
 		a := &anypb.Any{}
-		if err := protojson.Unmarshal(js, a); err != nil {
-			return nil, fmt.Errorf("resource %d: %w", i+1, err)
+		if err := protojson.Unmarshal(j.b, a); err != nil {
+			return nil, fmt.Errorf("resource %d: %w", i+1, j.placed(err))
 		}
 		out = append(out, a)
 	}

@@ -195,7 +195,7 @@ func TestFileFeedReadsWhatEnteredTheInterest(t *testing.T) {
 	}
 	c := cache.New(cache.Options{Retention: time.Minute})
 	in := &countedInterest{Cache: c}
-	feed, err := f.Feed(Group{Key: "g", Cache: c, Interest: in})
+	feed, err := f.Feed(Group{ID: "g", Cache: c, Interest: in})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -214,5 +214,70 @@ func TestFileFeedReadsWhatEnteredTheInterest(t *testing.T) {
 	}
 	if n := in.whole.Load(); n != 1 {
 		t.Errorf("the whole interest was read %d times for 20 subscriptions, want once (at the start)", n)
+	}
+}
+
+// An error the JSON decoder places is placed in the file as written: the
+// line and column of the YAML key or value, in a list of resources, in a
+// later document, with anchors and merge keys (which load as yaml merges
+// them), and in a JSON file.
+func TestFileErrorsPlacedInTheFile(t *testing.T) {
+	for _, tc := range []struct {
+		name, file, content, want string
+	}{
+		{"third line", "c.yaml", "\"@type\": type.googleapis.com/envoy.config.cluster.v3.Cluster\nname: x\nconect_timeout: 1s\n",
+			`c.yaml: resource 1: line 3:1: unknown field "conect_timeout"`},
+		{"a list's second", "l.yaml", "- \"@type\": type.googleapis.com/envoy.config.cluster.v3.Cluster\n  name: x\n" +
+			"- \"@type\": type.googleapis.com/envoy.config.cluster.v3.Cluster\n  name: y\n  connect_timeout: soon\n",
+			`l.yaml: resource 2: line 5:20: invalid google.protobuf.Duration value "soon"`},
+		{"a later document", "d.yaml", cluster("x", "1s") + "---\n" + "\"@type\": type.googleapis.com/envoy.config.cluster.v3.Cluster\nname: y\n  \nlb_policy: FASTEST\n",
+			`d.yaml: resource 2: line 8:12: invalid value for enum field lbPolicy: "FASTEST"`},
+		{"a merge key", "m.yaml", "- &base\n  \"@type\": type.googleapis.com/envoy.config.cluster.v3.Cluster\n  name: a\n  connect_timeout: 1s\n" +
+			"- <<: *base\n  name: b\n  type: BOGUS\n",
+			`m.yaml: resource 2: line 7:9: invalid value for enum field type: "BOGUS"`},
+		{"json", "j.json", "{\n  \"@type\": \"type.googleapis.com/envoy.config.cluster.v3.Cluster\",\n  \"name\": \"x\",\n  \"nmae\": \"y\"\n}\n",
+			`j.json: resource 1: line 4:3: unknown field "nmae"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeFile(t, filepath.Join(dir, tc.file), tc.content)
+			_, err := NewFile(dir, nil, nil)
+			if err == nil || !strings.HasSuffix(err.Error(), tc.want) {
+				t.Errorf("error %v, want it to end %s", err, tc.want)
+			}
+		})
+	}
+}
+
+// A merge key loads as yaml merges it: the map's own keys first.
+func TestFileMergeKeys(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "m.yaml"), "- &base\n  \"@type\": type.googleapis.com/envoy.config.cluster.v3.Cluster\n  name: a\n  connect_timeout: 1s\n"+
+		"- <<: *base\n  name: b\n")
+	f, err := NewFile(dir, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := f.Count(); n != 2 {
+		t.Errorf("%d resources, want a and b", n)
+	}
+}
+
+// CheckDir says what is wrong with every file and every invalid resource,
+// and counts the others' resources.
+func TestCheckDirReportsEveryError(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "good.yaml"), cluster("good", "1s"))
+	writeFile(t, filepath.Join(dir, "a.yaml"), "{{{")
+	writeFile(t, filepath.Join(dir, "b.yaml"), "\"@type\": type.googleapis.com/envoy.config.cluster.v3.Cluster\nnmae: x\n")
+	writeFile(t, filepath.Join(dir, "c.yaml"), cluster("bad", "-1s"))
+	n, errs := CheckDir(dir)
+	if n != 1 || len(errs) != 3 {
+		t.Fatalf("%d resources, errors %v; want 1 and 3", n, errs)
+	}
+	for i, file := range []string{"a.yaml", "b.yaml", "c.yaml"} {
+		if !strings.Contains(errs[i].Error(), file) {
+			t.Errorf("error %d: %v, want %s", i, errs[i], file)
+		}
 	}
 }

@@ -18,7 +18,6 @@ import (
 
 	"github.com/xdsrelay/xdsrelay/internal/lockorder"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
-	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/loadstats"
 )
 
@@ -44,7 +43,7 @@ type LoadReporterOptions struct {
 	// stream for Clusters uses (ServerOf), so that the reports follow its
 	// fallback (gRFC A71). Required.
 	Server  func() (Server, bool)
-	Group   string // the group key, for logs
+	Group   string // the group id (relay.GroupID), for logs
 	Metrics LoadMetrics
 	Logger  *slog.Logger   // slog.Default() if nil
 	Backoff backoff.Config // backoff.DefaultConfig if zero
@@ -116,7 +115,7 @@ func NewLoadReporter(opts LoadReporterOptions) (*LoadReporter, error) {
 		node.ClientFeatures = append(node.ClientFeatures, featureSendAllClusters)
 	}
 	return &LoadReporter{opts: opts, node: node,
-		log: opts.Logger.With("component", "lrs", "group", xds.Clip(opts.Group))}, nil
+		log: opts.Logger.With("component", "lrs", "group", opts.Group)}, nil
 }
 
 // Status returns the reporter's status.

@@ -134,8 +134,8 @@ func (f *routedFeed) Rejected(r cache.Rejection) {
 // Run splits the group's interest among the upstreams until ctx is done,
 // then stops every member feed and waits for it.
 func (f *routedFeed) Run(ctx context.Context) {
-	defer f.r.metrics.Streams.Delete(f.g.Key)
-	defer f.r.metrics.Reconnects.Delete(f.g.Key)
+	defer f.r.metrics.Streams.Delete(f.g.ID)
+	defer f.r.metrics.Reconnects.Delete(f.g.ID)
 	defer f.stopAll()
 	f.dispatch(ctx, nil, true)
 	for {
@@ -233,7 +233,7 @@ func (f *routedFeed) unroutable(typeURL string, names []string) {
 	f.g.Cache.Apply(typeURL, cache.Change{Removed: names, Errors: errs})
 	f.r.unroutable.With(xds.ShortName(typeURL)).Add(int64(len(names)))
 	f.r.logLimit.Do(func() {
-		f.r.log.Warn("xdstp names whose authority no upstream lists: reported as not existing", "group", xds.Clip(f.g.Key),
+		f.r.log.Warn("xdstp names whose authority no upstream lists: reported as not existing", "group", f.g.ID,
 			"type", xds.ShortName(typeURL), "names", len(names), "first", xds.Clip(names[0]))
 	})
 }
@@ -245,7 +245,7 @@ func (f *routedFeed) start(ctx context.Context, i int) {
 	if i < len(f.g.Nodes) && f.g.Nodes[i] != nil {
 		node = f.g.Nodes[i] // that upstream's node.* keys
 	}
-	feed, err := f.r.members[i].Feed(Group{Key: f.g.Key, Node: node, Cache: f.g.Cache,
+	feed, err := f.r.members[i].Feed(Group{ID: f.g.ID, Node: node, Cache: f.g.Cache,
 		Upstream: f.r.routes.Name(i), Interest: m.view,
 		Owns:       func(typeURL, name string) bool { return f.r.routes.Of(typeURL, name) == i },
 		Rejections: m.rejections, Prove: f.g.Prove, Fresh: f.g.Fresh})
@@ -265,7 +265,7 @@ func (f *routedFeed) start(ctx context.Context, i int) {
 		return slices.Index(f.members, a) - slices.Index(f.members, b)
 	})
 	f.mu.Unlock()
-	f.r.log.Info("group's stream to upstream opened", "group", xds.Clip(f.g.Key), "upstream", f.r.routes.Name(i))
+	f.r.log.Info("group's stream to upstream opened", "group", f.g.ID, "upstream", f.r.routes.Name(i))
 }
 
 // stop closes member i's feed once nothing it serves is wanted (the cache
@@ -278,7 +278,7 @@ func (f *routedFeed) stop(i int) {
 	f.running = slices.DeleteFunc(f.running, func(x *member) bool { return x == m })
 	f.mu.Unlock()
 	m.feed, m.cancel, m.done = nil, nil, nil
-	f.r.log.Info("group's stream to upstream closed: nothing it serves is wanted", "group", xds.Clip(f.g.Key),
+	f.r.log.Info("group's stream to upstream closed: nothing it serves is wanted", "group", f.g.ID,
 		"upstream", f.r.routes.Name(i))
 }
 

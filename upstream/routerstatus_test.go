@@ -35,7 +35,7 @@ func TestRoutedStatusWhileMembersStartAndStop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	feed, err := r.Feed(Group{Key: "g", Node: &corepb.Node{}, Cache: cache.New(cache.Options{Retention: time.Minute})})
+	feed, err := r.Feed(Group{ID: "g", Node: &corepb.Node{}, Cache: cache.New(cache.Options{Retention: time.Minute})})
 	if err != nil {
 		t.Fatal(err)
 	}

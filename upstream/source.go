@@ -27,7 +27,7 @@ type Source interface {
 
 // Group is what a source is told of a group of clients.
 type Group struct {
-	Key   string       // the group key, for logs and metrics
+	ID    string       // the group id (relay.GroupID), for logs and metrics
 	Node  *corepb.Node // the node presented upstream
 	Cache *cache.Cache // the group's cache, filled by the feed
 	// Nodes, for a Router, is the node presented to each upstream, by its
@@ -111,7 +111,7 @@ func NewADS(opts Options) (*ADS, error) {
 // group's fields from g.
 func (a *ADS) Feed(g Group) (Feed, error) {
 	o := a.opts
-	o.Node, o.Cache, o.Group, o.Interest, o.Owns, o.Rejections = g.Node, g.Cache, g.Key, g.Interest, g.Owns, g.Rejections
+	o.Node, o.Cache, o.Group, o.Interest, o.Owns, o.Rejections = g.Node, g.Cache, g.ID, g.Interest, g.Owns, g.Rejections
 	o.Prove, o.Fresh = g.Prove, g.Fresh
 	if g.Upstream != "" {
 		o.Upstream = g.Upstream

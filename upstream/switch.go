@@ -115,7 +115,7 @@ func NewSwitch(g Group, opts SwitchOptions) (*Switch, error) {
 		g.Interest = g.Cache
 	}
 	return &Switch{g: g, opts: opts, wanted: opts.Fallback, want: make(chan struct{}, 1),
-		log: opts.Logger.With("component", "upstream", "group", xds.Clip(g.Key))}, nil
+		log: opts.Logger.With("component", "upstream", "group", xds.Clip(g.ID))}, nil
 }
 
 // Want names the path to draw from; it takes over make-before-break. It
@@ -145,8 +145,8 @@ func (s *Switch) Serving() (p Path, fallback, ok bool) {
 // Run draws the group from the paths until ctx is done, then stops every
 // path's feed and waits for it.
 func (s *Switch) Run(ctx context.Context) {
-	defer s.opts.Metrics.Streams.Delete(s.g.Key)
-	defer s.opts.Metrics.Reconnects.Delete(s.g.Key)
+	defer s.opts.Metrics.Streams.Delete(s.g.ID)
+	defer s.opts.Metrics.Reconnects.Delete(s.g.ID)
 	defer s.stopAll()
 	s.settle(ctx)
 	t := time.NewTimer(time.Hour)
@@ -313,7 +313,7 @@ func (s *Switch) start(ctx context.Context, p Path) *run {
 // interest, the path's node, and every name its own (so that its client
 // leaves the group's series to the switch).
 func (s *Switch) group(p Path, v *view) Group {
-	g := Group{Key: s.g.Key, Node: s.g.Node, Nodes: s.g.Nodes, Cache: s.g.Cache, Interest: v, Prove: true, Fresh: p.Fresh,
+	g := Group{ID: s.g.ID, Node: s.g.Node, Nodes: s.g.Nodes, Cache: s.g.Cache, Interest: v, Prove: true, Fresh: p.Fresh,
 		Upstream: p.Upstream, Owns: func(string, string) bool { return true }}
 	if p.Node != nil {
 		g.Node, g.Nodes = p.Node, nil

@@ -36,7 +36,7 @@ func switchPath(t *testing.T, name string, cp *testcp.ControlPlane, m *Metrics) 
 // runSwitch runs a switch over the group of cluster "c" until the test ends.
 func runSwitch(t *testing.T, c *cache.Cache, opts SwitchOptions, first *Path) *Switch {
 	t.Helper()
-	sw, err := NewSwitch(Group{Key: "c", Node: &corepb.Node{Id: "relay", Cluster: "c"}, Cache: c}, opts)
+	sw, err := NewSwitch(Group{ID: "c", Node: &corepb.Node{Id: "relay", Cluster: "c"}, Cache: c}, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

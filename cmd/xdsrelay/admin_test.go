@@ -55,7 +55,7 @@ func TestAdminCommandOverMTLS(t *testing.T) {
 	adsClient(t, r.Addr(), "ingress-1") // a group, which only a private caller is shown
 	_, port, _ := net.SplitHostPort(r.AdminAddr())
 	server := "127.0.0.1:" + port // as kubectl port-forward makes it
-	tlsFlags := []string{"--server", server, "--ca-file", certs.CA, "--server-name", "localhost"}
+	tlsFlags := []string{"--admin", server, "--ca-file", certs.CA, "--server-name", "localhost"}
 	client := append(tlsFlags, "--cert-file", certs.ClientCert, "--key-file", certs.ClientKey)
 
 	code, out, errOut := runCLI(append([]string{"admin"}, append(client, "/debug/groups")...)...)
@@ -76,7 +76,7 @@ func TestAdminCommandOverMTLS(t *testing.T) {
 	if code, out, _ = runCLI(append([]string{"admin"}, append(tlsFlags, "/readyz")...)...); code != 0 || out != "ready\n" {
 		t.Errorf("admin /readyz without a client certificate: exit %d, %q, want the general answer", code, out)
 	}
-	code, _, errOut = runCLI("admin", "--server", server, "--ca-file", certs.CA, "/readyz")
+	code, _, errOut = runCLI("admin", "--admin", server, "--ca-file", certs.CA, "/readyz")
 	if code != 1 || !strings.Contains(errOut, "certificate") {
 		t.Errorf("admin without --server-name, by IP address: exit %d, %q, want a certificate error", code, errOut)
 	}
@@ -98,23 +98,23 @@ func TestRolloutReleaseCommand(t *testing.T) {
 
 	cp.Set(t, "c1", "2", timedCluster(13*time.Second)) // the canary NACKs it
 	eventually(t, func() string {
-		if code, out, _ := runCLI("admin", "--server", r.AdminAddr(), "/debug/groups"); code != 0 || !strings.Contains(out, `"held": true`) {
+		if code, out, _ := runCLI("admin", "--admin", r.AdminAddr(), "/debug/groups"); code != 0 || !strings.Contains(out, `"held": true`) {
 			return fmt.Sprintf("no held rollout: exit %d, %s", code, out)
 		}
 		return ""
 	})
 	key := relay.GroupKey(&corepb.Node{Id: "node-a", Cluster: "c1"}, cfg.Upstream.GroupBy)
-	code, out, errOut := runCLI("rollout", "release", "--server", r.AdminAddr(), "--group", key, "--type", "clusters")
+	code, out, errOut := runCLI("rollout", "release", "--admin", r.AdminAddr(), "--group", key, "--type", "clusters")
 	if code != 0 || !strings.Contains(out, fmt.Sprintf("released a change of 1 Cluster resources in group %q, NACKed by canary \"node-", key)) ||
 		!strings.Contains(out, "13s is too slow") {
 		t.Fatalf("rollout release: exit %d, %q %q", code, out, errOut)
 	}
 	a.wait(t, "13s")
 	b.wait(t, "13s")
-	if code, out, _ := runCLI("rollout", "release", "--server", r.AdminAddr()); code != 0 || out != "nothing was held\n" {
+	if code, out, _ := runCLI("rollout", "release", "--admin", r.AdminAddr()); code != 0 || out != "nothing was held\n" {
 		t.Errorf("a second release: exit %d, %q", code, out)
 	}
-	if code, _, errOut := runCLI("rollout", "release", "--server", r.AdminAddr(), "--group", "nope"); code != 1 || !strings.Contains(errOut, `no group "nope"`) {
+	if code, _, errOut := runCLI("rollout", "release", "--admin", r.AdminAddr(), "--group", "nope"); code != 1 || !strings.Contains(errOut, `no group "nope"`) {
 		t.Errorf("unknown group: exit %d, %q", code, errOut)
 	}
 }
@@ -242,7 +242,7 @@ func TestAdminCommandErrors(t *testing.T) {
 		c.Admin.Address = "127.0.0.1:0"
 		c.LogLevel = new(slog.LevelVar)
 	})
-	if code, out, errOut := runCLI("admin", "--server", "http://"+r.AdminAddr()+"/", "/readyz"); code != 0 || !strings.HasPrefix(out, "ready\n") {
+	if code, out, errOut := runCLI("admin", "--admin", "http://"+r.AdminAddr()+"/", "/readyz"); code != 0 || !strings.HasPrefix(out, "ready\n") {
 		t.Errorf("admin --server http://ADDR/ /readyz: exit %d, %q %q", code, out, errOut)
 	}
 
@@ -271,11 +271,11 @@ func TestAdminCommandErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"an unknown path", []string{"--server", r.AdminAddr(), "/nope"}, "xdsrelay: GET /nope: 404 Not Found: 404 page not found\n"},
-		{"a body the endpoint refuses", []string{"--server", r.AdminAddr(), "-X", "PUT", "-d", "loud", "/debug/loglevel"},
+		{"an unknown path", []string{"--admin", r.AdminAddr(), "/nope"}, "xdsrelay: GET /nope: 404 Not Found: 404 page not found\n"},
+		{"a body the endpoint refuses", []string{"--admin", r.AdminAddr(), "-X", "PUT", "-d", "loud", "/debug/loglevel"},
 			"xdsrelay: PUT /debug/loglevel: 400 Bad Request: want one of debug, info, warn, error\n"},
-		{"a refused connection", []string{"--server", deadAddr(t), "/readyz"}, "connection refused"},
-		{"no answer within --timeout", []string{"--server", silent.Addr().String(), "--timeout", "200ms", "/readyz"}, "context deadline exceeded"},
+		{"a refused connection", []string{"--admin", deadAddr(t), "/readyz"}, "connection refused"},
+		{"no answer within --timeout", []string{"--admin", silent.Addr().String(), "--timeout", "200ms", "/readyz"}, "context deadline exceeded"},
 	} {
 		code, out, errOut := runCLI(append([]string{"admin"}, tc.args...)...)
 		if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, tc.want) {
@@ -356,7 +356,7 @@ func deadAddr(t *testing.T) string {
 // still 404.
 func TestAdminIndex(t *testing.T) {
 	r := startFileRelay(t, t.TempDir(), func(c *relay.Config) { c.Admin.Address = "127.0.0.1:0" })
-	code, out, errOut := runCLI("admin", "--server", r.AdminAddr(), "/")
+	code, out, errOut := runCLI("admin", "--admin", r.AdminAddr(), "/")
 	if code != 0 || !strings.HasPrefix(out, "xdsrelay admin endpoint (docs/admin.md)") {
 		t.Fatalf("admin /: exit %d, %q %q", code, out, errOut)
 	}
@@ -369,7 +369,7 @@ func TestAdminIndex(t *testing.T) {
 			t.Errorf("docs/admin.md lacks %s", p.Shown())
 		}
 	}
-	if code, _, errOut := runCLI("admin", "--server", r.AdminAddr(), "/nope"); code != 1 || !strings.Contains(errOut, "404") {
+	if code, _, errOut := runCLI("admin", "--admin", r.AdminAddr(), "/nope"); code != 1 || !strings.Contains(errOut, "404") {
 		t.Errorf("admin /nope: exit %d, %q", code, errOut)
 	}
 }

@@ -71,7 +71,7 @@ func TestBuiltBinaryPapercuts(t *testing.T) {
 	if !readUntil(t, stdout, "name: greeter-cluster") {
 		t.Fatal("watch printed no greeter-cluster")
 	}
-	out, err = exec.Command(bin, "admin", "--server", admin, "/debug/groups").CombinedOutput()
+	out, err = exec.Command(bin, "admin", "--admin", admin, "/debug/groups").CombinedOutput()
 	if exit(err) != 0 || !strings.Contains(string(out), `"user_agent": "envoy/1.31"`) {
 		t.Errorf("/debug/groups: %s", out)
 	}
@@ -81,7 +81,7 @@ func TestBuiltBinaryPapercuts(t *testing.T) {
 	}
 
 	// The admin endpoint's index.
-	out, err = exec.Command(bin, "admin", "--server", admin, "/").CombinedOutput()
+	out, err = exec.Command(bin, "admin", "--admin", admin, "/").CombinedOutput()
 	if exit(err) != 0 || !regexp.MustCompile(`(?m)^GET /debug/groups +private and local callers$`).Match(out) {
 		t.Errorf("admin /: %s", out)
 	}

@@ -31,9 +31,10 @@ func (e configError) Error() string { return e.err.Error() }
 // exitCode prints err (one line) and returns the exit code for it.
 func exitCode(err error, stderr io.Writer) int {
 	var (
-		st  exitStatus
-		use usageError
-		cfg configError
+		st    exitStatus
+		use   usageError
+		cfg   configError
+		files filesError
 	)
 	switch {
 	case err == nil:
@@ -44,8 +45,11 @@ func exitCode(err error, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "xdsrelay: %v (see %s --help)\n", use.err, use.cmd.CommandPath())
 		return 2
 	case errors.As(err, &cfg):
-		fmt.Fprintln(stderr, "xdsrelay:", cfg.err)
+		printErrors(stderr, cfg.err)
 		return 2
+	case errors.As(err, &files):
+		printErrors(stderr, files.err)
+		return 1
 	default:
 		fmt.Fprintln(stderr, "xdsrelay:", err)
 		return 1
@@ -163,7 +167,7 @@ func newRootCmd(environ []string) *cobra.Command {
 	root.Flags().StringVar(&config, "config", "", "read the configuration from `FILE` (YAML); without it, defaults and the environment only")
 	root.Flags().BoolVar(&showVersion, "version", false, "print the version and exit")
 	root.SetFlagErrorFunc(flagError)
-	root.AddCommand(newServeCmd(environ), newValidateCmd(environ), newStatusCmd(), newWatchCmd(), newPersistCmd(), newGuardCmd(),
+	root.AddCommand(newServeCmd(environ), newValidateCmd(environ), newStatusCmd(), newWatchCmd(), newGroupsCmd(), newPersistCmd(), newGuardCmd(),
 		newRolloutCmd(), newWaitCmd(), newConfigDumpCmd(), newAdminCmd(), newVersionCmd(), newDocsCmd())
 	defaultHelp := root.HelpFunc()
 	root.SetHelpFunc(func(cmd *cobra.Command, args []string) {

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"net"
@@ -204,8 +206,20 @@ func (s *csds) FetchClientStatus(_ context.Context, req *statuspb.ClientStatusRe
 			edge,
 			gen(resourcev3.ClusterType, "missing", "", adminpb.ClientResourceStatus_DOES_NOT_EXIST),
 			gen(resourcev3.RouteType, "r", "", adminpb.ClientResourceStatus_REQUESTED),
+			gen(resourcev3.SecretType, "s", "v3", adminpb.ClientResourceStatus_REQUESTED), // sent, not acknowledged
 		},
 	}}}, nil
+}
+
+// shortVersion is the version status shows for a client that holds these
+// names at these versions (name, version, ...), in name order: the first 8
+// hex digits of the SHA-256 of each name and version followed by a NUL.
+func shortVersion(pairs ...string) string {
+	h := sha256.New()
+	for _, p := range pairs {
+		h.Write([]byte(p + "\x00"))
+	}
+	return hex.EncodeToString(h.Sum(nil))[:8]
 }
 
 func startCSDS(t *testing.T) (string, *csds) {
@@ -238,14 +252,32 @@ func TestStatus(t *testing.T) {
 	if got := (<-s.reqs).GetNodeMatchers()[0].GetNodeId().GetExact(); got != "n1" {
 		t.Errorf("asked for node %q, want n1", got)
 	}
+	// One version per type, of what the client holds, and its state.
 	for _, row := range []string{
-		`NODE\s+CLUSTER\s+TYPE\s+VERSION\s+ACKED\s+NACKED\s+REQUESTED\s+DOES_NOT_EXIST\n`,
-		`n1\s+c1\s+CDS\s+v1\s+1\s+1\s+0\s+1\n`,
-		`n1\s+c1\s+LDS\s+v2\s+1\s+0\s+0\s+0\n`,
-		`n1\s+c1\s+RDS\s+-\s+0\s+0\s+1\s+0\n`,
+		`NODE\s+CLUSTER\s+TYPE\s+VERSION\s+STATUS\n`,
+		`n1\s+c1\s+CDS\s+` + shortVersion("backend", "v1", "other", "v1") + `\s+NACKED\n`,
+		`n1\s+c1\s+LDS\s+` + shortVersion("edge", "v2") + `\s+SYNCED\n`,
+		`n1\s+c1\s+RDS\s+-\s+NOT SENT\n`,
+		`n1\s+c1\s+SDS\s+` + shortVersion("s", "v3") + `\s+STALE\n`,
 	} {
 		if !regexp.MustCompile(row).MatchString(out.String()) {
 			t.Errorf("no row matches %s:\n%s", row, out.String())
+		}
+	}
+	out.Reset()
+	if c := run(context.Background(), []string{"status", "--server", addr, "-o", "wide"}, nil, &out, &errOut); c != 0 {
+		t.Fatalf("-o wide: exit %d: %s", c, errOut.String())
+	}
+	<-s.reqs
+	// -o wide: the resources' own versions and their counts too.
+	for _, row := range []string{
+		`NODE\s+CLUSTER\s+TYPE\s+VERSION\s+STATUS\s+RESOURCE VERSIONS\s+ACKED\s+NACKED\s+REQUESTED\s+DOES_NOT_EXIST\n`,
+		`n1\s+c1\s+CDS\s+[0-9a-f]{8}\s+NACKED\s+v1\s+1\s+1\s+0\s+1\n`,
+		`n1\s+c1\s+LDS\s+[0-9a-f]{8}\s+SYNCED\s+v2\s+1\s+0\s+0\s+0\n`,
+		`n1\s+c1\s+RDS\s+-\s+NOT SENT\s+-\s+0\s+0\s+1\s+0\n`,
+	} {
+		if !regexp.MustCompile(row).MatchString(out.String()) {
+			t.Errorf("-o wide: no row matches %s:\n%s", row, out.String())
 		}
 	}
 	if i, j := strings.Index(out.String(), "CDS"), strings.Index(out.String(), "LDS"); i > j {
@@ -326,6 +358,46 @@ func TestPersistInspect(t *testing.T) {
 	}
 	if strings.Count(errOut.String(), "\n") != 1 || !strings.Contains(errOut.String(), bad) {
 		t.Errorf("stderr %q: want one line naming the file", errOut.String())
+	}
+}
+
+// Two groups that differ only in their clients' user agents are saved as
+// two caches, and persist inspect names each by its group id and whole
+// key, as the relay does, not by the cluster they share.
+func TestPersistInspectNamesGroups(t *testing.T) {
+	dir, saved := t.TempDir(), t.TempDir()
+	writeFile(t, filepath.Join(dir, "listener.yaml"), listenerFile("10001"))
+	r := startFileRelay(t, dir, func(c *relay.Config) {
+		c.Cache.PersistDir = saved
+		c.Cache.PersistInterval = 20 * time.Millisecond
+	})
+	for _, agent := range []string{"envoy", "grpc"} {
+		st := sotwADS(t, r.Addr(), cliWait)
+		n := &corepb.Node{Id: "n-" + agent, Cluster: "load", UserAgentName: agent,
+			ClientFeatures: []string{"envoy.lb.does_not_support_overprovisioning", "envoy.lrs.supports_send_all_clusters"}}
+		if err := st.Send(&discoverypb.DiscoveryRequest{Node: n, TypeUrl: resourcev3.ListenerType}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, func() string {
+		if files, _ := filepath.Glob(filepath.Join(saved, "group-*.cache")); len(files) != 2 {
+			return fmt.Sprintf("not two cache files saved: %q", files)
+		}
+		return ""
+	})
+	code, out, errOut := runCLI("persist", "inspect", saved)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, agent := range []string{"envoy", "grpc"} {
+		key := "cluster=load,user_agent=" + agent + ",client_features=envoy.lb.does_not_support_overprovisioning,envoy.lrs.supports_send_all_clusters"
+		want := "group: " + relay.GroupID(key) + "\nkey: " + key + "\n"
+		if !strings.Contains(out, want) {
+			t.Errorf("persist inspect does not show %q:\n%s", want, out)
+		}
 	}
 }
 
@@ -410,7 +482,7 @@ func TestStatusAgainstTheRelay(t *testing.T) {
 		if c := run(context.Background(), []string{"status", "--server", r.Addr()}, nil, &out, &errOut); c != 0 {
 			t.Fatalf("exit %d: %s", c, errOut.String())
 		}
-		if regexp.MustCompile(`proxy-7\s+c1\s+LDS\s+\S+\s+1\s+0\s+0\s+0\n`).MatchString(out.String()) {
+		if regexp.MustCompile(`proxy-7\s+c1\s+LDS\s+[0-9a-f]{8}\s+SYNCED\n`).MatchString(out.String()) {
 			return
 		}
 		if time.Now().After(deadline) {

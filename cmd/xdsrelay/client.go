@@ -22,11 +22,12 @@ type clientFlags struct {
 	server string
 	tls    bool
 	files  creds.TLS
+	sniff  sniffed // what the server said first (ports.go)
 }
 
 func (f *clientFlags) add(cmd *cobra.Command) {
 	fs := cmd.Flags()
-	fs.StringVar(&f.server, "server", "", "connect to `ADDR` (host:port), the relay's downstream gRPC port or a control plane (required)")
+	fs.StringVar(&f.server, "server", "", "connect to `ADDR` (host:port), the relay's xDS port (downstream.address) or a control plane (required)")
 	fs.BoolVar(&f.tls, "tls", false, "connect with TLS, verifying the server against the system roots (implied by the other TLS flags)")
 	fs.StringVar(&f.files.CAFile, "ca-file", "", "verify the server against the CA bundle in `FILE` (implies --tls)")
 	fs.StringVar(&f.files.CertFile, "cert-file", "", "present the client certificate in `FILE` (mTLS; with --key-file)")
@@ -41,12 +42,18 @@ func (f *clientFlags) dial(ctx context.Context) (cc *grpc.ClientConn, close func
 	if err != nil {
 		return nil, nil, err
 	}
-	cc, err = grpc.NewClient(f.server, grpc.WithTransportCredentials(tc))
+	cc, err = grpc.NewClient(f.server, grpc.WithTransportCredentials(tc), grpc.WithContextDialer(f.sniff.dial))
 	if err != nil {
 		done()
 		return nil, nil, fmt.Errorf("--server: %w", err)
 	}
 	return cc, func() { cc.Close(); done() }, nil
+}
+
+// explain turns the error of a call on the connection into a wrongPort
+// when the server answered as the admin endpoint does (ports.go).
+func (f *clientFlags) explain(err error) error {
+	return xdsWrongPort(f.server, err, f.sniff.bytes())
 }
 
 // credentials are the transport credentials the flags ask for.

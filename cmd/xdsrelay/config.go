@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -24,25 +25,60 @@ type Options struct {
 }
 
 // loadConfig reads the file (if any) and environ (KEY=value entries, as from
-// os.Environ); the environment overrides the file. An error is one line
-// naming the key. unknownEnv lists the XDSRELAY_ variables that set no key,
-// for the caller to warn about.
+// os.Environ); the environment overrides the file. The error holds every
+// error found (errors.Join), each one line naming its key; the options are
+// then what loaded, a key that did not at its default. unknownEnv lists
+// the XDSRELAY_ variables that set no key, for the caller to warn about.
 func loadConfig(file string, environ []string) (o Options, unknownEnv []string, err error) {
-	fileVals, err := readFile(file)
-	if err != nil {
-		return Options{}, nil, err
-	}
+	fileVals, errs, unknown := readFile(file)
 	env, unknownEnv := splitEnv(environ)
 	o = defaultOptions()
-	for _, s := range settings(&o) {
-		if err := apply(s, fileVals, env); err != nil {
-			return Options{}, nil, err
+	failed := map[string]bool{} // keys left at their defaults: what is said of their values would mislead
+	for _, k := range unknown {
+		if near := nearestKey(k); near != "" {
+			failed[near] = true // a misspelling
 		}
 	}
-	if err := finish(&o); err != nil {
-		return Options{}, nil, err
+	for _, s := range settings(&o) {
+		if err := apply(s, fileVals, env); err != nil {
+			errs = append(errs, err)
+			failed[s.key] = true
+		}
 	}
-	return o, unknownEnv, nil
+	for _, e := range finish(&o) {
+		if !aboutKeys(e, failed) {
+			errs = append(errs, e)
+		}
+	}
+	return o, unknownEnv, errors.Join(errs...)
+}
+
+// aboutKeys reports whether err is about one of keys: its text begins with
+// the key.
+func aboutKeys(err error, keys map[string]bool) bool {
+	msg := err.Error()
+	for k := range keys {
+		if rest, ok := strings.CutPrefix(msg, k); ok && rest != "" && strings.ContainsRune(":.[ ", rune(rest[0])) {
+			return true
+		}
+	}
+	return false
+}
+
+// eachError calls f with each error that err joins (errors.Join), or err.
+func eachError(err error, f func(error)) {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			eachError(e, f)
+		}
+		return
+	}
+	f(err)
+}
+
+// printErrors writes each error err joins on a line of its own.
+func printErrors(w io.Writer, err error) {
+	eachError(err, func(e error) { fmt.Fprintln(w, "xdsrelay:", e) })
 }
 
 // apply sets s from the environment, else from the file, else leaves the
@@ -73,47 +109,52 @@ func keyOf(s setting, err error) (string, error) {
 	return s.key, err
 }
 
-// finish checks what spans keys and validates the relay's configuration.
-func finish(o *Options) error {
+// finish checks what spans keys and validates the relay's configuration:
+// every error.
+func finish(o *Options) []error {
+	var errs []error
 	if o.LogFormat != "text" && o.LogFormat != "json" {
-		return fmt.Errorf("log.format: %q is not text or json", o.LogFormat)
+		errs = append(errs, fmt.Errorf("log.format: %q is not text or json", o.LogFormat))
 	}
 	if o.Tracing.Endpoint != "" {
 		if _, _, err := net.SplitHostPort(o.Tracing.Endpoint); err != nil {
-			return fmt.Errorf("tracing.otlp_endpoint: %q is not host:port", o.Tracing.Endpoint)
+			errs = append(errs, fmt.Errorf("tracing.otlp_endpoint: %q is not host:port", o.Tracing.Endpoint))
 		}
 		o.Relay.Tracing = true
 	}
-	return o.Relay.Validate()
+	return append(errs, o.Relay.Problems()...)
 }
 
-// readFile returns the file's values by key; nothing when file is "". A key
-// the relay does not know is an error: a typo must not silently leave a
-// default in place.
-func readFile(file string) (map[string]any, error) {
+// readFile returns the file's values by key, without the keys it does not
+// know (unknown); nothing when file is "". A key the relay does not know
+// is an error, each one: a typo must not silently leave a default in
+// place.
+func readFile(file string) (vals map[string]any, errs []error, unknown []string) {
 	if file == "" {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err := sameKeysInCase(file); err != nil {
-		return nil, err
+		return nil, []error{err}, nil
 	}
 	v := viper.New()
 	v.SetConfigFile(file)
 	v.SetConfigType("yaml")
 	if err := v.ReadInConfig(); err != nil {
-		return nil, fmt.Errorf("config %s: %w", file, err)
+		return nil, []error{fmt.Errorf("config %s: %w", file, err)}, nil
 	}
 	known := settingsByKey(new(Options))
-	vals := flatten("", v.AllSettings(), known)
+	vals = flatten("", v.AllSettings(), known)
 	for _, k := range slices.Sorted(maps.Keys(vals)) {
 		if _, ok := known[k]; !ok {
-			return nil, fmt.Errorf("config %s: unknown key %q", file, k)
+			errs = append(errs, fmt.Errorf("config %s: unknown key %q", file, k))
+			unknown = append(unknown, k)
+			delete(vals, k)
 		}
 	}
 	if err := keepCase(file, vals, known); err != nil {
-		return nil, err
+		errs = append(errs, err)
 	}
-	return vals, nil
+	return vals, errs, unknown
 }
 
 // flatten turns nested sections into dotted keys, stopping at known keys

@@ -226,9 +226,12 @@ scraper asks for it. Beside them the Go runtime's (` + "`go_*`" + `) and the
 process's (` + "`process_*`" + `) families are served, from the Prometheus client
 library's collectors.
 
-Label values are bounded: no metric is labelled with a node id, and a value
-longer than 64 bytes or not valid UTF-8 (a ` + "`group`" + ` key is built from node
-fields that clients choose) is replaced by ` + "`sha256:`" + ` and 16 hex digits. With
+Label values are bounded: no metric is labelled with a node id; the
+` + "`group`" + ` label is the group's id, the one name the logs, the admin endpoint and
+the commands give it (the key itself, or a prefix of a key longer than 48
+bytes and 12 hex digits of its hash: at most 45 bytes; ` + "`xdsrelay groups`" + `
+maps it to the whole key); any other value longer than 64 bytes or not
+valid UTF-8 is replaced by ` + "`sha256:`" + ` and 16 hex digits. With
 ` + "`metrics.group_label: false`" + ` the ` + "`group`" + ` label is dropped: the groups' series are
 summed, or for the families marked *largest*, the largest is kept.
 

@@ -53,7 +53,7 @@ func TestWaitTiersFollowsTheFleet(t *testing.T) {
 	}
 	args := []string{"wait", "--type", "clusters", "--timeout", "20s"}
 	for _, r := range rs {
-		args = append(args, "--server", r.AdminAddr())
+		args = append(args, "--admin", r.AdminAddr())
 	}
 	// Once the two other members draw c1 from its owner: 5 streams in all.
 	deadline := time.Now().Add(cliWait)
@@ -78,7 +78,7 @@ func TestWaitTiersFollowsTheFleet(t *testing.T) {
 		from := map[*relay.Relay]string{}
 		var owner *relay.Relay
 		for _, r := range rs {
-			code, out, errOut := runCLI("status", "--summary", "--server", r.AdminAddr())
+			code, out, errOut := runCLI("status", "--summary", "--admin", r.AdminAddr())
 			if code != 0 || !strings.Contains(out, "FROM") {
 				t.Fatalf("status --summary: exit %d, %s%s", code, out, errOut)
 			}

@@ -20,16 +20,17 @@ func newGuardListCmd() *cobra.Command {
 	return newListCmd("List the removals the guard holds",
 		`Asks the relay's admin endpoint (GET /debug/guard/holds) for the guard's
 holds, what guard release would end: per group and type, the removals
-held, since when, and whether it is a wipe's short hold. --group (the key
-as /debug/groups shows it) and --type narrow it.`, "/debug/guard/holds", printHoldTable)
+held, since when, and whether it is a wipe's short hold. --group (the
+group's id, as xdsrelay groups shows it, or its whole key) and --type
+narrow it.`, "/debug/guard/holds", printHoldTable)
 }
 
 func newGuardReleaseCmd() *cobra.Command {
 	return newReleaseCmd("Release held removals: the clients get them now",
 		`Asks the relay's admin endpoint (POST /debug/guard/release) to end the
-guard's holds and apply their removals: of one group (the key as
-/debug/groups shows it) or all, of one type (endpoints, EDS,
-ClusterLoadAssignment or a type URL) or all.`, "/debug/guard/release", printHolds)
+guard's holds and apply their removals: of one group (its id, as
+xdsrelay groups and /debug/groups show it, or its whole key) or all, of
+one type (endpoints, EDS, ClusterLoadAssignment or a type URL) or all.`, "/debug/guard/release", printHolds)
 }
 
 // newReleaseCmd is a "release" subcommand: it POSTs path on the admin
@@ -41,13 +42,16 @@ func newReleaseCmd(short, long, path string, print func(io.Writer, []byte) error
 		group, typ string
 	)
 	cmd := &cobra.Command{
-		Use:   "release --server ADMIN_ADDR [--group G] [--type T]",
+		Use:   "release --admin ADMIN_ADDR [--group G] [--type T]",
 		Short: short,
 		Long: long + ` The admin endpoint must be private to the caller:
 loopback, or admin.tls with a client certificate (--ca-file, --cert-file,
 --key-file; --server-name through kubectl port-forward).`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := af.check(cmd); err != nil {
+				return err
+			}
 			q, err := releaseQuery(cmd, group, typ)
 			if err != nil {
 				return err
@@ -66,15 +70,12 @@ loopback, or admin.tls with a client certificate (--ca-file, --cert-file,
 
 // addReleaseFlags adds --group and --type, which narrow a release.
 func addReleaseFlags(cmd *cobra.Command, group, typ *string) {
-	cmd.Flags().StringVar(group, "group", "", "only the group with this `KEY`, as /debug/groups shows it (all groups without it)")
+	cmd.Flags().StringVar(group, "group", "", "only the group with this `ID` (as xdsrelay groups shows it) or whole key (all groups without it)")
 	cmd.Flags().StringVar(typ, "type", "", "only this `TYPE`: clusters, Cluster, cds or a type URL, as watch --type (all types without it)")
 }
 
 // releaseQuery checks a release's flags and makes its query.
 func releaseQuery(cmd *cobra.Command, group, typ string) (url.Values, error) {
-	if err := required(cmd, "server"); err != nil {
-		return nil, err
-	}
 	return scopeQuery(cmd, group, typ)
 }
 

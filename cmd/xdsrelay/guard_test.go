@@ -88,7 +88,7 @@ func TestGuardReleaseCommand(t *testing.T) {
 		t.Fatalf("guard list -o json: exit %d: %q %s", c, out.String(), errOut.String())
 	}
 	out.Reset()
-	if c := run(context.Background(), []string{"guard", "release", "--server", r.AdminAddr(), "--type", "clusters"}, nil, &out, &errOut); c != 0 {
+	if c := run(context.Background(), []string{"guard", "release", "--admin", r.AdminAddr(), "--type", "clusters"}, nil, &out, &errOut); c != 0 {
 		t.Fatalf("exit %d: %s", c, errOut.String())
 	}
 	if !strings.Contains(out.String(), `released 12 removals of Cluster in group "cluster=c1,user_agent=,client_features="`) {
@@ -110,11 +110,11 @@ func TestGuardReleaseCommand(t *testing.T) {
 		t.Fatalf("guard list after the release: exit %d: %q %s", c, out.String(), errOut.String())
 	}
 
-	if c := run(context.Background(), []string{"guard", "release", "--server", r.AdminAddr(), "--group", "nope"}, nil, &out, &errOut); c != 1 ||
+	if c := run(context.Background(), []string{"guard", "release", "--admin", r.AdminAddr(), "--group", "nope"}, nil, &out, &errOut); c != 1 ||
 		!strings.Contains(errOut.String(), `no group "nope"`) {
 		t.Fatalf("unknown group: exit %d: %s", c, errOut.String())
 	}
-	if c := run(context.Background(), []string{"guard", "release", "--server", r.AdminAddr(), "--type", "bogus"}, nil, &out, &errOut); c != 2 {
+	if c := run(context.Background(), []string{"guard", "release", "--admin", r.AdminAddr(), "--type", "bogus"}, nil, &out, &errOut); c != 2 {
 		t.Fatalf("bad type: exit %d", c)
 	}
 }

@@ -41,7 +41,7 @@ func newLogger(format string, w io.Writer, level slog.Leveler) *slog.Logger {
 func runRelay(ctx context.Context, configFile string, environ []string, stderr io.Writer) int {
 	opts, unknownEnv, err := loadConfig(configFile, environ)
 	if err != nil {
-		fmt.Fprintln(stderr, "xdsrelay:", err)
+		printErrors(stderr, err)
 		return 2
 	}
 	level := new(slog.LevelVar)

@@ -80,8 +80,14 @@ func inspectFile(w io.Writer, path string) error {
 	return printSaved(w, node, states)
 }
 
-// printSaved writes the node, a summary per type, then every resource.
+// printSaved writes the group (its id and whole key), the node, a summary
+// per type, then every resource.
 func printSaved(w io.Writer, node *corepb.Node, states []cache.TypeState) error {
+	if key := relay.SavedKey(node); key != "" {
+		fmt.Fprintf(w, "group: %s\nkey: %s\n", relay.GroupID(key), xds.Clip(key))
+	} else {
+		fmt.Fprintln(w, "group: - (the file was saved before saved caches named their group)")
+	}
 	fmt.Fprintf(w, "node: id=%s cluster=%s\n\n", orDash(node.GetId()), orDash(node.GetCluster()))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TYPE\tRESOURCES\tABSENT\tWILDCARD")

@@ -126,7 +126,14 @@ func TestReadmeWatchAndStatus(t *testing.T) {
 	if len(status) != 1 {
 		t.Fatalf("the README's status block: %d commands", len(status))
 	}
-	want := strings.Split(strings.TrimSpace(docBlock(t, "README.md", "text", "DOES_NOT_EXIST")), "\n")
+	want := strings.Split(strings.TrimSpace(docBlock(t, "README.md", "text", "STATUS")), "\n")
+	// The README says a REST poll of the same resources answers the status
+	// version whole: its two examples agree (TestStatusShortVersions holds
+	// the relay to it).
+	rest := regexp.MustCompile(`"versionInfo":"([0-9a-f]+)"`).FindStringSubmatch(docBlock(t, "README.md", "text", `"versionInfo"`))
+	if f := strings.Fields(want[len(want)-1]); len(rest) != 2 || len(f) < 4 || !strings.HasPrefix(rest[1], f[3]) {
+		t.Errorf("the README's status version %q does not begin its REST version_info %q", f, rest)
+	}
 	eventually(t, func() string { // the watch's ACK may still be on its way
 		code, got, errOut := runCLI(relayArgs(t, status[0], r.Addr())...)
 		lines := strings.Split(strings.TrimSpace(got), "\n")

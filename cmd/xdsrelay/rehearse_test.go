@@ -103,7 +103,7 @@ func TestWatchPosesAsEnvoy(t *testing.T) {
 	stop := runAsync(t, out, "watch", "--server", r.Addr(), "--node-id", "watcher", "--cluster", "c1", "--type", "cds",
 		"--user-agent", "envoy/1.31.0", "--client-feature", features[1], "--client-feature", features[0])
 	waitForOutput(t, out, "name: c0")
-	_, groups, _ := runCLI("admin", "--server", r.AdminAddr(), "/debug/groups")
+	_, groups, _ := runCLI("admin", "--admin", r.AdminAddr(), "/debug/groups")
 	if n := strings.Count(groups, `"key"`); n != 1 || !strings.Contains(groups, `"clients": 2`) || !strings.Contains(groups, `"user_agent": "envoy/1.31"`) {
 		t.Errorf("/debug/groups: %d groups, want one of two clients with user agent envoy/1.31 (kinds are MAJOR.MINOR):\n%s", n, groups)
 	}
@@ -132,7 +132,7 @@ func TestWatchNacks(t *testing.T) {
 		waitForOutput(t, errOut, tc.stderr)
 		nacked := regexp.MustCompile(`"variant": "` + tc.variant + `",[^\]]*"last_nack_error": "xdsrelay watch: --nack rejects every response"`)
 		eventually(t, func() string {
-			if _, clients, _ := runCLI("admin", "--server", r.AdminAddr(), "/debug/clients"); !nacked.MatchString(clients) {
+			if _, clients, _ := runCLI("admin", "--admin", r.AdminAddr(), "/debug/clients"); !nacked.MatchString(clients) {
 				return fmt.Sprintf("%s: /debug/clients shows no NACK from watch:\n%s", tc.variant, clients)
 			}
 			return ""

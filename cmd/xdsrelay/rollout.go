@@ -29,9 +29,9 @@ func newRolloutReleaseCmd() *cobra.Command {
 	return newReleaseCmd("Release changes a canary NACKed: the whole group gets them",
 		`Asks the relay's admin endpoint (POST /debug/rollout/release) to release
 the changes held after a canary NACKed them, overriding the canary: of one
-group (the key as /debug/groups shows it) or all, changing one type (clusters,
-CDS, Cluster or a type URL) or any. They reach the group in
-order, after the changes before them.`, "/debug/rollout/release", printRollouts)
+group (its id, as xdsrelay groups shows it, or its whole key) or all,
+changing one type (clusters, CDS, Cluster or a type URL) or any. They
+reach the group in order, after the changes before them.`, "/debug/rollout/release", printRollouts)
 }
 
 // heldChange is a held change that was released, as the admin endpoint

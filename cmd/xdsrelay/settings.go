@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/xdsrelay/xdsrelay/fleet"
 	"github.com/xdsrelay/xdsrelay/relay"
 )
@@ -55,7 +57,7 @@ func settings(o *Options) []setting {
 		{"admin.advertise_address", kindString, &o.Relay.Admin.AdvertiseAddress, "The host:port at which the relay above reaches this relay's admin endpoint (a pod IP and the admin port), put in the node the relay presents upstream (metadata xdsrelay.admin) so that xdsrelay wait --tiers counts this relay's clients in its place; empty advertises nothing."},
 		{"admin.pprof", kindBool, &o.Relay.Admin.Pprof, "Serve Go's profiler (net/http/pprof) under /debug/pprof/ on the admin endpoint, to private callers only, with the mutex profile sampled (1 contention event in 100)."},
 		{"admin.ready_after_sync", kindBool, &o.Relay.Admin.ReadyAfterSync, "Report ready (/readyz, gRPC health) only once there is something to serve: a control-plane answer, the resource files, or a restored cache."},
-		{"metrics.group_label", kindBool, &o.Relay.Metrics.GroupLabel, "Per-group series on /metrics carry the group key as their group label (a key over 64 bytes as its sha256: hash); false sums them without it."},
+		{"metrics.group_label", kindBool, &o.Relay.Metrics.GroupLabel, "Per-group series on /metrics carry the group's id (as xdsrelay groups shows it) as their group label; false sums them without it."},
 		{"cache.retention", kindDuration, &c.Retention, "How long a resource nobody watches stays subscribed upstream and cached; also how long a new state-of-the-world stream to the control plane has to send a name held under the wildcard (other than Listeners and Clusters) before it is removed, 0 never."},
 		{"cache.max_resources", kindInt, &c.MaxResources, "Per group, resources past this many that nobody watches are dropped, least recently used first; 0 for no bound."},
 		{"cache.not_found_timeout", kindDuration, &c.NotFoundTimeout, "A requested name that has not arrived from upstream this long after it was first asked for is reported to incremental clients as not existing; 0 disables."},
@@ -285,10 +287,35 @@ func decodeBool(raw any, dst *bool) error {
 	return fmt.Errorf("want true or false, got %v", raw)
 }
 
-// decodeList reads a YAML list of strings, or a comma-separated string from
-// the environment. A YAML scalar is not a list of one: it is an error.
+// fromFlow reads a value from the environment written as YAML writes it
+// in a flow, [a, b] or {k: v} (as config.example.yaml shows the keys):
+// the decoded value, and whether it was one.
+func fromFlow(s string, open string) (any, bool, error) {
+	s = strings.TrimSpace(s)
+	if !strings.HasPrefix(s, open) {
+		return nil, false, nil
+	}
+	var v any
+	if err := yaml.Unmarshal([]byte(s), &v); err != nil {
+		return nil, true, fmt.Errorf("%q does not read as YAML: %w", s, err)
+	}
+	return v, true, nil
+}
+
+// decodeList reads a YAML list of strings, or from the environment a
+// comma-separated string or a YAML flow list ([a, b], [] for none). A
+// YAML scalar is not a list of one: it is an error.
 func decodeList(raw any, fromEnv bool, dst *[]string) error {
 	if s, ok := raw.(string); ok && fromEnv {
+		if v, flow, err := fromFlow(s, "["); flow {
+			if err != nil {
+				return err
+			}
+			if v == nil {
+				v = []any{}
+			}
+			return decodeList(v, false, dst)
+		}
 		var out []string
 		for _, e := range strings.Split(s, ",") {
 			if e = strings.TrimSpace(e); e != "" {
@@ -314,10 +341,19 @@ func decodeList(raw any, fromEnv bool, dst *[]string) error {
 	return nil
 }
 
-// decodeMap reads a YAML map of strings, or name=value pairs separated by
-// commas from the environment.
+// decodeMap reads a YAML map of strings, or from the environment name=value
+// pairs separated by commas or a YAML flow map ({name: value}).
 func decodeMap(raw any, fromEnv bool, dst *map[string]string) error {
 	if s, ok := raw.(string); ok && fromEnv {
+		if v, flow, err := fromFlow(s, "{"); flow {
+			if err != nil {
+				return err
+			}
+			if v == nil {
+				v = map[string]any{}
+			}
+			return decodeMap(v, false, dst)
+		}
 		return decodePairs(s, dst)
 	}
 	m, ok := raw.(map[string]any)

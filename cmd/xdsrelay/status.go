@@ -27,38 +27,52 @@ import (
 func newStatusCmd() *cobra.Command {
 	var (
 		cf      clientFlags
+		admin   string
 		nodeID  string
 		output  string
 		timeout time.Duration
 		sum     bool
 	)
 	cmd := &cobra.Command{
-		Use:   "status --server ADDR [--node-id ID] [-o table|json] | status --summary --server ADMIN_ADDR",
+		Use:   "status --server ADDR [--node-id ID] [-o table|wide|json] | status --summary --admin ADMIN_ADDR",
 		Short: "Show what each client node has been sent and has acknowledged (CSDS)",
 		Long: `Asks the server's Client Status Discovery Service
-(envoy.service.status.v3.ClientStatusDiscoveryService, FetchClientStatus) for
-its clients' status and prints, per node and type, the versions sent and how
-many resources are ACKED, NACKED, REQUESTED and DOES_NOT_EXIST.
+(envoy.service.status.v3.ClientStatusDiscoveryService, FetchClientStatus) at
+--server, the relay's xDS port, for its clients' status and prints, per node
+and type, one short version of what the client holds and whether it is
+SYNCED, STALE or NACKED, as istioctl proxy-status does; -o wide adds the
+per-resource versions and how many resources are ACKED, NACKED, REQUESTED
+and DOES_NOT_EXIST.
 
-With --summary it asks the relay's admin endpoint instead (--server
+With --summary it reads the relay's admin endpoint instead (--admin
 ADMIN_ADDR, with the TLS flags as the admin commands take them; GET
-/debug/convergence) and prints, per group and type, how many clients
-accepted, rejected, are pending and are behind on the current versions,
-from counters the relay keeps as it goes: it costs the relay what the
-answer costs, whatever the number of clients.`,
+/debug/convergence) and prints, per group and type, its resources and its
+clients, each counted once: how many accepted everything they were sent,
+rejected something, are pending, are behind (owed a change not sent yet)
+and are waiting for a first answer, from counters the relay keeps as it
+goes: it costs the relay what the answer costs, whatever the number of
+clients. --server still names the
+admin endpoint with --summary, deprecated.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := required(cmd, "server"); err != nil {
-				return err
-			}
-			if output != "table" && output != "json" {
-				return usageError{cmd, fmt.Errorf("-o: %q is not table or json", output)}
+			if output != "table" && output != "wide" && output != "json" {
+				return usageError{cmd, fmt.Errorf("-o: %q is not table, wide or json", output)}
 			}
 			if sum {
 				if nodeID != "" {
 					return usageError{cmd, errors.New("--summary and --node-id: the summary counts every client")}
 				}
-				return statusSummary(cmd, cf, output, timeout)
+				af, err := summaryAdmin(cmd, &cf, admin, timeout)
+				if err != nil {
+					return err
+				}
+				return statusSummary(cmd, af, output)
+			}
+			if cmd.Flags().Changed("admin") {
+				return usageError{cmd, errors.New("--admin names the admin endpoint, which status --summary reads; status asks the xDS port, named by --server")}
+			}
+			if err := required(cmd, "server"); err != nil {
+				return err
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
@@ -69,24 +83,40 @@ answer costs, whatever the number of clients.`,
 			if output == "json" {
 				return printJSON(cmd.OutOrStdout(), resp)
 			}
-			return printStatus(cmd.OutOrStdout(), resp)
+			return printStatus(cmd.OutOrStdout(), resp, output == "wide")
 		},
 	}
 	cf.add(cmd)
+	cmd.Flags().StringVar(&admin, "admin", "", "with --summary, the relay's admin endpoint `ADDR` (admin.address)")
 	cmd.Flags().StringVar(&nodeID, "node-id", "", "only the node with this `ID` (all nodes without it)")
-	cmd.Flags().StringVarP(&output, "output", "o", "table", "`FORMAT`: table or json (the response as protojson)")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "`FORMAT`: table, wide (with every version and the counts of resources) or json (the response as protojson)")
 	cmd.Flags().DurationVar(&timeout, "timeout", 10*time.Second, "give up after this long")
-	cmd.Flags().BoolVar(&sum, "summary", false, "per group and type, the clients that accepted, rejected, are pending and behind, from the relay's admin endpoint at --server")
+	cmd.Flags().BoolVar(&sum, "summary", false, "per group and type, the clients that accepted, rejected, are pending and behind, from the relay's admin endpoint at --admin")
 	return cmd
 }
 
-// statusSummary prints /debug/convergence's summary, asked of the admin
-// endpoint at cf.server with cf's TLS files.
-func statusSummary(cmd *cobra.Command, cf clientFlags, output string, timeout time.Duration) error {
-	af := adminFlags{server: cf.server, files: cf.files, timeout: timeout}
+// summaryAdmin is the admin endpoint status --summary reads: --admin, or
+// --server, deprecated there, with the TLS flags.
+func summaryAdmin(cmd *cobra.Command, cf *clientFlags, admin string, timeout time.Duration) (adminFlags, error) {
+	af := adminFlags{server: admin, files: cf.files, timeout: timeout, flag: "--admin"}
+	switch fs := cmd.Flags(); {
+	case fs.Changed("admin") && fs.Changed("server"):
+		return af, usageError{cmd, errors.New("--summary with --admin and --server: name the admin endpoint once, with --admin")}
+	case fs.Changed("server"):
+		deprecatedServer(cmd)
+		af.server, af.flag = cf.server, "--server"
+	case !fs.Changed("admin"):
+		return af, usageError{cmd, errors.New("--summary needs --admin: the relay's admin endpoint (admin.address)")}
+	}
 	if cf.tls && !cf.files.Enabled() && !strings.Contains(af.server, "://") {
 		af.server = "https://" + af.server
 	}
+	return af, nil
+}
+
+// statusSummary prints /debug/convergence's summary, asked of the admin
+// endpoint af.
+func statusSummary(cmd *cobra.Command, af adminFlags, output string) error {
 	b, err := af.do(cmd.Context(), http.MethodGet, "/debug/convergence", url.Values{"limit": {"0"}}, "")
 	if err != nil {
 		return err
@@ -102,14 +132,14 @@ func statusSummary(cmd *cobra.Command, cf clientFlags, output string, timeout ti
 	}
 	tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 	from := fleetFrom(dc.FleetPaths)
-	fmt.Fprint(tw, "GROUP\tTYPE\tRESOURCES\tSUBSCRIBED\tACCEPTED\tREJECTED\tPENDING\tBEHIND\tOLDER")
+	fmt.Fprint(tw, "GROUP\tTYPE\tRESOURCES\tCLIENTS\tACCEPTED\tREJECTED\tPENDING\tBEHIND\tWAITING")
 	if from != nil {
 		fmt.Fprint(tw, "\tFROM")
 	}
 	fmt.Fprintln(tw)
 	for _, s := range dc.Summary {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d", orDash(s.Group), xds.TypeAbbrev(s.Type), s.Resources,
-			s.Subscribed, s.Accepted, s.Rejected, s.Pending, s.Behind, s.Older)
+			s.Subscribed, s.Accepted, s.Rejected, s.Pending, s.Behind, s.Waiting)
 		if from != nil {
 			fmt.Fprint(tw, "\t", orDash(from[s.Group]))
 		}
@@ -153,6 +183,9 @@ func fetchStatus(ctx context.Context, cf *clientFlags, nodeID string) (*statuspb
 	}
 	resp, err := statuspb.NewClientStatusDiscoveryServiceClient(cc).FetchClientStatus(ctx, req)
 	if err != nil {
+		if wrong := cf.explain(err); isWrongPort(wrong) {
+			return nil, wrong
+		}
 		return nil, fmt.Errorf("status: %s: %w", cf.server, err)
 	}
 	return resp, nil
@@ -160,11 +193,17 @@ func fetchStatus(ctx context.Context, cf *clientFlags, nodeID string) (*statuspb
 
 // typeStatus is one node's status for one type.
 type typeStatus struct {
-	versions []string
+	versions []string // per-resource versions, each once
+	held     []held   // resources with a version, for the type's version
 	counts   map[adminpb.ClientResourceStatus]int
+	stale    int // sent a version, not acknowledged yet (CSDS: STALE)
 }
 
-// statusColumns are the client statuses counted, in the table's order.
+// held is a resource a client holds a version of.
+type held struct{ name, version string }
+
+// statusColumns are the client statuses counted, in the wide table's
+// order.
 var statusColumns = []adminpb.ClientResourceStatus{
 	adminpb.ClientResourceStatus_ACKED,
 	adminpb.ClientResourceStatus_NACKED,
@@ -172,22 +211,67 @@ var statusColumns = []adminpb.ClientResourceStatus{
 	adminpb.ClientResourceStatus_DOES_NOT_EXIST,
 }
 
+// The states of a client's type, as istioctl proxy-status names them.
+const (
+	synced  = "SYNCED"   // everything sent was acknowledged
+	stale   = "STALE"    // something sent is not acknowledged yet
+	nacked  = "NACKED"   // the client rejected something it holds
+	notSent = "NOT SENT" // subscribed, nothing sent yet
+)
+
+// state is the type's state: NACKED over STALE over SYNCED; NOT SENT
+// when the client holds nothing of it.
+func (ts *typeStatus) state() string {
+	c := ts.counts
+	switch {
+	case c[adminpb.ClientResourceStatus_NACKED] > 0:
+		return nacked
+	case ts.stale > 0:
+		return stale
+	case c[adminpb.ClientResourceStatus_ACKED]+c[adminpb.ClientResourceStatus_DOES_NOT_EXIST] > 0:
+		return synced
+	}
+	return notSent
+}
+
+// version is the type's one version: the first digits of the
+// xds.StateVersion of the resources the client holds a version of, which
+// a REST poll of the same resources answers whole. "-" if it holds none.
+func (ts *typeStatus) version() string {
+	if len(ts.held) == 0 {
+		return "-"
+	}
+	slices.SortFunc(ts.held, func(a, b held) int { return strings.Compare(a.name, b.name) })
+	v := xds.NewStateVersion()
+	for _, h := range ts.held {
+		v.Add(h.name, h.version)
+	}
+	return v.String()[:xds.ShortVersionLen]
+}
+
 // printStatus writes one row per node and type, as istioctl proxy-status
-// does per proxy.
-func printStatus(w io.Writer, resp *statuspb.ClientStatusResponse) error {
+// does per proxy: the type's one version and its state; wide adds the
+// per-resource versions and the counts of resources by status.
+func printStatus(w io.Writer, resp *statuspb.ClientStatusResponse, wide bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprint(tw, "NODE\tCLUSTER\tTYPE\tVERSION")
-	for _, s := range statusColumns {
-		fmt.Fprint(tw, "\t", s)
+	fmt.Fprint(tw, "NODE\tCLUSTER\tTYPE\tVERSION\tSTATUS")
+	if wide {
+		fmt.Fprint(tw, "\tRESOURCE VERSIONS")
+		for _, s := range statusColumns {
+			fmt.Fprint(tw, "\t", s)
+		}
 	}
 	fmt.Fprintln(tw)
 	for _, cfg := range resp.GetConfig() {
 		byType, order := summarize(cfg.GetGenericXdsConfigs())
 		for _, typeURL := range order {
 			ts := byType[typeURL]
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s", orDash(cfg.GetNode().GetId()), orDash(cfg.GetNode().GetCluster()), xds.TypeAbbrev(typeURL), versions(ts.versions))
-			for _, s := range statusColumns {
-				fmt.Fprintf(tw, "\t%d", ts.counts[s])
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s", orDash(cfg.GetNode().GetId()), orDash(cfg.GetNode().GetCluster()), xds.TypeAbbrev(typeURL), ts.version(), ts.state())
+			if wide {
+				fmt.Fprintf(tw, "\t%s", versions(ts.versions))
+				for _, s := range statusColumns {
+					fmt.Fprintf(tw, "\t%d", ts.counts[s])
+				}
 			}
 			fmt.Fprintln(tw)
 		}
@@ -207,8 +291,15 @@ func summarize(configs []*statuspb.ClientConfig_GenericXdsConfig) (map[string]*t
 			byType[c.GetTypeUrl()] = ts
 			order = append(order, c.GetTypeUrl())
 		}
-		if v := c.GetVersionInfo(); v != "" && !slices.Contains(ts.versions, v) {
-			ts.versions = append(ts.versions, v)
+		if v := c.GetVersionInfo(); v != "" {
+			ts.held = append(ts.held, held{c.GetName(), v})
+			if !slices.Contains(ts.versions, v) {
+				ts.versions = append(ts.versions, v)
+			}
+		}
+		if c.GetConfigStatus() == statuspb.ConfigStatus_STALE ||
+			c.GetClientStatus() == adminpb.ClientResourceStatus_REQUESTED && c.GetVersionInfo() != "" {
+			ts.stale++ // sent, not acknowledged yet
 		}
 		ts.counts[c.GetClientStatus()]++
 	}

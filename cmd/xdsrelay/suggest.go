@@ -14,6 +14,18 @@ func nearestEnv(name string) string {
 	return best
 }
 
+// nearestKey is the key nearest to name, a dotted name that is no key: ""
+// when none is within a few edits.
+func nearestKey(name string) string {
+	best, bestD := "", max(3, utf8.RuneCountInString(name)/5)+1
+	for _, s := range settings(new(Options)) {
+		if d := editDistance(name, s.key); d < bestD {
+			best, bestD = s.key, d
+		}
+	}
+	return best
+}
+
 // editDistance is the Levenshtein distance between a and b, by byte.
 func editDistance(a, b string) int {
 	prev := make([]int, len(b)+1)

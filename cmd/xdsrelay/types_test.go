@@ -30,7 +30,7 @@ func TestCLITypeNames(t *testing.T) {
 			t.Fatalf("watch --type %s: exit %d", name, c)
 		}
 		q := url.Values{"group": {group}, "type": {name}}
-		if c, out, errOut := runCLI("admin", "--server", r.AdminAddr(), "/debug/cache?"+q.Encode()); c != 0 || !strings.Contains(out, `"name": "c0"`) {
+		if c, out, errOut := runCLI("admin", "--admin", r.AdminAddr(), "/debug/cache?"+q.Encode()); c != 0 || !strings.Contains(out, `"name": "c0"`) {
 			t.Errorf("admin /debug/cache type=%s: exit %d, stdout %q, stderr %q", name, c, out, errOut)
 		}
 		for _, cmd := range []string{"guard", "rollout"} {
@@ -43,18 +43,18 @@ func TestCLITypeNames(t *testing.T) {
 	const list = `"bogus" is not a resource type: Cluster|CDS|clusters, ClusterLoadAssignment|EDS|endpoints, LbEndpoint|LEDS|lb-endpoints, Listener|LDS|listeners, RouteConfiguration|RDS|routes, ScopedRouteConfiguration|SRDS|scoped-routes, VirtualHost|VHDS|virtual-hosts, Secret|SDS|secrets, Runtime|RTDS|runtime, TypedExtensionConfig|ECDS|extension_configs, in any case, or a type URL (type.googleapis.com/envoy.config.cluster.v3.Cluster)`
 	for _, args := range [][]string{
 		{"watch", "--server", r.Addr(), "--node-id", "n1", "--type", "bogus"},
-		{"guard", "release", "--server", r.AdminAddr(), "--type", "bogus"},
-		{"rollout", "release", "--server", r.AdminAddr(), "--type", "bogus"},
+		{"guard", "release", "--admin", r.AdminAddr(), "--type", "bogus"},
+		{"rollout", "release", "--admin", r.AdminAddr(), "--type", "bogus"},
 	} {
 		if c, _, errOut := runCLI(args...); c != 2 || errOut != "xdsrelay: --type: "+list+" (see xdsrelay "+commandPath(args)+" --help)\n" {
 			t.Errorf("%q: exit %d, stderr %q", args, c, errOut)
 		}
 	}
 	q := url.Values{"group": {group}, "type": {"bogus"}}
-	if c, _, errOut := runCLI("admin", "--server", r.AdminAddr(), "/debug/cache?"+q.Encode()); c != 1 || !strings.Contains(errOut, "400 Bad Request") || !strings.Contains(errOut, "xdsrelay: type: "+list) {
+	if c, _, errOut := runCLI("admin", "--admin", r.AdminAddr(), "/debug/cache?"+q.Encode()); c != 1 || !strings.Contains(errOut, "400 Bad Request") || !strings.Contains(errOut, "xdsrelay: type: "+list) {
 		t.Errorf("admin /debug/cache type=bogus: exit %d, stderr %q", c, errOut)
 	}
-	if c, _, errOut := runCLI("admin", "--server", r.AdminAddr(), "-X", "POST", "/debug/guard/release?type=bogus"); c != 1 || !strings.Contains(errOut, "xdsrelay: type: "+list) {
+	if c, _, errOut := runCLI("admin", "--admin", r.AdminAddr(), "-X", "POST", "/debug/guard/release?type=bogus"); c != 1 || !strings.Contains(errOut, "xdsrelay: type: "+list) {
 		t.Errorf("admin POST /debug/guard/release?type=bogus: exit %d, stderr %q", c, errOut)
 	}
 }

@@ -1,29 +1,39 @@
 package main
 
 import (
+	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/xdsrelay/xdsrelay/relay"
-	"github.com/xdsrelay/xdsrelay/upstream"
 )
 
 func newValidateCmd(environ []string) *cobra.Command {
-	var config string
+	var (
+		config   string
+		keysOnly bool
+	)
 	cmd := &cobra.Command{
 		Use:   "validate [--config FILE]",
-		Short: "Check the configuration and, for a file:// upstream, the resource files",
+		Short: "Check the configuration and what it names, as serve does at start, without listening",
 		Long: `Loads the configuration as serve does (file, then XDSRELAY_ environment
-variables) and checks it; for a file:// upstream.address, also loads and
-validates every resource file. An XDSRELAY_ variable that names no key is an
-error here (serve warns and ignores it). Exits 0 when all is well, 2 for a
-configuration error, 1 for resource files that do not load.`,
+variables) and makes every check serve makes at start, without listening
+or connecting: every key's value, the TLS certificates, keys and CA
+bundles of each side, the authorization rules, and for a file://
+upstream.address every resource file. It reports every error, one a line,
+each naming its key (and for a resource file, the file, the resource and
+the line and column in the file). An XDSRELAY_ variable that names no key
+is an error here (serve warns and ignores it). Exits 0 when all is well, 2
+for a configuration error, 1 for resource files that do not load.
+
+--keys-only checks the keys' values and not the files they name (TLS
+files, resource files): to check a configuration away from where it runs,
+a rendered manifest in CI say, whose certificates are mounted in the pod.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			msg, err := validate(config, environ)
+			msg, err := validate(config, environ, keysOnly)
 			if err != nil {
 				return err
 			}
@@ -32,29 +42,42 @@ configuration error, 1 for resource files that do not load.`,
 		},
 	}
 	cmd.Flags().StringVar(&config, "config", "", "check the configuration in `FILE` (YAML); without it, defaults and the environment only")
+	cmd.Flags().BoolVar(&keysOnly, "keys-only", false, "check the keys' values, not the files they name (TLS files, resource files)")
 	return cmd
 }
 
-// validate checks the configuration and the resource files it names, and
-// says what it checked.
-func validate(config string, environ []string) (string, error) {
+// validate makes serve's checks of the configuration and of what it names,
+// and says what it checked: every error, joined, as a configError (exit 2)
+// if any is the configuration's, else as the resource files' (exit 1).
+func validate(config string, environ []string, keysOnly bool) (string, error) {
 	opts, unknownEnv, err := loadConfig(config, environ)
+	var cfgErrs []error
 	if err != nil {
-		return "", configError{err}
+		eachError(err, func(e error) { cfgErrs = append(cfgErrs, e) })
 	}
 	if len(unknownEnv) > 0 {
-		return "", configError{unknownEnvError(unknownEnv)}
+		cfgErrs = append(cfgErrs, unknownEnvError(unknownEnv))
 	}
-	dir, ok := strings.CutPrefix(opts.Relay.Upstream.Address, relay.FilePrefix)
-	if !ok {
-		return "configuration OK", nil
+	var checked relay.Checked
+	if !keysOnly {
+		checked = relay.CheckStart(opts.Relay) // what a key that did not load names is its default's
 	}
-	f, err := upstream.NewFile(dir, slog.New(slog.DiscardHandler), nil)
-	if err != nil {
-		return "", fmt.Errorf("upstream.address: %w", err)
+	cfgErrs = append(cfgErrs, checked.TLS...)
+	switch {
+	case len(cfgErrs) > 0:
+		return "", configError{errors.Join(append(cfgErrs, checked.Files...)...)}
+	case len(checked.Files) > 0:
+		return "", filesError{errors.Join(checked.Files...)}
+	case checked.Dir != "":
+		return fmt.Sprintf("configuration OK; %d resources in %s", checked.Resources, checked.Dir), nil
 	}
-	return fmt.Sprintf("configuration OK; %d resources in %s", f.Count(), dir), nil
+	return "configuration OK", nil
 }
+
+// filesError is resource files that do not load: exit 1, each on a line.
+type filesError struct{ err error }
+
+func (e filesError) Error() string { return e.err.Error() }
 
 // unknownEnvError names the XDSRELAY_ variables that name no key, with the
 // nearest key's variable for each that has one.

@@ -24,14 +24,6 @@ import (
 // listener) no certificate is needed (docs/operations.md, "Admin
 // exposure").
 
-// addAdmin adds --admin, the admin endpoint, with the TLS flags and the
-// timeout.
-func (f *adminFlags) addAdmin(cmd *cobra.Command) {
-	cmd.Flags().StringVar(&f.server, "admin", "", "the relay's admin endpoint `ADDR` (host:port, or an http:// or https:// URL; https with the TLS flags) (required)")
-	f.addTLS(cmd)
-	cmd.Flags().DurationVar(&f.timeout, "timeout", 10*time.Second, "give up after this long")
-}
-
 func newConfigDumpCmd() *cobra.Command {
 	var (
 		af        adminFlags
@@ -51,7 +43,10 @@ error) as CSDS shows them. --type narrows it to one type (clusters, CDS,
 Cluster or a type URL). Exit 1 when no client with that id is connected.`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := required(cmd, "admin", "node"); err != nil {
+			if err := af.check(cmd); err != nil {
+				return err
+			}
+			if err := required(cmd, "node"); err != nil {
 				return err
 			}
 			q := url.Values{"node": {node}}
@@ -70,7 +65,7 @@ Cluster or a type URL). Exit 1 when no client with that id is connected.`,
 			return err
 		},
 	}
-	af.addAdmin(cmd)
+	af.add(cmd)
 	cmd.Flags().StringVar(&node, "node", "", "the client's node `ID`, as /debug/clients and status list it (required)")
 	cmd.Flags().StringVar(&typ, "type", "", "only this `TYPE`: clusters, Cluster, cds or a type URL (every type without it)")
 	return cmd
@@ -93,7 +88,7 @@ func newListCmd(short, long, path string, table func(io.Writer, []byte) error) *
 			if output != "table" && output != "json" {
 				return usageError{cmd, fmt.Errorf("-o: %q is not table or json", output)}
 			}
-			if err := required(cmd, "admin"); err != nil {
+			if err := af.check(cmd); err != nil {
 				return err
 			}
 			q, err := scopeQuery(cmd, group, typ)
@@ -111,7 +106,7 @@ func newListCmd(short, long, path string, table func(io.Writer, []byte) error) *
 			return table(cmd.OutOrStdout(), b)
 		},
 	}
-	af.addAdmin(cmd)
+	af.add(cmd)
 	addReleaseFlags(cmd, &group, &typ)
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "`FORMAT`: table, or json (the admin endpoint's answer)")
 	return cmd

@@ -28,7 +28,8 @@ const waitShown = 10
 
 type waitFlags struct {
 	tls      adminFlags // the TLS flags; server is set per replica
-	servers  []string
+	servers  []string   // --admin
+	legacy   []string   // --server, its deprecated name
 	typ      string
 	names    []string
 	version  string
@@ -40,19 +41,22 @@ type waitFlags struct {
 func newWaitCmd() *cobra.Command {
 	var f waitFlags
 	cmd := &cobra.Command{
-		Use:   "wait --server ADMIN_ADDR --type T [--name N]... [--version V] [--fraction F] [--timeout D] [--tiers]",
+		Use:   "wait --admin ADMIN_ADDR --type T [--name N]... [--version V] [--fraction F] [--timeout D] [--tiers]",
 		Short: "Wait until the clients have accepted a version (their ACK), or say who rejected it",
 		Long: `Asks the relays' admin endpoints (GET /debug/convergence) until the
 clients subscribed to the resources of --type (--name narrows them) have
 accepted --version (each resource's current version without it): exits 0
-once --fraction of them (1.0: all) did, 1 when --timeout passes first or as
-soon as rejections make the fraction unreachable (with 1.0, any rejection),
+once --fraction of them (1.0: all) did, each client counted once however
+many resources it holds (with --name, --version or --tiers, --fraction of
+each resource's clients), 1 when --timeout passes first or as soon as
+rejections make the fraction unreachable (with 1.0, any rejection),
 printing how many are behind, pending and rejecting, with the clients'
-errors and node ids, or at once when an endpoint refuses (4xx); 2 for a
-command line it does not take.
+errors and node ids, or at once when an endpoint refuses (4xx) or
+answers as an xDS port does; 2 for a command line it does not take.
 
---server is repeatable; a DNS name that resolves to several addresses (a
-headless Service of replicas) is asked at each, and the counts are summed.
+--admin is repeatable (--server is its deprecated name); a DNS name that
+resolves to several addresses (a headless Service of replicas) is asked
+at each, and the counts are summed.
 The endpoints must be private to the caller: loopback, or admin.tls with a
 client certificate (--ca-file, --cert-file, --key-file; --server-name
 through kubectl port-forward). An ACK means a client accepted the
@@ -78,7 +82,9 @@ named (the first 10 such relays; past them, how many more).`,
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringArrayVar(&f.servers, "server", nil, "a relay's admin endpoint `ADDR` (host:port or URL), repeatable; a name with several addresses is asked at each (required)")
+	fs.StringArrayVar(&f.servers, "admin", nil, "a relay's admin endpoint `ADDR` (admin.address: host:port or URL), repeatable; a name with several addresses is asked at each (required)")
+	fs.StringArrayVar(&f.legacy, "server", nil, "deprecated: --admin")
+	_ = fs.MarkHidden("server")
 	fs.StringVar(&f.typ, "type", "", "the resources' `TYPE`: clusters, Cluster, cds or a type URL (required)")
 	fs.StringArrayVar(&f.names, "name", nil, "only the resource `NAME`, repeatable (every resource of the type without it)")
 	fs.StringVar(&f.version, "version", "", "the `VERSION` to wait for (each resource's current version in the relay without it)")
@@ -91,7 +97,15 @@ named (the first 10 such relays; past them, how many more).`,
 
 // check refuses a command line wait does not take, and resolves --type.
 func (f *waitFlags) check(cmd *cobra.Command) error {
-	if err := required(cmd, "server", "type"); err != nil {
+	f.tls.flag = "--admin"
+	if len(f.legacy) > 0 {
+		deprecatedServer(cmd)
+		f.servers, f.tls.flag = append(f.servers, f.legacy...), "--server"
+	}
+	if len(f.servers) == 0 {
+		return usageError{cmd, errors.New("--admin is required: the relays' admin endpoints (admin.address)")}
+	}
+	if err := required(cmd, "type"); err != nil {
 		return err
 	}
 	typeURL, err := xds.ParseType(f.typ)
@@ -108,13 +122,46 @@ func (f *waitFlags) check(cmd *cobra.Command) error {
 	return nil
 }
 
-// waitCount is what the relays say of the clients, summed.
+// waitCount is what the relays say of the clients, summed. Without
+// --name, --version and --tiers, it counts clients, each once, from the
+// relays' summaries (clients); else it counts, per resource (type and
+// name, whatever its group and relay), the clients of that resource, and
+// each resource is judged on its own.
 type waitCount struct {
-	subscribed, accepted, rejected, pending, behind int
-	shown                                           []string // lines about resources not there yet, at most waitShown
-	more                                            int      // resources not shown
-	unknown                                         []string // replicas that did not answer, and why; at most waitShown
-	unknownMore                                     int      // more of those, not shown
+	byResource  bool
+	clients     tally             // counted as clients
+	res         map[tierKey]tally // counted per resource
+	shown       []string          // lines about resources not there yet, at most waitShown
+	more        int               // resources not shown
+	unknown     []string          // replicas that did not answer, and why; at most waitShown
+	unknownMore int               // more of those, not shown
+}
+
+// tally is where some clients stand.
+type tally struct{ subscribed, accepted, rejected, pending, behind, waiting int }
+
+func (t *tally) add(o tally) {
+	t.subscribed += o.subscribed
+	t.accepted += o.accepted
+	t.rejected += o.rejected
+	t.pending += o.pending
+	t.behind += o.behind
+	t.waiting += o.waiting
+}
+
+// need is how many of the tally's clients must accept.
+func (t tally) need(fraction float64) int {
+	return int(math.Ceil(fraction*float64(t.subscribed) - 1e-9))
+}
+
+// addResource adds one relay's count of a resource's clients.
+func (c *waitCount) addResource(k tierKey, t tally) {
+	if c.res == nil {
+		c.res = map[tierKey]tally{}
+	}
+	r := c.res[k]
+	r.add(t)
+	c.res[k] = r
 }
 
 // notCounted records a replica or lower relay whose clients are not
@@ -127,14 +174,91 @@ func (c *waitCount) notCounted(line string) {
 	c.unknown = append(c.unknown, line)
 }
 
-// done reports whether the fraction is reached; lost, whether it no
-// longer can be.
+// subscribed reports whether any client subscribes to what is waited for.
+func (c waitCount) subscribed() bool {
+	if !c.byResource {
+		return c.clients.subscribed > 0
+	}
+	for _, t := range c.res {
+		if t.subscribed > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// verdict reports whether the fraction is reached (of the clients, or of
+// each resource's clients); lost, whether it no longer can be.
 func (c waitCount) verdict(fraction float64) (done, lost bool) {
-	need := int(math.Ceil(fraction*float64(c.subscribed) - 1e-9))
-	if c.subscribed == 0 || len(c.unknown) > 0 {
+	if !c.subscribed() || len(c.unknown) > 0 {
 		return false, false
 	}
-	return c.accepted >= need, c.subscribed-c.rejected < need
+	if !c.byResource {
+		need := c.clients.need(fraction)
+		return c.clients.accepted >= need, c.clients.subscribed-c.clients.rejected < need
+	}
+	done = true
+	for _, t := range c.res {
+		need := t.need(fraction)
+		done = done && t.accepted >= need
+		lost = lost || t.subscribed-t.rejected < need
+	}
+	return done, lost
+}
+
+// one is the tally of the one resource waited for, if there is one.
+func (c waitCount) one() (tally, bool) {
+	if !c.byResource {
+		return c.clients, true
+	}
+	if len(c.res) != 1 {
+		return tally{}, false
+	}
+	for _, t := range c.res {
+		return t, true
+	}
+	return tally{}, false
+}
+
+// resourcesAt counts the resources with clients and those where pass holds.
+func (c waitCount) resourcesAt(pass func(tally) bool) (n, of int) {
+	for _, t := range c.res {
+		if t.subscribed == 0 {
+			continue
+		}
+		of++
+		if pass(t) {
+			n++
+		}
+	}
+	return n, of
+}
+
+// accepted says that the fraction was reached.
+func (c waitCount) accepted(fraction float64) string {
+	if t, ok := c.one(); ok {
+		return fmt.Sprintf("%d of %d clients accepted", t.accepted, t.subscribed)
+	}
+	n, _ := c.resourcesAt(func(tally) bool { return true })
+	return fmt.Sprintf("%d resources accepted, each by %v of its clients or more", n, fraction)
+}
+
+// rejected says that rejections made the fraction unreachable.
+func (c waitCount) rejected(fraction float64) error {
+	if t, ok := c.one(); ok {
+		return fmt.Errorf("wait: %d of %d clients rejected: %v of them can no longer accept", t.rejected, t.subscribed, fraction)
+	}
+	n, of := c.resourcesAt(func(t tally) bool { return t.subscribed-t.rejected < t.need(fraction) })
+	return fmt.Errorf("wait: %d of %d resources rejected by their clients: %v of a resource's clients can no longer accept it", n, of, fraction)
+}
+
+// short says that the timeout came first.
+func (c waitCount) short(fraction float64, timeout time.Duration) error {
+	if t, ok := c.one(); ok {
+		return fmt.Errorf("wait: %d of %d clients accepted after %v, short of %v of them", t.accepted, t.subscribed, timeout, fraction)
+	}
+	n, of := c.resourcesAt(func(t tally) bool { return t.accepted >= t.need(fraction) })
+	return fmt.Errorf("wait: %d of %d resources accepted by %v of their clients after %v", n, of, fraction, timeout)
 }
 
 func (f *waitFlags) run(ctx context.Context, out io.Writer) error {
@@ -148,23 +272,23 @@ func (f *waitFlags) run(ctx context.Context, out io.Writer) error {
 		if refused != nil {
 			return refused // asking again would be answered the same
 		}
-		if ctx.Err() != nil && last.subscribed+len(last.unknown) > 0 {
+		if ctx.Err() != nil && (last.subscribed() || len(last.unknown) > 0) {
 			c = last // cut short by the timeout: what was known before it
 		}
 		last = c
 		done, lost := c.verdict(f.fraction)
 		switch {
 		case done:
-			fmt.Fprintf(out, "%d of %d clients accepted\n", c.accepted, c.subscribed)
+			fmt.Fprintln(out, c.accepted(f.fraction))
 			return nil
 		case lost:
 			c.print(out)
-			return fmt.Errorf("wait: %d of %d clients rejected: %v of them can no longer accept", c.rejected, c.subscribed, f.fraction)
+			return c.rejected(f.fraction)
 		}
 		select {
 		case <-ctx.Done():
 			c.print(out)
-			return fmt.Errorf("wait: %d of %d clients accepted after %v, short of %v of them", c.accepted, c.subscribed, f.timeout, f.fraction)
+			return c.short(f.fraction, f.timeout)
 		case <-tick.C:
 		}
 	}
@@ -172,7 +296,16 @@ func (f *waitFlags) run(ctx context.Context, out io.Writer) error {
 
 // print says where the clients stand, bounded.
 func (c waitCount) print(out io.Writer) {
-	fmt.Fprintf(out, "%d subscribed: %d accepted, %d rejected, %d pending, %d behind\n", c.subscribed, c.accepted, c.rejected, c.pending, c.behind)
+	if t, ok := c.one(); ok {
+		fmt.Fprintf(out, "%d clients: %d accepted, %d rejected, %d pending, %d behind", t.subscribed, t.accepted, t.rejected, t.pending, t.behind)
+		if !c.byResource {
+			fmt.Fprintf(out, ", %d waiting", t.waiting)
+		}
+		fmt.Fprintln(out)
+	} else {
+		n, of := c.resourcesAt(func(t tally) bool { return t.accepted == t.subscribed })
+		fmt.Fprintf(out, "%d resources with clients: %d accepted by all of them\n", of, n)
+	}
 	for _, u := range c.unknown {
 		fmt.Fprintln(out, u)
 	}
@@ -185,7 +318,7 @@ func (c waitCount) print(out io.Writer) {
 	if c.more > 0 {
 		fmt.Fprintf(out, "... and %d more resources\n", c.more)
 	}
-	if c.subscribed == 0 && len(c.unknown) == 0 {
+	if !c.subscribed() && len(c.unknown) == 0 {
 		fmt.Fprintln(out, "no client subscribes to the resources")
 	}
 }
@@ -194,13 +327,13 @@ func (c waitCount) print(out io.Writer) {
 // replica's 4xx answer (not private to the caller, an unknown path), which
 // ends the wait at once.
 func (f *waitFlags) count(ctx context.Context) (c waitCount, refused error) {
+	c.byResource = f.tiers || f.version != "" || len(f.names) > 0
 	if f.tiers {
-		return f.countTiers(ctx)
+		return f.countTiers(ctx, c)
 	}
 	for _, af := range f.replicas(ctx) {
 		body, err := af.do(ctx, http.MethodGet, "/debug/convergence", f.query(), "")
-		var r refusal
-		if errors.As(err, &r) && r.code/100 == 4 {
+		if final(err) {
 			return c, fmt.Errorf("%s: %w", af.server, err)
 		}
 		var dc relay.DebugConvergence
@@ -224,17 +357,12 @@ func (f *waitFlags) query() url.Values {
 	return q
 }
 
-// add sums one replica's answer: without --version its summary (each
-// resource at its current version, all of them however many are listed),
-// with it each resource listed, which must be all.
+// add sums one replica's answer: its summary, whose clients are counted
+// once each, or each resource listed, which must be all.
 func (f *waitFlags) add(c *waitCount, server string, dc relay.DebugConvergence) {
-	if f.version == "" {
+	if !c.byResource {
 		for _, s := range dc.Summary {
-			c.subscribed += s.Subscribed
-			c.accepted += s.Accepted
-			c.rejected += s.Rejected
-			c.pending += s.Pending
-			c.behind += s.Behind
+			c.clients.add(tally{subscribed: s.Subscribed, accepted: s.Accepted, rejected: s.Rejected, pending: s.Pending, behind: s.Behind, waiting: s.Waiting})
 		}
 	} else if dc.More > 0 {
 		c.notCounted(fmt.Sprintf("%s: %d resources past the %d listed: name those to wait for with --name", server, dc.More, len(dc.Resources)))
@@ -253,12 +381,8 @@ func (f *waitFlags) add(c *waitCount, server string, dc relay.DebugConvergence) 
 			}
 		}
 		behind := max(r.Subscribed-at.Accepted-at.Rejected-at.Pending, 0)
-		if f.version != "" {
-			c.subscribed += r.Subscribed
-			c.accepted += at.Accepted
-			c.rejected += at.Rejected
-			c.pending += at.Pending
-			c.behind += behind
+		if c.byResource {
+			c.addResource(tierKey{r.Type, r.Name}, tally{subscribed: r.Subscribed, accepted: at.Accepted, rejected: at.Rejected, pending: at.Pending, behind: behind})
 		}
 		if at.Accepted == r.Subscribed && r.Subscribed > 0 {
 			continue
@@ -269,7 +393,7 @@ func (f *waitFlags) add(c *waitCount, server string, dc relay.DebugConvergence) 
 		}
 		c.shown = append(c.shown, resourceLine(server, r, want, at, behind))
 	}
-	if f.version == "" {
+	if !c.byResource {
 		c.more += dc.More
 	}
 }
@@ -289,6 +413,13 @@ func resourceLine(server string, r relay.ConvergenceResource, want string, at re
 		fmt.Fprintf(&b, ", %d rejected: %q by %s", at.Rejected, at.Error, strings.Join(at.RejectedBy, ", "))
 	}
 	return b.String()
+}
+
+// final reports whether an admin endpoint's error ends the wait at once:
+// a refusal (4xx) or an xDS port, which asking again would not change.
+func final(err error) bool {
+	var r refusal
+	return errors.As(err, &r) && r.code/100 == 4 || isWrongPort(err)
 }
 
 // replicas are the admin endpoints to ask: each --server, and each address

@@ -54,47 +54,47 @@ func TestWaitExitCodes(t *testing.T) {
 	b.wait(t, "1s")
 	admin := r.AdminAddr()
 
-	if code, out, _ := run("wait", "--server", admin, "--type", "clusters", "--timeout", "20s"); code != 0 || out != "2 of 2 clients accepted\n" {
+	if code, out, _ := run("wait", "--admin", admin, "--type", "clusters", "--timeout", "20s"); code != 0 || out != "2 of 2 clients accepted\n" {
 		t.Fatalf("wait for the first version: exit %d, %q", code, out)
 	}
 
 	cp.Set(t, "c1", "2", timedCluster(13*time.Second)) // node-a NACKs it
 	a.wait(t, "13s")
 	b.wait(t, "13s")
-	code, out, took := run("wait", "--server", admin, "--type", "Cluster", "--name", "app", "--timeout", "20s")
+	code, out, took := run("wait", "--admin", admin, "--type", "Cluster", "--name", "app", "--timeout", "20s")
 	if code != 1 || !strings.Contains(out, `1 rejected: "13s is too slow" by node-a`) || !strings.Contains(out, "1 of 2 clients rejected") {
 		t.Fatalf("wait for a version one client rejects: exit %d, %q", code, out)
 	}
 	if took > 10*time.Second {
 		t.Errorf("wait took %v to see the rejection, not at once", took)
 	}
-	if code, out, _ := run("wait", "--server", admin, "--type", "cds", "--fraction", "0.5", "--timeout", "20s"); code != 0 || out != "1 of 2 clients accepted\n" {
+	if code, out, _ := run("wait", "--admin", admin, "--type", "cds", "--fraction", "0.5", "--timeout", "20s"); code != 0 || out != "1 of 2 clients accepted\n" {
 		t.Errorf("wait for half the clients: exit %d, %q", code, out)
 	}
-	code, out, _ = run("status", "--summary", "--server", admin)
+	code, out, _ = run("status", "--summary", "--admin", admin)
 	if code != 0 || !regexp.MustCompile(`(?m)^cluster=c1\S*\s+CDS\s+1\s+2\s+1\s+1\s+0\s+0\s+0$`).MatchString(out) {
 		t.Errorf("status --summary: exit %d, %q; want one CDS resource, 2 clients: 1 accepted, 1 rejected", code, out)
 	}
-	code, out, _ = run("wait", "--server", admin, "--type", "clusters", "--version", "nosuch", "--fraction", "0.5", "--timeout", "500ms")
+	code, out, _ = run("wait", "--admin", admin, "--type", "clusters", "--version", "nosuch", "--fraction", "0.5", "--timeout", "500ms")
 	if code != 1 || !strings.Contains(out, "0 of 2 clients accepted after 500ms") || !strings.Contains(out, "2 behind") {
 		t.Errorf("wait for a version nobody is sent: exit %d, %q", code, out)
 	}
 
 	// An admin endpoint that refuses (a path it does not serve stands in
 	// for a caller that is not private) ends the wait at once.
-	code, out, took = run("wait", "--server", "http://"+admin+"/nosuch", "--type", "clusters", "--timeout", "20s")
+	code, out, took = run("wait", "--admin", "http://"+admin+"/nosuch", "--type", "clusters", "--timeout", "20s")
 	if code != 1 || !strings.Contains(out, "404") || took > 10*time.Second {
 		t.Errorf("wait on an endpoint that refuses: exit %d after %v, %q", code, took, out)
 	}
 
 	for _, args := range [][]string{
-		{"wait", "--server", admin},
+		{"wait", "--admin", admin},
 		{"wait", "--type", "clusters"},
-		{"wait", "--server", admin, "--type", "nosuchtype"},
-		{"wait", "--server", admin, "--type", "clusters", "--fraction", "1.5"},
-		{"wait", "--server", admin, "--type", "clusters", "--fraction", "0"},
-		{"wait", "--server", admin, "--type", "clusters", "--timeout", "0s"},
-		{"wait", "--server", admin, "--type", "clusters", "extra"},
+		{"wait", "--admin", admin, "--type", "nosuchtype"},
+		{"wait", "--admin", admin, "--type", "clusters", "--fraction", "1.5"},
+		{"wait", "--admin", admin, "--type", "clusters", "--fraction", "0"},
+		{"wait", "--admin", admin, "--type", "clusters", "--timeout", "0s"},
+		{"wait", "--admin", admin, "--type", "clusters", "extra"},
 	} {
 		if code, out, _ := run(args...); code != 2 {
 			t.Errorf("%q: exit %d, %q; want 2", args, code, out)
@@ -122,7 +122,7 @@ func TestWaitSumsReplicas(t *testing.T) {
 	a, b := acceptingClient(t, r1.Addr(), "node-a"), judgingClient(t, r2.Addr(), "node-b")
 	a.wait(t, "1s")
 	b.wait(t, "1s")
-	args := []string{"wait", "--server", r1.AdminAddr(), "--server", "http://" + r2.AdminAddr(), "--type", "clusters", "--timeout", "20s"}
+	args := []string{"wait", "--admin", r1.AdminAddr(), "--admin", "http://" + r2.AdminAddr(), "--type", "clusters", "--timeout", "20s"}
 	if out, err := exec.Command(bin, args...).CombinedOutput(); err != nil || string(out) != "2 of 2 clients accepted\n" {
 		t.Fatalf("wait on two replicas: %v, %q", err, out)
 	}
@@ -282,12 +282,45 @@ func TestStatusSummaryJSON(t *testing.T) {
 		return s.URL
 	}
 	ok := serve(`{"summary":[{"group":"cluster=c1","type":"` + resourcev3.ClusterType + `","resources":1,"subscribed":2,"accepted":1,"rejected":1}]}`)
-	code, out, errOut := runCLI("status", "--summary", "--server", ok, "-o", "json")
+	code, out, errOut := runCLI("status", "--summary", "--admin", ok, "-o", "json")
 	if code != 0 || !strings.Contains(out, `"group": "cluster=c1"`) || !strings.Contains(out, `"rejected": 1`) {
 		t.Errorf("status --summary -o json: exit %d, %q %q", code, out, errOut)
 	}
-	code, out, errOut = runCLI("status", "--summary", "--server", serve("<html>"))
+	code, out, errOut = runCLI("status", "--summary", "--admin", serve("<html>"))
 	if code != 1 || !strings.Contains(errOut, "the admin endpoint's answer: invalid character") {
 		t.Errorf("status --summary on an answer not JSON: exit %d, %q %q", code, out, errOut)
+	}
+}
+
+// Clients are counted as clients: with two clients of five Clusters, one
+// rejecting them all, wait says 1 of 2 clients rejected (not 5 of 10),
+// and status --summary shows 2 clients, 1 rejecting, of 5 resources.
+func TestWaitCountsClients(t *testing.T) {
+	dir := t.TempDir()
+	for i := range 5 {
+		writeFile(t, filepath.Join(dir, fmt.Sprintf("c%d.yaml", i)), clusterFile(fmt.Sprintf("c%d", i)))
+	}
+	r := startFileRelay(t, dir, func(c *relay.Config) { c.Admin.Address = "127.0.0.1:0" })
+	for _, args := range [][]string{{"--node-id", "acker"}, {"--node-id", "nacker", "--nack"}} {
+		out := &syncBuffer{}
+		stop := runAsync(t, out, append([]string{"watch", "--server", r.Addr(), "--cluster", "c1", "--type", "cds"}, args...)...)
+		defer stop()
+		waitForOutput(t, out, "name: c4")
+	}
+	var code int
+	var out, errOut string
+	eventually(t, func() string { // the NACK may be on its way
+		code, out, errOut = runCLI("wait", "--admin", r.AdminAddr(), "--type", "clusters", "--timeout", "20s")
+		if code == 1 && strings.Contains(errOut, "wait: 1 of 2 clients rejected: 1 of them can no longer accept") {
+			return ""
+		}
+		return fmt.Sprintf("wait: exit %d, %q %q", code, out, errOut)
+	})
+	if !strings.HasPrefix(out, "2 clients: 1 accepted, 1 rejected, 0 pending, 0 behind, 0 waiting\n") {
+		t.Errorf("wait's counts: %q", out)
+	}
+	code, sum, _ := runCLI("status", "--summary", "--admin", r.AdminAddr())
+	if code != 0 || !regexp.MustCompile(`(?m)^\S+\s+CDS\s+5\s+2\s+1\s+1\s+0\s+0\s+0$`).MatchString(sum) {
+		t.Errorf("status --summary: exit %d, %q; want 5 resources, 2 clients: 1 accepted, 1 rejected", code, sum)
 	}
 }

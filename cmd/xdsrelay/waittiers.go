@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -121,7 +120,7 @@ func (vs *tierVersions) learn(top bool, dc *relay.DebugConvergence) {
 // countTiers asks the relays and, tier by tier, the lower relays they
 // list, and sums the clients at the leaves; refused is a top relay's 4xx
 // answer (a lower relay's is that relay not reached).
-func (f *waitFlags) countTiers(ctx context.Context) (c waitCount, refused error) {
+func (f *waitFlags) countTiers(ctx context.Context, c waitCount) (_ waitCount, refused error) {
 	var all []*tierRelay
 	seen := map[string]*tierRelay{}
 	level := []*tierRelay{}
@@ -137,8 +136,7 @@ func (f *waitFlags) countTiers(ctx context.Context) (c waitCount, refused error)
 		var next []*tierRelay
 		for _, t := range level {
 			if err := f.ask(ctx, t); err != nil {
-				var r refusal
-				if t.parent == nil && errors.As(err, &r) && r.code/100 == 4 {
+				if t.parent == nil && final(err) {
 					return c, fmt.Errorf("%s: %w", t.af.server, err)
 				}
 				c.notCounted(fmt.Sprintf("%s: %v", t.where(), err))
@@ -324,8 +322,8 @@ func takeOutOf(tc *tierCount, up *tierCount, vs *tierVersions) {
 	}
 }
 
-// addTier adds one relay's resource to the sums, and a line if it is not
-// there yet.
+// addTier adds one relay's resource to its resource's clients, and a line
+// if it is not there yet.
 func (c *waitCount) addTier(tc *tierCount) {
 	// A lower relay taken out may have been counted above in another way
 	// than its version here says (an answer on its way): no relay's count
@@ -333,11 +331,7 @@ func (c *waitCount) addTier(tc *tierCount) {
 	tc.subscribed = max(tc.subscribed, 0)
 	tc.accepted = min(max(tc.accepted, 0), tc.subscribed)
 	behind := max(tc.subscribed-tc.accepted-tc.rejected-tc.pending, 0)
-	c.subscribed += tc.subscribed
-	c.accepted += tc.accepted
-	c.rejected += tc.rejected
-	c.pending += tc.pending
-	c.behind += behind
+	c.addResource(tierKey{tc.r.Type, tc.r.Name}, tally{subscribed: tc.subscribed, accepted: tc.accepted, rejected: tc.rejected, pending: tc.pending, behind: behind})
 	if tc.accepted >= tc.subscribed {
 		return
 	}

@@ -90,7 +90,7 @@ func TestWaitTiers(t *testing.T) {
 	top := a.AdminAddr()
 	wait := func(args ...string) (int, string) {
 		t.Helper()
-		code, out, errOut := runCLI(append([]string{"wait", "--server", top, "--type", "clusters"}, args...)...)
+		code, out, errOut := runCLI(append([]string{"wait", "--admin", top, "--type", "clusters"}, args...)...)
 		return code, out + errOut
 	}
 
@@ -223,7 +223,7 @@ func TestWaitTiersThroughSotW(t *testing.T) {
 		top = rs[0]
 		return ""
 	})
-	if code, out, _ := runCLI("wait", "--server", a.AdminAddr(), "--type", "clusters", "--timeout", "20s"); code != 0 || out != "2 of 2 clients accepted\n" {
+	if code, out, _ := runCLI("wait", "--admin", a.AdminAddr(), "--type", "clusters", "--timeout", "20s"); code != 0 || out != "2 of 2 clients accepted\n" {
 		t.Fatalf("wait at A: exit %d, %q; want node-a and B", code, out)
 	}
 	below := convergenceAt(t, b.AdminAddr()).Resources
@@ -231,7 +231,7 @@ func TestWaitTiersThroughSotW(t *testing.T) {
 		t.Fatalf("the cluster at A %q, at B over SotW %+v: want another version below", top.Version, below)
 	}
 	for _, args := range [][]string{{}, {"--version", top.Version}} {
-		code, out, errOut := runCLI(append([]string{"wait", "--server", a.AdminAddr(), "--type", "clusters", "--tiers", "--timeout", "20s"}, args...)...)
+		code, out, errOut := runCLI(append([]string{"wait", "--admin", a.AdminAddr(), "--type", "clusters", "--tiers", "--timeout", "20s"}, args...)...)
 		if code != 0 || out != "3 of 3 clients accepted\n" {
 			t.Fatalf("wait --tiers %q through a SotW tier: exit %d, %q%s", args, code, out, errOut)
 		}

@@ -134,6 +134,11 @@ func watch(ctx context.Context, wf *watchFlags, typeURL string, names []string, 
 		// downstream.max_connection_age, a drain) is subscribed to again on
 		// a new stream, as xDS clients do; any other end is the command's.
 		if ctx.Err() != nil || !answered || status.Code(errors.Unwrap(err)) != codes.Unavailable {
+			if !answered && ctx.Err() == nil {
+				if wrong := wf.client.explain(err); isWrongPort(wrong) {
+					return wrong
+				}
+			}
 			return err
 		}
 	}

@@ -35,8 +35,10 @@ func (t TLS) validate() error {
 	switch {
 	case !t.Enabled():
 		return errors.New("creds: no TLS settings")
-	case (t.CertFile == "") != (t.KeyFile == ""):
-		return errors.New("creds: a certificate file and a key file go together")
+	case t.CertFile != "" && t.KeyFile == "":
+		return &FileError{KeyFile, errors.New("creds: a certificate file and a key file go together: no key file")}
+	case t.CertFile == "" && t.KeyFile != "":
+		return &FileError{CertFile, errors.New("creds: a certificate file and a key file go together: no certificate file")}
 	case t.Insecure && t.CAFile != "":
 		return errors.New("creds: insecure skips verification, so a CA file would be ignored")
 	}
@@ -59,6 +61,37 @@ func (m *material) same(o *material) bool {
 	return true
 }
 
+// FileError is a file of TLS settings that does not load: the certificate
+// (File CertFile), its key (KeyFile) or the CA bundle (CAFile), so that the
+// caller names the setting.
+type FileError struct {
+	File File
+	Err  error
+}
+
+// File names one of the files of TLS.
+type File int
+
+// The files of TLS.
+const (
+	CertFile File = iota
+	KeyFile
+	CAFile
+)
+
+func (e *FileError) Error() string { return e.Err.Error() }
+func (e *FileError) Unwrap() error { return e.Err }
+
+// Check checks t and loads its files once, as NewReloader does, watching
+// nothing.
+func Check(t TLS) error {
+	if err := t.validate(); err != nil {
+		return err
+	}
+	_, err := load(t)
+	return err
+}
+
 // load reads every file t names; an error names the file that does not load.
 func load(t TLS) (*material, error) {
 	m := &material{}
@@ -72,11 +105,11 @@ func load(t TLS) (*material, error) {
 	if t.CAFile != "" {
 		caPEM, err := os.ReadFile(t.CAFile)
 		if err != nil {
-			return nil, fmt.Errorf("creds: CA: %w", err)
+			return nil, &FileError{CAFile, fmt.Errorf("creds: CA: %w", err)}
 		}
 		certs, err := parseCerts(caPEM)
 		if err != nil {
-			return nil, fmt.Errorf("creds: CA %s: %w", t.CAFile, err)
+			return nil, &FileError{CAFile, fmt.Errorf("creds: CA %s: %w", t.CAFile, err)}
 		}
 		m.pool = x509.NewCertPool()
 		for _, c := range certs {
@@ -90,21 +123,21 @@ func load(t TLS) (*material, error) {
 func loadKeyPair(certFile, keyFile string) (_ *tls.Certificate, certPEM, keyPEM []byte, _ error) {
 	certPEM, err := os.ReadFile(certFile)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("creds: certificate: %w", err)
+		return nil, nil, nil, &FileError{CertFile, fmt.Errorf("creds: certificate: %w", err)}
 	}
 	if _, err := parseCerts(certPEM); err != nil {
-		return nil, nil, nil, fmt.Errorf("creds: certificate %s: %w", certFile, err)
+		return nil, nil, nil, &FileError{CertFile, fmt.Errorf("creds: certificate %s: %w", certFile, err)}
 	}
 	keyPEM, err = os.ReadFile(keyFile)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("creds: key: %w", err)
+		return nil, nil, nil, &FileError{KeyFile, fmt.Errorf("creds: key: %w", err)}
 	}
 	if !hasKey(keyPEM) {
-		return nil, nil, nil, fmt.Errorf("creds: key %s: no PEM private key", keyFile)
+		return nil, nil, nil, &FileError{KeyFile, fmt.Errorf("creds: key %s: no PEM private key", keyFile)}
 	}
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("creds: key %s for certificate %s: %w", keyFile, certFile, err)
+		return nil, nil, nil, &FileError{KeyFile, fmt.Errorf("creds: key %s for certificate %s: %w", keyFile, certFile, err)}
 	}
 	return &cert, certPEM, keyPEM, nil
 }

@@ -9,5 +9,6 @@
 //
 // Every label value is bounded: one longer than MaxLabelLen bytes is
 // exposed as its short hash ("sha256:" and 16 hex digits), and the group
-// label can be dropped altogether (Options.NoGroupLabel).
+// label can be dropped altogether (Options.NoGroupLabel). The relay labels
+// a group by its id (relay.GroupID), which is shorter.
 package metrics

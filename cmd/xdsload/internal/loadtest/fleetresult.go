@@ -149,7 +149,7 @@ func (h *FleetHop) measure(s *fleetSetup, fc *fleetClients, pub []time.Time) err
 		}
 		sources[k] = map[string]string{}
 		for _, g := range df.Groups {
-			sources[k][g.Group] = g.Source
+			sources[k][g.Key] = g.Source
 		}
 	}
 	var owner, peer []time.Duration
@@ -199,7 +199,7 @@ func (kl *FleetKill) measure(ctx context.Context, cfg *Config, s *fleetSetup, fc
 	var moved []string
 	for _, g := range df.Groups {
 		if g.Owner == df.Self {
-			moved = append(moved, strings.TrimPrefix(g.Group, "cluster="))
+			moved = append(moved, strings.TrimPrefix(g.Key, "cluster="))
 		}
 	}
 	kl.Moved = len(moved)
