@@ -202,6 +202,7 @@ type op struct {
 	refs    []ReferenceEvent               // reference waits that ended, told after the lock
 	unsafe  []UnsafeOrder                  // first waits of a type, told after the lock
 	refused RefusedReferences              // references refused at MaxNames, told after the lock
+	first   bool                           // a watch marked is woken first (Watch.SetFirst)
 }
 
 func (c *Cache) beginLocked() *op { return &op{} }
@@ -219,6 +220,9 @@ func (o *op) change(t *typeState, typeURL string, names ...string) {
 func (o *op) mark(set *map[string]map[*Watch][]string, typeURL string, w *Watch, names ...string) {
 	byW := o.byWatch(set, typeURL, 0)
 	byW[w] = append(byW[w], names...)
+	if w.first {
+		o.first = true
+	}
 }
 
 // markShared marks every watcher in ws with names, a slice they all share:
@@ -234,6 +238,9 @@ func (o *op) markShared(set *map[string]map[*Watch][]string, typeURL string, ws 
 			byW[w] = append(prev, names...)
 		} else {
 			byW[w] = names
+		}
+		if w.first {
+			o.first = true
 		}
 	}
 }
@@ -263,6 +270,9 @@ func (o *op) markWatchers(e *entry, typeURL, name string) {
 			byW[w] = append(prev, name)
 		} else {
 			byW[w] = one
+		}
+		if w.first {
+			o.first = true
 		}
 	}
 }
@@ -303,15 +313,32 @@ func (o *op) markAll() {
 
 // notify wakes the watchers markAll marked, with no lock of the cache held: a
 // watch's OnReady function is a callback (docs/architecture.md, "Locks").
+// The watches woken first (Watch.SetFirst) queue their streams' flushes
+// before the others'.
 func (o *op) notify() {
+	if o.first {
+		o.notifyWhere(func(w *Watch) bool { return w.first })
+		o.notifyWhere(func(w *Watch) bool { return !w.first })
+		return
+	}
+	o.notifyWhere(nil)
+}
+
+// notifyWhere wakes the watchers of the op that keep selects, every one if
+// keep is nil.
+func (o *op) notifyWhere(keep func(*Watch) bool) {
 	for _, byW := range o.names {
 		for w := range byW {
-			w.Wake()
+			if keep == nil || keep(w) {
+				w.Wake()
+			}
 		}
 	}
 	for _, byW := range o.beats {
 		for w := range byW {
-			w.Wake()
+			if keep == nil || keep(w) {
+				w.Wake()
+			}
 		}
 	}
 }

@@ -192,8 +192,15 @@ type Watch struct {
 	conv    []clientRec
 	convOne [1]clientRec
 
-	rank uint64 // orders the canaries (Rollout); set before registering
+	rank  uint64 // orders the canaries (Rollout); set before registering
+	first bool   // woken before the others (SetFirst); set before registering
 }
+
+// SetFirst makes the watch woken before the others at each change it is
+// marked in: a stream that fans out to many clients of its own (a relay
+// below) is flushed first. Call it before the watch is registered with a
+// cache.
+func (w *Watch) SetFirst(first bool) { w.first = first }
 
 // SetRank sets the watch's rank among its type's watches: the lowest
 // ranked are the canaries of the rollout (Rollout). A hash of the client's

@@ -1,6 +1,9 @@
 package cache
 
 import (
+	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -158,6 +161,49 @@ func TestWatchTakeBelow(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Fatalf("%v allocations per mark, look below and take", allocs)
+	}
+}
+
+// A watch set first (a relay below) is woken before the others of each
+// change it is marked in, whatever the order the cache holds them in.
+func TestFirstWatchIsWokenFirst(t *testing.T) {
+	c := New(Options{})
+	var mu sync.Mutex
+	var order []*Watch
+	watch := func(first bool) *Watch {
+		w := NewWatch()
+		w.SetFirst(first)
+		w.OnReady(func() {
+			mu.Lock()
+			order = append(order, w)
+			mu.Unlock()
+		})
+		return w
+	}
+	var others []*Watch
+	for range 50 {
+		w := watch(false)
+		c.Watch(w, "type.googleapis.com/envoy.config.cluster.v3.Cluster", "a")
+		others = append(others, w)
+	}
+	first := watch(true)
+	c.Watch(first, "type.googleapis.com/envoy.config.cluster.v3.Cluster", "a")
+	wild := watch(true)
+	c.WatchWildcard(wild, "type.googleapis.com/envoy.config.cluster.v3.Cluster")
+	for round := range 5 {
+		mu.Lock()
+		order = order[:0]
+		mu.Unlock()
+		c.Apply("type.googleapis.com/envoy.config.cluster.v3.Cluster", Change{Upserts: []*Resource{res("a", fmt.Sprint(round))}})
+		mu.Lock()
+		got := slices.Clone(order)
+		mu.Unlock()
+		if len(got) != 52 {
+			t.Fatalf("round %d: %d watches woken, want 52", round, len(got))
+		}
+		if !(got[0] == first && got[1] == wild || got[0] == wild && got[1] == first) {
+			t.Fatalf("round %d: the watches set first were woken at %d and %d", round, slices.Index(got, first), slices.Index(got, wild))
+		}
 	}
 }
 

@@ -101,6 +101,28 @@ func testReferenceWaitsTimingOut(t *testing.T, before sample, t0 time.Time) {
 	holdsAfter(t, "XdsrelayReferenceWaitsTimingOut", 10*time.Minute, before, after, t0, "RouteConfiguration", "with Route waits timing out and Cluster removals' waits resolved")
 }
 
+// testFleetViewDisagrees: with a member whose view differs from another's
+// between two scrapes, XdsrelayFleetViewDisagrees returns the instance's
+// series, held for a minute; before, nothing.
+func testFleetViewDisagrees(t *testing.T, before sample, t0 time.Time) {
+	after := withValues(t, before, func(name string, _ map[string]string) (float64, bool) {
+		return 1, name == "xdsrelay_fleet_view_disagreements"
+	})
+	rule := loadAlertRule(t, "XdsrelayFleetViewDisagrees")
+	if rule.hold != time.Minute {
+		t.Errorf("XdsrelayFleetViewDisagrees for: %v, want 1m", rule.hold)
+	}
+	st := teststorage.New(t)
+	ingest(t, st, before, t0)
+	ingest(t, st, after, t0.Add(scrapeInterval))
+	if got := holding(t, rule, st, t0); len(got) != 0 {
+		t.Errorf("XdsrelayFleetViewDisagrees with every view agreeing: %v", got)
+	}
+	if got := holding(t, rule, st, t0.Add(scrapeInterval)); len(got) != 1 || !strings.Contains(got[0], "instance=") {
+		t.Errorf("XdsrelayFleetViewDisagrees with a view that differs: %v, want the instance's series", got)
+	}
+}
+
 // holdsAfter checks the state alert name (for: hold) over scrape before at
 // t0 and scrape after one interval later: it returns nothing at t0, and
 // one series, of type typ, after (what says how after differs). It

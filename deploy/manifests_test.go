@@ -107,6 +107,7 @@ func checkInstall(t *testing.T, bin string, m manifests) {
 	checkGoMemLimit(t, m)
 	checkProbesAndPorts(t, m)
 	checkHeadlessAdmin(t, m)
+	checkFleet(t, m)
 	checkConfigMatchesContainer(t, m)
 	checkNetworkPolicy(t, m)
 	validateConfig(t, bin, m)
@@ -202,6 +203,9 @@ func TestChartMatchesKustomize(t *testing.T) {
 	}
 	if !reflect.DeepEqual(k.service.Spec.Ports, h.service.Spec.Ports) || k.service.Spec.Type != h.service.Spec.Type {
 		t.Errorf("the Services' ports differ: %v, %v", k.service.Spec.Ports, h.service.Spec.Ports)
+	}
+	if k.peers.Name != h.peers.Name || !reflect.DeepEqual(k.peers.Spec.Ports, h.peers.Spec.Ports) || k.peers.Spec.PublishNotReadyAddresses != h.peers.Spec.PublishNotReadyAddresses {
+		t.Errorf("the peers Services differ: %s %v, %s %v", k.peers.Name, k.peers.Spec, h.peers.Name, h.peers.Spec)
 	}
 	if k.headless.Name != h.headless.Name || !reflect.DeepEqual(k.headless.Spec.Ports, h.headless.Spec.Ports) {
 		t.Errorf("the headless Services differ: %s %v, %s %v", k.headless.Name, k.headless.Spec.Ports, h.headless.Name, h.headless.Spec.Ports)
@@ -736,16 +740,75 @@ func validateConfig(t *testing.T, bin string, m manifests) {
 	}
 }
 
+// podIP is the pod's IP in a test that runs a pod's container: the value of
+// a variable from the downward API's status.podIP.
+const podIP = "10.0.0.5"
+
 // containerEnv is the container's variables that have a value, as
-// KEY=value entries, and PATH.
+// KEY=value entries, and PATH: status.podIP's is podIP, and $(NAME) of a
+// variable defined before is expanded, as the kubelet does.
 func containerEnv(c corev1.Container) []string {
 	env := []string{"PATH=" + os.Getenv("PATH")}
+	defined := map[string]string{}
 	for _, e := range c.Env {
-		if e.ValueFrom == nil {
-			env = append(env, e.Name+"="+e.Value)
+		v := e.Value
+		switch {
+		case e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "status.podIP":
+			v = podIP
+		case e.ValueFrom != nil:
+			continue
 		}
+		for name, value := range defined {
+			v = strings.ReplaceAll(v, "$("+name+")", value)
+		}
+		defined[e.Name] = v
+		env = append(env, e.Name+"="+v)
 	}
 	return env
+}
+
+// checkFleet holds an install to docs/kubernetes.md's fleet: a headless
+// Service on the xDS port listing every pod, not-ready ones too, that
+// fleet.peers names; fleet.self the pod's IP on the xDS port, from the
+// downward API; the admin address advertised; three replicas, or an HPA of
+// three at least, and a PodDisruptionBudget that keeps two.
+func checkFleet(t *testing.T, m manifests) {
+	t.Helper()
+	p, c := m.peers, relayContainer(t, m.deployment)
+	if p == nil {
+		t.Fatal("no headless peers Service")
+	}
+	if p.Spec.ClusterIP != corev1.ClusterIPNone || !p.Spec.PublishNotReadyAddresses || p.Namespace != m.service.Namespace ||
+		!reflect.DeepEqual(p.Spec.Selector, m.service.Spec.Selector) {
+		t.Errorf("peers Service %s: clusterIP %q, publishNotReadyAddresses %v, selector %v", p.Name, p.Spec.ClusterIP, p.Spec.PublishNotReadyAddresses, p.Spec.Selector)
+	}
+	xds := servicePort(m.service, "xds")
+	if len(p.Spec.Ports) != 1 || xds == nil || p.Spec.Ports[0].Port != xds.Port || p.Spec.Ports[0].TargetPort != xds.TargetPort {
+		t.Errorf("peers Service ports %v, want only the xDS port %v", p.Spec.Ports, xds)
+	}
+	port := containerPort(c, "xds")
+	if got, want := envValue(c, "XDSRELAY_FLEET_PEERS"), fmt.Sprintf("%s:%d", p.Name, xds.Port); got != want {
+		t.Errorf("XDSRELAY_FLEET_PEERS %q, want %q", got, want)
+	}
+	env := map[string]string{}
+	for _, kv := range containerEnv(c)[1:] {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	if got, want := env["XDSRELAY_FLEET_SELF"], net.JoinHostPort(podIP, strconv.Itoa(int(port))); got != want {
+		t.Errorf("XDSRELAY_FLEET_SELF is %q in the pod, want the pod IP and the xDS port %q", got, want)
+	}
+	if got, want := env["XDSRELAY_ADMIN_ADVERTISE_ADDRESS"], net.JoinHostPort(podIP, strconv.Itoa(int(containerPort(c, "admin")))); got != want {
+		t.Errorf("XDSRELAY_ADMIN_ADVERTISE_ADDRESS is %q in the pod, want %q", got, want)
+	}
+	switch {
+	case m.hpa == nil && (m.deployment.Spec.Replicas == nil || *m.deployment.Spec.Replicas < 3):
+		t.Errorf("replicas %v: a fleet of three", m.deployment.Spec.Replicas)
+	case m.hpa != nil && *m.hpa.Spec.MinReplicas < 3:
+		t.Errorf("HPA minReplicas %d: a fleet of three", *m.hpa.Spec.MinReplicas)
+	case m.pdb == nil || m.pdb.Spec.MinAvailable.IntValue() < 2:
+		t.Error("pdb: want minAvailable 2 or more")
+	}
 }
 
 // relayContainer is the Deployment's only container.

@@ -40,6 +40,7 @@ type manifests struct {
 	deployment *appsv1.Deployment
 	service    *corev1.Service
 	headless   *corev1.Service // the replicas' admin endpoints, one address each
+	peers      *corev1.Service // the replicas' xDS endpoints, one address each: the fleet's members
 	pdb        *policyv1.PodDisruptionBudget
 	netpol     *networkingv1.NetworkPolicy
 	account    *corev1.ServiceAccount
@@ -122,6 +123,9 @@ func decodeObjects(t *testing.T, source string, stream []byte) manifests {
 		}
 		if tm.APIVersion == "v1" && tm.Kind == "Service" && headlessService(js) {
 			slot = &m.headless
+			if strings.HasSuffix(objectName(js), "-peers") {
+				slot = &m.peers
+			}
 		}
 		if !isNilSlot(slot) {
 			t.Fatalf("%s: two objects of kind %s", source, tm.Kind)
@@ -149,6 +153,17 @@ func headlessService(js []byte) bool {
 		} `json:"spec"`
 	}
 	return json.Unmarshal(js, &svc) == nil && svc.Spec.ClusterIP == corev1.ClusterIPNone
+}
+
+// objectName is an object's metadata.name, from its JSON.
+func objectName(js []byte) string {
+	var o struct {
+		Metadata struct {
+			Name string `json:"name"`
+		} `json:"metadata"`
+	}
+	_ = json.Unmarshal(js, &o)
+	return o.Metadata.Name
 }
 
 // isNilSlot reports whether the pointer slot points at a nil object.

@@ -19,10 +19,17 @@ import (
 )
 
 // client is who makes a request, for the authorization check: the variant
-// (for the metric) and the client's TLS connection, nil without TLS.
+// (for the metric), the client's TLS connection, nil without TLS, and its
+// address.
 type client struct {
 	variant string
 	tls     *tls.ConnectionState
+	addr    string
+}
+
+// caller is c as the groups are told of it.
+func (c client) caller() Caller {
+	return Caller{Variant: c.variant, Identities: authz.Identities(c.tls), Addr: c.addr}
 }
 
 // streamVariants are the variants of xDS streams (services.go), whose
@@ -38,6 +45,9 @@ var deniedVariants = append(slices.Clone(streamVariants), variantLRS, "fetch", "
 func grpcClient(ctx context.Context, variant string) client {
 	c := client{variant: variant}
 	if p, ok := peer.FromContext(ctx); ok {
+		if p.Addr != nil {
+			c.addr = p.Addr.String()
+		}
 		if info, ok := p.AuthInfo.(credentials.TLSInfo); ok {
 			c.tls = &info.State
 		}

@@ -26,7 +26,9 @@ type logBuffer = testlog.Buffer
 
 type oneGroup struct{ c *cache.Cache }
 
-func (g oneGroup) Join(*corepb.Node) (*cache.Cache, func(), error) { return g.c, func() {}, nil }
+func (g oneGroup) Join(*corepb.Node, Caller) (*cache.Cache, func(), error) {
+	return g.c, func() {}, nil
+}
 
 // startServer serves a Server on 127.0.0.1:0 until the test ends.
 func startServer(t *testing.T, log *logBuffer) (*Server, *grpc.ClientConn) {

@@ -68,7 +68,7 @@ func (s *Server) fetch(ctx context.Context, who client, req *discoverypb.Discove
 			return nil, status.Errorf(codes.PermissionDenied, "xdsrelay: downstream.authorization.rules do not let this client ask for the xdstp authority %q (%q)", xds.Clip(auth), xds.Clip(n))
 		}
 	}
-	c, release, err := s.join(req.GetNode())
+	c, release, err := s.join(req.GetNode(), who)
 	if err != nil {
 		return nil, err
 	}
@@ -257,7 +257,7 @@ func (s *Server) pollREST(w http.ResponseWriter, r *http.Request, typeURL string
 	end.node = req.GetNode()
 	ctx, cancel := s.pollContext(r.Context())
 	defer cancel()
-	return s.fetch(ctx, client{variant: "rest", tls: r.TLS}, req, typeURL)
+	return s.fetch(ctx, client{variant: "rest", tls: r.TLS, addr: r.RemoteAddr}, req, typeURL)
 }
 
 func writeREST(w http.ResponseWriter, resp *discoverypb.DiscoveryResponse) {

@@ -31,7 +31,7 @@ import (
 
 type noGroups struct{}
 
-func (noGroups) Join(*corepb.Node) (*cache.Cache, func(), error) { return nil, nil, nil }
+func (noGroups) Join(*corepb.Node, Caller) (*cache.Cache, func(), error) { return nil, nil, nil }
 
 func benchServer(b testing.TB) *Server {
 	b.Helper()

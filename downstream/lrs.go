@@ -30,8 +30,8 @@ import (
 type LoadGroups interface {
 	// JoinLoads returns the load store of the group the node belongs to
 	// and a function to call when the stream ends. A *LimitError refuses
-	// the client at a limit (limits.max_groups).
-	JoinLoads(node *corepb.Node) (s *loadstats.Store, release func(), err error)
+	// the client at a limit (limits.max_groups). from is who joins.
+	JoinLoads(node *corepb.Node, from Caller) (s *loadstats.Store, release func(), err error)
 }
 
 // LoadOptions configure the load reporting service.
@@ -103,10 +103,11 @@ func (s *Server) runLoads(st loadServer, end *streamEnd) error {
 	}
 	defer s.live.remove(ls)
 	end.node = xdsNode(first.GetNode())
-	if _, err := s.authorize(grpcClient(ctx, end.variant), end.node); err != nil {
+	who := grpcClient(ctx, end.variant)
+	if _, err := s.authorize(who, end.node); err != nil {
 		return err
 	}
-	store, release, err := s.joinLoads(end.node)
+	store, release, err := s.joinLoads(end.node, who)
 	if err != nil {
 		return err
 	}
@@ -162,11 +163,11 @@ func xdsNode(n *corepb.Node) *corepb.Node {
 
 // joinLoads places the stream's node in its group ("Basic Protocol
 // Overview": the node is read from the first request only).
-func (s *Server) joinLoads(node *corepb.Node) (*loadstats.Store, func(), error) {
+func (s *Server) joinLoads(node *corepb.Node, who client) (*loadstats.Store, func(), error) {
 	if node == nil {
 		return nil, nil, status.Error(codes.InvalidArgument, "xdsrelay: the first request on a load report stream must carry the node")
 	}
-	store, release, err := s.loads.Groups.JoinLoads(node)
+	store, release, err := s.loads.Groups.JoinLoads(node, who.caller())
 	if err != nil {
 		return nil, nil, joinError(err)
 	}

@@ -18,7 +18,7 @@ import (
 // oneLoadGroup places every load reporting client in one store.
 type oneLoadGroup struct{ s *loadstats.Store }
 
-func (g oneLoadGroup) JoinLoads(*corepb.Node) (*loadstats.Store, func(), error) {
+func (g oneLoadGroup) JoinLoads(*corepb.Node, Caller) (*loadstats.Store, func(), error) {
 	return g.s, func() {}, nil
 }
 

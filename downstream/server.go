@@ -28,8 +28,19 @@ import (
 type Groups interface {
 	// Join returns the cache of the group the node belongs to and a
 	// function to call when the stream ends. A *LimitError refuses the
-	// client at a limit (limits.max_groups).
-	Join(node *corepb.Node) (c *cache.Cache, release func(), err error)
+	// client at a limit (limits.max_groups). from is who joins.
+	Join(node *corepb.Node, from Caller) (c *cache.Cache, release func(), err error)
+}
+
+// Caller is who opens a stream or a poll, as the edge knows it, for the
+// groups to judge what of its node to believe: the variant (the stream
+// variants, "lrs", "fetch", "rest"), the identities of its verified client
+// certificate (none without one) and its address, as CloseConnection takes
+// it.
+type Caller struct {
+	Variant    string
+	Identities []string
+	Addr       string
 }
 
 // Options configure a Server.
@@ -65,6 +76,11 @@ type Options struct {
 	// invariant 21). The relay sets upstream.connect_timeout (the
 	// longest); 10s if zero.
 	HeldWait time.Duration
+	// FlushFirst, if set, says of a stream as it joins (its node, who
+	// opened it) whether its watch is woken before the others at each
+	// change (cache.Watch.SetFirst): a relay below fans out to many
+	// clients of its own, and is flushed first.
+	FlushFirst func(node *corepb.Node, from Caller) bool
 	// Loads configure the load reporting service (LRS); not served if
 	// Loads.Groups is nil.
 	Loads LoadOptions
@@ -89,6 +105,7 @@ type Server struct {
 	answerWait  time.Duration
 	wildWait    time.Duration // Options.WildcardWait
 	heldWait    time.Duration // Options.HeldWait
+	flushFirst  func(*corepb.Node, Caller) bool
 	limits      Limits
 	admission   *admission
 	deadlines   *deadlines // limits.first_request_timeout; nil for none
@@ -148,6 +165,7 @@ func New(opts Options) (*Server, error) {
 		answerWait:  opts.AnswerWait,
 		wildWait:    opts.WildcardWait,
 		heldWait:    opts.HeldWait,
+		flushFirst:  opts.FlushFirst,
 		between:     opts.betweenTypes,
 		limits:      opts.Limits,
 		loads:       opts.Loads.defaults(),
@@ -186,6 +204,12 @@ func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.ForceServerCodecV2(xds.Codec{})}
 }
 
+// CloseConnection closes the client connection from addr (a Caller's
+// Addr), reporting whether there was one: its streams end with
+// UNAVAILABLE and its client reconnects, as Drain does for every
+// connection. gRPC gives a server no GOAWAY of one connection alone.
+func (s *Server) CloseConnection(addr string) bool { return s.conns.close(addr) }
+
 // Drain asks every stream and poll to end with UNAVAILABLE, so that clients
 // reconnect (to another replica) while the process shuts down.
 func (s *Server) Drain() {
@@ -221,11 +245,11 @@ func resolveType(typeURL, fixed string) (string, error) {
 
 // join places the stream's node in its group ("Basic Protocol Overview": the
 // node is read from the first request only).
-func (s *Server) join(node *corepb.Node) (*cache.Cache, func(), error) {
+func (s *Server) join(node *corepb.Node, who client) (*cache.Cache, func(), error) {
 	if node == nil {
 		return nil, nil, status.Error(codes.InvalidArgument, "xdsrelay: the first request on a stream must carry the node")
 	}
-	c, release, err := s.groups.Join(node)
+	c, release, err := s.groups.Join(node, who.caller())
 	if err != nil {
 		return nil, nil, joinError(err)
 	}

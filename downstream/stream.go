@@ -429,11 +429,12 @@ func run[Req any, Resp any, PReq interface {
 	defer s.live.remove(ls)
 	end.node = PReq(first).GetNode()
 	end.see(PReq(first).GetTypeUrl())
-	grant, err := s.authorize(grpcClient(ctx, end.variant), end.node)
+	who := grpcClient(ctx, end.variant)
+	grant, err := s.authorize(who, end.node)
 	if err != nil {
 		return err
 	}
-	c, release, err := s.join(end.node)
+	c, release, err := s.join(end.node, who)
 	if err != nil {
 		return err
 	}
@@ -444,6 +445,9 @@ func run[Req any, Resp any, PReq interface {
 	p := open(c, PReq(first), g.send)
 	b := p.base()
 	b.grant = grant
+	if s.flushFirst != nil && s.flushFirst(end.node, who.caller()) {
+		b.watch.SetFirst(true) // before the first request registers it
+	}
 	pm := &pump{pool: s.sends, conn: s.sends.conn(ls.addr), flush: p.flush, guard: g, stream: b}
 	g.conn = pm.conn
 	defer s.sends.release(pm.conn)

@@ -55,6 +55,13 @@ func (c *Config) authorizer() (*authz.Authorizer, error) {
 	for i, r := range rules {
 		compiled[i] = authz.Rule(r)
 	}
+	if c.Fleet.On() {
+		// A peer asks for any group its own clients were admitted to: its
+		// identities may claim any node (docs/architecture.md, "Fleet").
+		for _, id := range c.Fleet.PeerIdentities {
+			compiled = append(compiled, authz.Rule{Identity: id})
+		}
+	}
 	a, err := authz.New(compiled)
 	if err != nil {
 		return nil, fmt.Errorf("downstream.authorization.%w", err)

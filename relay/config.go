@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/fleet"
 	"github.com/xdsrelay/xdsrelay/internal/creds"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/upstream"
@@ -244,6 +246,10 @@ type Config struct {
 		// left out, and counted.
 		MaxNames int
 	}
+	// Fleet is fleet.*: replicas that know each other and fetch each group
+	// from the control plane once between them (docs/architecture.md,
+	// "Fleet"); off without fleet.peers.
+	Fleet fleet.Config
 	// Tracing installs OpenTelemetry instrumentation (gRPC stats handlers on
 	// both edges) on the global tracer provider; the binary sets it when
 	// tracing.otlp_endpoint is configured.
@@ -267,6 +273,9 @@ type Config struct {
 		// loopback replaces the admin endpoint's answer to whether its
 		// listener's address is a loopback one (adminLoopback).
 		loopback func(net.Addr) bool
+		// resolve resolves fleet.peers' names; the system's resolver if
+		// nil. The tests give each relay its own view of a name.
+		resolve func(ctx context.Context, host string) ([]string, error)
 	}
 }
 
@@ -450,6 +459,7 @@ func Default() Config {
 	c.LRS.MaxNames = 50_000
 	c.LRS.MaxPendingBytes = 16 << 20
 	c.LRS.SendTimeout = 30 * time.Second
+	c.Fleet = fleet.Default()
 	return c
 }
 
@@ -471,7 +481,7 @@ func (c *Config) Problems() []error {
 	var p problems
 	for _, check := range []func(*problems){c.validateUpstreams, c.validateGroupBy, c.validateDownstream,
 		c.validateAuthorization, c.validateConnections, c.validateAdmin, c.validateCache, c.validateGuard,
-		c.validateLRS, c.validateShutdown, c.validateLimits} {
+		c.validateLRS, c.validateShutdown, c.validateLimits, c.validateFleet} {
 		check(&p)
 	}
 	return p
@@ -580,6 +590,31 @@ func (c *Config) validateCache(p *problems) {
 	}
 	if cc.PersistMaxBytes < 64<<10 {
 		p.addf("cache.persist_max_bytes: %d is below 64 KiB", cc.PersistMaxBytes)
+	}
+}
+
+// validateFleet checks fleet.*, and what they need of the other keys: a
+// control plane to share (resource files are every replica's own), and,
+// with client certificates, the identities that may speak as a peer.
+func (c *Config) validateFleet(p *problems) {
+	f := &c.Fleet
+	if err := f.Validate(); err != nil {
+		p.add(err)
+		return
+	}
+	if !f.On() {
+		return
+	}
+	if strings.HasPrefix(c.Upstream.Address, FilePrefix) {
+		p.addf("fleet.peers: a fleet shares a control plane's work; with a file:// upstream.address every replica reads the files itself")
+	}
+	if c.Downstream.TLS.CAFile != "" && len(f.PeerIdentities) == 0 {
+		p.addf("fleet.peer_identities: required with downstream.tls.client_ca_file: the identities of the replicas' certificates, the only callers trusted with the peer mark")
+	}
+	for _, id := range f.PeerIdentities {
+		if strings.ContainsAny(id, "{}*") {
+			p.addf("fleet.peer_identities: %q is an identity, not a pattern ({, } and * are not allowed)", id)
+		}
 	}
 }
 

@@ -216,9 +216,19 @@ func TestConfigDumpJSONIsEnvoys(t *testing.T) {
 			} `json:"config_dump"`
 		} `json:"streams"`
 	}
-	eventually(t, "the Envoy's clusters in its dump", func() bool {
+	// The dump says the version the client ACKed once the relay has read
+	// the ACK, which may be after the Envoy has the cluster.
+	eventually(t, "the Envoy's clusters in its dump, at the version it ACKed", func() bool {
 		getJSON(t, r, "/debug/config_dump?node=envoy-1", &raw)
-		return len(raw.Streams) == 1 && len(raw.Streams[0].ConfigDump.Configs) > 0
+		if len(raw.Streams) != 1 {
+			return false
+		}
+		for _, c := range raw.Streams[0].ConfigDump.Configs {
+			if string(c["@type"]) == `"type.googleapis.com/envoy.admin.v3.ClustersConfigDump"` {
+				return len(c["version_info"]) > 0 && string(c["version_info"]) != `""`
+			}
+		}
+		return false
 	})
 	for _, c := range raw.Streams[0].ConfigDump.Configs {
 		if string(c["@type"]) != `"type.googleapis.com/envoy.admin.v3.ClustersConfigDump"` {

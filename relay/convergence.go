@@ -30,6 +30,10 @@ type DebugConvergence struct {
 	// others past the bound are not named.
 	Tiers     []ConvergenceTier `json:"tiers,omitempty"`
 	TiersMore int               `json:"tiers_more,omitempty"`
+	// FleetPaths, with a fleet, says where each group comes from: the
+	// control plane, or a peer, which counts as one client here
+	// (fleet.go; xdsrelay status --summary shows it).
+	FleetPaths []FleetGroup `json:"fleet_paths,omitempty"`
 }
 
 // ConvergenceSummary is where one group's clients stand with a type: each
@@ -129,6 +133,7 @@ func (r *Relay) debugConvergence(w http.ResponseWriter, req *http.Request) {
 		withBytesVersions(groups, out.Resources)
 	}
 	out.Tiers, out.TiersMore = r.tiersOf(groups)
+	out.FleetPaths = r.fleetGroups(groups)
 	writeJSON(w, out)
 }
 

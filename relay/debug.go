@@ -63,6 +63,7 @@ func (r *Relay) debugRoutes(mux *http.ServeMux, l adminListener) {
 	mux.HandleFunc("GET /debug/cache", gate(l, accessViews, r.debugCache))
 	mux.HandleFunc("GET /debug/convergence", gate(l, accessViews, r.debugConvergence))
 	mux.HandleFunc("GET /debug/references", gate(l, accessViews, r.debugReferences))
+	mux.HandleFunc("GET /debug/fleet", gate(l, accessViews, r.debugFleet))
 	mux.HandleFunc("GET /debug/config_dump", gate(l, accessViews, r.debugConfigDump))
 	mux.HandleFunc("GET /debug/guard/holds", gate(l, accessViews, r.debugGuardHolds))
 	mux.HandleFunc("GET /debug/rollout/changes", gate(l, accessViews, r.debugRolloutChanges))

@@ -32,7 +32,7 @@ func reconnectBackoff(u UpstreamConfig) backoff.Config {
 // only the connection's (docs/architecture.md, invariant 17). The
 // connection's attempts are followed, so that each failed one is reported
 // once.
-func dialServer(u UpstreamConfig, addr string, tracing bool, tc credentials.TransportCredentials) (upstream.Server, error) {
+func dialServer(u UpstreamConfig, addr string, tracing bool, tc credentials.TransportCredentials, extra ...grpc.DialOption) (upstream.Server, error) {
 	if tc == nil {
 		tc = insecure.NewCredentials()
 	}
@@ -55,7 +55,7 @@ func dialServer(u UpstreamConfig, addr string, tracing bool, tc credentials.Tran
 	if len(u.Headers) > 0 {
 		opts = append(opts, grpc.WithPerRPCCredentials(creds.Headers(u.Headers)))
 	}
-	conn, err := grpc.NewClient(addr, opts...)
+	conn, err := grpc.NewClient(addr, append(opts, extra...)...)
 	if err != nil {
 		attempts.Release()
 		return upstream.Server{}, fmt.Errorf("%s: %w", addr, err)

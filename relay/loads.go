@@ -86,13 +86,12 @@ var _ downstream.LoadGroups = (*Relay)(nil)
 
 // JoinLoads implements downstream.LoadGroups: it places node in its group
 // as Join does, and makes sure the group's load reports go upstream.
-func (r *Relay) JoinLoads(node *corepb.Node) (*loadstats.Store, func(), error) {
-	_, leave, err := r.Join(node)
+func (r *Relay) JoinLoads(node *corepb.Node, from downstream.Caller) (*loadstats.Store, func(), error) {
+	g, leave, err := r.join(node, from)
 	if err != nil {
 		return nil, nil, err
 	}
 	r.mu.Lock()
-	g := r.groups[GroupKey(node, r.cfg.Upstream.GroupBy)] // there while the client is in it
 	if g.loads == nil {
 		store, err := r.newLoadStore(g.id)
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/xdsrelay/xdsrelay/cache"
+	"github.com/xdsrelay/xdsrelay/downstream"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
 
@@ -27,7 +28,7 @@ func BenchmarkLoadReportsStart(b *testing.B) {
 	def, other := testcp.Start(b), testcp.Start(b)
 	r := startRelay(b, def.Addr, withUpstream("mesh-b", other.Addr, nil, []string{"mesh-b"}))
 	n := lrsNode("envoy-1", "c1", "z1")
-	c, leave, err := r.Join(n)
+	c, leave, err := r.Join(n, downstream.Caller{Variant: "delta-ads"})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -52,7 +53,7 @@ func BenchmarkLoadReportsStart(b *testing.B) {
 		stopReporter(r, g)
 		stop := probeRelayMu(r)
 		b.StartTimer()
-		_, leaveLoads, err := r.JoinLoads(n)
+		_, leaveLoads, err := r.JoinLoads(n, downstream.Caller{Variant: "lrs"})
 		if err != nil {
 			b.Fatal(err)
 		}

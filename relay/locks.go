@@ -27,3 +27,7 @@ func (persistHealthMu) LockName() string { return "persistHealth.mu" }
 type configWarningsMu struct{}
 
 func (configWarningsMu) LockName() string { return "configWarnings.mu" }
+
+type fleetWiringMu struct{}
+
+func (fleetWiringMu) LockName() string { return "fleetWiring.mu" }

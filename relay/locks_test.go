@@ -135,7 +135,7 @@ func TestLoadRouteReadsTheNamesWithoutTheRelaysLock(t *testing.T) {
 	r, got, not := probedRelay(t, def, "the group's Clusters come from several upstreams",
 		withUpstream("mesh-b", meshB.Addr, nil, []string{"mesh-b"}))
 	n := lrsNode("envoy-1", "c1", "z1")
-	c, leave, err := r.Join(n)
+	c, leave, err := r.Join(n, downstream.Caller{Variant: "delta-ads"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +145,7 @@ func TestLoadRouteReadsTheNamesWithoutTheRelaysLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Release(w)
-	_, leaveLoads, err := r.JoinLoads(n)
+	_, leaveLoads, err := r.JoinLoads(n, downstream.Caller{Variant: "lrs"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -649,7 +649,7 @@ func (r *Relay) restoreFile(path string) error {
 func (r *Relay) restoreGroup(key string, node *corepb.Node, states []cache.TypeState) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	_, err := r.startGroupLocked(key, node, states)
+	_, err := r.startGroupLocked(key, node, states, false)
 	return err
 }
 

@@ -75,6 +75,22 @@ func referenceWaits(t *testing.T, r *Relay, typeURL, outcome string) float64 {
 	return value(scrape(t, r), "xdsrelay_reference_waits_total", map[string]string{"type": xds.ShortName(typeURL), "outcome": outcome})
 }
 
+// wantReferenceWaits waits (bounded) for the reference waits of typeURL
+// that ended with outcome to count want: the count moves once the cache's
+// locks are released, which may be after a client has what the wait
+// released.
+func wantReferenceWaits(t *testing.T, r *Relay, typeURL, outcome string, want float64) {
+	t.Helper()
+	var n float64
+	eventually(t, fmt.Sprintf("xdsrelay_reference_waits_total{type=%s,outcome=%s} to reach %v", xds.ShortName(typeURL), outcome, want), func() bool {
+		n = referenceWaits(t, r, typeURL, outcome)
+		return n >= want
+	})
+	if n != want {
+		t.Errorf("xdsrelay_reference_waits_total{type=%s,outcome=%s} = %v, want %v", xds.ShortName(typeURL), outcome, n, want)
+	}
+}
+
 // The control plane names Cluster y in a Route before it has y: a client
 // of the Route never holds it before y is cached (the relay fetches y as
 // what the Route points at), and gets it once y comes, y cached by then.
@@ -110,14 +126,8 @@ func testRouteWaitsForItsCluster(t *testing.T, d testcp.Dialect) {
 		t.Error("the client got the route to y before y's endpoints were cached")
 	}
 	// The route to x waited for x too: the relay fetched x only once it
-	// read the route. The count moves once the cache's locks are
-	// released, which may be after the client has the route.
-	eventually(t, "xdsrelay_reference_waits_total{outcome=resolved} to reach 2", func() bool {
-		return referenceWaits(t, r, resourcev3.RouteType, "resolved") >= 2
-	})
-	if n := referenceWaits(t, r, resourcev3.RouteType, "resolved"); n != 2 {
-		t.Errorf("xdsrelay_reference_waits_total{outcome=resolved} = %v, want 2", n)
-	}
+	// read the route.
+	wantReferenceWaits(t, r, resourcev3.RouteType, "resolved", 2)
 }
 
 // The control plane removes Cluster x while the Route still points at it,
@@ -166,9 +176,7 @@ func testRemovalWaitsForTheRouteToMove(t *testing.T, d testcp.Dialect) {
 			break
 		}
 	}
-	if n := referenceWaits(t, r, resourcev3.ClusterType, "resolved"); n != 1 {
-		t.Errorf("xdsrelay_reference_waits_total{type=Cluster,outcome=resolved} = %v, want 1", n)
-	}
+	wantReferenceWaits(t, r, resourcev3.ClusterType, "resolved", 1)
 }
 
 // A weighted route waits for every cluster it splits between; one that
@@ -200,9 +208,7 @@ func TestWeightedRouteWaitIsBounded(t *testing.T) {
 	if took := time.Since(start); took < maxWait {
 		t.Errorf("the route came after %v, before consistency.max_wait %v", took, maxWait)
 	}
-	if n := referenceWaits(t, r, resourcev3.RouteType, "timeout"); n != 1 {
-		t.Errorf("xdsrelay_reference_waits_total{outcome=timeout} = %v, want 1", n)
-	}
+	wantReferenceWaits(t, r, resourcev3.RouteType, "timeout", 1)
 	getJSON(t, r, "/debug/references?group="+url.QueryEscape(keyOf("c1")), &refs)
 	var clusters []debugDangling
 	for _, d := range refs.Dangling {
@@ -284,9 +290,7 @@ func TestUnsafeOrderWarnsOncePerGroupAndType(t *testing.T) {
 	if got := routeClusters(t, recvAck(t, c, wait), "r"); !slices.Equal(got, []string{"y"}) {
 		t.Fatalf("route to %v, want [y]", got)
 	}
-	if n := referenceWaits(t, r, resourcev3.RouteType, "resolved"); n != 2 {
-		t.Errorf("xdsrelay_reference_waits_total{outcome=resolved} = %v, want 2 (the route waited twice)", n)
-	}
+	wantReferenceWaits(t, r, resourcev3.RouteType, "resolved", 2)
 	lines := logs.Lines(t, unsafeOrderMsg)
 	if len(lines) != 1 {
 		t.Fatalf("%d unsafe-order warnings, want 1: %v", len(lines), lines)
@@ -324,9 +328,7 @@ func TestReferencedNamesAreBoundedPerGroup(t *testing.T) {
 	if n := value(scrape(t, r), "xdsrelay_references_refused_total", map[string]string{"type": xds.ShortName(resourcev3.ClusterType)}); n != 3 {
 		t.Errorf("xdsrelay_references_refused_total{type=Cluster} = %v, want 3", n)
 	}
-	if n := referenceWaits(t, r, resourcev3.RouteType, "timeout"); n != 1 {
-		t.Errorf("xdsrelay_reference_waits_total{outcome=timeout} = %v, want 1", n)
-	}
+	wantReferenceWaits(t, r, resourcev3.RouteType, "timeout", 1)
 	const msg = "consistency: names resources point at were not fetched, the group's names are at limits.max_names_per_group; what waits for them is released after consistency.max_wait (logged once per group, counted in xdsrelay_references_refused_total)"
 	if lines := logs.Lines(t, msg); len(lines) != 1 || lines[0]["refused"] != float64(3) {
 		t.Errorf("refusal warnings = %v, want one of 3 names", lines)

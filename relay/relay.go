@@ -77,6 +77,10 @@ type Relay struct {
 	persistHealth *persistHealth
 	warnings      *configWarnings // xdsrelay_config_warnings and their /readyz lines
 	loads         loadReports     // load report metrics (loads.go)
+	fleetM        fleetMetrics    // the fleet's metrics, registered with or without a fleet (fleet.go)
+
+	// Read-only after New: the fleet (fleet.peers), nil without one.
+	fleet *fleetWiring
 
 	// Lifecycle flags, set at run time; atomic.
 	ready    atomic.Bool
@@ -87,9 +91,12 @@ type Relay struct {
 	// asked its dialect before any group (readiness.go); nil if nothing.
 	refusal atomic.Pointer[dialectRefusal]
 
-	// The groups, guarded by mu.
-	mu     lockorder.Mutex[relayMu]
-	groups map[string]*group
+	// The groups and, with a fleet, the client connections balance counts
+	// (fleet.go), guarded by mu.
+	mu          lockorder.Mutex[relayMu]
+	groups      map[string]*group
+	conns       map[string]*clientConn
+	clientConns int // the connections of conns that balance counts
 
 	// live counts every goroutine the relay starts (goRun), the groups'
 	// included. Goroutines are added by Start or under mu while ctx is
@@ -126,8 +133,15 @@ type group struct {
 	feed   upstream.Feed // what fills cache; its Status is the group's upstream state
 	cancel context.CancelFunc
 
+	// With a fleet (fleet.go), read-only once started: the feed as a
+	// switch between the control plane and the owner, and the node
+	// presented to the owner. nil without a fleet.
+	sw       *upstream.Switch
+	peerNode *corepb.Node
+
 	// Guarded by Relay.mu.
 	clients   int
+	peers     int                  // the clients that are peers' streams (the hop rule: fleet.go)
 	loads     *groupLoads          // nil until a client reports load
 	tiers     map[string]*tierLink // lower relays among the clients, by node id (tiers.go)
 	tiersOver int                  // their streams past maxTiers, not named
@@ -151,7 +165,7 @@ func New(cfg Config, logger *slog.Logger) (*Relay, error) {
 			r.closeReloaders()
 		}
 	}()
-	for _, step := range []func() error{r.openSource, r.newDownstream, r.newGRPCServer} {
+	for _, step := range []func() error{r.openSource, r.newDownstream, r.newGRPCServer, r.newFleet} {
 		if err := step(); err != nil {
 			return nil, err
 		}
@@ -171,6 +185,7 @@ func newRelay(cfg Config, logger *slog.Logger) *Relay {
 		log:     logger,
 		metrics: metrics.New(metrics.Options{NoGroupLabel: !cfg.Metrics.GroupLabel}),
 		groups:  make(map[string]*group),
+		conns:   make(map[string]*clientConn),
 		certs:   make(map[string]*creds.Reloader),
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
@@ -189,6 +204,8 @@ func newRelay(cfg Config, logger *slog.Logger) *Relay {
 	r.persistHealth = newPersistHealth(r.metrics)
 	r.warnings = newConfigWarnings(r.metrics, warnedKeys(cfg))
 	r.loads = newLoadReports(r.metrics)
+	r.fleetM = newFleetMetrics(r.metrics)
+	r.registerFleetMetrics()
 	return r
 }
 
@@ -215,7 +232,7 @@ func (r *Relay) newDownstream() error {
 	r.down, err = downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: r.log,
 		PollTimeout: cfg.Downstream.PollTimeout, SendTimeout: cfg.Downstream.SendTimeout, Authorizer: az,
 		Limits: downstreamLimits(cfg), AnswerWait: min(cfg.Cache.NotFoundTimeout, firstAnswerWait),
-		WildcardWait: cfg.wildcardWait(), HeldWait: cfg.longestConnectTimeout(), Loads: r.loads.downstream(r)})
+		WildcardWait: cfg.wildcardWait(), FlushFirst: r.flushFirst, HeldWait: cfg.longestConnectTimeout(), Loads: r.loads.downstream(r)})
 	return err
 }
 
@@ -442,6 +459,7 @@ func (r *Relay) Start() error {
 		}
 	})
 	r.goRun(r.sweep)
+	r.startFleet()
 	if r.cfg.Cache.PersistDir != "" {
 		r.goRun(func() { r.persist(r.cfg.Cache.PersistInterval) })
 	}
@@ -626,6 +644,9 @@ func (r *Relay) Shutdown(ctx context.Context) error {
 		err = errors.Join(err, werr)
 	}
 	err = errors.Join(err, r.source.Close())
+	if r.fleet != nil {
+		err = errors.Join(err, r.fleet.close())
+	}
 	r.closeReloaders()
 	if r.cfg.Cache.PersistDir == "" {
 		r.log.Info("shut down; the caches were not saved (cache.persist_dir is not set): the next start begins empty")
@@ -640,8 +661,19 @@ var _ downstream.Groups = (*Relay)(nil)
 // Join implements downstream.Groups: it places node in its group, creating
 // the group (and its upstream stream, presenting this node) if it is the
 // first.
-func (r *Relay) Join(node *corepb.Node) (*cache.Cache, func(), error) {
-	key := GroupKey(node, r.cfg.Upstream.GroupBy)
+func (r *Relay) Join(node *corepb.Node, from downstream.Caller) (*cache.Cache, func(), error) {
+	g, release, err := r.join(node, from)
+	if err != nil {
+		return nil, nil, err
+	}
+	return g.cache, release, nil
+}
+
+// join places node in its group: the one its key names, or, from a peer
+// (fleet.go), the one its peer mark names, which a peer's stream makes
+// this member fetch from the control plane (the hop rule).
+func (r *Relay) join(node *corepb.Node, from downstream.Caller) (*group, func(), error) {
+	key, isPeer := r.peerKey(node, from)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.ctx.Err() != nil {
@@ -653,17 +685,29 @@ func (r *Relay) Join(node *corepb.Node) (*cache.Cache, func(), error) {
 			return nil, nil, err
 		}
 		var err error
-		if g, err = r.startGroupLocked(key, node, nil); err != nil {
+		if g, err = r.startGroupLocked(key, node, nil, isPeer); err != nil {
 			return nil, nil, err
 		}
 	}
 	g.clients++
+	if isPeer {
+		if g.peers++; g.peers == 1 {
+			r.wantLocked(g)
+		}
+	}
+	leaveConn := r.joinConnLocked(from, isPeer)
 	leaveTier := g.joinTierLocked(node)
 	var once sync.Once
-	return g.cache, func() {
+	return g, func() {
 		once.Do(func() {
 			r.mu.Lock()
 			g.clients--
+			if isPeer {
+				if g.peers--; g.peers == 0 {
+					r.wantLocked(g)
+				}
+			}
+			leaveConn()
 			leaveTier()
 			r.mu.Unlock()
 		})
@@ -671,8 +715,10 @@ func (r *Relay) Join(node *corepb.Node) (*cache.Cache, func(), error) {
 }
 
 // startGroupLocked creates a group, its cache filled with saved (restored)
-// contents if any, and starts its upstream presenting node.
-func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.TypeState) (*group, error) {
+// contents if any, and starts its upstream presenting node; asked says
+// that a peer's stream starts it (fleet.go: it is fetched from the
+// control plane from the start).
+func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.TypeState, asked bool) (*group, error) {
 	ctx, cancel := context.WithCancel(r.ctx)
 	g := &group{
 		key:    key,
@@ -700,7 +746,7 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 	if saved != nil {
 		g.cache.Import(saved)
 	}
-	feed, err := r.source.Feed(upstream.Group{ID: g.id, Node: g.nodes[0], Nodes: g.nodes, Cache: g.cache})
+	feed, err := r.groupFeed(g, asked)
 	if err != nil {
 		cancel()
 		return nil, err
@@ -712,6 +758,22 @@ func (r *Relay) startGroupLocked(key string, client *corepb.Node, saved []cache.
 	r.groupsG.Set(int64(len(r.groups)))
 	r.log.Info("group started", "group", g.id, "key", xds.Clip(key), "upstream_node", xds.Clip(g.nodes[0].GetId()))
 	return g, nil
+}
+
+// groupFeed is what fills g's cache: the source's feed, or with a fleet a
+// switch between the control plane and the group's owner (fleet.go),
+// which a peer asks for if asked.
+func (r *Relay) groupFeed(g *group, asked bool) (upstream.Feed, error) {
+	if r.fleet == nil {
+		return r.source.Feed(upstream.Group{ID: g.id, Node: g.nodes[0], Nodes: g.nodes, Cache: g.cache})
+	}
+	sw, err := r.newSwitch(g)
+	if err != nil {
+		return nil, err
+	}
+	g.sw, g.peerNode = sw, r.peerNode(g)
+	sw.Want(r.pathFor(g, asked))
+	return sw, nil
 }
 
 // sweep ends retention periods and, once a group has no clients and
@@ -790,9 +852,10 @@ func (r *Relay) registerGroupMetrics() {
 		files := r.files()
 		for _, g := range r.snapshotGroups() {
 			s := g.feed.Status()
-			if r.routes != nil || files {
+			if r.routes != nil || files || r.fleet != nil {
 				// With several upstreams: 1 while every stream the group
 				// has is up. With resource files: 1, and no reconnects.
+				// With a fleet: 1 while the path it is drawn from is up.
 				r.upm.Streams.With(g.id).Set(boolGauge(s.Connected))
 			}
 			if files {
@@ -815,7 +878,7 @@ func (r *Relay) registerGroupMetrics() {
 				continue
 			}
 			if k[1] == "" {
-				if r.routes != nil || files {
+				if r.routes != nil || files || r.fleet != nil {
 					r.upm.Streams.Delete(k[0])
 				}
 				if files {

@@ -33,6 +33,7 @@ func TestImportsPointOneWay(t *testing.T) {
 			return p == "cache" || p == "loadstats" || internalOnly(p)
 		},
 		"relay": func(p string) bool { return !strings.HasPrefix(p, "cmd/") },
+		"fleet": internalOnly,
 	}
 	root := ".."
 	dirs, err := os.ReadDir(filepath.Join(root, "internal"))

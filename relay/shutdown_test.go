@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
+	"github.com/xdsrelay/xdsrelay/downstream"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
 )
 
@@ -76,7 +77,7 @@ func TestShutdownDrains(t *testing.T) {
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("stream ended with %v, want UNAVAILABLE", err)
 	}
-	if _, _, err := r.Join(node("late", "c1")); err == nil {
+	if _, _, err := r.Join(node("late", "c1"), downstream.Caller{Variant: "delta-ads"}); err == nil {
 		t.Fatal("a group was joined after shutdown")
 	}
 }

@@ -153,6 +153,17 @@ type Options struct {
 	// ForwardInterval is the least time between two forwarded NACKs of
 	// one type (forward.go); ForwardInterval if 0.
 	ForwardInterval time.Duration
+	// Prove makes every stream's resume leave one cached name of each
+	// type out of its initial versions, as a fallback probe's does: a
+	// server with nothing new would answer nothing, and this one name it
+	// must send (for a Switch, whose new path takes over once it answers).
+	Prove bool
+	// Fresh makes every stream subscribe without initial_resource_versions:
+	// the server sends all it has of what is asked. For a server that
+	// counts a client as holding only what it sent it (a relay's
+	// convergence counts), at the cost of sending again what the cache
+	// holds, which the cache drops unchanged.
+	Fresh bool
 }
 
 // Server is one server of a control plane.
@@ -618,18 +629,19 @@ func (c *Client) missing() bool {
 	if c.missed.set && c.missed.gen == gen {
 		return c.missed.missing
 	}
-	m := c.findMissing()
+	m := missing(c.opts.Interest, c.opts.Cache)
 	c.missed = missedMemo{gen: gen, set: true, missing: m}
 	return m
 }
 
-// findMissing is missing, read from the whole interest.
-func (c *Client) findMissing() bool {
-	for typeURL, in := range c.opts.Interest.Interest() {
-		if in.Wildcard && !c.opts.Cache.Synced(typeURL) {
+// missing reports whether interest wants something c does not hold (see
+// Client.missing), read from the whole interest.
+func missing(interest Interest, c *cache.Cache) bool {
+	for typeURL, in := range interest.Interest() {
+		if in.Wildcard && !c.Synced(typeURL) {
 			return true
 		}
-		for _, l := range c.opts.Cache.Get(typeURL, in.Names) {
+		for _, l := range c.Get(typeURL, in.Names) {
 			if l.Resource == nil && !l.Absent && !l.Referenced && !l.Waiting {
 				return true
 			}
@@ -662,7 +674,7 @@ func (c *Client) open(ctx context.Context, i int) (*session, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	p := c.opts.found.of(c.servers[i].name)
 	s := &session{c: c, server: i, protocol: p, ctx: ctx, cancel: cancel, subs: make(map[string]*subscription),
-		notFound: notFound{timeout: c.opts.NotFoundTimeout}, opened: time.Now()}
+		notFound: notFound{timeout: c.opts.NotFoundTimeout}, opened: time.Now(), probing: c.opts.Prove}
 	var err error
 	var st interface{ RecvMsg(any) error }
 	if p.sotw() {

@@ -43,3 +43,7 @@ func (routedFeedMu) LockName() string { return "routedFeed.mu" }
 type viewMu struct{}
 
 func (viewMu) LockName() string { return "view.mu" }
+
+type switchMu struct{}
+
+func (switchMu) LockName() string { return "Switch.mu" }

@@ -248,7 +248,7 @@ func (f *routedFeed) start(ctx context.Context, i int) {
 	feed, err := f.r.members[i].Feed(Group{ID: f.g.ID, Node: node, Cache: f.g.Cache,
 		Upstream: f.r.routes.Name(i), Interest: m.view,
 		Owns:       func(typeURL, name string) bool { return f.r.routes.Of(typeURL, name) == i },
-		Rejections: m.rejections})
+		Rejections: m.rejections, Prove: f.g.Prove, Fresh: f.g.Fresh})
 	if err != nil {
 		f.r.log.Error("upstream feed", "upstream", f.r.routes.Name(i), "error", err)
 		return

@@ -274,7 +274,7 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 	if len(ch.subscribe) == 0 && len(ch.unsubscribe) == 0 {
 		return nil
 	}
-	if first && s.sotw == nil { // SotW has no resume
+	if first && s.sotw == nil && !s.c.opts.Fresh { // SotW has no resume
 		ch.versions = s.c.opts.Cache.Versions(typeURL)
 		maps.DeleteFunc(ch.versions, func(n, _ string) bool { return !s.c.owns(typeURL, n) })
 		if s.probing {
@@ -568,7 +568,8 @@ func duplicates(r *xds.Received) nackReasons {
 	return p
 }
 
-// leaveOneOut drops from a resume's versions the first of names it holds: a
+// leaveOneOut drops from a resume's versions the first of names it holds,
+// or, for a wildcard that names none of them, the first it holds: a
 // server that has nothing new sends no response to a resume ("Incremental
 // reconnect example"), but must send a subscribed name the client lacks.
 func leaveOneOut(versions map[string]string, names []string) {
@@ -577,5 +578,8 @@ func leaveOneOut(versions map[string]string, names []string) {
 			delete(versions, n)
 			return
 		}
+	}
+	if len(versions) > 0 {
+		delete(versions, slices.Min(slices.Collect(maps.Keys(versions))))
 	}
 }

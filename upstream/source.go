@@ -42,6 +42,14 @@ type Group struct {
 	// Rejections, set by a Router, is the inbox of the versions clients
 	// rejected that are this upstream's to forward (forward.go).
 	Rejections *Rejections
+	// Prove, set by a Switch, makes each stream's resume leave one cached
+	// name of each type out (Options.Prove), so that the server answers
+	// and its first answer proves the path.
+	Prove bool
+	// Fresh, set by a Switch for a path that asks it (Path.Fresh), makes
+	// each stream subscribe without initial_resource_versions
+	// (Options.Fresh).
+	Fresh bool
 }
 
 // Feed keeps one group's cache filled.
@@ -104,6 +112,7 @@ func NewADS(opts Options) (*ADS, error) {
 func (a *ADS) Feed(g Group) (Feed, error) {
 	o := a.opts
 	o.Node, o.Cache, o.Group, o.Interest, o.Owns, o.Rejections = g.Node, g.Cache, g.ID, g.Interest, g.Owns, g.Rejections
+	o.Prove, o.Fresh = g.Prove, g.Fresh
 	if g.Upstream != "" {
 		o.Upstream = g.Upstream
 	}

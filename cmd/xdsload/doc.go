@@ -202,6 +202,41 @@
 // response. It exits 1 if any check failed, and keeps the relays'
 // configurations and logs then.
 //
+// With --fleet N it measures a fleet (docs/architecture.md, "Fleet"): N
+// xdsrelay processes (--relay-bin) on loopback in front of the tool's
+// control plane, which runs in a process of its own (its CPU is then its
+// own) and serves --groups groups (node.cluster g0 to gG-1, 30 unless
+// given) from its snapshot cache, a snapshot per group: each update is
+// one group's change, the groups in turn, as a control plane changes one
+// service's configuration (or, with --cp-cache linear, from one
+// LinearCache for every group: each update changes a resource every group
+// holds, built once and sent to each stream). The --clients, delta ADS each on a
+// connection of its own, are spread over the groups and the relays; a
+// client whose stream ends opens another on a relay picked at random, as
+// a client behind a Service does. The same load runs twice: the relays
+// apart (no fleet.peers), then as a fleet (a static fleet.peers list of
+// the N). Each time, once every client is configured and the control
+// plane holds the streams it should (one per group and relay apart, one
+// per group as a fleet), it publishes --updates changes every
+// --update-every (1s unless given), each once every client it changes has
+// the one before, and reports the control plane's streams, its CPU per
+// change (from /proc, over the updates), and the change-to-client latency
+// of the clients each change reaches. The
+// fleet's run then splits that latency between the owner's clients and the
+// others (their relay draws their group from its owner: the extra hop, by
+// each relay's /debug/fleet), kills relay r0 with SIGKILL and follows the
+// groups it owned: the time until the control plane holds a stream of
+// each again, the streams it opened until it holds one per group, and
+// what the other clients were told until an update after the kill reaches
+// every client (removals, resources sent again at the version held). Then
+// r0 starts again, empty, and each relay's xdsrelay_fleet_clients is
+// sampled every second for --balance-for (2m unless given) while the
+// fleet balances. It exits 1 unless the fleet held one stream per group,
+// told no client of a removal and sent none anything again, opened no
+// more streams than the groups moved, and ended within the slack having
+// moved no client more than twice; the CPU and the extra hop are goals it
+// reports, met or missed, since a shared machine's figures vary.
+//
 // With --lrs it measures load reports (LRS) instead of xDS: every client
 // opens one LoadReportingService stream (on its connection, or
 // --streams-per-conn to one), sends its node, and reports every interval
@@ -320,7 +355,10 @@
 //	--soak-faults        silence, trickle and resets too, between relay and control plane
 //	--soak-fault-for D   how long a silence or a trickle lasts (default 20s)
 //	--rolling            restart two relays behind one address in turn (see above)
-//	--relay-bin PATH     with --rolling, the xdsrelay executable
+//	--relay-bin PATH     with --rolling or --fleet, the xdsrelay executable
+//	--fleet N            N relays apart, then as a fleet (see above)
+//	--groups G           with --fleet, the groups the clients are spread over (default 30)
+//	--balance-for D      with --fleet, how long the balance is sampled (default 2m)
 //	--json FILE          also write the results as JSON
 //	--cpuprofile FILE    CPU profile of this process while the updates fan out
 //	                     (with --compare: FILE.relay, FILE.linear, ...), and
@@ -345,6 +383,7 @@
 //	xdsload --soak 20s --split --clients 200 --soak-every 5s --soak-gate goroutines,fds,heap
 //	xdsload --soak 30m --split --clients 2000 --soak-faults
 //	xdsload --rolling --relay-bin ./xdsrelay --clients 10000 --streams-per-conn 100
+//	xdsload --fleet 3 --relay-bin ./xdsrelay --clients 3000 --groups 30 --updates 20
 //
 // BENCHMARKS.md describes these scenarios.
 package main

@@ -52,6 +52,10 @@ Usage:
                                               one address, under load: GOAWAY, where
                                               the clients go, how long they take, the
                                               saved cache, the last versions
+  xdsload --fleet 3 --relay-bin ./xdsrelay    three relay processes as a fleet in front
+                                              of the tool's control plane, and apart:
+                                              its streams and CPU per change, the extra
+                                              hop, one relay killed, the balance after
 
 Flags:
 `
@@ -74,6 +78,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	var out interface{ WriteTable(io.Writer) error }
 	switch {
+	case f.cfg.Fleet.Relays > 0:
+		var res *loadtest.Fleet
+		if res, err = loadtest.RunFleet(ctx, f.cfg); res != nil {
+			out = res
+		}
 	case f.rolling:
 		var res *loadtest.Rolling
 		if res, err = loadtest.RunRolling(ctx, f.cfg); res != nil {
@@ -195,7 +204,10 @@ func (f *flags) define(fs *flag.FlagSet) {
 	fs.DurationVar(&c.LRSInterval, "lrs-interval", 0, "with --lrs, the load_reporting_interval the control plane (and the relay, until it answers) asks for; default 1s")
 	fs.DurationVar(&c.LRSFor, "lrs-for", 0, "with --lrs, how long to measure once every client reports; default 30s")
 	fs.BoolVar(&f.rolling, "rolling", false, "a rolling restart: two xdsrelay processes (--relay-bin) behind a TCP balancer in front of the tool's control plane (--serve-cp, 127.0.0.1:0 unless given; a resource changed every --update-every, 1s unless given), each restarted in turn with SIGTERM and started again warm (cache.persist_dir); checks that every stream ends after a GOAWAY and its client is answered by the other relay, that the restarted relay serves its saved cache at once, and that every client ends at the control plane's last version with no removal; prints the reconnect times per restart")
-	fs.StringVar(&c.Rolling.RelayBin, "relay-bin", "", "with --rolling, the xdsrelay executable `path` (go build -o xdsrelay ./cmd/xdsrelay)")
+	fs.StringVar(&c.Rolling.RelayBin, "relay-bin", "", "with --rolling or --fleet, the xdsrelay executable `path` (go build -o xdsrelay ./cmd/xdsrelay)")
+	fs.IntVar(&c.Fleet.Relays, "fleet", 0, "a fleet run: `N` xdsrelay processes (--relay-bin) on loopback in front of the tool's control plane (in a process of its own; a resource changed every --update-every, 1s unless given, --updates times), the --clients spread over --groups groups and over the relays, each client reconnecting to a relay at random when its stream ends; the same load twice, the relays apart and then a fleet (a static fleet.peers list): the control plane's streams and CPU per change, the change-to-client latency, the extra hop's (the clients whose relay draws their group from its owner against the owner's), then one relay killed (SIGKILL: groups moved, new streams at the control plane, removals and resources sent again to the other clients, the time until each moved group is fetched again), then started again, each relay's clients every second for --balance-for; exits 1 unless the fleet held one stream per group, told no client of a removal nor sent it anything again, opened at most the moved groups' streams, and balanced within the slack moving no client more than twice")
+	fs.IntVar(&c.Fleet.Groups, "groups", 0, "with --fleet, the groups `G` the clients are spread over (node.cluster g0 to gG-1); default 30")
+	fs.DurationVar(&c.Fleet.BalanceFor, "balance-for", 0, "with --fleet, how long `D` each relay's clients are sampled after the killed relay starts again; default 2m")
 	fs.StringVar(&f.json, "json", "", "also write the results as JSON to `file`")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of this process (the clients, and the control plane and relay it serves) while the updates fan out to `file`; with --compare, one per setup, named file.<setup>; the server side of a --split run is file.server; each with the mutex contention of the same window in <file>.mutex; and the split server's heap once every client is configured in file.server.heap")
 }
@@ -226,6 +238,9 @@ func parseFlags(args []string, stderr io.Writer) (*flags, error) {
 	}
 	if f.rolling {
 		f.rollingDefaults(set)
+	}
+	if f.cfg.Fleet.Relays > 0 {
+		f.fleetDefaults(set)
 	}
 	err := f.finish(fs.Args())
 	if err != nil {
@@ -281,6 +296,20 @@ func (f *flags) rollingDefaults(set map[string]bool) {
 	}
 }
 
+// fleetDefaults makes a fleet run what --fleet says: a change every
+// second, the relay binary --relay-bin names, and room for the whole run.
+func (f *flags) fleetDefaults(set map[string]bool) {
+	c := &f.cfg
+	c.Fleet.RelayBin = c.Rolling.RelayBin
+	c.Rolling.RelayBin = ""
+	if !set["update-every"] {
+		c.UpdateEvery = time.Second
+	}
+	if !set["timeout"] {
+		c.Timeout = 20 * time.Minute
+	}
+}
+
 // finish fills the Config from the string flags and checks it.
 func (f *flags) finish(rest []string) error {
 	if len(rest) > 0 {
@@ -295,6 +324,13 @@ func (f *flags) finish(rest []string) error {
 	}
 	if f.gate != "" {
 		f.cfg.Soak.Gate = strings.Split(f.gate, ",")
+	}
+	if f.cfg.Fleet.Relays > 0 {
+		if f.rolling || f.envoy || f.compare || f.cfg.LRS || f.cfg.Churn > 0 || f.cfg.Soak.Duration > 0 {
+			return errors.New("fleet: give neither rolling, envoy, compare, lrs, churn nor soak")
+		}
+		cfg := f.cfg.Defaults()
+		return cfg.ValidateFleet()
 	}
 	if f.rolling {
 		if f.envoy || f.compare {

@@ -141,6 +141,12 @@ func TestFlagErrors(t *testing.T) {
 		{"rolling and a soak", []string{"--rolling", "--relay-bin", "xdsrelay", "--soak", "1m"}, 2, "soak"},
 		{"rolling against a target", []string{"--rolling", "--relay-bin", "xdsrelay", "--target", "127.0.0.1:1"}, 2, "target"},
 		{"rolling and compare", []string{"--rolling", "--relay-bin", "xdsrelay", "--compare"}, 2, "compare"},
+		{"fleet without the relay binary", []string{"--fleet", "3"}, 2, "relay-bin"},
+		{"fleet of one", []string{"--fleet", "1", "--relay-bin", "xdsrelay"}, 2, "2 or more"},
+		{"fleet with too few clients", []string{"--fleet", "3", "--relay-bin", "xdsrelay", "--clients", "10"}, 2, "at least a client of each group"},
+		{"fleet and a soak", []string{"--fleet", "3", "--relay-bin", "xdsrelay", "--clients", "90", "--soak", "1m"}, 2, "soak"},
+		{"fleet over SotW", []string{"--fleet", "3", "--relay-bin", "xdsrelay", "--clients", "90", "--variant", "sotw"}, 2, "delta ADS"},
+		{"fleet split", []string{"--fleet", "3", "--relay-bin", "xdsrelay", "--clients", "90", "--split"}, 2, "split"},
 		{"rolling past the relays' stream limit", []string{"--rolling", "--relay-bin", "xdsrelay", "--streams-per-conn", "200"}, 2, "max_streams_per_connection"},
 		{"envoy without the control plane", []string{"--envoy"}, 2, "serve-cp"},
 		{"envoy and a soak", []string{"--envoy", "--serve-cp", "127.0.0.1:0", "--soak", "1m"}, 2, "soak"},
@@ -234,6 +240,42 @@ func TestRollingFlags(t *testing.T) {
 	if !f.rolling || c.ServeCP != "127.0.0.1:0" || c.CPCache != loadtest.CacheLinear || c.UpdateEvery != time.Second ||
 		c.Timeout != 10*time.Minute || c.Rolling.RelayBin != "./xdsrelay" {
 		t.Errorf("config %+v", c)
+	}
+}
+
+// --fleet runs its relays in front of the tool's control plane, a change
+// every second, 30 groups unless told, sampled 2 minutes after the kill.
+func TestFleetFlags(t *testing.T) {
+	var stderr strings.Builder
+	f, err := parseFlags([]string{"--fleet", "3", "--relay-bin", "./xdsrelay", "--clients", "3000"}, &stderr)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	c := f.cfg.Defaults()
+	if c.Fleet.Relays != 3 || c.Fleet.RelayBin != "./xdsrelay" || c.Fleet.Groups != 30 || c.Fleet.BalanceFor != 2*time.Minute ||
+		c.UpdateEvery != time.Second || c.Timeout != 20*time.Minute || c.Rolling.RelayBin != "" {
+		t.Errorf("config %+v", c)
+	}
+}
+
+// A fleet run through the command, with the built relay: the control
+// plane holds one stream per group with the fleet and one per group and
+// relay without it; the killed relay's groups move with no removal, nothing
+// sent again and no more new streams than groups moved; the relays balance.
+func TestFleetCommand(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "xdsrelay")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/xdsrelay")
+	build.Dir = "../.."
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/xdsrelay: %v\n%s", err, out)
+	}
+	var res loadtest.Fleet
+	runOK(t, []string{"--fleet", "3", "--relay-bin", bin, "--clients", "36", "--groups", "6", "--updates", "3",
+		"--update-every", "100ms", "--resources", "4", "--endpoints", "5", "--balance-for", "15s"},
+		[]string{"control plane streams", "the extra hop", "killed", "balance after", "fleet run passed"}, &res)
+	if !res.Passed || res.Without.Streams != 18 || res.With.Streams != 6 || res.Kill.Removals != 0 || res.Kill.Resent != 0 ||
+		res.Kill.NewStreams > res.Kill.Moved || res.Hop.Owner.N == 0 || res.Hop.Peer.N == 0 || len(res.Balance) == 0 {
+		t.Errorf("JSON fleet run: %+v", res)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/xdsrelay/xdsrelay/fleet"
 	"github.com/xdsrelay/xdsrelay/relay"
 )
 
@@ -31,7 +32,7 @@ type setting struct {
 // point into o.
 func settings(o *Options) []setting {
 	d, c, l := &o.Relay.Downstream, &o.Relay.Cache, &o.Relay.Limits
-	return append(upstreamSettings("upstream.", &o.Relay.Upstream.UpstreamConfig), []setting{
+	return slices.Concat(upstreamSettings("upstream.", &o.Relay.Upstream.UpstreamConfig), []setting{
 		{"upstream.group_by", kindList, &o.Relay.Upstream.GroupBy, "Node fields forming the group key: id, cluster, locality.region, locality.zone, locality.sub_zone, user_agent (name/MAJOR.MINOR of a dotted numeric version, presented upstream as MAJOR.MINOR.0; another version whole, presented cut to MAJOR.MINOR), user_agent_patch (name/whole version), client_features, metadata.<key>; [] for one group. Without a user agent field and client_features, client kinds share a group."},
 		{"upstreams", kindUpstreams, &o.Relay.Upstreams, "More control planes, each serving the types and xdstp authorities it lists: a list of {name, types, authorities, address, ...}, each taking every upstream.* key except group_by; from the environment as JSON."},
 		{"downstream.address", kindString, &d.Address, "Where xDS clients connect (gRPC): ADS and the per-type services."},
@@ -87,13 +88,27 @@ func settings(o *Options) []setting {
 		{"lrs.send_timeout", kindDuration, &o.Relay.LRS.SendTimeout, "A load report whose send to the control plane has not returned within this (a control plane that reads nothing) ends the stream, which is opened again: the report that could not be written is sent on the next stream, and the cluster stats of the one written before it, which the control plane never read, are counted in xdsrelay_lrs_dropped_stats_total{reason=\"send_blocked\"}. The last report at shutdown or when a group ends waits 1s at most."},
 		{"lrs.max_pending_bytes", kindInt, &o.Relay.LRS.MaxPendingBytes, "Per group, the encoded size of the load reports held while the control plane cannot be reached (held encoded: about their size in memory). Past it they are merged into one report over their whole time; if that is still past it, the oldest are dropped, counted in xdsrelay_lrs_dropped_reports_total and xdsrelay_lrs_dropped_stats_total{reason=\"max_pending_bytes\"}. The newest period is always kept."},
 		{"lrs.max_names", kindInt, &o.Relay.LRS.MaxNames, "Per group and period, the distinct names clients' load reports may add (clusters, localities, endpoints, named metrics, drop categories), and the gauges held; stats past it are left out, counted in xdsrelay_lrs_dropped_stats_total{reason=\"max_names\"} and logged once per group."},
+	}, fleetSettings(&o.Relay.Fleet), []setting{
 		{"shutdown_timeout", kindDuration, &o.Relay.ShutdownTimeout, "How long shutdown waits for streams to end before closing them."},
 		{"log.level", kindLevel, &o.LogLevel, "debug, info, warn or error; changed at run time with PUT /debug/loglevel."},
 		{"log.format", kindString, &o.LogFormat, "text (key=value) or json (one JSON object a line)."},
 		{"tracing.otlp_endpoint", kindString, &o.Tracing.Endpoint, "OpenTelemetry collector (OTLP/gRPC, host:port); empty disables tracing."},
 		{"tracing.insecure", kindBool, &o.Tracing.Insecure, "Plaintext to the collector."},
 		{"tracing.sample_ratio", kindRatio, &o.Tracing.SampleRatio, "Fraction of new traces kept (0 to 1)."},
-	}...)
+	})
+}
+
+// fleetSettings are the fleet.* keys, their fields in f.
+func fleetSettings(f *fleet.Config) []setting {
+	return []setting{
+		{"fleet.peers", kindList, &f.Peers, "The replicas of this relay as host:port, their xDS addresses (this one's included): a name is resolved every fleet.refresh and each address it resolves to is a member (a headless Service gives every pod's). Each group is then fetched from the control plane once per fleet, by its owner, and the other members fetch it from the owner; empty for no fleet."},
+		{"fleet.self", kindString, &f.Self, "This replica's own xDS address as the others dial it ($(POD_IP):port from the downward API); required with fleet.peers."},
+		{"fleet.refresh", kindDuration, &f.Refresh, "How often fleet.peers' names are resolved again; members are asked at least this often, and one that stops answering is out within upstream.connect_timeout."},
+		{"fleet.balance", kindBool, &f.Balance, "Balance clients over the fleet: a member holding more than (1 + fleet.balance_slack) times the mean closes some of its client connections (they reconnect through the Service), at most fleet.shed_per_second."},
+		{"fleet.balance_slack", kindRate, &f.BalanceSlack, "How far above the fleet's mean a member's client count may go before it sheds (0.2: 20%)."},
+		{"fleet.shed_per_second", kindRate, &f.ShedPerSecond, "The most client connections a member closes a second to balance the fleet."},
+		{"fleet.peer_identities", kindList, &f.PeerIdentities, "With downstream.tls.client_ca_file: the identities (URI SAN, DNS SAN or subject CN) of the replicas' certificates, the only callers whose peer mark is believed and who may ask for any group; required then. From anyone else the mark is ignored and counted."},
+	}
 }
 
 // upstreamSettings are one control plane's keys, named with prefix, their

@@ -131,12 +131,40 @@ func statusSummary(cmd *cobra.Command, af adminFlags, output string) error {
 		return enc.Encode(dc.Summary)
 	}
 	tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP\tTYPE\tRESOURCES\tCLIENTS\tACCEPTED\tREJECTED\tPENDING\tBEHIND\tWAITING")
+	from := fleetFrom(dc.FleetPaths)
+	fmt.Fprint(tw, "GROUP\tTYPE\tRESOURCES\tCLIENTS\tACCEPTED\tREJECTED\tPENDING\tBEHIND\tWAITING")
+	if from != nil {
+		fmt.Fprint(tw, "\tFROM")
+	}
+	fmt.Fprintln(tw)
 	for _, s := range dc.Summary {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n", orDash(s.Group), xds.TypeAbbrev(s.Type), s.Resources,
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d", orDash(s.Group), xds.TypeAbbrev(s.Type), s.Resources,
 			s.Subscribed, s.Accepted, s.Rejected, s.Pending, s.Behind, s.Waiting)
+		if from != nil {
+			fmt.Fprint(tw, "\t", orDash(from[s.Group]))
+		}
+		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
+}
+
+// fleetFrom is, with a fleet, where each group comes from, by group:
+// control-plane, fallback, or the peer it is drawn from ("peer ADDR");
+// nil without a fleet.
+func fleetFrom(paths []relay.FleetGroup) map[string]string {
+	if len(paths) == 0 {
+		return nil
+	}
+	out := map[string]string{}
+	for _, p := range paths {
+		switch p.Source {
+		case "peer":
+			out[p.Group] = "peer " + p.Peer
+		default:
+			out[p.Group] = strings.ReplaceAll(p.Source, "_", "-")
+		}
+	}
+	return out
 }
 
 // fetchStatus asks the server for its clients' status, nodeID's only when

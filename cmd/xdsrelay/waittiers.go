@@ -36,6 +36,25 @@ type tierRelay struct {
 	parent *tierRelay // nil at the top
 	group  string     // the parent's group it is a client in
 	dc     *relay.DebugConvergence
+	// more are the other relays that list it, found once it was known: in
+	// a fleet, the members are each other's clients, each for the groups
+	// the other owns (docs/architecture.md, "Fleet").
+	more []tierLink
+}
+
+// tierLink is a relay that lists a lower one, and the group of the relay
+// above the lower one is a client in.
+type tierLink struct {
+	parent *tierRelay
+	group  string
+}
+
+// links are every relay that lists t, and in which group.
+func (t *tierRelay) links() []tierLink {
+	if t.parent == nil {
+		return t.more
+	}
+	return append([]tierLink{{t.parent, t.group}}, t.more...)
 }
 
 // tierKey is a resource, whatever its group.
@@ -103,12 +122,13 @@ func (vs *tierVersions) learn(top bool, dc *relay.DebugConvergence) {
 // answer (a lower relay's is that relay not reached).
 func (f *waitFlags) countTiers(ctx context.Context, c waitCount) (_ waitCount, refused error) {
 	var all []*tierRelay
-	seen := map[string]bool{}
+	seen := map[string]*tierRelay{}
 	level := []*tierRelay{}
 	for _, af := range f.replicas(ctx) {
-		if !seen[af.server] {
-			seen[af.server] = true
-			level = append(level, &tierRelay{af: af})
+		if seen[af.server] == nil {
+			t := &tierRelay{af: af}
+			seen[af.server] = t
+			level = append(level, t)
 		}
 	}
 	vs := &tierVersions{asked: f.version}
@@ -152,16 +172,20 @@ func (f *waitFlags) ask(ctx context.Context, t *tierRelay) error {
 }
 
 // below appends to next the lower relays t lists that are not known yet,
-// within the bounds; what the bounds leave out is unknown.
-func (f *waitFlags) below(t *tierRelay, next []*tierRelay, seen map[string]bool, asked int, c *waitCount) []*tierRelay {
+// within the bounds; what the bounds leave out is unknown. One known
+// already (a member of t's fleet, asked at the top) is linked to t.
+func (f *waitFlags) below(t *tierRelay, next []*tierRelay, seen map[string]*tierRelay, asked int, c *waitCount) []*tierRelay {
 	if t.dc.TiersMore > 0 {
 		c.notCounted(fmt.Sprintf("%s: %d streams of lower relays past the bound it names", t.af.server, t.dc.TiersMore))
 	}
 	for _, l := range t.dc.Tiers {
-		if seen[l.Admin] {
+		if known, ok := seen[l.Admin]; ok {
+			if known != nil && known != t {
+				known.more = append(known.more, tierLink{t, l.Group})
+			}
 			continue
 		}
-		seen[l.Admin] = true
+		seen[l.Admin] = nil // not asked, unless appended below
 		switch {
 		case t.depth+1 > tierDepth:
 			c.notCounted(fmt.Sprintf("%s: deeper than %d tiers, not asked", l.Admin, tierDepth))
@@ -172,7 +196,9 @@ func (f *waitFlags) below(t *tierRelay, next []*tierRelay, seen map[string]bool,
 		}
 		af := f.tls
 		af.server, af.timeout = l.Admin, 10*time.Second
-		next = append(next, &tierRelay{af: af, depth: t.depth + 1, parent: t, group: l.Group})
+		lower := &tierRelay{af: af, depth: t.depth + 1, parent: t, group: l.Group}
+		seen[l.Admin] = lower
+		next = append(next, lower)
 	}
 	return next
 }
@@ -213,7 +239,7 @@ func (f *waitFlags) sumTiers(c *waitCount, all []*tierRelay, vs *tierVersions) {
 		}
 	}
 	for _, tc := range counts {
-		takeOut(tc, byRelay[tc.relay.parent], vs)
+		takeOutAll(tc, byRelay, vs)
 	}
 	for _, tc := range counts {
 		c.addTier(tc)
@@ -245,16 +271,52 @@ func countAt(t *tierRelay, r relay.ConvergenceResource, vs *tierVersions) *tierC
 	return tc
 }
 
+// takeOutAll takes a lower relay's resource out of the counts of the
+// relays that list it. A member of a fleet is a client of another in the
+// groups that other owns, under the same group key: it is taken out there,
+// in that group alone. A relay of the tier below is a client in a group
+// of its own making: it is taken out of its parent's count (takeOut).
+func takeOutAll(tc *tierCount, byRelay map[*tierRelay][]*tierCount, vs *tierVersions) {
+	fleet := false
+	for _, l := range tc.relay.links() {
+		if !holdsGroup(byRelay[tc.relay], l.group) {
+			continue
+		}
+		fleet = true
+		if tc.r.Group == l.group {
+			takeOutOf(tc, parentCount(onlyGroup(byRelay[l.parent], l.group), l.group, tc.r), vs)
+		}
+	}
+	if !fleet && tc.relay.parent != nil {
+		takeOut(tc, byRelay[tc.relay.parent], vs)
+	}
+}
+
+// holdsGroup reports whether counts hold a resource of group.
+func holdsGroup(counts []*tierCount, group string) bool {
+	return slices.ContainsFunc(counts, func(tc *tierCount) bool { return tc.r.Group == group })
+}
+
+// onlyGroup are the counts of group.
+func onlyGroup(counts []*tierCount, group string) []*tierCount {
+	return slices.DeleteFunc(slices.Clone(counts), func(tc *tierCount) bool { return tc.r.Group != group })
+}
+
 // takeOut takes a lower relay's group that holds a resource out of its
 // parent's count of it: its stream above is one subscribed client, and
 // one that accepted if it holds a version waited for. Its own clients
 // are counted in its place.
 func takeOut(tc *tierCount, parent []*tierCount, vs *tierVersions) {
-	if tc.relay.parent == nil || tc.r.Version == "" {
+	if tc.relay.parent == nil {
 		return
 	}
-	up := parentCount(parent, tc.relay.group, tc.r)
-	if up == nil {
+	takeOutOf(tc, parentCount(parent, tc.relay.group, tc.r), vs)
+}
+
+// takeOutOf takes the lower relay's resource tc out of up, the count of
+// it above; nil is nothing to take out of.
+func takeOutOf(tc *tierCount, up *tierCount, vs *tierVersions) {
+	if up == nil || tc.r.Version == "" {
 		return
 	}
 	up.subscribed--

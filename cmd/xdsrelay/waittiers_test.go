@@ -253,16 +253,16 @@ func TestWaitTiersBounds(t *testing.T) {
 	}
 
 	var c waitCount
-	if next := f.below(listing(tierDepth-1, 1, 0), nil, map[string]bool{}, 1, &c); len(next) != 1 || next[0].depth != tierDepth || len(c.unknown) != 0 {
+	if next := f.below(listing(tierDepth-1, 1, 0), nil, map[string]*tierRelay{}, 1, &c); len(next) != 1 || next[0].depth != tierDepth || len(c.unknown) != 0 {
 		t.Errorf("a relay %d tiers down: asked %d, unknown %q; want it asked", tierDepth, len(next), c.unknown)
 	}
 	c = waitCount{}
-	if next := f.below(listing(tierDepth, 1, 0), nil, map[string]bool{}, 1, &c); len(next) != 0 || len(c.unknown) != 1 || !strings.Contains(c.unknown[0], fmt.Sprintf("deeper than %d tiers", tierDepth)) {
+	if next := f.below(listing(tierDepth, 1, 0), nil, map[string]*tierRelay{}, 1, &c); len(next) != 0 || len(c.unknown) != 1 || !strings.Contains(c.unknown[0], fmt.Sprintf("deeper than %d tiers", tierDepth)) {
 		t.Errorf("a relay %d tiers down: asked %d, unknown %q; want it named, not asked", tierDepth+1, len(next), c.unknown)
 	}
 
 	c = waitCount{}
-	next := f.below(listing(0, tierRelays+4, 2), nil, map[string]bool{}, 1, &c)
+	next := f.below(listing(0, tierRelays+4, 2), nil, map[string]*tierRelay{}, 1, &c)
 	if len(next) != tierRelays-1 {
 		t.Errorf("%d lower relays asked below one, want %d", len(next), tierRelays-1)
 	}
@@ -281,7 +281,7 @@ func TestWaitTiersBounds(t *testing.T) {
 
 	// What is not counted is named up to waitShown relays, then counted.
 	c = waitCount{}
-	f.below(listing(0, tierRelays+30, 0), nil, map[string]bool{}, 1, &c)
+	f.below(listing(0, tierRelays+30, 0), nil, map[string]*tierRelay{}, 1, &c)
 	var out strings.Builder
 	c.print(&out)
 	if len(c.unknown) != waitShown || c.unknownMore != 31-waitShown || !strings.Contains(out.String(), fmt.Sprintf("... and %d more not counted\n", 31-waitShown)) {

@@ -64,7 +64,8 @@ type ControlPlane struct {
 	dialect Dialect
 
 	mu       sync.Mutex
-	nodes    []*corepb.Node // node of every request that carried one (a stream's first), SotW or delta
+	live     map[streamKey]string // open streams: the cluster of their node ("" before it is read)
+	nodes    []*corepb.Node       // node of every request that carried one (a stream's first), SotW or delta
 	reqs     []*discoverypb.DeltaDiscoveryRequest
 	sotwReqs []*discoverypb.DiscoveryRequest
 	stop     func() // stops the serving gRPC server; nil while stopped
@@ -150,28 +151,34 @@ func startKeyed(t testing.TB, hash cachev3.NodeHash, d Dialect, opts ...grpc.Ser
 	t.Helper()
 	cp := &ControlPlane{Cache: cachev3.NewSnapshotCache(false, hash, nil), LRS: newLRS(), dialect: d}
 	cb := serverv3.CallbackFuncs{
-		DeltaStreamOpenFunc: func(context.Context, int64, string) error {
+		DeltaStreamOpenFunc: func(_ context.Context, id int64, _ string) error {
 			cp.DeltaStreams.Add(1)
+			cp.opened(streamKey{true, id})
 			return nil
 		},
-		StreamOpenFunc: func(context.Context, int64, string) error {
+		StreamOpenFunc: func(_ context.Context, id int64, _ string) error {
 			cp.SotWStreams.Add(1)
+			cp.opened(streamKey{false, id})
 			return nil
 		},
-		StreamRequestFunc: func(_ int64, r *discoverypb.DiscoveryRequest) error {
+		DeltaStreamClosedFunc: func(id int64, _ *corepb.Node) { cp.closed(streamKey{true, id}) },
+		StreamClosedFunc:      func(id int64, _ *corepb.Node) { cp.closed(streamKey{false, id}) },
+		StreamRequestFunc: func(id int64, r *discoverypb.DiscoveryRequest) error {
 			cp.mu.Lock()
 			if r.GetNode() != nil {
 				cp.nodes = append(cp.nodes, r.GetNode())
+				cp.named(streamKey{false, id}, r.GetNode())
 			}
 			cp.sotwReqs = append(cp.sotwReqs, r)
 			cp.mu.Unlock()
 			return nil
 		},
-		StreamDeltaRequestFunc: func(_ int64, r *discoverypb.DeltaDiscoveryRequest) error {
+		StreamDeltaRequestFunc: func(id int64, r *discoverypb.DeltaDiscoveryRequest) error {
 			cp.DeltaRequests.Add(1)
 			cp.mu.Lock()
 			if r.GetNode() != nil {
 				cp.nodes = append(cp.nodes, r.GetNode())
+				cp.named(streamKey{true, id}, r.GetNode())
 			}
 			cp.reqs = append(cp.reqs, r)
 			cp.mu.Unlock()
@@ -236,6 +243,46 @@ func (cp *ControlPlane) Restart() {
 		cp.t.Fatalf("restart control plane: %v", err)
 	}
 	cp.serve(ln)
+}
+
+// streamKey is a stream of the server: delta or SotW, and its id.
+type streamKey struct {
+	delta bool
+	id    int64
+}
+
+func (cp *ControlPlane) opened(k streamKey) {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	if cp.live == nil {
+		cp.live = map[streamKey]string{}
+	}
+	cp.live[k] = ""
+}
+
+func (cp *ControlPlane) closed(k streamKey) {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	delete(cp.live, k)
+}
+
+// named records the cluster of an open stream's node; call with mu held.
+func (cp *ControlPlane) named(k streamKey, n *corepb.Node) {
+	if _, open := cp.live[k]; open {
+		cp.live[k] = n.GetCluster()
+	}
+}
+
+// Open counts the streams open now, delta and SotW, by the cluster of
+// their node ("" for a stream whose node has not arrived).
+func (cp *ControlPlane) Open() map[string]int {
+	cp.mu.Lock()
+	defer cp.mu.Unlock()
+	out := map[string]int{}
+	for _, c := range cp.live {
+		out[c]++
+	}
+	return out
 }
 
 // RestartAs brings a stopped control plane back on the same address,

@@ -117,6 +117,10 @@ type Config struct {
 	// processes behind one address.
 	Rolling RollingConfig `json:"rolling,omitzero"`
 
+	// Fleet describes a fleet run (RunFleet): xdsrelay processes that know
+	// each other, in front of the tool's control plane.
+	Fleet FleetConfig `json:"fleet,omitzero"`
+
 	// CPUProfile, if set, is a file that receives a CPU profile of this
 	// process while the updates fan out: from every client configured to
 	// the last update delivered (or the run's end). Compare writes one per
@@ -153,6 +157,10 @@ func (cfg Config) Defaults() Config {
 	if cfg.LRS {
 		setDefault(&cfg.LRSInterval, time.Second)
 		setDefault(&cfg.LRSFor, 30*time.Second)
+	}
+	if cfg.Fleet.Relays > 0 {
+		setDefault(&cfg.Fleet.Groups, 30)
+		setDefault(&cfg.Fleet.BalanceFor, 2*time.Minute)
 	}
 	return cfg
 }

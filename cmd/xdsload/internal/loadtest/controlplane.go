@@ -37,6 +37,7 @@ type controlPlane struct {
 	addr      string
 	catalog   *catalog
 	nodeGroup string     // the node.cluster that snapshots are keyed by
+	groups    []string   // with a fleet run's groups (Config.Fleet.Groups), every node.cluster served; nodeGroup alone otherwise
 	protocol  string     // what it speaks (Config.CPProtocol)
 	lrs       *lrsServer // the load reporting server, on the same port
 	counts    cpCounts   // its streams, connections and responses
@@ -56,7 +57,8 @@ type controlPlane struct {
 // cfg.ServeCP from the cache cfg.CPCache names, on the aggregated and the
 // per-type services.
 func startControlPlane(cfg *Config, coding seqCoding) (*controlPlane, error) {
-	cp := &controlPlane{catalog: newCatalog(cfg, coding), nodeGroup: cfg.NodeCluster, protocol: cfg.CPProtocol, lrs: newLRSServer(cmp.Or(cfg.LRSInterval, time.Second))}
+	cp := &controlPlane{catalog: newCatalog(cfg, coding), nodeGroup: cfg.NodeCluster, protocol: cfg.CPProtocol, lrs: newLRSServer(cmp.Or(cfg.LRSInterval, time.Second)),
+		groups: fleetGroups(cfg)}
 	for i := range cp.catalog.names {
 		cp.resources = append(cp.resources, cp.catalog.resource(i, 0))
 	}
@@ -87,13 +89,41 @@ func (cp *controlPlane) newCache(kind string) (cachev3.Cache, error) {
 	return cp.snapshots, cp.setSnapshot(0)
 }
 
+// setSnapshot publishes the resources as of seq to every group served: each
+// a snapshot of its own, as a control plane computes each group's.
 func (cp *controlPlane) setSnapshot(seq int) error {
+	for _, g := range cp.groups {
+		if err := cp.setGroupSnapshot(g, seq); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// setGroupSnapshot publishes the resources as of seq to group g.
+func (cp *controlPlane) setGroupSnapshot(g string, seq int) error {
 	snap, err := cachev3.NewSnapshot(strconv.Itoa(seq), map[string][]types.Resource{cp.catalog.typeURL(): cp.resources})
 	if err != nil {
 		return fmt.Errorf("control plane: %w", err)
 	}
-	return cp.snapshots.SetSnapshot(context.Background(), cp.nodeGroup, snap)
+	return cp.snapshots.SetSnapshot(context.Background(), g, snap)
 }
+
+// fleetGroups are the node.cluster values a control plane serves: a fleet
+// run's groups g0 to gN-1, or the one of every client.
+func fleetGroups(cfg *Config) []string {
+	if cfg.Fleet.Groups == 0 {
+		return []string{cfg.NodeCluster}
+	}
+	out := make([]string, cfg.Fleet.Groups)
+	for i := range out {
+		out[i] = groupName(i)
+	}
+	return out
+}
+
+// groupName is a fleet run's group i, its clients' node.cluster.
+func groupName(i int) string { return "g" + strconv.Itoa(i) }
 
 func (cp *controlPlane) serve(ln net.Listener) {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -131,8 +161,18 @@ func (cp *controlPlane) publish(seq int) (time.Time, error) {
 	}
 	cp.resources[i] = res
 	t := time.Now()
+	if len(cp.groups) > 1 {
+		// A fleet run's groups: update seq is one group's change, in turn
+		// (updateGroup), as a control plane changes one service's config.
+		g := cp.groups[updateGroup(seq, len(cp.groups))]
+		return t, cp.setGroupSnapshot(g, seq)
+	}
 	return t, cp.setSnapshot(seq)
 }
+
+// updateGroup is the group (its index) a fleet run's update seq changes
+// when each group has a snapshot of its own.
+func updateGroup(seq, groups int) int { return (seq - 1) % groups }
 
 // stop closes every stream and waits for the server to end; a paused
 // control plane has nothing to stop.

@@ -2,6 +2,7 @@ package loadtest
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -16,15 +17,34 @@ import (
 // relay's streams (one per group) on its connection.
 type cpCounts struct {
 	streams, conns, responses atomic.Int64
+	// live is the streams open by node.cluster, and those ever opened:
+	// what a fleet run reads.
+	live openStreams
 }
 
 // callbacks count the streams and the responses of go-control-plane's
 // server, SotW and delta.
 func (c *cpCounts) callbacks() serverv3.Callbacks {
-	open := func(context.Context, int64, string) error { c.streams.Add(1); return nil }
-	closed := func(int64, *corepb.Node) { c.streams.Add(-1) }
+	open := func(kind int64) func(context.Context, int64, string) error {
+		return func(_ context.Context, id int64, _ string) error {
+			c.streams.Add(1)
+			c.live.open(kind, id)
+			return nil
+		}
+	}
+	closed := func(kind int64) func(int64, *corepb.Node) {
+		return func(id int64, _ *corepb.Node) {
+			c.streams.Add(-1)
+			c.live.close(kind, id)
+		}
+	}
 	return serverv3.CallbackFuncs{
-		StreamOpenFunc: open, StreamClosedFunc: closed, DeltaStreamOpenFunc: open, DeltaStreamClosedFunc: closed,
+		StreamOpenFunc: open(0), StreamClosedFunc: closed(0), DeltaStreamOpenFunc: open(1), DeltaStreamClosedFunc: closed(1),
+		StreamRequestFunc: func(id int64, r *discoverypb.DiscoveryRequest) error { c.live.node(0, id, r.GetNode()); return nil },
+		StreamDeltaRequestFunc: func(id int64, r *discoverypb.DeltaDiscoveryRequest) error {
+			c.live.node(1, id, r.GetNode())
+			return nil
+		},
 		StreamResponseFunc: func(context.Context, int64, *discoverypb.DiscoveryRequest, *discoverypb.DiscoveryResponse) {
 			c.responses.Add(1)
 		},
@@ -74,4 +94,50 @@ func cpCountsOf(b backend) *cpCounts {
 		}
 	}
 	return nil
+}
+
+// openStreams is a control plane's streams open now, by the node.cluster
+// of their first request, and the streams ever opened.
+type openStreams struct {
+	mu     sync.Mutex
+	live   map[[2]int64]string // guarded by mu: {delta 1/SotW 0, id} → node.cluster ("" before the node)
+	opened int                 // guarded by mu
+}
+
+func (o *openStreams) open(kind, id int64) {
+	o.mu.Lock()
+	if o.live == nil {
+		o.live = map[[2]int64]string{}
+	}
+	o.live[[2]int64{kind, id}] = ""
+	o.opened++
+	o.mu.Unlock()
+}
+
+func (o *openStreams) node(kind, id int64, n *corepb.Node) {
+	if n == nil {
+		return
+	}
+	o.mu.Lock()
+	if _, ok := o.live[[2]int64{kind, id}]; ok {
+		o.live[[2]int64{kind, id}] = n.GetCluster()
+	}
+	o.mu.Unlock()
+}
+
+func (o *openStreams) close(kind, id int64) {
+	o.mu.Lock()
+	delete(o.live, [2]int64{kind, id})
+	o.mu.Unlock()
+}
+
+// count is the streams open by node.cluster, and the streams ever opened.
+func (o *openStreams) count() (map[string]int, int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	by := map[string]int{}
+	for _, c := range o.live {
+		by[c]++
+	}
+	return by, o.opened
 }

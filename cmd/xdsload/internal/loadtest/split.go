@@ -52,6 +52,7 @@ type childReady struct {
 type childCommand struct {
 	// "publish", "profile" (start), "profile-stop", "memory", "heap", "gc",
 	// "lrs" (the control plane's load reporting server's counts),
+	// "streams" (its streams open, and ever opened),
 	// or for a soak "soak" (sample the relay), "upstream" (the relay's
 	// upstream streams that are up), "cp-pause" and "cp-resume".
 	Op   string `json:"op"`
@@ -66,7 +67,11 @@ type childReply struct {
 	Sample    *RelaySample  `json:"sample,omitempty"`
 	Connected int           `json:"connected,omitempty"` // the relay's groups with their upstream stream up
 	LRS       *LRSStats     `json:"lrs,omitempty"`       // the control plane's load reporting server's counts
-	Error     string        `json:"error,omitempty"`
+	// Streams are the control plane's streams open, by node.cluster, and
+	// Opened those ever opened (a fleet run's "streams" op).
+	Streams map[string]int `json:"streams,omitempty"`
+	Opened  int            `json:"opened,omitempty"`
+	Error   string         `json:"error,omitempty"`
 }
 
 // ServerMemory is where a split run's server keeps its memory, as the Go
@@ -158,6 +163,12 @@ func serveServerSide(in io.Reader, out io.Writer) error {
 				if stopProfile, err = startCPUProfile(cmd.File); err != nil {
 					reply.Error = err.Error()
 				}
+			}
+		case "streams":
+			if s, ok := srv.(*cpStack); ok {
+				reply.Streams, reply.Opened = s.cp.counts.live.count()
+			} else {
+				reply.Error = "streams: not a control plane"
 			}
 		case "lrs":
 			if s, ok := srv.(*cpStack); ok {

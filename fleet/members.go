@@ -1,0 +1,393 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"math"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/xdsrelay/xdsrelay/internal/lockorder"
+)
+
+// Peer is another member as a member dials it.
+type Peer struct {
+	Addr string // ip:port, as the view names it
+	// Name is the host of the fleet.peers entry the address came from:
+	// the name a dialer verifies in the member's certificate.
+	Name string
+}
+
+// Options configure Members.
+type Options struct {
+	Config
+	// Timeout is how long a member may go without answering before it is
+	// out of the view (upstream.connect_timeout); required.
+	Timeout time.Duration
+	// Ask makes the exchange with a peer (Ask over the relay's connection
+	// to it); required.
+	Ask func(ctx context.Context, p Peer, mine Report) (Report, error)
+	// Clients is how many clients this member holds; required.
+	Clients func() int
+	// Resolve resolves a host name to addresses;
+	// net.DefaultResolver.LookupHost if nil.
+	Resolve func(ctx context.Context, host string) ([]string, error)
+	Logger  *slog.Logger // slog.Default() if nil
+}
+
+// Members is one member's view of the fleet. Run keeps it; the relay reads
+// it (Owner, View, Excess) and is woken when the view changes (Changed).
+type Members struct {
+	// Read-only after New.
+	opts    Options
+	log     *slog.Logger
+	every   time.Duration // the probe period
+	changed chan struct{} // capacity 1: the view changed
+
+	mu      lockorder.Mutex[membersMu]
+	self    string             // guarded by mu: this member as the view names it
+	selves  map[string]bool    // guarded by mu: every address fleet.self resolves to
+	known   map[string]*member // guarded by mu: the other members resolved, by address
+	ring    *Ring              // guarded by mu: the view: self and the live members
+	since   time.Time          // guarded by mu: when the view last changed
+	refresh time.Time          // owned by Run: when to resolve again
+}
+
+// member is another member as this one knows it: guarded by Members.mu.
+type member struct {
+	peer     Peer
+	answered time.Time // its last answer; zero if none yet
+	report   Report    // in its last answer
+	live     bool      // in the view
+}
+
+// New checks opts and returns the members, this one alone in the view
+// until Run hears from the others.
+func New(opts Options) (*Members, error) {
+	switch {
+	case !opts.On():
+		return nil, errors.New("fleet: no peers")
+	case opts.Timeout <= 0 || opts.Ask == nil || opts.Clients == nil:
+		return nil, errors.New("fleet: Options.Timeout, Ask and Clients are required")
+	}
+	if opts.Resolve == nil {
+		opts.Resolve = net.DefaultResolver.LookupHost
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	m := &Members{opts: opts, log: opts.Logger.With("component", "fleet"), changed: make(chan struct{}, 1),
+		known: map[string]*member{}, selves: map[string]bool{}, since: time.Now()}
+	m.every = max(min(opts.Refresh, opts.Timeout/4), 10*time.Millisecond)
+	if a, ok := canonical(opts.Self); ok {
+		m.self, m.selves[a] = a, true
+	} else {
+		m.self = opts.Self // a name until Run resolves it
+	}
+	m.ring = NewRing([]string{m.self})
+	return m, nil
+}
+
+// Changed is signalled (capacity 1) when the view changes.
+func (m *Members) Changed() <-chan struct{} { return m.changed }
+
+// Self is this member as the view names it.
+func (m *Members) Self() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.self
+}
+
+// Owner is the member that owns key in the current view, and whether it
+// is this one.
+func (m *Members) Owner(key string) (string, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	o := m.ring.Owner(key)
+	return o, o == m.self
+}
+
+// Ring is the current view's ring, for many lookups at once.
+func (m *Members) Ring() (r *Ring, self string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.ring, m.self
+}
+
+// Peer is the member at addr as the relay dials it; false if it is not
+// known (or is this member).
+func (m *Members) Peer(addr string) (Peer, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if k := m.known[addr]; k != nil {
+		return k.peer, true
+	}
+	return Peer{}, false
+}
+
+// Known are the other members resolved now, live or not.
+func (m *Members) Known() []Peer {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Peer, 0, len(m.known))
+	for _, k := range m.known {
+		out = append(out, k.peer)
+	}
+	slices.SortFunc(out, func(a, b Peer) int { return strings.Compare(a.Addr, b.Addr) })
+	return out
+}
+
+// Run keeps the view until ctx is done: the peers resolved every Refresh,
+// every other member asked every probe period, and a member out of the
+// view once it has not answered for Timeout less a period (so that it is
+// out within Timeout of its last answer).
+func (m *Members) Run(ctx context.Context) {
+	t := time.NewTicker(m.every)
+	defer t.Stop()
+	for {
+		m.Round(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// Round resolves the peers if due, asks every other member once and
+// judges the view. Run calls it every probe period; a relay calls it once
+// as it starts, so that its first view has the members that answer.
+func (m *Members) Round(ctx context.Context) {
+	if now := time.Now(); !now.Before(m.refresh) {
+		m.resolve(ctx)
+		m.refresh = now.Add(m.opts.Refresh)
+	}
+	m.askAll(ctx)
+	m.judge(time.Now())
+}
+
+// resolve resolves fleet.peers and fleet.self. An entry that fails to
+// resolve keeps what it resolved to before: a name server's hiccup is not
+// the fleet's end.
+func (m *Members) resolve(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, m.opts.Timeout)
+	defer cancel()
+	selves, selfOK := m.lookup(ctx, m.opts.Self)
+	found := map[string]Peer{}
+	failed := map[string]bool{}
+	for _, entry := range m.opts.Peers {
+		host, _, _ := net.SplitHostPort(entry)
+		addrs, ok := m.lookup(ctx, entry)
+		if !ok {
+			failed[host] = true
+			continue
+		}
+		for _, a := range addrs {
+			found[a] = Peer{Addr: a, Name: host}
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if selfOK && len(selves) > 0 {
+		m.selves = map[string]bool{}
+		for _, a := range selves {
+			m.selves[a] = true
+		}
+		if !m.selves[m.self] {
+			m.self = selves[0]
+		}
+	}
+	for a, k := range m.known {
+		if _, ok := found[a]; !ok && !failed[k.peer.Name] {
+			delete(m.known, a)
+		}
+	}
+	for a, p := range found {
+		if m.selves[a] {
+			continue
+		}
+		if m.known[a] == nil {
+			m.known[a] = &member{peer: p}
+		}
+	}
+}
+
+// lookup resolves a host:port entry to canonical addresses; false if its
+// name does not resolve now.
+func (m *Members) lookup(ctx context.Context, entry string) ([]string, bool) {
+	if a, ok := canonical(entry); ok {
+		return []string{a}, true
+	}
+	host, port, err := net.SplitHostPort(entry)
+	if err != nil {
+		return nil, false
+	}
+	ips, err := m.opts.Resolve(ctx, host)
+	if err != nil {
+		m.log.Warn("a fleet.peers name did not resolve; its last addresses are kept", "name", host, "error", err)
+		return nil, false
+	}
+	var out []string
+	for _, ip := range ips {
+		if a, ok := canonical(net.JoinHostPort(ip, port)); ok {
+			out = append(out, a)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out), true
+}
+
+// canonical is addr (ip:port) as views name it; false if its host is not
+// an IP address.
+func canonical(addr string) (string, bool) {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return "", false
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()).String(), true
+}
+
+// askAll asks every known member at once, each within a probe period.
+func (m *Members) askAll(ctx context.Context) {
+	mine := m.report()
+	peers := m.Known()
+	var wg sync.WaitGroup
+	for _, p := range peers {
+		wg.Go(func() {
+			actx, cancel := context.WithTimeout(ctx, m.every)
+			defer cancel()
+			r, err := m.opts.Ask(actx, p, mine)
+			if err != nil {
+				m.log.Debug("a fleet member did not answer", "member", p.Addr, "error", err)
+				return
+			}
+			m.answered(p.Addr, r)
+		})
+	}
+	wg.Wait() // each ask is bounded by its context
+}
+
+// report is what this member says of itself.
+func (m *Members) report() Report {
+	clients := m.opts.Clients()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return Report{Self: m.self, Clients: clients, View: m.ring.Members()}
+}
+
+// Answer is this member's report, for the exchange's answer.
+func (m *Members) Answer() Report { return m.report() }
+
+// answered records a member's answer.
+func (m *Members) answered(addr string, r Report) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if k := m.known[addr]; k != nil {
+		k.answered, k.report = time.Now(), r
+	}
+}
+
+// grace is how long after its last answer a member stays in the view.
+func (m *Members) grace() time.Duration { return max(m.opts.Timeout-m.every, m.every) }
+
+// judge sets each member in or out of the view by its last answer, and
+// signals Changed if the view changed.
+func (m *Members) judge(now time.Time) {
+	m.mu.Lock()
+	view := []string{m.self}
+	for a, k := range m.known {
+		k.live = !k.answered.IsZero() && now.Sub(k.answered) < m.grace()
+		if k.live {
+			view = append(view, a)
+		}
+	}
+	slices.Sort(view)
+	view = slices.Compact(view)
+	if slices.Equal(view, m.ring.Members()) {
+		m.mu.Unlock()
+		return
+	}
+	m.ring, m.since = NewRing(view), now
+	m.mu.Unlock()
+	m.log.Info("fleet view changed", "members", view)
+	select {
+	case m.changed <- struct{}{}:
+	default:
+	}
+}
+
+// View is a member's view, as /debug/fleet shows it.
+type View struct {
+	Self    string       `json:"self"`
+	Members []string     `json:"members"` // live, this one included, sorted
+	Since   time.Time    `json:"since"`   // when the view last changed
+	Peers   []PeerStatus `json:"peers"`   // every other member resolved
+}
+
+// PeerStatus is another member as this one knows it.
+type PeerStatus struct {
+	Addr     string     `json:"address"`
+	Name     string     `json:"name"`
+	Live     bool       `json:"live"`
+	Answered *time.Time `json:"last_answer,omitempty"`
+	Clients  int        `json:"clients"`
+	View     []string   `json:"view,omitempty"` // its own view, in its last answer
+	Agrees   bool       `json:"agrees"`         // its view is this one's
+}
+
+// View is the current view.
+func (m *Members) View() View {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	v := View{Self: m.self, Members: m.ring.Members(), Since: m.since}
+	for a, k := range m.known {
+		ps := PeerStatus{Addr: a, Name: k.peer.Name, Live: k.live, Clients: k.report.Clients, View: k.report.View,
+			Agrees: k.live && slices.Equal(k.report.View, v.Members)}
+		if !k.answered.IsZero() {
+			at := k.answered
+			ps.Answered = &at
+		}
+		v.Peers = append(v.Peers, ps)
+	}
+	slices.SortFunc(v.Peers, func(a, b PeerStatus) int { return strings.Compare(a.Addr, b.Addr) })
+	return v
+}
+
+// Disagreeing counts the live members whose view is not this one's.
+func (m *Members) Disagreeing() int {
+	n := 0
+	for _, p := range m.View().Peers {
+		if p.Live && !p.Agrees {
+			n++
+		}
+	}
+	return n
+}
+
+// Excess is how many of its clients this member holds past the bound,
+// (1 + fleet.balance_slack) times the fleet's mean, from the counts the
+// live members last reported: 0 within it, with balance off, or alone.
+func (m *Members) Excess(clients int) int {
+	if !m.opts.Balance {
+		return 0
+	}
+	m.mu.Lock()
+	n, total := 1, clients
+	for _, k := range m.known {
+		if k.live {
+			n++
+			total += k.report.Clients
+		}
+	}
+	m.mu.Unlock()
+	if n == 1 {
+		return 0
+	}
+	bound := int(math.Floor((1 + m.opts.BalanceSlack) * float64(total) / float64(n)))
+	return max(clients-bound, 0)
+}
