@@ -372,13 +372,16 @@ func (f *waitFlags) run(ctx context.Context, out io.Writer) error {
 
 // print says where the clients stand, bounded.
 func (c waitCount) print(out io.Writer) {
-	if t, ok := c.one(); ok {
+	switch t, ok := c.one(); {
+	case c.answered == 0:
+		// Nothing counted: only why, below.
+	case ok:
 		fmt.Fprintf(out, "%s: %d accepted, %d rejected, %d pending, %d behind", numbered(t.subscribed, "client"), t.accepted, t.rejected, t.pending, t.behind)
 		if !c.byResource {
 			fmt.Fprintf(out, ", %d waiting", t.waiting)
 		}
 		fmt.Fprintln(out)
-	} else {
+	default:
 		n, of := c.resourcesAt(func(t tally) bool { return t.accepted == t.subscribed })
 		fmt.Fprintf(out, "%s: %d accepted by all of their clients", numbered(of, "resource"), n)
 		if none := c.unclaimed(); len(none) > 0 {
@@ -487,8 +490,8 @@ func (f *waitFlags) add(c *waitCount, server string, dc relay.DebugConvergence) 
 		if c.byResource {
 			c.addResource(tierKey{r.Type, r.Name}, tally{subscribed: r.Subscribed, accepted: at.Accepted, rejected: at.Rejected, pending: at.Pending, behind: behind})
 		}
-		if at.Accepted == r.Subscribed && r.Subscribed > 0 {
-			continue
+		if at.Accepted == r.Subscribed {
+			continue // there, or no client of this group holds it
 		}
 		if len(c.shown) == waitShown {
 			c.more++
