@@ -46,6 +46,14 @@ type Change struct {
 	// pushes that carry it; zero when not traced. The type keeps the latest
 	// that changed it (View.Trace).
 	Trace Trace
+	// Ahead is set when the upserts go ahead of what points at them, which
+	// the source applies next: resource files, which hold every resource
+	// there is and give what a resource points at before it
+	// (docs/architecture.md, invariant 18 "Make before break, whatever the
+	// order upstream"). They are kept though nobody asked for them yet,
+	// so that what points at them finds them and waits for nothing; the
+	// next sweep drops one that nothing holds by then.
+	Ahead bool
 }
 
 // Trace identifies a traced upstream response (its span's trace and span
@@ -81,6 +89,9 @@ func (c *Cache) Apply(typeURL string, ch Change) {
 	held := len(t.waiting) > 0
 	var replaced []*Resource
 	ch.Upserts, replaced = c.waitUpsertsLocked(t, ch.Upserts, now)
+	if ch.Ahead {
+		c.aheadLocked(t, ch.Upserts)
+	}
 	for _, r := range ch.Upserts {
 		c.putLocked(t, typeURL, r, o)
 	}
@@ -396,6 +407,18 @@ func (c *Cache) aliasLocked(t *typeState, typeURL string, r *Resource, o *op) {
 		}
 		if ae := t.entries[a]; ae != nil && a != r.Name {
 			o.markWatchers(ae, typeURL, a)
+		}
+	}
+}
+
+// aheadLocked makes entries for the upserts of a change that goes ahead
+// of what points at them (Change.Ahead), which nobody asked for yet: the
+// next sweep looks at them (recheck) and drops one nothing holds.
+func (c *Cache) aheadLocked(t *typeState, upserts []*Resource) {
+	for _, r := range upserts {
+		if t.entries[r.Name] == nil {
+			t.newEntryLocked(r.Name)
+			t.recheck = true
 		}
 	}
 }

@@ -949,3 +949,31 @@ func TestHeldWhileAResourceWaits(t *testing.T) {
 		t.Errorf("the wildcard watcher was not marked when the last wait ended: %v", got)
 	}
 }
+
+// A change that goes ahead of what points at it (Change.Ahead: resource
+// files, in the spec's order) is kept though nobody asked for it yet: the
+// Route that points at it, applied next, waits for nothing and is
+// released at once; an ahead resource nothing comes to point at is
+// dropped by the next sweep.
+func TestAheadOfWhatPointsAtIt(t *testing.T) {
+	c, _, events := consistent()
+	var unsafe []UnsafeOrder
+	c.onUnsafeOrder = func(u UnsafeOrder) { unsafe = append(unsafe, u) }
+	w := NewWatch()
+	c.Watch(w, rds, "r")
+	c.Apply(cds, Change{Upserts: []*Resource{res("x", "1"), res("stray", "1")}, Ahead: true})
+	c.Apply(rds, Change{Upserts: []*Resource{route("r", "1", "x")}})
+	if got := present(c, rds, "r"); got != "1" {
+		t.Errorf("the route waits though its cluster went ahead of it: version %q", got)
+	}
+	if len(*events) != 0 || len(unsafe) != 0 {
+		t.Errorf("reference events %+v, unsafe orders %+v; want none", *events, unsafe)
+	}
+	c.Sweep()
+	if got := present(c, cds, "x"); got != "1" {
+		t.Errorf("the cluster the route points at was dropped: %q", got)
+	}
+	if got := present(c, cds, "stray"); got != "" {
+		t.Errorf("a cluster nothing points at outlived the sweep: %q", got)
+	}
+}

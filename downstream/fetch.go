@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -180,13 +181,46 @@ func (s *Server) pollContext(ctx context.Context) (context.Context, context.Canc
 // RESTHandler serves REST-JSON polling: POST /v3/discovery:<type> with the
 // proto3 JSON form of a DiscoveryRequest. An unchanged poll answers 304 Not
 // Modified at its deadline.
+// A request for any other path, or with another method, is answered 404
+// or 405 with the paths there are (restUnknown).
 func (s *Server) RESTHandler() http.Handler {
 	mux := http.NewServeMux()
 	for _, path := range slices.Sorted(maps.Keys(restPaths)) {
 		typeURL := restPaths[path]
 		mux.HandleFunc("POST "+path, func(w http.ResponseWriter, r *http.Request) { s.serveREST(w, r, typeURL) })
 	}
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, pattern := mux.Handler(r); pattern == "" {
+			restUnknown(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// ListenerHeader names, on the REST-JSON port's answers to what it does
+// not serve, the listener that answered (ListenerREST): a command that
+// meant the admin endpoint, which speaks HTTP/1.1 too, can tell it was
+// pointed at the wrong port.
+const (
+	ListenerHeader = "Xdsrelay-Listener"
+	ListenerREST   = "downstream.rest_address"
+)
+
+// restUnknown answers a request the REST-JSON port does not serve: 405
+// for a path it serves, asked with another method than POST; 404
+// otherwise; each with the paths there are.
+func restUnknown(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set(ListenerHeader, ListenerREST)
+	paths := slices.Sorted(maps.Keys(restPaths))
+	if _, ok := restPaths[r.URL.Path]; ok {
+		w.Header().Set("Allow", http.MethodPost)
+		http.Error(w, fmt.Sprintf("xdsrelay: %s %s: the REST-JSON port (downstream.rest_address) is polled with POST and a DiscoveryRequest in proto3 JSON", r.Method, xds.Clip(r.URL.Path)),
+			http.StatusMethodNotAllowed)
+		return
+	}
+	http.Error(w, fmt.Sprintf("xdsrelay: no REST-JSON path %s on this port (downstream.rest_address); POST one of %s (the admin endpoint is admin.address)",
+		xds.Clip(r.URL.Path), strings.Join(paths, ", ")), http.StatusNotFound)
 }
 
 func (s *Server) serveREST(w http.ResponseWriter, r *http.Request, typeURL string) {

@@ -100,7 +100,7 @@ type typeStatus struct {
 // apply applies a client's ACK or NACK (state, with note for a NACK) of
 // the responses up to nonce to the pending names it covers: a name's fate
 // is the first answer that covers its response.
-func (t *typeStatus) apply(nonce uint64, state ResourceState, note *nackNote, now time.Time, mv mover) {
+func (t *typeStatus) apply(nonce uint64, state ResourceState, note *nackNote, now time.Time, mv mover) (covered Answered) {
 	keep := t.pending[:0]
 	for _, name := range t.pending {
 		r, ok := t.res.get(name)
@@ -111,6 +111,7 @@ func (t *typeStatus) apply(nonce uint64, state ResourceState, note *nackNote, no
 			keep = append(keep, name)
 			continue
 		}
+		covered.add(name, r.version)
 		was := r
 		r.state, r.nonce, r.nack = state, 0, note
 		t.res.set(name, r)
@@ -118,6 +119,22 @@ func (t *typeStatus) apply(nonce uint64, state ResourceState, note *nackNote, no
 	}
 	clear(t.pending[len(keep):])
 	t.pending = keep
+	return covered
+}
+
+// Answered is what a client's answer covered: how many resources, and the
+// first of them with the version it was sent at (a NACK's log line names
+// what was rejected).
+type Answered struct {
+	Resources        int
+	First, AtVersion string
+}
+
+func (a *Answered) add(name, version string) {
+	if a.Resources == 0 {
+		a.First, a.AtVersion = name, version
+	}
+	a.Resources++
 }
 
 // streamStatus is one stream's record, registered with the server while
@@ -334,10 +351,10 @@ func (s *streamStatus) sentShared(typeURL string, st *cache.State, nonce uint64,
 
 // answered records the client's ACK (nack false) or NACK of the responses
 // of typeURL up to nonce ("ACK/NACK and resource type instance version").
-func (s *streamStatus) answered(typeURL, nonce, version string, nack bool, msg string, now time.Time) {
+func (s *streamStatus) answered(typeURL, nonce, version string, nack bool, msg string, now time.Time) (covered Answered) {
 	n, err := strconv.ParseUint(nonce, 10, 64)
 	if err != nil || n == 0 {
-		return // an initial request, or a nonce this stream never sent
+		return covered // an initial request, or a nonce this stream never sent
 	}
 	state := Acked
 	if nack {
@@ -360,17 +377,23 @@ func (s *streamStatus) answered(typeURL, nonce, version string, nack bool, msg s
 			t.sharedNack = msg
 		}
 		mv.answerShared(from, now)
+		if rs := t.shared.Resources; len(rs) > 0 {
+			covered = Answered{Resources: len(rs), First: rs[0].Name, AtVersion: rs[0].Version}
+		}
 	}
 	if len(t.pending) > 0 {
 		var note *nackNote
 		if nack {
 			note = &nackNote{msg: msg, at: now}
 		}
-		t.apply(n, state, note, now, mv)
+		if c := t.apply(n, state, note, now, mv); c.Resources > 0 {
+			covered = c
+		}
 	}
 	if !nack {
 		t.accepted = now.UnixNano()
 	}
+	return covered
 }
 
 // ResourceStatus is what a client holds of one resource.

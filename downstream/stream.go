@@ -316,11 +316,11 @@ func (b *streamBase) admit(typeURL string, node *corepb.Node) (resolved, short s
 func (b *streamBase) answered(typeURL, short, nonce, version string, d *rpcstatus.Status) {
 	switch {
 	case d != nil:
-		b.nacked(short, nonce, d.GetMessage(), "version", xds.Clip(version))
 		defer b.forwarded(typeURL, d) // after the nonce's answer, which it may refine
 	case nonce != "":
 		b.srv.acks.With(short).Inc()
 	}
+	var covered Answered
 	if nonce != "" {
 		switch {
 		case b.fixed == resourcev3.ClusterType:
@@ -328,11 +328,29 @@ func (b *streamBase) answered(typeURL, short, nonce, version string, d *rpcstatu
 		case b.fixed == "" && typeURL == resourcev3.ClusterType:
 			b.answeredClusters(nonce)
 		}
-		b.status.answered(typeURL, nonce, version, d != nil, d.GetMessage(), time.Now())
+		covered = b.status.answered(typeURL, nonce, version, d != nil, d.GetMessage(), time.Now())
 		if b.sent != nil {
 			b.verdict(typeURL, nonce, d != nil, d.GetMessage())
 		}
 	}
+	if d != nil {
+		b.nacked(short, nonce, d.GetMessage(), rejectedAttrs(covered, version)...)
+	}
+}
+
+// rejectedAttrs say, in a NACK's log line, what the client rejected: the
+// first resource of the responses it answered, at the version it was
+// sent, and how many; and the version_info it kept (a SotW client's last
+// accepted, sent with its NACK).
+func rejectedAttrs(c Answered, kept string) []any {
+	var attrs []any
+	if c.Resources > 0 {
+		attrs = append(attrs, "rejected", xds.Clip(c.First)+" at "+xds.Clip(c.AtVersion), "resources", c.Resources)
+	}
+	if kept != "" {
+		attrs = append(attrs, "kept_version", xds.Clip(kept))
+	}
+	return attrs
 }
 
 // nacked counts and logs a client's NACK of a response. The log lines are

@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/xdsrelay/xdsrelay/downstream"
 	"github.com/xdsrelay/xdsrelay/internal/creds"
 	"github.com/xdsrelay/xdsrelay/internal/xds"
 	"github.com/xdsrelay/xdsrelay/upstream"
@@ -317,6 +318,9 @@ func (r *Relay) groupsDetail(w io.Writer, above string) {
 			if len(u.Unserved) > 0 {
 				state += ", does not serve " + strings.Join(u.Unserved, ", ") + " (not asked of it)"
 			}
+			if u.Unheard != "" {
+				state += ", " + u.Unheard
+			}
 			fmt.Fprintf(w, "  upstream %q: %s, %s\n", u.Upstream, r.serverOf(u), state)
 		}
 		guardDetail(w, g.cache)
@@ -438,3 +442,12 @@ func describe(s upstream.Status, resources int) string {
 	}
 	return fmt.Sprintf("%s; %d resources cached; %s", state, resources, age)
 }
+
+// RESTListenerHeader is the header, and RESTListener its value, that the
+// REST-JSON port sets on its answers to what it does not serve: a command
+// meant for the admin endpoint, which speaks HTTP/1.1 too, tells the two
+// ports apart by them.
+const (
+	RESTListenerHeader = downstream.ListenerHeader
+	RESTListener       = downstream.ListenerREST
+)

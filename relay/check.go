@@ -17,6 +17,11 @@ type Checked struct {
 	// upstream.address: each file that does not load and each invalid
 	// resource.
 	Files []error
+	// Warnings are errors of files the configuration names and this
+	// configuration does not use: the TLS files of an upstream whose
+	// address is a directory (file://), which the address set where the
+	// relay runs (XDSRELAY_UPSTREAM_ADDRESS) would use.
+	Warnings []error
 	// Dir and Resources are the resource directory, if any, and how many
 	// resources its files that load hold.
 	Dir       string
@@ -32,8 +37,14 @@ type Checked struct {
 func CheckStart(cfg Config) Checked {
 	var out Checked
 	for _, t := range tlsOf(cfg) {
-		if err := creds.Check(t.files); err != nil {
-			out.TLS = append(out.TLS, tlsError(t.prefix, t.caKey, err))
+		for _, err := range creds.CheckEach(t.files) {
+			err = tlsError(t.prefix, t.caKey, err)
+			if t.unusedBy != "" {
+				out.Warnings = append(out.Warnings, fmt.Errorf("%w (unused while %s is %s...; used where it names a control plane, as the environment may set it)",
+					err, t.unusedBy, FilePrefix))
+				continue
+			}
+			out.TLS = append(out.TLS, err)
 		}
 	}
 	if dir, ok := strings.CutPrefix(cfg.Upstream.Address, FilePrefix); ok && dir != "" {
@@ -47,14 +58,20 @@ func CheckStart(cfg Config) Checked {
 	return out
 }
 
-// tlsSide is one side's TLS settings and how their keys are named.
+// tlsSide is one side's TLS settings and how their keys are named;
+// unusedBy, for an upstream's that this configuration does not load, is
+// the key of its file:// address.
 type tlsSide struct {
 	prefix, caKey string
 	files         creds.TLS
+	unusedBy      string
 }
 
-// tlsOf lists the TLS settings New loads: each control plane's (not a
-// directory's), the downstream's and the admin endpoint's.
+// tlsOf lists the TLS settings New loads: each control plane's, the
+// downstream's and the admin endpoint's; and those of an upstream whose
+// address is a directory, which New does not load but a deployment that
+// sets the address from its environment does: a typo there is found
+// before it reaches a pod (as a warning: this configuration runs).
 func tlsOf(cfg Config) []tlsSide {
 	var out []tlsSide
 	ups := []UpstreamConfig{cfg.Upstream.UpstreamConfig}
@@ -65,15 +82,20 @@ func tlsOf(cfg Config) []tlsSide {
 	for i, u := range ups {
 		t := u.TLS
 		whole := (t.CertFile == "") == (t.KeyFile == "") && !(t.Insecure && t.CAFile != "") // else Problems said so
-		if t.Enabled() && whole && !strings.HasPrefix(u.Address, FilePrefix) {
-			out = append(out, tlsSide{prefixes[i], "ca_file", u.TLS})
+		if !t.Enabled() || !whole {
+			continue
 		}
+		side := tlsSide{prefix: prefixes[i], caKey: "ca_file", files: u.TLS}
+		if strings.HasPrefix(u.Address, FilePrefix) {
+			side.unusedBy = prefixes[i] + ".address"
+		}
+		out = append(out, side)
 	}
 	if t := cfg.Downstream.TLS; t.Enabled() && t.CertFile != "" && t.KeyFile != "" {
-		out = append(out, tlsSide{"downstream", "client_ca_file", t})
+		out = append(out, tlsSide{prefix: "downstream", caKey: "client_ca_file", files: t})
 	}
 	if t := cfg.Admin.TLS; t.Enabled() && t.CertFile != "" && t.KeyFile != "" {
-		out = append(out, tlsSide{"admin", "client_ca_file", t})
+		out = append(out, tlsSide{prefix: "admin", caKey: "client_ca_file", files: t})
 	}
 	return out
 }

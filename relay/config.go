@@ -679,6 +679,9 @@ func (c *Config) validateConnections(p *problems) {
 }
 
 func checkHostPort(addr string) error {
+	if scheme, rest, ok := strings.Cut(addr, "://"); ok {
+		return fmt.Errorf("%q is not host:port: write the host and port alone (%s), without %s://", addr, rest, scheme)
+	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("%q is not host:port: %w", addr, err)
@@ -690,6 +693,20 @@ func checkHostPort(addr string) error {
 		return fmt.Errorf("%q has an invalid host", addr)
 	}
 	return nil
+}
+
+// checkUpstreamAddress checks an upstream's address, a host:port: one
+// that has no port and reads as a path is a directory of resource files
+// written without file://.
+func checkUpstreamAddress(addr string) error {
+	err := checkHostPort(addr)
+	if err == nil || strings.Contains(addr, "://") {
+		return err
+	}
+	if _, _, splitErr := net.SplitHostPort(addr); splitErr != nil && (strings.ContainsAny(addr, "/\\") || addr == ".") {
+		return fmt.Errorf("%q is not host:port: a directory of resource files is %s%s", addr, FilePrefix, addr)
+	}
+	return err
 }
 
 // checkLoopback checks a host:port whose host must be a loopback address
@@ -759,7 +776,7 @@ func (u *UpstreamConfig) validate(p *problems, prefix string, groupBy []string) 
 		if dir == "" {
 			p.addf("%saddress: %q names no directory", prefix, u.Address)
 		}
-	} else if err := checkHostPort(u.Address); err != nil {
+	} else if err := checkUpstreamAddress(u.Address); err != nil {
 		p.addf("%saddress: %w", prefix, err)
 	}
 	for _, a := range u.Addresses {

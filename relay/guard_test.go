@@ -250,3 +250,36 @@ func TestGuardHoldsAWipe(t *testing.T) {
 		})
 	}
 }
+
+// Where no one can release a hold (a default Kubernetes install: no
+// admin.tls, and the local listener serves reads only), a relay started
+// anew without cache.persist_dir holds nothing: it takes the control
+// plane's state as it is, and its clients get the removal the old one
+// holds (docs/kubernetes.md, "A hold in a default install").
+func TestGuardHoldEndsWithARestart(t *testing.T) {
+	cp := testcp.Start(t)
+	rs, names := endpoints(20)
+	cp.Set(t, "c1", "1", rs...)
+	old := startRelay(t, cp.Addr)
+	subscribeAll(t, old, "n", names)
+	cp.Set(t, "c1", "2", rs[:5]...) // 15 of 20 removed: held
+	eventually(t, "the guard to hold the removal", func() bool {
+		return strings.Contains(getMetrics(t, old), `xdsrelay_guard_holds_total{type="ClusterLoadAssignment"} 1`)
+	})
+
+	restarted := startRelay(t, cp.Addr)
+	s := openDelta(t, restarted.Addr())
+	s.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n", "c1"), TypeUrl: resourcev3.EndpointType, ResourceNamesSubscribe: names})
+	got := map[string]bool{}
+	for len(got) < 5 {
+		resp := s.recv()
+		for _, r := range resp.GetResources() {
+			got[r.GetName()] = true
+		}
+		s.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resp.GetTypeUrl(), ResponseNonce: resp.GetNonce()})
+	}
+	s.quiet(200 * time.Millisecond) // and nothing more: the 15 removed do not come
+	if m := getMetrics(t, restarted); !strings.Contains(m, `xdsrelay_guard_holds_total{type="ClusterLoadAssignment"} 0`) {
+		t.Errorf("the restarted relay holds something:\n%s", grepLines(m, "xdsrelay_guard_holds_total"))
+	}
+}

@@ -39,17 +39,26 @@ func (r *Relay) opsRoutes(mux *http.ServeMux, l adminListener) {
 			r.setLogLevel(lv, w, req)
 		}))
 	}
+	// Without admin.pprof, /debug/pprof/ and what is under it answer 404
+	// saying how to turn the profiler on.
+	index := http.HandlerFunc(pprofOff)
 	if r.cfg.Admin.Pprof {
 		// The mutex profile (/debug/pprof/mutex) is empty unless sampling
 		// is on: 1 in mutexProfileFraction contention events, which costs
 		// nothing while locks are not contended.
 		runtime.SetMutexProfileFraction(mutexProfileFraction)
-		mux.HandleFunc("/debug/pprof/", gate(l, accessAll, pprof.Index))
+		index = gate(l, accessAll, pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", gate(l, accessAll, pprof.Cmdline))
 		mux.HandleFunc("/debug/pprof/profile", gate(l, accessAll, pprof.Profile))
 		mux.HandleFunc("/debug/pprof/symbol", gate(l, accessAll, pprof.Symbol))
 		mux.HandleFunc("/debug/pprof/trace", gate(l, accessAll, pprof.Trace))
 	}
+	mux.HandleFunc("/debug/pprof/", index)
+}
+
+// pprofOff answers the profiler's paths while admin.pprof is off.
+func pprofOff(w http.ResponseWriter, _ *http.Request) {
+	http.Error(w, "xdsrelay: Go's profiler is off: it is served here with admin.pprof: true (XDSRELAY_ADMIN_PPROF=true), to private callers", http.StatusNotFound)
 }
 
 // setLogLevel sets lv from the request's body: debug, info, warn or error.
@@ -151,37 +160,38 @@ func (r *Relay) hasSynced() bool {
 			return true
 		}
 	}
-	return len(gs) == 0 && r.upConn != nil && r.reachable()
+	return len(gs) == 0 && r.upConn != nil && r.speaks()
 }
 
-// reachable reports, before any group has a stream, whether a group's
-// stream could get an answer: the control plane's connection is up or,
-// while it cannot connect, one of its fallback servers' is (gRFC A71: a
-// fallback server is tried only while the ones above it are unreachable,
-// so it is connected to only then). Without it, a relay whose primary is
-// down at start would never be ready, and so never be sent the clients
-// whose streams would fall back.
-func (r *Relay) reachable() bool {
+// reachable returns, before any group has a stream, the server a group's
+// stream could get an answer from: the control plane's (0) if its
+// connection is up or, while it cannot connect, the first of its fallback
+// servers whose connection is (gRFC A71: a fallback server is tried only
+// while the ones above it are unreachable, so it is connected to only
+// then); -1 if none. Without the fallbacks, a relay whose primary is down
+// at start would never be ready, and so never be sent the clients whose
+// streams would fall back.
+func (r *Relay) reachable() int {
 	if r.upConn.GetState() == connectivity.Ready {
-		return true
+		return 0
 	}
 	if r.upConn.GetState() != connectivity.TransientFailure {
-		return false
+		return -1
 	}
-	for _, fb := range r.upFallbacks {
+	for i, fb := range r.upFallbacks {
 		switch fb.GetState() {
 		case connectivity.Ready:
-			return true
+			return i + 1
 		case connectivity.Idle:
 			fb.Connect()
-			return false
+			return -1
 		case connectivity.TransientFailure:
 			continue // try the next one down
 		default:
-			return false // connecting: wait for it
+			return -1 // connecting: wait for it
 		}
 	}
-	return false
+	return -1
 }
 
 // drainingHealth is the gRPC health service, whose Watch streams end once

@@ -96,8 +96,8 @@ func TestDebugLogsFollowLogLevel(t *testing.T) {
 // served only with admin.pprof.
 func TestPprofAndLogLevelArePrivate(t *testing.T) {
 	off, _ := startJSONRelay(t, FilePrefix+t.TempDir())
-	if code, _ := do(t, http.MethodGet, "http://"+off.AdminAddr()+"/debug/pprof/", ""); code != http.StatusNotFound {
-		t.Errorf("pprof without admin.pprof: %d, want 404", code)
+	if code, body := do(t, http.MethodGet, "http://"+off.AdminAddr()+"/debug/pprof/heap", ""); code != http.StatusNotFound || !strings.Contains(body, "admin.pprof: true") {
+		t.Errorf("pprof without admin.pprof: %d %q, want 404 naming admin.pprof", code, body)
 	}
 	on, _ := startJSONRelay(t, FilePrefix+t.TempDir(), func(c *Config) { c.Admin.Pprof = true })
 	for _, path := range []string{"/debug/pprof/", "/debug/pprof/goroutine?debug=1", "/debug/pprof/cmdline"} {
@@ -314,5 +314,25 @@ func TestReadyAfterSyncOnAFallbackServer(t *testing.T) {
 			t.Fatal("ready with every server down")
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The "relay serving" line names every listener that is open, the
+// REST-JSON port's included, and none that is not.
+func TestServingLineNamesTheListeners(t *testing.T) {
+	cp := testcp.Start(t)
+	logs := &logBuffer{}
+	r := startRelayLogged(t, cp.Addr, slog.New(slog.NewJSONHandler(logs, nil)), func(c *Config) {
+		c.Downstream.RESTAddress = "127.0.0.1:0"
+		c.Admin.LocalAddress = "" // closed
+	})
+	lines := logs.Lines(t, "relay serving")
+	if len(lines) != 1 {
+		t.Fatalf("%d lines, want one:\n%s", len(lines), logs)
+	}
+	if l := lines[0]; l["rest"] != r.RESTAddr() || l["admin"] != r.AdminAddr() || l["downstream"] != r.Addr() {
+		t.Errorf("relay serving: %v; want the REST-JSON, admin and xDS listeners", l)
+	} else if _, ok := l["admin_local"]; ok {
+		t.Errorf("relay serving names admin_local, which is closed: %v", l)
 	}
 }

@@ -62,17 +62,35 @@ func persistFile(dir, key string) string {
 // ignores it.
 const savedKeyField = 1000
 
-// withKey is node with the group's key in savedKeyField, for encodeGroup.
-func withKey(node *corepb.Node, key string) *corepb.Node {
+// savedUpstreamIDField is the field of a saved cache's node record that
+// holds the node id the group presented upstream (upstream.node.id
+// expanded), for persist inspect: the record's own fields are the group's
+// (its group_by fields), which a restart presents anew from its
+// configuration.
+const savedUpstreamIDField = 1001
+
+// withKey is node with the group's key in savedKeyField and the node id it
+// presented upstream in savedUpstreamIDField, for encodeGroup.
+func withKey(node *corepb.Node, key, upstreamID string) *corepb.Node {
 	n := proto.Clone(node).(*corepb.Node)
 	u := protowire.AppendTag(nil, savedKeyField, protowire.BytesType)
-	n.ProtoReflect().SetUnknown(protowire.AppendString(u, key))
+	u = protowire.AppendString(u, key)
+	u = protowire.AppendTag(u, savedUpstreamIDField, protowire.BytesType)
+	n.ProtoReflect().SetUnknown(protowire.AppendString(u, upstreamID))
 	return n
 }
 
 // SavedKey is the group key a saved cache's node holds (see withKey); ""
 // for a file written before it did.
-func SavedKey(node *corepb.Node) string {
+func SavedKey(node *corepb.Node) string { return savedString(node, savedKeyField) }
+
+// SavedUpstreamID is the node id the group presented upstream when its
+// cache was saved (see withKey); "" for a file written before it was kept.
+func SavedUpstreamID(node *corepb.Node) string { return savedString(node, savedUpstreamIDField) }
+
+// savedString is the string in field num of node's unknown fields; "" if
+// it has none.
+func savedString(node *corepb.Node, field protowire.Number) string {
 	b := node.ProtoReflect().GetUnknown()
 	for len(b) > 0 {
 		num, typ, l := protowire.ConsumeTag(b)
@@ -80,7 +98,7 @@ func SavedKey(node *corepb.Node) string {
 			return ""
 		}
 		b = b[l:]
-		if num == savedKeyField && typ == protowire.BytesType {
+		if num == field && typ == protowire.BytesType {
 			v, m := protowire.ConsumeString(b)
 			if m < 0 {
 				return ""
@@ -705,7 +723,7 @@ func (r *Relay) writeCaches(written map[string]uint64) saveCount {
 // writeCache saves one group's cache, unless it is larger than what a
 // restore would read.
 func (r *Relay) writeCache(g *group, states []cache.TypeState) error {
-	data, err := encodeGroup(withKey(g.fields, g.key), states, r.owner())
+	data, err := encodeGroup(withKey(g.fields, g.key, g.nodes[0].GetId()), states, r.owner())
 	if err != nil {
 		return err
 	}

@@ -106,3 +106,26 @@ func TestMaxPolls(t *testing.T) {
 		})
 	}
 }
+
+// A REST-JSON path the relay does not serve is answered 404 with the
+// paths it does, and one of those asked with GET 405 naming POST, each
+// marked as the REST-JSON port's answer (RESTListenerHeader).
+func TestRESTUnknownPath(t *testing.T) {
+	cp := testcp.Start(t)
+	r := startRelay(t, cp.Addr, func(c *Config) { c.Downstream.RESTAddress = "127.0.0.1:0" })
+	base := "http://" + r.RESTAddr()
+	code, body := restPoll(t, base+"/v3/discovery:bogus", &discoverypb.DiscoveryRequest{Node: node("poller", "c1")})
+	if code != http.StatusNotFound || !strings.Contains(body, "no REST-JSON path /v3/discovery:bogus") || !strings.Contains(body, "/v3/discovery:clusters") {
+		t.Errorf("POST /v3/discovery:bogus: %d %q; want 404 naming the paths there are", code, body)
+	}
+	resp, err := http.Get(base + "/v3/discovery:clusters")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != http.MethodPost || !strings.Contains(string(b), "polled with POST") ||
+		resp.Header.Get(RESTListenerHeader) != RESTListener {
+		t.Errorf("GET /v3/discovery:clusters: %d %q %v; want 405, POST", resp.StatusCode, b, resp.Header)
+	}
+}

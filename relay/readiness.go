@@ -30,6 +30,46 @@ type syncProblem struct {
 // waitingSync is notReady's answer while admin.ready_after_sync waits.
 const waitingSync = "waiting for the first upstream sync"
 
+// refusesPublic is what anyone is told of a control plane that refused
+// the protocol the relay speaks to it.
+const refusesPublic = "the control plane refuses the protocol the relay speaks to it (upstream.protocol)"
+
+// dialectRefusal is what a server refused when readiness asked it its
+// dialect, before any group (upstream.ADS.Dialect).
+type dialectRefusal struct {
+	server, words string
+	at            time.Time
+}
+
+// dialectRecheck is how long a refusal of the dialect stands before
+// readiness asks the server again: it may be upgraded, or the
+// configuration fixed behind the same address.
+const dialectRecheck = 5 * time.Second
+
+// speaks reports, before any group has a stream, whether a group's stream
+// could get an answer: a server is reachable, and does not refuse the
+// protocol the relay would speak to it. A refusal of it is a configuration
+// error (upstream.protocol), which the operator must see before clients
+// come: readiness asks the server (upstream.ADS.Dialect) rather than wait
+// for a group, which only a ready relay is sent (docs/operations.md,
+// "Readiness"; docs/architecture.md, invariant 20 "A refusal is an
+// answer").
+func (r *Relay) speaks() bool {
+	i := r.reachable()
+	if i < 0 || r.upADS == nil {
+		return i >= 0
+	}
+	if d := r.refusal.Load(); d != nil && time.Since(d.at) < dialectRecheck {
+		return false
+	}
+	if server, refused := r.upADS.Dialect(r.ctx, i, 0); refused != "" {
+		r.refusal.Store(&dialectRefusal{server: server, words: refused, at: time.Now()})
+		return false
+	}
+	r.refusal.Store(nil)
+	return true
+}
+
 // syncProblem looks at what the first sync waits for: the groups'
 // upstream streams or, before any group exists, the connection to the
 // control plane.
@@ -42,6 +82,9 @@ func (r *Relay) syncProblem() syncProblem {
 	}
 	if r.upConn == nil {
 		return syncProblem{}
+	}
+	if d := r.refusal.Load(); d != nil {
+		return syncProblem{public: refusesPublic, private: fmt.Sprintf("upstream server %s %s", d.server, d.words)}
 	}
 	target := r.cfg.Upstream.Address
 	connected := syncProblem{public: "the control plane has not answered yet", private: "upstream " + target + " connected, no answer yet"}
@@ -74,7 +117,7 @@ func groupsProblem(gs []*group) syncProblem {
 			}
 			if u.Refused != "" {
 				return syncProblem{
-					public: "the control plane refuses the protocol the relay speaks to it (upstream.protocol)",
+					public: refusesPublic,
 					private: fmt.Sprintf("group %q: upstream %q (server %s) %s",
 						g.id, u.Upstream, u.Server, xds.Clip(u.Refused)),
 				}

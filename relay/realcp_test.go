@@ -13,6 +13,7 @@ import (
 
 	"github.com/xdsrelay/xdsrelay/internal/realcp"
 	"github.com/xdsrelay/xdsrelay/internal/testcp"
+	"github.com/xdsrelay/xdsrelay/upstream"
 )
 
 // The relay in front of go-control-plane v0.9.8's own, unmodified server
@@ -61,6 +62,10 @@ func TestV098AutoFindsWhatItSpeaks(t *testing.T) {
 			}
 			if _, body := get(t, http.DefaultClient, "http://"+r.AdminAddr()+"/readyz"); !strings.Contains(body, "connected, speaks "+tc.speaks) {
 				t.Errorf("/readyz says:\n%s\nwant the upstream connected, speaking %s", body, tc.speaks)
+			}
+			// A refusal auto moved on from is no error once the next answers.
+			if _, body := get(t, http.DefaultClient, "http://"+r.AdminAddr()+"/debug/groups"); strings.Contains(body, "last_error") {
+				t.Errorf("/debug/groups keeps the refusal as the last error once the stream answers:\n%s", body)
 			}
 			if strings.Contains(logs.String(), "unreachable") || strings.Contains(logs.String(), "stream ended; reconnecting") {
 				t.Errorf("the log calls a server that refused unreachable, or a reconnect:\n%s", logs)
@@ -117,5 +122,89 @@ func TestV098RefusesTheConfiguredProtocol(t *testing.T) {
 	}
 	if n := cp.Count("open /envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"); n != 0 {
 		t.Errorf("%d SotW streams with upstream.protocol: delta", n)
+	}
+}
+
+// With admin.ready_after_sync, a relay whose control plane refuses the
+// configured protocol is never ready, before any client came: a refusal
+// of the dialect is a configuration error, and a rolling update stops at
+// its first new pod. Readiness asks the server, in that dialect, before
+// any group exists; /readyz (503) and the log say the refusal. With auto
+// the same server is found to speak SotW first, and the relay is ready.
+func TestV098ReadinessRefusedProtocol(t *testing.T) {
+	cp := realcp.StartV098(t, realcp.ShapeADS)
+	for _, tc := range []struct {
+		protocol string
+		ready    bool
+	}{{"delta", false}, {"auto", true}} {
+		t.Run(tc.protocol, func(t *testing.T) {
+			logs := &logBuffer{}
+			r := startRelayLogged(t, cp.Addr, slog.New(slog.NewJSONHandler(logs, nil)), func(c *Config) {
+				c.Upstream.Protocol = tc.protocol
+				c.Admin.ReadyAfterSync = true
+			})
+			noProxy := &http.Client{Transport: &http.Transport{Proxy: nil}}
+			var code int
+			var body string
+			eventually(t, "/readyz to decide", func() bool {
+				code, body = get(t, noProxy, "http://"+r.AdminAddr()+"/readyz")
+				return code == http.StatusOK || strings.Contains(body, "refuse")
+			})
+			if !tc.ready {
+				if code != http.StatusServiceUnavailable || !strings.Contains(body, `refused delta with Unknown "not implemented"`) ||
+					!strings.Contains(body, "upstream.protocol") {
+					t.Fatalf("/readyz: %d %q; want 503 with the refusal", code, body)
+				}
+				// It stays so: a second look, after the relay looked again.
+				eventually(t, "the refusal logged", func() bool {
+					return strings.Contains(logs.String(), "not ready: waiting for the first upstream sync") &&
+						strings.Contains(logs.String(), `refused delta with Unknown`)
+				})
+				if code, body = get(t, noProxy, "http://"+r.AdminAddr()+"/readyz"); code != http.StatusServiceUnavailable {
+					t.Errorf("/readyz later: %d %q", code, body)
+				}
+				return
+			}
+			if code != http.StatusOK {
+				t.Fatalf("/readyz: %d %q; want ready", code, body)
+			}
+			if n := len(logs.Lines(t, "control plane server refused the protocol; trying the next (upstream.protocol: auto)")); n != 1 {
+				t.Errorf("%d refusals logged before ready, want delta's:\n%s", n, logs)
+			}
+		})
+	}
+}
+
+// A control plane that keys its config by node answers nothing to a node
+// it does not know: go-control-plane v0.9.8's snapshot cache (here keyed
+// by node.cluster) given a group whose node it has no snapshot for. A
+// whole cache.not_found_timeout after the group's stream asked, the log
+// warns once, naming the node id presented and upstream.node.id, and the
+// private /readyz says it; a group the control plane answers is not
+// warned of.
+func TestV098UnknownNodeIsSaid(t *testing.T) {
+	cp := realcp.StartV098(t, realcp.ShapeADS)
+	cp.Set(t, "known", "1", testcp.Cluster("a"))
+	logs := &logBuffer{}
+	r := startRelayLogged(t, cp.Addr, slog.New(slog.NewJSONHandler(logs, nil)), func(c *Config) {
+		c.Cache.NotFoundTimeout = 300 * time.Millisecond
+	})
+	const warning = upstream.UnheardWarning
+	known := openDelta(t, r.Addr())
+	known.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n1", "known"), TypeUrl: resourcev3.ClusterType})
+	if resp := known.recvWithin(10 * time.Second); len(resp.GetResources()) != 1 {
+		t.Fatalf("the known group got %v", resp)
+	}
+	unknown := openDelta(t, r.Addr())
+	unknown.send(&discoverypb.DeltaDiscoveryRequest{Node: node("n2", "nobody"), TypeUrl: resourcev3.ClusterType})
+	eventually(t, "the warning", func() bool { return len(logs.Lines(t, warning)) > 0 })
+	lines := logs.Lines(t, warning)
+	if len(lines) != 1 || !strings.Contains(lines[0]["node_id"].(string), "cluster=nobody") || lines[0]["key"] != "upstream.node.id" ||
+		lines[0]["group"] == nil || !strings.Contains(lines[0]["group"].(string), "nobody") {
+		t.Fatalf("warned %v, want once, for the unknown group, with its node id and upstream.node.id", lines)
+	}
+	code, body := get(t, &http.Client{Transport: &http.Transport{Proxy: nil}}, "http://"+r.AdminAddr()+"/readyz")
+	if code != http.StatusOK || !strings.Contains(body, "no answer 300ms after it was asked for Cluster; node id presented") {
+		t.Errorf("/readyz: %d %q; want the unknown group's silence said", code, body)
 	}
 }

@@ -56,6 +56,7 @@ type Relay struct {
 	// (upstream.addresses), in priority order: readiness before any
 	// group looks at them while upConn cannot connect.
 	upFallbacks []*grpc.ClientConn
+	upADS       *upstream.ADS // upConn's source: readiness asks its dialect (dialect.go)
 	down        *downstream.Server
 	grpc        *grpc.Server
 	health      *health.Server // gRPC health on the downstream port
@@ -86,6 +87,9 @@ type Relay struct {
 	stopped  atomic.Bool // set when Shutdown begins
 	synced   atomic.Bool // something to serve (admin.ready_after_sync; see hasSynced)
 	restored atomic.Bool // a saved cache loaded (cache.persist_dir)
+	// refusal is what the control plane refused when readiness last
+	// asked its dialect before any group (readiness.go); nil if nothing.
+	refusal atomic.Pointer[dialectRefusal]
 
 	// The groups and, with a fleet, the client connections balance counts
 	// (fleet.go), guarded by mu.
@@ -385,7 +389,8 @@ func (r *Relay) upstreamSource(u UpstreamConfig, key string) (upstream.Source, e
 		}
 		servers = append(servers, s)
 	}
-	if r.upConn == nil {
+	first := r.upConn == nil
+	if first {
 		r.upConn = servers[0].Conn.(*grpc.ClientConn)
 		for _, s := range servers[1:] {
 			r.upFallbacks = append(r.upFallbacks, s.Conn.(*grpc.ClientConn))
@@ -399,6 +404,9 @@ func (r *Relay) upstreamSource(u UpstreamConfig, key string) (upstream.Source, e
 	if err != nil {
 		closeAll()
 		return nil, err
+	}
+	if first {
+		r.upADS = src
 	}
 	return src, nil
 }
@@ -465,9 +473,21 @@ func (r *Relay) Start() error {
 	if r.cfg.Admin.ReadyAfterSync {
 		r.goRun(r.watchSync)
 	}
-	r.log.Info("relay serving", "downstream", ln.Addr().String(), "upstream", r.cfg.Upstream.Address,
-		"admin", r.AdminAddr(), "admin_local", r.AdminLocalAddr())
+	r.log.Info("relay serving", r.listening(ln)...)
 	return nil
+}
+
+// listening is what the "relay serving" line says: the xDS listener, the
+// upstream, and each other listener that is open (admin, admin_local,
+// rest), none that is not.
+func (r *Relay) listening(ln net.Listener) []any {
+	attrs := []any{"downstream", ln.Addr().String(), "upstream", r.cfg.Upstream.Address}
+	for _, l := range []struct{ key, addr string }{{"admin", r.AdminAddr()}, {"admin_local", r.AdminLocalAddr()}, {"rest", r.RESTAddr()}} {
+		if l.addr != "" {
+			attrs = append(attrs, l.key, l.addr)
+		}
+	}
+	return attrs
 }
 
 func (r *Relay) goRun(f func()) {

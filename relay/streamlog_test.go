@@ -159,3 +159,37 @@ func TestStreamEndsAreLogged(t *testing.T) {
 		}
 	}
 }
+
+// A NACK's log line names what was rejected: the first resource the
+// rejected response carried, at the version it was sent, and how many,
+// whether the client is delta (whose NACK carries no version) or SotW
+// (whose version_info is the one it kept).
+func TestNACKLogNamesTheVersion(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", testcp.Cluster("x"))
+	r, log := startLoggedRelay(t, cp.Addr)
+	version := func() string {
+		for _, res := range r.snapshotGroups()[0].cache.Get(resourcev3.ClusterType, []string{"x"}) {
+			if res.Resource != nil {
+				return res.Resource.Version
+			}
+		}
+		return ""
+	}
+
+	d := openDelta(t, r.Addr())
+	d.send(&discoverypb.DeltaDiscoveryRequest{Node: node("delta", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNamesSubscribe: []string{"x"}})
+	resp := d.recv()
+	d.send(&discoverypb.DeltaDiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: resp.GetNonce(), ErrorDetail: &rpcstatus.Status{Code: 3, Message: "no"}})
+	s := openSotW(t, r.Addr())
+	s.send(&discoverypb.DiscoveryRequest{Node: node("sotw", "c1"), TypeUrl: resourcev3.ClusterType, ResourceNames: []string{"x"}})
+	sresp := s.recv()
+	s.send(&discoverypb.DiscoveryRequest{TypeUrl: resourcev3.ClusterType, ResponseNonce: sresp.GetNonce(), ResourceNames: []string{"x"},
+		ErrorDetail: &rpcstatus.Status{Code: 3, Message: "no"}})
+	eventually(t, "two NACK lines", func() bool { return len(log.Lines(t, "client rejected a response")) == 2 })
+	for _, l := range log.Lines(t, "client rejected a response") {
+		if l["rejected"] != "x at "+version() || l["resources"] != 1.0 {
+			t.Errorf("NACK line %v; want rejected \"x at %s\", 1 resource", l, version())
+		}
+	}
+}

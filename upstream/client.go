@@ -256,6 +256,10 @@ type Status struct {
 	// words, and what is tried next (refusal.go); empty once a stream
 	// answers.
 	Refused string
+	// Unheard says that the server has answered nothing on the stream a
+	// whole cache.not_found_timeout after it was asked, with the node id
+	// presented (notfound.go, unheard); empty once it answers.
+	Unheard string
 	// Unserved is the types the server in use was found not to serve
 	// (refusal.go), by short name.
 	Unserved []string
@@ -806,7 +810,13 @@ func (c *Client) received(s *session, r *xds.Received, healthy *bool) error {
 	}
 	c.setStatus(func(st *Status) {
 		st.Connected, st.LastResponse, st.Server, st.Protocol = true, time.Now(), c.servers[s.server].name, string(s.protocol)
-		st.Refused = ""
+		if st.Refused != "" {
+			// The last stream ended refused, and this one, in what was
+			// tried next, answers: that refusal was an answer, not an
+			// error (docs/architecture.md, invariant 20).
+			st.LastError = ""
+		}
+		st.Refused, st.Unheard = "", ""
 	})
 	if err := s.handle(r); err != nil {
 		return err

@@ -6,13 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
+	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/fsnotify/fsnotify"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc/codes"
@@ -245,11 +250,14 @@ func (f *File) files() map[string]map[string]*cache.Resource {
 	return f.resources
 }
 
-// apply gives the group what it wants.
+// apply gives the group what it wants, type by type in the spec's order
+// (Clusters and endpoints before the Listeners and Routes that use them).
 func (f *File) apply(g Group) {
 	rs := f.files()
-	for typeURL, in := range g.Interest.Interest() {
-		applyType(g, rs[typeURL], typeURL, in)
+	interest := g.Interest.Interest()
+	types := slices.SortedFunc(maps.Keys(interest), func(a, b string) int { return xds.Rank(a) - xds.Rank(b) })
+	for _, typeURL := range types {
+		applyType(g, rs, typeURL, interest[typeURL])
 	}
 }
 
@@ -257,9 +265,11 @@ func (f *File) apply(g Group) {
 // type's whole state when its wildcard entered.
 func (f *File) applyChanges(g Group, changes map[string]map[string]bool) {
 	rs := f.files()
-	for typeURL, names := range changes {
+	types := slices.SortedFunc(maps.Keys(changes), func(a, b string) int { return xds.Rank(a) - xds.Rank(b) })
+	for _, typeURL := range types {
+		names := changes[typeURL]
 		if names["*"] {
-			applyType(g, rs[typeURL], typeURL, g.Interest.TypeInterest(typeURL))
+			applyType(g, rs, typeURL, g.Interest.TypeInterest(typeURL))
 			continue
 		}
 		var in cache.Interest
@@ -269,17 +279,18 @@ func (f *File) applyChanges(g Group, changes map[string]map[string]bool) {
 			}
 		}
 		if len(in.Names) > 0 {
-			applyType(g, rs[typeURL], typeURL, in)
+			applyType(g, rs, typeURL, in)
 		}
 	}
 }
 
-// applyType gives the group what in wants of one type, from byName (the
-// files' resources of the type); a wanted name that no file holds is
-// reported as not existing, at once: the files are the whole of what
-// there is, so no timer needs to pass (see absentError).
-func applyType(g Group, byName map[string]*cache.Resource, typeURL string, in cache.Interest) {
-	c := g.Cache
+// applyType gives the group what in wants of one type, from rs (the
+// files' resources, by type), after what those point at (applyReferents);
+// a wanted name that no file holds is reported as not existing, at once:
+// the files are the whole of what there is, so no timer needs to pass
+// (see absentError).
+func applyType(g Group, rs map[string]map[string]*cache.Resource, typeURL string, in cache.Interest) {
+	c, byName := g.Cache, rs[typeURL]
 	var ups []*cache.Resource
 	var removed, missing []string
 	if in.Wildcard {
@@ -302,7 +313,55 @@ func applyType(g Group, byName map[string]*cache.Resource, typeURL string, in ca
 			missing = append(missing, n)
 		}
 	}
+	applyReferents(g, rs, ups)
 	c.Apply(typeURL, cache.Change{Upserts: ups, Removed: removed, Errors: absentErrors(c, typeURL, missing), Synced: in.Wildcard})
+}
+
+// applyReferents applies, before ups, what they point at and would wait
+// for that the files hold and the cache does not hold at that version: the
+// Clusters a Listener or a Route names, then, before those, their
+// endpoints (docs/architecture.md, invariant 18 "Make before break,
+// whatever the order upstream"; spec "Eventual consistency
+// considerations"), as a change that goes ahead of what points at it
+// (cache.Change.Ahead): the files hold every resource there is at once,
+// so in that order nothing waits for what is coming, and the relay's word
+// for a control plane's unsafe order says nothing of the files. What is
+// applied so is then fetched as the group's interest (a reference), as it
+// would be without this, and found held.
+func applyReferents(g Group, rs map[string]map[string]*cache.Resource, ups []*cache.Resource) {
+	clusters := referents(g, rs, resourcev3.ClusterType, ups)
+	endpoints := referents(g, rs, resourcev3.EndpointType, clusters)
+	for _, step := range []struct {
+		typeURL string
+		res     []*cache.Resource
+	}{{resourcev3.EndpointType, endpoints}, {resourcev3.ClusterType, clusters}} {
+		if len(step.res) > 0 {
+			g.Cache.Apply(step.typeURL, cache.Change{Upserts: step.res, Ahead: true})
+		}
+	}
+}
+
+// referents are the resources of typeURL that rs hold, g owns, and from
+// point at, but for those the cache holds at that version already.
+func referents(g Group, rs map[string]map[string]*cache.Resource, typeURL string, from []*cache.Resource) []*cache.Resource {
+	var names []string
+	for _, r := range from {
+		for _, ref := range r.Refs {
+			if ref.TypeURL == typeURL && rs[typeURL][ref.Name] != nil && g.Owns(typeURL, ref.Name) && !slices.Contains(names, ref.Name) {
+				names = append(names, ref.Name)
+			}
+		}
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	var out []*cache.Resource
+	for i, l := range g.Cache.Get(typeURL, names) {
+		if r := rs[typeURL][names[i]]; l.Resource == nil || l.Resource.Version != r.Version {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // absentMessage is the NOT_FOUND error's message for a name no resource
@@ -342,6 +401,7 @@ type loaded struct {
 // invalidResource is a resource that decodes but breaks its proto's rules.
 type invalidResource struct {
 	file, typeURL, name string
+	n                   int   // its number in the file, from 1
 	err                 error // names the field
 	kept                bool  // its last good version is served instead
 }
@@ -353,7 +413,7 @@ func (r invalidResource) String() string {
 func loadDir(dir string) (*loaded, error) {
 	l, errs := loadAll(dir)
 	if len(errs) > 0 {
-		return nil, errs[0]
+		return nil, errors.Join(errs...)
 	}
 	return l, nil
 }
@@ -363,6 +423,9 @@ func loadDir(dir string) (*loaded, error) {
 func loadAll(dir string) (*loaded, []error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
+		if wd, wdErr := os.Getwd(); errors.Is(err, fs.ErrNotExist) && !filepath.IsAbs(dir) && wdErr == nil {
+			err = fmt.Errorf("%w (a relative file:// directory is read from the working directory, %s)", err, wd)
+		}
 		return nil, []error{fmt.Errorf("upstream: resource directory: %w", err)}
 	}
 	l := &loaded{resources: make(map[string]map[string]*cache.Resource)}
@@ -373,9 +436,7 @@ func loadAll(dir string) (*loaded, []error) {
 		if e.IsDir() || (ext != ".yaml" && ext != ".yml" && ext != ".json") {
 			continue
 		}
-		if err := l.addFile(filepath.Join(dir, e.Name()), where); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, l.addFile(filepath.Join(dir, e.Name()), where)...)
 	}
 	return l, errs
 }
@@ -390,7 +451,7 @@ func CheckDir(dir string) (resources int, errs []error) {
 		return 0, errs
 	}
 	for _, r := range l.invalid {
-		errs = append(errs, fmt.Errorf("upstream: invalid resource: %s", r))
+		errs = append(errs, fmt.Errorf("upstream: invalid resource: %s: resource %d: %s %q: %v", r.file, r.n, xds.ShortName(r.typeURL), r.name, r.err))
 	}
 	for _, byName := range l.resources {
 		resources += len(byName)
@@ -399,31 +460,43 @@ func CheckDir(dir string) (resources int, errs []error) {
 }
 
 // addFile adds the resources of one file; an invalid one is set aside.
-func (l *loaded) addFile(path string, where map[string]string) error {
-	anys, err := loadFile(path)
+// It returns every error of the file: each resource that does not load,
+// with its number in the file, and a file that cannot be read or parsed
+// on from where it cannot.
+func (l *loaded) addFile(path string, where map[string]string) []error {
+	anys, fileErrs := loadFile(path)
+	var errs []error
+	for _, err := range fileErrs {
+		errs = append(errs, fmt.Errorf("upstream: %s: %w", path, err))
+	}
+	for _, fa := range anys {
+		if err := l.addResource(path, fa, where); err != nil {
+			errs = append(errs, fmt.Errorf("upstream: %s: resource %d: %w", path, fa.n, err))
+		}
+	}
+	return errs
+}
+
+// addResource adds one resource of a file, or sets it aside as invalid.
+func (l *loaded) addResource(path string, fa fileAny, where map[string]string) error {
+	name, m, err := decodeFileResource(fa.a)
 	if err != nil {
-		return fmt.Errorf("upstream: %s: %w", path, err)
+		return err
 	}
-	for i, a := range anys {
-		name, m, err := decodeFileResource(a)
-		if err != nil {
-			return fmt.Errorf("upstream: %s: resource %d: %w", path, i+1, err)
-		}
-		key := a.GetTypeUrl() + "/" + name
-		if prev, dup := where[key]; dup {
-			return fmt.Errorf("upstream: %s: %s %q is also defined in %s", path, xds.ShortName(a.GetTypeUrl()), name, prev)
-		}
-		where[key] = path
-		if err := validate(m); err != nil {
-			l.invalid = append(l.invalid, invalidResource{file: path, typeURL: xds.Canonical(a.GetTypeUrl()), name: name, err: err})
-			continue
-		}
-		r, err := xds.Encode(name, "", a, nil, nil)
-		if err != nil {
-			return fmt.Errorf("upstream: %s: resource %d: %w", path, i+1, err)
-		}
-		l.add(xds.Canonical(a.GetTypeUrl()), r)
+	key := fa.a.GetTypeUrl() + "/" + name
+	if prev, dup := where[key]; dup {
+		return fmt.Errorf("%s %q is also defined in %s", xds.ShortName(fa.a.GetTypeUrl()), name, prev)
 	}
+	where[key] = path
+	if err := validate(m); err != nil {
+		l.invalid = append(l.invalid, invalidResource{file: path, n: fa.n, typeURL: xds.Canonical(fa.a.GetTypeUrl()), name: name, err: err})
+		return nil
+	}
+	r, err := xds.Encode(name, "", fa.a, nil, nil)
+	if err != nil {
+		return err
+	}
+	l.add(xds.Canonical(fa.a.GetTypeUrl()), r)
 	return nil
 }
 
@@ -460,21 +533,62 @@ func (l *loaded) invalidError() error {
 	return err
 }
 
-// loadFile reads the Any resources of one file. An error that the JSON
-// decoder places is placed in the file as written: line and column.
-func loadFile(path string) ([]*anypb.Any, error) {
+// fileAny is a resource of a file, and its number in the file, from 1.
+type fileAny struct {
+	a *anypb.Any
+	n int
+}
+
+// loadFile reads the Any resources of one file, and says what is wrong
+// with each that does not load, by its number in the file; an error that
+// the JSON decoder places is placed in the file as written: line and
+// column. A YAML syntax error ends the file there: what follows cannot be
+// read.
+func loadFile(path string) ([]fileAny, []error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, err
+		return nil, []error{err}
 	}
+	docs, err := yamlDocs(data)
+	var errs []error
+	if err != nil {
+		errs = append(errs, err)
+	}
+	out := make([]fileAny, 0, len(docs))
+	for i, doc := range docs {
+		j := yamlJSON{max: max(64*len(data), 1<<20)}
+		if err := j.node(doc); err != nil {
+			errs = append(errs, fmt.Errorf("resource %d (line %d): %w", i+1, doc.Line, err))
+			continue
+		}
+		a := &anypb.Any{}
+		if err := protojson.Unmarshal(j.b, a); err != nil {
+			errs = append(errs, fmt.Errorf("resource %d: %w", i+1, j.placed(err)))
+			continue
+		}
+		out = append(out, fileAny{a: a, n: i + 1})
+	}
+	return out, errs
+}
+
+// yamlDocs is the resources of a file's YAML documents, in order: each
+// document's, or each of a document that is a list; and the syntax error
+// that stops the reading, if any, with the number the resource it is in
+// would have, when every document before it held one.
+func yamlDocs(data []byte) ([]*yaml.Node, error) {
 	var docs []*yaml.Node
+	singles := true                               // every document so far held one resource
 	dec := yaml.NewDecoder(bytes.NewReader(data)) // JSON is YAML too
 	for {
 		var doc yaml.Node
 		if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
-			break
+			return docs, nil
 		} else if err != nil {
-			return nil, err
+			err = yamlLine(data, err)
+			if singles {
+				err = fmt.Errorf("resource %d: %w", len(docs)+1, err)
+			}
+			return docs, err
 		}
 		top := &doc
 		if doc.Kind == yaml.DocumentNode && len(doc.Content) == 1 {
@@ -482,25 +596,74 @@ func loadFile(path string) ([]*anypb.Any, error) {
 		}
 		switch {
 		case top.Kind == yaml.SequenceNode:
-			docs = append(docs, top.Content...)
+			docs, singles = append(docs, top.Content...), false
 		case top.Kind == yaml.ScalarNode && top.Tag == "!!null", top.Kind == yaml.DocumentNode:
 		default:
 			docs = append(docs, top)
 		}
 	}
-	out := make([]*anypb.Any, 0, len(docs))
-	for i, doc := range docs {
-		j := yamlJSON{max: max(64*len(data), 1<<20)}
-		if err := j.node(doc); err != nil {
-			return nil, fmt.Errorf("resource %d (line %d): %w", i+1, doc.Line, err)
-		}
-		a := &anypb.Any{}
-		if err := protojson.Unmarshal(j.b, a); err != nil {
-			return nil, fmt.Errorf("resource %d: %w", i+1, j.placed(err))
-		}
-		out = append(out, a)
+}
+
+// yamlParserError matches the errors yaml.v3's parser (not its scanner)
+// gives, with their line: the line of the mark counted from 0 where the
+// scanner's count from 1 (yaml.v3 decode.go, parser.fail).
+var yamlParserError = regexp.MustCompile(`^yaml: line (\d+): ((?:did not find expected|found duplicate|found incompatible|found undefined tag handle).*)$`)
+
+// yamlLine is a YAML syntax error of data placed as an editor shows it:
+// its line counted from 1, where yaml.v3 counts a parser's error from 0;
+// and the line of the problem, where yaml.v3 gives the line where what
+// it was parsing begins (a mapping, a list): the first line from there
+// at whose end the file, cut there, fails in the same words (yamlProblem).
+func yamlLine(data []byte, err error) error {
+	m := yamlParserError.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
 	}
-	return out, nil
+	line, _ := strconv.Atoi(m[1])
+	return fmt.Errorf("yaml: line %d: %s", yamlProblem(data, line+1, m[2]), m[2])
+}
+
+// Bounds of yamlProblem's search, which reads the file once a line: the
+// lines after the one yaml.v3 gives, and the file's size.
+const (
+	yamlProblemLines = 200
+	yamlProblemBytes = 256 << 10
+)
+
+// yamlProblem is the first line from from (counted from 1) at whose end
+// data, cut there, fails to parse in the words given; from if none does
+// within the bounds.
+func yamlProblem(data []byte, from int, words string) int {
+	if len(data) > yamlProblemBytes {
+		return from
+	}
+	end := 0
+	for i, line := range bytes.SplitAfter(data, []byte("\n")) {
+		end += len(line)
+		switch n := i + 1; {
+		case n < from:
+		case n > from+yamlProblemLines:
+			return from
+		case parseFails(data[:end], words):
+			return n
+		}
+	}
+	return from
+}
+
+// parseFails reports whether data fails to parse as YAML in the words given.
+func parseFails(data []byte, words string) bool {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	for {
+		var doc yaml.Node
+		err := dec.Decode(&doc)
+		if errors.Is(err, io.EOF) {
+			return false
+		}
+		if err != nil {
+			return strings.HasSuffix(err.Error(), words)
+		}
+	}
 }
 
 // decodeFileResource decodes a resource of a type the relay carries and

@@ -281,3 +281,56 @@ func TestCheckDirReportsEveryError(t *testing.T) {
 		}
 	}
 }
+
+// Every error of one file is said, each with its resource's number and
+// its place in the file: a value its proto's rules refuse, a resource
+// with no name, one without "@type", a second definition of a name; the
+// file's good resource still counts.
+func TestCheckDirReportsEveryErrorOfAFile(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "all.yaml"), cluster("a", "1s")+"---\n"+
+		cluster("neg", "-1s")+"---\n"+
+		"\"@type\": type.googleapis.com/envoy.config.cluster.v3.Cluster\nconnect_timeout: 1s\n---\n"+
+		"name: typeless\n---\n"+
+		cluster("a", "2s"))
+	n, errs := CheckDir(dir)
+	var lines []string
+	for _, err := range errs {
+		lines = append(lines, err.Error())
+	}
+	all := strings.Join(lines, "\n")
+	for _, want := range []string{`resource 3: resource of type type.googleapis.com/envoy.config.cluster.v3.Cluster has no name`,
+		`resource 4: line 1`, `missing "@type"`, `resource 5: Cluster "a" is also defined in`, `Cluster "neg"`, "ConnectTimeout"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("the errors do not say %q:\n%s", want, all)
+		}
+	}
+	if n != 1 || len(errs) != 4 {
+		t.Errorf("%d resources, %d errors; want 1 (a) and 4:\n%s", n, len(errs), all)
+	}
+}
+
+// A YAML syntax error is placed on the line it is on (yaml.v3 gives a
+// parser's error the line before, counted from 0), with its resource's
+// number in a file of documents.
+func TestFileYAMLErrorsPlaced(t *testing.T) {
+	for _, tc := range []struct {
+		name, content, want string
+	}{
+		{"a key expected", cluster("a", "1s") + "---\n\"@type\": type.googleapis.com/envoy.config.cluster.v3.Cluster\nname: b\n- oops\n",
+			"resource 2: yaml: line 7: did not find expected key"},
+		{"an open list", cluster("a", "1s") + "---\n\"@type\": type.googleapis.com/envoy.config.cluster.v3.Cluster\nname: b\ndns_lookup_family: [x, y\n",
+			"resource 2: yaml: line 7: did not find expected ',' or ']'"},
+		{"a scanner's error", "\"@type\": type.googleapis.com/envoy.config.cluster.v3.Cluster\nname: b\n  x: y\n",
+			"resource 1: yaml: line 3: mapping values are not allowed in this context"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			writeFile(t, filepath.Join(dir, "f.yaml"), tc.content)
+			_, errs := CheckDir(dir)
+			if len(errs) != 1 || !strings.HasSuffix(errs[0].Error(), tc.want) {
+				t.Errorf("errors %v, want one ending %q", errs, tc.want)
+			}
+		})
+	}
+}

@@ -20,6 +20,7 @@ import (
 type asked struct {
 	typeURL  string
 	names    []string
+	wildcard bool      // the wildcard was subscribed with them: timed only to see whether the stream answered at all (unheard)
 	at       time.Time // when they were asked
 	deadline time.Time
 }
@@ -42,15 +43,18 @@ type notFound struct {
 	erred map[string]map[string]int32
 }
 
-// asked starts the timer of names just subscribed.
-func (n *notFound) asked(typeURL string, names []string) {
-	n.again(asked{typeURL: typeURL, names: names, at: time.Now()})
+// asked starts the timer of what a request just subscribed: its names,
+// and the wildcard, which is answered whole and never judged, but whose
+// silence is said (unheard).
+func (n *notFound) asked(typeURL string, subscribe []string) {
+	wildcard := len(subscribe) > 0 && subscribe[0] == "*"
+	n.again(asked{typeURL: typeURL, names: timed(subscribe), wildcard: wildcard, at: time.Now()})
 }
 
 // again queues a batch for a full timeout from now, keeping when it was
 // asked.
 func (n *notFound) again(a asked) {
-	if n.timeout <= 0 || len(a.names) == 0 {
+	if n.timeout <= 0 || len(a.names) == 0 && !a.wildcard {
 		return
 	}
 	a.deadline = time.Now().Add(n.timeout)
@@ -203,6 +207,7 @@ func (p *liveness) done() <-chan bool {
 // UNAVAILABLE until the stream shows itself alive.
 func (s *session) timedOut(now time.Time) {
 	for _, a := range s.notFound.expired(now) {
+		s.unheard(a)
 		a.names = s.unanswered(a.typeURL, a.names)
 		switch {
 		case len(a.names) == 0:
@@ -217,6 +222,38 @@ func (s *session) timedOut(now time.Time) {
 		}
 	}
 }
+
+// unheard says, once a stream, that the control plane has answered
+// nothing on it a whole cache.not_found_timeout after it was asked (a
+// batch of the timer expired; the stream resumed nothing, to which a
+// control plane with nothing new may rightly say nothing: "Incremental
+// reconnect example"). A control plane that keys its config by node
+// serves nothing to a node it does not know, and says nothing of it:
+// go-control-plane's snapshot cache is keyed by node id, and the node the
+// relay presents is the group's (upstream.node.id), never a client's. The
+// warning names it, and it shows on the private /readyz until an answer
+// comes (Status.Unheard).
+func (s *session) unheard(a asked) {
+	if s.warnedUnheard || !s.lastResponse.IsZero() || s.resumed {
+		return
+	}
+	s.warnedUnheard = true
+	node := s.c.opts.Node.GetId()
+	s.c.setStatus(func(st *Status) {
+		st.Unheard = fmt.Sprintf("no answer %s after it was asked for %s; node id presented %q (upstream.node.id)",
+			s.notFound.timeout, xds.ShortName(a.typeURL), xds.Clip(node))
+	})
+	s.c.log.Warn(UnheardWarning,
+		"server", s.c.servers[s.server].name, "protocol", s.protocol, "type", xds.ShortName(a.typeURL),
+		"after", s.notFound.timeout, "node_id", xds.Clip(node), "key", "upstream.node.id",
+		"why", "a control plane that keys its config by node (go-control-plane's snapshot cache: by node id) sends nothing to a node it does not know, and the node presented is the group's, never a client's",
+		"fix", "set upstream.node.id to an id the control plane serves (\"{id}\" presents the clients' own, with id in upstream.group_by); or it serves none of the names asked",
+		"doc", "docs/clients.md#client-kinds-are-kept-apart")
+}
+
+// UnheardWarning is the message of the warning that a stream has been
+// answered nothing (session.unheard).
+const UnheardWarning = "the control plane has answered nothing on this stream a whole cache.not_found_timeout after it was asked"
 
 // probeLiveness probes the stream's connection, unless a probe is in
 // flight: one sent before a name was asked cannot decide it, but the probe

@@ -258,10 +258,7 @@ func (c *Client) refusal(s *session, answered bool, err error) (again bool, refu
 		c.retried(err, fmt.Sprintf("refused %s with %s; trying %s (upstream.protocol: auto)", s.protocol, w, next))
 		return true, ""
 	}
-	if c.opts.found.configured != ProtocolAuto {
-		return false, fmt.Sprintf("refused %s with %s (upstream.protocol: %s; auto would try the others)", s.protocol, w, s.protocol)
-	}
-	return false, fmt.Sprintf("refused every protocol the relay speaks (delta, sotw and sotw-per-type; the last with %s)", w)
+	return false, refusedWords(c.opts.found.configured, s.protocol, w)
 }
 
 // retried records a stream that ended refused and is opened again at once;

@@ -80,6 +80,10 @@ type session struct {
 	// stream's protocol.
 	asked, answered map[string]bool
 	spoke           bool
+	// resumed is set once a type's first request carried the versions the
+	// cache holds (a server with nothing new may answer nothing);
+	// warnedUnheard once the stream's silence was said (notfound.go).
+	resumed, warnedUnheard bool
 
 	// Liveness, owned like the above, for the does-not-exist timer
 	// (notfound.go): when the last response arrived, since when a probe of
@@ -276,6 +280,7 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 		if s.probing {
 			leaveOneOut(ch.versions, in.Names)
 		}
+		s.resumed = s.resumed || len(ch.versions) > 0
 	}
 	slices.Sort(ch.unsubscribe)
 	return s.sendChange(ch, sub)
@@ -314,7 +319,7 @@ func (s *session) sendChange(ch change, sub *subscription) error {
 		s.c.log.Warn("names too long for upstream.max_request_bytes not subscribed", "type", ch.typeURL,
 			"names", len(skipped), "upstream.max_request_bytes", s.c.opts.MaxRequestBytes)
 	}
-	s.notFound.asked(ch.typeURL, timed(ch.subscribe))
+	s.notFound.asked(ch.typeURL, ch.subscribe)
 	for _, req := range reqs {
 		if len(req.ResourceNamesSubscribe) == 0 && len(req.ResourceNamesUnsubscribe) == 0 && len(req.InitialResourceVersions) == 0 {
 			continue

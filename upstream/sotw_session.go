@@ -34,7 +34,7 @@ func (s *session) requestSotW(ch change, sub *subscription) error {
 		}
 		s.refuseTooMany(ch.typeURL, sub, subscribed, size, max)
 	}
-	s.notFound.asked(ch.typeURL, timed(ch.subscribe))
+	s.notFound.asked(ch.typeURL, ch.subscribe)
 	if sub.wildcard && slices.Contains(ch.subscribe, "*") {
 		s.startSweep(ch.typeURL) // the wildcard's first request on the stream
 	}

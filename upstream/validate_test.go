@@ -51,11 +51,11 @@ virtual_hosts: [{name: vh, domains: ["*"], typed_per_filter_config: {x: ` + hcm(
 		t.Run(tc.name, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "r.yaml")
 			writeFile(t, path, tc.yaml)
-			anys, err := loadFile(path)
-			if err != nil {
-				t.Fatal(err)
+			anys, errs := loadFile(path)
+			if len(errs) > 0 {
+				t.Fatal(errs)
 			}
-			_, m, err := decodeFileResource(anys[0])
+			_, m, err := decodeFileResource(anys[0].a)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -35,17 +36,19 @@ type adminFlags struct {
 }
 
 func (f *adminFlags) add(cmd *cobra.Command) {
-	f.addAdmin(cmd)
+	cmd.Flags().StringVar(&f.server, "admin", "", "the relay's admin endpoint `ADDR` (admin.address: host:port, or an http:// or https:// URL; https with the TLS flags) (required)")
 	f.addTLS(cmd)
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 10*time.Second, "give up after this long")
 }
 
-// addAdmin adds --admin and, bound to the same value, --server: what the
-// admin commands took before --admin, kept as a deprecated alias (check
-// warns), hidden from the help.
-func (f *adminFlags) addAdmin(cmd *cobra.Command) {
+// addWithServer is add and, bound to the same value, --server: what the
+// admin commands that came before --admin took (admin, guard release,
+// rollout release), kept there as a deprecated alias (check warns),
+// hidden from the help. The commands that came with --admin never took
+// it.
+func (f *adminFlags) addWithServer(cmd *cobra.Command) {
+	f.add(cmd)
 	fs := cmd.Flags()
-	fs.StringVar(&f.server, "admin", "", "the relay's admin endpoint `ADDR` (admin.address: host:port, or an http:// or https:// URL; https with the TLS flags) (required)")
 	fs.StringVar(&f.server, "server", "", "deprecated: --admin")
 	_ = fs.MarkHidden("server")
 }
@@ -68,7 +71,7 @@ func (f *adminFlags) check(cmd *cobra.Command) error {
 
 // deprecatedServer warns that --server named the admin endpoint.
 func deprecatedServer(cmd *cobra.Command) {
-	fmt.Fprintf(cmd.ErrOrStderr(), "xdsrelay: %s: --server is deprecated here: name the admin endpoint with --admin (--server is the xDS port, for status and watch)\n", cmd.CommandPath())
+	fmt.Fprintf(cmd.ErrOrStderr(), "%s: --server is deprecated here: name the admin endpoint with --admin (--server is the xDS port, for status and watch)\n", cmd.CommandPath())
 }
 
 // addTLS adds the admin endpoint's TLS flags.
@@ -125,7 +128,7 @@ func (f *adminFlags) do(ctx context.Context, method, path string, q url.Values, 
 		if wrong := adminWrongPort(flag, f.server, err, &sniff, nil); wrong != nil {
 			return nil, wrong
 		}
-		return nil, err
+		return nil, unanswered(method, path, err)
 	}
 	defer resp.Body.Close()
 	if wrong := adminWrongPort(flag, f.server, nil, nil, resp.Header); wrong != nil {
@@ -140,6 +143,22 @@ func (f *adminFlags) do(ctx context.Context, method, path string, q url.Values, 
 		return nil, refusal{code: resp.StatusCode, err: fmt.Errorf("%s %s: %s: %s", method, path, resp.Status, xds.Clip(line))}
 	}
 	return b, nil
+}
+
+// unanswered is the error of a request that got no answer, in words: a
+// refused connection is nothing listening, a deadline no answer in time.
+func unanswered(method, path string, err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err // not the whole URL again
+	}
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Errorf("%s %s: connection refused: nothing listens at that address (the admin endpoint is admin.address, 127.0.0.1:9901 by default)", method, path)
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%s %s: no answer in time (--timeout)", method, path)
+	}
+	return fmt.Errorf("%s %s: %w", method, path, err)
 }
 
 // refusal is the admin endpoint's answer other than 2xx.
@@ -195,7 +214,7 @@ an xDS port does. --server is a deprecated name of --admin.`,
 			return err
 		},
 	}
-	af.add(cmd)
+	af.addWithServer(cmd)
 	cmd.Flags().StringVarP(&method, "request", "X", http.MethodGet, "the `METHOD`: GET, POST or PUT")
 	cmd.Flags().StringVarP(&data, "data", "d", "", "the request's `BODY` (PUT /debug/loglevel: debug, info, warn or error)")
 	return cmd

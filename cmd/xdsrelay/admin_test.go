@@ -274,8 +274,8 @@ func TestAdminCommandErrors(t *testing.T) {
 		{"an unknown path", []string{"--admin", r.AdminAddr(), "/nope"}, "xdsrelay: GET /nope: 404 Not Found: 404 page not found\n"},
 		{"a body the endpoint refuses", []string{"--admin", r.AdminAddr(), "-X", "PUT", "-d", "loud", "/debug/loglevel"},
 			"xdsrelay: PUT /debug/loglevel: 400 Bad Request: want one of debug, info, warn, error\n"},
-		{"a refused connection", []string{"--admin", deadAddr(t), "/readyz"}, "connection refused"},
-		{"no answer within --timeout", []string{"--admin", silent.Addr().String(), "--timeout", "200ms", "/readyz"}, "context deadline exceeded"},
+		{"a refused connection", []string{"--admin", deadAddr(t), "/readyz"}, "GET /readyz: connection refused: nothing listens at that address"},
+		{"no answer within --timeout", []string{"--admin", silent.Addr().String(), "--timeout", "200ms", "/readyz"}, "GET /readyz: no answer in time (--timeout)"},
 	} {
 		code, out, errOut := runCLI(append([]string{"admin"}, tc.args...)...)
 		if code != 1 || out != "" || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, tc.want) {

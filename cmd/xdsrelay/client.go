@@ -51,9 +51,15 @@ func (f *clientFlags) dial(ctx context.Context) (cc *grpc.ClientConn, close func
 }
 
 // explain turns the error of a call on the connection into a wrongPort
-// when the server answered as the admin endpoint does (ports.go).
+// when the server answered as the admin endpoint or the REST-JSON port
+// does (ports.go).
 func (f *clientFlags) explain(err error) error {
-	return xdsWrongPort(f.server, err, f.sniff.bytes())
+	err = xdsWrongPort(f.server, err, f.sniff.bytes())
+	if w, ok := err.(wrongPort); ok && !f.tls && !f.files.Enabled() && restPort(context.Background(), f.server) {
+		w.is = isRESTRPC
+		return w
+	}
+	return err
 }
 
 // credentials are the transport credentials the flags ask for.

@@ -146,7 +146,11 @@ func readFile(file string) (vals map[string]any, errs []error, unknown []string)
 	vals = flatten("", v.AllSettings(), known)
 	for _, k := range slices.Sorted(maps.Keys(vals)) {
 		if _, ok := known[k]; !ok {
-			errs = append(errs, fmt.Errorf("config %s: unknown key %q", file, k))
+			hint := ""
+			if near := nearestKey(k); near != "" {
+				hint = " (did you mean " + near + "?)"
+			}
+			errs = append(errs, fmt.Errorf("config %s: unknown key %q%s", file, k, hint))
 			unknown = append(unknown, k)
 			delete(vals, k)
 		}

@@ -63,7 +63,7 @@ loopback, or admin.tls with a client certificate (--ca-file, --cert-file,
 			return print(cmd.OutOrStdout(), b)
 		},
 	}
-	af.add(cmd)
+	af.addWithServer(cmd)
 	addReleaseFlags(cmd, &group, &typ)
 	return cmd
 }

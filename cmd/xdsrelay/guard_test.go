@@ -79,7 +79,7 @@ func TestGuardReleaseCommand(t *testing.T) {
 
 	var out, errOut bytes.Buffer
 	if c := run(context.Background(), []string{"guard", "list", "--admin", r.AdminAddr(), "--type", "clusters"}, nil, &out, &errOut); c != 0 ||
-		!regexp.MustCompile(`(?m)^GROUP +TYPE +REMOVALS HELD +SINCE +WIPE\ncluster=c1,user_agent=,client_features= +Cluster +12 +\S+Z +no\n$`).MatchString(out.String()) {
+		!regexp.MustCompile(`(?m)^GROUP +TYPE +REMOVALS HELD +SINCE +WIPE\ncluster=c1,user_agent=,client_features= +CDS +12 +\S+Z +no\n$`).MatchString(out.String()) {
 		t.Fatalf("guard list: exit %d: %q %s", c, out.String(), errOut.String())
 	}
 	out.Reset()

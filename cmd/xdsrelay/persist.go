@@ -88,7 +88,11 @@ func printSaved(w io.Writer, node *corepb.Node, states []cache.TypeState) error 
 	} else {
 		fmt.Fprintln(w, "group: - (the file was saved before saved caches named their group)")
 	}
-	fmt.Fprintf(w, "node: id=%s cluster=%s\n\n", orDash(node.GetId()), orDash(node.GetCluster()))
+	id := relay.SavedUpstreamID(node)
+	if id == "" {
+		id = node.GetId() // saved before the id presented was kept: the clients' own, if id is a group_by field
+	}
+	fmt.Fprintf(w, "upstream node: id=%s cluster=%s\n\n", orDash(xds.Clip(id)), orDash(node.GetCluster()))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "TYPE\tRESOURCES\tABSENT\tWILDCARD")
 	for _, ts := range states {

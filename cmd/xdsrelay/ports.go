@@ -13,8 +13,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"google.golang.org/grpc/status"
+
+	"github.com/xdsrelay/xdsrelay/relay"
 )
 
 // One flag, one port: the commands that read the admin endpoint take
@@ -38,10 +41,12 @@ func (e wrongPort) Error() string {
 
 // Where each kind of port is, for wrongPort's words.
 const (
-	isXDS   = "it answers in gRPC (HTTP/2), as the relay's xDS port does (downstream.address, :18001 by default)"
-	isAdmin = "it answers in HTTP/1.1, as the relay's admin endpoint does (admin.address, 127.0.0.1:9901 by default)"
-	wantAdm = "the admin endpoint this command reads with --admin"
-	wantXDS = "the xDS port this command speaks gRPC to with --server (the admin endpoint is read with status --summary --admin, wait --admin, admin --admin)"
+	isXDS     = "it answers in gRPC (HTTP/2), as the relay's xDS port does (downstream.address, :18001 by default)"
+	isAdmin   = "it answers in HTTP/1.1, as the relay's admin endpoint does (admin.address, 127.0.0.1:9901 by default)"
+	isREST    = "it answers as the relay's REST-JSON port does (downstream.rest_address)"
+	isRESTRPC = "it answers in HTTP/1.1, as the relay's REST-JSON port does (downstream.rest_address)"
+	wantAdm   = "the admin endpoint this command reads with --admin"
+	wantXDS   = "the xDS port this command speaks gRPC to with --server (the admin endpoint is read with status --summary --admin, wait --admin, admin --admin)"
 )
 
 // sniffed keeps the first bytes a connection read, for each connection a
@@ -83,7 +88,11 @@ func (s *sniffed) tls(cfg *tls.Config) *tls.Config {
 // connection without h2).
 func (s *sniffed) hungUp(err error) bool {
 	alpn := s.alpn.Load()
-	return alpn != nil && *alpn == "" && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET))
+	// net/http says a connection closed before any byte of the answer in
+	// one of these, by when it notices: its "server closed idle
+	// connection" (unexported) when the close comes before it reads.
+	return alpn != nil && *alpn == "" && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) ||
+		strings.Contains(err.Error(), "server closed idle connection"))
 }
 
 // sniffLen is how much of a connection's first read is kept: an HTTP/2
@@ -163,8 +172,30 @@ func adminWrongPort(flag, addr string, err error, sniff *sniffed, h http.Header)
 	case err != nil && sniff != nil && (http2Frame(sniff.bytes()) || sniff.hungUp(err)),
 		h != nil && (strings.HasPrefix(h.Get("Content-Type"), "application/grpc") || h.Get("Grpc-Status") != ""):
 		return wrongPort{flag: flag, addr: addr, is: isXDS, want: wantAdm}
+	case h != nil && h.Get(relay.RESTListenerHeader) == relay.RESTListener:
+		return wrongPort{flag: flag, addr: addr, is: isREST, want: wantAdm}
 	}
 	return nil
+}
+
+// restPort reports whether the HTTP/1.1 server at addr is the relay's
+// REST-JSON port: asked for a path it does not serve, it says so
+// (relay.RESTListenerHeader), where the admin endpoint answers its index.
+func restPort(ctx context.Context, addr string) bool {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/", nil)
+	if err != nil {
+		return false
+	}
+	tr := &http.Transport{Proxy: nil}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.Header.Get(relay.RESTListenerHeader) == relay.RESTListener
 }
 
 // xdsWrongPort is the error of a gRPC call that reached an HTTP/1 port

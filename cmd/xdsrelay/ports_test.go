@@ -73,3 +73,43 @@ func TestWrongPortTLS(t *testing.T) {
 		t.Errorf("admin over TLS at the xDS port: exit %d, %q", code, errOut)
 	}
 }
+
+// The REST-JSON port is told apart from the admin endpoint, both HTTP/1.1:
+// a command of the admin endpoint pointed at it, or a client command
+// (gRPC) pointed at it, names it as the REST-JSON port; a command that
+// never took --server (groups, config-dump, the lists) refuses it as any
+// unknown flag, and the deprecation warning of the others has one prefix.
+func TestWrongPortREST(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "listener.yaml"), listenerFile("10001"))
+	r := startFileRelay(t, dir, func(c *relay.Config) {
+		c.Admin.Address = "127.0.0.1:0"
+		c.Downstream.RESTAddress = "127.0.0.1:0"
+	})
+	rest := r.RESTAddr()
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"groups at the REST port", []string{"groups", "--admin", rest}, "--admin " + rest + ": it answers as the relay's REST-JSON port does (downstream.rest_address), not the admin endpoint"},
+		{"admin at the REST port", []string{"admin", "--admin", rest, "/readyz"}, "as the relay's REST-JSON port does"},
+		{"wait at the REST port", []string{"wait", "--admin", rest, "--type", "clusters", "--timeout", "1m"}, "as the relay's REST-JSON port does"},
+		{"status at the REST port", []string{"status", "--server", rest}, "--server " + rest + ": it answers in HTTP/1.1, as the relay's REST-JSON port does (downstream.rest_address), not the xDS port"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := runCLI(tc.args...)
+			if code != 1 || !strings.Contains(errOut, tc.want) || strings.Count(errOut, "\n") != 1 || strings.Count(errOut, rest) != 1 {
+				t.Errorf("exit %d, stdout %q, stderr %q; want 1 and one line with %q, naming the address once", code, out, errOut, tc.want)
+			}
+		})
+	}
+	for _, args := range [][]string{{"groups"}, {"config-dump", "--node", "n"}, {"guard", "list"}, {"rollout", "list"}} {
+		if code, _, errOut := runCLI(append(args, "--server", r.AdminAddr())...); code != 2 || !strings.Contains(errOut, "unknown flag: --server") {
+			t.Errorf("%q --server: exit %d, %q; want 2, an unknown flag", args, code, errOut)
+		}
+	}
+	if _, _, errOut := runCLI("guard", "release", "--server", r.AdminAddr()); !strings.HasPrefix(errOut, "xdsrelay guard release: --server is deprecated here") {
+		t.Errorf("guard release --server: %q; want one prefix", errOut)
+	}
+}

@@ -33,7 +33,10 @@ files, resource files): to check a configuration away from where it runs,
 a rendered manifest in CI say, whose certificates are mounted in the pod.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			msg, err := validate(config, environ, keysOnly)
+			msg, warnings, err := validate(config, environ, keysOnly)
+			for _, w := range warnings {
+				fmt.Fprintf(cmd.ErrOrStderr(), "xdsrelay: warning: %v\n", w)
+			}
 			if err != nil {
 				return err
 			}
@@ -48,8 +51,10 @@ a rendered manifest in CI say, whose certificates are mounted in the pod.`,
 
 // validate makes serve's checks of the configuration and of what it names,
 // and says what it checked: every error, joined, as a configError (exit 2)
-// if any is the configuration's, else as the resource files' (exit 1).
-func validate(config string, environ []string, keysOnly bool) (string, error) {
+// if any is the configuration's, else as the resource files' (exit 1);
+// and the warnings: what does not load that this configuration names and
+// does not use (relay.Checked.Warnings).
+func validate(config string, environ []string, keysOnly bool) (_ string, warnings []error, _ error) {
 	opts, unknownEnv, err := loadConfig(config, environ)
 	var cfgErrs []error
 	if err != nil {
@@ -63,15 +68,21 @@ func validate(config string, environ []string, keysOnly bool) (string, error) {
 		checked = relay.CheckStart(opts.Relay) // what a key that did not load names is its default's
 	}
 	cfgErrs = append(cfgErrs, checked.TLS...)
+	warnings = checked.Warnings
 	switch {
 	case len(cfgErrs) > 0:
-		return "", configError{errors.Join(append(cfgErrs, checked.Files...)...)}
+		return "", warnings, configError{errors.Join(append(cfgErrs, checked.Files...)...)}
 	case len(checked.Files) > 0:
-		return "", filesError{errors.Join(checked.Files...)}
-	case checked.Dir != "":
-		return fmt.Sprintf("configuration OK; %d resources in %s", checked.Resources, checked.Dir), nil
+		return "", warnings, filesError{errors.Join(checked.Files...)}
 	}
-	return "configuration OK", nil
+	msg := "configuration OK"
+	if checked.Dir != "" {
+		msg = fmt.Sprintf("configuration OK; %d resources in %s", checked.Resources, checked.Dir)
+	}
+	if len(warnings) > 0 {
+		msg += fmt.Sprintf(" (and %d %s)", len(warnings), plural(len(warnings), "warning", "warnings"))
+	}
+	return msg, warnings, nil
 }
 
 // filesError is resource files that do not load: exit 1, each on a line.

@@ -118,3 +118,77 @@ func TestEnvironmentFlowValues(t *testing.T) {
 		t.Errorf("validate with XDSRELAY_UPSTREAM_GROUP_BY=[cluster]: exit %d, %q %q", code, out, errText)
 	}
 }
+
+// validate reports every file of one TLS section that does not load, not
+// the first; and the TLS files of an upstream whose address is a
+// directory (file://, as config.example.yaml and the manifests keep it,
+// the real address coming from the environment) are checked too: a
+// typo there is a warning (this configuration runs as it is), said
+// before a pod uses them.
+func TestValidateEveryTLSFile(t *testing.T) {
+	certs := testcp.MakeCerts(t)
+	missing := filepath.Join(t.TempDir(), "nope.pem")
+	resources := t.TempDir()
+	writeFile(t, filepath.Join(resources, "good.yaml"), clusterFile("good"))
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	writeFile(t, cfg, `upstream:
+  address: file://`+resources+`
+  tls:
+    ca_file: `+missing+`
+admin:
+  tls:
+    cert_file: `+missing+`
+    key_file: `+certs.ServerKey+`
+    client_ca_file: `+missing+`-ca
+`)
+	code, out, errText := runCLI("validate", "--config", cfg)
+	for _, want := range []string{"xdsrelay: admin.tls.cert_file: creds: certificate: open " + missing,
+		"xdsrelay: admin.tls.client_ca_file: creds: CA: open " + missing + "-ca"} {
+		if !strings.Contains(errText, want) {
+			t.Errorf("validate: no line says %q:\n%s", want, errText)
+		}
+	}
+	if code != 2 || out != "" {
+		t.Errorf("validate: exit %d, %q %q", code, out, errText)
+	}
+
+	writeFile(t, cfg, "upstream:\n  address: file://"+resources+"\n  tls:\n    ca_file: "+missing+"\n")
+	code, out, errText = runCLI("validate", "--config", cfg)
+	if code != 0 || !strings.HasPrefix(out, "configuration OK; 1 resources in "+resources+" (and 1 warning)") ||
+		!strings.Contains(errText, "xdsrelay: warning: upstream.tls.ca_file: creds: CA: open "+missing) || !strings.Contains(errText, "unused while upstream.address is file://") {
+		t.Errorf("validate with a file:// address and a missing CA: exit %d, %q %q; want 0 and a warning naming upstream.tls.ca_file", code, out, errText)
+	}
+}
+
+// Errors say what to do: a directory given as upstream.address without
+// file://, an address with a scheme, a relative resource directory that
+// is not there (read from the working directory), a misspelt key in the
+// file (the nearest key, as the environment's form says it).
+func TestErrorsSayWhatToDo(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "config.yaml")
+	for _, tc := range []struct {
+		name, file string
+		env        map[string]string
+		want       string
+	}{
+		{"a directory", "", map[string]string{"XDSRELAY_UPSTREAM_ADDRESS": "examples/resources"},
+			`upstream.address: "examples/resources" is not host:port: a directory of resource files is file://examples/resources`},
+		{"a scheme", "", map[string]string{"XDSRELAY_UPSTREAM_ADDRESS": "http://cp:18000"},
+			`upstream.address: "http://cp:18000" is not host:port: write the host and port alone (cp:18000), without http://`},
+		{"a relative directory", "", map[string]string{"XDSRELAY_UPSTREAM_ADDRESS": "file://no/such/dir"},
+			"open no/such/dir: no such file or directory (a relative file:// directory is read from the working directory, "},
+		{"a misspelt key", "upstream:\n  protocl: sotw\n", nil, `unknown key "upstream.protocl" (did you mean upstream.protocol?)`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := []string{"validate"}
+			if tc.file != "" {
+				writeFile(t, cfg, tc.file)
+				args = append(args, "--config", cfg)
+			}
+			code, out, errText := runCLIEnv(tc.env, args...)
+			if code == 0 || !strings.Contains(errText, tc.want) {
+				t.Errorf("exit %d, %q %q; want an error saying %q", code, out, errText, tc.want)
+			}
+		})
+	}
+}

@@ -133,7 +133,7 @@ func printHoldTable(out io.Writer, body []byte) error {
 	}
 	return writeTable(out, []string{"GROUP", "TYPE", "REMOVALS HELD", "SINCE", "WIPE"}, len(holds), func(i int) []string {
 		h := holds[i]
-		return []string{h.Group, xds.ShortName(h.Type), strconv.Itoa(h.Names), h.Since.UTC().Format(time.RFC3339), yesNo(h.Wipe)}
+		return []string{h.Group, xds.TypeAbbrev(h.Type), strconv.Itoa(h.Names), h.Since.UTC().Format(time.RFC3339), yesNo(h.Wipe)}
 	})
 }
 
@@ -164,7 +164,7 @@ func printChangeTable(out io.Writer, body []byte) error {
 		c := changes[i]
 		types := make([]string, len(c.Types))
 		for j, t := range c.Types {
-			types[j] = xds.ShortName(t)
+			types[j] = xds.TypeAbbrev(t)
 		}
 		return []string{c.Group, strings.Join(types, ","), strconv.Itoa(c.Names), strconv.Itoa(c.Canaries), strconv.Itoa(c.Acked),
 			yesNo(c.Held), c.Since.UTC().Format(time.RFC3339), orDash(c.NackedBy), orDash(c.Error)}

@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -128,7 +130,10 @@ func (f *waitFlags) check(cmd *cobra.Command) error {
 // name, whatever its group and relay), the clients of that resource, and
 // each resource is judged on its own.
 type waitCount struct {
+	typ         string // the type waited for, to name it
 	byResource  bool
+	named       []tierKey         // the resources --name asks for: each must have clients
+	answered    int               // relays asked that answered
 	clients     tally             // counted as clients
 	res         map[tierKey]tally // counted per resource
 	shown       []string          // lines about resources not there yet, at most waitShown
@@ -187,6 +192,19 @@ func (c waitCount) subscribed() bool {
 	return false
 }
 
+// unclaimed are the resources --name asks for that no client of the
+// relays asked subscribes to: a relay has nothing to say of them, so the
+// wait is not over while there is one.
+func (c waitCount) unclaimed() []tierKey {
+	var out []tierKey
+	for _, k := range c.named {
+		if c.res[k].subscribed == 0 {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
 // verdict reports whether the fraction is reached (of the clients, or of
 // each resource's clients); lost, whether it no longer can be.
 func (c waitCount) verdict(fraction float64) (done, lost bool) {
@@ -197,7 +215,7 @@ func (c waitCount) verdict(fraction float64) (done, lost bool) {
 		need := c.clients.need(fraction)
 		return c.clients.accepted >= need, c.clients.subscribed-c.clients.rejected < need
 	}
-	done = true
+	done = len(c.unclaimed()) == 0
 	for _, t := range c.res {
 		need := t.need(fraction)
 		done = done && t.accepted >= need
@@ -211,7 +229,7 @@ func (c waitCount) one() (tally, bool) {
 	if !c.byResource {
 		return c.clients, true
 	}
-	if len(c.res) != 1 {
+	if len(c.res) != 1 || len(c.named) > 1 {
 		return tally{}, false
 	}
 	for _, t := range c.res {
@@ -220,7 +238,8 @@ func (c waitCount) one() (tally, bool) {
 	return tally{}, false
 }
 
-// resourcesAt counts the resources with clients and those where pass holds.
+// resourcesAt counts the resources waited for (those with clients, and
+// those --name asks for) and those where pass holds.
 func (c waitCount) resourcesAt(pass func(tally) bool) (n, of int) {
 	for _, t := range c.res {
 		if t.subscribed == 0 {
@@ -231,7 +250,7 @@ func (c waitCount) resourcesAt(pass func(tally) bool) (n, of int) {
 			n++
 		}
 	}
-	return n, of
+	return n, of + len(c.unclaimed())
 }
 
 // accepted says that the fraction was reached.
@@ -240,25 +259,79 @@ func (c waitCount) accepted(fraction float64) string {
 		return fmt.Sprintf("%d of %d clients accepted", t.accepted, t.subscribed)
 	}
 	n, _ := c.resourcesAt(func(tally) bool { return true })
-	return fmt.Sprintf("%d resources accepted, each by %v of its clients or more", n, fraction)
+	return fmt.Sprintf("%d resources accepted, each by %s", n, ofItsClients(fraction))
 }
 
 // rejected says that rejections made the fraction unreachable.
 func (c waitCount) rejected(fraction float64) error {
 	if t, ok := c.one(); ok {
-		return fmt.Errorf("wait: %d of %d clients rejected: %v of them can no longer accept", t.rejected, t.subscribed, fraction)
+		return fmt.Errorf("wait: %d of %d clients rejected it: %d of them must accept (--fraction %v), %d at most still can",
+			t.rejected, t.subscribed, t.need(fraction), fraction, t.subscribed-t.rejected)
 	}
 	n, of := c.resourcesAt(func(t tally) bool { return t.subscribed-t.rejected < t.need(fraction) })
-	return fmt.Errorf("wait: %d of %d resources rejected by their clients: %v of a resource's clients can no longer accept it", n, of, fraction)
+	return fmt.Errorf("wait: %d of %d resources rejected by so many of their clients that they cannot be accepted by %s", n, of, ofItsClients(fraction))
 }
 
 // short says that the timeout came first.
 func (c waitCount) short(fraction float64, timeout time.Duration) error {
-	if t, ok := c.one(); ok {
-		return fmt.Errorf("wait: %d of %d clients accepted after %v, short of %v of them", t.accepted, t.subscribed, timeout, fraction)
+	if c.answered == 0 && len(c.unknown) > 0 {
+		return fmt.Errorf("wait: no relay could be counted in %v: %s", timeout, c.unknown[0])
 	}
-	n, of := c.resourcesAt(func(t tally) bool { return t.accepted >= t.need(fraction) })
-	return fmt.Errorf("wait: %d of %d resources accepted by %v of their clients after %v", n, of, fraction, timeout)
+	if !c.subscribed() && len(c.named) == 0 {
+		return fmt.Errorf("wait: no client subscribed to the %s resources in %v: a relay has nothing to say of resources no client of it holds", xds.ShortName(c.typ), timeout)
+	}
+	var err error
+	if t, ok := c.one(); ok {
+		err = fmt.Errorf("wait: %d of %d clients accepted after %v; %d must (--fraction %v)", t.accepted, t.subscribed, timeout, t.need(fraction), fraction)
+	} else {
+		n, of := c.resourcesAt(func(t tally) bool { return t.accepted >= t.need(fraction) })
+		err = fmt.Errorf("wait: %d of %d resources accepted by %s after %v", n, of, ofTheirClients(fraction), timeout)
+	}
+	if none := c.unclaimed(); len(none) > 0 {
+		err = fmt.Errorf("%w; no client subscribes to %s", err, keysShown(none))
+	}
+	if n := len(c.unknown) + c.unknownMore; n > 0 {
+		err = fmt.Errorf("%w; %s not counted (above: which, and why)", err, numbered(n, "relay"))
+	}
+	return err
+}
+
+// ofItsClients says a fraction of a resource's clients.
+func ofItsClients(fraction float64) string {
+	if fraction == 1 {
+		return "all of its clients"
+	}
+	return percent(fraction) + " of its clients or more"
+}
+
+// ofTheirClients says a fraction of each resource's clients.
+func ofTheirClients(fraction float64) string {
+	if fraction == 1 {
+		return "all of their clients"
+	}
+	return percent(fraction) + " of their clients"
+}
+
+func percent(fraction float64) string {
+	return strconv.FormatFloat(fraction*100, 'g', 4, 64) + "%"
+}
+
+// keysShown names resources, the first waitShown of them.
+func keysShown(ks []tierKey) string {
+	var names []string
+	for i, k := range ks {
+		if i == waitShown {
+			names = append(names, fmt.Sprintf("%d more", len(ks)-i))
+			break
+		}
+		names = append(names, xds.ShortName(k.typ)+"/"+k.name)
+	}
+	return strings.Join(names, ", ")
+}
+
+// numbered is n and noun, with an s unless n is 1.
+func numbered(n int, noun string) string {
+	return fmt.Sprintf("%d %s", n, plural(n, noun, noun+"s"))
 }
 
 func (f *waitFlags) run(ctx context.Context, out io.Writer) error {
@@ -266,16 +339,19 @@ func (f *waitFlags) run(ctx context.Context, out io.Writer) error {
 	defer cancel()
 	tick := time.NewTicker(waitPoll)
 	defer tick.Stop()
-	var last waitCount // the last count every replica answered, or the last at all
+	var (
+		last waitCount // the last count taken before the timeout
+		have bool      // whether there is one
+	)
 	for {
 		c, refused := f.count(ctx)
 		if refused != nil {
 			return refused // asking again would be answered the same
 		}
-		if ctx.Err() != nil && (last.subscribed() || len(last.unknown) > 0) {
+		if ctx.Err() != nil && have {
 			c = last // cut short by the timeout: what was known before it
 		}
-		last = c
+		last, have = c, true
 		done, lost := c.verdict(f.fraction)
 		switch {
 		case done:
@@ -296,15 +372,22 @@ func (f *waitFlags) run(ctx context.Context, out io.Writer) error {
 
 // print says where the clients stand, bounded.
 func (c waitCount) print(out io.Writer) {
-	if t, ok := c.one(); ok {
-		fmt.Fprintf(out, "%d clients: %d accepted, %d rejected, %d pending, %d behind", t.subscribed, t.accepted, t.rejected, t.pending, t.behind)
+	switch t, ok := c.one(); {
+	case c.answered == 0:
+		// Nothing counted: only why, below.
+	case ok:
+		fmt.Fprintf(out, "%s: %d accepted, %d rejected, %d pending, %d behind", numbered(t.subscribed, "client"), t.accepted, t.rejected, t.pending, t.behind)
 		if !c.byResource {
 			fmt.Fprintf(out, ", %d waiting", t.waiting)
 		}
 		fmt.Fprintln(out)
-	} else {
+	default:
 		n, of := c.resourcesAt(func(t tally) bool { return t.accepted == t.subscribed })
-		fmt.Fprintf(out, "%d resources with clients: %d accepted by all of them\n", of, n)
+		fmt.Fprintf(out, "%s: %d accepted by all of their clients", numbered(of, "resource"), n)
+		if none := c.unclaimed(); len(none) > 0 {
+			fmt.Fprintf(out, ", %d with no client", len(none))
+		}
+		fmt.Fprintln(out)
 	}
 	for _, u := range c.unknown {
 		fmt.Fprintln(out, u)
@@ -318,8 +401,15 @@ func (c waitCount) print(out io.Writer) {
 	if c.more > 0 {
 		fmt.Fprintf(out, "... and %d more resources\n", c.more)
 	}
-	if !c.subscribed() && len(c.unknown) == 0 {
-		fmt.Fprintln(out, "no client subscribes to the resources")
+	for i, k := range c.unclaimed() {
+		if i == waitShown {
+			fmt.Fprintf(out, "... and %d more resources with no client\n", len(c.unclaimed())-i)
+			break
+		}
+		fmt.Fprintf(out, "%s/%s: no client subscribes to it on the relays asked (a relay has nothing to say of it until one does)\n", xds.ShortName(k.typ), k.name)
+	}
+	if !c.subscribed() && len(c.named) == 0 && c.answered > 0 {
+		fmt.Fprintf(out, "no client subscribes to the %s resources\n", xds.ShortName(c.typ))
 	}
 }
 
@@ -327,14 +417,20 @@ func (c waitCount) print(out io.Writer) {
 // replica's 4xx answer (not private to the caller, an unknown path), which
 // ends the wait at once.
 func (f *waitFlags) count(ctx context.Context) (c waitCount, refused error) {
-	c.byResource = f.tiers || f.version != "" || len(f.names) > 0
+	c.typ, c.byResource = f.typ, f.tiers || f.version != "" || len(f.names) > 0
+	for _, n := range f.names {
+		// The relays clip a long name as they show it.
+		if k := (tierKey{f.typ, xds.Clip(n)}); !slices.Contains(c.named, k) {
+			c.named = append(c.named, k)
+		}
+	}
 	if f.tiers {
 		return f.countTiers(ctx, c)
 	}
 	for _, af := range f.replicas(ctx) {
 		body, err := af.do(ctx, http.MethodGet, "/debug/convergence", f.query(), "")
 		if final(err) {
-			return c, fmt.Errorf("%s: %w", af.server, err)
+			return c, named(af.server, err)
 		}
 		var dc relay.DebugConvergence
 		if err == nil {
@@ -344,9 +440,19 @@ func (f *waitFlags) count(ctx context.Context) (c waitCount, refused error) {
 			c.notCounted(fmt.Sprintf("%s: %v", af.server, err))
 			continue
 		}
+		c.answered++
 		f.add(&c, af.server, dc)
 	}
 	return c, nil
+}
+
+// named is err, which server answered, with server's name unless err
+// already says it.
+func named(server string, err error) error {
+	if isWrongPort(err) {
+		return err
+	}
+	return fmt.Errorf("%s: %w", server, err)
 }
 
 func (f *waitFlags) query() url.Values {
@@ -384,8 +490,8 @@ func (f *waitFlags) add(c *waitCount, server string, dc relay.DebugConvergence) 
 		if c.byResource {
 			c.addResource(tierKey{r.Type, r.Name}, tally{subscribed: r.Subscribed, accepted: at.Accepted, rejected: at.Rejected, pending: at.Pending, behind: behind})
 		}
-		if at.Accepted == r.Subscribed && r.Subscribed > 0 {
-			continue
+		if at.Accepted == r.Subscribed {
+			continue // there, or no client of this group holds it
 		}
 		if len(c.shown) == waitShown {
 			c.more++
@@ -407,12 +513,25 @@ func resourceLine(server string, r relay.ConvergenceResource, want string, at re
 		fmt.Fprintf(&b, ", %d pending (oldest %.1fs)", at.Pending, at.OldestPending)
 	}
 	if behind > 0 {
-		fmt.Fprintf(&b, ", %d behind (not sent it yet; the relay's version is %q)", behind, r.Version)
+		fmt.Fprintf(&b, ", %d behind (%s)", behind, whyBehind(r, want))
 	}
 	if at.Rejected > 0 {
 		fmt.Fprintf(&b, ", %d rejected: %q by %s", at.Rejected, at.Error, strings.Join(at.RejectedBy, ", "))
 	}
 	return b.String()
+}
+
+// whyBehind says why clients of r are not at want yet: the relay has it
+// and has not sent it to them (a hold, or a client slow to read), or the
+// relay does not have that version (yet).
+func whyBehind(r relay.ConvergenceResource, want string) string {
+	switch {
+	case want == r.Version:
+		return "the relay has it and has not sent it to them yet: a rollout or guard hold (xdsrelay rollout list, guard list), or clients slow to read"
+	case want != r.UpstreamVersion && !slices.ContainsFunc(r.Versions, func(v relay.ConvergenceVersion) bool { return v.Version == want }):
+		return fmt.Sprintf("the relay has no version %q of it: its version is %q", want, r.Version)
+	}
+	return fmt.Sprintf("at another version: the relay's is %q", r.Version)
 }
 
 // final reports whether an admin endpoint's error ends the wait at once:

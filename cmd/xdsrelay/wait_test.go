@@ -251,9 +251,9 @@ func TestWaitUncountedReplicas(t *testing.T) {
 		wantLine string
 	}{
 		{name: "one that answers", servers: []string{ok}, wantErr: ""},
-		{name: "one that does not answer", servers: []string{ok, closed.URL}, wantErr: "short of 1 of them", wantLine: closed.URL + ": "},
-		{name: "an answer not JSON", servers: []string{notJSON}, wantErr: "short of 1 of them", wantLine: notJSON + ": invalid character"},
-		{name: "resources past those listed", servers: []string{past}, version: "1", wantErr: "short of 1 of them",
+		{name: "one that does not answer", servers: []string{ok, closed.URL}, wantErr: "2 of 2 clients accepted after 600ms; 2 must (--fraction 1); 1 relay not counted", wantLine: closed.URL + ": "},
+		{name: "an answer not JSON", servers: []string{notJSON}, wantErr: "wait: no relay could be counted in 600ms: " + notJSON, wantLine: notJSON + ": invalid character"},
+		{name: "resources past those listed", servers: []string{past}, version: "1", wantErr: "2 of 2 clients accepted after 600ms; 2 must (--fraction 1); 1 relay not counted",
 			wantLine: past + ": 3 resources past the 1 listed: name those to wait for with --name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -311,7 +311,7 @@ func TestWaitCountsClients(t *testing.T) {
 	var out, errOut string
 	eventually(t, func() string { // the NACK may be on its way
 		code, out, errOut = runCLI("wait", "--admin", r.AdminAddr(), "--type", "clusters", "--timeout", "20s")
-		if code == 1 && strings.Contains(errOut, "wait: 1 of 2 clients rejected: 1 of them can no longer accept") {
+		if code == 1 && strings.Contains(errOut, "wait: 1 of 2 clients rejected it: 2 of them must accept (--fraction 1), 1 at most still can") {
 			return ""
 		}
 		return fmt.Sprintf("wait: exit %d, %q %q", code, out, errOut)
@@ -322,5 +322,82 @@ func TestWaitCountsClients(t *testing.T) {
 	code, sum, _ := runCLI("status", "--summary", "--admin", r.AdminAddr())
 	if code != 0 || !regexp.MustCompile(`(?m)^\S+\s+CDS\s+5\s+2\s+1\s+1\s+0\s+0\s+0$`).MatchString(sum) {
 		t.Errorf("status --summary: exit %d, %q; want 5 resources, 2 clients: 1 accepted, 1 rejected", code, sum)
+	}
+}
+
+// Every resource --name asks for must have clients: with one name that a
+// client accepted and one no client subscribes to, wait keeps waiting,
+// exits 1 at the timeout and names the resource with no client; the name
+// with clients alone is accepted at once.
+func TestWaitNameWithoutClients(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", timedCluster(time.Second))
+	cfg := relay.Default()
+	cfg.Upstream.Address = cp.Addr
+	cfg.Downstream.Address, cfg.Admin.Address = "127.0.0.1:0", "127.0.0.1:0"
+	r := startRelayConfig(t, cfg)
+	acceptingClient(t, r.Addr(), "node-a").wait(t, "1s")
+
+	var code int
+	var out, errOut string
+	eventually(t, func() string { // the ACK may be on its way
+		if code, out, errOut = runCLI("wait", "--admin", r.AdminAddr(), "--type", "cds", "--name", "app", "--timeout", "5s"); code != 0 || out != "1 of 1 clients accepted\n" {
+			return fmt.Sprintf("wait --name app: exit %d, %q %q", code, out, errOut)
+		}
+		return ""
+	})
+	code, out, errOut = runCLI("wait", "--admin", r.AdminAddr(), "--type", "cds", "--name", "app", "--name", "nope", "--timeout", "1s")
+	if code != 1 || !strings.Contains(out, "Cluster/nope: no client subscribes to it") || !strings.Contains(errOut, "no client subscribes to Cluster/nope") {
+		t.Errorf("wait --name app --name nope: exit %d, %q %q; want exit 1 naming Cluster/nope as having no client", code, out, errOut)
+	}
+}
+
+// wait's verdicts say what happened in words: an admin endpoint nothing
+// listens at is named as such (not "0 of 0 clients"), a name nobody
+// holds ends at the timeout without a raw HTTP error, a --version the
+// relay never had is said to be unknown to it (not "not sent yet"), a
+// version the relay has and has not sent names the holds, an xDS port
+// is named once, and a fraction is said as the flag was given.
+func TestWaitSaysWhy(t *testing.T) {
+	cp := testcp.Start(t)
+	cp.Set(t, "c1", "1", timedCluster(time.Second))
+	cfg := relay.Default()
+	cfg.Upstream.Address = cp.Addr
+	cfg.Downstream.Address, cfg.Admin.Address = "127.0.0.1:0", "127.0.0.1:0"
+	r := startRelayConfig(t, cfg)
+	acceptingClient(t, r.Addr(), "node-a").wait(t, "1s")
+	admin := r.AdminAddr()
+
+	dead := deadAddr(t)
+	code, out, errOut := runCLI("wait", "--admin", dead, "--type", "cds", "--timeout", "500ms")
+	if code != 1 || !strings.Contains(errOut, "wait: no relay could be counted in 500ms: "+dead+": GET /debug/convergence: connection refused: nothing listens at that address") ||
+		strings.Contains(out+errOut, "0 of 0") || strings.Contains(out, "0 clients:") {
+		t.Errorf("wait on nothing listening: exit %d, %q %q", code, out, errOut)
+	}
+	code, out, errOut = runCLI("wait", "--admin", admin, "--type", "cds", "--name", "nope", "--timeout", "500ms")
+	if code != 1 || strings.Contains(out+errOut, "deadline") || strings.Contains(out+errOut, "http://") ||
+		!strings.Contains(errOut, "no client subscribes to Cluster/nope") {
+		t.Errorf("wait for a name nobody holds: exit %d, %q %q", code, out, errOut)
+	}
+	code, out, errOut = runCLI("wait", "--admin", admin, "--type", "cds", "--version", "nope", "--timeout", "500ms")
+	if code != 1 || !strings.Contains(out, `1 behind (the relay has no version "nope" of it: its version is "`) || !strings.HasPrefix(out, "1 client: ") {
+		t.Errorf("wait for a version the relay never had: exit %d, %q %q", code, out, errOut)
+	}
+	code, out, errOut = runCLI("wait", "--admin", r.Addr(), "--type", "cds", "--timeout", "5s")
+	if code != 1 || strings.Count(errOut, r.Addr()) != 1 || !strings.Contains(errOut, "it answers in gRPC") {
+		t.Errorf("wait on the xDS port: exit %d, %q %q; want the address named once", code, out, errOut)
+	}
+
+	held := relay.ConvergenceResource{Type: resourcev3.ClusterType, Name: "app", Version: "v2", Subscribed: 2,
+		Versions: []relay.ConvergenceVersion{{Version: "v2"}, {Version: "v1", Accepted: 2}}}
+	if line := resourceLine("relay-0", held, "v2", held.Versions[0], 2); strings.Contains(line, `version is "v2"`) || !strings.Contains(line, "rollout list") {
+		t.Errorf("a version the relay holds back: %q; want the holds named, not the same version again", line)
+	}
+	c := waitCount{byResource: true, res: map[tierKey]tally{{resourcev3.ClusterType, "a"}: {subscribed: 2, accepted: 2}, {resourcev3.ClusterType, "b"}: {subscribed: 2, accepted: 2}}}
+	if got := c.accepted(1); got != "2 resources accepted, each by all of its clients" {
+		t.Errorf("accepted at --fraction 1: %q", got)
+	}
+	if got := c.accepted(0.5); got != "2 resources accepted, each by 50% of its clients or more" {
+		t.Errorf("accepted at --fraction 0.5: %q", got)
 	}
 }

@@ -137,10 +137,13 @@ func (f *waitFlags) countTiers(ctx context.Context, c waitCount) (_ waitCount, r
 		for _, t := range level {
 			if err := f.ask(ctx, t); err != nil {
 				if t.parent == nil && final(err) {
-					return c, fmt.Errorf("%s: %w", t.af.server, err)
+					return c, named(t.af.server, err)
 				}
 				c.notCounted(fmt.Sprintf("%s: %v", t.where(), err))
 				continue
+			}
+			if t.parent == nil {
+				c.answered++
 			}
 			vs.learn(t.parent == nil, t.dc)
 			next = f.below(t, next, seen, len(all)+len(level), &c)

@@ -92,6 +92,37 @@ func Check(t TLS) error {
 	return err
 }
 
+// CheckEach is Check reporting every file that does not load, not the
+// first: the certificate, its key, whether they pair (when both load),
+// and the CA bundle, each on its own.
+func CheckEach(t TLS) []error {
+	if err := t.validate(); err != nil {
+		return []error{err}
+	}
+	var errs []error
+	if t.CertFile != "" {
+		certPEM, certErr := readCert(t.CertFile)
+		keyPEM, keyErr := readKey(t.KeyFile)
+		errs = appendErr(appendErr(errs, certErr), keyErr)
+		if certErr == nil && keyErr == nil {
+			_, err := keyPair(t.CertFile, t.KeyFile, certPEM, keyPEM)
+			errs = appendErr(errs, err)
+		}
+	}
+	if t.CAFile != "" {
+		_, _, err := readCA(t.CAFile)
+		errs = appendErr(errs, err)
+	}
+	return errs
+}
+
+func appendErr(errs []error, err error) []error {
+	if err != nil {
+		return append(errs, err)
+	}
+	return errs
+}
+
 // load reads every file t names; an error names the file that does not load.
 func load(t TLS) (*material, error) {
 	m := &material{}
@@ -103,43 +134,76 @@ func load(t TLS) (*material, error) {
 		m.cert, m.raw[0], m.raw[1] = cert, certPEM, keyPEM
 	}
 	if t.CAFile != "" {
-		caPEM, err := os.ReadFile(t.CAFile)
+		pool, caPEM, err := readCA(t.CAFile)
 		if err != nil {
-			return nil, &FileError{CAFile, fmt.Errorf("creds: CA: %w", err)}
+			return nil, err
 		}
-		certs, err := parseCerts(caPEM)
-		if err != nil {
-			return nil, &FileError{CAFile, fmt.Errorf("creds: CA %s: %w", t.CAFile, err)}
-		}
-		m.pool = x509.NewCertPool()
-		for _, c := range certs {
-			m.pool.AddCert(c)
-		}
-		m.raw[2] = caPEM
+		m.pool, m.raw[2] = pool, caPEM
 	}
 	return m, nil
 }
 
 func loadKeyPair(certFile, keyFile string) (_ *tls.Certificate, certPEM, keyPEM []byte, _ error) {
-	certPEM, err := os.ReadFile(certFile)
+	certPEM, err := readCert(certFile)
 	if err != nil {
-		return nil, nil, nil, &FileError{CertFile, fmt.Errorf("creds: certificate: %w", err)}
+		return nil, nil, nil, err
+	}
+	keyPEM, err = readKey(keyFile)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cert, err := keyPair(certFile, keyFile, certPEM, keyPEM)
+	return cert, certPEM, keyPEM, err
+}
+
+// readCert reads a certificate file, which must hold a certificate.
+func readCert(file string) ([]byte, error) {
+	certPEM, err := os.ReadFile(file)
+	if err != nil {
+		return nil, &FileError{CertFile, fmt.Errorf("creds: certificate: %w", err)}
 	}
 	if _, err := parseCerts(certPEM); err != nil {
-		return nil, nil, nil, &FileError{CertFile, fmt.Errorf("creds: certificate %s: %w", certFile, err)}
+		return nil, &FileError{CertFile, fmt.Errorf("creds: certificate %s: %w", file, err)}
 	}
-	keyPEM, err = os.ReadFile(keyFile)
+	return certPEM, nil
+}
+
+// readKey reads a key file, which must hold a private key.
+func readKey(file string) ([]byte, error) {
+	keyPEM, err := os.ReadFile(file)
 	if err != nil {
-		return nil, nil, nil, &FileError{KeyFile, fmt.Errorf("creds: key: %w", err)}
+		return nil, &FileError{KeyFile, fmt.Errorf("creds: key: %w", err)}
 	}
 	if !hasKey(keyPEM) {
-		return nil, nil, nil, &FileError{KeyFile, fmt.Errorf("creds: key %s: no PEM private key", keyFile)}
+		return nil, &FileError{KeyFile, fmt.Errorf("creds: key %s: no PEM private key", file)}
 	}
+	return keyPEM, nil
+}
+
+// keyPair makes the certificate of a certificate and its key.
+func keyPair(certFile, keyFile string, certPEM, keyPEM []byte) (*tls.Certificate, error) {
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
-		return nil, nil, nil, &FileError{KeyFile, fmt.Errorf("creds: key %s for certificate %s: %w", keyFile, certFile, err)}
+		return nil, &FileError{KeyFile, fmt.Errorf("creds: key %s for certificate %s: %w", keyFile, certFile, err)}
 	}
-	return &cert, certPEM, keyPEM, nil
+	return &cert, nil
+}
+
+// readCA reads a CA bundle, which must hold a certificate.
+func readCA(file string) (*x509.CertPool, []byte, error) {
+	caPEM, err := os.ReadFile(file)
+	if err != nil {
+		return nil, nil, &FileError{CAFile, fmt.Errorf("creds: CA: %w", err)}
+	}
+	certs, err := parseCerts(caPEM)
+	if err != nil {
+		return nil, nil, &FileError{CAFile, fmt.Errorf("creds: CA %s: %w", file, err)}
+	}
+	pool := x509.NewCertPool()
+	for _, c := range certs {
+		pool.AddCert(c)
+	}
+	return pool, caPEM, nil
 }
 
 // parseCerts returns every certificate in data, which must hold at least one.
