@@ -169,16 +169,24 @@ func pushFloor(b *testing.B, versions [2]*cache.Resource) (string, func(int)) {
 		streams := f.all()
 		var wg sync.WaitGroup
 		workers := runtime.GOMAXPROCS(0)
+		errs := make([]error, workers)
 		for w := range workers {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				for j := w; j < len(streams); j += workers {
-					_ = streams[j].SendMsg(msg) // a stream that ended is the clients' failure
+					if err := streams[j].SendMsg(msg); err != nil && errs[w] == nil {
+						errs[w] = err
+					}
 				}
 			}()
 		}
 		wg.Wait()
+		for _, err := range errs {
+			if err != nil {
+				b.Fatalf("floor: send: %v", err)
+			}
+		}
 	}
 }
 
