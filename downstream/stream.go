@@ -79,7 +79,7 @@ func (n *nonces) next() string {
 func (n nonces) peek() uint64 { return uint64(n) + 1 }
 
 // diff returns what is in b and not in a, sorted.
-func diff(a, b *inlineMap[struct{}]) []string {
+func diff[V any](a, b *inlineMap[V]) []string {
 	var out []string
 	for k := range b.all() {
 		if !a.has(k) {
@@ -90,10 +90,10 @@ func diff(a, b *inlineMap[struct{}]) []string {
 	return out
 }
 
-func set(names []string) inlineMap[struct{}] {
-	var m inlineMap[struct{}]
+func set(names []string) inlineMap[uint32] {
+	var m inlineMap[uint32]
 	for _, n := range names {
-		m.set(n, struct{}{})
+		m.set(n, 0)
 	}
 	return m
 }
