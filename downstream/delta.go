@@ -81,6 +81,7 @@ func (ds *deltaStream) handle(req *discoverypb.DeltaDiscoveryRequest) error {
 			t.sent.set(n, v)
 		}
 		ds.types.put(typeURL, t)
+		ds.asked.add(typeURL)
 		if len(req.GetResourceNamesSubscribe()) == 0 {
 			ds.subscribeWildcard(typeURL, t)
 		}

@@ -95,6 +95,7 @@ func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 	if first {
 		t = &sotwType{}
 		ss.types.put(typeURL, t)
+		ss.asked.add(typeURL)
 	}
 	// "EDS update race motivates nonces": a request carrying a nonce older
 	// than the last response of its type is stale and not answered.
@@ -344,14 +345,7 @@ func (ss *sotwStream) holdsEndpoints() bool {
 // Cluster's warming holds back (heldByWarming: Listeners, Routes): without
 // one there is nothing to hold, and a wildcard client of Clusters alone
 // is not walked for new Clusters at every send of the shared state.
-func (ss *sotwStream) asksHeldTypes() bool {
-	for typeURL := range ss.types.all() {
-		if heldByWarming(typeURL) {
-			return true
-		}
-	}
-	return false
-}
+func (ss *sotwStream) asksHeldTypes() bool { return ss.asked&heldTypes != 0 }
 
 // flushFull sends the complete state of a Listener or Cluster subscription
 // when any part of it differs from what the client has ("Grouping Resources

@@ -251,6 +251,7 @@ type streamBase struct {
 
 	// The protocol's, under the pump's mu.
 	nonces  nonces
+	asked   typeSet                         // the types the stream has asked for (order.go, warmorder.go)
 	names   int                             // names subscribed, across types (see watchNames)
 	sent    map[string]sentVersion          // by type, for the rollout's verdicts; nil unless it rolls out
 	refused map[string]*cache.ResourceError // names asked for and refused by grant, with their errors
