@@ -348,14 +348,15 @@ func NewWatch() *Watch {
 }
 
 // Ready is signalled when the watch has become dirty since the last Take.
-// It is not, once OnReady has set a function.
+// It is not, once OnReady has set a function: it is then nil, and the
+// watch holds no channel (a stream's watch, one per stream).
 func (w *Watch) Ready() <-chan struct{} { return w.wake }
 
 // OnReady makes every mark call f, after the mark, instead of signalling
 // Ready. f runs on the goroutine that marks (the cache's writer, often),
 // with no lock of the cache held, and must not block. Call it before the
 // watch is registered with a cache.
-func (w *Watch) OnReady(f func()) { w.notify = f }
+func (w *Watch) OnReady(f func()) { w.notify, w.wake = f, nil }
 
 // Take returns and clears the dirty sets, one per type; nil if none.
 func (w *Watch) Take() DirtySet {

@@ -251,7 +251,6 @@ type streamBase struct {
 
 	// The protocol's, under the pump's mu.
 	nonces  nonces
-	asked   typeSet                         // the types the stream has asked for (order.go, warmorder.go)
 	names   int                             // names subscribed, across types (see watchNames)
 	sent    map[string]sentVersion          // by type, for the rollout's verdicts; nil unless it rolls out
 	refused map[string]*cache.ResourceError // names asked for and refused by grant, with their errors
@@ -260,13 +259,13 @@ type streamBase struct {
 	// after them, in heldArr's array while they fit.
 	flushing flusher
 	held     []heldSend
-	heldArr  [4]heldSend
+	heldArr  [2]heldSend
 	// Warming (warming.go): the endpoints of the Clusters a flush just
 	// sent; on a per-type CDS stream, those waiting for the client's ACK of
 	// the response warmNonce; on a per-type EDS stream, what the
 	// connection's CDS stream asks it to send again (its own mu).
 	warming   []string
-	warmOnAck cache.NameSet
+	warmOnAck *cache.NameSet // nil until a per-type CDS stream sends a Cluster to warm
 	warmNonce uint64
 	inbox     *warmInbox
 	// On ADS, Listeners and Routes kept back behind new Clusters that warm
@@ -279,6 +278,9 @@ type streamBase struct {
 	spoke   bool
 	endable bool
 	first   chan struct{}
+	// The types the stream has asked for (order.go, warmorder.go), here
+	// to share a word with holds.
+	asked typeSet
 	// Held first states (held.go): holds counts the types whose first
 	// state the stream holds (atomic: the handler reads it without mu);
 	// holdWake, while the handler waits on them, is closed by the next
