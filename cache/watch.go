@@ -174,13 +174,15 @@ type Watch struct {
 	spare DirtySet
 	free  []*Dirty
 
-	// Storage for the usual watch, of one type: two dirty records and two
+	// Storage for the usual watch, of one type: a dirty record and two
 	// lists of one, one being marked while the other is flushed, and the
 	// free list's array. At many streams a change finds every stream's
 	// memory cold in the CPU's caches: held here, beside the mutex, a mark
 	// and a take touch the watch's own lines rather than objects of their
-	// own. Guarded by mu, as what points into them.
-	own     [2]Dirty
+	// own. A second record, for a mark that comes while the first is
+	// being flushed, is made then and kept in the free list: an idle
+	// stream does not hold it. Guarded by mu, as what points into them.
+	own     [1]Dirty
 	ownList [2][1]*Dirty
 	freeArr [2]*Dirty // the free list's first array; it grows to maxFree for a stream of more types
 
@@ -343,7 +345,7 @@ func NewWatch() *Watch {
 		wake: make(chan struct{}, 1),
 	}
 	w.dirty, w.spare = w.ownList[0][:0], w.ownList[1][:0]
-	w.free = append(w.freeArr[:0], &w.own[1], &w.own[0])
+	w.free = append(w.freeArr[:0], &w.own[0])
 	return w
 }
 

@@ -24,8 +24,10 @@ type sotwType struct {
 	wildcard bool
 	// explicit is set once a request named resources: from then on an
 	// empty resource_names is not the legacy wildcard.
-	explicit bool
-	nonce    string // of the last response
+	explicit  bool
+	responded bool
+	all       bool   // the next flush considers every subscribed name
+	nonce     string // of the last response
 	// asked is the nonce of the last request that answered a response
 	// without a NACK: a request with that nonce again, the same names and
 	// no error repeats it (see repeated).
@@ -34,8 +36,6 @@ type sotwType struct {
 	// sentState is the shared complete state last sent to a wildcard-only
 	// subscription, which then keeps no per-name record (sent is stale).
 	sentState *cache.State
-	responded bool
-	all       bool       // the next flush considers every subscribed name
 	errSent   errorsSent // the per-resource errors the client was sent
 	// Invariant 21 (held.go): until a state of the type is sent, the names
 	// of its first request, which the client may hold; nil otherwise.
