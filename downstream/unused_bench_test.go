@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -78,10 +79,12 @@ func benchNewCluster(b *testing.B, variant string, n int) {
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
+	var cpu time.Duration
 	for i := range b.N {
 		b.StopTimer()
 		c.Apply(typeURL, cache.Change{Upserts: []*cache.Resource{edsCluster(b, "new-"+strconv.Itoa(i), "v0")}})
 		b.StartTimer()
+		start := cpuTime()
 		for _, s := range streams {
 			if err := s.flush(); err != nil {
 				b.Fatal(err)
@@ -90,6 +93,8 @@ func benchNewCluster(b *testing.B, variant string, n int) {
 				b.Fatal(err)
 			}
 		}
+		cpu += cpuTime() - start
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/stream")
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N*n), "cpu-ns/stream")
 }
