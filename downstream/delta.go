@@ -17,8 +17,7 @@ import (
 // Its maps by name hold their first entry inline (inlineMap): most streams
 // subscribe to one name of a type, or a few.
 type deltaType struct {
-	names    inlineMap[struct{}] // explicitly subscribed names
-	wildcard bool
+	names inlineMap[struct{}] // explicitly subscribed names
 	// sent is what the client has: name → version, or absent for a name it
 	// was told does not exist.
 	sent inlineMap[string]
@@ -26,9 +25,10 @@ type deltaType struct {
 	// have them: re-subscribed names, and the wildcard-plus-name exception.
 	answer    inlineMap[struct{}]
 	errSent   errorsSent // the per-resource errors the client was sent
+	wildcard  bool
 	responded bool
-	all       bool // the next flush considers everything subscribed
-	globs     int  // xdstp glob collections among names (LEDS)
+	all       bool  // the next flush considers everything subscribed
+	globs     int32 // xdstp glob collections among names (LEDS)
 }
 
 // named reports whether name is subscribed: by its own name or, for a
@@ -81,6 +81,7 @@ func (ds *deltaStream) handle(req *discoverypb.DeltaDiscoveryRequest) error {
 			t.sent.set(n, v)
 		}
 		ds.types.put(typeURL, t)
+		ds.asked.add(typeURL)
 		if len(req.GetResourceNamesSubscribe()) == 0 {
 			ds.subscribeWildcard(typeURL, t)
 		}

@@ -283,7 +283,7 @@ func BenchmarkSotWChange(b *testing.B) {
 // edsCluster is cluster name as the relay caches it: EDS, so that a
 // stream holding its endpoints is sent them again after it (warming.go);
 // version tells one version from another.
-func edsCluster(b *testing.B, name, version string) *cache.Resource {
+func edsCluster(b testing.TB, name, version string) *cache.Resource {
 	b.Helper()
 	a, err := anypb.New(&clusterpb.Cluster{Name: name, AltStatName: version,
 		ClusterDiscoveryType: &clusterpb.Cluster_Type{Type: clusterpb.Cluster_EDS}})

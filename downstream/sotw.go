@@ -17,12 +17,17 @@ import (
 // inline (inlineMap): most streams subscribe to one name of a type, or a
 // few.
 type sotwType struct {
-	names    inlineMap[struct{}] // explicitly subscribed names
+	// names are the explicitly subscribed names, each with the stamp of
+	// the last request that named it again unchanged (see unchanged).
+	names    inlineMap[uint32]
+	stamp    uint32 // of the last request unchanged looked at
 	wildcard bool
 	// explicit is set once a request named resources: from then on an
 	// empty resource_names is not the legacy wildcard.
-	explicit bool
-	nonce    string // of the last response
+	explicit  bool
+	responded bool
+	all       bool   // the next flush considers every subscribed name
+	nonce     string // of the last response
 	// asked is the nonce of the last request that answered a response
 	// without a NACK: a request with that nonce again, the same names and
 	// no error repeats it (see repeated).
@@ -31,8 +36,6 @@ type sotwType struct {
 	// sentState is the shared complete state last sent to a wildcard-only
 	// subscription, which then keeps no per-name record (sent is stale).
 	sentState *cache.State
-	responded bool
-	all       bool       // the next flush considers every subscribed name
 	errSent   errorsSent // the per-resource errors the client was sent
 	// Invariant 21 (held.go): until a state of the type is sent, the names
 	// of its first request, which the client may hold; nil otherwise.
@@ -42,7 +45,7 @@ type sotwType struct {
 // subscription applies the SotW rules of "How the client specifies what
 // resources to return" to a request's resource_names: an empty list before
 // any name was ever given is the legacy wildcard; "*" is the wildcard.
-func (t *sotwType) subscription(names []string) (wildcard bool, named inlineMap[struct{}]) {
+func (t *sotwType) subscription(names []string) (wildcard bool, named inlineMap[uint32]) {
 	if !t.explicit && len(names) == 0 {
 		return true, named
 	}
@@ -92,6 +95,7 @@ func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 	if first {
 		t = &sotwType{}
 		ss.types.put(typeURL, t)
+		ss.asked.add(typeURL)
 	}
 	// "EDS update race motivates nonces": a request carrying a nonce older
 	// than the last response of its type is stale and not answered.
@@ -107,7 +111,10 @@ func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 	if ack {
 		t.asked = nonce
 	}
-	same, err := ss.resubscribe(typeURL, t, req.GetResourceNames())
+	same := !first && t.unchanged(req.GetResourceNames())
+	if !same {
+		same, err = ss.resubscribe(typeURL, t, req.GetResourceNames())
+	}
 	if first && err == nil {
 		ss.expect(typeURL, t, req.GetVersionInfo())
 	}
@@ -134,6 +141,50 @@ func (ss *sotwStream) repeated(typeURL string, t *sotwType) error {
 	}
 	ss.watch.Mark(typeURL, 0, names...)
 	return nil
+}
+
+// unchanged reports whether names, a request's resource_names, is the
+// subscription as it stands: what an ACK names. It looks each name up
+// once and allocates nothing, so that an ACK costs no map built and
+// compared (resubscribe), and a wildcard's shared sent state stays shared
+// (materialize). A name given twice counts as a change, which resubscribe
+// sorts out, as does a request while the next flush is to look at every
+// name (all), which resubscribe marks.
+func (t *sotwType) unchanged(names []string) bool {
+	if t.all {
+		return false
+	}
+	if !t.explicit { // the legacy wildcard again, or a first name
+		return len(names) == 0 && t.wildcard
+	}
+	want := t.names.len()
+	if t.wildcard {
+		want++
+	}
+	if len(names) != want {
+		return false
+	}
+	// Each name is stamped as it is seen: a stamp already this request's
+	// is a name given twice, so that len(names) names cannot cover the
+	// subscription. A stamp that wrapped around only sends a request to
+	// resubscribe.
+	t.stamp++
+	star := false
+	for _, n := range names {
+		if n == "*" {
+			if star || !t.wildcard {
+				return false
+			}
+			star = true
+			continue
+		}
+		s, ok := t.names.get(n)
+		if !ok || s == t.stamp {
+			return false
+		}
+		t.names.set(n, t.stamp)
+	}
+	return true
 }
 
 // resubscribe moves the type's subscription to what the request names and
@@ -294,14 +345,7 @@ func (ss *sotwStream) holdsEndpoints() bool {
 // Cluster's warming holds back (heldByWarming: Listeners, Routes): without
 // one there is nothing to hold, and a wildcard client of Clusters alone
 // is not walked for new Clusters at every send of the shared state.
-func (ss *sotwStream) asksHeldTypes() bool {
-	for typeURL := range ss.types.all() {
-		if heldByWarming(typeURL) {
-			return true
-		}
-	}
-	return false
-}
+func (ss *sotwStream) asksHeldTypes() bool { return ss.asked&heldTypes != 0 }
 
 // flushFull sends the complete state of a Listener or Cluster subscription
 // when any part of it differs from what the client has ("Grouping Resources

@@ -63,6 +63,9 @@ func (b *streamBase) flushWarm(f flusher) error {
 		}
 		b.holdCold(f) // warmorder.go
 	case resourcev3.ClusterType:
+		if b.warmOnAck == nil {
+			b.warmOnAck = new(cache.NameSet)
+		}
 		for _, n := range names { // each once: a client may answer late
 			b.warmOnAck.Add(n)
 		}
@@ -84,7 +87,7 @@ func (b *streamBase) ackedClusters(nonce string, nack bool) {
 		return // an older response's answer: the client has not seen them yet
 	}
 	names := b.warmOnAck.AppendTo(nil)
-	b.warmOnAck = cache.NameSet{}
+	b.warmOnAck = nil
 	if !nack {
 		b.conn.warmEDS(b.cache, names)
 	}
