@@ -208,10 +208,8 @@ func (ds *deltaStream) flushDirty(d *cache.Dirty, hold bool) (later func() error
 	if t == nil {
 		return nil, nil
 	}
-	if t.wildcard && t.names.len() == 0 && !t.responded {
-		if err := ds.wildcardUnreachable(d.TypeURL); err != nil {
-			return nil, err
-		}
+	if err := ds.wildcardUnreachable(d.TypeURL, t.wildcard && t.names.len() == 0 && !t.responded); err != nil {
+		return nil, err
 	}
 	return ds.flushType(d.TypeURL, t, &d.Names, heartbeats(d, ds.ttl), hold)
 }

@@ -235,10 +235,8 @@ func (ss *sotwStream) flushDirty(d *cache.Dirty, hold bool) (later func() error,
 	if t == nil {
 		return nil, nil
 	}
-	if t.wildcard && t.names.len() == 0 && !t.responded {
-		if err := ss.wildcardUnreachable(d.TypeURL); err != nil {
-			return nil, err
-		}
+	if err := ss.wildcardUnreachable(d.TypeURL, t.wildcard && t.names.len() == 0 && !t.responded); err != nil {
+		return nil, err
 	}
 	hbs := heartbeats(d, ss.ttl)
 	if xds.FullState(d.TypeURL) {
