@@ -39,6 +39,17 @@ func (t *deltaType) named(name string) bool {
 	return t.globs > 0 && t.names.has(cache.GlobOf(name))
 }
 
+// forgetAbsent forgets, of the names of lookups, those the client was told
+// do not exist and that are not subscribed by name: among the names a
+// flush looked at, not the whole record (work per flush is per change).
+func (t *deltaType) forgetAbsent(lookups []cache.Lookup) {
+	for _, l := range lookups {
+		if v, _ := t.sent.get(l.Name); v == absent && !t.named(l.Name) {
+			t.sent.remove(l.Name)
+		}
+	}
+}
+
 // deltaStream is an incremental stream. Its fields are guarded as
 // streamBase says: ttl is read-only once the stream is open, types the
 // protocol's.
@@ -246,10 +257,13 @@ func (ds *deltaStream) candidates(t *deltaType, dirty, hbs *cache.NameSet, names
 // new or changed, removals, heartbeats and errors, in one response read
 // from one view of the cache. With hold, the removals of what the client
 // has are not in it: they are returned as later, a response of their own
-// for flushAll to send after the other types' changes (order.go). Each
-// name's decision is made here, in one pass over one read; the records
-// it reads and moves (what was sent, the errors, the status, the warming
-// notes) are the flush core's (flushcore.go), as the SotW flushes'.
+// for flushAll to send after the other types' changes (order.go). It is
+// one piece on purpose: each name's decision is made in one pass over one
+// read, and a change that reaches many streams runs it for each, where a
+// second pass would show (BENCHMARKS.md, the flush benchmarks). The
+// records the decisions read and move (what was sent, the errors, the
+// status, the warming notes) are the flush core's (flushcore.go), as the
+// SotW flushes' are.
 func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache.NameSet, hold bool) (later func() error, err error) {
 	// One read: the response is one upstream version, never part of one.
 	// A change is of a name or a few: their names and lookups are kept on
@@ -307,13 +321,7 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 		}
 	}
 	f.done()
-	// Forget the not-found names that are not subscribed by name, among
-	// those looked at (not the whole record: work per flush is per change).
-	for _, l := range v.Lookups {
-		if v, _ := t.sent.get(l.Name); v == absent && !t.named(l.Name) {
-			t.sent.remove(l.Name)
-		}
-	}
+	t.forgetAbsent(v.Lookups)
 	// A wildcard's first answer, even empty, once upstream answered; not
 	// empty while a resource of the type waits for what it points at
 	// (docs/architecture.md, invariant 18), which would say there is
