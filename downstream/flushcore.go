@@ -22,8 +22,8 @@ import (
 //     the one it remembers (errors.go);
 //   - the status records: what each name's client holds and what waits
 //     for its answer (status.go), opened only when a name's record moves,
-//     so that a flush that moves no version (heartbeats, errors, a mark
-//     of what the client already has) takes no lock and reads no clock;
+//     so that a flush that moves no version (heartbeats alone, a mark of
+//     what the client already has) takes no lock and reads no clock;
 //   - the warming notes: a Cluster sent new or changed, and whether the
 //     client had it (warming.go, warmorder.go);
 //   - the response's own records once it is sent (sendResponse).
