@@ -131,7 +131,8 @@ func (f *typeFlush) done() {
 // its version, pending its answer.
 func (f *typeFlush) record(r *cache.Resource) {
 	f.sent.set(r.Name, r.Version)
-	f.status().sent(r.Name, r.Version, f.nonce, f.now)
+	rec := f.status() // before f.nonce and f.now are read: it sets them
+	rec.sent(r.Name, r.Version, f.nonce, f.now)
 }
 
 // sendResource notes that r goes out new or changed (fresh, by look), of a
@@ -151,7 +152,8 @@ func (f *typeFlush) forget(name string) {
 // absent notes that the client is told name does not exist.
 func (f *typeFlush) absent(name string) {
 	f.sent.set(name, absent)
-	f.status().absent(name, f.now)
+	rec := f.status() // before f.now is read: it sets it
+	rec.absent(name, f.now)
 }
 
 // withErrors appends the fields of the errors kept for the response (as

@@ -89,6 +89,7 @@ func TestHeartbeatMovesNoRecord(t *testing.T) {
 					return resp.GetResources()[0].GetResource() == nil
 				}
 			}
+			start := time.Now()
 			c.Apply(cds, cache.Change{Upserts: []*cache.Resource{res}, Synced: true})
 			if recv() {
 				t.Fatal("the first response is a heartbeat")
@@ -99,6 +100,9 @@ func TestHeartbeatMovesNoRecord(t *testing.T) {
 				acked = r
 				return ok && r.State == Acked
 			})
+			if acked.Sent.Before(start) || acked.Version != "1" {
+				t.Fatalf("a as sent: %+v, want version 1 sent after %v", acked, start)
+			}
 			c.Apply(cds, cache.Change{Heartbeats: []*cache.Heartbeat{hb}})
 			// The status is recorded before the response goes out.
 			if !recv() {
