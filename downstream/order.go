@@ -108,7 +108,7 @@ type heldRemovals struct {
 
 func (h heldRemovals) send() error {
 	v := cache.View{Version: h.version, Trace: h.trace, Received: fromUnix(h.received)}
-	return h.ds.respond(h.typeURL, h.ds.types.get(h.typeURL), v, nil, h.names)
+	return h.ds.respond(h.typeURL, h.ds.types.get(h.typeURL), &v, nil, h.names)
 }
 
 // holdRemovals returns the send of names removed of typeURL at v, for
@@ -133,7 +133,7 @@ func (t *sotwType) removesOnly(st *cache.State) bool {
 			return false
 		}
 		for _, r := range st.Resources {
-			if v, ok := t.sent.get(r.Name); !ok || v != r.Version {
+			if holding(&t.sent, r.Name, r) != holdsCurrent {
 				return false
 			}
 		}

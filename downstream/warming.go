@@ -41,6 +41,16 @@ func (b *streamBase) warmed(r *cache.Resource) {
 	}
 }
 
+// warmedAs notes that Cluster r goes out changed for the client (had: it
+// held a version of it) or new to it (warmedNew).
+func (b *streamBase) warmedAs(r *cache.Resource, had bool) {
+	if had {
+		b.warmed(r)
+	} else {
+		b.warmedNew(r)
+	}
+}
+
 // flushWarm sends the endpoints of the Clusters just sent: on this stream
 // for ADS (f's resendEndpoints), on the connection's EDS streams for a
 // per-type CDS stream.

@@ -213,16 +213,12 @@ func (b *streamBase) endHold() {
 // sent them.
 func (ss *sotwStream) hasEndpoints(name string) bool {
 	t := ss.types.get(resourcev3.EndpointType)
-	return t != nil && t.sent.has(name) && (t.wildcard || t.names.has(name))
+	return t != nil && holding(&t.sent, name, nil).version() && (t.wildcard || t.names.has(name))
 }
 
 // hasEndpoints reports whether the stream holds the endpoints name:
 // subscribed (by name, collection or wildcard) and sent, not as absent.
 func (ds *deltaStream) hasEndpoints(name string) bool {
 	t := ds.types.get(resourcev3.EndpointType)
-	if t == nil {
-		return false
-	}
-	v, ok := t.sent.get(name)
-	return ok && v != absent && (t.wildcard || t.named(name))
+	return t != nil && holding(&t.sent, name, nil).version() && (t.wildcard || t.named(name))
 }
