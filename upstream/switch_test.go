@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -81,9 +82,16 @@ func TestSwitchMovesMakeBeforeBreakWithoutTouchingClients(t *testing.T) {
 	c := cache.New(cache.Options{Retention: time.Minute})
 	w := cache.NewWatch()
 	c.Watch(w, resourcev3.ClusterType, "a", "b")
-	var moves []string
+	var (
+		movesMu sync.Mutex
+		moves   []string
+	)
 	sw := runSwitch(t, c, SwitchOptions{Fallback: p1, Metrics: m, Recheck: 20 * time.Second, // past the wait: the new path must answer
-		OnMove: func(from, to Path) { moves = append(moves, from.Name+">"+to.Name) }}, nil)
+		OnMove: func(from, to Path) {
+			movesMu.Lock()
+			defer movesMu.Unlock()
+			moves = append(moves, from.Name+">"+to.Name)
+		}}, nil)
 	eventually(t, "both clusters cached", func() bool {
 		got := c.Get(resourcev3.ClusterType, []string{"a", "b"})
 		return got[0].Resource != nil && got[1].Resource != nil
@@ -102,9 +110,17 @@ func TestSwitchMovesMakeBeforeBreakWithoutTouchingClients(t *testing.T) {
 	if got := c.Versions(resourcev3.ClusterType); got["a"] != versions["a"] || got["b"] != versions["b"] {
 		t.Fatalf("versions %v became %v", versions, got)
 	}
+	// OnMove is told after the new path serves: wait for it.
+	eventually(t, "the move told", func() bool {
+		movesMu.Lock()
+		defer movesMu.Unlock()
+		return len(moves) > 0
+	})
+	movesMu.Lock()
 	if len(moves) != 1 || moves[0] != "one>two" {
 		t.Fatalf("moves %v", moves)
 	}
+	movesMu.Unlock()
 	// A change now comes from the new path.
 	cp2.Set(t, "c", "2", testcp.Cluster("a"), testcp.Cluster("b"), testcp.Cluster("new"))
 	c.Watch(w, resourcev3.ClusterType, "new")
