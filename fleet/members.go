@@ -55,6 +55,7 @@ type Members struct {
 	known   map[string]*member // guarded by mu: the other members resolved, by address
 	ring    *Ring              // guarded by mu: the view: self and the live members
 	since   time.Time          // guarded by mu: when the view last changed
+	stale   time.Time          // guarded by mu: the counts answered before it are stale (a shed)
 	refresh time.Time          // owned by Run: when to resolve again
 }
 
@@ -369,25 +370,50 @@ func (m *Members) Disagreeing() int {
 	return n
 }
 
-// Excess is how many of its clients this member holds past the bound,
-// (1 + fleet.balance_slack) times the fleet's mean, from the counts the
-// live members last reported: 0 within it, with balance off, or alone.
+// Excess is how many of its clients this member holds past the bound
+// (Bound) of the fleet's mean, from the counts the live members last
+// reported: 0 within it, with balance off, alone, or while a count is
+// stale (a live member has not answered since this one last shed: Shed).
 func (m *Members) Excess(clients int) int {
 	if !m.opts.Balance {
 		return 0
 	}
 	m.mu.Lock()
-	n, total := 1, clients
+	n, total, fresh := 1, clients, true
 	for _, k := range m.known {
 		if k.live {
 			n++
 			total += k.report.Clients
+			fresh = fresh && k.answered.After(m.stale)
 		}
 	}
 	m.mu.Unlock()
-	if n == 1 {
+	if n == 1 || !fresh {
 		return 0
 	}
-	bound := int(math.Floor((1 + m.opts.BalanceSlack) * float64(total) / float64(n)))
-	return max(clients-bound, 0)
+	return max(clients-Bound(total, n, m.opts.BalanceSlack), 0)
+}
+
+// Bound is the most clients a member of n holding total between them
+// keeps: (1 + slack) times the mean, and never less than the mean rounded
+// up, plus one. Some member must hold ceil(mean) whenever the mean is not
+// whole, and with few clients (a mean under 1/slack) (1 + slack) times
+// the mean is below that: every member over it would shed forever, each
+// client landing on another that then holds as many. The one more is
+// room for a client on its way: shed by one member, counted by another
+// before the first hears of it, or reconnecting to the member that shed
+// it (a client that dials a member, not a Service).
+func Bound(total, n int, slack float64) int {
+	mean := float64(total) / float64(n)
+	return max(int(math.Floor((1+slack)*mean)), int(math.Ceil(mean))+1)
+}
+
+// Shed records that this member closed a client connection to balance the
+// fleet: the counts the others reported so far are stale, since the
+// client is on its way to one of them, until each has answered again a
+// probe period on (the client's time to reconnect). Excess is 0 until then.
+func (m *Members) Shed() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.stale = time.Now().Add(m.every)
 }

@@ -445,14 +445,19 @@ func (r *Relay) oldestClientLocked() string {
 	return addr
 }
 
-// balance sheds client connections while this member holds more than
-// (1 + fleet.balance_slack) times the fleet's mean, one a tick, a tick
-// every 1/fleet.shed_per_second (a ticker drops the ticks a slow loop
-// misses: never more): each is closed, and its client reconnects through
-// the Service to any member.
+// balance sheds client connections while this member holds more than the
+// bound (fleet.Bound: (1 + fleet.balance_slack) times the fleet's mean,
+// and at least the mean rounded up, plus one), one a tick, a tick every
+// 1/fleet.shed_per_second (a ticker drops the ticks a slow loop misses:
+// never more): each is closed, and its client reconnects through the
+// Service to any member. What is past the bound is read from counts that
+// every live member answered after the last shed, and shed whole before
+// it is read again: a member does not shed on counts that do not yet
+// hold the clients it shed (fleet.Members.Shed).
 func (r *Relay) balance() {
 	t := time.NewTicker(max(time.Duration(float64(time.Second)/r.cfg.Fleet.ShedPerSecond), time.Millisecond))
 	defer t.Stop()
+	budget := 0 // clients still to shed of the last excess read
 	for {
 		select {
 		case <-r.ctx.Done():
@@ -461,15 +466,25 @@ func (r *Relay) balance() {
 		}
 		clients := r.fleetClients()
 		r.fleetM.clients.Set(int64(clients))
-		if r.stopped.Load() || r.fleet.members.Excess(clients) == 0 {
+		if r.stopped.Load() {
 			continue
 		}
-		r.shedOne()
+		if budget == 0 {
+			budget = r.fleet.members.Excess(clients)
+		}
+		if budget == 0 {
+			continue
+		}
+		budget--
+		if r.shedOne() {
+			r.fleet.members.Shed()
+		}
 	}
 }
 
 // shedOne closes the oldest client connection; it is no longer counted.
-func (r *Relay) shedOne() {
+// It reports whether one was closed.
+func (r *Relay) shedOne() bool {
 	r.mu.Lock()
 	addr := r.oldestClientLocked()
 	if c := r.conns[addr]; c != nil {
@@ -478,10 +493,11 @@ func (r *Relay) shedOne() {
 	}
 	r.mu.Unlock()
 	if addr == "" || !r.down.CloseConnection(addr) {
-		return
+		return false
 	}
 	r.fleetM.shed.Inc()
 	r.log.Debug("client connection shed to balance the fleet", "client", addr)
+	return true
 }
 
 // registerFleetMetrics sets, at each scrape, the members and where the
