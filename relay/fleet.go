@@ -76,15 +76,17 @@ type peerLink struct {
 
 type fleetMetrics struct {
 	members, disagree, clients *metrics.Value
+	unreachable                *metrics.Value
 	groups                     *metrics.Vec
 	moves, shed, ignored       *metrics.Value
 }
 
 func newFleetMetrics(reg *metrics.Registry) fleetMetrics {
 	m := fleetMetrics{
-		members:  reg.Gauge("xdsrelay_fleet_members", "Members in this replica's view of its fleet (fleet.peers), itself included; 0 without a fleet.").With(),
-		disagree: reg.Gauge("xdsrelay_fleet_view_disagreements", "Live members of the fleet whose view (the members they see) differs from this replica's, as they last answered.").With(),
-		clients:  reg.Gauge("xdsrelay_fleet_clients", "Client connections this replica holds, as balance counts them (peer streams left out).").With(),
+		members:     reg.Gauge("xdsrelay_fleet_members", "Members in this replica's view of its fleet (fleet.peers), itself included; 0 without a fleet.").With(),
+		disagree:    reg.Gauge("xdsrelay_fleet_view_disagreements", "Live members of the fleet whose view (the members they see) differs from this replica's, as they last answered.").With(),
+		unreachable: reg.Gauge("xdsrelay_fleet_unreachable_peers", "Members that fleet.peers resolves to and that do not answer the exchange (this replica left out): a member down, or a fleet set up wrong (TLS, fleet.peer_identities, fleet.self); /debug/fleet's last_error says why.").With(),
+		clients:     reg.Gauge("xdsrelay_fleet_clients", "Client connections this replica holds, as balance counts them (peer streams left out).").With(),
 		groups: reg.Gauge("xdsrelay_fleet_groups", "Groups by where they are fetched from: control_plane (this replica owns them, or a peer asks for them), peer (from the owner), fallback (the control plane, while the owner cannot be reached).", "source").
 			ZeroEach(sourceControlPlane, sourcePeer, sourceFallback),
 		moves:   reg.Counter("xdsrelay_fleet_moves_total", "Times a group moved from one path to another (the owner or the control plane), make-before-break.").With(),
@@ -168,7 +170,7 @@ func (fw *fleetWiring) link(r *Relay, p fleet.Peer) (*peerLink, error) {
 	src, err := upstream.NewADS(upstream.Options{Servers: []upstream.Server{s}, Metrics: r.upm, Logger: r.log,
 		Backoff: reconnectBackoff(fw.peerCfg), NotFoundTimeout: r.cfg.Cache.NotFoundTimeout, ProbeTimeout: fw.peerCfg.KeepaliveTimeout,
 		StallTimeout: stallTimeout(fw.peerCfg), MaxRequestBytes: fw.peerCfg.MaxRequestBytes, FallbackRecheck: fw.peerCfg.FallbackRecheck,
-		Protocol: upstream.ProtocolDelta, Upstream: "fleet", ForwardNACKs: fw.peerCfg.ForwardNACKs})
+		Protocol: upstream.ProtocolDelta, Upstream: "fleet", Peers: true, ForwardNACKs: fw.peerCfg.ForwardNACKs})
 	if err != nil {
 		s.Conn.(*grpc.ClientConn).Close()
 		s.Attempts.Release()
@@ -225,13 +227,14 @@ func (r *Relay) askPeer(ctx context.Context, p fleet.Peer, mine fleet.Report) (f
 // certificates are in use.
 type fleetAnswerer struct{ r *Relay }
 
-func (a fleetAnswerer) Exchange(ctx context.Context, _ fleet.Report) (fleet.Report, error) {
+func (a fleetAnswerer) Exchange(ctx context.Context, caller fleet.Report) (fleet.Report, error) {
 	switch {
 	case a.r.stopped.Load():
 		return fleet.Report{}, status.Error(codes.Unavailable, "xdsrelay: shutting down")
 	case !a.r.trustsPeer(downstream.Caller{Variant: "fleet", Identities: identitiesOf(ctx)}):
-		return fleet.Report{}, status.Error(codes.PermissionDenied, "xdsrelay: only fleet.peer_identities may ask")
+		return fleet.Report{}, status.Error(codes.PermissionDenied, "xdsrelay: only fleet.peer_identities may ask: the caller's certificate names none of them")
 	}
+	a.r.fleet.members.Heard(caller)
 	return a.r.fleet.members.Answer(), nil
 }
 
@@ -510,6 +513,7 @@ func (r *Relay) registerFleetMetrics() {
 		v := r.fleet.members.View()
 		r.fleetM.members.Set(int64(len(v.Members)))
 		r.fleetM.disagree.Set(int64(disagreeing(v)))
+		r.fleetM.unreachable.Set(int64(r.fleet.members.Unreachable()))
 		r.fleetM.clients.Set(int64(r.fleetClients()))
 		counts := map[string]int64{}
 		for _, g := range r.snapshotGroups() {
