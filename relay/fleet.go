@@ -296,6 +296,13 @@ func (r *Relay) flushFirst(node *corepb.Node, from downstream.Caller) bool {
 	return trusted || advertised(node) != ""
 }
 
+// isPeer says a stream is a trusted peer's: counted apart from the
+// clients in convergence (downstream.Options.Peer).
+func (r *Relay) isPeer(node *corepb.Node, from downstream.Caller) bool {
+	_, _, trusted := r.peerMark(node, from)
+	return trusted
+}
+
 // peerNode is the node a group presents to an owner: the node it presents
 // to the control plane, with the peer mark, its id ending in this
 // member's address (the members' ids may not differ otherwise, and the
