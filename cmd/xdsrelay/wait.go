@@ -135,16 +135,16 @@ type waitCount struct {
 	named       []tierKey         // the resources --name asks for: each must have clients
 	answered    int               // relays asked that answered
 	clients     tally             // counted as clients
-	// all are the clients of the type on every relay counted (their
-	// summaries, each lower relay left out of its parent's), and peers
-	// the fleet peers' streams, which are not clients (each member counts
-	// its own).
-	all, peers int
 	res         map[tierKey]tally // counted per resource
 	shown       []string          // lines about resources not there yet, at most waitShown
 	more        int               // resources not shown
 	unknown     []string          // replicas that did not answer, and why; at most waitShown
 	unknownMore int               // more of those, not shown
+	// all are the clients of the type on every relay counted (their
+	// summaries, each lower relay left out of its parent's), and peers
+	// the fleet peers' streams, which are not clients (each member counts
+	// its own).
+	all, peers int
 }
 
 // tally is where some clients stand.
