@@ -38,6 +38,9 @@ type Metrics struct {
 	// WildcardReopens is a counter, by type: SotW streams opened again
 	// for the legacy wildcard (sotwType.list).
 	WildcardReopens *metrics.Vec
+	// DeltaWildcardReopens is a counter, by type: delta streams opened
+	// again for the legacy wildcard (session.wildcardAfterNames).
+	DeltaWildcardReopens *metrics.Vec
 	// Stalls is a counter, by upstream: streams ended because a response
 	// stopped half-way for upstream.stall_timeout (stall.go).
 	Stalls *metrics.Vec
@@ -74,6 +77,9 @@ func NewMetrics(r *metrics.Registry) *Metrics {
 			ZeroEach(xds.TypeLabels()...),
 		WildcardReopens: r.Counter("xdsrelay_upstream_sotw_wildcard_reopens_total",
 			"State-of-the-world streams opened again because the wildcard came to a type they had named names of: only a new stream can ask with the legacy wildcard (no names).", "type").
+			ZeroEach(xds.TypeLabels()...),
+		DeltaWildcardReopens: r.Counter("xdsrelay_upstream_delta_wildcard_reopens_total",
+			"Delta streams opened again because the wildcard came to a type they had asked for by name first: a control plane that takes \"*\" for a name (go-control-plane v0.10) knows the wildcard only as a new stream's first request of the type with no names.", "type").
 			ZeroEach(xds.TypeLabels()...),
 		Stalls: r.Counter("xdsrelay_upstream_stalls_total",
 			"Upstream streams ended and opened again because a response stopped half-way for upstream.stall_timeout, the connection alive.", "upstream"),
@@ -457,18 +463,22 @@ func (c *Client) repeats(s *session, err error) bool {
 	return same && s != nil && time.Since(s.opened) < c.opts.Backoff.MaxDelay
 }
 
-// reopened reports whether s, a SotW stream, ended to be opened again at
-// once: a type named on it is now wanted under the wildcard, which only
-// a new stream can ask in the legacy form (sotwType.list). It is counted
-// and logged, once per such change; the stream was alive, so what its
-// timer judged stands (no withdraw), and no backoff is due.
+// reopened reports whether s ended to be opened again at once: a type
+// named on it is now wanted under the wildcard, which only a new stream
+// can ask in the legacy form (sotwType.list, session.wildcardAfterNames).
+// It is counted and logged, once per such change; the stream was alive,
+// so what its timer judged stands (no withdraw), and no backoff is due.
 func (c *Client) reopened(s *session, err error) bool {
 	var re *reopenError
 	if !errors.As(err, &re) {
 		return false
 	}
-	c.opts.Metrics.WildcardReopens.With(xds.ShortName(re.typeURL)).Inc()
-	c.log.Info("the wildcard came to a type named on the state-of-the-world stream; opening the stream again to ask with the legacy wildcard",
+	count := c.opts.Metrics.WildcardReopens
+	if re.delta {
+		count = c.opts.Metrics.DeltaWildcardReopens
+	}
+	count.With(xds.ShortName(re.typeURL)).Inc()
+	c.log.Info("the wildcard came to a type named on the "+re.protocol()+" stream; opening the stream again to ask with the legacy wildcard",
 		"type", xds.ShortName(re.typeURL), "server", c.servers[s.server].name)
 	return true
 }

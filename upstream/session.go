@@ -35,6 +35,10 @@ type subscription struct {
 	// response of the type: that response is the complete state.
 	awaitingWildcard bool
 	list             []string // names, sorted, for SotW requests; nil when names change
+	// legacy is set on delta when the type's first request on the stream
+	// asked the wildcard in the legacy form (split): the wildcard may come
+	// back as "*" (wildcardAfterNames).
+	legacy bool
 }
 
 // sorted is the subscription's names in order: the list a SotW request
@@ -159,9 +163,9 @@ func (s *session) send(req *discoverypb.DeltaDiscoveryRequest) error {
 // sync moves the stream's subscriptions to the cache's union of interests.
 // A type's first request carries initial_resource_versions from the cache,
 // so that a resumed stream is sent only what changed ("Incremental
-// reconnect example"). On delta the wildcard is always subscribed
-// explicitly as "*", never by the legacy empty list, since names may be
-// subscribed beside it; on SotW it is the legacy form (sotwType.list).
+// reconnect example"). The wildcard a type's first request on the stream
+// asks is the legacy form, in both protocols (split, sotwType.list);
+// later, on delta, it is "*" or a new stream (wildcardAfterNames).
 func (s *session) sync() error {
 	changes, all := s.c.opts.Interest.InterestChanges()
 	if s.synced && !all {
@@ -208,6 +212,9 @@ func (s *session) syncChanges(changes map[string]map[string]bool) error {
 			_, has := sub.names[n]
 			switch {
 			case n == "*" && wanted && !sub.wildcard:
+				if err := s.wildcardAfterNames(typeURL, sub); err != nil {
+					return err
+				}
 				sub.wildcard, sub.awaitingWildcard, wildcard = true, true, true
 			case n == "*" && !wanted && sub.wildcard:
 				sub.wildcard = false
@@ -249,8 +256,17 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 	}
 	ch := change{typeURL: typeURL}
 	if in.Wildcard && !sub.wildcard {
+		if !first {
+			if err := s.wildcardAfterNames(typeURL, sub); err != nil {
+				return err
+			}
+		}
 		ch.subscribe = append(ch.subscribe, "*")
 		sub.awaitingWildcard = true
+		// "How the client specifies what resources to return": only a
+		// type's first request on the stream may ask the legacy wildcard.
+		ch.legacy = first && s.sotw == nil
+		sub.legacy = sub.legacy || ch.legacy
 	}
 	if !in.Wildcard && sub.wildcard {
 		ch.unsubscribe = append(ch.unsubscribe, "*")
@@ -284,6 +300,25 @@ func (s *session) syncType(typeURL string, in cache.Interest) error {
 	}
 	slices.Sort(ch.unsubscribe)
 	return s.sendChange(ch, sub)
+}
+
+// wildcardAfterNames is what a delta stream does when the wildcard comes
+// to typeURL, asked on the stream before (sub): the legacy form is then
+// no longer a wildcard ("How the client specifies what resources to
+// return"), so "*" must be sent. A server that knows "*" (go-control-plane
+// since v0.11) answers it; one that takes it for a name (v0.10) never
+// does, and the wildcard's clients would wait for ever. So, unless the
+// type's first request on the stream was itself the legacy wildcard
+// (which v0.10 never leaves: "*" again is harmless to it), the stream is
+// opened again at once (reopenError, as on SotW), and its first request
+// of the type asks the legacy wildcard. On delta the new stream resumes
+// with the versions the relay holds, so the server sends only what
+// changed.
+func (s *session) wildcardAfterNames(typeURL string, sub *subscription) error {
+	if s.sotw != nil || sub.legacy {
+		return nil
+	}
+	return &reopenError{typeURL: typeURL, delta: true}
 }
 
 // unsubscribed drops name from sub, the stream's subscription of typeURL,
@@ -320,8 +355,9 @@ func (s *session) sendChange(ch change, sub *subscription) error {
 			"names", len(skipped), "upstream.max_request_bytes", s.c.opts.MaxRequestBytes)
 	}
 	s.notFound.asked(ch.typeURL, ch.subscribe)
-	for _, req := range reqs {
-		if len(req.ResourceNamesSubscribe) == 0 && len(req.ResourceNamesUnsubscribe) == 0 && len(req.InitialResourceVersions) == 0 {
+	for i, req := range reqs {
+		legacy := i == 0 && ch.legacy // the wildcard, naming nothing
+		if !legacy && len(req.ResourceNamesSubscribe) == 0 && len(req.ResourceNamesUnsubscribe) == 0 && len(req.InitialResourceVersions) == 0 {
 			continue
 		}
 		if err := s.send(req); err != nil {

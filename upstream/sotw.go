@@ -179,15 +179,25 @@ func (t *sotwType) list(typeURL string, wildcard bool, names []string) ([]string
 	return names, nil
 }
 
-// reopenError ends a SotW stream whose type, named on it before, is now
+// reopenError ends a stream whose type, named on it before, is now
 // wanted under the wildcard: the stream is opened again at once (not a
 // failure, no backoff), so that its first request of the type can carry
-// the legacy wildcard.
-type reopenError struct{ typeURL string }
+// the legacy wildcard. delta: the stream was delta (wildcardAfterNames).
+type reopenError struct {
+	typeURL string
+	delta   bool
+}
 
 func (e *reopenError) Error() string {
-	return fmt.Sprintf("upstream: %s wanted under the wildcard after names: the state-of-the-world stream is opened again to ask with the legacy wildcard",
-		xds.ShortName(e.typeURL))
+	return fmt.Sprintf("upstream: %s wanted under the wildcard after names: the %s stream is opened again to ask with the legacy wildcard",
+		xds.ShortName(e.typeURL), e.protocol())
+}
+
+func (e *reopenError) protocol() string {
+	if e.delta {
+		return "delta"
+	}
+	return "state-of-the-world"
 }
 
 // ack ACKs a response of typeURL (detail nil), accepting its version, or

@@ -28,6 +28,9 @@ type change struct {
 	subscribe   []string          // "*" first if the wildcard is subscribed
 	unsubscribe []string          //
 	versions    map[string]string // initial_resource_versions: the type's first request only
+	// legacy asks the wildcard ("*" first in subscribe) in the legacy
+	// form: a first request of the type that names nothing (see split).
+	legacy bool
 }
 
 // packer fills requests up to a size.
@@ -39,6 +42,10 @@ type packer struct {
 }
 
 func (p *packer) last() *discoverypb.DeltaDiscoveryRequest { return p.reqs[len(p.reqs)-1] }
+
+// seal takes nothing more into the last request: what comes next starts
+// another.
+func (p *packer) seal() { p.size = p.max }
 
 // fits reports whether n more bytes fit in the last request.
 func (p *packer) fits(n int) bool { return p.size+n <= p.max }
@@ -72,17 +79,34 @@ func versionSize(n, v string) int {
 // may carry them); the names that did not fit are subscribed in the
 // following requests, without a version (upstream sends them again). Names
 // that do not fit even in an empty request are returned in skipped.
+//
+// With c.legacy the wildcard is the first request's empty subscribe (spec
+// "How the client specifies what resources to return", and "Incremental
+// reconnect example" for a resume): it names nothing, and carries only the
+// versions of what the wildcard alone holds; every name subscribed beside
+// the wildcard, versionless, follows in the next requests. A server that
+// knows no explicit "*" (go-control-plane v0.10) reads the wildcard only
+// so, and takes a stream's first request of a type with names for a
+// request of those names alone; a version without its name could be
+// answered with a removal before the name is asked.
 func split(c change, max int) (reqs []*discoverypb.DeltaDiscoveryRequest, skipped []string) {
 	first := &discoverypb.DeltaDiscoveryRequest{TypeUrl: c.typeURL, Node: c.node}
 	p := &packer{max: max, base: proto.Size(&discoverypb.DeltaDiscoveryRequest{TypeUrl: c.typeURL}),
 		reqs: []*discoverypb.DeltaDiscoveryRequest{first}}
 	p.size = proto.Size(first)
 	subs := c.subscribe
-	if len(subs) > 0 && subs[0] == "*" {
-		first.ResourceNamesSubscribe, subs = []string{"*"}, subs[1:]
+	wildcard := len(subs) > 0 && subs[0] == "*"
+	if wildcard {
+		subs = subs[1:]
+	}
+	if wildcard && !c.legacy {
+		first.ResourceNamesSubscribe = []string{"*"}
 		p.size += nameSize("*")
 	}
 	subs = p.resume(c, subs)
+	if wildcard && c.legacy {
+		p.seal() // the names follow the legacy wildcard
+	}
 	for _, n := range subs {
 		if r, ok := p.room(c.typeURL, nameSize(n)); ok {
 			r.ResourceNamesSubscribe = append(r.ResourceNamesSubscribe, n)
@@ -102,7 +126,8 @@ func split(c change, max int) (reqs []*discoverypb.DeltaDiscoveryRequest, skippe
 
 // resume puts in the first request the initial versions of as many cached
 // names as fit, each subscribed beside its version if it is subscribed by
-// name. It returns the names left to subscribe.
+// name (never under the legacy wildcard, whose first request names
+// nothing). It returns the names left to subscribe.
 func (p *packer) resume(c change, subs []string) []string {
 	if len(c.versions) == 0 {
 		return subs
@@ -116,7 +141,7 @@ func (p *packer) resume(c change, subs []string) []string {
 	for _, n := range subs {
 		v, ok := c.versions[n]
 		need := versionSize(n, v) + nameSize(n)
-		if !ok || !p.fits(need) {
+		if !ok || c.legacy || !p.fits(need) {
 			rest = append(rest, n)
 			continue
 		}

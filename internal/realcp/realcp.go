@@ -1,8 +1,9 @@
 // Package realcp runs, for tests, control planes that nobody here wrote:
 // go-control-plane v0.9.8's own server (v098/, a module of its own, since
 // it needs grpc v1.27 and protobuf v1.23, which cannot share a build with
-// the relay's), built with the go command and run as a process on
-// 127.0.0.1:0; and Envoy Gateway, opt-in (envoygateway.go).
+// the relay's) and v0.10.3's (v010/, grpc v1.45 and protobuf v1.28), each
+// built with the go command and run as a process on 127.0.0.1:0; and
+// Envoy Gateway, opt-in (envoygateway.go).
 package realcp
 
 import (
@@ -46,9 +47,11 @@ const (
 	ShapePolite Shape = "polite"
 )
 
-// V098 is a running go-control-plane v0.9.8 server.
-type V098 struct {
+// Server is a running go-control-plane server of an old release.
+type Server struct {
 	Addr string
+
+	name string // "go-control-plane v0.9.8", for messages
 
 	stdin io.WriteCloser
 	cmd   *exec.Cmd
@@ -63,10 +66,27 @@ type V098 struct {
 // directory by the hash of its source) and runs v0.9.8's server in shape,
 // its snapshots keyed by node.cluster, until the test ends. The build needs
 // the Go module proxy (or a module cache that has v0.9.8).
-func StartV098(t testing.TB, shape Shape) *V098 {
+func StartV098(t testing.TB, shape Shape) *Server {
 	t.Helper()
-	bin := buildV098(t)
-	cmd := exec.Command(bin, "-shape", string(shape))
+	return start(t, "v098", "go-control-plane v0.9.8", "-shape", string(shape))
+}
+
+// StartV010 builds (as StartV098) and runs go-control-plane v0.10.3's
+// server, SotW and delta over ADS and the per-type services as the
+// library's example registers them, its snapshots keyed by node.cluster,
+// until the test ends. Its delta server knows the wildcard only in the
+// legacy form (docs/control-planes.md).
+func StartV010(t testing.TB) *Server {
+	t.Helper()
+	return start(t, "v010", "go-control-plane v0.10.3")
+}
+
+// start builds the program of module (a directory beside this file) and
+// runs it with args.
+func start(t testing.TB, module, name string, args ...string) *Server {
+	t.Helper()
+	bin := buildModule(t, module, name)
+	cmd := exec.Command(bin, args...)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -75,28 +95,28 @@ func StartV098(t testing.TB, shape Shape) *V098 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.Stderr = &testWriter{t: t}
+	cmd.Stderr = &testWriter{t: t, name: name}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	v := &V098{stdin: stdin, cmd: cmd, done: make(chan struct{}), added: make(chan struct{})}
+	v := &Server{name: name, stdin: stdin, cmd: cmd, done: make(chan struct{}), added: make(chan struct{})}
 	t.Cleanup(v.stop)
 	addr := make(chan string, 1)
 	go v.read(stdout, addr)
 	select {
 	case v.Addr = <-addr:
 	case <-time.After(30 * time.Second):
-		t.Fatal("go-control-plane v0.9.8 did not start listening within 30s")
+		t.Fatalf("%s did not start listening within 30s", name)
 	}
 	if v.Addr == "" {
-		t.Fatal("go-control-plane v0.9.8 exited before listening")
+		t.Fatalf("%s exited before listening", name)
 	}
 	return v
 }
 
 // read reads the server's lines: the first, its address, goes to addr
 // ("" if it ends first); the others are events.
-func (v *V098) read(r io.Reader, addr chan<- string) {
+func (v *Server) read(r io.Reader, addr chan<- string) {
 	defer close(v.done)
 	sc := bufio.NewScanner(r)
 	listening := false
@@ -120,7 +140,7 @@ func (v *V098) read(r io.Reader, addr chan<- string) {
 
 // stop closes its stdin, which ends it, and waits for it (killed after 10
 // s).
-func (v *V098) stop() {
+func (v *Server) stop() {
 	v.stdin.Close()
 	exited := make(chan struct{})
 	go func() {
@@ -138,7 +158,7 @@ func (v *V098) stop() {
 
 // Set sets the snapshot of the nodes whose cluster is key to resources
 // at version, and waits until the server has it.
-func (v *V098) Set(t testing.TB, key, version string, resources ...proto.Message) {
+func (v *Server) Set(t testing.TB, key, version string, resources ...proto.Message) {
 	t.Helper()
 	line := struct {
 		Key       string   `json:"key"`
@@ -170,15 +190,17 @@ func (v *V098) Set(t testing.TB, key, version string, resources ...proto.Message
 
 // Events returns the lines the server printed: "open METHOD" and "end
 // METHOD CODE" for each stream it served, "request TYPEURL N" for each
-// SotW request, "set KEY VERSION".
-func (v *V098) Events() []string {
+// SotW request, "set KEY VERSION"; v0.10.3's also "delta TYPEURL
+// subscribe=A,B unsubscribe=C versions=N" for each delta request and
+// "delta-response TYPEURL N removed=M" for each delta response.
+func (v *Server) Events() []string {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	return append([]string(nil), v.events...)
 }
 
 // Count is how many events begin with prefix.
-func (v *V098) Count(prefix string) int {
+func (v *Server) Count(prefix string) int {
 	n := 0
 	for _, e := range v.Events() {
 		if strings.HasPrefix(e, prefix) {
@@ -189,7 +211,7 @@ func (v *V098) Count(prefix string) int {
 }
 
 // Wait waits, within bound, until cond holds of the events.
-func (v *V098) Wait(t testing.TB, bound time.Duration, what string, cond func(events []string) bool) {
+func (v *Server) Wait(t testing.TB, bound time.Duration, what string, cond func(events []string) bool) {
 	t.Helper()
 	deadline := time.NewTimer(bound)
 	defer deadline.Stop()
@@ -203,7 +225,7 @@ func (v *V098) Wait(t testing.TB, bound time.Duration, what string, cond func(ev
 		select {
 		case <-added:
 		case <-v.done:
-			t.Fatalf("go-control-plane v0.9.8 exited while waiting for %s", what)
+			t.Fatalf("%s exited while waiting for %s", v.name, what)
 		case <-deadline.C:
 			t.Fatalf("timed out after %v waiting for %s; its events: %q", bound, what, events)
 		}
@@ -220,35 +242,43 @@ func contains(events []string, e string) bool {
 }
 
 // testWriter passes the server's stderr to the test's log.
-type testWriter struct{ t testing.TB }
+type testWriter struct {
+	t    testing.TB
+	name string
+}
 
 func (w *testWriter) Write(p []byte) (int, error) {
-	w.t.Logf("go-control-plane v0.9.8: %s", strings.TrimSpace(string(p)))
+	w.t.Logf("%s: %s", w.name, strings.TrimSpace(string(p)))
 	return len(p), nil
 }
 
-var (
-	buildOnce sync.Once
-	built     string
-	buildErr  error
-)
+// builds are the modules' programs, each built once per test binary.
+var builds sync.Map // module -> *built
 
-// buildV098 builds the v098 module's program once per test binary into
-// the user's cache directory, named by the hash of its go.mod, go.sum and
-// main.go: a binary built by an earlier run of the same source is used
-// as it is.
-func buildV098(t testing.TB) string {
-	t.Helper()
-	buildOnce.Do(func() { built, buildErr = build() })
-	if buildErr != nil {
-		t.Fatalf("build go-control-plane v0.9.8's server (internal/realcp/v098): %v", buildErr)
-	}
-	return built
+type built struct {
+	once sync.Once
+	bin  string
+	err  error
 }
 
-func build() (string, error) {
+// buildModule builds a module's program once per test binary into the
+// user's cache directory, named by the hash of its go.mod, go.sum and
+// main.go: a binary built by an earlier run of the same source is used
+// as it is.
+func buildModule(t testing.TB, module, name string) string {
+	t.Helper()
+	b, _ := builds.LoadOrStore(module, &built{})
+	bb := b.(*built)
+	bb.once.Do(func() { bb.bin, bb.err = build(module) })
+	if bb.err != nil {
+		t.Fatalf("build %s's server (internal/realcp/%s): %v", name, module, bb.err)
+	}
+	return bb.bin
+}
+
+func build(module string) (string, error) {
 	_, self, _, _ := runtime.Caller(0)
-	dir := filepath.Join(filepath.Dir(self), "v098")
+	dir := filepath.Join(filepath.Dir(self), module)
 	h := sha256.New()
 	for _, f := range []string{"go.mod", "go.sum", "main.go"} {
 		b, err := os.ReadFile(filepath.Join(dir, f))
@@ -261,7 +291,7 @@ func build() (string, error) {
 	if err != nil {
 		cache = os.TempDir()
 	}
-	bin := filepath.Join(cache, "xdsrelay-test", "v098-"+hex.EncodeToString(h.Sum(nil))[:16])
+	bin := filepath.Join(cache, "xdsrelay-test", module+"-"+hex.EncodeToString(h.Sum(nil))[:16])
 	if _, err := os.Stat(bin); err == nil {
 		return bin, nil
 	}
