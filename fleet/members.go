@@ -36,6 +36,10 @@ type Options struct {
 	Ask func(ctx context.Context, p Peer, mine Report) (Report, error)
 	// Clients is how many clients this member holds; required.
 	Clients func() int
+	// Fingerprint is what of this member's configuration the others must
+	// share (the relay's group_by and control planes), at most 256 bytes:
+	// a member that answers with another is said once (MsgConfigDiffers).
+	Fingerprint string
 	// Resolve resolves a host name to addresses;
 	// net.DefaultResolver.LookupHost if nil.
 	Resolve func(ctx context.Context, host string) ([]string, error)
@@ -73,6 +77,7 @@ type member struct {
 	warned   []string  // the errors logged since it last answered (at most maxWarnings)
 	me       bool      // it answered as this process: fleet.self is wrong
 	says     string    // the self it gave, where that is not its address (logged once)
+	config   string    // its fingerprint, where that is not this one's (logged once)
 }
 
 // New checks opts and returns the members, this one alone in the view
@@ -287,7 +292,7 @@ func (m *Members) report() Report {
 	clients := m.opts.Clients()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return Report{Self: m.self, Instance: m.instance, Clients: clients, View: m.ring.Members()}
+	return Report{Self: m.self, Instance: m.instance, Config: m.opts.Fingerprint, Clients: clients, View: m.ring.Members()}
 }
 
 // Answer is this member's report, for the exchange's answer.
@@ -314,6 +319,13 @@ func (m *Members) answered(addr string, r Report) {
 		if r.Self != addr {
 			k.says = r.Self
 		}
+		if r.Config != m.opts.Fingerprint && r.Config != k.config {
+			m.log.Warn(MsgConfigDiffers, "member", addr, "its config", r.Config, "this config", m.opts.Fingerprint)
+		}
+		k.config = ""
+		if r.Config != m.opts.Fingerprint {
+			k.config = r.Config
+		}
 		k.answered, k.report, k.err, k.warned = time.Now(), r, "", nil
 	}
 }
@@ -331,6 +343,8 @@ const (
 	// MsgOtherName: a member answers with another fleet.self than its
 	// address.
 	MsgOtherName = "a fleet member names itself otherwise than the address it is reached at: its fleet.self is wrong"
+	// MsgConfigDiffers: a member's fingerprint is not this one's.
+	MsgConfigDiffers = "a fleet member is configured otherwise than this one (upstream.group_by, the control planes): they group and fetch differently"
 	// MsgUnlisted: a caller is not in this member's fleet.peers.
 	MsgUnlisted = "a replica not in this one's fleet.peers asks the exchange: the replicas' fleet.peers differ"
 )
@@ -414,9 +428,10 @@ func (m *Members) judge(now time.Time) {
 // View is a member's view, as /debug/fleet shows it.
 type View struct {
 	Self    string       `json:"self"`
-	Members []string     `json:"members"` // live, this one included, sorted
-	Since   time.Time    `json:"since"`   // when the view last changed
-	Peers   []PeerStatus `json:"peers"`   // every other member resolved
+	Config  string       `json:"config,omitempty"` // this member's fingerprint (Options.Fingerprint)
+	Members []string     `json:"members"`          // live, this one included, sorted
+	Since   time.Time    `json:"since"`            // when the view last changed
+	Peers   []PeerStatus `json:"peers"`            // every other member resolved
 }
 
 // PeerStatus is another member as this one knows it.
@@ -436,16 +451,20 @@ type PeerStatus struct {
 	// NamesItself is the fleet.self it gave, where that is not its
 	// address (its fleet.self is wrong).
 	NamesItself string `json:"names_itself,omitempty"`
+	// ConfigDiffers is its configuration's fingerprint, where that is not
+	// this one's (View.Config): upstream.group_by, the control planes.
+	ConfigDiffers string `json:"config_differs,omitempty"`
 }
 
 // View is the current view.
 func (m *Members) View() View {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	v := View{Self: m.self, Members: m.ring.Members(), Since: m.since}
+	v := View{Self: m.self, Config: m.opts.Fingerprint, Members: m.ring.Members(), Since: m.since}
 	for a, k := range m.known {
 		ps := PeerStatus{Addr: a, Name: k.peer.Name, Live: k.live, Clients: k.report.Clients, View: k.report.View,
-			Agrees: k.live && slices.Equal(k.report.View, v.Members), LastError: k.err, ThisReplica: k.me, NamesItself: k.says}
+			Agrees: k.live && slices.Equal(k.report.View, v.Members), LastError: k.err, ThisReplica: k.me, NamesItself: k.says,
+			ConfigDiffers: k.config}
 		if !k.answered.IsZero() {
 			at := k.answered
 			ps.Answered = &at

@@ -2,9 +2,12 @@ package relay
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -110,7 +113,7 @@ func (r *Relay) newFleet() error {
 		fw.tc = rl.ClientCredentials("downstream.tls.cert_file and key_file")
 	}
 	members, err := fleet.New(fleet.Options{Config: r.cfg.Fleet, Timeout: r.cfg.Upstream.ConnectTimeout,
-		Ask: r.askPeer, Clients: r.fleetClients, Resolve: r.cfg.hooks.resolve, Logger: r.log})
+		Ask: r.askPeer, Clients: r.fleetClients, Resolve: r.cfg.hooks.resolve, Logger: r.log, Fingerprint: fleetFingerprint(r.cfg)})
 	if err != nil {
 		return fmt.Errorf("fleet: %w", err)
 	}
@@ -118,6 +121,23 @@ func (r *Relay) newFleet() error {
 	r.fleet = fw
 	r.grpc.RegisterService(&fleet.ServiceDesc, fleetAnswerer{r})
 	return nil
+}
+
+// fleetFingerprint is what of the configuration the members must share:
+// how clients are grouped (upstream.group_by) and the control planes they
+// are fetched from; a SHA-256 prefix when that is past the exchange's
+// bound.
+func fleetFingerprint(cfg Config) string {
+	addrs := []string{cfg.Upstream.Address}
+	for _, u := range cfg.Upstreams {
+		addrs = append(addrs, u.Address)
+	}
+	s := "group_by=" + strings.Join(cfg.Upstream.GroupBy, ",") + " upstream=" + strings.Join(addrs, ",")
+	if len(s) > 200 {
+		sum := sha256.Sum256([]byte(s))
+		return "sha256:" + hex.EncodeToString(sum[:8])
+	}
+	return s
 }
 
 // peerUpstream is how a member dials another: the default upstream's

@@ -183,3 +183,26 @@ func TestFleetWrongSelfIsSaid(t *testing.T) {
 		}
 	}
 }
+
+// Members configured otherwise (another upstream.group_by) are said once,
+// and shown in /debug/fleet; a replica that lists a member the member
+// does not list is said once by it.
+func TestFleetDifferencesAreSaid(t *testing.T) {
+	cp := testcp.Start(t)
+	addrs := fleetAddrs(fleetPort(t), 3)
+	// The first two list each other alone.
+	first, firstLog := loggedFleetMember(t, cp, addrs[:2], 0)
+	loggedFleetMember(t, cp, addrs[:2], 1, func(c *Config) { c.Upstream.GroupBy = []string{"cluster", "metadata.team"} })
+	loggedFleetMember(t, cp, addrs, 2) // lists all three
+	eventually(t, "the other configuration shown", func() bool {
+		return strings.Contains(peerStatus(t, first, addrs[1]).ConfigDiffers, "metadata.team")
+	})
+	eventually(t, "the unlisted member said", func() bool { return len(firstLog.Lines(t, fleet.MsgUnlisted)) > 0 })
+	time.Sleep(300 * time.Millisecond) // rounds more: said once
+	if n := len(firstLog.Lines(t, fleet.MsgConfigDiffers)); n != 1 {
+		t.Errorf("the other configuration said %d times, want 1", n)
+	}
+	if lines := firstLog.Lines(t, fleet.MsgUnlisted); len(lines) != 1 || lines[0]["caller"] != addrs[2] {
+		t.Errorf("the unlisted member said %v, want once, naming %s", lines, addrs[2])
+	}
+}
