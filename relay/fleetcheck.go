@@ -26,7 +26,7 @@ func checkFleetCert(cfg Config) []error {
 	if !f.On() || t.CertFile == "" {
 		return nil
 	}
-	cert, err := firstCert(t.CertFile)
+	cert, chain, err := certChain(t.CertFile)
 	if err != nil {
 		return nil
 	}
@@ -38,10 +38,14 @@ func checkFleetCert(cfg Config) []error {
 		errs = append(errs, fmt.Errorf("downstream.tls.cert_file: the certificate is valid for none of %v, the names the other members dial this one at (fleet.self's host, fleet.peers' names): they would refuse it", names))
 	}
 	if t.CAFile == "" {
+		// The members verify each other against the system roots then.
+		if _, err := cert.Verify(x509.VerifyOptions{Intermediates: chain}); err != nil {
+			errs = append(errs, fmt.Errorf("downstream.tls.client_ca_file: not set, so the other members verify this replica's certificate against the system roots, which do not verify it (%w): set client_ca_file to its CA", err))
+		}
 		return errs
 	}
 	if pool, err := caPool(t.CAFile); err == nil {
-		if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		if _, err := cert.Verify(x509.VerifyOptions{Roots: pool, Intermediates: chain, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
 			errs = append(errs, fmt.Errorf("downstream.tls.client_ca_file: does not verify this replica's own certificate (downstream.tls.cert_file) as a client's, and the other members dial with it: %w", err))
 		}
 	}
@@ -67,21 +71,37 @@ func dialledAs(self string, peers []string) []string {
 	return out
 }
 
-// firstCert is the first certificate of a PEM file.
-func firstCert(file string) (*x509.Certificate, error) {
+// certChain is the first certificate of a PEM file, and the others in it
+// (the intermediates a server sends beside it).
+func certChain(file string) (*x509.Certificate, *x509.CertPool, error) {
 	data, err := os.ReadFile(file)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	var leaf *x509.Certificate
+	chain := x509.NewCertPool()
 	for {
 		var b *pem.Block
 		if b, data = pem.Decode(data); b == nil {
-			return nil, fmt.Errorf("%s: no certificate", file)
+			break
 		}
-		if b.Type == "CERTIFICATE" {
-			return x509.ParseCertificate(b.Bytes)
+		if b.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			return nil, nil, err
+		}
+		if leaf == nil {
+			leaf = c
+		} else {
+			chain.AddCert(c)
 		}
 	}
+	if leaf == nil {
+		return nil, nil, fmt.Errorf("%s: no certificate", file)
+	}
+	return leaf, chain, nil
 }
 
 // caPool is the CA bundle in file.

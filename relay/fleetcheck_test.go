@@ -12,7 +12,9 @@ import (
 
 // What validate finds, offline, of a replica's certificate that the other
 // members would refuse: each way a fleet is set up wrong, named by its
-// key; nothing for a certificate they accept, or without a fleet.
+// key; nothing for a certificate they accept, or without a fleet. (A
+// public CA's certificate, which the system roots verify without
+// client_ca_file, is not made here.)
 func TestCheckFleetCert(t *testing.T) {
 	ca, other := newTestCA(t), newTestCA(t)
 	both := []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
@@ -28,12 +30,16 @@ func TestCheckFleetCert(t *testing.T) {
 		wantErr []string
 	}{
 		{name: "accepted by name", issuer: ca, tmpl: good, peers: []string{"xdsrelay-peers:18001"}, self: "10.0.0.5:18001", ca: true, ids: []string{"xdsrelay-peer"}},
-		{name: "accepted by IP, server TLS alone", issuer: ca, self: "127.0.0.3:18001", peers: []string{"127.0.0.1:18001", "127.0.0.3:18001"},
-			tmpl: &x509.Certificate{IPAddresses: []net.IP{net.ParseIP("127.0.0.3")}, ExtKeyUsage: both}},
+		{name: "accepted by IP", issuer: ca, self: "127.0.0.3:18001", peers: []string{"127.0.0.1:18001", "127.0.0.3:18001"}, ca: true, ids: []string{"127.0.0.3"},
+			tmpl: &x509.Certificate{Subject: pkix.Name{CommonName: "127.0.0.3"}, IPAddresses: []net.IP{net.ParseIP("127.0.0.3")}, ExtKeyUsage: both}},
+		{name: "a private CA, no client_ca_file", issuer: ca, self: "127.0.0.3:18001", peers: []string{"127.0.0.1:18001", "127.0.0.3:18001"},
+			tmpl:    &x509.Certificate{IPAddresses: []net.IP{net.ParseIP("127.0.0.3")}, ExtKeyUsage: both},
+			wantErr: []string{"downstream.tls.client_ca_file: not set, so the other members verify this replica's certificate against the system roots"}},
 		{name: "serverAuth alone", issuer: ca, peers: []string{"xdsrelay-peers:18001"}, self: "10.0.0.5:18001", ca: true, ids: []string{"xdsrelay-peer"},
 			tmpl:    &x509.Certificate{Subject: pkix.Name{CommonName: "xdsrelay-peer"}, DNSNames: []string{"xdsrelay-peers"}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}},
 			wantErr: []string{"downstream.tls.cert_file: the certificate has no clientAuth", "downstream.tls.client_ca_file: does not verify"}},
 		{name: "SAN for a name, peers by IP", issuer: ca, tmpl: good, peers: []string{"127.0.0.1:18001", "127.0.0.2:18001"}, self: "127.0.0.2:18001",
+			ca: true, ids: []string{"xdsrelay-peer"},
 			wantErr: []string{"downstream.tls.cert_file: the certificate is valid for none of [127.0.0.2]"}},
 		{name: "peer identities that are not the certificate's", issuer: ca, tmpl: good, peers: []string{"xdsrelay-peers:18001"}, self: "10.0.0.5:18001",
 			ca: true, ids: []string{"spiffe://td/ns/xdsrelay/sa/xdsrelay"}, wantErr: []string{"fleet.peer_identities: none is an identity"}},
