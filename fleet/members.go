@@ -63,7 +63,7 @@ type Members struct {
 	ring    *Ring              // guarded by mu: the view: self and the live members
 	since   time.Time          // guarded by mu: when the view last changed
 	stale   time.Time          // guarded by mu: the counts answered before it are stale (a shed)
-	heard   map[string]bool    // guarded by mu: callers not in fleet.peers, or claiming this one's self, already logged
+	heard   map[string]bool    // guarded by mu: callers not in fleet.peers, already logged
 	refresh time.Time          // owned by Run: when to resolve again
 }
 
