@@ -2,7 +2,6 @@ package cache
 
 import (
 	"fmt"
-	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -311,14 +310,7 @@ func (c *Cache) typeLocked(typeURL string) *typeState {
 	return t
 }
 
-func (w *Watch) regLocked(typeURL string) *reg {
-	r := w.regs[typeURL]
-	if r == nil {
-		r = &reg{names: make(map[string]struct{})}
-		w.regs[typeURL] = r
-	}
-	return r
-}
+func (w *Watch) regLocked(typeURL string) *reg { return w.regs.make(typeURL) }
 
 // Watch registers w for the named resources of typeURL. It registers
 // nothing and returns a *MaxNamesError if that would make the group want
@@ -349,7 +341,7 @@ func (c *Cache) Watch(w *Watch, typeURL string, names ...string) error {
 			c.noteLocked(typeURL, n, true)
 			changed = true
 		}
-		r.names[n] = struct{}{}
+		r.add(n)
 	}
 	c.trackLocked(t, typeURL, w)
 	c.registeredLocked(w, typeURL)
@@ -420,13 +412,13 @@ func (c *Cache) Unwatch(w *Watch, typeURL string, names ...string) {
 
 func (c *Cache) unwatchLocked(w *Watch, typeURL string, names []string) {
 	t := c.types[typeURL]
-	r := w.regs[typeURL]
+	r := w.regs.get(typeURL)
 	if t == nil || r == nil {
 		return
 	}
 	now := c.now()
 	for _, n := range names {
-		delete(r.names, n)
+		r.remove(n)
 		e := t.entries[n]
 		if e == nil {
 			continue
@@ -479,7 +471,7 @@ func (c *Cache) unwatchWildcardLocked(w *Watch, typeURL string) {
 	if t == nil {
 		return
 	}
-	if r := w.regs[typeURL]; r != nil {
+	if r := w.regs.get(typeURL); r != nil {
 		if r.wildcard {
 			t.bothLocked(w, r, -1)
 		}
@@ -500,7 +492,7 @@ func (c *Cache) unwatchWildcardLocked(w *Watch, typeURL string) {
 // bothLocked adds d to the count of watchers by name and with the
 // wildcard of each name w watches: w's wildcard comes (1) or goes (-1).
 func (t *typeState) bothLocked(w *Watch, r *reg, d int) {
-	for n := range r.names {
+	for n := range r.allNames() {
 		if e := t.entries[n]; e != nil && e.watchers.has(w) {
 			e.both += d
 		}
@@ -511,13 +503,13 @@ func (t *typeState) bothLocked(w *Watch, r *reg, d int) {
 func (c *Cache) Release(w *Watch) {
 	c.wakeMu.Lock()
 	c.mu.Lock()
-	for typeURL, r := range w.regs {
+	for typeURL, r := range w.regs.all() {
 		if r.wildcard {
 			c.unwatchWildcardLocked(w, typeURL)
 		}
-		c.unwatchLocked(w, typeURL, slices.Collect(maps.Keys(r.names)))
+		c.unwatchLocked(w, typeURL, r.names())
 	}
-	clear(w.regs)
+	w.regs.clear()
 	c.releasedLocked(w)
 	if len(c.changes) == 0 {
 		c.mu.Unlock()

@@ -173,8 +173,7 @@ func (cv *convergence) tallyLocked(w *Watch, typeURL string, from Standing, nFro
 // registeredLocked records whether w is registered for typeURL, as its
 // registrations now say. Call with the cache's mu held.
 func (c *Cache) registeredLocked(w *Watch, typeURL string) {
-	reg := w.regs[typeURL]
-	in := reg != nil && (reg.wildcard || len(reg.names) > 0)
+	in := w.regs.get(typeURL).in()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if in {

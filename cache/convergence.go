@@ -104,8 +104,9 @@ type convVersion struct {
 	firstError   string    // the first NACK's message
 	rejectedBy   []string  // node ids of clients that rejected it, up to MaxRejectedBy
 	acks         []time.Duration
-	ackCount     int  // acks timed; acks is a uniform sample of them
-	acksSorted   bool // acks is in order (the sample is a set: its order is free)
+	acksFirst    [2]time.Duration // acks' first array: the first ACKs of a version cost no allocation
+	ackCount     int              // acks timed; acks is a uniform sample of them
+	acksSorted   bool             // acks is in order (the sample is a set: its order is free)
 	maxAck       time.Duration
 	// states are the counted complete states that hold this version: their
 	// clients count here too (see convShared).
@@ -660,6 +661,9 @@ func (v *convVersion) timed(d time.Duration) {
 	v.acksSorted = false
 	v.ackCount++
 	v.maxAck = max(v.maxAck, d)
+	if v.acks == nil {
+		v.acks = v.acksFirst[:0]
+	}
 	if len(v.acks) < maxAckSample {
 		v.acks = append(v.acks, d)
 		return

@@ -471,8 +471,7 @@ func (c *Cache) trackLocked(t *typeState, typeURL string, w *Watch) {
 	if !c.rollout.on() {
 		return
 	}
-	r := w.regs[typeURL]
-	in := r != nil && (r.wildcard || len(r.names) > 0)
+	in := w.regs.get(typeURL).in()
 	_, was := t.watches[w]
 	switch {
 	case in && !was:

@@ -28,10 +28,10 @@ const fewNames = 4
 // and a map is made only for more, so that neither touches a map. Its zero
 // value is empty; a nil *NameSet reads as empty.
 type NameSet struct {
-	n    int // names in few, while big is false
 	few  [fewNames]string
-	big  bool                // the names are in more
 	more map[string]struct{} // kept, cleared, across a reset while small
+	n    uint8               // names in few, while big is false
+	big  bool                // the names are in more
 }
 
 // Add adds name to the set.
@@ -45,7 +45,7 @@ func (s *NameSet) Add(name string) {
 			return
 		}
 	}
-	if s.n < len(s.few) {
+	if s.n < fewNames {
 		s.few[s.n] = name
 		s.n++
 		return
@@ -85,7 +85,7 @@ func (s *NameSet) Len() int {
 	case s.big:
 		return len(s.more)
 	}
-	return s.n
+	return int(s.n)
 }
 
 // AppendTo appends the names, in no particular order, to dst.
@@ -155,6 +155,10 @@ func (s DirtySet) Of(typeURL string) *Dirty {
 	return nil
 }
 
+// maxFree is how many records a watch keeps for reuse: a stream flushes
+// one type at a time, or a few.
+const maxFree = 4
+
 // Watch is one downstream stream's registration with a cache. The cache marks
 // it dirty and wakes it; the stream drains it with Take when it is ready.
 // A slow stream only accumulates names in its dirty set: the cache never
@@ -170,19 +174,21 @@ type Watch struct {
 	spare DirtySet
 	free  []*Dirty
 
-	// Storage for the usual watch, of one type: two dirty records and two
+	// Storage for the usual watch, of one type: a dirty record and two
 	// lists of one, one being marked while the other is flushed, and the
 	// free list's array. At many streams a change finds every stream's
 	// memory cold in the CPU's caches: held here, beside the mutex, a mark
 	// and a take touch the watch's own lines rather than objects of their
-	// own. Guarded by mu, as what points into them.
-	own     [2]Dirty
+	// own. A second record, for a mark that comes while the first is
+	// being flushed, is made then and kept in the free list: an idle
+	// stream does not hold it. Guarded by mu, as what points into them.
+	own     [1]Dirty
 	ownList [2][1]*Dirty
-	freeArr [4]*Dirty
+	freeArr [2]*Dirty // the free list's first array; it grows to maxFree for a stream of more types
 
 	// regs records what this watch is registered for: guarded by the
 	// owning Cache's mu, not by w.mu.
-	regs map[string]*reg
+	regs regSet
 
 	// owner is the counters of the cache it is registered with (nil
 	// before, and once released), told of its marks and takes
@@ -215,31 +221,151 @@ func (w *Watch) SetPeer(peer bool) { w.peer = peer }
 // it before the watch is registered with a cache.
 func (w *Watch) SetRank(rank uint64) { w.rank = rank }
 
+// reg is a watch's registration for one type: with the wildcard, and by
+// name. The first name is held in the record itself, a map made only for
+// a second: a stream names one resource of a type, or a few, and a Go map
+// of one entry costs a group of eight slots.
 type reg struct {
 	wildcard bool
-	names    map[string]struct{}
+	hasOne   bool
+	made     bool                // made by regSet.make (the set's own record is in use)
+	one      string              // the first name, while hasOne
+	more     map[string]struct{} // the names besides one
 }
+
+func (r *reg) add(name string) {
+	switch {
+	case r.hasOne && r.one == name:
+	case !r.hasOne:
+		if _, ok := r.more[name]; !ok {
+			r.one, r.hasOne = name, true
+		}
+	default:
+		if r.more == nil {
+			r.more = make(map[string]struct{})
+		}
+		r.more[name] = struct{}{}
+	}
+}
+
+func (r *reg) remove(name string) {
+	if r.hasOne && r.one == name {
+		r.one, r.hasOne = "", false
+		return
+	}
+	delete(r.more, name)
+}
+
+// named is how many names the registration holds.
+func (r *reg) named() int {
+	n := len(r.more)
+	if r.hasOne {
+		n++
+	}
+	return n
+}
+
+// in reports whether the watch is registered for the type at all.
+func (r *reg) in() bool { return r != nil && (r.wildcard || r.named() > 0) }
+
+// names returns the registration's names, in no order.
+func (r *reg) names() []string {
+	out := make([]string, 0, r.named())
+	if r.hasOne {
+		out = append(out, r.one)
+	}
+	for n := range r.more {
+		out = append(out, n)
+	}
+	return out
+}
+
+// allNames yields the registration's names.
+func (r *reg) allNames() iter.Seq[string] {
+	return func(yield func(string) bool) {
+		if r.hasOne && !yield(r.one) {
+			return
+		}
+		for n := range r.more {
+			if !yield(n) {
+				return
+			}
+		}
+	}
+}
+
+// regSet is a watch's registrations by type: the first type's held in the
+// set itself, a map made only for a second (a stream asks for one type,
+// or a few). A registration, once made, stays at its address until the
+// set is cleared.
+type regSet struct {
+	oneType string // own's type, while own.made
+	own     reg
+	more    map[string]*reg
+}
+
+// get is the registration of typeURL; nil if none.
+func (s *regSet) get(typeURL string) *reg {
+	if s.own.made && s.oneType == typeURL {
+		return &s.own
+	}
+	return s.more[typeURL]
+}
+
+// make returns the registration of typeURL, made if need be.
+func (s *regSet) make(typeURL string) *reg {
+	if r := s.get(typeURL); r != nil {
+		return r
+	}
+	if !s.own.made {
+		s.oneType, s.own = typeURL, reg{made: true}
+		return &s.own
+	}
+	if s.more == nil {
+		s.more = make(map[string]*reg)
+	}
+	r := &reg{made: true}
+	s.more[typeURL] = r
+	return r
+}
+
+// all yields each type's registration.
+func (s *regSet) all() iter.Seq2[string, *reg] {
+	return func(yield func(string, *reg) bool) {
+		if s.own.made && !yield(s.oneType, &s.own) {
+			return
+		}
+		for t, r := range s.more {
+			if !yield(t, r) {
+				return
+			}
+		}
+	}
+}
+
+// clear forgets every registration.
+func (s *regSet) clear() { *s = regSet{} }
 
 // NewWatch returns a watch with nothing registered.
 func NewWatch() *Watch {
 	w := &Watch{
 		wake: make(chan struct{}, 1),
-		regs: make(map[string]*reg),
 	}
 	w.dirty, w.spare = w.ownList[0][:0], w.ownList[1][:0]
-	w.free = append(w.freeArr[:0], &w.own[1], &w.own[0])
+	w.free = append(w.freeArr[:0], &w.own[0])
 	return w
 }
 
 // Ready is signalled when the watch has become dirty since the last Take.
-// It is not, once OnReady has set a function.
+// It is not, once OnReady has set a function: it is then nil, and the
+// watch holds no channel (a stream's watch, one per stream).
 func (w *Watch) Ready() <-chan struct{} { return w.wake }
 
 // OnReady makes every mark call f, after the mark, instead of signalling
 // Ready. f runs on the goroutine that marks (the cache's writer, often),
 // with no lock of the cache held, and must not block. Call it before the
 // watch is registered with a cache.
-func (w *Watch) OnReady(f func()) { w.notify = f }
+func (w *Watch) OnReady(f func()) { w.notify, w.wake = f, nil }
 
 // Take returns and clears the dirty sets, one per type; nil if none.
 func (w *Watch) Take() DirtySet {
@@ -311,7 +437,7 @@ func (w *Watch) recycleLocked(d DirtySet) {
 		x.Names.reset()
 		x.Heartbeats.reset()
 		x.TypeURL = ""
-		if len(w.free) < cap(w.freeArr) {
+		if len(w.free) < maxFree {
 			w.free = append(w.free, x)
 		}
 		d[i] = nil

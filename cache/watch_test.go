@@ -69,7 +69,7 @@ func TestWatchRecycleDropsLargeSets(t *testing.T) {
 	w.Mark("t", 1, names...)
 	d := w.Take()
 	w.mu.Lock()
-	for len(w.free) < cap(w.freeArr) {
+	for len(w.free) < maxFree {
 		w.free = append(w.free, &Dirty{})
 	}
 	w.mu.Unlock()

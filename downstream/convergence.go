@@ -81,18 +81,22 @@ func (mv mover) reshare(st *cache.State, now time.Time) {
 	if st != nil {
 		received = st.Received
 	}
-	mv.moveShared(mv.t.shared, mv.t.sharedState, st, Requested, "", received, now)
+	fs := Requested // of no state: nothing to leave
+	if mv.t.sh != nil {
+		fs = mv.t.sh.state
+	}
+	mv.moveShared(mv.t.shared, fs, st, Requested, "", received, now)
 }
 
 // answerShared moves the client, standing with the shared state, from the
 // state it had to the one its answer gave it.
 func (mv mover) answerShared(from ResourceState, now time.Time) {
-	t := mv.t
+	sh := mv.t.sh
 	msg := ""
-	if t.sharedState == Nacked {
-		msg = t.sharedNack
+	if sh.state == Nacked {
+		msg = sh.nack
 	}
-	mv.moveShared(t.shared, from, t.shared, t.sharedState, msg, time.Time{}, now)
+	mv.moveShared(mv.t.shared, from, mv.t.shared, sh.state, msg, time.Time{}, now)
 }
 
 // unshare turns the client's count through the shared state into counts
@@ -101,7 +105,7 @@ func (mv mover) unshare() {
 	if mv.s == nil || mv.s.cache == nil || mv.t.shared == nil {
 		return
 	}
-	mv.s.cache.Unshare(mv.typeURL, mv.t.shared, answer(mv.t.sharedState))
+	mv.s.cache.Unshare(mv.typeURL, mv.t.shared, answer(mv.t.sh.state))
 }
 
 // answer is a state's answer in the counters.

@@ -1,8 +1,6 @@
 package downstream
 
 import (
-	"time"
-
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
@@ -17,8 +15,7 @@ import (
 // Its maps by name hold their first entry inline (inlineMap): most streams
 // subscribe to one name of a type, or a few.
 type deltaType struct {
-	names    inlineMap[struct{}] // explicitly subscribed names
-	wildcard bool
+	names inlineMap[struct{}] // explicitly subscribed names
 	// sent is what the client has: name → version, or absent for a name it
 	// was told does not exist.
 	sent inlineMap[string]
@@ -26,9 +23,10 @@ type deltaType struct {
 	// have them: re-subscribed names, and the wildcard-plus-name exception.
 	answer    inlineMap[struct{}]
 	errSent   errorsSent // the per-resource errors the client was sent
+	wildcard  bool
 	responded bool
-	all       bool // the next flush considers everything subscribed
-	globs     int  // xdstp glob collections among names (LEDS)
+	all       bool  // the next flush considers everything subscribed
+	globs     int32 // xdstp glob collections among names (LEDS)
 }
 
 // named reports whether name is subscribed: by its own name or, for a
@@ -39,6 +37,17 @@ func (t *deltaType) named(name string) bool {
 		return true
 	}
 	return t.globs > 0 && t.names.has(cache.GlobOf(name))
+}
+
+// forgetAbsent forgets, of the names of lookups, those the client was told
+// do not exist and that are not subscribed by name: among the names a
+// flush looked at, not the whole record (work per flush is per change).
+func (t *deltaType) forgetAbsent(lookups []cache.Lookup) {
+	for _, l := range lookups {
+		if v, _ := t.sent.get(l.Name); v == absent && !t.named(l.Name) {
+			t.sent.remove(l.Name)
+		}
+	}
 }
 
 // deltaStream is an incremental stream. Its fields are guarded as
@@ -81,6 +90,7 @@ func (ds *deltaStream) handle(req *discoverypb.DeltaDiscoveryRequest) error {
 			t.sent.set(n, v)
 		}
 		ds.types.put(typeURL, t)
+		ds.asked.add(typeURL)
 		if len(req.GetResourceNamesSubscribe()) == 0 {
 			ds.subscribeWildcard(typeURL, t)
 		}
@@ -210,10 +220,8 @@ func (ds *deltaStream) flushDirty(d *cache.Dirty, hold bool) (later func() error
 	if t == nil {
 		return nil, nil
 	}
-	if t.wildcard && t.names.len() == 0 && !t.responded {
-		if err := ds.wildcardUnreachable(d.TypeURL); err != nil {
-			return nil, err
-		}
+	if err := ds.wildcardUnreachable(d.TypeURL, t.wildcard && t.names.len() == 0 && !t.responded); err != nil {
+		return nil, err
 	}
 	return ds.flushType(d.TypeURL, t, &d.Names, heartbeats(d, ds.ttl), hold)
 }
@@ -225,10 +233,7 @@ func (ds *deltaStream) resendEndpoints(names []string) error {
 	if t == nil {
 		return nil
 	}
-	held := func(n string) bool {
-		v, ok := t.sent.get(n)
-		return ok && v != absent && (t.wildcard || t.named(n))
-	}
+	held := func(n string) bool { return holding(&t.sent, n, nil).version() && (t.wildcard || t.named(n)) }
 	set := heldNames(names, held, t.sent.remove)
 	if set.Len() == 0 {
 		return nil
@@ -254,11 +259,12 @@ func (ds *deltaStream) candidates(t *deltaType, dirty, hbs *cache.NameSet, names
 // from one view of the cache. With hold, the removals of what the client
 // has are not in it: they are returned as later, a response of their own
 // for flushAll to send after the other types' changes (order.go). It is
-// one piece on purpose: each name's decision reads and writes the same
-// per-name records (what was sent, what must be answered, the status) in
-// one pass over one read, and a change that reaches many streams runs it
-// for each, where a second pass or a helper's allocation per name would
-// show (BENCHMARKS.md, the flush benchmarks).
+// one piece on purpose: each name's decision is made in one pass over one
+// read, and a change that reaches many streams runs it for each, where a
+// second pass would show (BENCHMARKS.md, the flush benchmarks). The
+// records the decisions read and move (what was sent, the errors, the
+// status, the warming notes) are the flush core's (flushcore.go), as the
+// SotW flushes' are.
 func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache.NameSet, hold bool) (later func() error, err error) {
 	// One read: the response is one upstream version, never part of one.
 	// A change is of a name or a few: their names and lookups are kept on
@@ -273,69 +279,50 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 		return nil, err
 	}
 	synced := v.Synced
+	f := ds.flushOf(typeURL, &t.sent, &t.errSent, false, v.Received)
 	var out [][]byte
 	var removed, gone []string // gone: removals held back
-	var errs []*cache.ResourceError
-	ts, nonce, now := ds.status.sendingFrom(typeURL, false, unixNano(v.Received)), ds.nonces.peek(), time.Now()
 	for _, l := range v.Lookups {
-		ds.refusedError(&l)
+		fresh, h := f.look(&l)
 		l.Absent = l.Absent || l.Name == noName // known not to exist
 		named := t.named(l.Name)
 		mustAnswer := t.answer.has(l.Name)
-		have, had := t.sent.get(l.Name)
 		switch {
 		case !named && !t.wildcard && !mustAnswer:
 			// Not (or no longer) subscribed.
+		case fresh:
+			out = append(out, ds.field(l.Resource))
+			f.sendResource(l.Resource, h)
 		case l.Resource != nil:
-			beat := hbs.Has(l.Name)
-			switch {
-			case have != l.Resource.Version:
-				out = append(out, ds.field(l.Resource))
-				t.sent.set(l.Name, l.Resource.Version)
-				ts.sent(l.Name, l.Resource.Version, nonce, now)
-				if had && have != absent {
-					ds.warmed(l.Resource)
-				} else {
-					ds.warmedNew(l.Resource)
-				}
-				t.errSent.forget(l.Name)
-			case beat && l.Heartbeat != nil:
+			if hbs.Has(l.Name) && l.Heartbeat != nil {
 				// "TTL": the heartbeat refreshes the client's TTL.
 				out = append(out, l.Heartbeat.Wire)
 			}
-		case had && have != absent && (l.Absent || t.wildcard && synced || !named):
+		case h.version() && (l.Absent || t.wildcard && synced || !named):
 			// Removed upstream, or gone from the wildcard set.
 			if hold {
 				gone = append(gone, l.Name)
 			} else {
 				removed = append(removed, l.Name)
 			}
-			t.sent.set(l.Name, absent)
-			ts.absent(l.Name, now)
-		case !had && named && l.Absent:
+			f.absent(l.Name)
+		case h == holdsNothing && named && l.Absent:
 			// "Knowing When a Requested Resource Does Not Exist".
 			removed = append(removed, l.Name)
-			t.sent.set(l.Name, absent)
-			ts.absent(l.Name, now)
-		case mustAnswer && !named && !had:
+			f.absent(l.Name)
+		case mustAnswer && !named && h == holdsNothing:
 			// Dropped by name and not covered by the wildcard.
 			removed = append(removed, l.Name)
 		}
-		if (named || t.wildcard) && t.errSent.fresh(l) {
-			errs = append(errs, l.Error)
+		if named || t.wildcard {
+			f.keepError(&l)
 		}
 		if l.Resource != nil || l.Absent || !named {
 			t.answer.remove(l.Name)
 		}
 	}
-	ds.status.done()
-	// Forget the not-found names that are not subscribed by name, among
-	// those looked at (not the whole record: work per flush is per change).
-	for _, l := range v.Lookups {
-		if v, _ := t.sent.get(l.Name); v == absent && !t.named(l.Name) {
-			t.sent.remove(l.Name)
-		}
-	}
+	f.done()
+	t.forgetAbsent(v.Lookups)
 	// A wildcard's first answer, even empty, once upstream answered; not
 	// empty while a resource of the type waits for what it points at
 	// (docs/architecture.md, invariant 18), which would say there is
@@ -346,32 +333,19 @@ func (ds *deltaStream) flushType(typeURL string, t *deltaType, dirty, hbs *cache
 	// with the complete set: look at everything again next time.
 	t.all = t.wildcard && !synced
 	later = ds.holdRemovals(typeURL, &v, gone)
-	if len(out) == 0 && len(removed) == 0 && len(errs) == 0 && !first {
+	if len(out) == 0 && len(removed) == 0 && len(f.errs) == 0 && !first {
 		return later, nil
 	}
-	short := xds.ShortName(typeURL)
-	for _, e := range errs {
-		out = append(out, e.Delta)
-		t.errSent.record(e)
-		ds.sentError(short, e)
-	}
-	return later, ds.respond(typeURL, t, v, out, removed)
+	return later, ds.respond(typeURL, t, &v, f.withErrors(out, true), removed)
 }
 
-// respond sends one response of typeURL at v's version.
-func (ds *deltaStream) respond(typeURL string, t *deltaType, v cache.View, out [][]byte, removed []string) error {
+// respond sends one response of typeURL at v's version: out, the
+// resources and errors it carries, and the names removed, as an
+// incremental response frames them (system_version_info, type_url, nonce).
+func (ds *deltaStream) respond(typeURL string, t *deltaType, v *cache.View, out [][]byte, removed []string) error {
 	t.responded = true
-	sent := ds.nonces.next()
-	msg := xds.DeltaFields(v.Version, typeURL, sent, out, removed)
-	if err := ds.send(msg); err != nil {
-		return err
-	}
-	ds.spoke = true
-	ds.sentAs(typeURL, sent, v.Version)
-	ds.debugResponse(typeURL, v.Version, sent, len(out), len(removed))
-	ds.tracePush(v.Trace, typeURL, v.Version, len(out))
-	ds.srv.pushed(typeURL, msg.Size(), v.Received, ds.opened)
-	return nil
+	nonce := ds.nonces.next()
+	return ds.sendResponse(xds.DeltaFields(v.Version, typeURL, nonce, out, removed), typeURL, nonce, v, len(out), len(removed))
 }
 
 // field is how this client is sent a resource: with its TTL only if the

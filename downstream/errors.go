@@ -61,11 +61,12 @@ func (b *streamBase) sentError(short string, e *cache.ResourceError) {
 // cannot be reached (cache.WildcardUnavailable): a wildcard has no name
 // for an error to carry, so the stream ends with UNAVAILABLE, and the
 // client retries, on another replica if it has one, as it does when a
-// relay cannot be reached. The flushes ask it of a wildcard-only type not
-// yet answered; as with onlyErrors, only while the handler waits for the
+// relay cannot be reached. The flushes ask it of each type they flush;
+// only a wildcard-only type not yet answered (waiting) may end the
+// stream, and as with onlyErrors only while the handler waits for the
 // first answer (see pump.awaitFirst). nil if the stream goes on waiting.
-func (b *streamBase) wildcardUnreachable(typeURL string) error {
-	if b.spoke || !b.endable {
+func (b *streamBase) wildcardUnreachable(typeURL string, waiting bool) error {
+	if !waiting || b.spoke || !b.endable {
 		return nil
 	}
 	why := b.cache.WildcardUnavailable(typeURL)

@@ -16,6 +16,7 @@ import (
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/xdsrelay/xdsrelay/cache"
 	"github.com/xdsrelay/xdsrelay/internal/metrics"
@@ -283,7 +284,7 @@ func BenchmarkSotWChange(b *testing.B) {
 // edsCluster is cluster name as the relay caches it: EDS, so that a
 // stream holding its endpoints is sent them again after it (warming.go);
 // version tells one version from another.
-func edsCluster(b *testing.B, name, version string) *cache.Resource {
+func edsCluster(b testing.TB, name, version string) *cache.Resource {
 	b.Helper()
 	a, err := anypb.New(&clusterpb.Cluster{Name: name, AltStatName: version,
 		ClusterDiscoveryType: &clusterpb.Cluster_Type{Type: clusterpb.Cluster_EDS}})
@@ -374,4 +375,78 @@ func benchClusterChange(b *testing.B, variant string, held bool, n int) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/stream")
+}
+
+// BenchmarkHeartbeatFlush is a heartbeat of one resource reaching n
+// streams of clients that take TTLs and hold it: a ClusterLoadAssignment
+// subscribed by name on delta, and a Cluster subscribed by name on SotW,
+// whose heartbeat goes out as the type's complete state. The client's
+// records do not move (flushcore.go): the flush sends the heartbeat and
+// does no bookkeeping.
+func BenchmarkHeartbeatFlush(b *testing.B) {
+	ttl := durationpb.New(time.Hour)
+	for _, variant := range []string{"delta-eds", "sotw-cds"} {
+		for _, n := range []int{1000, 10000} {
+			b.Run(fmt.Sprintf("%s/streams=%d", variant, n), func(b *testing.B) {
+				typeURL := resourcev3.EndpointType
+				if variant == "sotw-cds" {
+					typeURL = resourcev3.ClusterType
+				}
+				srv := benchServer(b)
+				c := cache.New(cache.Options{})
+				a, err := anypb.New(&clusterpb.Cluster{Name: "r"})
+				if typeURL == resourcev3.EndpointType {
+					a, err = anypb.New(&endpointpb.ClusterLoadAssignment{ClusterName: "r"})
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
+				r, err := xds.Encode("r", "1", a, ttl, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				hb, err := xds.EncodeHeartbeat("r", "1", ttl)
+				if err != nil {
+					b.Fatal(err)
+				}
+				flushers := make([]func() error, n)
+				watches := make([]*cache.Watch, n)
+				for i := range flushers {
+					node := &corepb.Node{Id: "bench-" + strconv.Itoa(i), Cluster: "bench"}
+					if variant == "sotw-cds" {
+						ss := &sotwStream{streamBase: srv.newStreamBase(codecSend, "", "sotw-ads", c, node), ttl: true}
+						if err := ss.handle(&discoverypb.DiscoveryRequest{Node: node, TypeUrl: strings.Clone(typeURL), ResourceNames: []string{"r"}}); err != nil {
+							b.Fatal(err)
+						}
+						flushers[i], watches[i] = ss.flush, ss.watch
+					} else {
+						ds := &deltaStream{streamBase: srv.newStreamBase(codecSend, "", "delta-ads", c, node), ttl: true}
+						if err := ds.handle(&discoverypb.DeltaDiscoveryRequest{Node: node, TypeUrl: strings.Clone(typeURL), ResourceNamesSubscribe: []string{"r"}}); err != nil {
+							b.Fatal(err)
+						}
+						flushers[i], watches[i] = ds.flush, ds.watch
+					}
+				}
+				c.Apply(typeURL, cache.Change{Upserts: []*cache.Resource{r}, Synced: true})
+				for _, f := range flushers {
+					if err := f(); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.ReportAllocs()
+				for b.Loop() {
+					b.StopTimer()
+					c.Apply(typeURL, cache.Change{Heartbeats: []*cache.Heartbeat{hb}})
+					b.StartTimer()
+					for i, f := range flushers {
+						<-watches[i].Ready()
+						if err := f(); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/stream")
+			})
+		}
+	}
 }

@@ -55,6 +55,33 @@ import (
 // SotW read is the whole state) is in docs/architecture.md, invariant 7
 // "Order is kept".
 
+// typeSet is a set of types, a bit each by xds.Rank: the types a stream
+// has asked for, so that a flush of one type can tell in a bit test that
+// the stream holds nothing it orders against, and skip what ordering
+// costs (a look at the watch's marks at every read).
+type typeSet uint32
+
+// rankBit is the bit of a type of rank r; unknown types share the last.
+func rankBit(r int) typeSet { return 1 << min(r, 31) }
+
+// add adds typeURL.
+func (s *typeSet) add(typeURL string) { *s |= rankBit(xds.Rank(typeURL)) }
+
+// below reports whether s holds a type of lower rank than r.
+func (s typeSet) below(r int) bool { return s&(rankBit(r)-1) != 0 }
+
+// heldTypes are the types that a new Cluster's warming holds back
+// (heldByWarming).
+var heldTypes = func() typeSet {
+	var s typeSet
+	for _, t := range xds.Types {
+		if heldByWarming(t) {
+			s.add(t)
+		}
+	}
+	return s
+}()
+
 // ordered sorts the dirty types in place into the spec's order and returns
 // them.
 func ordered(dirty cache.DirtySet) cache.DirtySet {
@@ -81,7 +108,7 @@ type heldRemovals struct {
 
 func (h heldRemovals) send() error {
 	v := cache.View{Version: h.version, Trace: h.trace, Received: fromUnix(h.received)}
-	return h.ds.respond(h.typeURL, h.ds.types.get(h.typeURL), v, nil, h.names)
+	return h.ds.respond(h.typeURL, h.ds.types.get(h.typeURL), &v, nil, h.names)
 }
 
 // holdRemovals returns the send of names removed of typeURL at v, for
@@ -106,7 +133,7 @@ func (t *sotwType) removesOnly(st *cache.State) bool {
 			return false
 		}
 		for _, r := range st.Resources {
-			if v, ok := t.sent.get(r.Name); !ok || v != r.Version {
+			if holding(&t.sent, r.Name, r) != holdsCurrent {
 				return false
 			}
 		}
@@ -199,7 +226,7 @@ func (b *streamBase) lowerFirst(typeURL string) (bool, error) {
 		return false, nil
 	}
 	rank := xds.Rank(typeURL)
-	if rank == 0 {
+	if !b.asked.below(rank) { // nothing the stream holds goes before it
 		return false, nil
 	}
 	var buf [2]*cache.Dirty

@@ -17,12 +17,17 @@ import (
 // inline (inlineMap): most streams subscribe to one name of a type, or a
 // few.
 type sotwType struct {
-	names    inlineMap[struct{}] // explicitly subscribed names
+	// names are the explicitly subscribed names, each with the stamp of
+	// the last request that named it again unchanged (see unchanged).
+	names    inlineMap[uint32]
+	stamp    uint32 // of the last request unchanged looked at
 	wildcard bool
 	// explicit is set once a request named resources: from then on an
 	// empty resource_names is not the legacy wildcard.
-	explicit bool
-	nonce    string // of the last response
+	explicit  bool
+	responded bool
+	all       bool   // the next flush considers every subscribed name
+	nonce     string // of the last response
 	// asked is the nonce of the last request that answered a response
 	// without a NACK: a request with that nonce again, the same names and
 	// no error repeats it (see repeated).
@@ -31,8 +36,6 @@ type sotwType struct {
 	// sentState is the shared complete state last sent to a wildcard-only
 	// subscription, which then keeps no per-name record (sent is stale).
 	sentState *cache.State
-	responded bool
-	all       bool       // the next flush considers every subscribed name
 	errSent   errorsSent // the per-resource errors the client was sent
 	// Invariant 21 (held.go): until a state of the type is sent, the names
 	// of its first request, which the client may hold; nil otherwise.
@@ -42,7 +45,7 @@ type sotwType struct {
 // subscription applies the SotW rules of "How the client specifies what
 // resources to return" to a request's resource_names: an empty list before
 // any name was ever given is the legacy wildcard; "*" is the wildcard.
-func (t *sotwType) subscription(names []string) (wildcard bool, named inlineMap[struct{}]) {
+func (t *sotwType) subscription(names []string) (wildcard bool, named inlineMap[uint32]) {
 	if !t.explicit && len(names) == 0 {
 		return true, named
 	}
@@ -92,6 +95,7 @@ func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 	if first {
 		t = &sotwType{}
 		ss.types.put(typeURL, t)
+		ss.asked.add(typeURL)
 	}
 	// "EDS update race motivates nonces": a request carrying a nonce older
 	// than the last response of its type is stale and not answered.
@@ -107,7 +111,10 @@ func (ss *sotwStream) handle(req *discoverypb.DiscoveryRequest) error {
 	if ack {
 		t.asked = nonce
 	}
-	same, err := ss.resubscribe(typeURL, t, req.GetResourceNames())
+	same := !first && t.unchanged(req.GetResourceNames())
+	if !same {
+		same, err = ss.resubscribe(typeURL, t, req.GetResourceNames())
+	}
 	if first && err == nil {
 		ss.expect(typeURL, t, req.GetVersionInfo())
 	}
@@ -134,6 +141,50 @@ func (ss *sotwStream) repeated(typeURL string, t *sotwType) error {
 	}
 	ss.watch.Mark(typeURL, 0, names...)
 	return nil
+}
+
+// unchanged reports whether names, a request's resource_names, is the
+// subscription as it stands: what an ACK names. It looks each name up
+// once and allocates nothing, so that an ACK costs no map built and
+// compared (resubscribe), and a wildcard's shared sent state stays shared
+// (materialize). A name given twice counts as a change, which resubscribe
+// sorts out, as does a request while the next flush is to look at every
+// name (all), which resubscribe marks.
+func (t *sotwType) unchanged(names []string) bool {
+	if t.all {
+		return false
+	}
+	if !t.explicit { // the legacy wildcard again, or a first name
+		return len(names) == 0 && t.wildcard
+	}
+	want := t.names.len()
+	if t.wildcard {
+		want++
+	}
+	if len(names) != want {
+		return false
+	}
+	// Each name is stamped as it is seen: a stamp already this request's
+	// is a name given twice, so that len(names) names cannot cover the
+	// subscription. A stamp that wrapped around only sends a request to
+	// resubscribe.
+	t.stamp++
+	star := false
+	for _, n := range names {
+		if n == "*" {
+			if star || !t.wildcard {
+				return false
+			}
+			star = true
+			continue
+		}
+		s, ok := t.names.get(n)
+		if !ok || s == t.stamp {
+			return false
+		}
+		t.names.set(n, t.stamp)
+	}
+	return true
 }
 
 // resubscribe moves the type's subscription to what the request names and
@@ -235,10 +286,8 @@ func (ss *sotwStream) flushDirty(d *cache.Dirty, hold bool) (later func() error,
 	if t == nil {
 		return nil, nil
 	}
-	if t.wildcard && t.names.len() == 0 && !t.responded {
-		if err := ss.wildcardUnreachable(d.TypeURL); err != nil {
-			return nil, err
-		}
+	if err := ss.wildcardUnreachable(d.TypeURL, t.wildcard && t.names.len() == 0 && !t.responded); err != nil {
+		return nil, err
 	}
 	hbs := heartbeats(d, ss.ttl)
 	if xds.FullState(d.TypeURL) {
@@ -255,7 +304,7 @@ func (ss *sotwStream) resendEndpoints(names []string) error {
 	if t == nil {
 		return nil
 	}
-	held := func(n string) bool { return t.sent.has(n) && (t.wildcard || t.names.has(n)) }
+	held := func(n string) bool { return holding(&t.sent, n, nil).version() && (t.wildcard || t.names.has(n)) }
 	set := heldNames(names, held, t.sent.remove)
 	if set.Len() == 0 {
 		return nil
@@ -294,14 +343,7 @@ func (ss *sotwStream) holdsEndpoints() bool {
 // Cluster's warming holds back (heldByWarming: Listeners, Routes): without
 // one there is nothing to hold, and a wildcard client of Clusters alone
 // is not walked for new Clusters at every send of the shared state.
-func (ss *sotwStream) asksHeldTypes() bool {
-	for typeURL := range ss.types.all() {
-		if heldByWarming(typeURL) {
-			return true
-		}
-	}
-	return false
-}
+func (ss *sotwStream) asksHeldTypes() bool { return ss.asked&heldTypes != 0 }
 
 // flushFull sends the complete state of a Listener or Cluster subscription
 // when any part of it differs from what the client has ("Grouping Resources
@@ -324,7 +366,18 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet,
 	}); err != nil {
 		return nil, err
 	}
-	errs := ss.freshErrors(t, v.Lookups)
+	f := ss.flushOf(typeURL, &t.sent, &t.errSent, true, v.Received)
+	beat := false
+	var fresh []*cache.Resource // new or changed for the client
+	for _, l := range v.Lookups {
+		switch isFresh, _ := f.look(&l); {
+		case isFresh:
+			fresh = append(fresh, l.Resource)
+		case l.Resource != nil && hbs.Has(l.Name) && l.Heartbeat != nil:
+			beat = true
+		}
+		f.keepError(&l)
+	}
 	// Invariant 21 (held.go): no state leaves out a name the client may
 	// hold that the relay merely lacks ("Deleting Resources").
 	held, made := ss.unsettled(t, v.Lookups)
@@ -332,42 +385,28 @@ func (ss *sotwStream) flushFull(typeURL string, t *sotwType, hbs *cache.NameSet,
 		return nil, nil
 	}
 	want := slices.DeleteFunc(v.Lookups, func(l cache.Lookup) bool { return l.Resource == nil })
-	if !t.responded && !t.firstReady(&v, len(want), len(errs)) {
+	if !t.responded && !t.firstReady(&v, len(want), len(f.errs)) {
 		return nil, nil
 	}
 	if len(want) == 0 && ss.awaitsAnswer() {
-		if ss.errorsWait(typeURL, t, errs) {
+		if ss.errorsWait(typeURL, t, f.errs) {
 			return nil, nil
 		}
-		if err := ss.onlyErrors(xds.ShortName(typeURL), errs); err != nil {
+		if err := ss.onlyErrors(xds.ShortName(typeURL), f.errs); err != nil {
 			return nil, err
 		}
 	}
-	errs = append(errs, made...) // with a state that goes out anyway: never one of its own
-	changed := !t.responded || len(want) != t.sent.len() || len(errs) > 0
-	beat := false
-	var fresh []*cache.Resource // new or changed for the client
-	for _, l := range want {
-		if v, ok := t.sent.get(l.Name); !ok || v != l.Resource.Version {
-			changed = true
-			fresh = append(fresh, l.Resource)
-		} else if hbs.Has(l.Name) && l.Heartbeat != nil {
-			beat = true
-		}
-	}
+	f.errs = append(f.errs, made...) // with a state that goes out anyway: never one of its own
+	changed := !t.responded || len(want) != t.sent.len() || len(fresh) > 0 || len(f.errs) > 0
 	if !changed && !beat {
 		return nil, nil
 	}
-	full := fullState{ss: ss, typeURL: typeURL, t: t, v: v, want: want, errs: errs, hbs: hbs, changed: changed}
-	if hold && len(fresh) == 0 && len(errs) == 0 && t.responded && len(want) < t.sent.len() {
+	full := fullState{ss: ss, t: t, f: f, v: v, want: want, hbs: hbs, changed: changed}
+	if hold && len(fresh) == 0 && len(f.errs) == 0 && t.responded && len(want) < t.sent.len() {
 		return full.send, nil // it only removes
 	}
 	for _, r := range fresh {
-		if t.sent.has(r.Name) {
-			ss.warmed(r)
-		} else {
-			ss.warmedNew(r)
-		}
+		ss.warmedAs(r, t.sent.has(r.Name))
 	}
 	return nil, full.send()
 }
@@ -385,49 +424,37 @@ func (t *sotwType) firstReady(v *cache.View, want, errs int) bool {
 	return v.Synced || want > 0 || t.nothing() || errs > 0
 }
 
-// freshErrors is the errors of lookups, a full state's, that the client
-// was not sent; it forgets those of names whose new version goes out.
-func (ss *sotwStream) freshErrors(t *sotwType, lookups []cache.Lookup) []*cache.ResourceError {
-	var errs []*cache.ResourceError
-	for _, l := range lookups {
-		ss.refusedError(&l)
-		if l.Resource != nil && t.sent.value(l.Name) != l.Resource.Version {
-			t.errSent.forget(l.Name) // a new version: the client drops the error it remembers
-		}
-		if t.errSent.fresh(l) {
-			errs = append(errs, l.Error) // recorded once sent (withErrors)
-		}
-	}
-	return errs
-}
-
 // fullState is a complete state flushFull decided to send.
 type fullState struct {
 	ss      *sotwStream
-	typeURL string
 	t       *sotwType
+	f       typeFlush // with the errors that go out with the state
 	v       cache.View
 	want    []cache.Lookup // present resources, sorted by name
-	errs    []*cache.ResourceError
 	hbs     *cache.NameSet
-	changed bool // else only heartbeats
+	changed bool // else only heartbeats: no record moves
 }
 
-func (f fullState) send() error {
-	ss, t := f.ss, f.t
-	t.sent.clear()
-	fields := make([][]byte, 0, len(f.want)+len(f.errs))
-	ts, nonce, now := ss.status.sendingFrom(f.typeURL, true, unixNano(f.v.Received)), ss.nonces.peek(), time.Now()
-	for _, l := range f.want {
-		t.sent.set(l.Name, l.Resource.Version)
-		ts.sent(l.Name, l.Resource.Version, nonce, now)
-		fields = append(fields, ss.field(l, f.hbs.Has(l.Name) && !f.changed))
+func (s fullState) send() error {
+	ss, t, f := s.ss, s.t, &s.f
+	fields := make([][]byte, 0, len(s.want)+len(f.errs))
+	if s.changed {
+		// The records of what the state omits move too, even if it holds
+		// nothing: the client no longer has it.
+		f.status()
+		t.sent.clear()
 	}
-	ss.status.done()
+	for _, l := range s.want {
+		if s.changed {
+			f.record(l.Resource)
+		}
+		fields = append(fields, ss.field(l, s.hbs.Has(l.Name) && !s.changed))
+	}
+	f.done()
 	ss.settled(t)
 	// The errors go with the complete state: no client deletes what the
 	// response still holds.
-	return ss.respond(f.typeURL, f.v, t, ss.withErrors(f.typeURL, t, fields, f.errs))
+	return ss.respond(f.typeURL, &s.v, t, f.withErrors(fields, false))
 }
 
 // field is how this client is sent a resource: wrapped in a Resource with
@@ -486,16 +513,8 @@ func (ss *sotwStream) sendShared(typeURL string, t *sotwType, st *cache.State) e
 	t.responded = true
 	ss.settled(t)
 	ss.status.sentShared(typeURL, st, ss.nonces.peek()-1, time.Now())
-	msg := xds.SotWFullState(st.Version, typeURL, t.nonce, st.SotW)
-	if err := ss.send(msg); err != nil {
-		return err
-	}
-	ss.spoke = true
-	ss.sentAs(typeURL, t.nonce, st.Version)
-	ss.debugResponse(typeURL, st.Version, t.nonce, len(st.Resources), 0)
-	ss.tracePush(st.Trace, typeURL, st.Version, len(st.Resources))
-	ss.srv.pushed(typeURL, msg.Size(), st.Received, ss.opened)
-	return nil
+	v := cache.View{Version: st.Version, Received: st.Received, Trace: st.Trace}
+	return ss.sendResponse(xds.SotWFullState(st.Version, typeURL, t.nonce, st.SotW), typeURL, t.nonce, &v, len(st.Resources), 0)
 }
 
 // warmState notes the resources of st that are new or changed for the
@@ -509,11 +528,8 @@ func (ss *sotwStream) warmState(t *sotwType, st *cache.State) {
 			if r.Warm == "" {
 				continue
 			}
-			switch v, ok := t.sent.get(r.Name); {
-			case !ok:
-				ss.warmedNew(r)
-			case v != r.Version:
-				ss.warmed(r)
+			if h := holding(&t.sent, r.Name, r); h != holdsCurrent {
+				ss.warmedAs(r, h.version())
 			}
 		}
 		return
@@ -572,66 +588,40 @@ func (ss *sotwStream) flushChanged(typeURL string, t *sotwType, dirty, hbs *cach
 		return err
 	}
 	t.all = all && !v.Synced
+	f := ss.flushOf(typeURL, &t.sent, &t.errSent, false, v.Received)
 	var out [][]byte
-	var errs []*cache.ResourceError
-	ts, nonce, now := ss.status.sendingFrom(typeURL, false, unixNano(v.Received)), ss.nonces.peek(), time.Now()
 	for _, l := range v.Lookups {
-		ss.refusedError(&l)
-		hb := hbs.Has(l.Name)
-		switch {
-		case l.Resource != nil && t.sent.value(l.Name) != l.Resource.Version:
+		switch fresh, h := f.look(&l); {
+		case fresh:
 			out = append(out, ss.field(l, false))
-			t.sent.set(l.Name, l.Resource.Version)
-			ts.sent(l.Name, l.Resource.Version, nonce, now)
-			t.errSent.forget(l.Name)
-		case l.Resource != nil && hb && l.Heartbeat != nil:
+			f.sendResource(l.Resource, h)
+		case l.Resource != nil && hbs.Has(l.Name) && l.Heartbeat != nil:
 			out = append(out, ss.field(l, true))
 		case l.Resource == nil:
-			t.sent.remove(l.Name)
-			ts.forget(l.Name)
+			f.forget(l.Name)
 		}
-		if t.errSent.fresh(l) {
-			errs = append(errs, l.Error)
-		}
+		f.keepError(&l)
 	}
-	ss.status.done()
-	if len(out) == 0 && len(errs) == 0 && (t.responded || !t.nothing()) {
+	f.done()
+	if len(out) == 0 && len(f.errs) == 0 && (t.responded || !t.nothing()) {
 		return nil
 	}
 	if len(out) == 0 && ss.awaitsAnswer() {
-		if ss.errorsWait(typeURL, t, errs) {
+		if ss.errorsWait(typeURL, t, f.errs) {
 			return nil
 		}
-		if err := ss.onlyErrors(xds.ShortName(typeURL), errs); err != nil {
+		if err := ss.onlyErrors(xds.ShortName(typeURL), f.errs); err != nil {
 			return err
 		}
 	}
-	return ss.respond(typeURL, v, t, ss.withErrors(typeURL, t, out, errs))
+	return ss.respond(typeURL, &v, t, f.withErrors(out, false))
 }
 
-// withErrors appends the errors' fields to a response's, records them as
-// sent and counts them.
-func (ss *sotwStream) withErrors(typeURL string, t *sotwType, fields [][]byte, errs []*cache.ResourceError) [][]byte {
-	short := xds.ShortName(typeURL)
-	for _, e := range errs {
-		fields = append(fields, e.SotW)
-		t.errSent.record(e)
-		ss.sentError(short, e)
-	}
-	return fields
-}
-
-func (ss *sotwStream) respond(typeURL string, v cache.View, t *sotwType, fields [][]byte) error {
+// respond sends one response of typeURL at v's version: fields, the
+// resources and errors it carries, after the header SotW frames them with
+// (version_info, type_url, nonce).
+func (ss *sotwStream) respond(typeURL string, v *cache.View, t *sotwType, fields [][]byte) error {
 	t.nonce = ss.nonces.next()
 	t.responded = true
-	msg := xds.SotWFields(v.Version, typeURL, t.nonce, fields)
-	if err := ss.send(msg); err != nil {
-		return err
-	}
-	ss.spoke = true
-	ss.sentAs(typeURL, t.nonce, v.Version)
-	ss.debugResponse(typeURL, v.Version, t.nonce, len(fields), 0)
-	ss.tracePush(v.Trace, typeURL, v.Version, len(fields))
-	ss.srv.pushed(typeURL, msg.Size(), v.Received, ss.opened)
-	return nil
+	return ss.sendResponse(xds.SotWFields(v.Version, typeURL, t.nonce, fields), typeURL, t.nonce, v, len(fields), 0)
 }

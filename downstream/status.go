@@ -84,17 +84,39 @@ type typeStatus struct {
 	pending  []string             // names sent and not yet answered
 	wildcard bool
 	// shared is the complete state last sent to a wildcard-only SotW
-	// subscription, which keeps no per-name record (see flushWildcard).
-	shared      *cache.State
-	sharedNonce uint64
-	sharedState ResourceState
-	sharedSent  time.Time
-	sharedNack  string
-	ackVersion  string // version_info of the last ACK
-	nackVersion string // and of the last NACK, with its message and time
-	nackMsg     string
-	nackAt      time.Time
-	accepted    int64 // when the client last ACKed, in Unix nanoseconds (see cache.Mover.Since)
+	// subscription, which keeps no per-name record (see flushWildcard);
+	// sh, how it was sent and answered, made at the first such send and
+	// kept (set whenever shared is).
+	shared     *cache.State
+	sh         *sharedSent
+	ackVersion string      // version_info of the last ACK
+	nack       *nackRecord // the last NACK; nil until the first
+	accepted   int64       // when the client last ACKed, in Unix nanoseconds (see cache.Mover.Since)
+}
+
+// sharedSent is how a type's shared complete state was sent and answered:
+// the response's nonce until answered, the state it left the client in,
+// when, and the NACK's message. Only wildcard-only SotW streams have one.
+type sharedSent struct {
+	nonce uint64
+	state ResourceState
+	sent  time.Time
+	nack  string
+}
+
+// nackRecord is a type's last NACK: the version_info it carried, its
+// message and time. Most streams never NACK and hold none.
+type nackRecord struct {
+	version, msg string
+	at           time.Time
+}
+
+// lastNack returns the type's last NACK, the zero one if none.
+func (t *typeStatus) lastNack() nackRecord {
+	if t.nack == nil {
+		return nackRecord{}
+	}
+	return *t.nack
 }
 
 // apply applies a client's ACK or NACK (state, with note for a NACK) of
@@ -254,9 +276,10 @@ func (t *typeStatus) unshare(mv mover) {
 	if t.shared == nil {
 		return
 	}
+	sh := t.sh
 	var note *nackNote
-	if t.sharedState == Nacked {
-		note = &nackNote{msg: t.sharedNack, at: t.nackAt}
+	if sh.state == Nacked {
+		note = &nackNote{msg: sh.nack, at: t.lastNack().at}
 	}
 	mv.unshare()
 	for _, r := range t.shared.Resources {
@@ -264,9 +287,9 @@ func (t *typeStatus) unshare(mv mover) {
 		if had {
 			mv.gone(r.Name, e) // counted through the shared state from now on
 		}
-		e.version, e.state, e.sent, e.nack = r.Version, t.sharedState, t.sharedSent.UnixNano(), note
-		if t.sharedNonce != 0 {
-			e.nonce = t.sharedNonce
+		e.version, e.state, e.sent, e.nack = r.Version, sh.state, sh.sent.UnixNano(), note
+		if sh.nonce != 0 {
+			e.nonce = sh.nonce
 			t.pending = append(t.pending, r.Name)
 		}
 		t.res.set(r.Name, e)
@@ -346,7 +369,10 @@ func (s *streamStatus) sentShared(typeURL string, st *cache.State, nonce uint64,
 		return !r.named
 	})
 	mv.reshare(st, now)
-	t.sharedState, t.shared, t.sharedNonce, t.sharedSent = Requested, st, nonce, now
+	if t.sh == nil {
+		t.sh = &sharedSent{}
+	}
+	t.shared, t.sh.state, t.sh.nonce, t.sh.sent = st, Requested, nonce, now
 }
 
 // answered records the client's ACK (nack false) or NACK of the responses
@@ -366,15 +392,18 @@ func (s *streamStatus) answered(typeURL, nonce, version string, nack bool, msg s
 	t := s.typ(typeURL)
 	mv := s.mover(typeURL, t)
 	if nack {
-		t.nackVersion, t.nackMsg, t.nackAt = version, msg, now
+		if t.nack == nil {
+			t.nack = &nackRecord{}
+		}
+		*t.nack = nackRecord{version: version, msg: msg, at: now}
 	} else {
 		t.ackVersion = version
 	}
-	if t.shared != nil && t.sharedNonce != 0 && t.sharedNonce <= n {
-		from := t.sharedState
-		t.sharedState, t.sharedNonce = state, 0
+	if sh := t.sh; t.shared != nil && sh.nonce != 0 && sh.nonce <= n {
+		from := sh.state
+		sh.state, sh.nonce = state, 0
 		if nack {
-			t.sharedNack = msg
+			sh.nack = msg
 		}
 		mv.answerShared(from, now)
 		if rs := t.shared.Resources; len(rs) > 0 {
@@ -443,8 +472,9 @@ func (s *streamStatus) snapshot() ClientStatus {
 
 // snapshot copies the type's record; call with the stream's mu held.
 func (t *typeStatus) snapshot(typeURL string) TypeStatus {
+	last := t.lastNack()
 	ts := TypeStatus{TypeURL: typeURL, Wildcard: t.wildcard, AckVersion: t.ackVersion,
-		NackVersion: t.nackVersion, NackError: t.nackMsg, NackAt: t.nackAt}
+		NackVersion: last.version, NackError: last.msg, NackAt: last.at}
 	for name, r := range t.res.all() {
 		if r.named {
 			ts.Named++
@@ -460,9 +490,9 @@ func (t *typeStatus) snapshot(typeURL string) TypeStatus {
 			if _, ok := t.res.get(r.Name); ok {
 				continue
 			}
-			rs := ResourceStatus{Name: r.Name, Version: r.Version, State: t.sharedState, Sent: t.sharedSent}
+			rs := ResourceStatus{Name: r.Name, Version: r.Version, State: t.sh.state, Sent: t.sh.sent}
 			if rs.State == Nacked {
-				rs.Error, rs.ErrorAt = t.sharedNack, t.nackAt
+				rs.Error, rs.ErrorAt = t.sh.nack, last.at
 			}
 			ts.Resources = append(ts.Resources, rs)
 		}

@@ -79,7 +79,7 @@ func (n *nonces) next() string {
 func (n nonces) peek() uint64 { return uint64(n) + 1 }
 
 // diff returns what is in b and not in a, sorted.
-func diff(a, b *inlineMap[struct{}]) []string {
+func diff[V any](a, b *inlineMap[V]) []string {
 	var out []string
 	for k := range b.all() {
 		if !a.has(k) {
@@ -90,10 +90,10 @@ func diff(a, b *inlineMap[struct{}]) []string {
 	return out
 }
 
-func set(names []string) inlineMap[struct{}] {
-	var m inlineMap[struct{}]
+func set(names []string) inlineMap[uint32] {
+	var m inlineMap[uint32]
 	for _, n := range names {
-		m.set(n, struct{}{})
+		m.set(n, 0)
 	}
 	return m
 }
@@ -259,13 +259,13 @@ type streamBase struct {
 	// after them, in heldArr's array while they fit.
 	flushing flusher
 	held     []heldSend
-	heldArr  [4]heldSend
+	heldArr  [2]heldSend
 	// Warming (warming.go): the endpoints of the Clusters a flush just
 	// sent; on a per-type CDS stream, those waiting for the client's ACK of
 	// the response warmNonce; on a per-type EDS stream, what the
 	// connection's CDS stream asks it to send again (its own mu).
 	warming   []string
-	warmOnAck cache.NameSet
+	warmOnAck *cache.NameSet // nil until a per-type CDS stream sends a Cluster to warm
 	warmNonce uint64
 	inbox     *warmInbox
 	// On ADS, Listeners and Routes kept back behind new Clusters that warm
@@ -278,6 +278,9 @@ type streamBase struct {
 	spoke   bool
 	endable bool
 	first   chan struct{}
+	// The types the stream has asked for (order.go, warmorder.go), here
+	// to share a word with holds.
+	asked typeSet
 	// Held first states (held.go): holds counts the types whose first
 	// state the stream holds (atomic: the handler reads it without mu);
 	// holdWake, while the handler waits on them, is closed by the next

@@ -41,6 +41,16 @@ func (b *streamBase) warmed(r *cache.Resource) {
 	}
 }
 
+// warmedAs notes that Cluster r goes out changed for the client (had: it
+// held a version of it) or new to it (warmedNew).
+func (b *streamBase) warmedAs(r *cache.Resource, had bool) {
+	if had {
+		b.warmed(r)
+	} else {
+		b.warmedNew(r)
+	}
+}
+
 // flushWarm sends the endpoints of the Clusters just sent: on this stream
 // for ADS (f's resendEndpoints), on the connection's EDS streams for a
 // per-type CDS stream.
@@ -63,6 +73,9 @@ func (b *streamBase) flushWarm(f flusher) error {
 		}
 		b.holdCold(f) // warmorder.go
 	case resourcev3.ClusterType:
+		if b.warmOnAck == nil {
+			b.warmOnAck = new(cache.NameSet)
+		}
 		for _, n := range names { // each once: a client may answer late
 			b.warmOnAck.Add(n)
 		}
@@ -84,7 +97,7 @@ func (b *streamBase) ackedClusters(nonce string, nack bool) {
 		return // an older response's answer: the client has not seen them yet
 	}
 	names := b.warmOnAck.AppendTo(nil)
-	b.warmOnAck = cache.NameSet{}
+	b.warmOnAck = nil
 	if !nack {
 		b.conn.warmEDS(b.cache, names)
 	}

@@ -63,10 +63,14 @@ type endpointHolder interface {
 
 // warmedNew notes that Cluster r goes out new to the stream: besides
 // warming (warmed), on ADS its endpoints, unless the stream holds them,
-// hold the Listeners and Routes back (holdCold).
+// hold the Listeners and Routes back (holdCold). A stream that has asked
+// for none of them has nothing to hold and keeps no hold: no record, no
+// timer, nothing to look at when the client answers (a client asks for
+// Listeners before it answers the Clusters, or is answered after them
+// anyway).
 func (b *streamBase) warmedNew(r *cache.Resource) {
 	b.warmed(r)
-	if r.Warm == "" || b.fixed != "" {
+	if r.Warm == "" || b.fixed != "" || b.asked&heldTypes == 0 {
 		return
 	}
 	if b.hold == nil {
@@ -209,16 +213,12 @@ func (b *streamBase) endHold() {
 // sent them.
 func (ss *sotwStream) hasEndpoints(name string) bool {
 	t := ss.types.get(resourcev3.EndpointType)
-	return t != nil && t.sent.has(name) && (t.wildcard || t.names.has(name))
+	return t != nil && holding(&t.sent, name, nil).version() && (t.wildcard || t.names.has(name))
 }
 
 // hasEndpoints reports whether the stream holds the endpoints name:
 // subscribed (by name, collection or wildcard) and sent, not as absent.
 func (ds *deltaStream) hasEndpoints(name string) bool {
 	t := ds.types.get(resourcev3.EndpointType)
-	if t == nil {
-		return false
-	}
-	v, ok := t.sent.get(name)
-	return ok && v != absent && (t.wildcard || t.named(name))
+	return t != nil && holding(&t.sent, name, nil).version() && (t.wildcard || t.named(name))
 }
