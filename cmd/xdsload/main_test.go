@@ -332,7 +332,8 @@ func TestDocumentedCommandsParse(t *testing.T) {
 
 // documentedCommands returns the arguments of each xdsload command in the
 // ```sh blocks of file: lines starting "go run ./cmd/xdsload" or
-// "./xdsload", with their backslash continuations. A shell variable the
+// "./xdsload", with their backslash continuations, less a trailing & (run
+// in the background). A shell variable the
 // document sets before (NAME=VALUE) is expanded, $! as a process id; one
 // it never sets is left as written, and fails the flag that reads it.
 func documentedCommands(t *testing.T, file string) [][]string {
@@ -370,6 +371,7 @@ func documentedCommands(t *testing.T, file string) [][]string {
 		}
 		for _, prefix := range []string{"go run ./cmd/xdsload ", "./xdsload "} {
 			if rest, ok := strings.CutPrefix(line, prefix); ok {
+				rest = strings.TrimSuffix(strings.TrimSpace(rest), " &") // run in the background
 				out = append(out, strings.Fields(expand(rest)))
 			}
 		}
