@@ -271,7 +271,7 @@ func TestFleetCommand(t *testing.T) {
 	}
 	var res loadtest.Fleet
 	runOK(t, []string{"--fleet", "3", "--relay-bin", bin, "--clients", "36", "--groups", "6", "--updates", "3",
-		"--update-every", "100ms", "--resources", "4", "--endpoints", "5", "--balance-for", "15s"},
+		"--update-every", "100ms", "--resources", "4", "--endpoints", "5", "--balance-for", "40s"},
 		[]string{"control plane streams", "the extra hop", "killed", "balance after", "fleet run passed"}, &res)
 	if !res.Passed || res.Without.Streams != 18 || res.With.Streams != 6 || res.Kill.Removals != 0 || res.Kill.Resent != 0 ||
 		res.Kill.NewStreams > res.Kill.Moved || res.Hop.Owner.N == 0 || res.Hop.Peer.N == 0 || len(res.Balance) == 0 {
