@@ -31,6 +31,10 @@ type ClientCounts struct {
 	Pending    int // sent something not answered yet
 	Accepted   int // holds the type's resources it was sent, every one acknowledged
 	Waiting    int // holds nothing of the type yet and is owed nothing
+	// Peers are the fleet peers' streams of the type (Watch.SetPeer),
+	// left out of the counts above: each is a member relaying the group
+	// to clients of its own, counted there.
+	Peers int
 }
 
 // clientClass is where a client stands with a type, as ClientCounts
@@ -102,6 +106,18 @@ func recLocked(w *Watch, typeURL string, make bool) *clientRec {
 	return &w.conv[len(w.conv)-1]
 }
 
+// total is how many a type's counts count; 0 for none.
+func total(n *[numClasses]int) int {
+	if n == nil {
+		return 0
+	}
+	t := 0
+	for _, c := range n[classNone+1:] {
+		t += c
+	}
+	return t
+}
+
 // classLocked counts w's record where it stands now, and drops it once it
 // counts nowhere (r is then no longer w's). Call with the counters' mu
 // held.
@@ -110,13 +126,17 @@ func (cv *convergence) classLocked(w *Watch, r *clientRec) {
 	if c == r.class {
 		return
 	}
-	if cv.clients == nil {
-		cv.clients = make(map[string]*[numClasses]int)
+	byType := &cv.clients
+	if w.peer {
+		byType = &cv.peers
 	}
-	counts := cv.clients[r.typeURL]
+	if *byType == nil {
+		*byType = make(map[string]*[numClasses]int)
+	}
+	counts := (*byType)[r.typeURL]
 	if counts == nil {
 		counts = new([numClasses]int)
-		cv.clients[r.typeURL] = counts
+		(*byType)[r.typeURL] = counts
 	}
 	if r.class != classNone {
 		counts[r.class]--
@@ -268,10 +288,15 @@ func (c *Cache) ClientSummary() []ClientCounts {
 	out := make([]ClientCounts, 0, len(cv.clients))
 	for typeURL, n := range cv.clients {
 		cc := ClientCounts{Type: typeURL, Rejected: n[classRejected], Behind: n[classBehind], Pending: n[classPending],
-			Accepted: n[classAccepted], Waiting: n[classWaiting]}
+			Accepted: n[classAccepted], Waiting: n[classWaiting], Peers: total(cv.peers[typeURL])}
 		cc.Subscribed = cc.Rejected + cc.Behind + cc.Pending + cc.Accepted + cc.Waiting
-		if cc.Subscribed > 0 {
+		if cc.Subscribed > 0 || cc.Peers > 0 {
 			out = append(out, cc)
+		}
+	}
+	for typeURL, n := range cv.peers {
+		if _, ok := cv.clients[typeURL]; !ok && total(n) > 0 {
+			out = append(out, ClientCounts{Type: typeURL, Peers: total(n)})
 		}
 	}
 	slices.SortFunc(out, func(a, b ClientCounts) int { return strings.Compare(a.Type, b.Type) })

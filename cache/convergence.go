@@ -81,6 +81,9 @@ type convergence struct {
 	firsts []Rejection
 	// clients counts, per type, the clients in each class (clients.go).
 	clients map[string]*[numClasses]int
+	// peers counts, per type, the fleet peers' streams (Watch.SetPeer),
+	// apart from the clients.
+	peers map[string]*[numClasses]int
 }
 
 // convName is what clients hold of one name: the versions any of them

@@ -200,6 +200,7 @@ type Watch struct {
 
 	rank  uint64 // orders the canaries (Rollout); set before registering
 	first bool   // woken before the others (SetFirst); set before registering
+	peer  bool   // a fleet peer's, counted apart (SetPeer); set before registering
 }
 
 // SetFirst makes the watch woken before the others at each change it is
@@ -207,6 +208,12 @@ type Watch struct {
 // below) is flushed first. Call it before the watch is registered with a
 // cache.
 func (w *Watch) SetFirst(first bool) { w.first = first }
+
+// SetPeer marks the watch a fleet peer's stream (relay/fleet.go): a
+// member relaying the group to clients of its own, counted apart from the
+// clients (ClientCounts.Peers). Call it before the watch is registered
+// with a cache.
+func (w *Watch) SetPeer(peer bool) { w.peer = peer }
 
 // SetRank sets the watch's rank among its type's watches: the lowest
 // ranked are the canaries of the rollout (Rollout). A hash of the client's

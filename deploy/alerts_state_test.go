@@ -123,6 +123,28 @@ func testFleetViewDisagrees(t *testing.T, before sample, t0 time.Time) {
 	}
 }
 
+// testFleetPeersUnreachable: with a listed peer that does not answer
+// between two scrapes, XdsrelayFleetPeersUnreachable returns the
+// instance's series, held for 5 minutes; before, nothing.
+func testFleetPeersUnreachable(t *testing.T, before sample, t0 time.Time) {
+	after := withValues(t, before, func(name string, _ map[string]string) (float64, bool) {
+		return 1, name == "xdsrelay_fleet_unreachable_peers"
+	})
+	rule := loadAlertRule(t, "XdsrelayFleetPeersUnreachable")
+	if rule.hold != 5*time.Minute {
+		t.Errorf("XdsrelayFleetPeersUnreachable for: %v, want 5m", rule.hold)
+	}
+	st := teststorage.New(t)
+	ingest(t, st, before, t0)
+	ingest(t, st, after, t0.Add(scrapeInterval))
+	if got := holding(t, rule, st, t0); len(got) != 0 {
+		t.Errorf("XdsrelayFleetPeersUnreachable with every peer answering: %v", got)
+	}
+	if got := holding(t, rule, st, t0.Add(scrapeInterval)); len(got) != 1 || !strings.Contains(got[0], "instance=") {
+		t.Errorf("XdsrelayFleetPeersUnreachable with a peer that does not answer: %v, want the instance's series", got)
+	}
+}
+
 // holdsAfter checks the state alert name (for: hold) over scrape before at
 // t0 and scrape after one interval later: it returns nothing at t0, and
 // one series, of type typ, after (what says how after differs). It

@@ -197,6 +197,7 @@ func TestAlertsFireOnFirstEvent(t *testing.T) {
 	t.Run("XdsrelayReferenceWaitsTimingOut", func(t *testing.T) { testReferenceWaitsTimingOut(t, before, t0) })
 	t.Run("XdsrelayClientsBehind", func(t *testing.T) { testClientsBehind(t, before, t0) })
 	t.Run("XdsrelayFleetViewDisagrees", func(t *testing.T) { testFleetViewDisagrees(t, before, t0) })
+	t.Run("XdsrelayFleetPeersUnreachable", func(t *testing.T) { testFleetPeersUnreachable(t, before, t0) })
 	for _, name := range slices.Sorted(func(yield func(string) bool) {
 		for n := range firstEventAlerts {
 			if !yield(n) {

@@ -81,6 +81,10 @@ type Options struct {
 	// change (cache.Watch.SetFirst): a relay below fans out to many
 	// clients of its own, and is flushed first.
 	FlushFirst func(node *corepb.Node, from Caller) bool
+	// Peer, if set, says of a stream as it joins whether it is a fleet
+	// peer's: its watch is counted apart from the clients
+	// (cache.Watch.SetPeer).
+	Peer func(node *corepb.Node, from Caller) bool
 	// Loads configure the load reporting service (LRS); not served if
 	// Loads.Groups is nil.
 	Loads LoadOptions
@@ -106,6 +110,7 @@ type Server struct {
 	wildWait    time.Duration // Options.WildcardWait
 	heldWait    time.Duration // Options.HeldWait
 	flushFirst  func(*corepb.Node, Caller) bool
+	peer        func(*corepb.Node, Caller) bool
 	limits      Limits
 	admission   *admission
 	deadlines   *deadlines // limits.first_request_timeout; nil for none
@@ -166,6 +171,7 @@ func New(opts Options) (*Server, error) {
 		wildWait:    opts.WildcardWait,
 		heldWait:    opts.HeldWait,
 		flushFirst:  opts.FlushFirst,
+		peer:        opts.Peer,
 		between:     opts.betweenTypes,
 		limits:      opts.Limits,
 		loads:       opts.Loads.defaults(),

@@ -451,6 +451,9 @@ func run[Req any, Resp any, PReq interface {
 	if s.flushFirst != nil && s.flushFirst(end.node, who.caller()) {
 		b.watch.SetFirst(true) // before the first request registers it
 	}
+	if s.peer != nil && s.peer(end.node, who.caller()) {
+		b.watch.SetPeer(true)
+	}
 	pm := &pump{pool: s.sends, conn: s.sends.conn(ls.addr), flush: p.flush, guard: g, stream: b}
 	g.conn = pm.conn
 	defer s.sends.release(pm.conn)

@@ -9,9 +9,9 @@
 // owner: the live member that ranks first by rendezvous (highest random
 // weight) hash of the key and the member (Ring), so that a member that
 // comes or goes moves only the groups it gains or owned. The exchange also
-// carries each member's client count and view: a member over
-// (1 + fleet.balance_slack) times the fleet's mean learns how many to shed
-// (Excess), and views that differ are counted (docs/architecture.md,
+// carries each member's client count and view: a member over the bound,
+// (1 + fleet.balance_slack) times the fleet's mean and at least the mean
+// rounded up plus one (Bound), learns how many to shed (Excess), and views that differ are counted (docs/architecture.md,
 // invariant 22 "One fetch per group per fleet").
 //
 // The package knows nothing of xDS streams or caches: the relay wiring asks

@@ -25,7 +25,15 @@ const ExchangeMethod = "/xdsrelay.fleet.v1.Fleet/Exchange"
 
 // Report is what a member says of itself.
 type Report struct {
-	Self    string   // its fleet.self, as the others know it
+	Self string // its fleet.self, as the others know it
+	// Instance is the member's process, a random id drawn as it starts:
+	// a member that is answered by its own instance has dialled itself
+	// (its fleet.self is not the address it is reached at).
+	Instance string
+	// Config is what of its configuration the members must share
+	// (Options.Config's fingerprint): the groups' keys and the control
+	// planes. Members that differ fetch and group differently.
+	Config  string
 	Clients int      // the clients it holds
 	View    []string // the members it sees (itself included), sorted
 }
@@ -87,7 +95,7 @@ func encodeReport(r Report) *structpb.Struct {
 	for i, m := range r.View {
 		view[i] = m
 	}
-	s, err := structpb.NewStruct(map[string]any{"self": r.Self, "clients": float64(r.Clients), "view": view})
+	s, err := structpb.NewStruct(map[string]any{"self": r.Self, "instance": r.Instance, "config": r.Config, "clients": float64(r.Clients), "view": view})
 	if err != nil {
 		panic(fmt.Sprintf("fleet: a report of strings and a number does not encode: %v", err)) // unreachable
 	}
@@ -98,8 +106,9 @@ func encodeReport(r Report) *structpb.Struct {
 func decodeReport(s *structpb.Struct) (Report, error) {
 	f := s.GetFields()
 	r := Report{Self: f["self"].GetStringValue()}
-	if len(r.Self) > maxReportText {
-		return Report{}, errors.New("fleet: a report's self is too long")
+	r.Instance, r.Config = f["instance"].GetStringValue(), f["config"].GetStringValue()
+	if len(r.Self) > maxReportText || len(r.Instance) > maxReportText || len(r.Config) > maxReportText {
+		return Report{}, errors.New("fleet: a report's self, instance or config is too long")
 	}
 	n := f["clients"].GetNumberValue()
 	if math.IsNaN(n) || n < 0 || n > maxReportCount {

@@ -3,8 +3,10 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"slices"
@@ -34,6 +36,10 @@ type Options struct {
 	Ask func(ctx context.Context, p Peer, mine Report) (Report, error)
 	// Clients is how many clients this member holds; required.
 	Clients func() int
+	// Fingerprint is what of this member's configuration the others must
+	// share (the relay's group_by and control planes), at most 256 bytes:
+	// a member that answers with another is said once (MsgConfigDiffers).
+	Fingerprint string
 	// Resolve resolves a host name to addresses;
 	// net.DefaultResolver.LookupHost if nil.
 	Resolve func(ctx context.Context, host string) ([]string, error)
@@ -44,10 +50,11 @@ type Options struct {
 // it (Owner, View, Excess) and is woken when the view changes (Changed).
 type Members struct {
 	// Read-only after New.
-	opts    Options
-	log     *slog.Logger
-	every   time.Duration // the probe period
-	changed chan struct{} // capacity 1: the view changed
+	opts     Options
+	log      *slog.Logger
+	every    time.Duration // the probe period
+	changed  chan struct{} // capacity 1: the view changed
+	instance string        // this process, in its reports (Report.Instance)
 
 	mu      lockorder.Mutex[membersMu]
 	self    string             // guarded by mu: this member as the view names it
@@ -55,6 +62,8 @@ type Members struct {
 	known   map[string]*member // guarded by mu: the other members resolved, by address
 	ring    *Ring              // guarded by mu: the view: self and the live members
 	since   time.Time          // guarded by mu: when the view last changed
+	stale   time.Time          // guarded by mu: the counts answered before it are stale (a shed)
+	heard   map[string]bool    // guarded by mu: callers not in fleet.peers, already logged
 	refresh time.Time          // owned by Run: when to resolve again
 }
 
@@ -64,6 +73,11 @@ type member struct {
 	answered time.Time // its last answer; zero if none yet
 	report   Report    // in its last answer
 	live     bool      // in the view
+	err      string    // why its last ask failed; "" once it answers
+	warned   []string  // the errors logged since it last answered (at most maxWarnings)
+	me       bool      // it answered as this process: fleet.self is wrong
+	says     string    // the self it gave, where that is not its address (logged once)
+	config   string    // its fingerprint, where that is not this one's (logged once)
 }
 
 // New checks opts and returns the members, this one alone in the view
@@ -82,7 +96,8 @@ func New(opts Options) (*Members, error) {
 		opts.Logger = slog.Default()
 	}
 	m := &Members{opts: opts, log: opts.Logger.With("component", "fleet"), changed: make(chan struct{}, 1),
-		known: map[string]*member{}, selves: map[string]bool{}, since: time.Now()}
+		known: map[string]*member{}, selves: map[string]bool{}, heard: map[string]bool{}, since: time.Now(),
+		instance: fmt.Sprintf("%016x", rand.Uint64())}
 	m.every = max(min(opts.Refresh, opts.Timeout/4), 10*time.Millisecond)
 	if a, ok := canonical(opts.Self); ok {
 		m.self, m.selves[a] = a, true
@@ -263,7 +278,7 @@ func (m *Members) askAll(ctx context.Context) {
 			defer cancel()
 			r, err := m.opts.Ask(actx, p, mine)
 			if err != nil {
-				m.log.Debug("a fleet member did not answer", "member", p.Addr, "error", err)
+				m.failed(p.Addr, err)
 				return
 			}
 			m.answered(p.Addr, r)
@@ -277,18 +292,99 @@ func (m *Members) report() Report {
 	clients := m.opts.Clients()
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return Report{Self: m.self, Clients: clients, View: m.ring.Members()}
+	return Report{Self: m.self, Instance: m.instance, Config: m.opts.Fingerprint, Clients: clients, View: m.ring.Members()}
 }
 
 // Answer is this member's report, for the exchange's answer.
 func (m *Members) Answer() Report { return m.report() }
 
-// answered records a member's answer.
+// answered records a member's answer. An answer from this process is
+// no member's: the address is this one's, and fleet.self is not.
 func (m *Members) answered(addr string, r Report) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if k := m.known[addr]; k != nil {
-		k.answered, k.report = time.Now(), r
+	k := m.known[addr]
+	switch {
+	case k == nil:
+	case r.Instance == m.instance:
+		if !k.me {
+			m.log.Warn(MsgThisReplica, "fleet.self", m.opts.Self, "address", addr)
+		}
+		k.me, k.err = true, "this replica: fleet.self ("+m.opts.Self+") is not its address"
+	default:
+		if r.Self != addr && r.Self != k.says {
+			m.log.Warn(MsgOtherName, "member", addr, "its fleet.self", r.Self)
+		}
+		k.says = ""
+		if r.Self != addr {
+			k.says = r.Self
+		}
+		if r.Config != m.opts.Fingerprint && r.Config != k.config {
+			m.log.Warn(MsgConfigDiffers, "member", addr, "its config", r.Config, "this config", m.opts.Fingerprint)
+		}
+		k.config = ""
+		if r.Config != m.opts.Fingerprint {
+			k.config = r.Config
+		}
+		k.answered, k.report, k.err, k.warned = time.Now(), r, "", nil
+	}
+}
+
+// The fleet's warnings, as they are logged.
+const (
+	// MsgThisReplica: a fleet.peers address answered as this replica.
+	MsgThisReplica = "fleet.self is not this replica's address: a fleet.peers address answers as this replica; it is left out of the view (no peer stream to itself)"
+	// MsgNoAnswer: a member not in the view failed its first ask.
+	MsgNoAnswer = "a fleet member does not answer: until it does, this replica fetches from the control plane the groups it would own"
+	// MsgLeft: a member in the view stopped answering.
+	MsgLeft = "a fleet member stopped answering: it is out of the view"
+	// MsgJoined: a member answers and is in the view.
+	MsgJoined = "a fleet member answers: it is in the view"
+	// MsgOtherName: a member answers with another fleet.self than its
+	// address.
+	MsgOtherName = "a fleet member names itself otherwise than the address it is reached at: its fleet.self is wrong"
+	// MsgConfigDiffers: a member's fingerprint is not this one's.
+	MsgConfigDiffers = "a fleet member is configured otherwise than this one (upstream.group_by, the control planes): they group and fetch differently"
+	// MsgUnlisted: a caller is not in this member's fleet.peers.
+	MsgUnlisted = "a replica not in this one's fleet.peers asks the exchange: the replicas' fleet.peers differ"
+)
+
+// maxWarnings bounds the warnings of one member that does not answer.
+const maxWarnings = 4
+
+// failed records that a member did not answer. A member not in the view
+// is logged at its first failure, and again for each new error (a peer
+// that comes up with its TLS set up wrong first refuses, then fails the
+// handshake), at most maxWarnings times until it answers; a member in the
+// view is logged as it leaves it (judge).
+func (m *Members) failed(addr string, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	k := m.known[addr]
+	if k == nil || k.me {
+		return
+	}
+	k.err = err.Error()
+	if k.live || len(k.warned) >= maxWarnings || slices.Contains(k.warned, k.err) {
+		m.log.Debug("a fleet member did not answer", "member", addr, "error", err)
+		return
+	}
+	k.warned = append(k.warned, k.err)
+	m.log.Warn(MsgNoAnswer, "member", addr, "name", k.peer.Name, "error", err)
+}
+
+// Heard notes a caller's report, from the exchange it asked: a caller
+// that is not in fleet.peers is logged once (the fleet is set up
+// differently on the two).
+func (m *Members) Heard(caller Report) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if caller.Instance == m.instance || caller.Self == "" || m.heard[caller.Self] || len(m.heard) >= maxReportView {
+		return
+	}
+	if m.known[caller.Self] == nil && !m.selves[caller.Self] {
+		m.heard[caller.Self] = true
+		m.log.Warn(MsgUnlisted, "caller", caller.Self)
 	}
 }
 
@@ -301,7 +397,15 @@ func (m *Members) judge(now time.Time) {
 	m.mu.Lock()
 	view := []string{m.self}
 	for a, k := range m.known {
-		k.live = !k.answered.IsZero() && now.Sub(k.answered) < m.grace()
+		was := k.live
+		k.live = !k.me && !k.answered.IsZero() && now.Sub(k.answered) < m.grace()
+		switch {
+		case was && !k.live:
+			k.warned = append(k.warned[:0], k.err)
+			m.log.Warn(MsgLeft, "member", a, "last_answer", k.answered, "error", k.err)
+		case !was && k.live:
+			m.log.Info(MsgJoined, "member", a)
+		}
 		if k.live {
 			view = append(view, a)
 		}
@@ -324,9 +428,10 @@ func (m *Members) judge(now time.Time) {
 // View is a member's view, as /debug/fleet shows it.
 type View struct {
 	Self    string       `json:"self"`
-	Members []string     `json:"members"` // live, this one included, sorted
-	Since   time.Time    `json:"since"`   // when the view last changed
-	Peers   []PeerStatus `json:"peers"`   // every other member resolved
+	Config  string       `json:"config,omitempty"` // this member's fingerprint (Options.Fingerprint)
+	Members []string     `json:"members"`          // live, this one included, sorted
+	Since   time.Time    `json:"since"`            // when the view last changed
+	Peers   []PeerStatus `json:"peers"`            // every other member resolved
 }
 
 // PeerStatus is another member as this one knows it.
@@ -338,16 +443,28 @@ type PeerStatus struct {
 	Clients  int        `json:"clients"`
 	View     []string   `json:"view,omitempty"` // its own view, in its last answer
 	Agrees   bool       `json:"agrees"`         // its view is this one's
+	// LastError is why the last ask failed; empty once it answers.
+	LastError string `json:"last_error,omitempty"`
+	// ThisReplica says the address answers as this replica: fleet.self
+	// is not this replica's address.
+	ThisReplica bool `json:"this_replica,omitempty"`
+	// NamesItself is the fleet.self it gave, where that is not its
+	// address (its fleet.self is wrong).
+	NamesItself string `json:"names_itself,omitempty"`
+	// ConfigDiffers is its configuration's fingerprint, where that is not
+	// this one's (View.Config): upstream.group_by, the control planes.
+	ConfigDiffers string `json:"config_differs,omitempty"`
 }
 
 // View is the current view.
 func (m *Members) View() View {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	v := View{Self: m.self, Members: m.ring.Members(), Since: m.since}
+	v := View{Self: m.self, Config: m.opts.Fingerprint, Members: m.ring.Members(), Since: m.since}
 	for a, k := range m.known {
 		ps := PeerStatus{Addr: a, Name: k.peer.Name, Live: k.live, Clients: k.report.Clients, View: k.report.View,
-			Agrees: k.live && slices.Equal(k.report.View, v.Members)}
+			Agrees: k.live && slices.Equal(k.report.View, v.Members), LastError: k.err, ThisReplica: k.me, NamesItself: k.says,
+			ConfigDiffers: k.config}
 		if !k.answered.IsZero() {
 			at := k.answered
 			ps.Answered = &at
@@ -356,6 +473,20 @@ func (m *Members) View() View {
 	}
 	slices.SortFunc(v.Peers, func(a, b PeerStatus) int { return strings.Compare(a.Addr, b.Addr) })
 	return v
+}
+
+// Unreachable counts the members resolved that are not in the view (this
+// replica left out, if fleet.peers resolves to it under another address).
+func (m *Members) Unreachable() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, k := range m.known {
+		if !k.live && !k.me {
+			n++
+		}
+	}
+	return n
 }
 
 // Disagreeing counts the live members whose view is not this one's.
@@ -369,25 +500,50 @@ func (m *Members) Disagreeing() int {
 	return n
 }
 
-// Excess is how many of its clients this member holds past the bound,
-// (1 + fleet.balance_slack) times the fleet's mean, from the counts the
-// live members last reported: 0 within it, with balance off, or alone.
+// Excess is how many of its clients this member holds past the bound
+// (Bound) of the fleet's mean, from the counts the live members last
+// reported: 0 within it, with balance off, alone, or while a count is
+// stale (a live member has not answered since this one last shed: Shed).
 func (m *Members) Excess(clients int) int {
 	if !m.opts.Balance {
 		return 0
 	}
 	m.mu.Lock()
-	n, total := 1, clients
+	n, total, fresh := 1, clients, true
 	for _, k := range m.known {
 		if k.live {
 			n++
 			total += k.report.Clients
+			fresh = fresh && k.answered.After(m.stale)
 		}
 	}
 	m.mu.Unlock()
-	if n == 1 {
+	if n == 1 || !fresh {
 		return 0
 	}
-	bound := int(math.Floor((1 + m.opts.BalanceSlack) * float64(total) / float64(n)))
-	return max(clients-bound, 0)
+	return max(clients-Bound(total, n, m.opts.BalanceSlack), 0)
+}
+
+// Bound is the most clients a member of n holding total between them
+// keeps: (1 + slack) times the mean, and never less than the mean rounded
+// up, plus one. Some member must hold ceil(mean) whenever the mean is not
+// whole, and with few clients (a mean under 1/slack) (1 + slack) times
+// the mean is below that: every member over it would shed forever, each
+// client landing on another that then holds as many. The one more is
+// room for a client on its way: shed by one member, counted by another
+// before the first hears of it, or reconnecting to the member that shed
+// it (a client that dials a member, not a Service).
+func Bound(total, n int, slack float64) int {
+	mean := float64(total) / float64(n)
+	return max(int(math.Floor((1+slack)*mean)), int(math.Ceil(mean))+1)
+}
+
+// Shed records that this member closed a client connection to balance the
+// fleet: the counts the others reported so far are stale, since the
+// client is on its way to one of them, until each has answered again a
+// probe period on (the client's time to reconnect). Excess is 0 until then.
+func (m *Members) Shed() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.stale = time.Now().Add(m.every)
 }

@@ -227,3 +227,43 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// Bound is (1+slack) times the mean, and never below the mean rounded up
+// plus one: with few clients a member may hold what some member must.
+func TestBound(t *testing.T) {
+	for _, tc := range []struct {
+		total, n int
+		slack    float64
+		want     int
+	}{
+		{total: 4, n: 3, slack: 0.2, want: 3},     // mean 1.33: ceil 2, +1
+		{total: 2, n: 3, slack: 0.2, want: 2},     // mean 0.67
+		{total: 1, n: 2, slack: 0.2, want: 2},     // an idle peer
+		{total: 0, n: 3, slack: 0.2, want: 1},     // nobody
+		{total: 60, n: 3, slack: 0.2, want: 24},   // (1+slack) times the mean
+		{total: 3000, n: 3, slack: 0, want: 1001}, // no slack: the mean, plus one
+	} {
+		if got := Bound(tc.total, tc.n, tc.slack); got != tc.want {
+			t.Errorf("Bound(%d, %d, %v) = %d, want %d", tc.total, tc.n, tc.slack, got, tc.want)
+		}
+	}
+}
+
+// After a shed, Excess is 0 until every live member has answered again:
+// the shed client may be on its way to one of them.
+func TestExcessWaitsForFreshCountsAfterAShed(t *testing.T) {
+	f := newTestFleet(t, three...)
+	f.run(t)
+	for _, a := range three {
+		f.waitView(t, a, three, 5*time.Second)
+	}
+	m := f.members[three[0]]
+	if got := m.Excess(100); got != 100-Bound(100, 3, 0.2) {
+		t.Fatalf("Excess(100) = %d before a shed", got)
+	}
+	m.Shed()
+	if got := m.Excess(100); got != 0 {
+		t.Fatalf("Excess(100) = %d just after a shed, want 0 until the counts are fresh", got)
+	}
+	waitFor(t, func() bool { return m.Excess(100) > 0 })
+}

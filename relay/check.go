@@ -32,8 +32,11 @@ type Checked struct {
 // configuration's own (Problems, which the authorization rules are among):
 // it loads the TLS files of each side and the resource files of a file://
 // upstream, without listening, connecting or watching anything, and
-// reports every error, not the first. With Problems, it is what xdsrelay
-// validate runs.
+// reports every error, not the first; and, when the TLS files load, what
+// the other members of a fleet will make of this replica's certificate
+// (checkFleetCert), which New does not refuse: a member refused by the
+// others serves alone, and says so as it runs. With Problems, it is what
+// xdsrelay validate runs.
 func CheckStart(cfg Config) Checked {
 	var out Checked
 	for _, t := range tlsOf(cfg) {
@@ -46,6 +49,9 @@ func CheckStart(cfg Config) Checked {
 			}
 			out.TLS = append(out.TLS, err)
 		}
+	}
+	if len(out.TLS) == 0 {
+		out.TLS = checkFleetCert(cfg)
 	}
 	if dir, ok := strings.CutPrefix(cfg.Upstream.Address, FilePrefix); ok && dir != "" {
 		out.Dir = dir

@@ -611,6 +611,13 @@ func (c *Config) validateFleet(p *problems) {
 	if c.Downstream.TLS.CAFile != "" && len(f.PeerIdentities) == 0 {
 		p.addf("fleet.peer_identities: required with downstream.tls.client_ca_file: the identities of the replicas' certificates, the only callers trusted with the peer mark")
 	}
+	if c.Downstream.TLS.CAFile == "" && len(f.PeerIdentities) > 0 {
+		p.addf("fleet.peer_identities: set without downstream.tls.client_ca_file: without client certificates no identity is checked, and any client may use the peer mark; set client_ca_file, or leave peer_identities empty")
+	}
+	_, selfPort, _ := net.SplitHostPort(f.Self)
+	if _, port, err := net.SplitHostPort(c.Downstream.Address); err == nil && port != "0" && port != "" && port != selfPort {
+		p.addf("fleet.self: its port %s is not downstream.address's, %s: the other members dial fleet.self for this replica's xDS port", selfPort, port)
+	}
 	for _, id := range f.PeerIdentities {
 		if strings.ContainsAny(id, "{}*") {
 			p.addf("fleet.peer_identities: %q is an identity, not a pattern ({, } and * are not allowed)", id)

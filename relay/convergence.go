@@ -51,6 +51,10 @@ type ConvergenceSummary struct {
 	Pending    int `json:"pending"`  // sent something not answered yet
 	Behind     int `json:"behind"`   // owed a change not sent yet: a held rollout, a slow client
 	Waiting    int `json:"waiting"`  // hold nothing of the type yet, owed nothing
+	// PeerStreams are the fleet peers' streams of the type, left out of
+	// the counts above: each is a member relaying the group to clients of
+	// its own, counted there.
+	PeerStreams int `json:"peer_streams,omitempty"`
 }
 
 // ConvergenceResource is one resource of one group.
@@ -178,7 +182,8 @@ func (out *DebugConvergence) summarize(g *group, types []string) int {
 			continue
 		}
 		out.Summary = append(out.Summary, ConvergenceSummary{Group: g.id, Type: cc.Type, Resources: resources[cc.Type],
-			Subscribed: cc.Subscribed, Accepted: cc.Accepted, Rejected: cc.Rejected, Pending: cc.Pending, Behind: cc.Behind, Waiting: cc.Waiting})
+			Subscribed: cc.Subscribed, Accepted: cc.Accepted, Rejected: cc.Rejected, Pending: cc.Pending, Behind: cc.Behind, Waiting: cc.Waiting,
+			PeerStreams: cc.Peers})
 		total += resources[cc.Type]
 	}
 	return total

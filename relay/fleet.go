@@ -2,9 +2,12 @@ package relay
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	corepb "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -76,15 +79,17 @@ type peerLink struct {
 
 type fleetMetrics struct {
 	members, disagree, clients *metrics.Value
+	unreachable                *metrics.Value
 	groups                     *metrics.Vec
 	moves, shed, ignored       *metrics.Value
 }
 
 func newFleetMetrics(reg *metrics.Registry) fleetMetrics {
 	m := fleetMetrics{
-		members:  reg.Gauge("xdsrelay_fleet_members", "Members in this replica's view of its fleet (fleet.peers), itself included; 0 without a fleet.").With(),
-		disagree: reg.Gauge("xdsrelay_fleet_view_disagreements", "Live members of the fleet whose view (the members they see) differs from this replica's, as they last answered.").With(),
-		clients:  reg.Gauge("xdsrelay_fleet_clients", "Client connections this replica holds, as balance counts them (peer streams left out).").With(),
+		members:     reg.Gauge("xdsrelay_fleet_members", "Members in this replica's view of its fleet (fleet.peers), itself included; 0 without a fleet.").With(),
+		disagree:    reg.Gauge("xdsrelay_fleet_view_disagreements", "Live members of the fleet whose view (the members they see) differs from this replica's, as they last answered.").With(),
+		unreachable: reg.Gauge("xdsrelay_fleet_unreachable_peers", "Members that fleet.peers resolves to and that do not answer the exchange (this replica left out): a member down, or a fleet set up wrong (TLS, fleet.peer_identities, fleet.self); /debug/fleet's last_error says why.").With(),
+		clients:     reg.Gauge("xdsrelay_fleet_clients", "Client connections this replica holds, as balance counts them (peer streams left out).").With(),
 		groups: reg.Gauge("xdsrelay_fleet_groups", "Groups by where they are fetched from: control_plane (this replica owns them, or a peer asks for them), peer (from the owner), fallback (the control plane, while the owner cannot be reached).", "source").
 			ZeroEach(sourceControlPlane, sourcePeer, sourceFallback),
 		moves:   reg.Counter("xdsrelay_fleet_moves_total", "Times a group moved from one path to another (the owner or the control plane), make-before-break.").With(),
@@ -108,7 +113,7 @@ func (r *Relay) newFleet() error {
 		fw.tc = rl.ClientCredentials("downstream.tls.cert_file and key_file")
 	}
 	members, err := fleet.New(fleet.Options{Config: r.cfg.Fleet, Timeout: r.cfg.Upstream.ConnectTimeout,
-		Ask: r.askPeer, Clients: r.fleetClients, Resolve: r.cfg.hooks.resolve, Logger: r.log})
+		Ask: r.askPeer, Clients: r.fleetClients, Resolve: r.cfg.hooks.resolve, Logger: r.log, Fingerprint: fleetFingerprint(r.cfg)})
 	if err != nil {
 		return fmt.Errorf("fleet: %w", err)
 	}
@@ -116,6 +121,23 @@ func (r *Relay) newFleet() error {
 	r.fleet = fw
 	r.grpc.RegisterService(&fleet.ServiceDesc, fleetAnswerer{r})
 	return nil
+}
+
+// fleetFingerprint is what of the configuration the members must share:
+// how clients are grouped (upstream.group_by) and the control planes they
+// are fetched from; a SHA-256 prefix when that is past the exchange's
+// bound.
+func fleetFingerprint(cfg Config) string {
+	addrs := []string{cfg.Upstream.Address}
+	for _, u := range cfg.Upstreams {
+		addrs = append(addrs, u.Address)
+	}
+	s := "group_by=" + strings.Join(cfg.Upstream.GroupBy, ",") + " upstream=" + strings.Join(addrs, ",")
+	if len(s) > 200 {
+		sum := sha256.Sum256([]byte(s))
+		return "sha256:" + hex.EncodeToString(sum[:8])
+	}
+	return s
 }
 
 // peerUpstream is how a member dials another: the default upstream's
@@ -168,7 +190,7 @@ func (fw *fleetWiring) link(r *Relay, p fleet.Peer) (*peerLink, error) {
 	src, err := upstream.NewADS(upstream.Options{Servers: []upstream.Server{s}, Metrics: r.upm, Logger: r.log,
 		Backoff: reconnectBackoff(fw.peerCfg), NotFoundTimeout: r.cfg.Cache.NotFoundTimeout, ProbeTimeout: fw.peerCfg.KeepaliveTimeout,
 		StallTimeout: stallTimeout(fw.peerCfg), MaxRequestBytes: fw.peerCfg.MaxRequestBytes, FallbackRecheck: fw.peerCfg.FallbackRecheck,
-		Protocol: upstream.ProtocolDelta, Upstream: "fleet", ForwardNACKs: fw.peerCfg.ForwardNACKs})
+		Protocol: upstream.ProtocolDelta, Upstream: "fleet", Peers: true, ForwardNACKs: fw.peerCfg.ForwardNACKs})
 	if err != nil {
 		s.Conn.(*grpc.ClientConn).Close()
 		s.Attempts.Release()
@@ -225,13 +247,14 @@ func (r *Relay) askPeer(ctx context.Context, p fleet.Peer, mine fleet.Report) (f
 // certificates are in use.
 type fleetAnswerer struct{ r *Relay }
 
-func (a fleetAnswerer) Exchange(ctx context.Context, _ fleet.Report) (fleet.Report, error) {
+func (a fleetAnswerer) Exchange(ctx context.Context, caller fleet.Report) (fleet.Report, error) {
 	switch {
 	case a.r.stopped.Load():
 		return fleet.Report{}, status.Error(codes.Unavailable, "xdsrelay: shutting down")
 	case !a.r.trustsPeer(downstream.Caller{Variant: "fleet", Identities: identitiesOf(ctx)}):
-		return fleet.Report{}, status.Error(codes.PermissionDenied, "xdsrelay: only fleet.peer_identities may ask")
+		return fleet.Report{}, status.Error(codes.PermissionDenied, "xdsrelay: only fleet.peer_identities may ask: the caller's certificate names none of them")
 	}
+	a.r.fleet.members.Heard(caller)
 	return a.r.fleet.members.Answer(), nil
 }
 
@@ -291,6 +314,13 @@ func (r *Relay) peerMark(node *corepb.Node, from downstream.Caller) (key string,
 func (r *Relay) flushFirst(node *corepb.Node, from downstream.Caller) bool {
 	_, _, trusted := r.peerMark(node, from)
 	return trusted || advertised(node) != ""
+}
+
+// isPeer says a stream is a trusted peer's: counted apart from the
+// clients in convergence (downstream.Options.Peer).
+func (r *Relay) isPeer(node *corepb.Node, from downstream.Caller) bool {
+	_, _, trusted := r.peerMark(node, from)
+	return trusted
 }
 
 // peerNode is the node a group presents to an owner: the node it presents
@@ -445,14 +475,19 @@ func (r *Relay) oldestClientLocked() string {
 	return addr
 }
 
-// balance sheds client connections while this member holds more than
-// (1 + fleet.balance_slack) times the fleet's mean, one a tick, a tick
-// every 1/fleet.shed_per_second (a ticker drops the ticks a slow loop
-// misses: never more): each is closed, and its client reconnects through
-// the Service to any member.
+// balance sheds client connections while this member holds more than the
+// bound (fleet.Bound: (1 + fleet.balance_slack) times the fleet's mean,
+// and at least the mean rounded up, plus one), one a tick, a tick every
+// 1/fleet.shed_per_second (a ticker drops the ticks a slow loop misses:
+// never more): each is closed, and its client reconnects through the
+// Service to any member. What is past the bound is read from counts that
+// every live member answered after the last shed, and shed whole before
+// it is read again: a member does not shed on counts that do not yet
+// hold the clients it shed (fleet.Members.Shed).
 func (r *Relay) balance() {
 	t := time.NewTicker(max(time.Duration(float64(time.Second)/r.cfg.Fleet.ShedPerSecond), time.Millisecond))
 	defer t.Stop()
+	budget := 0 // clients still to shed of the last excess read
 	for {
 		select {
 		case <-r.ctx.Done():
@@ -461,15 +496,25 @@ func (r *Relay) balance() {
 		}
 		clients := r.fleetClients()
 		r.fleetM.clients.Set(int64(clients))
-		if r.stopped.Load() || r.fleet.members.Excess(clients) == 0 {
+		if r.stopped.Load() {
 			continue
 		}
-		r.shedOne()
+		if budget == 0 {
+			budget = r.fleet.members.Excess(clients)
+		}
+		if budget == 0 {
+			continue
+		}
+		budget--
+		if r.shedOne() {
+			r.fleet.members.Shed()
+		}
 	}
 }
 
 // shedOne closes the oldest client connection; it is no longer counted.
-func (r *Relay) shedOne() {
+// It reports whether one was closed.
+func (r *Relay) shedOne() bool {
 	r.mu.Lock()
 	addr := r.oldestClientLocked()
 	if c := r.conns[addr]; c != nil {
@@ -478,10 +523,11 @@ func (r *Relay) shedOne() {
 	}
 	r.mu.Unlock()
 	if addr == "" || !r.down.CloseConnection(addr) {
-		return
+		return false
 	}
 	r.fleetM.shed.Inc()
 	r.log.Debug("client connection shed to balance the fleet", "client", addr)
+	return true
 }
 
 // registerFleetMetrics sets, at each scrape, the members and where the
@@ -494,6 +540,7 @@ func (r *Relay) registerFleetMetrics() {
 		v := r.fleet.members.View()
 		r.fleetM.members.Set(int64(len(v.Members)))
 		r.fleetM.disagree.Set(int64(disagreeing(v)))
+		r.fleetM.unreachable.Set(int64(r.fleet.members.Unreachable()))
 		r.fleetM.clients.Set(int64(r.fleetClients()))
 		counts := map[string]int64{}
 		for _, g := range r.snapshotGroups() {

@@ -658,3 +658,59 @@ func testBalance(t *testing.T, balance bool) {
 		t.Fatalf("%v connections shed", shed)
 	}
 }
+
+// Balance with few clients settles at once: two clients that dial one
+// member whose peers hold none, then four over three members behind a
+// Service (a mean under 1/slack, where (1 + slack) times the mean is below
+// the mean rounded up), are within the bound, and nothing is shed, not
+// even while the peers' counts are on their way.
+func TestFleetBalanceWithFewClientsShedsNothing(t *testing.T) {
+	cp := testcp.Start(t)
+	groups := fleetGroups(t, cp, 2, 1)
+	addrs := fleetAddrs(fleetPort(t), 3)
+	rs := startFleetOf(t, cp, addrs, func(c *Config) {
+		c.Fleet.Balance, c.Fleet.BalanceSlack, c.Fleet.ShedPerSecond = true, 0.2, 20
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
+	roam := func(n int, to []string) {
+		for i := range n {
+			c := &roamer{}
+			wg.Go(func() { c.run(ctx, to, i%len(to), groups[i%len(groups)]) })
+		}
+	}
+	shed := func() int64 {
+		var n int64
+		for _, r := range rs {
+			n += r.fleetM.shed.Get()
+		}
+		return n
+	}
+	// counted reports whether every member holds want and every other
+	// member has heard so.
+	counted := func(want []int) bool {
+		for i, r := range rs {
+			if r.fleetClients() != want[i] {
+				return false
+			}
+			for _, p := range r.fleet.members.View().Peers {
+				if j := slices.Index(addrs, p.Addr); p.Clients != want[j] {
+					return false
+				}
+			}
+		}
+		return true
+	}
+
+	roam(2, addrs[:1])
+	eventually(t, "two clients on the first member, counted by all", func() bool { return counted([]int{2, 0, 0}) })
+	holdsFor(t, time.Second, "nothing shed with two clients on one member", func() bool { return shed() == 0 })
+
+	roam(2, addrs[1:])
+	eventually(t, "four clients over three members, counted by all", func() bool { return counted([]int{2, 1, 1}) })
+	holdsFor(t, time.Second, "nothing shed with four clients over three members", func() bool { return shed() == 0 })
+}

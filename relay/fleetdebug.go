@@ -16,6 +16,10 @@ type DebugFleet struct {
 	// Enabled is false without fleet.peers; the rest is then empty.
 	Enabled bool   `json:"enabled"`
 	Self    string `json:"self,omitempty"`
+	// Config is what of its configuration the members must share
+	// (upstream.group_by, the control planes); a peer whose own differs
+	// says so in config_differs.
+	Config string `json:"config,omitempty"`
 	// Members are the live members this one sees (itself included),
 	// since when, and how long ago that was.
 	Members        []string   `json:"members"`
@@ -61,7 +65,7 @@ func (r *Relay) debugFleet(w http.ResponseWriter, _ *http.Request) {
 	}
 	v := r.fleet.members.View()
 	since := v.Since
-	out.Enabled, out.Self, out.Members, out.ViewSince = true, v.Self, v.Members, &since
+	out.Enabled, out.Self, out.Config, out.Members, out.ViewSince = true, v.Self, v.Config, v.Members, &since
 	out.ViewAgeSeconds = time.Since(since).Seconds()
 	if v.Peers != nil {
 		out.Peers = v.Peers

@@ -232,7 +232,7 @@ func (r *Relay) newDownstream() error {
 	r.down, err = downstream.New(downstream.Options{Groups: r, Metrics: r.metrics, Logger: r.log,
 		PollTimeout: cfg.Downstream.PollTimeout, SendTimeout: cfg.Downstream.SendTimeout, Authorizer: az,
 		Limits: downstreamLimits(cfg), AnswerWait: min(cfg.Cache.NotFoundTimeout, firstAnswerWait),
-		WildcardWait: cfg.wildcardWait(), FlushFirst: r.flushFirst, HeldWait: cfg.longestConnectTimeout(), Loads: r.loads.downstream(r)})
+		WildcardWait: cfg.wildcardWait(), FlushFirst: r.flushFirst, Peer: r.isPeer, HeldWait: cfg.longestConnectTimeout(), Loads: r.loads.downstream(r)})
 	return err
 }
 

@@ -142,6 +142,10 @@ type Options struct {
 	// Upstream names the control plane in logs and metrics;
 	// DefaultUpstream if empty.
 	Upstream string
+	// Peers says the servers are members of the relay's fleet, not a
+	// control plane: a stream's end is logged at debug (the fleet logs a
+	// member that goes, once: fleet.Members), and logs name a peer.
+	Peers bool
 	// Interest is the union of interests the client subscribes to: the
 	// cache's whole interest if nil, or a router's share of it.
 	Interest Interest
@@ -334,7 +338,7 @@ func New(opts Options) (*Client, error) {
 	}
 	opts.Node = proto.Clone(opts.Node).(*corepb.Node)
 	if opts.found == nil {
-		opts.found = newFound(opts.Protocol, opts.Upstream, serverNames(opts.Servers), opts.Metrics, opts.Logger)
+		opts.found = newFound(opts.Protocol, opts.Upstream, opts.Peers, serverNames(opts.Servers), opts.Metrics, opts.Logger)
 	}
 	c := &Client{
 		opts: opts,
@@ -505,6 +509,10 @@ func (c *Client) ended(ctx context.Context, cur int, healthy bool, err error, re
 	attrs := []any{"server", c.servers[cur].name, "error", err, "answered", healthy}
 	if kind := Silent(why); kind != "" {
 		attrs = append(attrs, "why", kind)
+	}
+	if c.opts.Peers {
+		c.log.Debug("fleet peer stream ended; reconnecting", attrs...)
+		return
 	}
 	c.log.Warn("upstream stream ended; reconnecting", attrs...)
 }

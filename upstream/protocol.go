@@ -61,6 +61,7 @@ func (p Protocol) next() Protocol {
 type found struct {
 	configured Protocol     // read-only; auto if the protocol is found
 	upstream   string       // read-only: the metric's label
+	peers      bool         // read-only: the servers are fleet members (Options.Peers)
 	servers    []string     // read-only: the metric's series
 	metrics    *Metrics     // read-only
 	log        *slog.Logger // read-only
@@ -76,11 +77,11 @@ type found struct {
 
 // newFound starts with nothing found of servers: the metrics show 0 for
 // each of their protocols and types.
-func newFound(p Protocol, upstream string, servers []string, m *Metrics, log *slog.Logger) *found {
+func newFound(p Protocol, upstream string, peers bool, servers []string, m *Metrics, log *slog.Logger) *found {
 	if p == "" {
 		p = ProtocolAuto
 	}
-	f := &found{configured: p, metrics: m, log: log, upstream: upstream, servers: servers,
+	f := &found{configured: p, metrics: m, log: log, upstream: upstream, peers: peers, servers: servers,
 		found: map[string]Protocol{}, shown: map[string]Protocol{}}
 	for _, s := range servers {
 		for _, q := range Protocols[1:] {
@@ -144,6 +145,10 @@ func (f *found) answered(server string, p Protocol) {
 			v = 1
 		}
 		f.metrics.Protocol.With(f.upstream, server, string(q)).Set(v)
+	}
+	if f.peers {
+		f.log.Debug("fleet peer answers in "+string(p), "peer", server)
+		return
 	}
 	f.log.Info("control plane server speaks "+string(p), "upstream", f.upstream, "server", server, "upstream.protocol", f.configured)
 }

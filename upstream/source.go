@@ -102,7 +102,7 @@ func NewADS(opts Options) (*ADS, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	opts.found = newFound(opts.Protocol, opts.Upstream, serverNames(opts.Servers), opts.Metrics, opts.Logger.With("component", "upstream"))
+	opts.found = newFound(opts.Protocol, opts.Upstream, opts.Peers, serverNames(opts.Servers), opts.Metrics, opts.Logger.With("component", "upstream"))
 	opts.Node, opts.Cache, opts.Group, opts.Interest, opts.Owns, opts.Rejections = nil, nil, "", nil, nil, nil
 	return &ADS{opts: opts}, nil
 }

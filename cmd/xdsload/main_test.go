@@ -271,7 +271,7 @@ func TestFleetCommand(t *testing.T) {
 	}
 	var res loadtest.Fleet
 	runOK(t, []string{"--fleet", "3", "--relay-bin", bin, "--clients", "36", "--groups", "6", "--updates", "3",
-		"--update-every", "100ms", "--resources", "4", "--endpoints", "5", "--balance-for", "15s"},
+		"--update-every", "100ms", "--resources", "4", "--endpoints", "5", "--balance-for", "40s"},
 		[]string{"control plane streams", "the extra hop", "killed", "balance after", "fleet run passed"}, &res)
 	if !res.Passed || res.Without.Streams != 18 || res.With.Streams != 6 || res.Kill.Removals != 0 || res.Kill.Resent != 0 ||
 		res.Kill.NewStreams > res.Kill.Moved || res.Hop.Owner.N == 0 || res.Hop.Peer.N == 0 || len(res.Balance) == 0 {
@@ -332,7 +332,8 @@ func TestDocumentedCommandsParse(t *testing.T) {
 
 // documentedCommands returns the arguments of each xdsload command in the
 // ```sh blocks of file: lines starting "go run ./cmd/xdsload" or
-// "./xdsload", with their backslash continuations. A shell variable the
+// "./xdsload", with their backslash continuations, less a trailing & (run
+// in the background). A shell variable the
 // document sets before (NAME=VALUE) is expanded, $! as a process id; one
 // it never sets is left as written, and fails the flag that reads it.
 func documentedCommands(t *testing.T, file string) [][]string {
@@ -370,6 +371,7 @@ func documentedCommands(t *testing.T, file string) [][]string {
 		}
 		for _, prefix := range []string{"go run ./cmd/xdsload ", "./xdsload "} {
 			if rest, ok := strings.CutPrefix(line, prefix); ok {
+				rest = strings.TrimSuffix(strings.TrimSpace(rest), " &") // run in the background
 				out = append(out, strings.Fields(expand(rest)))
 			}
 		}

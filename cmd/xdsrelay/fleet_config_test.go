@@ -66,6 +66,16 @@ func TestLoadFleetConfig(t *testing.T) {
 			wantErr: "fleet.peer_identities",
 		},
 		{
+			name:    "the peers' identities without client certificates",
+			yaml:    peers + "  peer_identities: [spiffe://td/ns/xdsrelay/sa/xdsrelay]\n",
+			wantErr: "fleet.peer_identities: set without downstream.tls.client_ca_file",
+		},
+		{
+			name:    "self on another port than the xDS port",
+			yaml:    "downstream:\n  address: 0.0.0.0:21021\n" + "fleet:\n  peers: [127.0.0.1:21021]\n  self: 127.0.0.1:21029\n",
+			wantErr: "fleet.self: its port 21029 is not downstream.address's, 21021",
+		},
+		{
 			name:    "an identity pattern",
 			yaml:    mtls + "  authorization:\n    mode: allow-all\n" + peers + "  peer_identities: [\"spiffe://td/*\"]\n",
 			wantErr: "fleet.peer_identities",

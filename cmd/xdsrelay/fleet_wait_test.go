@@ -38,8 +38,9 @@ func startFleetMembers(t *testing.T, upstream string, n int) []*relay.Relay {
 // member, follows each group to where it is drawn from: the members that
 // draw it from its owner are taken out of the owner's count and their own
 // clients counted in their place, so it counts the clients, not the peer
-// streams. Without --tiers a peer stream is one client of the owner, as a
-// lower relay is. `status --summary` says where each group comes from.
+// streams. Without --tiers a peer stream is not a client either: each
+// member counts its own, and the peer streams are said apart. `status
+// --summary` says where each group comes from, and its peer streams.
 func TestWaitTiersFollowsTheFleet(t *testing.T) {
 	cp := testcp.Start(t)
 	cp.Set(t, "c1", "1", timedCluster(time.Second))
@@ -55,11 +56,12 @@ func TestWaitTiersFollowsTheFleet(t *testing.T) {
 	for _, r := range rs {
 		args = append(args, "--admin", r.AdminAddr())
 	}
-	// Once the two other members draw c1 from its owner: 5 streams in all.
+	// Once the two other members draw c1 from its owner: 3 clients and
+	// 2 peer streams.
 	deadline := time.Now().Add(cliWait)
 	for {
 		code, out, errOut := runCLI(args...)
-		if code == 0 && out == "5 of 5 clients accepted\n" {
+		if code == 0 && out == "3 of 3 clients accepted (2 fleet peer streams not counted as clients)\n" {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -67,7 +69,7 @@ func TestWaitTiersFollowsTheFleet(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if code, out, errOut := runCLI(append(args, "--tiers")...); code != 0 || out != "3 of 3 clients accepted\n" {
+	if code, out, errOut := runCLI(append(args, "--tiers")...); code != 0 || out != "3 of 3 clients accepted (2 fleet peer streams not counted as clients)\n" {
 		t.Fatalf("wait --tiers over the members: exit %d, %q %q", code, out, errOut)
 	}
 
@@ -84,7 +86,10 @@ func TestWaitTiersFollowsTheFleet(t *testing.T) {
 			}
 			lines := strings.Split(strings.TrimSpace(out), "\n")
 			fields := strings.Fields(lines[len(lines)-1])
-			from[r] = strings.Join(fields[9:], " ")
+			from[r] = strings.Join(fields[10:], " ")
+			if peers := fields[9]; (from[r] == "control-plane") != (peers == "2") {
+				t.Fatalf("status --summary on %s: %s peer streams with FROM %s", r.Addr(), peers, from[r])
+			}
 			if from[r] == "control-plane" {
 				owner = r
 			}

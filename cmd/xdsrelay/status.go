@@ -134,14 +134,14 @@ func statusSummary(cmd *cobra.Command, af adminFlags, output string) error {
 	from := fleetFrom(dc.FleetPaths)
 	fmt.Fprint(tw, "GROUP\tTYPE\tRESOURCES\tCLIENTS\tACCEPTED\tREJECTED\tPENDING\tBEHIND\tWAITING")
 	if from != nil {
-		fmt.Fprint(tw, "\tFROM")
+		fmt.Fprint(tw, "\tPEERS\tFROM") // the fleet peers' streams, not among the clients
 	}
 	fmt.Fprintln(tw)
 	for _, s := range dc.Summary {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d", orDash(s.Group), xds.TypeAbbrev(s.Type), s.Resources,
 			s.Subscribed, s.Accepted, s.Rejected, s.Pending, s.Behind, s.Waiting)
 		if from != nil {
-			fmt.Fprint(tw, "\t", orDash(from[s.Group]))
+			fmt.Fprint(tw, "\t", s.PeerStreams, "\t", orDash(from[s.Group]))
 		}
 		fmt.Fprintln(tw)
 	}

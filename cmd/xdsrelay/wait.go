@@ -140,6 +140,11 @@ type waitCount struct {
 	more        int               // resources not shown
 	unknown     []string          // replicas that did not answer, and why; at most waitShown
 	unknownMore int               // more of those, not shown
+	// all are the clients of the type on every relay counted (their
+	// summaries, each lower relay left out of its parent's), and peers
+	// the fleet peers' streams, which are not clients (each member counts
+	// its own).
+	all, peers int
 }
 
 // tally is where some clients stand.
@@ -256,10 +261,22 @@ func (c waitCount) resourcesAt(pass func(tally) bool) (n, of int) {
 // accepted says that the fraction was reached.
 func (c waitCount) accepted(fraction float64) string {
 	if t, ok := c.one(); ok {
-		return fmt.Sprintf("%d of %d clients accepted", t.accepted, t.subscribed)
+		return fmt.Sprintf("%d of %d clients accepted%s", t.accepted, t.subscribed, c.peersApart())
 	}
 	n, _ := c.resourcesAt(func(tally) bool { return true })
-	return fmt.Sprintf("%d resources accepted, each by %s", n, ofItsClients(fraction))
+	if c.all == 0 && c.peers == 0 {
+		return fmt.Sprintf("%d resources accepted, each by %s", n, ofItsClients(fraction))
+	}
+	return fmt.Sprintf("%d resources accepted, each by %s (%s%s)", n, ofItsClients(fraction), numbered(c.all, "client"), c.peersApart())
+}
+
+// peersApart says how many fleet peer streams were left out of the
+// clients; "" for none.
+func (c waitCount) peersApart() string {
+	if c.peers == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (%s not counted as clients)", numbered(c.peers, "fleet peer stream"))
 }
 
 // rejected says that rejections made the fraction unreachable.
@@ -380,7 +397,7 @@ func (c waitCount) print(out io.Writer) {
 		if !c.byResource {
 			fmt.Fprintf(out, ", %d waiting", t.waiting)
 		}
-		fmt.Fprintln(out)
+		fmt.Fprintln(out, c.peersApart())
 	default:
 		n, of := c.resourcesAt(func(t tally) bool { return t.accepted == t.subscribed })
 		fmt.Fprintf(out, "%s: %d accepted by all of their clients", numbered(of, "resource"), n)
@@ -466,6 +483,7 @@ func (f *waitFlags) query() url.Values {
 // add sums one replica's answer: its summary, whose clients are counted
 // once each, or each resource listed, which must be all.
 func (f *waitFlags) add(c *waitCount, server string, dc relay.DebugConvergence) {
+	c.summed(dc)
 	if !c.byResource {
 		for _, s := range dc.Summary {
 			c.clients.add(tally{subscribed: s.Subscribed, accepted: s.Accepted, rejected: s.Rejected, pending: s.Pending, behind: s.Behind, waiting: s.Waiting})
@@ -501,6 +519,14 @@ func (f *waitFlags) add(c *waitCount, server string, dc relay.DebugConvergence) 
 	}
 	if !c.byResource {
 		c.more += dc.More
+	}
+}
+
+// summed adds a relay's clients and fleet peer streams (its summary).
+func (c *waitCount) summed(dc relay.DebugConvergence) {
+	for _, s := range dc.Summary {
+		c.all += s.Subscribed
+		c.peers += s.PeerStreams
 	}
 }
 

@@ -145,6 +145,10 @@ func (f *waitFlags) countTiers(ctx context.Context, c waitCount) (_ waitCount, r
 			if t.parent == nil {
 				c.answered++
 			}
+			c.summed(*t.dc)
+			if t.parent != nil {
+				c.all-- // a lower relay, a client of its parent: its own clients are counted
+			}
 			vs.learn(t.parent == nil, t.dc)
 			next = f.below(t, next, seen, len(all)+len(level), &c)
 		}

@@ -243,6 +243,11 @@ func ackLoop[Req, Resp any, PResp interface {
 }](st grpc.BidiStreamingClient[Req, Resp], req *Req, print func(proto.Message) error, ack func(*Resp) *Req) error {
 	for {
 		if err := st.Send(req); err != nil {
+			if errors.Is(err, io.EOF) {
+				// The stream has ended (a shed, a drain): Recv says how,
+				// with the status the caller judges.
+				return fmt.Errorf("watch: %w", recvEnd(st))
+			}
 			return fmt.Errorf("watch: send: %w", err)
 		}
 		resp, err := st.Recv()
@@ -253,6 +258,16 @@ func ackLoop[Req, Resp any, PResp interface {
 			return err
 		}
 		req = ack(resp)
+	}
+}
+
+// recvEnd is why a stream ended whose Send found it ended: the error Recv
+// returns past the responses left.
+func recvEnd[Resp any](st interface{ Recv() (*Resp, error) }) error {
+	for {
+		if _, err := st.Recv(); err != nil {
+			return err
+		}
 	}
 }
 

@@ -80,12 +80,14 @@ func streamContext(ctx context.Context) (context.Context, context.CancelFunc) {
 
 // run runs client i until ctx ends or its stream fails: it subscribes,
 // records what each response brings and ACKs it.
-// With Config.RelayLimits it retries a stream the relay refuses.
+// With Config.RelayLimits it retries a stream the relay refuses; without,
+// it opens again a stream the server closed after it answered
+// (reopenAnswered).
 func (x *xdsClients) run(ctx context.Context, i int, tr *tracker) error {
 	if x.cfg.RelayLimits {
 		return retryRefused(ctx, i, tr, func() error { return x.stream(ctx, i, tr) })
 	}
-	return x.stream(ctx, i, tr)
+	return reopenAnswered(ctx, i, tr, func() error { return x.stream(ctx, i, tr) })
 }
 
 // stream runs client i on one stream until ctx ends or the stream fails.

@@ -5,10 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/xdsrelay/xdsrelay/fleet"
 )
 
 // FleetConfig describes a fleet run (RunFleet).
@@ -283,7 +284,7 @@ func (fl *Fleet) balance(ctx context.Context, cfg *Config, s *fleetSetup, fc *fl
 	fc.reset()
 	start := time.Now()
 	fl.Within = -1
-	bound := int(math.Floor((1 + fleetSlack) * float64(cfg.Clients) / float64(len(s.relays))))
+	bound := fleet.Bound(cfg.Clients, len(s.relays), fleetSlack)
 	for at := time.Duration(0); at <= cfg.Fleet.BalanceFor; at += time.Second {
 		if err := pause(ctx, time.Until(start.Add(at))); err != nil {
 			return err

@@ -29,6 +29,10 @@ type Result struct {
 	// that clients tried again, RetriedClients the clients that did.
 	Retries        int64 `json:"retries,omitempty"`
 	RetriedClients int64 `json:"retried_clients,omitempty"`
+	// Reconnects counts the streams that ended UNAVAILABLE after they
+	// were answered (a connection the server closed: a drain, a fleet's
+	// balance) and that clients opened again, as Envoy does.
+	Reconnects int64 `json:"reconnects,omitempty"`
 	// FirstConfigForeign counts first configs that carried resources this
 	// run's control plane never published: with Config.RelayPersist, the
 	// relay served them from the cache it restored.
@@ -145,6 +149,7 @@ func (r *Result) fill(tr *tracker, start time.Time) {
 	}
 	r.Early = tr.early.Load()
 	r.Retries, r.RetriedClients, r.FirstConfigForeign = tr.retries.Load(), tr.retried.Load(), tr.foreign.Load()
+	r.Reconnects = tr.reconnects.Load()
 	var ttfc []time.Duration
 	var lastEst, lastConf time.Time
 	for i := range tr.clients {
@@ -326,6 +331,9 @@ func (r *Result) writeFooter(w io.Writer) error {
 	}
 	if r.Early > 0 {
 		fmt.Fprintf(w, "warning: %d responses carried an update before it was published: does another control plane feed the target?\n", r.Early)
+	}
+	if r.Reconnects > 0 {
+		fmt.Fprintf(w, "%d streams the server closed after they were answered were opened again (a drain, a fleet's balance)\n", r.Reconnects)
 	}
 	if r.FirstError != "" {
 		fmt.Fprintf(w, "first client error: %s\n", r.FirstError)

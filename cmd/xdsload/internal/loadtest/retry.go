@@ -40,6 +40,26 @@ func refused(err error) bool {
 	return code == codes.ResourceExhausted || code == codes.Unavailable
 }
 
+// reopenAnswered runs client i's stream, and again each time it ends
+// UNAVAILABLE after it was answered, as Envoy and gRPC reopen a stream
+// whose connection the server closed (a drain, max connection age, a
+// fleet's balance): after the backoff's first pause, counted
+// (Result.Reconnects). Any other end, or one with no answer, is the
+// client's.
+func reopenAnswered(ctx context.Context, i int, tr *tracker, stream func() error) error {
+	for {
+		seen := tr.clients[i].responses
+		err := stream()
+		if ctx.Err() != nil || status.Code(err) != codes.Unavailable || tr.clients[i].responses == seen {
+			return err
+		}
+		tr.reconnects.Add(1)
+		if pause(ctx, backoffDelay(envoyBackoff, 0)) != nil {
+			return err
+		}
+	}
+}
+
 // retryRefused runs client i's stream, and again after envoyBackoff each
 // time the server refuses it, until it ends otherwise or ctx ends. As
 // Envoy's, the backoff starts over once a stream got a response.

@@ -29,6 +29,7 @@ type tracker struct {
 	early      atomic.Int64   // responses with an update not yet published
 	foreign    atomic.Int64   // first configs with resources this run did not publish
 	retries    atomic.Int64   // streams refused and tried again
+	reconnects atomic.Int64   // streams ended after an answer and opened again
 	retried    atomic.Int64   // clients that tried again at least once
 	delivered  []atomic.Int64 // per seq: clients that have it
 	// Clients that have the first config (or the last update) or failed:
