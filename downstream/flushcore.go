@@ -181,6 +181,7 @@ func (f *typeFlush) withErrors(fields [][]byte, delta bool) [][]byte {
 // spoken (errors.go), the rollout's verdict waits on it (rollout.go), and
 // the debug log, the push trace and the push metrics see it.
 func (b *streamBase) sendResponse(msg *xds.Message, typeURL, nonce string, v *cache.View, resources, removed int) error {
+	size := msg.Size() // msg is gRPC's once sent, and used again once written
 	if err := b.send(msg); err != nil {
 		return err
 	}
@@ -188,6 +189,6 @@ func (b *streamBase) sendResponse(msg *xds.Message, typeURL, nonce string, v *ca
 	b.sentAs(typeURL, nonce, v.Version)
 	b.debugResponse(typeURL, v.Version, nonce, resources, removed)
 	b.tracePush(v.Trace, typeURL, v.Version, resources)
-	b.srv.pushed(typeURL, msg.Size(), v.Received, b.opened)
+	b.srv.pushed(typeURL, size, v.Received, b.opened)
 	return nil
 }

@@ -265,10 +265,11 @@ type sendConn struct {
 
 	// The connection's queue. Guarded by mu.
 	mu      lockorder.Mutex[sendConnMu]
-	pumps   []*pump // queued
-	queued  bool    // in the pool's queue
-	serving int     // workers taking its pumps
-	blocked int     // of those, blocked in a slow send
+	pumps   []*pump  // queued; in one while a single pump waits
+	one     [1]*pump // the usual queue: a connection's one stream
+	queued  bool     // in the pool's queue
+	serving int      // workers taking its pumps
+	blocked int      // of those, blocked in a slow send
 
 	// The connection's per-type EDS streams, which its CDS streams (cds
 	// of them) warm (warming.go). Guarded by warmMu.
@@ -441,7 +442,7 @@ func (c *sendConn) serve(slot *sendSlot) {
 	for {
 		c.mu.Lock()
 		if len(c.pumps) == 0 {
-			c.pumps = c.pumps[:0:0]
+			c.pumps = c.one[:0] // a queue that grew is let go
 			c.serving--
 			c.mu.Unlock()
 			return

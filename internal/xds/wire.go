@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
+	"sync"
 
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/genproto/googleapis/rpc/code"
@@ -215,9 +216,12 @@ func EncodeHeartbeat(name, version string, ttl *durationpb.Duration) (*Heartbeat
 // pre-encoded resource fields. The Codec writes it without marshalling.
 //
 // A response is built for every stream a change reaches, so the usual one
-// (a header of a hundred bytes and one or two fields) is one allocation:
-// the header, the parts and what the Codec hands gRPC live in the Message.
-// A Message is sent once, on one stream.
+// (a header of a hundred bytes and one or two fields) costs no allocation
+// once the relay runs: the header, the parts and what the Codec hands gRPC
+// live in the Message, and a Message the Codec wrote goes back to a pool
+// once gRPC has written it (see wireParts). A Message is sent once, on one
+// stream, and not read once sent: what the sender needs of it (Size) it
+// reads before.
 type Message struct {
 	Parts [][]byte
 
@@ -225,12 +229,16 @@ type Message struct {
 	parts [3][]byte          // Parts' storage, while they fit
 	bufs  [3]mem.SliceBuffer // the Codec's, while they fit
 	out   [3]mem.Buffer      // pointing at bufs
+	last  []byte             // the last part, held for gRPC by a counted buffer (see wireParts)
 }
+
+// messages are Messages that gRPC has written, to be used again.
+var messages = sync.Pool{New: func() any { return new(Message) }}
 
 // newMessage returns a Message whose header is begun in its own storage,
 // with room in Parts for the header and n fields.
 func newMessage(n int) (*Message, []byte) {
-	m := &Message{}
+	m := messages.Get().(*Message)
 	if n+1 <= len(m.parts) {
 		m.Parts = m.parts[:0]
 	} else {
@@ -242,20 +250,55 @@ func newMessage(n int) (*Message, []byte) {
 // wireParts hands gRPC the parts: boxed in the Message's own storage while
 // they fit, so that writing a Message allocates nothing for the usual
 // response.
+//
+// The last part is handed over as a reference-counted buffer whose pool
+// is the Message itself (written): gRPC holds a reference to each buffer
+// it has not written yet, and releases the last one once it has written
+// the whole message (the parts are written in order, and the slice of
+// buffers is not read after its last buffer is released), so that the
+// Message can then be used again. A last part too small for gRPC to count
+// (mem.IsBelowBufferPoolingThreshold) is handed over as it is, and its
+// Message is left to the garbage collector.
 func (m *Message) wireParts() mem.BufferSlice {
+	var out mem.BufferSlice
 	if len(m.Parts) > len(m.out) {
-		out := make(mem.BufferSlice, len(m.Parts))
+		out = make(mem.BufferSlice, len(m.Parts))
 		for i, p := range m.Parts {
 			out[i] = mem.SliceBuffer(p)
 		}
-		return out
+	} else {
+		out = m.out[:len(m.Parts)]
+		for i, p := range m.Parts {
+			m.bufs[i] = p
+			out[i] = &m.bufs[i]
+		}
 	}
-	out := m.out[:len(m.Parts)]
-	for i, p := range m.Parts {
-		m.bufs[i] = p
-		out[i] = &m.bufs[i]
+	if n := len(m.Parts); n > 0 && !mem.IsBelowBufferPoolingThreshold(cap(m.Parts[n-1])) {
+		m.last = m.Parts[n-1]
+		out[n-1] = mem.NewBuffer(&m.last, (*written)(m))
 	}
 	return out
+}
+
+// written is a Message as the pool of its last part's buffer (see
+// wireParts): gRPC puts the part back once it has written the message.
+type written Message
+
+// Get is never called: gRPC takes new buffers from the pools it is given,
+// and this one is given only for the buffer NewBuffer makes.
+func (w *written) Get(n int) *[]byte {
+	b := make([]byte, n)
+	return &b
+}
+
+// Put returns the Message to the pool, keeping none of what it pointed at.
+func (w *written) Put(*[]byte) {
+	m := (*Message)(w)
+	m.Parts, m.last = nil, nil
+	clear(m.parts[:])
+	clear(m.bufs[:])
+	clear(m.out[:])
+	messages.Put(m)
 }
 
 // Size is the encoded size of the message.

@@ -7,6 +7,7 @@ import (
 	discoverypb "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -101,5 +102,39 @@ func TestDataError(t *testing.T) {
 		if got := DataError(int32(code)); got != want {
 			t.Errorf("DataError(%v) = %v, want %v", code, got, want)
 		}
+	}
+}
+
+// A Message the Codec wrote goes back to the pool only once gRPC has let
+// go of every reference to its buffers (the transport's, then the
+// writer's), and only if gRPC counts them: a last part of more than 1 KiB.
+func TestMessageUsedAgainOnceWritten(t *testing.T) {
+	big := make([]byte, 4<<10)
+	m := DeltaFields(1, resourcev3.EndpointType, "1", [][]byte{big}, nil)
+	bs, err := Codec{}.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, counted := bs[len(bs)-1].(mem.SliceBuffer); counted {
+		t.Fatal("the last part is not counted")
+	}
+	bs.Ref()  // the transport's, until it has written the message
+	bs.Free() // SendMsg's, once it has queued it
+	if len(m.Parts) != 2 {
+		t.Fatalf("the Message was used again while gRPC holds it: %d parts", len(m.Parts))
+	}
+	bs.Free()
+	if m.Parts != nil {
+		t.Fatal("the Message was not returned once written")
+	}
+
+	small := DeltaFields(1, resourcev3.EndpointType, "1", [][]byte{make([]byte, 100)}, nil)
+	bs, err = Codec{}.Marshal(small)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bs.Free()
+	if len(small.Parts) != 2 {
+		t.Fatal("a Message with a small last part was returned: gRPC does not count it")
 	}
 }
